@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# From a fresh machine to a mounted Canopy filesystem: installs FUSE if it is
+# missing, builds, creates a 1 GiB image, mounts it on ./canopy-mnt and
+# shows it at work. Unmount with `umount canopy-mnt` (or
+# `fusermount3 -u canopy-mnt`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+IMG=${1:-canopy-demo.img}
+MNT=${2:-canopy-mnt}
+
+if ! command -v fusermount3 >/dev/null && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq fuse3 >/dev/null
+fi
+cargo build --release --locked
+BIN=target/release/canopy
+if mountpoint -q "$MNT" 2>/dev/null; then umount "$MNT"; sleep 1; fi
+rm -f "$IMG"
+mkdir -p "$MNT"
+$BIN mkfs --size 1G --label demo "$IMG"
+$BIN mount "$IMG" "$MNT"
+echo
+echo "== mounted"
+grep " $(realpath "$MNT") " /proc/mounts
+echo
+echo "== some files"
+mkdir -p "$MNT/docs"
+cp README.md docs/*.md "$MNT/docs/"
+dd if=/dev/urandom of="$MNT/random.bin" bs=1M count=32 status=none
+ln -s docs/README.md "$MNT/readme-link"
+ls -la "$MNT" "$MNT/docs"
+sha256sum "$MNT/random.bin"
+df -h "$MNT"
+echo
+echo "Canopy is mounted on $MNT (image $IMG). Try it, then unmount with:"
+echo "    umount $MNT"
+echo "and check the image with:"
+echo "    $BIN check $IMG"
+echo "Snapshots and quota groups are not user features yet (see the issues)."

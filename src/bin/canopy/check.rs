@@ -1,0 +1,91 @@
+//! `canopy check`: read-only consistency check.
+
+use canopy::dev::FileDevice;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Do not show a progress bar.
+    #[arg(short = 'q', long)]
+    quiet: bool,
+    /// Unmounted image file or block device.
+    image: PathBuf,
+}
+
+const EXIT_PROBLEMS: u8 = 4;
+const EXIT_OPERATIONAL: u8 = 8;
+
+pub fn run(a: Args) -> ExitCode {
+    let dev = match FileDevice::open(&a.image, true, false) {
+        Ok(d) => d,
+        Err(e) => return fail(&a, &e.to_string()),
+    };
+    let bar = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::new(0);
+        b.set_style(
+            ProgressStyle::with_template("checking {bar:40} {pos}/{len} blocks")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let progress = |done: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    };
+    let report = canopy::check::check_all(std::sync::Arc::new(dev), &progress);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => return fail(&a, &e.to_string()),
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        for p in &report.problems {
+            println!("ERROR {}: {}", p.location, p.message);
+        }
+        for w in &report.warnings {
+            println!("warning {}: {}", w.location, w.message);
+        }
+        println!(
+            "{}: generation {}, {} trees, {} tree blocks, {} data extents, {} bytes used: {}",
+            a.image.display(),
+            report.generation,
+            report.trees,
+            report.tree_blocks,
+            report.data_extents,
+            report.bytes_used,
+            if report.is_clean() {
+                "clean".to_string()
+            } else {
+                format!("{} problems", report.problems.len())
+            }
+        );
+    }
+    if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_PROBLEMS)
+    }
+}
+
+fn fail(a: &Args, why: &str) -> ExitCode {
+    if a.json {
+        println!("{}", serde_json::json!({ "error": why }));
+    }
+    eprintln!("canopy check: {}: {why}", a.image.display());
+    ExitCode::from(EXIT_OPERATIONAL)
+}

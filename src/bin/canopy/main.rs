@@ -1,0 +1,128 @@
+//! The `canopy` command: create, mount, check and inspect Canopy images.
+//!
+//! Subcommands follow btrfs-progs conventions; each has `--help`. Exit codes
+//! of `check` follow fsck(8): 0 clean, 4 problems found, 8 operational error;
+//! other subcommands exit 0 on success and 1 on error; usage errors exit 2.
+
+mod check;
+mod inspect;
+mod mkfs;
+mod mount;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "canopy",
+    version,
+    about = "Canopy: a copy-on-write filesystem in user space"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a new Canopy filesystem on an image file or block device.
+    Mkfs(mkfs::Args),
+    /// Mount an image through FUSE (daemonizes unless -f).
+    Mount(mount::Args),
+    /// Check an unmounted image read-only: checksums, trees, reference
+    /// counts and free space.
+    Check(check::Args),
+    /// Show internals of an unmounted image.
+    #[command(subcommand)]
+    Inspect(inspect::Command),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = match mount_helper_args(std::env::args().collect()) {
+        Some(args) => Cli::parse_from(args),
+        None => Cli::parse(),
+    };
+    let r = match cli.command {
+        Command::Mkfs(a) => mkfs::run(a),
+        Command::Mount(a) => mount::run(a),
+        Command::Check(a) => return check::run(a),
+        Command::Inspect(c) => inspect::run(c),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("canopy: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+const SUBCOMMANDS: [&str; 5] = ["mkfs", "mount", "check", "inspect", "help"];
+
+/// Mount helpers: `mount -t fuse.canopy IMAGE DIR` runs
+/// `mount.fuse.canopy IMAGE DIR -o OPTS` (a link to this binary), and
+/// fuse3's `mount.fuse3` runs `canopy IMAGE DIR -o OPTS`. Both become
+/// `canopy mount -o OPTS IMAGE DIR`.
+fn mount_helper_args(argv: Vec<String>) -> Option<Vec<String>> {
+    let name = std::path::Path::new(argv.first()?)
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
+    let as_helper = name.starts_with("mount.");
+    let first = argv.get(1)?;
+    let bare = !first.starts_with('-') && !SUBCOMMANDS.contains(&first.as_str()) && argv.len() >= 3;
+    if !as_helper && !bare {
+        return None;
+    }
+    let mut positional = Vec::new();
+    let mut opts = Vec::new();
+    let mut it = argv.into_iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => opts.extend(it.next()),
+            "-r" => opts.push("ro".into()),
+            "-w" => opts.push("rw".into()),
+            // mount(8) flags with no meaning here: no mtab, sloppy, fake, verbose.
+            "-n" | "-s" | "-f" | "-v" => {}
+            _ if a.starts_with("-o") => opts.push(a[2..].to_string()),
+            _ => positional.push(a),
+        }
+    }
+    let mut out = vec!["canopy".to_string(), "mount".to_string()];
+    let opts: Vec<String> = opts.into_iter().filter(|o| !o.is_empty()).collect();
+    if !opts.is_empty() {
+        out.push("-o".into());
+        out.push(opts.join(","));
+    }
+    out.extend(positional);
+    Some(out)
+}
+
+/// Parses sizes like `512M`, `4GiB`, `1t`, `65536`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size"))?;
+    let shift = match unit
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(format!("unknown size unit in '{s}'")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}

@@ -1,0 +1,118 @@
+//! `canopy mkfs`: format an image file or block device.
+
+use anyhow::{bail, Context, Result};
+use canopy::dev::{Device, FileDevice};
+use canopy::{Engine, FormatOptions};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Size of the image to create (e.g. 1G, 512M); required when the image
+    /// does not exist yet. An existing regular file smaller than this is
+    /// grown (sparsely).
+    #[arg(short = 's', long, value_parser = crate::parse_size)]
+    size: Option<u64>,
+    /// Tree block size in bytes: a power of two from 4096 to 65536.
+    #[arg(short = 'n', long, default_value_t = canopy::format::DEFAULT_NODESIZE)]
+    nodesize: u32,
+    /// Filesystem label (up to 255 bytes).
+    #[arg(short = 'L', long, default_value = "")]
+    label: String,
+    /// Overwrite an existing filesystem.
+    #[arg(short = 'f', long)]
+    force: bool,
+    /// Print nothing on success.
+    #[arg(short = 'q', long)]
+    quiet: bool,
+    /// Image file or block device.
+    image: PathBuf,
+}
+
+/// Known signatures: (offset, magic, name).
+const SIGNATURES: [(u64, &[u8], &str); 4] = [
+    (1080, &[0x53, 0xef], "ext2/3/4"),
+    (0, b"XFSB", "XFS"),
+    ((64 << 10) + 64, b"_BHRfS_M", "btrfs"),
+    ((64 << 10) + 64, &canopy::format::MAGIC, "Canopy"),
+];
+
+fn existing_filesystem(dev: &dyn Device) -> Option<&'static str> {
+    SIGNATURES.iter().find_map(|&(off, magic, name)| {
+        let mut buf = vec![0u8; magic.len()];
+        (off + magic.len() as u64 <= dev.size()
+            && dev.read_at(&mut buf, off).is_ok()
+            && buf == magic)
+            .then_some(name)
+    })
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let exists = a.image.exists();
+    if !exists && a.size.is_none() {
+        bail!(
+            "{} does not exist; give --size to create it",
+            a.image.display()
+        );
+    }
+    if let Some(size) = a.size {
+        FileDevice::create_image(&a.image, size)?;
+    }
+    let dev = FileDevice::open(&a.image, false, true)?;
+    if let Some(size) = a.size {
+        if dev.size() < size {
+            bail!("{} holds only {} bytes", a.image.display(), dev.size());
+        }
+    }
+    if exists && !a.force {
+        if let Some(fs) = existing_filesystem(&dev) {
+            bail!(
+                "{} already holds a {fs} filesystem; use --force to overwrite it",
+                a.image.display()
+            );
+        }
+    }
+    let opts = FormatOptions {
+        nodesize: a.nodesize,
+        label: a.label.clone(),
+        fsid: None,
+    };
+    let dev: Arc<dyn Device> = Arc::new(dev);
+    let engine = Arc::new(
+        Engine::format(dev.clone(), &opts)
+            .with_context(|| format!("formatting {}", a.image.display()))?,
+    );
+    // The root directory, so that even a first read-only mount works.
+    drop(canopy::fs::Fs::new(engine.clone()).context("creating the root directory")?);
+    let fsid = engine.fsid();
+    let (used, free) = engine.space();
+    drop(engine);
+    if !a.quiet {
+        println!("Created Canopy filesystem on {}", a.image.display());
+        println!(
+            "  label:     {}",
+            if a.label.is_empty() {
+                "(none)"
+            } else {
+                &a.label
+            }
+        );
+        println!("  uuid:      {}", format_uuid(&fsid));
+        println!("  size:      {} bytes", dev.size());
+        println!("  nodesize:  {}", a.nodesize);
+        println!("  used:      {used} bytes, free: {free} bytes");
+    }
+    Ok(())
+}
+
+pub fn format_uuid(id: &[u8; 16]) -> String {
+    let h: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}

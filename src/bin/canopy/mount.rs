@@ -1,0 +1,110 @@
+//! `canopy mount`: mount an image through FUSE.
+
+use anyhow::{bail, Context, Result};
+use canopy::fuse::mount::{serve, MountOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Stay in the foreground (do not daemonize).
+    #[arg(short = 'f', long)]
+    foreground: bool,
+    /// Mount options, comma-separated: ro, rw, noatime, relatime, nodev,
+    /// nosuid, noexec, allow_other, default_permissions, commit=SECONDS,
+    /// cache_blocks=N, threads=N. Unknown options are an error.
+    #[arg(short = 'o', long, default_value = "")]
+    options: String,
+    /// Internal: report readiness on stdout (used when daemonizing).
+    #[arg(long, hide = true)]
+    notify_ready: bool,
+    /// Image file or block device.
+    image: PathBuf,
+    /// Directory to mount on.
+    mountpoint: PathBuf,
+}
+
+const READY: &str = "canopy-ready";
+
+pub fn run(a: Args) -> Result<()> {
+    let opts = MountOptions::parse(&a.options)?;
+    if !a.image.exists() {
+        bail!("image {} does not exist", a.image.display());
+    }
+    if a.foreground {
+        let notify = a.notify_ready;
+        return serve(&a.image, &a.mountpoint, &opts, move || {
+            if notify {
+                println!("{READY}");
+                let _ = std::io::stdout().flush();
+                detach_output();
+            }
+        })
+        .with_context(|| {
+            format!(
+                "mounting {} on {}",
+                a.image.display(),
+                a.mountpoint.display()
+            )
+        });
+    }
+    daemonize(&a)
+}
+
+/// Points stdout and stderr at /dev/null once the parent has gone.
+fn detach_output() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 on valid descriptors; replaces our own stdout/stderr.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 1);
+            libc::dup2(null.as_raw_fd(), 2);
+        }
+    }
+}
+
+/// Starts the daemon and returns once it reports the mount live, or fails
+/// with what it printed.
+fn daemonize(a: &Args) -> Result<()> {
+    let exe = std::env::current_exe().context("finding the canopy executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount").arg("-f").arg("--notify-ready");
+    if !a.options.is_empty() {
+        cmd.arg("-o").arg(&a.options);
+    }
+    cmd.arg(&a.image).arg(&a.mountpoint);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from the
+    // terminal's session so closing the terminal does not kill it.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the canopy daemon")?;
+    let stdout = child.stdout.take().context("daemon stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim() == READY {
+        return Ok(());
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let _ = child.wait();
+    let err = err.trim().trim_start_matches("canopy: error: ");
+    bail!(
+        "{}",
+        if err.is_empty() {
+            "the daemon exited before the mount was live"
+        } else {
+            err
+        }
+    )
+}

@@ -1,0 +1,117 @@
+//! POSIX-level checks of every fs tree, run once the structure is sound:
+//! each directory entry names an existing inode, DIR_ITEM and DIR_INDEX agree,
+//! link counts equal the entries found (directories: 2 + subdirectories),
+//! and inodes without links are orphans awaiting deletion.
+
+use super::Report;
+use crate::dev::Device;
+use crate::format::inode::{DirEntry, InodeItem, ROOT_DIR_INO};
+use crate::format::key_type::{DIR_INDEX, DIR_ITEM, INODE_ITEM, ORPHAN_ITEM};
+use crate::format::{tree_id, Key};
+use crate::tree::Cursor;
+use crate::{Engine, OpenOptions};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+#[derive(Default)]
+struct Inode {
+    item: Option<InodeItem>,
+    /// Names pointing at it (DIR_ITEM entries).
+    names: u32,
+    subdirs: u32,
+    entries: u64,
+    indexes: u64,
+}
+
+/// Reads every fs tree through a read-only engine.
+pub(super) fn check_trees(dev: Arc<dyn Device>, report: &mut Report) {
+    let opts = OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let engine = match Engine::open(dev, &opts) {
+        Ok(e) => e,
+        Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),
+    };
+    let ids = engine.read(|r| Ok(r.tree_ids())).unwrap_or_default();
+    for id in ids.into_iter().filter(|&i| tree_id::is_shareable(i)) {
+        if let Err(e) = check_tree(&engine, id, report) {
+            report.problem(format!("tree {id}"), e.to_string());
+        }
+    }
+}
+
+fn check_tree(engine: &Engine, tree: u64, report: &mut Report) -> crate::Result<()> {
+    let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
+    let mut orphans = BTreeSet::new();
+    engine.read(|r| {
+        let root = r.root(tree)?;
+        let mut c = Cursor::seek(r, &root, &Key::MIN)?;
+        while let Some(it) = c.item() {
+            let k = it.key;
+            let loc = || format!("tree {tree} item {k}");
+            match k.ty {
+                INODE_ITEM => match InodeItem::decode(&it.data) {
+                    Ok(i) => inodes.entry(k.objectid).or_default().item = Some(i),
+                    Err(e) => report.problem(loc(), e),
+                },
+                DIR_ITEM | DIR_INDEX => match DirEntry::decode_all(&it.data) {
+                    Ok(entries) => {
+                        let dir = inodes.entry(k.objectid).or_default();
+                        if k.ty == DIR_ITEM {
+                            dir.entries += entries.len() as u64;
+                        } else {
+                            dir.indexes += entries.len() as u64;
+                        }
+                        for e in entries.iter().filter(|_| k.ty == DIR_ITEM) {
+                            if u32::from(e.kind) << 12 == libc::S_IFDIR {
+                                inodes.entry(k.objectid).or_default().subdirs += 1;
+                            }
+                            inodes.entry(e.ino).or_default().names += 1;
+                        }
+                    }
+                    Err(e) => report.problem(loc(), e),
+                },
+                ORPHAN_ITEM => {
+                    orphans.insert(k.offset);
+                }
+                _ => {}
+            }
+            c.next(r)?;
+        }
+        Ok(())
+    })?;
+    for (&ino, i) in &inodes {
+        let loc = format!("tree {tree} inode {ino}");
+        let Some(item) = &i.item else {
+            if i.names > 0 {
+                report.problem(loc, "directory entries name a missing inode");
+            } else {
+                report.problem(loc, "items of an inode that does not exist");
+            }
+            continue;
+        };
+        if i.entries != i.indexes {
+            report.problem(
+                &loc,
+                format!("{} entries by name but {} by index", i.entries, i.indexes),
+            );
+        }
+        let is_dir = item.mode & libc::S_IFMT == libc::S_IFDIR;
+        let expected = if is_dir { 2 + i.subdirs } else { i.names };
+        if item.nlink != expected {
+            report.problem(
+                &loc,
+                format!("link count {} but {expected} found", item.nlink),
+            );
+        }
+        let unreachable = i.names == 0 && ino != ROOT_DIR_INO;
+        if unreachable && !orphans.contains(&ino) {
+            report.problem(&loc, "inode with no name and no orphan item (leaked)");
+        }
+        if is_dir && i.names > 1 {
+            report.problem(&loc, "directory with more than one name");
+        }
+    }
+    Ok(())
+}

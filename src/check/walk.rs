@@ -1,0 +1,314 @@
+//! Walking every tree from the superblock, recording what points where.
+
+use super::Report;
+use crate::dev::Device;
+use crate::extent::RefHolder;
+use crate::format::items::{FileExtentItem, RootItem};
+use crate::format::key_type::{EXTENT_DATA, ROOT_ITEM};
+use crate::format::node::{Body, Item, Node};
+use crate::format::superblock::Superblock;
+use crate::format::{tree_id, Key};
+use std::collections::{BTreeMap, HashMap};
+
+/// A tree block as found by the walk.
+pub(super) struct FoundBlock {
+    pub level: u8,
+    pub owner: u64,
+    pub holders: Vec<RefHolder>,
+}
+
+/// A data extent as found through file extent items.
+pub(super) struct FoundData {
+    pub len: u64,
+    pub holders: BTreeMap<RefHolder, u32>,
+}
+
+/// Everything the walk learned.
+#[derive(Default)]
+pub(super) struct Found {
+    pub blocks: BTreeMap<u64, FoundBlock>,
+    pub data: BTreeMap<u64, FoundData>,
+    /// Items of the trees the space checks read, by tree id.
+    pub items: HashMap<u64, Vec<Item>>,
+}
+
+pub(super) fn check_super_copies(dev: &dyn Device, best: &Superblock, report: &mut Report) {
+    for (off, r) in crate::txn::read_super_copies(dev) {
+        match r {
+            Ok(sb) if sb.generation == best.generation => {}
+            Ok(sb) => report.warnings.push(super::Problem {
+                location: format!("superblock copy at {off}"),
+                message: format!(
+                    "generation {} older than {}",
+                    sb.generation, best.generation
+                ),
+            }),
+            Err(e) => report.problem(format!("superblock copy at {off}"), e.to_string()),
+        }
+    }
+}
+
+struct Walker<'a> {
+    dev: &'a dyn Device,
+    sb: &'a Superblock,
+    found: Found,
+    read: u64,
+    estimate: u64,
+    progress: &'a dyn Fn(u64, u64),
+}
+
+/// Key bounds a block must respect: `lo <= key < hi`.
+#[derive(Clone, Copy)]
+struct Bounds {
+    lo: Option<Key>,
+    hi: Option<Key>,
+    first: Option<Key>,
+}
+
+pub(super) fn walk_all(
+    dev: &dyn Device,
+    sb: &Superblock,
+    report: &mut Report,
+    progress: &dyn Fn(u64, u64),
+) -> Found {
+    let mut w = Walker {
+        dev,
+        sb,
+        found: Found::default(),
+        read: 0,
+        estimate: (sb.bytes_used / u64::from(sb.nodesize)).max(1),
+        progress,
+    };
+    let root_tree = (sb.root, sb.root_generation, sb.root_level);
+    w.walk_tree(tree_id::ROOT, root_tree, report);
+    let mut trees = vec![];
+    for it in w.found.items.get(&tree_id::ROOT).into_iter().flatten() {
+        if it.key.ty != ROOT_ITEM {
+            continue;
+        }
+        match RootItem::decode(&it.data) {
+            Ok(ri) => trees.push((it.key.objectid, ri)),
+            Err(e) => report.problem(format!("root item of tree {}", it.key.objectid), e),
+        }
+    }
+    report.trees = trees.len() + 1;
+    for (id, ri) in trees {
+        if ri.generation > sb.generation {
+            report.problem(
+                format!("root item of tree {id}"),
+                format!("generation {} newer than the superblock", ri.generation),
+            );
+        }
+        w.walk_tree(id, (ri.bytenr, ri.generation, ri.level), report);
+    }
+    report.tree_blocks = w.found.blocks.len() as u64;
+    report.data_extents = w.found.data.len() as u64;
+    w.found
+}
+
+/// Trees whose items the space checks need.
+fn keeps_items(id: u64) -> bool {
+    [
+        tree_id::ROOT,
+        tree_id::EXTENT,
+        tree_id::BLOCK_GROUP,
+        tree_id::FREE_BY_START,
+        tree_id::FREE_BY_LEN,
+    ]
+    .contains(&id)
+}
+
+impl Walker<'_> {
+    fn walk_tree(
+        &mut self,
+        id: u64,
+        (bytenr, generation, level): (u64, u64, u8),
+        report: &mut Report,
+    ) {
+        let bounds = Bounds {
+            lo: None,
+            hi: None,
+            first: None,
+        };
+        self.visit(
+            id,
+            bytenr,
+            generation,
+            level,
+            RefHolder::TreeRoot(id),
+            bounds,
+            report,
+        );
+    }
+
+    fn read_block(&mut self, bytenr: u64) -> crate::error::Result<Node> {
+        let mut buf = vec![0u8; self.sb.nodesize as usize];
+        if bytenr
+            .checked_add(buf.len() as u64)
+            .is_none_or(|e| e > self.sb.total_bytes)
+        {
+            return Err(crate::Error::corrupt(
+                bytenr,
+                "block beyond the end of the filesystem",
+            ));
+        }
+        self.dev.read_at(&mut buf, bytenr)?;
+        self.read += 1;
+        if self.read.is_multiple_of(256) {
+            (self.progress)(self.read, self.estimate.max(self.read));
+        }
+        Node::decode(&buf, bytenr, &self.sb.fsid)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn visit(
+        &mut self,
+        tree: u64,
+        bytenr: u64,
+        generation: u64,
+        level: u8,
+        holder: RefHolder,
+        bounds: Bounds,
+        report: &mut Report,
+    ) {
+        let loc = format!("tree {tree} block {bytenr}");
+        if let Some(b) = self.found.blocks.get_mut(&bytenr) {
+            b.holders.push(holder);
+            if b.level != level {
+                report.problem(
+                    loc,
+                    format!("reached as level {level} and as level {}", b.level),
+                );
+            }
+            return;
+        }
+        let node = match self.read_block(bytenr) {
+            Ok(n) => n,
+            Err(e) => {
+                report.problem(loc, e.to_string());
+                return;
+            }
+        };
+        self.found.blocks.insert(
+            bytenr,
+            FoundBlock {
+                level: node.level,
+                owner: node.owner,
+                holders: vec![holder],
+            },
+        );
+        check_header(&node, generation, level, self.sb, &loc, report);
+        check_keys(&node, &bounds, &loc, report);
+        match &node.body {
+            Body::Internal(ptrs) => {
+                for (i, p) in ptrs.iter().enumerate() {
+                    let b = Bounds {
+                        lo: Some(p.key),
+                        hi: ptrs.get(i + 1).map(|n| n.key).or(bounds.hi),
+                        first: Some(p.key),
+                    };
+                    let child_level = node.level.saturating_sub(1);
+                    self.visit(
+                        tree,
+                        p.bytenr,
+                        p.generation,
+                        child_level,
+                        RefHolder::TreeParent(bytenr),
+                        b,
+                        report,
+                    );
+                }
+            }
+            Body::Leaf(items) => self.visit_leaf(tree, bytenr, items, report),
+        }
+    }
+
+    fn visit_leaf(&mut self, tree: u64, bytenr: u64, items: &[Item], report: &mut Report) {
+        for it in items.iter().filter(|it| it.key.ty == EXTENT_DATA) {
+            let fe = match FileExtentItem::decode(&it.data) {
+                Ok(fe) => fe,
+                Err(e) => {
+                    report.problem(format!("tree {tree} leaf {bytenr} item {}", it.key), e);
+                    continue;
+                }
+            };
+            let Some((disk, len)) = fe.disk_extent() else {
+                continue;
+            };
+            let d = self.found.data.entry(disk).or_insert_with(|| FoundData {
+                len,
+                holders: BTreeMap::new(),
+            });
+            if d.len != len {
+                report.problem(
+                    format!("tree {tree} leaf {bytenr} item {}", it.key),
+                    format!(
+                        "data extent {disk} referenced with length {len} and {}",
+                        d.len
+                    ),
+                );
+            }
+            *d.holders.entry(RefHolder::DataLeaf(bytenr)).or_insert(0) += 1;
+        }
+        if keeps_items(tree) {
+            self.found
+                .items
+                .entry(tree)
+                .or_default()
+                .extend(items.iter().cloned());
+        }
+    }
+}
+
+fn check_header(
+    node: &Node,
+    generation: u64,
+    level: u8,
+    sb: &Superblock,
+    loc: &str,
+    report: &mut Report,
+) {
+    if node.generation != generation {
+        report.problem(
+            loc,
+            format!(
+                "generation {} but its parent recorded {generation}",
+                node.generation
+            ),
+        );
+    }
+    if node.generation > sb.generation {
+        report.problem(
+            loc,
+            format!("generation {} newer than the superblock", node.generation),
+        );
+    }
+    if node.level != level {
+        report.problem(
+            loc,
+            format!("level {} where {level} was expected", node.level),
+        );
+    }
+}
+
+fn check_keys(node: &Node, b: &Bounds, loc: &str, report: &mut Report) {
+    let Some(first) = node.first_key() else {
+        if b.first.is_some() {
+            report.problem(loc, "empty block below an internal node");
+        }
+        return;
+    };
+    if b.first.is_some_and(|f| f != first) {
+        report.problem(
+            loc,
+            format!("first key {first} differs from the parent's key"),
+        );
+    }
+    let last = match &node.body {
+        Body::Leaf(v) => v.last().map(|i| i.key),
+        Body::Internal(v) => v.last().map(|p| p.key),
+    };
+    if b.lo.is_some_and(|lo| first < lo) || last.zip(b.hi).is_some_and(|(l, hi)| l >= hi) {
+        report.problem(loc, "keys outside the range the parent gives this block");
+    }
+}

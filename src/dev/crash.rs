@@ -1,0 +1,213 @@
+//! A device that records every write and barrier, and the replay that turns a
+//! recording into the disk a crash could have left.
+//!
+//! Between two barriers the device may persist any subset of the writes in
+//! flight, in any order, each 4 KiB page on its own; before a barrier
+//! returns, all of them. [`replay`] builds the disk after a prefix of the
+//! recorded operations: every page written before the prefix's last barrier,
+//! plus the pages written after it that `keep` selects.
+
+use super::{Device, MemDevice};
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// Granularity at which a crash may tear writes apart.
+pub const PAGE: usize = 4096;
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Write { offset: u64, data: Vec<u8> },
+    Barrier,
+}
+
+pub struct RecordingDevice {
+    inner: MemDevice,
+    ops: Mutex<Vec<Op>>,
+}
+
+impl RecordingDevice {
+    pub fn new(initial: Vec<u8>) -> RecordingDevice {
+        RecordingDevice {
+            inner: MemDevice::from_bytes(initial),
+            ops: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn ops(&self) -> Vec<Op> {
+        crate::sync::lock(&self.ops).clone()
+    }
+
+    /// Number of operations recorded so far.
+    pub fn op_count(&self) -> usize {
+        crate::sync::lock(&self.ops).len()
+    }
+
+    pub fn contents(&self) -> Vec<u8> {
+        self.inner.snapshot()
+    }
+}
+
+impl Device for RecordingDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        crate::sync::lock(&self.ops).push(Op::Write {
+            offset,
+            data: buf.to_vec(),
+        });
+        self.inner.write_at(buf, offset)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        crate::sync::lock(&self.ops).push(Op::Barrier);
+        Ok(())
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+/// A base image with pages laid over it: what a replayed crash left.
+/// Reads see the overlay; writes go to the overlay too.
+pub struct OverlayDevice {
+    base: Arc<Vec<u8>>,
+    pages: Mutex<BTreeMap<u64, Arc<Vec<u8>>>>,
+}
+
+impl OverlayDevice {
+    pub fn new(base: Arc<Vec<u8>>) -> OverlayDevice {
+        OverlayDevice::with_pages(base, BTreeMap::new())
+    }
+
+    fn with_pages(base: Arc<Vec<u8>>, pages: BTreeMap<u64, Arc<Vec<u8>>>) -> OverlayDevice {
+        OverlayDevice {
+            base,
+            pages: Mutex::new(pages),
+        }
+    }
+}
+
+/// Lays a write over `pages` page by page, for the pages `keep` accepts (by
+/// page index counted through `counter`).
+fn lay(
+    pages: &mut BTreeMap<u64, Arc<Vec<u8>>>,
+    offset: u64,
+    data: &[u8],
+    counter: &mut usize,
+    keep: &dyn Fn(usize) -> bool,
+) {
+    for (i, chunk) in data.chunks(PAGE).enumerate() {
+        if keep(*counter) {
+            pages.insert(offset + (i * PAGE) as u64, Arc::new(chunk.to_vec()));
+        }
+        *counter += 1;
+    }
+}
+
+fn check_range(offset: u64, len: usize, size: usize) -> Result<()> {
+    if !offset.is_multiple_of(PAGE as u64)
+        || !len.is_multiple_of(PAGE)
+        || offset as usize + len > size
+    {
+        return Err(Error::Invalid(format!(
+            "unaligned overlay access {offset}+{len}"
+        )));
+    }
+    Ok(())
+}
+
+impl Device for OverlayDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_range(offset, buf.len(), self.base.len())?;
+        let pages = crate::sync::lock(&self.pages);
+        for (i, chunk) in buf.chunks_mut(PAGE).enumerate() {
+            let at = offset + (i * PAGE) as u64;
+            match pages.get(&at) {
+                Some(p) => chunk.copy_from_slice(p),
+                None => chunk.copy_from_slice(&self.base[at as usize..at as usize + PAGE]),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        check_range(offset, buf.len(), self.base.len())?;
+        let mut n = 0;
+        lay(
+            &mut crate::sync::lock(&self.pages),
+            offset,
+            buf,
+            &mut n,
+            &|_| true,
+        );
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn size(&self) -> u64 {
+        self.base.len() as u64
+    }
+}
+
+/// Builds crash images for growing prefixes of one recording, carrying the
+/// durable pages forward so each image costs only what changed.
+pub struct Replayer {
+    base: Arc<Vec<u8>>,
+    ops: Vec<Op>,
+    durable: BTreeMap<u64, Arc<Vec<u8>>>,
+    durable_end: usize,
+}
+
+impl Replayer {
+    pub fn new(base: Arc<Vec<u8>>, ops: Vec<Op>) -> Replayer {
+        Replayer {
+            base,
+            ops,
+            durable: BTreeMap::new(),
+            durable_end: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The disk after the first `prefix` ops: everything before the last
+    /// barrier inside the prefix, and of the pages written after it those
+    /// for which `keep(i)` is true (i counts those pages from 0). Prefixes
+    /// must not decrease from one call to the next.
+    pub fn at(&mut self, prefix: usize, keep: &dyn Fn(usize) -> bool) -> OverlayDevice {
+        let prefix = prefix.min(self.ops.len());
+        let new_end = self.ops[..prefix]
+            .iter()
+            .rposition(|o| matches!(o, Op::Barrier))
+            .map_or(0, |i| i + 1)
+            .max(self.durable_end);
+        let mut n = 0;
+        for op in &self.ops[self.durable_end..new_end] {
+            if let Op::Write { offset, data } = op {
+                lay(&mut self.durable, *offset, data, &mut n, &|_| true);
+            }
+        }
+        self.durable_end = new_end;
+        let mut pages = self.durable.clone();
+        let mut n = 0;
+        for op in &self.ops[new_end..prefix.max(new_end)] {
+            if let Op::Write { offset, data } = op {
+                lay(&mut pages, *offset, data, &mut n, keep);
+            }
+        }
+        OverlayDevice::with_pages(self.base.clone(), pages)
+    }
+}

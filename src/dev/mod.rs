@@ -1,0 +1,31 @@
+//! Devices: where blocks are stored.
+//!
+//! Everything above this layer sees a [`Device`]: positional reads and writes
+//! plus a barrier that makes every earlier write durable. A commit is only as
+//! safe as the barrier, so the file device maps it to `fdatasync`.
+//!
+//! - [`FileDevice`]: an image file or block device, locked against a second
+//!   user.
+//! - [`MemDevice`]: a byte vector, for tests.
+//! - [`crash::RecordingDevice`]: records every write and barrier so that tests
+//!   can replay any prefix of them, as a crash would leave the disk.
+
+pub mod crash;
+mod file;
+mod mem;
+
+pub use file::FileDevice;
+pub use mem::MemDevice;
+
+use crate::error::Result;
+
+pub trait Device: Send + Sync {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// Writes all of `buf` at `offset`; not durable until [`Device::barrier`].
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Returns once every write issued before it is durable.
+    fn barrier(&self) -> Result<()>;
+    /// Size in bytes.
+    fn size(&self) -> u64;
+}

@@ -1,0 +1,69 @@
+//! Errors of the library.
+//!
+//! Each variant belongs to one POSIX errno class (see [`Error::errno`]) so that
+//! only the FUSE edge ever deals in bare errno values. Corruption is an error
+//! carrying the location, never a panic.
+
+use std::io;
+
+/// Result alias used throughout the crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O error while {context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("corrupt metadata at byte {bytenr}: {reason}")]
+    Corrupt { bytenr: u64, reason: String },
+    #[error("not a Canopy image: {0}")]
+    NotCanopy(String),
+    #[error("no space left on device")]
+    NoSpace,
+    #[error("item not found")]
+    NotFound,
+    #[error("item already exists")]
+    Exists,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("the filesystem was shut down after an earlier failure: {0}")]
+    Aborted(String),
+    #[error("the filesystem is read-only")]
+    ReadOnly,
+    /// A POSIX error with no richer description (ENOTEMPTY, EISDIR, ...).
+    #[error("{1} (errno {0})")]
+    Posix(i32, &'static str),
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn corrupt(bytenr: u64, reason: impl Into<String>) -> Self {
+        Error::Corrupt {
+            bytenr,
+            reason: reason.into(),
+        }
+    }
+
+    /// The errno class this error maps to at the POSIX edge.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io { .. } | Error::Corrupt { .. } | Error::NotCanopy(_) => 5, // EIO
+            Error::Aborted(_) => 5,
+            Error::NoSpace => 28,    // ENOSPC
+            Error::NotFound => 2,    // ENOENT
+            Error::Exists => 17,     // EEXIST
+            Error::Invalid(_) => 22, // EINVAL
+            Error::ReadOnly => 30,   // EROFS
+            Error::Posix(errno, _) => *errno,
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Folding delayed references into the extent tree at commit.
+//!
+//! This runs inside the commit, above the tree layer (it edits the extent
+//! tree with ordinary tree operations, which may themselves copy blocks and
+//! so add more delayed references; the commit repeats until none are left).
+
+use super::{ExtentKind, PendingExtent, RefHolder};
+use crate::error::{Error, Result};
+use crate::format::items::{
+    decode_ref_count, encode_ref_count, ExtentItem, EXTENT_FLAG_DATA, EXTENT_FLAG_TREE_BLOCK,
+};
+use crate::format::key_type::{EXTENT_ITEM, SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF};
+use crate::format::tree_id::EXTENT;
+use crate::format::Key;
+use crate::tree::{BlockRead, Cursor};
+
+use crate::txn::Txn;
+
+/// Applies every delayed reference collected so far. Returns false when
+/// there was nothing to apply.
+pub fn run(tx: &mut Txn<'_>) -> Result<bool> {
+    let batch = tx.take_delayed_refs();
+    if batch.is_empty() {
+        return Ok(false);
+    }
+    for (bytenr, pending) in batch {
+        apply_one(tx, bytenr, pending)?;
+    }
+    Ok(true)
+}
+
+/// The extent item of the extent starting at `bytenr`: its key and content.
+pub fn find_extent_item<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &crate::tree::RootPtr,
+    bytenr: u64,
+) -> Result<Option<(Key, ExtentItem)>> {
+    let c = Cursor::seek(b, root, &Key::new(bytenr, EXTENT_ITEM, 0))?;
+    let Some(it) = c.item() else { return Ok(None) };
+    if it.key.objectid != bytenr || it.key.ty != EXTENT_ITEM {
+        return Ok(None);
+    }
+    let item = ExtentItem::decode(&it.data).map_err(|e| Error::corrupt(bytenr, e))?;
+    Ok(Some((it.key, item)))
+}
+
+fn new_item(kind: ExtentKind, transid: u64) -> ExtentItem {
+    match kind {
+        ExtentKind::Tree { owner, level } => ExtentItem {
+            refs: 0,
+            generation: transid,
+            flags: EXTENT_FLAG_TREE_BLOCK,
+            owner,
+            level,
+        },
+        ExtentKind::Data => ExtentItem {
+            refs: 0,
+            generation: transid,
+            flags: EXTENT_FLAG_DATA,
+            owner: 0,
+            level: 0,
+        },
+    }
+}
+
+fn apply_one(tx: &mut Txn<'_>, bytenr: u64, p: PendingExtent) -> Result<()> {
+    let root = tx.root_of(EXTENT)?;
+    let existing = find_extent_item(tx, &root, bytenr)?;
+    let (mut item, len, existed) = match (existing, p.new_kind) {
+        (Some((k, it)), None) => (it, k.offset, true),
+        (None, Some(kind)) => (new_item(kind, tx.transid()), p.len, false),
+        (Some(_), Some(_)) => {
+            return Err(Error::corrupt(
+                bytenr,
+                "newly allocated extent already has an item",
+            ))
+        }
+        (None, None) => {
+            return Err(Error::corrupt(
+                bytenr,
+                "reference change for an extent with no item",
+            ))
+        }
+    };
+    if existed && p.refs.is_empty() {
+        return Ok(());
+    }
+    for (&holder, &delta) in &p.refs {
+        update_backref(tx, bytenr, holder, delta)?;
+    }
+    let total = item.refs as i64 + p.net();
+    if total < 0 {
+        return Err(Error::corrupt(
+            bytenr,
+            format!("reference count would be {total}"),
+        ));
+    }
+    let key = Key::new(bytenr, EXTENT_ITEM, len);
+    if total == 0 {
+        if existed {
+            tx.delete(EXTENT, &key)?;
+        }
+        return release(tx, bytenr, len, &item);
+    }
+    item.refs = total as u64;
+    tx.put(EXTENT, key, item.encode())?;
+    Ok(())
+}
+
+fn backref_key(bytenr: u64, holder: RefHolder) -> Key {
+    match holder {
+        RefHolder::TreeParent(p) => Key::new(bytenr, SHARED_BLOCK_REF, p),
+        RefHolder::TreeRoot(id) => Key::new(bytenr, TREE_BLOCK_REF, id),
+        RefHolder::DataLeaf(l) => Key::new(bytenr, SHARED_DATA_REF, l),
+    }
+}
+
+fn update_backref(tx: &mut Txn<'_>, bytenr: u64, holder: RefHolder, delta: i64) -> Result<()> {
+    let key = backref_key(bytenr, holder);
+    let bad = |why: &str| Error::corrupt(bytenr, format!("back-reference {key}: {why}"));
+    if let RefHolder::DataLeaf(_) = holder {
+        let old = match tx.get(EXTENT, &key)? {
+            Some(d) => i64::from(decode_ref_count(&d).map_err(|e| bad(&e))?),
+            None => 0,
+        };
+        let new = old + delta;
+        return match new {
+            0 => tx.delete(EXTENT, &key).map(|_| ()),
+            1..=0xffff_ffff => tx
+                .put(EXTENT, key, encode_ref_count(new as u32))
+                .map(|_| ()),
+            _ => Err(bad("count out of range")),
+        };
+    }
+    match delta {
+        1 => tx.insert(EXTENT, key, Vec::new()).map_err(|e| match e {
+            Error::Exists => bad("holder already recorded"),
+            e => e,
+        }),
+        -1 => tx.delete(EXTENT, &key).map(|_| ()).map_err(|e| match e {
+            Error::NotFound => bad("holder not recorded"),
+            e => e,
+        }),
+        _ => Err(bad("a holder can point at a tree block only once")),
+    }
+}
+
+/// Frees an extent whose count reached zero; a tree block first releases
+/// everything it points at.
+fn release(tx: &mut Txn<'_>, bytenr: u64, len: u64, item: &ExtentItem) -> Result<()> {
+    let never_committed = item.generation == tx.transid();
+    if item.is_tree_block() {
+        let node = tx.read_node(bytenr, item.generation)?;
+        crate::tree::count_entry_refs(tx, &node.body, 0..node.nritems(), bytenr, -1);
+        tx.forget_block(bytenr);
+    } else {
+        let csum_key = Key::new(
+            crate::format::CSUM_OBJECTID,
+            crate::format::key_type::EXTENT_CSUM,
+            bytenr,
+        );
+        match tx.delete(crate::format::tree_id::CSUM, &csum_key) {
+            Ok(_) | Err(Error::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    tx.free_extent(bytenr, len, never_committed)
+}

@@ -1,0 +1,262 @@
+//! Layouts of the item kinds the engine itself reads and writes.
+//!
+//! Each type encodes to a `Vec<u8>` and decodes from a slice, returning a
+//! description of the problem when the slice cannot be this item.
+
+use super::{le_u32, le_u64, put_u64};
+
+type DecodeResult<T> = std::result::Result<T, String>;
+
+fn need(b: &[u8], n: usize, what: &str) -> DecodeResult<()> {
+    if b.len() < n {
+        return Err(format!("{what} item of {} bytes, need {n}", b.len()));
+    }
+    Ok(())
+}
+
+/// `(tree id, ROOT_ITEM, 0)` in the root tree: where a tree's root block is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootItem {
+    pub bytenr: u64,
+    pub generation: u64,
+    pub level: u8,
+    /// Generation of the last snapshot/clone taken of (or as) this tree: blocks
+    /// no newer than this may be shared with another tree.
+    pub last_snapshot: u64,
+    /// The tree this one was cloned from (0 for none).
+    pub parent_id: u64,
+    pub flags: u64,
+    /// Generation in which this tree was created.
+    pub created: u64,
+    pub name: Vec<u8>,
+}
+
+const ROOT_ITEM_FIXED: usize = 8 * 6 + 1 + 2;
+
+impl RootItem {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; ROOT_ITEM_FIXED + self.name.len()];
+        put_u64(&mut b, 0, self.bytenr);
+        put_u64(&mut b, 8, self.generation);
+        put_u64(&mut b, 16, self.last_snapshot);
+        put_u64(&mut b, 24, self.parent_id);
+        put_u64(&mut b, 32, self.flags);
+        put_u64(&mut b, 40, self.created);
+        b[48] = self.level;
+        super::put_u16(&mut b, 49, self.name.len() as u16);
+        b[ROOT_ITEM_FIXED..].copy_from_slice(&self.name);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> DecodeResult<RootItem> {
+        need(b, ROOT_ITEM_FIXED, "root")?;
+        let name_len = usize::from(super::le_u16(b, 49));
+        if b.len() != ROOT_ITEM_FIXED + name_len {
+            return Err("root item name length disagrees with item size".into());
+        }
+        Ok(RootItem {
+            bytenr: le_u64(b, 0),
+            generation: le_u64(b, 8),
+            last_snapshot: le_u64(b, 16),
+            parent_id: le_u64(b, 24),
+            flags: le_u64(b, 32),
+            created: le_u64(b, 40),
+            level: b[48],
+            name: b[ROOT_ITEM_FIXED..].to_vec(),
+        })
+    }
+}
+
+pub const EXTENT_FLAG_DATA: u64 = 1;
+pub const EXTENT_FLAG_TREE_BLOCK: u64 = 2;
+
+/// `(bytenr, EXTENT_ITEM, length)` in the extent tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtentItem {
+    /// Number of references: the sum over its back-reference items.
+    pub refs: u64,
+    /// Generation in which the extent was allocated.
+    pub generation: u64,
+    pub flags: u64,
+    /// For tree blocks: the tree that allocated it, and its level.
+    pub owner: u64,
+    pub level: u8,
+}
+
+pub const EXTENT_ITEM_SIZE: usize = 33;
+
+impl ExtentItem {
+    pub fn is_tree_block(&self) -> bool {
+        self.flags & EXTENT_FLAG_TREE_BLOCK != 0
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; EXTENT_ITEM_SIZE];
+        put_u64(&mut b, 0, self.refs);
+        put_u64(&mut b, 8, self.generation);
+        put_u64(&mut b, 16, self.flags);
+        put_u64(&mut b, 24, self.owner);
+        b[32] = self.level;
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> DecodeResult<ExtentItem> {
+        need(b, EXTENT_ITEM_SIZE, "extent")?;
+        let flags = le_u64(b, 16);
+        if flags.count_ones() != 1 || flags & !(EXTENT_FLAG_DATA | EXTENT_FLAG_TREE_BLOCK) != 0 {
+            return Err(format!("extent item flags {flags:#x} invalid"));
+        }
+        Ok(ExtentItem {
+            refs: le_u64(b, 0),
+            generation: le_u64(b, 8),
+            flags,
+            owner: le_u64(b, 24),
+            level: b[32],
+        })
+    }
+}
+
+/// Payload of a SHARED_DATA_REF: how many items of the leaf point here.
+pub fn encode_ref_count(count: u32) -> Vec<u8> {
+    count.to_le_bytes().to_vec()
+}
+
+pub fn decode_ref_count(b: &[u8]) -> DecodeResult<u32> {
+    need(b, 4, "data ref")?;
+    Ok(le_u32(b, 0))
+}
+
+pub const BG_DATA: u64 = 1;
+pub const BG_SYSTEM: u64 = 2;
+pub const BG_METADATA: u64 = 4;
+
+/// `(start, BLOCK_GROUP_ITEM, length)` in the block group tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockGroupItem {
+    pub used: u64,
+    pub flags: u64,
+}
+
+pub const BLOCK_GROUP_ITEM_SIZE: usize = 16;
+
+impl BlockGroupItem {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK_GROUP_ITEM_SIZE];
+        put_u64(&mut b, 0, self.used);
+        put_u64(&mut b, 8, self.flags);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> DecodeResult<BlockGroupItem> {
+        need(b, BLOCK_GROUP_ITEM_SIZE, "block group")?;
+        let flags = le_u64(b, 8);
+        if ![BG_DATA, BG_SYSTEM, BG_METADATA].contains(&flags) {
+            return Err(format!("block group flags {flags:#x} invalid"));
+        }
+        Ok(BlockGroupItem {
+            used: le_u64(b, 0),
+            flags,
+        })
+    }
+}
+
+pub const FILE_EXTENT_INLINE: u8 = 0;
+pub const FILE_EXTENT_REG: u8 = 1;
+pub const FILE_EXTENT_PREALLOC: u8 = 2;
+
+pub const COMPRESS_NONE: u8 = 0;
+pub const COMPRESS_ZSTD: u8 = 1;
+pub const COMPRESS_LZ4: u8 = 2;
+
+/// `(inode, EXTENT_DATA, file offset)` in an fs tree.
+///
+/// Inline extents carry their (possibly compressed) bytes after the 21-byte
+/// header; regular and prealloc extents point into a data extent on disk, and
+/// `offset`/`num_bytes` select the part of the decoded extent this file range
+/// uses (so reflinks and partial overwrites share one extent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileExtentItem {
+    pub generation: u64,
+    /// Decoded (uncompressed) length of the whole extent.
+    pub ram_bytes: u64,
+    pub compression: u8,
+    pub kind: u8,
+    pub disk_bytenr: u64,
+    pub disk_num_bytes: u64,
+    pub offset: u64,
+    pub num_bytes: u64,
+    pub inline_data: Vec<u8>,
+}
+
+const FE_HEADER: usize = 21;
+const FE_REG_SIZE: usize = FE_HEADER + 32;
+
+impl FileExtentItem {
+    pub fn encode(&self) -> Vec<u8> {
+        let body = if self.kind == FILE_EXTENT_INLINE {
+            self.inline_data.len()
+        } else {
+            32
+        };
+        let mut b = vec![0u8; FE_HEADER + body];
+        put_u64(&mut b, 0, self.generation);
+        put_u64(&mut b, 8, self.ram_bytes);
+        b[16] = self.compression;
+        b[20] = self.kind;
+        if self.kind == FILE_EXTENT_INLINE {
+            b[FE_HEADER..].copy_from_slice(&self.inline_data);
+        } else {
+            put_u64(&mut b, 21, self.disk_bytenr);
+            put_u64(&mut b, 29, self.disk_num_bytes);
+            put_u64(&mut b, 37, self.offset);
+            put_u64(&mut b, 45, self.num_bytes);
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> DecodeResult<FileExtentItem> {
+        need(b, FE_HEADER, "file extent")?;
+        let kind = b[20];
+        let mut fe = FileExtentItem {
+            generation: le_u64(b, 0),
+            ram_bytes: le_u64(b, 8),
+            compression: b[16],
+            kind,
+            disk_bytenr: 0,
+            disk_num_bytes: 0,
+            offset: 0,
+            num_bytes: 0,
+            inline_data: Vec::new(),
+        };
+        match kind {
+            FILE_EXTENT_INLINE => fe.inline_data = b[FE_HEADER..].to_vec(),
+            FILE_EXTENT_REG | FILE_EXTENT_PREALLOC => {
+                if b.len() != FE_REG_SIZE {
+                    return Err(format!("regular file extent item of {} bytes", b.len()));
+                }
+                fe.disk_bytenr = le_u64(b, 21);
+                fe.disk_num_bytes = le_u64(b, 29);
+                fe.offset = le_u64(b, 37);
+                fe.num_bytes = le_u64(b, 45);
+            }
+            _ => return Err(format!("file extent type {kind} unknown")),
+        }
+        Ok(fe)
+    }
+
+    /// The data extent this item references, if any: `(bytenr, length)`.
+    pub fn disk_extent(&self) -> Option<(u64, u64)> {
+        (self.kind != FILE_EXTENT_INLINE && self.disk_bytenr != 0)
+            .then_some((self.disk_bytenr, self.disk_num_bytes))
+    }
+}
+
+/// The data extent an item of a leaf references, if it is a file extent item
+/// pointing at one. This is how the extent layer learns data references
+/// without knowing about files.
+pub fn data_ref_of(key: &super::Key, data: &[u8]) -> Option<(u64, u64)> {
+    if key.ty != super::key_type::EXTENT_DATA {
+        return None;
+    }
+    FileExtentItem::decode(data).ok()?.disk_extent()
+}

@@ -1,0 +1,139 @@
+//! The on-disk format: constants, keys, tree block layout, superblock and the
+//! layout of every item kind.
+//!
+//! Everything here is pure encoding and decoding of bytes; nothing does I/O.
+//! All integers are little-endian. `docs/architecture.md` describes the same
+//! format in prose; keep the two in step.
+
+pub mod inode;
+pub mod items;
+pub mod key;
+pub mod node;
+pub mod superblock;
+
+pub use key::Key;
+
+/// Magic number in every superblock: "_CANOPY_" read as little-endian bytes.
+pub const MAGIC: [u8; 8] = *b"_CANOPY_";
+/// Format version written by this code.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Superblock copies live at these byte offsets (those inside the device).
+pub const SUPER_OFFSETS: [u64; 3] = [64 << 10, 64 << 20, 256 << 30];
+/// Size of one superblock copy.
+pub const SUPER_SIZE: u64 = 4096;
+/// The first MiB of the device is never allocated (boot loaders, labels).
+pub const RESERVED_START: u64 = 1 << 20;
+
+pub const MIN_NODESIZE: u32 = 4096;
+pub const MAX_NODESIZE: u32 = 65536;
+pub const DEFAULT_NODESIZE: u32 = 16384;
+pub const SECTORSIZE: u32 = 4096;
+
+/// Well-known tree ids (objectids of ROOT_ITEMs in the root tree).
+pub mod tree_id {
+    /// The root tree: lists every other tree. Its root is in the superblock.
+    pub const ROOT: u64 = 1;
+    /// Reference counts and back-references of every block and data extent.
+    pub const EXTENT: u64 = 2;
+    /// Block group items (data / metadata / system, used bytes).
+    pub const BLOCK_GROUP: u64 = 3;
+    /// The default subvolume's fs tree.
+    pub const FS: u64 = 5;
+    /// Data checksums (crc32c per sector).
+    pub const CSUM: u64 = 7;
+    /// Quota groups.
+    pub const QUOTA: u64 = 8;
+    /// Free space indexed by start (XFS bnobt).
+    pub const FREE_BY_START: u64 = 10;
+    /// Free space indexed by length (XFS cntbt).
+    pub const FREE_BY_LEN: u64 = 11;
+    /// First id handed to user subvolumes and snapshots.
+    pub const FIRST_FREE: u64 = 256;
+    /// Objectid of the log tree root items (written by fsync).
+    pub const LOG: u64 = u64::MAX - 6;
+    /// Objectid of relocation trees used by balance.
+    pub const RELOC: u64 = u64::MAX - 7;
+
+    /// Trees whose blocks may be shared with another tree (snapshots, clones).
+    /// Blocks of all other trees always have exactly one reference.
+    pub fn is_shareable(id: u64) -> bool {
+        id == FS || (FIRST_FREE..RELOC).contains(&id)
+    }
+}
+
+/// Key types. Values follow btrfs where the meaning is the same.
+pub mod key_type {
+    pub const INODE_ITEM: u8 = 1;
+    pub const INODE_REF: u8 = 12;
+    pub const XATTR_ITEM: u8 = 24;
+    pub const ORPHAN_ITEM: u8 = 48;
+    pub const DIR_LOG_INDEX: u8 = 72;
+    pub const DIR_ITEM: u8 = 84;
+    pub const DIR_INDEX: u8 = 96;
+    /// File extent item: `(inode, EXTENT_DATA, file offset)`.
+    pub const EXTENT_DATA: u8 = 108;
+    /// Data checksums: `(CSUM_OBJECTID, EXTENT_CSUM, disk bytenr)`.
+    pub const EXTENT_CSUM: u8 = 128;
+    /// A tree's root: `(tree id, ROOT_ITEM, 0)` in the root tree.
+    pub const ROOT_ITEM: u8 = 132;
+    pub const ROOT_BACKREF: u8 = 144;
+    pub const ROOT_REF: u8 = 156;
+    /// An allocated extent: `(bytenr, EXTENT_ITEM, length)`.
+    pub const EXTENT_ITEM: u8 = 168;
+    /// Back-reference from a tree's root item: `(bytenr, TREE_BLOCK_REF, tree id)`.
+    pub const TREE_BLOCK_REF: u8 = 176;
+    /// Reserved: keyed data back-reference `(root, inode, offset)` (not yet written).
+    pub const EXTENT_DATA_REF: u8 = 178;
+    /// Back-reference from a parent node: `(bytenr, SHARED_BLOCK_REF, parent)`.
+    pub const SHARED_BLOCK_REF: u8 = 182;
+    /// Back-reference from a leaf's file extent items:
+    /// `(bytenr, SHARED_DATA_REF, leaf)`, payload: count u32.
+    pub const SHARED_DATA_REF: u8 = 184;
+    /// `(start, BLOCK_GROUP_ITEM, length)` in the block group tree.
+    pub const BLOCK_GROUP_ITEM: u8 = 192;
+    /// Free extent: `(start, FREE_EXTENT, len)` in the by-start tree and
+    /// `(len, FREE_EXTENT, start)` in the by-length tree.
+    pub const FREE_EXTENT: u8 = 199;
+    pub const QGROUP_STATUS: u8 = 240;
+    pub const QGROUP_INFO: u8 = 242;
+    pub const QGROUP_LIMIT: u8 = 244;
+    pub const QGROUP_RELATION: u8 = 246;
+}
+
+/// Objectid under which checksum items are keyed in the checksum tree.
+pub const CSUM_OBJECTID: u64 = u64::MAX - 9;
+
+/// Checksum of a byte range as stored everywhere in the format.
+pub fn crc(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}
+
+/// Little-endian field readers that never panic: callers check lengths first.
+pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+pub(crate) fn le_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+pub(crate) fn le_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+pub(crate) fn put_u16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}

@@ -1,0 +1,167 @@
+//! The superblock: the one place that says where the current root tree is.
+//!
+//! Copies live at [`super::SUPER_OFFSETS`] inside the device. Each copy is
+//! checksummed; at open the valid copy with the highest generation wins, so a
+//! torn superblock write falls back to the previous commit.
+
+use super::{crc, le_u16, le_u32, le_u64, put_u16, put_u32, put_u64, FORMAT_VERSION, MAGIC};
+use crate::error::{Error, Result};
+
+const OFF_CSUM: usize = 0;
+const OFF_FSID: usize = 32;
+const OFF_BYTENR: usize = 48;
+const OFF_FLAGS: usize = 56;
+const OFF_MAGIC: usize = 64;
+const OFF_GENERATION: usize = 72;
+const OFF_ROOT: usize = 80;
+const OFF_ROOT_GENERATION: usize = 88;
+const OFF_LOG_ROOT: usize = 96;
+const OFF_LOG_ROOT_GENERATION: usize = 104;
+const OFF_TOTAL_BYTES: usize = 112;
+const OFF_BYTES_USED: usize = 120;
+const OFF_NODESIZE: usize = 136;
+const OFF_SECTORSIZE: usize = 140;
+const OFF_COMPAT: usize = 144;
+const OFF_COMPAT_RO: usize = 152;
+const OFF_INCOMPAT: usize = 160;
+const OFF_CSUM_TYPE: usize = 168;
+const OFF_ROOT_LEVEL: usize = 170;
+const OFF_LOG_ROOT_LEVEL: usize = 171;
+const OFF_VERSION: usize = 172;
+const OFF_LABEL: usize = 176;
+pub const LABEL_MAX: usize = 255;
+const SUPER_BYTES: usize = 4096;
+
+/// Incompatible features this code understands (none yet: all bits unknown).
+pub const INCOMPAT_SUPPORTED: u64 = 0;
+/// Read-only-compatible features this code understands.
+pub const COMPAT_RO_SUPPORTED: u64 = 0;
+pub const CSUM_CRC32C: u16 = 0;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub fsid: [u8; 16],
+    pub flags: u64,
+    pub generation: u64,
+    pub root: u64,
+    pub root_generation: u64,
+    pub root_level: u8,
+    /// 0 when there is no log tree to replay.
+    pub log_root: u64,
+    pub log_root_generation: u64,
+    pub log_root_level: u8,
+    pub total_bytes: u64,
+    pub bytes_used: u64,
+    pub nodesize: u32,
+    pub sectorsize: u32,
+    pub compat: u64,
+    pub compat_ro: u64,
+    pub incompat: u64,
+    pub label: String,
+}
+
+impl Superblock {
+    /// Encodes the copy that lives at `bytenr`.
+    pub fn encode(&self, bytenr: u64) -> Vec<u8> {
+        let mut b = vec![0u8; SUPER_BYTES];
+        b[OFF_FSID..OFF_FSID + 16].copy_from_slice(&self.fsid);
+        put_u64(&mut b, OFF_BYTENR, bytenr);
+        put_u64(&mut b, OFF_FLAGS, self.flags);
+        b[OFF_MAGIC..OFF_MAGIC + 8].copy_from_slice(&MAGIC);
+        put_u64(&mut b, OFF_GENERATION, self.generation);
+        put_u64(&mut b, OFF_ROOT, self.root);
+        put_u64(&mut b, OFF_ROOT_GENERATION, self.root_generation);
+        put_u64(&mut b, OFF_LOG_ROOT, self.log_root);
+        put_u64(&mut b, OFF_LOG_ROOT_GENERATION, self.log_root_generation);
+        put_u64(&mut b, OFF_TOTAL_BYTES, self.total_bytes);
+        put_u64(&mut b, OFF_BYTES_USED, self.bytes_used);
+        put_u32(&mut b, OFF_NODESIZE, self.nodesize);
+        put_u32(&mut b, OFF_SECTORSIZE, self.sectorsize);
+        put_u64(&mut b, OFF_COMPAT, self.compat);
+        put_u64(&mut b, OFF_COMPAT_RO, self.compat_ro);
+        put_u64(&mut b, OFF_INCOMPAT, self.incompat);
+        put_u16(&mut b, OFF_CSUM_TYPE, CSUM_CRC32C);
+        b[OFF_ROOT_LEVEL] = self.root_level;
+        b[OFF_LOG_ROOT_LEVEL] = self.log_root_level;
+        put_u32(&mut b, OFF_VERSION, FORMAT_VERSION);
+        let label = self.label.as_bytes();
+        let n = label.len().min(LABEL_MAX);
+        b[OFF_LABEL..OFF_LABEL + n].copy_from_slice(&label[..n]);
+        let sum = crc(&b[OFF_FSID..]);
+        put_u32(&mut b, OFF_CSUM, sum);
+        b
+    }
+
+    /// Decodes the copy read from `bytenr`; any inconsistency is an error.
+    pub fn decode(b: &[u8], bytenr: u64) -> Result<Superblock> {
+        if b.len() < SUPER_BYTES || b[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC {
+            return Err(Error::NotCanopy(format!(
+                "no Canopy magic at byte {bytenr}"
+            )));
+        }
+        let bad = |why: &str| Error::corrupt(bytenr, format!("superblock: {why}"));
+        if le_u32(b, OFF_CSUM) != crc(&b[OFF_FSID..SUPER_BYTES]) {
+            return Err(bad("checksum mismatch"));
+        }
+        if le_u64(b, OFF_BYTENR) != bytenr {
+            return Err(bad("copy records another offset"));
+        }
+        if le_u32(b, OFF_VERSION) != FORMAT_VERSION || le_u16(b, OFF_CSUM_TYPE) != CSUM_CRC32C {
+            return Err(bad("unsupported format version or checksum type"));
+        }
+        let mut fsid = [0u8; 16];
+        fsid.copy_from_slice(&b[OFF_FSID..OFF_FSID + 16]);
+        let label_bytes = &b[OFF_LABEL..OFF_LABEL + LABEL_MAX];
+        let label_len = label_bytes
+            .iter()
+            .position(|&c| c == 0)
+            .unwrap_or(LABEL_MAX);
+        let sb = Superblock {
+            fsid,
+            flags: le_u64(b, OFF_FLAGS),
+            generation: le_u64(b, OFF_GENERATION),
+            root: le_u64(b, OFF_ROOT),
+            root_generation: le_u64(b, OFF_ROOT_GENERATION),
+            root_level: b[OFF_ROOT_LEVEL],
+            log_root: le_u64(b, OFF_LOG_ROOT),
+            log_root_generation: le_u64(b, OFF_LOG_ROOT_GENERATION),
+            log_root_level: b[OFF_LOG_ROOT_LEVEL],
+            total_bytes: le_u64(b, OFF_TOTAL_BYTES),
+            bytes_used: le_u64(b, OFF_BYTES_USED),
+            nodesize: le_u32(b, OFF_NODESIZE),
+            sectorsize: le_u32(b, OFF_SECTORSIZE),
+            compat: le_u64(b, OFF_COMPAT),
+            compat_ro: le_u64(b, OFF_COMPAT_RO),
+            incompat: le_u64(b, OFF_INCOMPAT),
+            label: String::from_utf8_lossy(&label_bytes[..label_len]).into_owned(),
+        };
+        sb.validate().map_err(|why| bad(&why))?;
+        Ok(sb)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        let ns = self.nodesize;
+        if !ns.is_power_of_two() || !(super::MIN_NODESIZE..=super::MAX_NODESIZE).contains(&ns) {
+            return Err(format!("nodesize {ns} out of range"));
+        }
+        if self.sectorsize != super::SECTORSIZE {
+            return Err(format!("sectorsize {} unsupported", self.sectorsize));
+        }
+        if self.incompat & !INCOMPAT_SUPPORTED != 0 {
+            return Err(format!(
+                "unknown incompatible features {:#x}",
+                self.incompat
+            ));
+        }
+        if self.root == 0 || !self.root.is_multiple_of(u64::from(self.sectorsize)) {
+            return Err(format!("root tree at bad address {}", self.root));
+        }
+        if self.root_level > super::node::MAX_LEVEL || self.root_generation > self.generation {
+            return Err("root tree level or generation out of range".into());
+        }
+        if self.root >= self.total_bytes {
+            return Err("root tree beyond the device end".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,147 @@
+//! POSIX semantics on top of the engine: inodes, directories, files.
+//!
+//! This layer knows no FUSE types: the `fuse` front translates requests into
+//! these calls, so the semantics can be tested without a mount. Every call
+//! runs in one engine transaction (joined, not committed); durability comes
+//! from [`Fs::sync`] (fsync, syncfs, unmount) and the periodic commit the
+//! daemon runs.
+//!
+//! Items of an fs tree (see docs/architecture.md):
+//! - `(ino, INODE_ITEM, 0)`: attributes;
+//! - `(dir, DIR_ITEM, crc32c(name))`: entries by name, for O(log n) lookup;
+//! - `(dir, DIR_INDEX, index)`: the same entries by creation order, for
+//!   readdir with stable offsets (an entry's offset is its index + 1);
+//! - `(ino, EXTENT_DATA, file offset)`: file data, inline or in extents;
+//! - `(CSUM_OBJECTID, EXTENT_CSUM, disk bytenr)` in the checksum tree:
+//!   crc32c of every data sector.
+//!
+//! Symlink targets are stored as the inline data of the link.
+
+mod dir;
+mod file;
+mod ops;
+pub mod xattr;
+
+pub use ops::{Attr, DirListing, Owner, SetAttr};
+
+use crate::error::{Error, Result};
+use crate::format::inode::{InodeItem, ROOT_DIR_INO};
+use crate::format::key_type::INODE_ITEM;
+use crate::format::tree_id::FS;
+use crate::format::Key;
+use crate::txn::{Reader, Txn};
+use crate::Engine;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Largest file size (2^62 bytes).
+pub const MAX_FILE_SIZE: u64 = 1 << 62;
+
+/// Longest name a directory entry may have.
+pub const NAME_MAX: usize = 255;
+
+pub(crate) fn errno(code: i32, what: &'static str) -> Error {
+    Error::Posix(code, what)
+}
+
+/// A mounted subvolume.
+pub struct Fs {
+    engine: Arc<Engine>,
+    tree: u64,
+    next_ino: AtomicU64,
+    /// Open handles per inode: an unlinked inode lives on (as an orphan)
+    /// until its last handle is released.
+    open_handles: Mutex<HashMap<u64, u32>>,
+}
+
+/// Objectid of orphan items: `(ORPHAN_OBJECTID, ORPHAN_ITEM, ino)` marks an
+/// inode with no links kept for open handles; mount deletes leftovers.
+pub const ORPHAN_OBJECTID: u64 = u64::MAX - 5;
+
+impl Fs {
+    /// Opens the default subvolume, creating its root directory on a
+    /// freshly formatted image.
+    pub fn new(engine: Arc<Engine>) -> Result<Fs> {
+        let tree = FS;
+        let last = engine.read(|r| {
+            let root = r.root(tree)?;
+            let c = crate::tree::Cursor::seek_le(
+                r,
+                &root,
+                &Key::new(crate::format::CSUM_OBJECTID - 1, 0, 0),
+            )?;
+            Ok(c.and_then(|c| c.item().map(|i| i.key.objectid)))
+        })?;
+        let fs = Fs {
+            engine,
+            tree,
+            next_ino: AtomicU64::new(last.map_or(ROOT_DIR_INO, |l| l.max(ROOT_DIR_INO)) + 1),
+            open_handles: Mutex::new(HashMap::new()),
+        };
+        fs.delete_orphans()?;
+        if last.is_none() {
+            fs.engine.write(|tx| {
+                let now = crate::format::inode::Timespec::now();
+                let root = InodeItem {
+                    nlink: 2,
+                    mode: libc::S_IFDIR | 0o755,
+                    transid: tx.transid(),
+                    atime: now,
+                    mtime: now,
+                    ctime: now,
+                    otime: now,
+                    ..Default::default()
+                };
+                tx.insert(tree, inode_key(ROOT_DIR_INO), root.encode())
+            })?;
+            fs.engine.commit()?;
+        }
+        Ok(fs)
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Makes everything done so far durable.
+    pub fn sync(&self) -> Result<()> {
+        self.engine.commit().map(|_| ())
+    }
+
+    fn alloc_ino(&self) -> u64 {
+        self.next_ino.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+pub(crate) fn inode_key(ino: u64) -> Key {
+    Key::new(ino, INODE_ITEM, 0)
+}
+
+pub(crate) fn load_inode_tx(tx: &Txn<'_>, tree: u64, ino: u64) -> Result<InodeItem> {
+    let data = tx.get(tree, &inode_key(ino))?.ok_or(Error::NotFound)?;
+    InodeItem::decode(&data).map_err(|e| Error::corrupt(ino, e))
+}
+
+pub(crate) fn load_inode_r(r: &Reader<'_>, tree: u64, ino: u64) -> Result<InodeItem> {
+    let data = r.get(tree, &inode_key(ino))?.ok_or(Error::NotFound)?;
+    InodeItem::decode(&data).map_err(|e| Error::corrupt(ino, e))
+}
+
+pub(crate) fn store_inode(
+    tx: &mut Txn<'_>,
+    tree: u64,
+    ino: u64,
+    mut inode: InodeItem,
+) -> Result<()> {
+    inode.transid = tx.transid();
+    tx.put(tree, inode_key(ino), inode.encode()).map(|_| ())
+}
+
+pub(crate) fn is_dir(mode: u32) -> bool {
+    mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+pub(crate) fn dtype(mode: u32) -> u8 {
+    ((mode & libc::S_IFMT) >> 12) as u8
+}

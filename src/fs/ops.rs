@@ -1,0 +1,803 @@
+//! The POSIX operations.
+
+use super::{dir, dtype, errno, file, is_dir, load_inode_r, load_inode_tx, store_inode, Fs};
+use crate::error::{Error, Result};
+use crate::format::inode::{InodeItem, Timespec, ROOT_DIR_INO};
+use crate::format::items::FILE_EXTENT_INLINE;
+use crate::format::tree_id::CSUM;
+use crate::txn::Txn;
+
+fn orphan_key(ino: u64) -> crate::format::Key {
+    crate::format::Key::new(
+        super::ORPHAN_OBJECTID,
+        crate::format::key_type::ORPHAN_ITEM,
+        ino,
+    )
+}
+
+/// Removes an inode: its data, xattrs and inode item (every item keyed by
+/// its number).
+fn delete_inode(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
+    file::punch(tx, tree, ino, 0, u64::MAX)?;
+    let rest = tx.range(
+        tree,
+        &crate::format::Key::new(ino, 0, 0),
+        &crate::format::Key::new(ino + 1, 0, 0),
+    )?;
+    if rest.is_empty() {
+        return Err(Error::NotFound);
+    }
+    for (k, _) in rest {
+        tx.delete(tree, &k)?;
+    }
+    Ok(())
+}
+
+/// Attributes as `stat` reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub crtime: Timespec,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+}
+
+fn attr(ino: u64, i: &InodeItem) -> Attr {
+    Attr {
+        ino,
+        size: i.size,
+        blocks: i.nbytes.div_ceil(512),
+        atime: i.atime,
+        mtime: i.mtime,
+        ctime: i.ctime,
+        crtime: i.otime,
+        mode: i.mode,
+        nlink: i.nlink,
+        uid: i.uid,
+        gid: i.gid,
+        rdev: i.rdev,
+    }
+}
+
+/// One readdir entry: (next offset, ino, d_type, name).
+pub type DirListing = (u64, u64, u8, Vec<u8>);
+
+/// What `setattr` may change.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timespec>,
+    pub mtime: Option<Timespec>,
+    pub ctime: Option<Timespec>,
+}
+
+/// Who creates a new inode.
+#[derive(Clone, Copy, Debug)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Fs {
+    fn root_ptr_tx(&self, tx: &Txn<'_>) -> Result<crate::tree::RootPtr> {
+        tx.root_of(self.tree)
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.engine
+            .read(|r| Ok(attr(ino, &load_inode_r(r, self.tree, ino)?)))
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        if name.len() > super::NAME_MAX {
+            return Err(errno(libc::ENAMETOOLONG, "name longer than 255 bytes"));
+        }
+        self.engine.read(|r| {
+            let p = load_inode_r(r, self.tree, parent)?;
+            if !is_dir(p.mode) {
+                return Err(errno(libc::ENOTDIR, "not a directory"));
+            }
+            let root = r.root(self.tree)?;
+            let e = dir::lookup(r, &root, parent, name)?.ok_or(Error::NotFound)?;
+            Ok(attr(e.ino, &load_inode_r(r, self.tree, e.ino)?))
+        })
+    }
+
+    /// Creates a file, directory, device node, FIFO, socket or symlink
+    /// (`target` for symlinks) named `name` in `parent`.
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        owner: Owner,
+        target: Option<&[u8]>,
+    ) -> Result<Attr> {
+        dir::check_name(name)?;
+        self.engine.reserve(target.map_or(0, |t| t.len() as u64))?;
+        let ino = self.alloc_ino();
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            let mut p = self.parent_dir(tx, parent)?;
+            let root = self.root_ptr_tx(tx)?;
+            if dir::lookup(tx, &root, parent, name)?.is_some() {
+                return Err(Error::Exists);
+            }
+            let now = Timespec::now();
+            let mut inode = InodeItem {
+                nlink: if is_dir(mode) { 2 } else { 1 },
+                uid: owner.uid,
+                gid: if p.mode & libc::S_ISGID != 0 {
+                    p.gid
+                } else {
+                    owner.gid
+                },
+                mode,
+                rdev,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                otime: now,
+                ..Default::default()
+            };
+            if is_dir(mode) && p.mode & libc::S_ISGID != 0 {
+                inode.mode |= libc::S_ISGID;
+            }
+            store_inode(tx, tree, ino, inode.clone())?;
+            if let Some(t) = target {
+                inode.nbytes = file::write(tx, tree, ino, 0, 0, t)? as u64;
+                inode.size = t.len() as u64;
+                store_inode(tx, tree, ino, inode.clone())?;
+            }
+            dir::add(tx, tree, parent, name, ino, dtype(mode))?;
+            if is_dir(mode) {
+                p.nlink += 1;
+            }
+            p.mtime = now;
+            p.ctime = now;
+            store_inode(tx, tree, parent, p)?;
+            Ok(attr(ino, &inode))
+        })
+    }
+
+    fn parent_dir(&self, tx: &Txn<'_>, parent: u64) -> Result<InodeItem> {
+        let p = load_inode_tx(tx, self.tree, parent)?;
+        if !is_dir(p.mode) {
+            return Err(errno(libc::ENOTDIR, "not a directory"));
+        }
+        Ok(p)
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.engine.read(|r| {
+            let i = load_inode_r(r, self.tree, ino)?;
+            if i.mode & libc::S_IFMT != libc::S_IFLNK {
+                return Err(errno(libc::EINVAL, "not a symlink"));
+            }
+            file::read(r, &r.root(self.tree)?, &r.root(CSUM)?, ino, 0, i.size)
+        })
+    }
+
+    /// Removes `name` from `parent`: a non-directory (`rmdir` false) or an
+    /// empty directory (`rmdir` true).
+    pub fn remove(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<()> {
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            let mut p = self.parent_dir(tx, parent)?;
+            let root = self.root_ptr_tx(tx)?;
+            let e = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
+            let child = load_inode_tx(tx, tree, e.ino)?;
+            match (rmdir, is_dir(child.mode)) {
+                (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
+                (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
+                (true, true) if !dir::is_empty(tx, &root, e.ino)? => {
+                    return Err(errno(libc::ENOTEMPTY, "directory not empty"))
+                }
+                _ => {}
+            }
+            dir::remove(tx, tree, parent, name)?;
+            let now = Timespec::now();
+            if rmdir {
+                p.nlink -= 1;
+            }
+            p.mtime = now;
+            p.ctime = now;
+            store_inode(tx, tree, parent, p)?;
+            self.drop_link(tx, e.ino, child, now)
+        })
+    }
+
+    /// One link fewer; at zero the inode and its data go, or, while it is
+    /// open, it becomes an orphan that goes at its last release.
+    fn drop_link(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        mut inode: InodeItem,
+        now: Timespec,
+    ) -> Result<()> {
+        let tree = self.tree;
+        let links = if is_dir(inode.mode) {
+            0
+        } else {
+            inode.nlink.saturating_sub(1)
+        };
+        inode.nlink = links;
+        inode.ctime = now;
+        if links > 0 {
+            return store_inode(tx, tree, ino, inode);
+        }
+        if self.is_open(ino) {
+            tx.put(tree, orphan_key(ino), Vec::new())?;
+            return store_inode(tx, tree, ino, inode);
+        }
+        delete_inode(tx, tree, ino)
+    }
+
+    fn is_open(&self, ino: u64) -> bool {
+        crate::sync::lock(&self.open_handles)
+            .get(&ino)
+            .is_some_and(|&n| n > 0)
+    }
+
+    /// Notes an open handle of `ino`.
+    pub fn open(&self, ino: u64) {
+        *crate::sync::lock(&self.open_handles)
+            .entry(ino)
+            .or_insert(0) += 1;
+    }
+
+    /// Releases a handle; the last one of an orphan deletes it.
+    pub fn release(&self, ino: u64) -> Result<()> {
+        let last = {
+            let mut h = crate::sync::lock(&self.open_handles);
+            match h.get_mut(&ino) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => {
+                    h.remove(&ino);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !last {
+            return Ok(());
+        }
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            if tx.get(tree, &orphan_key(ino))?.is_none() {
+                return Ok(());
+            }
+            tx.delete(tree, &orphan_key(ino))?;
+            delete_inode(tx, tree, ino)
+        })
+    }
+
+    /// Deletes inodes left orphaned by a crash or an unclean unmount.
+    pub(crate) fn delete_orphans(&self) -> Result<()> {
+        let tree = self.tree;
+        let start = orphan_key(0);
+        let end = orphan_key(u64::MAX);
+        let orphans = self.engine.read(|r| r.range(tree, &start, &end))?;
+        if orphans.is_empty() {
+            return Ok(());
+        }
+        self.engine.write(|tx| {
+            for (k, _) in &orphans {
+                tx.delete(tree, k)?;
+                match delete_inode(tx, tree, k.offset) {
+                    Ok(()) | Err(Error::NotFound) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })?;
+        tracing::info!(count = orphans.len(), "deleted orphan inodes");
+        self.engine.commit().map(|_| ())
+    }
+
+    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
+        dir::check_name(name)?;
+        self.engine.reserve(0)?;
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            let mut p = self.parent_dir(tx, parent)?;
+            let mut i = load_inode_tx(tx, tree, ino)?;
+            if is_dir(i.mode) {
+                return Err(errno(libc::EPERM, "hard link to a directory"));
+            }
+            let root = self.root_ptr_tx(tx)?;
+            if dir::lookup(tx, &root, parent, name)?.is_some() {
+                return Err(Error::Exists);
+            }
+            let now = Timespec::now();
+            dir::add(tx, tree, parent, name, ino, dtype(i.mode))?;
+            i.nlink += 1;
+            i.ctime = now;
+            store_inode(tx, tree, ino, i.clone())?;
+            p.mtime = now;
+            p.ctime = now;
+            store_inode(tx, tree, parent, p)?;
+            Ok(attr(ino, &i))
+        })
+    }
+
+    /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE semantics.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> Result<()> {
+        dir::check_name(newname)?;
+        self.engine.reserve(0)?;
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            self.parent_dir(tx, parent)?;
+            self.parent_dir(tx, newparent)?;
+            let root = self.root_ptr_tx(tx)?;
+            let src = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
+            let dst = dir::lookup(tx, &root, newparent, newname)?;
+            let src_inode = load_inode_tx(tx, tree, src.ino)?;
+            if is_dir(src_inode.mode)
+                && parent != newparent
+                && self.is_ancestor(tx, src.ino, newparent)?
+            {
+                return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
+            }
+            if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+                return Ok(());
+            }
+            let now = Timespec::now();
+            if exchange {
+                let dst = dst.ok_or(Error::NotFound)?;
+                let dst_inode = load_inode_tx(tx, tree, dst.ino)?;
+                if is_dir(dst_inode.mode)
+                    && parent != newparent
+                    && self.is_ancestor(tx, dst.ino, parent)?
+                {
+                    return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
+                }
+                dir::remove(tx, tree, parent, name)?;
+                dir::remove(tx, tree, newparent, newname)?;
+                dir::add(tx, tree, parent, name, dst.ino, dst.kind)?;
+                dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
+                let dirs = (is_dir(src_inode.mode), is_dir(dst_inode.mode));
+                self.adjust_parents(tx, parent, newparent, dirs, now)?;
+                self.touch_ctime(tx, src.ino, now)?;
+                return self.touch_ctime(tx, dst.ino, now);
+            }
+            if let Some(d) = &dst {
+                if noreplace {
+                    return Err(Error::Exists);
+                }
+                let d_inode = load_inode_tx(tx, tree, d.ino)?;
+                match (is_dir(src_inode.mode), is_dir(d_inode.mode)) {
+                    (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
+                    (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
+                    (true, true) if !dir::is_empty(tx, &root, d.ino)? => {
+                        return Err(errno(libc::ENOTEMPTY, "directory not empty"))
+                    }
+                    _ => {}
+                }
+                dir::remove(tx, tree, newparent, newname)?;
+                if is_dir(d_inode.mode) {
+                    let mut np = load_inode_tx(tx, tree, newparent)?;
+                    np.nlink -= 1;
+                    store_inode(tx, tree, newparent, np)?;
+                }
+                self.drop_link(tx, d.ino, d_inode, now)?;
+            }
+            dir::remove(tx, tree, parent, name)?;
+            dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
+            self.adjust_parents(tx, parent, newparent, (is_dir(src_inode.mode), false), now)?;
+            self.touch_ctime(tx, src.ino, now)
+        })
+    }
+
+    /// Moves directory link counts when directories change parents and
+    /// updates both parents' times.
+    fn adjust_parents(
+        &self,
+        tx: &mut Txn<'_>,
+        from: u64,
+        to: u64,
+        dirs: (bool, bool),
+        now: Timespec,
+    ) -> Result<()> {
+        let tree = self.tree;
+        let moved_out = i64::from(dirs.0) - i64::from(dirs.1);
+        for (ino, delta) in [(from, -moved_out), (to, moved_out)] {
+            let mut p = load_inode_tx(tx, tree, ino)?;
+            if from != to {
+                p.nlink = (i64::from(p.nlink) + delta) as u32;
+            }
+            p.mtime = now;
+            p.ctime = now;
+            store_inode(tx, tree, ino, p)?;
+            if from == to {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn touch_ctime(&self, tx: &mut Txn<'_>, ino: u64, now: Timespec) -> Result<()> {
+        let mut i = load_inode_tx(tx, self.tree, ino)?;
+        i.ctime = now;
+        store_inode(tx, self.tree, ino, i)
+    }
+
+    /// True when `dir` is `ino` or lies below it. Walks `..` entries, which
+    /// this layer does not store, so it searches parents by scanning: the
+    /// kernel already refuses most such renames; this guards the rest.
+    fn is_ancestor(&self, tx: &Txn<'_>, ino: u64, dir: u64) -> Result<bool> {
+        if ino == dir {
+            return Ok(true);
+        }
+        // Depth-first over ino's subtree, looking for dir.
+        let root = self.root_ptr_tx(tx)?;
+        let mut stack = vec![ino];
+        while let Some(d) = stack.pop() {
+            let mut offset = 0;
+            loop {
+                let entries = dir::list(tx, &root, d, offset, 256)?;
+                let Some(last) = entries.last() else { break };
+                offset = last.index + 1;
+                for e in &entries {
+                    if e.ino == dir {
+                        return Ok(true);
+                    }
+                    if u32::from(e.kind) << 12 == libc::S_IFDIR {
+                        stack.push(e.ino);
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
+        if s.size
+            .is_some_and(|n| n % u64::from(crate::format::SECTORSIZE) != 0)
+        {
+            self.engine.reserve(u64::from(crate::format::SECTORSIZE))?;
+        }
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            let mut i = load_inode_tx(tx, tree, ino)?;
+            let now = Timespec::now();
+            if let Some(size) = s.size {
+                if is_dir(i.mode) {
+                    return Err(errno(libc::EISDIR, "is a directory"));
+                }
+                let delta = file::truncate(tx, tree, ino, i.size, size)?;
+                i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
+                i.size = size;
+                i.mtime = now;
+            }
+            if let Some(m) = s.mode {
+                i.mode = (i.mode & libc::S_IFMT) | (m & !libc::S_IFMT);
+            }
+            if let Some(u) = s.uid {
+                i.uid = u;
+            }
+            if let Some(g) = s.gid {
+                i.gid = g;
+            }
+            if let Some(t) = s.atime {
+                i.atime = t;
+            }
+            if let Some(t) = s.mtime {
+                i.mtime = t;
+            }
+            i.ctime = s.ctime.unwrap_or(now);
+            store_inode(tx, tree, ino, i.clone())?;
+            Ok(attr(ino, &i))
+        })
+    }
+
+    pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+        self.engine.read(|r| {
+            let i = load_inode_r(r, self.tree, ino)?;
+            if is_dir(i.mode) {
+                return Err(errno(libc::EISDIR, "is a directory"));
+            }
+            let end = offset.saturating_add(u64::from(len)).min(i.size);
+            if offset >= end {
+                return Ok(Vec::new());
+            }
+            file::read(
+                r,
+                &r.root(self.tree)?,
+                &r.root(CSUM)?,
+                ino,
+                offset,
+                end - offset,
+            )
+        })
+    }
+
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        if offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > crate::fs::MAX_FILE_SIZE)
+        {
+            return Err(errno(libc::EFBIG, "file too large"));
+        }
+        // Partial sectors at both ends are rewritten whole.
+        self.engine
+            .reserve(data.len() as u64 + 2 * u64::from(crate::format::SECTORSIZE))?;
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            let mut i = load_inode_tx(tx, tree, ino)?;
+            if is_dir(i.mode) {
+                return Err(errno(libc::EISDIR, "is a directory"));
+            }
+            let delta = file::write(tx, tree, ino, i.size, offset, data)?;
+            i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
+            i.size = i.size.max(offset + data.len() as u64);
+            let now = Timespec::now();
+            i.mtime = now;
+            i.ctime = now;
+            store_inode(tx, tree, ino, i)?;
+            Ok(data.len() as u32)
+        })
+    }
+
+    /// Directory entries after readdir offset `offset`: (next offset, ino,
+    /// d_type, name). Offsets 1 and 2 are "." and "..".
+    pub fn readdir(
+        &self,
+        ino: u64,
+        parent: u64,
+        offset: u64,
+        max: usize,
+    ) -> Result<Vec<DirListing>> {
+        self.engine.read(|r| {
+            let i = load_inode_r(r, self.tree, ino)?;
+            if !is_dir(i.mode) {
+                return Err(errno(libc::ENOTDIR, "not a directory"));
+            }
+            let mut out = Vec::new();
+            let dt_dir = dtype(libc::S_IFDIR);
+            if offset < 1 {
+                out.push((1, ino, dt_dir, b".".to_vec()));
+            }
+            if offset < 2 {
+                out.push((2, parent, dt_dir, b"..".to_vec()));
+            }
+            let root = r.root(self.tree)?;
+            for e in dir::list(r, &root, ino, offset.max(2), max)? {
+                out.push((e.index + 1, e.ino, e.kind, e.name));
+            }
+            Ok(out)
+        })
+    }
+
+    /// (total blocks, free blocks, files) in 4 KiB blocks.
+    pub fn statfs(&self) -> (u64, u64, u64) {
+        let (used, free) = self.engine.space();
+        let bs = u64::from(crate::format::SECTORSIZE);
+        (
+            (used + free) / bs,
+            free / bs,
+            self.next_ino.load(std::sync::atomic::Ordering::Relaxed) - ROOT_DIR_INO,
+        )
+    }
+
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        super::xattr::check_name(name)?;
+        self.engine.reserve(value.len() as u64)?;
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            super::xattr::set(tx, tree, ino, name, value, flags)?;
+            self.touch_ctime(tx, ino, Timespec::now())
+        })
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.engine.read(|r| {
+            load_inode_r(r, self.tree, ino)?;
+            super::xattr::get(r, &r.root(self.tree)?, ino, name)
+        })
+    }
+
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        self.engine.read(|r| {
+            load_inode_r(r, self.tree, ino)?;
+            super::xattr::list(r, &r.root(self.tree)?, ino)
+        })
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            super::xattr::remove(tx, tree, ino, name)?;
+            self.touch_ctime(tx, ino, Timespec::now())
+        })
+    }
+
+    /// SEEK_DATA (`data` true) or SEEK_HOLE from `offset`: walks the file's
+    /// extent items leaf by leaf, each leaf once, allocating nothing per
+    /// extent. ENXIO past the end (and for SEEK_DATA when only holes follow).
+    pub fn seek(&self, ino: u64, offset: u64, data: bool) -> Result<u64> {
+        self.engine.read(|r| {
+            let i = load_inode_r(r, self.tree, ino)?;
+            if offset >= i.size {
+                return Err(errno(libc::ENXIO, "offset past the end of the file"));
+            }
+            let found = file::seek(r, &r.root(self.tree)?, ino, offset, i.size, data)?;
+            found.ok_or(errno(libc::ENXIO, "no data past the offset"))
+        })
+    }
+
+    /// fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE preallocate,
+    /// PUNCH_HOLE (with KEEP_SIZE) deallocates, ZERO_RANGE zeroes.
+    pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
+        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
+        if mode
+            & !(libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE)
+            != 0
+        {
+            return Err(errno(libc::EOPNOTSUPP, "fallocate mode not supported"));
+        }
+        if len == 0 || (punch && !keep) || (punch && zero) {
+            return Err(errno(libc::EINVAL, "invalid fallocate arguments"));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= super::MAX_FILE_SIZE);
+        let end = end.ok_or(errno(libc::EFBIG, "file too large"))?;
+        if !punch {
+            self.engine
+                .reserve(if zero { 2 * 4096 } else { len + 2 * 4096 })?;
+        }
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            let mut i = load_inode_tx(tx, tree, ino)?;
+            if i.mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(errno(libc::ENODEV, "not a regular file"));
+            }
+            let delta = if punch || zero {
+                self.zero_range(
+                    tx,
+                    ino,
+                    i.size,
+                    offset,
+                    end.min(if zero { end } else { i.size }),
+                )?
+            } else {
+                file::preallocate(tx, tree, ino, i.size, offset, end)?
+            };
+            i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
+            if !keep {
+                i.size = i.size.max(end);
+            }
+            let now = Timespec::now();
+            i.mtime = now;
+            i.ctime = now;
+            store_inode(tx, tree, ino, i)
+        })
+    }
+
+    /// Makes `[start, end)` read as zeros: whole sectors become holes, the
+    /// partial sectors at the edges are rewritten.
+    fn zero_range(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        size: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<i64> {
+        let tree = self.tree;
+        if start >= end.min(size) {
+            return Ok(0);
+        }
+        let end = end.min(size);
+        const S: u64 = crate::format::SECTORSIZE as u64;
+        let (a, b) = (start.div_ceil(S) * S, end / S * S);
+        let root = tx.root_of(tree)?;
+        if file::is_inline(tx, &root, ino)? || a >= b {
+            return file::write(
+                tx,
+                tree,
+                ino,
+                size,
+                start,
+                &vec![0u8; (end - start) as usize],
+            );
+        }
+        let mut delta = 0;
+        if start < a {
+            delta += file::write(tx, tree, ino, size, start, &vec![0u8; (a - start) as usize])?;
+        }
+        if b < end {
+            delta += file::write(tx, tree, ino, size, b, &vec![0u8; (end - b) as usize])?;
+        }
+        Ok(delta - file::punch(tx, tree, ino, a, b)? as i64)
+    }
+
+    /// copy_file_range(2): shares extents where the ranges are sector-aligned
+    /// (a reflink), copies bytes otherwise. Returns bytes copied.
+    pub fn copy_range(
+        &self,
+        src: u64,
+        src_off: u64,
+        dst: u64,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let tree = self.tree;
+        let src_size = self.getattr(src)?.size;
+        let len = len.min(src_size.saturating_sub(src_off));
+        if len == 0 {
+            return Ok(0);
+        }
+        const S: u64 = crate::format::SECTORSIZE as u64;
+        let whole_tail = src_off + len == src_size;
+        let aligned =
+            src_off.is_multiple_of(S) && dst_off.is_multiple_of(S) && (len % S == 0 || whole_tail);
+        let inline = self.engine.read(|r| {
+            let root = r.root(tree)?;
+            Ok(file::is_inline(r, &root, src)? || file::is_inline(r, &root, dst)?)
+        })?;
+        let dst_size = self.getattr(dst)?.size;
+        let overlap = src == dst && src_off < dst_off + len && dst_off < src_off + len;
+        // The destination's bytes past a copied tail up to its old size must
+        // survive, so a partial last sector is shared only at its EOF too.
+        let tail_ok = len % S == 0 || dst_off + len >= dst_size;
+        if !aligned || inline || overlap || !tail_ok {
+            // A byte copy, in bounded pieces (a short count is allowed).
+            let data = self.read(src, src_off, len.min(64 << 20) as u32)?;
+            return self.write(dst, dst_off, &data).map(u64::from);
+        }
+        self.engine.reserve(0)?;
+        self.engine.write(|tx| {
+            let mut d = load_inode_tx(tx, tree, dst)?;
+            if d.mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(errno(libc::EINVAL, "not a regular file"));
+            }
+            let span = len.div_ceil(S) * S;
+            let delta = file::clone_range(tx, tree, src, src_off, dst, dst_off, span)?;
+            d.nbytes = (d.nbytes as i64 + delta).max(0) as u64;
+            d.size = d.size.max(dst_off + len);
+            let now = Timespec::now();
+            d.mtime = now;
+            d.ctime = now;
+            store_inode(tx, tree, dst, d)?;
+            Ok(len)
+        })
+    }
+
+    /// Whether the file's data is inline (for tests and inspection).
+    pub fn is_inline(&self, ino: u64) -> Result<bool> {
+        self.engine.read(|r| {
+            let key = crate::format::Key::new(ino, crate::format::key_type::EXTENT_DATA, 0);
+            Ok(r.get(self.tree, &key)?
+                .and_then(|d| crate::format::items::FileExtentItem::decode(&d).ok())
+                .is_some_and(|fe| fe.kind == FILE_EXTENT_INLINE))
+        })
+    }
+}

@@ -1,0 +1,565 @@
+//! The FUSE front: translates kernel requests into [`crate::fs::Fs`] calls.
+//!
+//! Thin by design: no on-disk knowledge here. Inode numbers map one to one,
+//! except that FUSE's root (1) is the subvolume's root directory (256).
+//! Requests are served on several threads (`fuser`'s `n_threads` with one
+//! cloned fd each), so a long read or fsync does not stall a `stat`.
+
+pub mod mount;
+
+use crate::format::inode::{Timespec, ROOT_DIR_INO};
+use crate::fs::{Attr, Fs, Owner, SetAttr};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Canopy is the only writer of its image, so the kernel may cache long.
+const TTL: Duration = Duration::from_secs(60);
+/// Largest write the kernel sends in one request.
+pub const MAX_WRITE: u32 = 1 << 20;
+
+pub struct FuseFs {
+    fs: Arc<Fs>,
+}
+
+impl FuseFs {
+    pub fn new(fs: Arc<Fs>) -> FuseFs {
+        FuseFs { fs }
+    }
+}
+
+fn to_ino(i: INodeNo) -> u64 {
+    if i.0 == 1 {
+        ROOT_DIR_INO
+    } else {
+        i.0
+    }
+}
+
+fn from_ino(i: u64) -> INodeNo {
+    INodeNo(if i == ROOT_DIR_INO { 1 } else { i })
+}
+
+fn err(e: crate::Error) -> Errno {
+    if e.errno() == libc::EIO {
+        tracing::error!(error = %e, "I/O error");
+    }
+    Errno::from_i32(e.errno())
+}
+
+fn time(t: Timespec) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
+    }
+}
+
+fn timespec(t: SystemTime) -> Timespec {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timespec {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(e) => Timespec {
+            sec: -(e.duration().as_secs() as i64),
+            nsec: 0,
+        },
+    }
+}
+
+fn kind(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: from_ino(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.crtime),
+        kind: kind(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        flags: 0,
+        blksize: 4096,
+    }
+}
+
+fn reply_entry(r: crate::Result<Attr>, reply: ReplyEntry) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+fn reply_empty(r: crate::Result<()>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+fn owner(req: &Request) -> Owner {
+    Owner {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn time_or_now(t: Option<TimeOrNow>) -> Option<Timespec> {
+    t.map(|t| match t {
+        TimeOrNow::SpecificTime(s) => timespec(s),
+        TimeOrNow::Now => Timespec::now(),
+    })
+}
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(nearest) = config.set_max_write(MAX_WRITE) {
+            let _ = config.set_max_write(nearest);
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.fs.sync() {
+            tracing::error!(error = %e, "final commit failed");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        reply_entry(self.fs.lookup(to_ino(parent), name.as_bytes()), reply);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(to_ino(ino)) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let s = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: time_or_now(atime),
+            mtime: time_or_now(mtime),
+            ctime: ctime.map(timespec),
+        };
+        match self.fs.setattr(to_ino(ino), &s) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(to_ino(ino)) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let mode = mode & !(umask & 0o777);
+        reply_entry(
+            self.fs.create(
+                to_ino(parent),
+                name.as_bytes(),
+                mode,
+                u64::from(rdev),
+                owner(req),
+                None,
+            ),
+            reply,
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let mode = libc::S_IFDIR | (mode & 0o7777 & !umask);
+        reply_entry(
+            self.fs
+                .create(to_ino(parent), name.as_bytes(), mode, 0, owner(req), None),
+            reply,
+        );
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(
+            self.fs.remove(to_ino(parent), name.as_bytes(), false),
+            reply,
+        );
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(self.fs.remove(to_ino(parent), name.as_bytes(), true), reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let t = target.as_os_str().as_bytes();
+        let mode = libc::S_IFLNK | 0o777;
+        reply_entry(
+            self.fs.create(
+                to_ino(parent),
+                link_name.as_bytes(),
+                mode,
+                0,
+                owner(req),
+                Some(t),
+            ),
+            reply,
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+        let r = self.fs.rename(
+            to_ino(parent),
+            name.as_bytes(),
+            to_ino(newparent),
+            newname.as_bytes(),
+            noreplace,
+            exchange,
+        );
+        reply_empty(r, reply);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply_entry(
+            self.fs
+                .link(to_ino(ino), to_ino(newparent), newname.as_bytes()),
+            reply,
+        );
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.fs.open(to_ino(ino));
+        reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(self.fs.release(to_ino(ino)), reply);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(to_ino(ino), offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(to_ino(ino), offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(self.fs.sync(), reply);
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(self.fs.sync(), reply);
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dir = to_ino(ino);
+        match self.fs.readdir(dir, dir, offset, 128) {
+            Ok(entries) => {
+                for (next, child, dtype, name) in entries {
+                    let k = kind(u32::from(dtype) << 12);
+                    if reply.add(from_ino(child), next, k, OsStr::from_bytes(&name)) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let (blocks, free, files) = self.fs.statfs();
+        reply.statfs(
+            blocks,
+            free,
+            free,
+            files + free,
+            free,
+            4096,
+            crate::fs::NAME_MAX as u32,
+            4096,
+        );
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let mode = libc::S_IFREG | (mode & 0o7777 & !umask);
+        match self
+            .fs
+            .create(to_ino(parent), name.as_bytes(), mode, 0, owner(req), None)
+        {
+            Ok(a) => {
+                self.fs.open(a.ino);
+                let attr = file_attr(&a);
+                reply.created(
+                    &TTL,
+                    &attr,
+                    Generation(0),
+                    FileHandle(0),
+                    FopenFlags::empty(),
+                )
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(
+            self.fs.setxattr(to_ino(ino), name.as_bytes(), value, flags),
+            reply,
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        reply_xattr(self.fs.getxattr(to_ino(ino), name.as_bytes()), size, reply);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        reply_xattr(self.fs.listxattr(to_ino(ino)), size, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(self.fs.removexattr(to_ino(ino), name.as_bytes()), reply);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        match self.fs.seek(to_ino(ino), offset, data) {
+            Ok(at) => reply.offset(at as i64),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(self.fs.fallocate(to_ino(ino), offset, length, mode), reply);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        match self
+            .fs
+            .copy_range(to_ino(ino_in), offset_in, to_ino(ino_out), offset_out, len)
+        {
+            Ok(n) => reply.written(n.min(u64::from(u32::MAX)) as u32),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+}
+
+/// getxattr/listxattr protocol: size 0 asks for the length; a buffer too
+/// small is ERANGE.
+fn reply_xattr(r: crate::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(err(e)),
+    }
+}

@@ -1,0 +1,308 @@
+//! Mounting: option parsing, the FUSE session, periodic commits, and a clean
+//! shutdown on unmount, SIGTERM or SIGINT.
+
+use super::FuseFs;
+use crate::dev::{Device, FileDevice};
+use crate::error::{Error, Result};
+use crate::fs::Fs;
+use crate::{Engine, OpenOptions};
+use fuser::{Config, MountOption};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Options accepted by `canopy mount -o`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountOptions {
+    pub read_only: bool,
+    pub allow_other: bool,
+    pub default_permissions: bool,
+    /// Flags passed through to the kernel (nodev, nosuid, noexec, atime...).
+    pub kernel: Vec<String>,
+    /// Seconds between automatic commits.
+    pub commit_secs: u64,
+    /// Clean block cache size in blocks.
+    pub cache_blocks: usize,
+    /// Request-serving threads.
+    pub threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            read_only: false,
+            allow_other: false,
+            default_permissions: true,
+            kernel: Vec::new(),
+            commit_secs: 5,
+            cache_blocks: 16384,
+            threads: 4,
+        }
+    }
+}
+
+impl MountOptions {
+    /// Parses a comma-separated list; an unknown option is an error.
+    pub fn parse(s: &str) -> Result<MountOptions> {
+        let mut o = MountOptions::default();
+        for opt in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            let (name, value) = opt
+                .split_once('=')
+                .map_or((opt, None), |(n, v)| (n, Some(v)));
+            let num = |v: Option<&str>| -> Result<u64> {
+                v.and_then(|v| v.parse().ok())
+                    .ok_or_else(|| Error::Invalid(format!("option {name} needs a number")))
+            };
+            match name {
+                "ro" => o.read_only = true,
+                "rw" => o.read_only = false,
+                "allow_other" => o.allow_other = true,
+                "default_permissions" => o.default_permissions = true,
+                "noatime" | "relatime" | "strictatime" | "atime" | "nodev" | "dev" | "nosuid"
+                | "suid" | "noexec" | "exec" | "sync" | "async" | "dirsync" | "lazytime"
+                | "nolazytime" => o.kernel.push(name.to_string()),
+                "defaults" | "auto" | "noauto" | "user" | "nouser" | "_netdev" | "nofail" => {}
+                "commit" => o.commit_secs = num(value)?.max(1),
+                "cache_blocks" => o.cache_blocks = num(value)? as usize,
+                "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
+                _ => return Err(Error::Invalid(format!("unknown mount option '{opt}'"))),
+            }
+        }
+        Ok(o)
+    }
+
+    fn fuser_config(&self, source: &str) -> Config {
+        let mut c = Config::default();
+        c.mount_options = vec![
+            MountOption::FSName(source.to_string()),
+            MountOption::Subtype("canopy".into()),
+            if self.read_only {
+                MountOption::RO
+            } else {
+                MountOption::RW
+            },
+        ];
+        if self.default_permissions {
+            c.mount_options.push(MountOption::DefaultPermissions);
+        }
+        for k in &self.kernel {
+            c.mount_options.push(match k.as_str() {
+                "nodev" => MountOption::NoDev,
+                "dev" => MountOption::Dev,
+                "nosuid" => MountOption::NoSuid,
+                "suid" => MountOption::Suid,
+                "noexec" => MountOption::NoExec,
+                "exec" => MountOption::Exec,
+                "noatime" => MountOption::NoAtime,
+                "atime" => MountOption::Atime,
+                "sync" => MountOption::Sync,
+                "async" => MountOption::Async,
+                "dirsync" => MountOption::DirSync,
+                other => MountOption::CUSTOM(other.to_string()),
+            });
+        }
+        if self.allow_other {
+            c.acl = fuser::SessionACL::All;
+        }
+        c.n_threads = Some(self.threads);
+        c.clone_fd = true;
+        c
+    }
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    let handler = on_signal as extern "C" fn(libc::c_int);
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+    }
+}
+
+/// Mounts `image` on `mountpoint` and serves requests until the filesystem
+/// is unmounted or the process gets SIGTERM/SIGINT. `ready` is called once
+/// the mount is live.
+pub fn serve(
+    image: &Path,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    ready: impl FnOnce(),
+) -> Result<()> {
+    if !mountpoint.is_dir() {
+        return Err(Error::Invalid(format!(
+            "mount point {} is not a directory",
+            mountpoint.display()
+        )));
+    }
+    let dev: Arc<dyn Device> = Arc::new(FileDevice::open(image, opts.read_only, true)?);
+    let engine = Engine::open(
+        dev,
+        &OpenOptions {
+            read_only: opts.read_only,
+            cache_blocks: opts.cache_blocks,
+        },
+    )?;
+    let fs = Arc::new(Fs::new(Arc::new(engine))?);
+    install_signal_handlers();
+    let source = image.to_string_lossy().into_owned();
+    let config = opts.fuser_config(&source);
+    let (session, kernel_mounted) = if unsafe { libc::geteuid() } == 0 {
+        let fd = mount_as_root(&source, mountpoint, opts)?;
+        let s = fuser::Session::from_fd(FuseFs::new(fs.clone()), fd, config.acl, config)
+            .and_then(fuser::Session::spawn);
+        match s {
+            Ok(s) => (s, true),
+            Err(e) => {
+                unmount(mountpoint);
+                return Err(Error::io(
+                    format!("starting FUSE on {}", mountpoint.display()),
+                    e,
+                ));
+            }
+        }
+    } else {
+        let s = fuser::spawn_mount(FuseFs::new(fs.clone()), mountpoint, &config)
+            .map_err(|e| Error::io(format!("mounting on {}", mountpoint.display()), e))?;
+        (s, false)
+    };
+    tracing::info!(image = %source, mountpoint = %mountpoint.display(), "mounted");
+    ready();
+    let mut last_commit = Instant::now();
+    while !STOP.load(Ordering::SeqCst) && !session.guard.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+        if !opts.read_only && last_commit.elapsed() >= Duration::from_secs(opts.commit_secs) {
+            if let Err(e) = fs.sync() {
+                tracing::error!(error = %e, "periodic commit failed");
+            }
+            last_commit = Instant::now();
+        }
+    }
+    if STOP.load(Ordering::SeqCst) {
+        tracing::info!("signal received: unmounting");
+        if kernel_mounted {
+            unmount(mountpoint);
+            let _ = session.join();
+        } else if let Err(e) = session.umount_and_join() {
+            tracing::warn!(error = %e, "unmount");
+        }
+    } else if let Err(e) = session.join() {
+        tracing::warn!(error = %e, "session ended with an error");
+    }
+    if !opts.read_only {
+        fs.sync()?;
+    }
+    tracing::info!("unmounted cleanly");
+    Ok(())
+}
+
+/// Mounts a `fuse.canopy` filesystem directly (as root) so that
+/// `/proc/mounts` shows the image as the source and `fuse.canopy` as the
+/// type; returns the /dev/fuse descriptor to serve.
+fn mount_as_root(
+    source: &str,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<std::os::fd::OwnedFd> {
+    use std::ffi::CString;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| Error::io("opening /dev/fuse (is the fuse module loaded?)", e))?;
+    let mut data = format!(
+        "fd={},rootmode=40000,user_id={},group_id={}",
+        dev.as_raw_fd(),
+        unsafe { libc::getuid() },
+        unsafe { libc::getgid() }
+    );
+    if opts.default_permissions {
+        data.push_str(",default_permissions");
+    }
+    if opts.allow_other {
+        data.push_str(",allow_other");
+    }
+    let mut flags: libc::c_ulong = 0;
+    let has = |k: &str| opts.kernel.iter().any(|x| x == k);
+    if !has("dev") {
+        flags |= libc::MS_NODEV;
+    }
+    if !has("suid") {
+        flags |= libc::MS_NOSUID;
+    }
+    for (name, flag) in [
+        ("noexec", libc::MS_NOEXEC),
+        ("noatime", libc::MS_NOATIME),
+        ("relatime", libc::MS_RELATIME),
+        ("strictatime", libc::MS_STRICTATIME),
+        ("sync", libc::MS_SYNCHRONOUS),
+        ("dirsync", libc::MS_DIRSYNC),
+        ("lazytime", libc::MS_LAZYTIME),
+    ] {
+        if has(name) {
+            flags |= flag;
+        }
+    }
+    if opts.read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    let bad = |_| Error::Invalid("path contains a NUL byte".into());
+    let c_source = CString::new(source).map_err(bad)?;
+    let c_target = CString::new(mountpoint.as_os_str().as_bytes()).map_err(bad)?;
+    let c_type = CString::new("fuse.canopy").map_err(bad)?;
+    let c_data = CString::new(data).map_err(bad)?;
+    // SAFETY: all pointers are valid NUL-terminated strings for the call.
+    let r = unsafe {
+        libc::mount(
+            c_source.as_ptr(),
+            c_target.as_ptr(),
+            c_type.as_ptr(),
+            flags,
+            c_data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(Error::io(
+            format!("mounting on {}", mountpoint.display()),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(dev.into())
+}
+
+/// Unmounts, lazily if the mount is busy.
+fn unmount(mountpoint: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: c is a valid NUL-terminated path.
+    unsafe {
+        if libc::umount2(c.as_ptr(), 0) != 0 {
+            libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_reject_unknown() {
+        let o = MountOptions::parse("ro,noatime,nodev,allow_other,commit=10").unwrap();
+        assert!(o.read_only && o.allow_other);
+        assert_eq!(o.commit_secs, 10);
+        assert_eq!(o.kernel, vec!["noatime", "nodev"]);
+        assert!(MountOptions::parse("frobnicate").is_err());
+        assert!(MountOptions::parse("commit=x").is_err());
+    }
+}

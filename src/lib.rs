@@ -1,0 +1,34 @@
+//! Canopy: a copy-on-write filesystem in user space.
+//!
+//! Layers, top to bottom (each calls only those below it):
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`fs`] | POSIX semantics: inodes, directories, files |
+//! | [`check`] | the read-only consistency checker (`canopy check`) |
+//! | [`txn`] | the engine: transactions, commit, open and format |
+//! | [`extent`] | reference counts and back-references, delayed refs |
+//! | [`tree`] | the copy-on-write B+tree |
+//! | [`alloc`] | block groups and free space (by start and by length) |
+//! | [`cache`] | the bounded cache of clean tree blocks |
+//! | [`format`] | the on-disk format: keys, blocks, superblock, items |
+//! | [`dev`] | devices: image files, memory, crash recording |
+//!
+//! `docs/architecture.md` describes the format and the life of a commit.
+
+pub mod alloc;
+pub mod cache;
+pub mod check;
+pub mod dev;
+pub mod error;
+pub mod extent;
+pub mod format;
+pub mod fs;
+pub mod fuse;
+pub(crate) mod sync;
+pub mod tree;
+pub mod txn;
+
+pub use error::{Error, Result};
+pub use format::Key;
+pub use txn::{Engine, FormatOptions, OpenOptions};

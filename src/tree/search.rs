@@ -1,0 +1,154 @@
+//! Read-only access: point lookups and cursors that walk items in key order
+//! in either direction, crossing leaves through the path kept in the cursor.
+
+use super::{child_slot, read_child, BlockRead, RootPtr};
+use crate::error::Result;
+use crate::format::node::{Item, Node};
+use crate::format::Key;
+use std::sync::Arc;
+
+/// The data of the item with exactly `key`, if present.
+pub fn get<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, key: &Key) -> Result<Option<Vec<u8>>> {
+    let mut node = b.read_node(root.bytenr, root.generation)?;
+    while !node.is_leaf() {
+        let ptrs = node.ptrs();
+        let ptr = ptrs[child_slot(ptrs, key)];
+        node = read_child(b, &ptr, node.level)?;
+    }
+    let items = node.items();
+    Ok(items
+        .binary_search_by(|it| it.key.cmp(key))
+        .ok()
+        .map(|i| items[i].data.clone()))
+}
+
+/// A position in a tree: the nodes from root to leaf and the slot in each.
+/// It holds its blocks, so it stays valid (as a view of the moment it was
+/// made) while the tree changes; re-seek after modifying the tree.
+pub struct Cursor {
+    path: Vec<(Arc<Node>, usize)>,
+}
+
+impl Cursor {
+    /// Positions at the first item with key >= `key` (possibly past the end).
+    pub fn seek<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, key: &Key) -> Result<Cursor> {
+        let mut path = Vec::with_capacity(usize::from(root.level) + 1);
+        let mut node = b.read_node(root.bytenr, root.generation)?;
+        while !node.is_leaf() {
+            let slot = child_slot(node.ptrs(), key);
+            let ptr = node.ptrs()[slot];
+            let child = read_child(b, &ptr, node.level)?;
+            path.push((node, slot));
+            node = child;
+        }
+        let slot = match node.items().binary_search_by(|it| it.key.cmp(key)) {
+            Ok(i) | Err(i) => i,
+        };
+        path.push((node, slot));
+        let mut c = Cursor { path };
+        c.settle_forward(b)?;
+        Ok(c)
+    }
+
+    /// Positions at the last item with key <= `key`, if any.
+    pub fn seek_le<B: BlockRead + ?Sized>(
+        b: &B,
+        root: &RootPtr,
+        key: &Key,
+    ) -> Result<Option<Cursor>> {
+        let mut c = Cursor::seek(b, root, key)?;
+        if c.item().is_some_and(|it| it.key == *key) {
+            return Ok(Some(c));
+        }
+        Ok(c.prev(b)?.is_some().then_some(c))
+    }
+
+    /// The item under the cursor; None past the end.
+    pub fn item(&self) -> Option<&Item> {
+        let (leaf, slot) = self.path.last()?;
+        leaf.items().get(*slot)
+    }
+
+    /// The leaf under the cursor and the slot in it.
+    pub fn leaf(&self) -> Option<(&Arc<Node>, usize)> {
+        self.path.last().map(|(n, s)| (n, *s))
+    }
+
+    /// Moves to the next item and returns it.
+    pub fn next<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<&Item>> {
+        if let Some((_, slot)) = self.path.last_mut() {
+            *slot += 1;
+        }
+        self.settle_forward(b)?;
+        Ok(self.item())
+    }
+
+    /// Moves to the previous item and returns it; at the first item, stays
+    /// and returns None.
+    pub fn prev<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<&Item>> {
+        let depth = self.path.len();
+        if self.path[depth - 1].1 > 0 {
+            self.path[depth - 1].1 -= 1;
+            return Ok(self.item());
+        }
+        // Find the lowest ancestor that has a slot to the left.
+        let Some(up) = (0..depth - 1).rev().find(|&d| self.path[d].1 > 0) else {
+            return Ok(None);
+        };
+        self.path[up].1 -= 1;
+        for d in up..depth - 1 {
+            let (node, slot) = &self.path[d];
+            let ptr = node.ptrs()[*slot];
+            let child = read_child(b, &ptr, node.level)?;
+            let last = child.nritems().saturating_sub(1);
+            self.path[d + 1] = (child, last);
+        }
+        Ok(self.item())
+    }
+
+    /// Moves to the first item of the next leaf; None at the last leaf.
+    /// Walking a range leaf by leaf visits each leaf exactly once.
+    pub fn next_leaf<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<&Item>> {
+        let depth = self.path.len();
+        let n = self.path[depth - 1].0.nritems();
+        let before = self.path[depth - 1].0.bytenr;
+        self.path[depth - 1].1 = n;
+        self.settle_forward(b)?;
+        if self.path[depth - 1].0.bytenr == before {
+            return Ok(None);
+        }
+        Ok(self.item())
+    }
+
+    /// Moves to the last item of the previous leaf; None at the first leaf
+    /// (the cursor then stays on the first item).
+    pub fn prev_leaf<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<&Item>> {
+        let depth = self.path.len();
+        self.path[depth - 1].1 = 0;
+        self.prev(b)
+    }
+
+    /// If the leaf slot is past its last item, moves to the first item of
+    /// the next leaf (visiting each leaf once).
+    fn settle_forward<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<()> {
+        let depth = self.path.len();
+        let (leaf, slot) = &self.path[depth - 1];
+        if *slot < leaf.nritems() {
+            return Ok(());
+        }
+        let Some(up) = (0..depth - 1)
+            .rev()
+            .find(|&d| self.path[d].1 + 1 < self.path[d].0.nritems())
+        else {
+            return Ok(());
+        };
+        self.path[up].1 += 1;
+        for d in up..depth - 1 {
+            let (node, slot) = &self.path[d];
+            let ptr = node.ptrs()[*slot];
+            let child = read_child(b, &ptr, node.level)?;
+            self.path[d + 1] = (child, 0);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! The commit: settle every index, encode the dirty blocks, write them,
+//! barrier, write the superblocks, barrier.
+
+use super::{persist, Engine, State, Txn};
+use crate::error::{Error, Result};
+use crate::format::node::Node;
+use crate::format::superblock::Superblock;
+use crate::format::{tree_id, SUPER_OFFSETS, SUPER_SIZE};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Rounds after which a commit that keeps producing changes is a bug.
+const MAX_SETTLE_ROUNDS: usize = 100;
+
+/// Largest single write when coalescing adjacent blocks.
+const MAX_WRITE_BYTES: usize = 4 << 20;
+
+/// What the I/O phase of a commit needs, taken from the state under lock.
+struct Prepared {
+    blocks: Vec<(u64, Vec<u8>)>,
+    nodes: HashMap<u64, Arc<Node>>,
+    sb: Superblock,
+    pinned: Vec<(u64, u64)>,
+}
+
+impl Engine {
+    /// Commits the running transaction and returns its generation. Returns
+    /// at once with the last generation when nothing changed.
+    pub fn commit(&self) -> Result<u64> {
+        self.check_alive()?;
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let prepared = {
+            let mut st = crate::sync::write(&self.state);
+            match prepare(&mut st, &self.shared) {
+                Ok(Some(p)) => p,
+                Ok(None) => return Ok(st.sb.generation),
+                Err(e) => {
+                    self.fail(&e);
+                    return Err(e);
+                }
+            }
+        };
+        let generation = prepared.sb.generation;
+        let _io = crate::sync::lock(&self.commit_io);
+        if let Err(e) = self.write_out(&prepared) {
+            self.fail(&e);
+            return Err(e);
+        }
+        {
+            let mut inflight = crate::sync::lock(&self.shared.inflight);
+            for (bytenr, node) in prepared.nodes {
+                inflight.remove(&bytenr);
+                self.shared.cache.insert(node);
+            }
+        }
+        crate::sync::write(&self.state).alloc.unpin(prepared.pinned);
+        tracing::debug!(generation, "committed");
+        Ok(generation)
+    }
+
+    fn write_out(&self, p: &Prepared) -> Result<()> {
+        let dev = &self.shared.dev;
+        for (offset, bytes) in coalesce(&p.blocks) {
+            dev.write_at(&bytes, offset)?;
+        }
+        dev.barrier()?;
+        for &off in SUPER_OFFSETS.iter() {
+            if off + SUPER_SIZE <= dev.size() {
+                dev.write_at(&p.sb.encode(off), off)?;
+            }
+        }
+        dev.barrier()
+    }
+}
+
+/// Settles the indexes and takes the dirty blocks out of the state; None
+/// when there is nothing to commit.
+fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
+    if st.dirty.is_empty() && st.refs.is_empty() && st.dropped.is_empty() {
+        return Ok(None);
+    }
+    let mut tx = Txn::new(st, sh);
+    settle(&mut tx)?;
+    let dirty = std::mem::take(&mut st.dirty);
+    st.frozen.clear();
+    let mut blocks = Vec::with_capacity(dirty.len());
+    for (bytenr, node) in &dirty {
+        if node.nritems() == 0 && node.level > 0 {
+            return Err(Error::corrupt(
+                *bytenr,
+                "empty internal node survived the commit",
+            ));
+        }
+        blocks.push((*bytenr, node.encode(&sh.fsid, sh.nodesize)));
+    }
+    blocks.sort_unstable_by_key(|b| b.0);
+    let root = st
+        .roots
+        .get(&tree_id::ROOT)
+        .ok_or_else(|| Error::corrupt(0, "root tree missing"))?
+        .ptr;
+    let mut sb = st.sb.clone();
+    sb.generation = st.transid;
+    sb.root = root.bytenr;
+    sb.root_generation = root.generation;
+    sb.root_level = root.level;
+    sb.bytes_used = st.alloc.bytes_used();
+    st.sb = sb.clone();
+    st.transid += 1;
+    let pinned = st.alloc.take_pinned();
+    crate::sync::lock(&sh.inflight).extend(dirty.iter().map(|(&b, n)| (b, n.clone())));
+    Ok(Some(Prepared {
+        blocks,
+        nodes: dirty,
+        sb,
+        pinned,
+    }))
+}
+
+/// Repeats the index updates until a round changes nothing.
+fn settle(tx: &mut Txn<'_>) -> Result<()> {
+    for _ in 0..MAX_SETTLE_ROUNDS {
+        let mut did = persist::write_root_items(tx)?;
+        did |= crate::extent::apply::run(tx)?;
+        did |= persist::apply_free_journal(tx)?;
+        did |= persist::write_block_groups(tx)?;
+        if !did {
+            return Ok(());
+        }
+    }
+    Err(Error::corrupt(0, "commit did not settle"))
+}
+
+/// Merges blocks at adjacent addresses into larger writes.
+fn coalesce(blocks: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
+    let mut out: Vec<(u64, Vec<u8>)> = Vec::new();
+    for (off, bytes) in blocks {
+        if let Some((s, buf)) = out.last_mut() {
+            if *s + buf.len() as u64 == *off && buf.len() + bytes.len() <= MAX_WRITE_BYTES {
+                buf.extend_from_slice(bytes);
+                continue;
+            }
+        }
+        out.push((*off, bytes.clone()));
+    }
+    out
+}

@@ -1,0 +1,405 @@
+//! The views through which callers and the tree layer see the state: a
+//! [`Txn`] (writer, joined to the running transaction) and a [`Reader`].
+
+use super::{RootState, Shared, State};
+use crate::alloc::{Allocator, GroupKind};
+use crate::error::{Error, Result};
+use crate::extent::{ExtentKind, PendingExtent, RefHolder};
+use crate::format::items::RootItem;
+use crate::format::node::{Body, Node};
+use crate::format::{tree_id, Key, SECTORSIZE};
+use crate::tree::{self, BlockRead, BlockWrite, Cursor, Holder, RootPtr};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Finds a block: dirty in this transaction, being written by a commit, in
+/// the cache, or on disk (then checked and cached).
+fn read_block(st: &State, sh: &Shared, bytenr: u64, generation: u64) -> Result<Arc<Node>> {
+    let node = if let Some(n) = st.dirty.get(&bytenr) {
+        n.clone()
+    } else if let Some(n) = crate::sync::lock(&sh.inflight).get(&bytenr).cloned() {
+        n
+    } else if let Some(n) = sh.cache.get(bytenr) {
+        n
+    } else {
+        let mut buf = vec![0u8; sh.nodesize];
+        sh.dev.read_at(&mut buf, bytenr)?;
+        let n = Arc::new(Node::decode(&buf, bytenr, &sh.fsid)?);
+        if n.generation == generation {
+            sh.cache.insert(n.clone());
+        }
+        n
+    };
+    if node.generation != generation {
+        return Err(Error::corrupt(
+            bytenr,
+            format!(
+                "block has generation {}, its parent expected {generation}",
+                node.generation
+            ),
+        ));
+    }
+    Ok(node)
+}
+
+fn root_of(st: &State, id: u64) -> Result<RootPtr> {
+    st.roots
+        .get(&id)
+        .map(|r| r.ptr)
+        .ok_or_else(|| Error::Invalid(format!("tree {id} does not exist")))
+}
+
+/// Items with `start <= key < end`, in order.
+fn collect_range<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    start: &Key,
+    end: &Key,
+) -> Result<Vec<(Key, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let mut c = Cursor::seek(b, root, start)?;
+    let mut cur = c.item().map(|it| (it.key, it.data.clone()));
+    while let Some((k, d)) = cur {
+        if k >= *end {
+            break;
+        }
+        out.push((k, d));
+        cur = c.next(b)?.map(|it| (it.key, it.data.clone()));
+    }
+    Ok(out)
+}
+
+/// A read-only view of the current state.
+pub struct Reader<'a> {
+    st: &'a State,
+    sh: &'a Shared,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(st: &'a State, sh: &'a Shared) -> Reader<'a> {
+        Reader { st, sh }
+    }
+
+    pub fn get(&self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
+        tree::get(self, &root_of(self.st, tree)?, key)
+    }
+
+    pub fn range(&self, tree: u64, start: &Key, end: &Key) -> Result<Vec<(Key, Vec<u8>)>> {
+        collect_range(self, &root_of(self.st, tree)?, start, end)
+    }
+
+    /// A cursor at the first item >= `key`.
+    pub fn cursor(&self, tree: u64, key: &Key) -> Result<Cursor> {
+        Cursor::seek(self, &root_of(self.st, tree)?, key)
+    }
+
+    pub fn tree_ids(&self) -> Vec<u64> {
+        self.st.roots.keys().copied().collect()
+    }
+
+    pub fn root(&self, tree: u64) -> Result<RootPtr> {
+        root_of(self.st, tree)
+    }
+
+    pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
+        self.sh.dev.read_at(buf, bytenr)
+    }
+}
+
+impl BlockRead for Reader<'_> {
+    fn read_node(&self, bytenr: u64, generation: u64) -> Result<Arc<Node>> {
+        read_block(self.st, self.sh, bytenr, generation)
+    }
+
+    fn nodesize(&self) -> usize {
+        self.sh.nodesize
+    }
+}
+
+/// A writer joined to the running transaction.
+pub struct Txn<'a> {
+    pub(crate) st: &'a mut State,
+    pub(crate) sh: &'a Shared,
+}
+
+impl<'a> Txn<'a> {
+    pub(crate) fn new(st: &'a mut State, sh: &'a Shared) -> Txn<'a> {
+        Txn { st, sh }
+    }
+
+    pub(crate) fn root_of(&self, id: u64) -> Result<RootPtr> {
+        root_of(self.st, id)
+    }
+
+    /// Runs a tree operation on tree `id` and records its new root.
+    fn with_root<R>(
+        &mut self,
+        id: u64,
+        f: impl FnOnce(&mut Self, &mut RootPtr) -> Result<R>,
+    ) -> Result<R> {
+        let mut ptr = self.root_of(id)?;
+        let before = ptr;
+        let r = f(self, &mut ptr);
+        if ptr != before {
+            if let Some(rs) = self.st.roots.get_mut(&id) {
+                rs.ptr = ptr;
+                rs.dirty = true;
+            }
+        }
+        r
+    }
+
+    pub fn get(&self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
+        tree::get(self, &self.root_of(tree)?, key)
+    }
+
+    pub fn range(&self, tree: u64, start: &Key, end: &Key) -> Result<Vec<(Key, Vec<u8>)>> {
+        collect_range(self, &self.root_of(tree)?, start, end)
+    }
+
+    pub fn cursor(&self, tree: u64, key: &Key) -> Result<Cursor> {
+        Cursor::seek(self, &self.root_of(tree)?, key)
+    }
+
+    pub fn insert(&mut self, tree: u64, key: Key, data: Vec<u8>) -> Result<()> {
+        self.with_root(tree, |tx, root| tree::insert(tx, tree, root, key, data))
+    }
+
+    pub fn put(&mut self, tree: u64, key: Key, data: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        self.with_root(tree, |tx, root| tree::put(tx, tree, root, key, data))
+    }
+
+    pub fn update(&mut self, tree: u64, key: Key, data: Vec<u8>) -> Result<Vec<u8>> {
+        self.with_root(tree, |tx, root| tree::update(tx, tree, root, key, data))
+    }
+
+    pub fn delete(&mut self, tree: u64, key: &Key) -> Result<Vec<u8>> {
+        self.with_root(tree, |tx, root| tree::delete(tx, tree, root, key))
+    }
+
+    pub fn tree_ids(&self) -> Vec<u64> {
+        self.st.roots.keys().copied().collect()
+    }
+
+    pub fn tree_exists(&self, id: u64) -> bool {
+        self.st.roots.contains_key(&id)
+    }
+
+    pub fn root_item(&self, id: u64) -> Result<RootItem> {
+        let rs = self
+            .st
+            .roots
+            .get(&id)
+            .ok_or_else(|| Error::Invalid(format!("tree {id} does not exist")))?;
+        Ok(rs.item.clone())
+    }
+
+    fn add_root(&mut self, id: u64, ptr: RootPtr, parent_id: u64, name: Vec<u8>) {
+        let transid = self.st.transid;
+        let item = RootItem {
+            bytenr: ptr.bytenr,
+            generation: ptr.generation,
+            level: ptr.level,
+            last_snapshot: if parent_id != 0 { transid } else { 0 },
+            parent_id,
+            flags: 0,
+            created: transid,
+            name,
+        };
+        self.st.roots.insert(
+            id,
+            RootState {
+                ptr,
+                item,
+                dirty: true,
+            },
+        );
+        self.st.dropped.retain(|&d| d != id);
+    }
+
+    /// Creates an empty tree with id `id`.
+    pub fn create_tree(&mut self, id: u64, name: &[u8]) -> Result<()> {
+        if self.st.roots.contains_key(&id) || id == 0 {
+            return Err(Error::Exists);
+        }
+        let hint = self
+            .st
+            .roots
+            .get(&tree_id::ROOT)
+            .map_or(0, |r| r.ptr.bytenr);
+        let ptr = tree::create(self, id, hint)?;
+        self.add_root(id, ptr, 0, name.to_vec());
+        Ok(())
+    }
+
+    /// Makes tree `dst` a clone of tree `src` in O(1): both share every
+    /// block until one of them changes it.
+    pub fn clone_tree(&mut self, src: u64, dst: u64, name: &[u8]) -> Result<()> {
+        if !tree_id::is_shareable(src) || !tree_id::is_shareable(dst) {
+            return Err(Error::Invalid(format!(
+                "trees {src} and {dst} cannot share blocks"
+            )));
+        }
+        if self.st.roots.contains_key(&dst) {
+            return Err(Error::Exists);
+        }
+        let ptr = self.root_of(src)?;
+        // Blocks of `src` already dirty are now reachable from both trees:
+        // from here on neither may modify them in place.
+        let frozen: Vec<u64> = self
+            .st
+            .dirty
+            .iter()
+            .filter(|(_, n)| n.owner == src)
+            .map(|(&b, _)| b)
+            .collect();
+        self.st.frozen.extend(frozen);
+        self.block_ref(ptr.bytenr, Holder::Root(dst), 1);
+        let transid = self.st.transid;
+        if let Some(rs) = self.st.roots.get_mut(&src) {
+            rs.item.last_snapshot = transid;
+            rs.dirty = true;
+        }
+        self.add_root(dst, ptr, src, name.to_vec());
+        Ok(())
+    }
+
+    /// Drops tree `id`; at commit every block only it held is freed.
+    pub fn drop_tree(&mut self, id: u64) -> Result<()> {
+        if !(tree_id::is_shareable(id) || id == tree_id::QUOTA) {
+            return Err(Error::Invalid(format!("tree {id} cannot be dropped")));
+        }
+        let rs = self.st.roots.remove(&id).ok_or(Error::NotFound)?;
+        self.block_ref(rs.ptr.bytenr, Holder::Root(id), -1);
+        self.st.dropped.push(id);
+        Ok(())
+    }
+
+    /// Allocates a data extent of `len` bytes (a multiple of the sector
+    /// size) near `hint`. It is freed at commit unless a file extent item
+    /// references it by then.
+    pub fn alloc_data(&mut self, len: u64, hint: u64) -> Result<u64> {
+        if len == 0 || !len.is_multiple_of(u64::from(SECTORSIZE)) {
+            return Err(Error::Invalid(format!("data extent of {len} bytes")));
+        }
+        let (start, _) = self.st.alloc.alloc(GroupKind::Data, len, len, hint)?;
+        self.st.refs.new_extent(start, len, ExtentKind::Data);
+        Ok(start)
+    }
+
+    /// Writes data into an extent allocated in this transaction. Data is
+    /// written before the commit's barrier, so the superblock never points
+    /// at data that did not reach the disk.
+    pub fn write_data(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
+        if !self.st.refs.is_new(bytenr) {
+            return Err(Error::Invalid(format!(
+                "data extent {bytenr} was not allocated in this transaction"
+            )));
+        }
+        self.sh.dev.write_at(data, bytenr)
+    }
+
+    pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
+        self.sh.dev.read_at(buf, bytenr)
+    }
+
+    pub fn transid(&self) -> u64 {
+        self.st.transid
+    }
+
+    pub fn nodesize_bytes(&self) -> usize {
+        self.sh.nodesize
+    }
+
+    pub(crate) fn take_delayed_refs(&mut self) -> BTreeMap<u64, PendingExtent> {
+        self.st.refs.take()
+    }
+
+    pub(crate) fn allocator(&mut self) -> &mut Allocator {
+        &mut self.st.alloc
+    }
+
+    /// Forgets a freed tree block everywhere it may be held in memory.
+    pub(crate) fn forget_block(&mut self, bytenr: u64) {
+        self.st.dirty.remove(&bytenr);
+        self.st.frozen.remove(&bytenr);
+        self.sh.cache.remove(bytenr);
+    }
+
+    pub(crate) fn free_extent(
+        &mut self,
+        bytenr: u64,
+        len: u64,
+        never_committed: bool,
+    ) -> Result<()> {
+        self.st.alloc.free(bytenr, len, never_committed)
+    }
+}
+
+impl BlockRead for Txn<'_> {
+    fn read_node(&self, bytenr: u64, generation: u64) -> Result<Arc<Node>> {
+        read_block(self.st, self.sh, bytenr, generation)
+    }
+
+    fn nodesize(&self) -> usize {
+        self.sh.nodesize
+    }
+}
+
+impl BlockWrite for Txn<'_> {
+    fn transid(&self) -> u64 {
+        self.st.transid
+    }
+
+    fn is_writable(&self, bytenr: u64) -> bool {
+        self.st.dirty.contains_key(&bytenr) && !self.st.frozen.contains(&bytenr)
+    }
+
+    fn node_mut(&mut self, bytenr: u64) -> Result<&mut Node> {
+        self.st
+            .dirty
+            .get_mut(&bytenr)
+            .map(Arc::make_mut)
+            .ok_or_else(|| Error::corrupt(bytenr, "modifying a block that is not dirty"))
+    }
+
+    fn alloc_node(&mut self, owner: u64, level: u8, hint: u64) -> Result<u64> {
+        let ns = self.sh.nodesize as u64;
+        let kind = Allocator::kind_for_tree(owner);
+        let (bytenr, _) = self.st.alloc.alloc(kind, ns, ns, hint)?;
+        self.st
+            .refs
+            .new_extent(bytenr, ns, ExtentKind::Tree { owner, level });
+        let body = if level == 0 {
+            Body::Leaf(Vec::new())
+        } else {
+            Body::Internal(Vec::new())
+        };
+        let node = Node {
+            bytenr,
+            generation: self.st.transid,
+            owner,
+            flags: 0,
+            level,
+            body,
+        };
+        self.sh.cache.remove(bytenr);
+        self.st.dirty.insert(bytenr, Arc::new(node));
+        Ok(bytenr)
+    }
+
+    fn block_ref(&mut self, child: u64, holder: Holder, delta: i64) {
+        let h = match holder {
+            Holder::Parent(p) => RefHolder::TreeParent(p),
+            Holder::Root(id) => RefHolder::TreeRoot(id),
+        };
+        let ns = self.sh.nodesize as u64;
+        self.st.refs.add(child, ns, h, delta);
+    }
+
+    fn data_ref(&mut self, bytenr: u64, len: u64, leaf: u64, delta: i64) {
+        self.st
+            .refs
+            .add(bytenr, len, RefHolder::DataLeaf(leaf), delta);
+    }
+}

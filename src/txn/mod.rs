@@ -1,0 +1,197 @@
+//! Transactions and the engine that owns them.
+//!
+//! One transaction runs at a time; every writer *joins* it (takes the state
+//! lock for writing and changes trees in memory). A commit happens in two
+//! phases so that readers are stalled only briefly:
+//!
+//! 1. Under the write lock: fold delayed references into the extent tree,
+//!    free-space changes into the free-space trees, block group usage and
+//!    root pointers into their trees, repeating until nothing changes; then
+//!    encode every dirty block, hand them to the *in-flight* set (where
+//!    readers still find them) and open the next transaction.
+//! 2. Without the state lock, under the commit I/O lock: write the blocks,
+//!    barrier, write every superblock copy, barrier. Only then does the space
+//!    freed by that transaction become reusable.
+//!
+//! A crash before the first superblock copy is durable leaves the previous
+//! commit; after, the new one. Nothing a committed superblock reaches is ever
+//! overwritten, because freed space stays pinned until the next superblock.
+//!
+//! If a commit or a change fails half-way with an I/O error or corruption,
+//! the engine shuts down (every later call gets `Error::Aborted`); the
+//! image keeps its last commit.
+
+mod commit;
+mod ctx;
+mod open;
+mod persist;
+
+pub use ctx::{Reader, Txn};
+pub use open::{
+    random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
+    MIN_DEVICE_BYTES,
+};
+
+use crate::alloc::Allocator;
+use crate::cache::BlockCache;
+use crate::dev::Device;
+use crate::error::{Error, Result};
+use crate::extent::DelayedRefs;
+use crate::format::items::RootItem;
+use crate::format::node::Node;
+use crate::format::superblock::Superblock;
+use crate::tree::RootPtr;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Tree blocks kept free for commits and deletions (see [`Engine::reserve`]).
+const METADATA_RESERVE_BLOCKS: u64 = 512;
+
+/// A tree's root as the running transaction sees it.
+#[derive(Clone, Debug)]
+pub(crate) struct RootState {
+    pub ptr: RootPtr,
+    pub item: RootItem,
+    /// The root item in the root tree must be rewritten at commit.
+    pub dirty: bool,
+}
+
+/// Everything the running transaction changes, guarded by the state lock.
+pub(crate) struct State {
+    pub transid: u64,
+    pub sb: Superblock,
+    pub dirty: HashMap<u64, Arc<Node>>,
+    /// Dirty blocks shared with a clone made in this transaction: they must
+    /// be copied, not modified, like clean blocks.
+    pub frozen: HashSet<u64>,
+    pub roots: BTreeMap<u64, RootState>,
+    /// Trees dropped in this transaction whose root items go at commit.
+    pub dropped: Vec<u64>,
+    pub refs: DelayedRefs,
+    pub alloc: Allocator,
+}
+
+/// What readers and the commit I/O share outside the state lock.
+pub(crate) struct Shared {
+    pub dev: Arc<dyn Device>,
+    pub cache: BlockCache,
+    pub inflight: Mutex<HashMap<u64, Arc<Node>>>,
+    pub fsid: [u8; 16],
+    pub nodesize: usize,
+}
+
+/// An open Canopy image.
+pub struct Engine {
+    shared: Shared,
+    state: RwLock<State>,
+    commit_io: Mutex<()>,
+    failed: Mutex<Option<String>>,
+    read_only: bool,
+}
+
+impl Engine {
+    fn check_alive(&self) -> Result<()> {
+        match &*crate::sync::lock(&self.failed) {
+            Some(why) => Err(Error::Aborted(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, e: &Error) {
+        let mut f = crate::sync::lock(&self.failed);
+        if f.is_none() {
+            tracing::error!(error = %e, "shutting the filesystem down");
+            *f = Some(e.to_string());
+        }
+    }
+
+    /// Runs `f` inside the running transaction. Errors that leave the trees
+    /// consistent (not found, exists, invalid argument) are returned as they
+    /// are; any other error shuts the engine down, keeping the last commit.
+    pub fn write<R>(&self, f: impl FnOnce(&mut Txn<'_>) -> Result<R>) -> Result<R> {
+        self.check_alive()?;
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let mut st = crate::sync::write(&self.state);
+        let mut tx = Txn::new(&mut st, &self.shared);
+        let r = f(&mut tx);
+        if let Err(e) = &r {
+            if !matches!(
+                e,
+                Error::NotFound | Error::Exists | Error::Invalid(_) | Error::Posix(..)
+            ) {
+                self.fail(e);
+            }
+        }
+        r
+    }
+
+    /// Runs `f` against the current state (including uncommitted changes)
+    /// while other readers run too.
+    pub fn read<R>(&self, f: impl FnOnce(&Reader<'_>) -> Result<R>) -> Result<R> {
+        self.check_alive()?;
+        let st = crate::sync::read(&self.state);
+        f(&Reader::new(&st, &self.shared))
+    }
+
+    /// Generation of the running transaction.
+    pub fn transid(&self) -> u64 {
+        crate::sync::read(&self.state).transid
+    }
+
+    /// Generation of the last commit.
+    pub fn committed_generation(&self) -> u64 {
+        crate::sync::read(&self.state).sb.generation
+    }
+
+    pub fn nodesize(&self) -> usize {
+        self.shared.nodesize
+    }
+
+    pub fn fsid(&self) -> [u8; 16] {
+        self.shared.fsid
+    }
+
+    /// Bytes in use and bytes free (for statfs).
+    pub fn space(&self) -> (u64, u64) {
+        let st = crate::sync::read(&self.state);
+        (st.alloc.bytes_used(), st.alloc.bytes_free())
+    }
+
+    /// Fails with ENOSPC unless `data_bytes` of data and a metadata
+    /// reserve still fit. Callers check before they change anything, so a
+    /// full disk is an error for the writer, not for the filesystem.
+    pub fn reserve(&self, data_bytes: u64) -> Result<()> {
+        let reserve = (self.shared.nodesize as u64) * METADATA_RESERVE_BLOCKS;
+        if crate::sync::read(&self.state)
+            .alloc
+            .has_room(data_bytes, reserve)
+        {
+            Ok(())
+        } else {
+            Err(Error::Posix(28, "no space left on device"))
+        }
+    }
+
+    /// Free-space histogram: (bucket low in sectors, extents, bytes).
+    pub fn free_histogram(&self) -> Vec<(u64, u64, u64)> {
+        crate::sync::read(&self.state).alloc.free_histogram()
+    }
+
+    /// Number of blocks in the clean block cache.
+    pub fn cached_blocks(&self) -> usize {
+        self.shared.cache.len()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if self.read_only || self.check_alive().is_err() {
+            return;
+        }
+        if let Err(e) = self.commit() {
+            tracing::error!(error = %e, "final commit failed");
+        }
+    }
+}

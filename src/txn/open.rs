@@ -1,0 +1,362 @@
+//! Creating a new image (mkfs) and opening an existing one.
+
+use super::{Engine, RootState, Shared, State};
+use crate::alloc::Allocator;
+use crate::cache::BlockCache;
+use crate::dev::Device;
+use crate::error::{Error, Result};
+use crate::extent::DelayedRefs;
+use crate::format::items::{BlockGroupItem, RootItem};
+use crate::format::key_type::{BLOCK_GROUP_ITEM, FREE_EXTENT, ROOT_ITEM};
+use crate::format::superblock::Superblock;
+use crate::format::{self, tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
+use crate::tree::{BlockRead, Cursor, RootPtr};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    pub nodesize: u32,
+    pub label: String,
+    /// Filesystem id; random when None.
+    pub fsid: Option<[u8; 16]>,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions {
+            nodesize: format::DEFAULT_NODESIZE,
+            label: String::new(),
+            fsid: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub read_only: bool,
+    /// Capacity of the clean block cache, in blocks.
+    pub cache_blocks: usize,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read_only: false,
+            cache_blocks: 16384,
+        }
+    }
+}
+
+/// Trees every image has from the start.
+const INITIAL_TREES: [u64; 7] = [
+    tree_id::EXTENT,
+    tree_id::BLOCK_GROUP,
+    tree_id::FS,
+    tree_id::CSUM,
+    tree_id::QUOTA,
+    tree_id::FREE_BY_START,
+    tree_id::FREE_BY_LEN,
+];
+
+/// Minimum device size: room for the reserved start and a few groups.
+pub const MIN_DEVICE_BYTES: u64 = 32 << 20;
+
+/// 16 random bytes for a filesystem id, from the kernel's generator.
+pub fn random_fsid() -> [u8; 16] {
+    use std::io::Read;
+    let mut id = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        if f.read_exact(&mut id).is_ok() {
+            return id;
+        }
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    id.copy_from_slice(&(t ^ (u128::from(std::process::id()) << 64)).to_le_bytes());
+    id
+}
+
+fn new_engine(
+    dev: Arc<dyn Device>,
+    st: State,
+    fsid: [u8; 16],
+    nodesize: usize,
+    opts: &OpenOptions,
+) -> Engine {
+    Engine {
+        shared: Shared {
+            dev,
+            cache: BlockCache::new(opts.cache_blocks),
+            inflight: Mutex::new(HashMap::new()),
+            fsid,
+            nodesize,
+        },
+        state: RwLock::new(st),
+        commit_io: Mutex::new(()),
+        failed: Mutex::new(None),
+        read_only: opts.read_only,
+    }
+}
+
+fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
+    State {
+        transid,
+        sb,
+        dirty: HashMap::new(),
+        frozen: HashSet::new(),
+        roots: BTreeMap::new(),
+        dropped: Vec::new(),
+        refs: DelayedRefs::default(),
+        alloc: Allocator::new(device_bytes),
+    }
+}
+
+impl Engine {
+    /// Writes a new empty filesystem to `dev` (generation 1) and returns it
+    /// open.
+    pub fn format(dev: Arc<dyn Device>, opts: &FormatOptions) -> Result<Engine> {
+        let ns = opts.nodesize;
+        if !ns.is_power_of_two() || !(format::MIN_NODESIZE..=format::MAX_NODESIZE).contains(&ns) {
+            return Err(Error::Invalid(format!(
+                "nodesize {ns} must be a power of two from 4096 to 65536"
+            )));
+        }
+        if opts.label.len() > format::superblock::LABEL_MAX {
+            return Err(Error::Invalid("label longer than 255 bytes".into()));
+        }
+        let size = dev.size();
+        if size < MIN_DEVICE_BYTES {
+            return Err(Error::Invalid(format!(
+                "device of {size} bytes is smaller than the minimum {MIN_DEVICE_BYTES}"
+            )));
+        }
+        let fsid = opts.fsid.unwrap_or_else(random_fsid);
+        let sb = Superblock {
+            fsid,
+            flags: 0,
+            generation: 0,
+            root: 0,
+            root_generation: 0,
+            root_level: 0,
+            log_root: 0,
+            log_root_generation: 0,
+            log_root_level: 0,
+            total_bytes: size - size % u64::from(format::SECTORSIZE),
+            bytes_used: 0,
+            nodesize: ns,
+            sectorsize: format::SECTORSIZE,
+            compat: 0,
+            compat_ro: 0,
+            incompat: 0,
+            label: opts.label.clone(),
+        };
+        let total = sb.total_bytes;
+        let st = empty_state(sb, 1, total);
+        let engine = new_engine(dev, st, fsid, ns as usize, &OpenOptions::default());
+        engine.write(|tx| {
+            tx.create_tree(tree_id::ROOT, b"")?;
+            for id in INITIAL_TREES {
+                tx.create_tree(id, b"")?;
+            }
+            Ok(())
+        })?;
+        engine.commit()?;
+        Ok(engine)
+    }
+
+    /// Opens the filesystem on `dev` at its newest valid superblock.
+    pub fn open(dev: Arc<dyn Device>, opts: &OpenOptions) -> Result<Engine> {
+        let sb = read_best_superblock(dev.as_ref())?;
+        if sb.total_bytes > dev.size() {
+            return Err(Error::corrupt(
+                0,
+                format!(
+                    "filesystem of {} bytes on a device of {}",
+                    sb.total_bytes,
+                    dev.size()
+                ),
+            ));
+        }
+        let unknown_ro = sb.compat_ro & !crate::format::superblock::COMPAT_RO_SUPPORTED;
+        if unknown_ro != 0 && !opts.read_only {
+            return Err(Error::Invalid(format!(
+                "the image uses features {unknown_ro:#x} this version can only read; open it read-only"
+            )));
+        }
+        let fsid = sb.fsid;
+        let ns = sb.nodesize as usize;
+        let root = RootPtr {
+            bytenr: sb.root,
+            generation: sb.root_generation,
+            level: sb.root_level,
+        };
+        let st = empty_state(sb.clone(), sb.generation + 1, sb.total_bytes);
+        let engine = new_engine(dev, st, fsid, ns, opts);
+        {
+            let mut st = crate::sync::write(&engine.state);
+            load_roots(&mut st, &engine.shared, root)?;
+            load_space(&mut st, &engine.shared)?;
+        }
+        Ok(engine)
+    }
+
+    /// Drops the engine without the final commit, as a crash would.
+    pub fn crash(self) {
+        *crate::sync::lock(&self.failed) = Some("simulated crash".into());
+    }
+}
+
+/// Every superblock copy inside the device: its offset and what it holds.
+pub fn read_super_copies(dev: &dyn Device) -> Vec<(u64, Result<Superblock>)> {
+    SUPER_OFFSETS
+        .iter()
+        .filter(|&&o| o + SUPER_SIZE <= dev.size())
+        .map(|&off| {
+            let mut buf = vec![0u8; SUPER_SIZE as usize];
+            let r = dev
+                .read_at(&mut buf, off)
+                .and_then(|_| Superblock::decode(&buf, off));
+            (off, r)
+        })
+        .collect()
+}
+
+/// The valid superblock copy with the highest generation.
+pub fn read_best_superblock(dev: &dyn Device) -> Result<Superblock> {
+    let mut best: Option<Superblock> = None;
+    let mut first_err = None;
+    for (off, r) in read_super_copies(dev) {
+        match r {
+            Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => {
+                if best.as_ref().is_some_and(|b| b.fsid != sb.fsid) {
+                    return Err(Error::corrupt(
+                        off,
+                        "superblock copies of different filesystems",
+                    ));
+                }
+                best = Some(sb);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    best.ok_or_else(|| {
+        first_err.unwrap_or_else(|| Error::NotCanopy("device too small for a superblock".into()))
+    })
+}
+
+struct Loader<'a> {
+    st: &'a State,
+    sh: &'a Shared,
+}
+
+impl BlockRead for Loader<'_> {
+    fn read_node(&self, bytenr: u64, generation: u64) -> Result<Arc<crate::format::node::Node>> {
+        super::Reader::new(self.st, self.sh).read_node(bytenr, generation)
+    }
+
+    fn nodesize(&self) -> usize {
+        self.sh.nodesize
+    }
+}
+
+/// Every item of a tree whose key type is `ty`.
+fn items_of_type(st: &State, sh: &Shared, root: &RootPtr, ty: u8) -> Result<Vec<(Key, Vec<u8>)>> {
+    let l = Loader { st, sh };
+    let mut c = Cursor::seek(&l, root, &Key::MIN)?;
+    let mut out = Vec::new();
+    let mut cur = c.item().map(|i| (i.key, i.data.clone()));
+    while let Some((k, d)) = cur {
+        if k.ty == ty {
+            out.push((k, d));
+        }
+        cur = c.next(&l)?.map(|i| (i.key, i.data.clone()));
+    }
+    Ok(out)
+}
+
+fn load_roots(st: &mut State, sh: &Shared, root: RootPtr) -> Result<()> {
+    let root_item = RootItem {
+        bytenr: root.bytenr,
+        generation: root.generation,
+        level: root.level,
+        last_snapshot: 0,
+        parent_id: 0,
+        flags: 0,
+        created: 1,
+        name: Vec::new(),
+    };
+    st.roots.insert(
+        tree_id::ROOT,
+        RootState {
+            ptr: root,
+            item: root_item,
+            dirty: false,
+        },
+    );
+    for (k, d) in items_of_type(st, sh, &root, ROOT_ITEM)? {
+        let item = RootItem::decode(&d).map_err(|e| Error::corrupt(root.bytenr, e))?;
+        if item.generation > st.sb.generation || item.level > format::node::MAX_LEVEL {
+            return Err(Error::corrupt(
+                item.bytenr,
+                format!("root item of tree {}", k.objectid),
+            ));
+        }
+        let ptr = RootPtr {
+            bytenr: item.bytenr,
+            generation: item.generation,
+            level: item.level,
+        };
+        st.roots.insert(
+            k.objectid,
+            RootState {
+                ptr,
+                item,
+                dirty: false,
+            },
+        );
+    }
+    for id in INITIAL_TREES {
+        if !st.roots.contains_key(&id) {
+            return Err(Error::corrupt(
+                root.bytenr,
+                format!("tree {id} missing from the root tree"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
+    let bg_root = st.roots[&tree_id::BLOCK_GROUP].ptr;
+    let groups = items_of_type(st, sh, &bg_root, BLOCK_GROUP_ITEM)?;
+    let free_root = st.roots[&tree_id::FREE_BY_START].ptr;
+    let free = items_of_type(st, sh, &free_root, FREE_EXTENT)?;
+    for (k, d) in groups {
+        let g = BlockGroupItem::decode(&d).map_err(|e| Error::corrupt(k.objectid, e))?;
+        st.alloc.load_group(k.objectid, k.offset, g.flags, g.used)?;
+    }
+    for (k, _) in free {
+        st.alloc.load_free(k.objectid, k.offset)?;
+    }
+    // Free space that disagrees with usage would let us overwrite live data.
+    for g in st.alloc.groups() {
+        let accounted = g.used + g.free.total() + crate::alloc::super_bytes_in(g.start, g.len);
+        if accounted != g.len {
+            return Err(Error::corrupt(
+                g.start,
+                format!(
+                    "block group of {} bytes has {} used and {} free; run `canopy check`",
+                    g.len,
+                    g.used,
+                    g.free.total()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

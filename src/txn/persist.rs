@@ -1,0 +1,139 @@
+//! Bringing the persistent indexes up to date at commit: root items, the
+//! two free-space trees, block group items.
+
+use super::Txn;
+use crate::alloc::FreeOp;
+use crate::error::{Error, Result};
+use crate::format::items::BlockGroupItem;
+use crate::format::key_type::{BLOCK_GROUP_ITEM, FREE_EXTENT, ROOT_ITEM};
+use crate::format::tree_id::{BLOCK_GROUP, FREE_BY_LEN, FREE_BY_START, ROOT};
+use crate::format::Key;
+
+/// Writes the root items of trees whose root moved, and deletes those of
+/// dropped trees. Returns whether anything was written.
+pub(super) fn write_root_items(tx: &mut Txn<'_>) -> Result<bool> {
+    let dropped = std::mem::take(&mut tx.st.dropped);
+    let mut changed: Vec<(u64, Vec<u8>)> = Vec::new();
+    for (&id, rs) in tx.st.roots.iter_mut() {
+        if !rs.dirty || id == ROOT {
+            continue;
+        }
+        rs.dirty = false;
+        rs.item.bytenr = rs.ptr.bytenr;
+        rs.item.generation = rs.ptr.generation;
+        rs.item.level = rs.ptr.level;
+        changed.push((id, rs.item.encode()));
+    }
+    let did = !dropped.is_empty() || !changed.is_empty();
+    for id in dropped {
+        match tx.delete(ROOT, &Key::new(id, ROOT_ITEM, 0)) {
+            Ok(_) | Err(Error::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    for (id, data) in changed {
+        tx.put(ROOT, Key::new(id, ROOT_ITEM, 0), data)?;
+    }
+    Ok(did)
+}
+
+/// Writes the usage of every block group that changed.
+pub(super) fn write_block_groups(tx: &mut Txn<'_>) -> Result<bool> {
+    let groups = tx.allocator().take_dirty_groups();
+    let did = !groups.is_empty();
+    for g in groups {
+        let item = BlockGroupItem {
+            used: g.used,
+            flags: g.kind.flags(),
+        };
+        let key = Key::new(g.start, BLOCK_GROUP_ITEM, g.len);
+        let data = item.encode();
+        if tx.get(BLOCK_GROUP, &key)?.as_deref() != Some(&data[..]) {
+            tx.put(BLOCK_GROUP, key, data)?;
+        }
+    }
+    Ok(did)
+}
+
+/// Replays the allocator's journal into the free-space trees.
+pub(super) fn apply_free_journal(tx: &mut Txn<'_>) -> Result<bool> {
+    let journal = tx.allocator().take_journal();
+    let did = !journal.is_empty();
+    for op in journal {
+        match op {
+            FreeOp::Add(s, l) => add_free(tx, s, l)?,
+            FreeOp::Remove(s, l) => remove_free(tx, s, l)?,
+        }
+    }
+    Ok(did)
+}
+
+fn insert_extent(tx: &mut Txn<'_>, s: u64, l: u64) -> Result<()> {
+    tx.insert(FREE_BY_START, Key::new(s, FREE_EXTENT, l), Vec::new())?;
+    tx.insert(FREE_BY_LEN, Key::new(l, FREE_EXTENT, s), Vec::new())
+}
+
+fn delete_extent(tx: &mut Txn<'_>, s: u64, l: u64) -> Result<()> {
+    tx.delete(FREE_BY_START, &Key::new(s, FREE_EXTENT, l))?;
+    tx.delete(FREE_BY_LEN, &Key::new(l, FREE_EXTENT, s))
+        .map(|_| ())
+}
+
+/// The last persistent free extent starting at or before `at`.
+fn free_extent_at_or_before(tx: &Txn<'_>, at: u64) -> Result<Option<(u64, u64)>> {
+    let root = tx.root_of(FREE_BY_START)?;
+    let c = crate::tree::Cursor::seek_le(tx, &root, &Key::new(at, FREE_EXTENT, u64::MAX))?;
+    Ok(c.and_then(|c| c.item().map(|it| (it.key.objectid, it.key.offset))))
+}
+
+fn add_free(tx: &mut Txn<'_>, s: u64, l: u64) -> Result<()> {
+    let (gs, ge) = {
+        let g = tx
+            .allocator()
+            .group_containing(s)
+            .ok_or_else(|| Error::corrupt(s, "freed space outside any block group"))?;
+        (g.start, g.start + g.len)
+    };
+    let (mut start, mut end) = (s, s + l);
+    if let Some((ps, pl)) = free_extent_at_or_before(tx, s + l - 1)? {
+        if ps + pl > s && ps < s + l {
+            return Err(Error::corrupt(
+                s,
+                format!("freeing [{s}, +{l}) which is already free"),
+            ));
+        }
+    }
+    if let Some((ps, pl)) = free_extent_at_or_before(tx, s.saturating_sub(1))? {
+        if ps + pl == s && ps >= gs && s > 0 {
+            delete_extent(tx, ps, pl)?;
+            start = ps;
+        }
+    }
+    if end < ge {
+        if let Some((ns, nl)) = free_extent_at_or_before(tx, end)? {
+            if ns == end {
+                delete_extent(tx, ns, nl)?;
+                end = ns + nl;
+            }
+        }
+    }
+    insert_extent(tx, start, end - start)
+}
+
+fn remove_free(tx: &mut Txn<'_>, s: u64, l: u64) -> Result<()> {
+    let Some((fs, fl)) = free_extent_at_or_before(tx, s)?.filter(|&(fs, fl)| s + l <= fs + fl)
+    else {
+        return Err(Error::corrupt(
+            s,
+            format!("allocated [{s}, +{l}) is not free in the free-space tree"),
+        ));
+    };
+    delete_extent(tx, fs, fl)?;
+    if s > fs {
+        insert_extent(tx, fs, s - fs)?;
+    }
+    if s + l < fs + fl {
+        insert_extent(tx, s + l, fs + fl - s - l)?;
+    }
+    Ok(())
+}

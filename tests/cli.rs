@@ -1,0 +1,81 @@
+//! The `canopy` command as a user runs it: exit codes and output.
+
+use std::process::Command;
+
+fn canopy(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_canopy"))
+        .args(args)
+        .output()
+        .expect("run canopy");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn mkfs_check_and_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let img = img.to_str().unwrap();
+
+    let (code, _, err) = canopy(&["mkfs", img]);
+    assert_eq!(code, 1, "mkfs without --size on a missing image: {err}");
+
+    let (code, out, _) = canopy(&["mkfs", "-s", "256M", "-L", "test", img]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Created Canopy filesystem"));
+
+    let (code, _, err) = canopy(&["mkfs", "-s", "256M", img]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--force"), "{err}");
+    assert_eq!(canopy(&["mkfs", "-f", "-q", "-L", "test", img]).0, 0);
+
+    let (code, out, _) = canopy(&["check", img]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("clean"));
+
+    let (code, out, _) = canopy(&["check", "--json", img]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["problems"].as_array().unwrap().len(), 0);
+    // mkfs commits the empty trees, then the root directory.
+    assert!(v["generation"].as_u64().unwrap() >= 1);
+
+    let (code, out, _) = canopy(&["inspect", "super", "--json", img]);
+    assert_eq!(code, 0);
+    let sb: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(sb["label"], "test");
+
+    // Corrupt the root tree's root block.
+    let root = sb["root"].as_u64().unwrap();
+    let mut bytes = std::fs::read(img).unwrap();
+    bytes[root as usize + 200] ^= 0x10;
+    std::fs::write(img, &bytes).unwrap();
+    let (code, out, _) = canopy(&["check", "--json", img]);
+    assert_eq!(code, 4, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let problems = v["problems"].as_array().unwrap();
+    assert!(problems
+        .iter()
+        .any(|p| p["message"].as_str().unwrap().contains("checksum")));
+
+    let (code, _, _) = canopy(&["check", "/nonexistent/image"]);
+    assert_eq!(code, 8);
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for sub in [
+        &["mkfs", "--help"][..],
+        &["check", "--help"],
+        &["inspect", "--help"],
+        &["inspect", "freesp", "--help"],
+    ] {
+        let (code, out, _) = canopy(sub);
+        assert_eq!(code, 0);
+        assert!(out.contains("Usage"));
+    }
+    assert_eq!(canopy(&["frobnicate"]).0, 2);
+}

@@ -1,0 +1,110 @@
+//! A Canopy daemon mounted for a test; unmounted (lazily) on drop.
+
+use std::fs;
+use std::io::BufRead;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+pub fn canopy() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_canopy"))
+}
+
+pub fn can_mount() -> bool {
+    let ok = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();
+    if !ok {
+        eprintln!("skipping: FUSE mount tests need root and /dev/fuse");
+    }
+    ok
+}
+
+/// A mounted image; unmounts on drop.
+pub struct Mounted {
+    pub _dir: tempfile::TempDir,
+    pub img: PathBuf,
+    pub mnt: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Mounted {
+    pub fn new() -> Mounted {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("fs.img");
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        let st = canopy()
+            .args(["mkfs", "-q", "-s", "512M"])
+            .arg(&img)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let mut m = Mounted {
+            _dir: dir,
+            img,
+            mnt,
+            daemon: None,
+        };
+        m.mount("");
+        m
+    }
+
+    pub fn mount(&mut self, opts: &str) {
+        let mut cmd = canopy();
+        cmd.args(["mount", "-f", "--notify-ready"]);
+        if !opts.is_empty() {
+            cmd.args(["-o", opts]);
+        }
+        let mut child = cmd
+            .arg(&self.img)
+            .arg(&self.mnt)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "canopy-ready", "daemon did not come up");
+        self.daemon = Some(child);
+    }
+
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// Unmounts and waits for the daemon to exit cleanly.
+    pub fn unmount(&mut self) {
+        let st = Command::new("umount").arg(&self.mnt).status().unwrap();
+        assert!(st.success(), "umount failed");
+        let st = self.daemon.take().unwrap().wait().unwrap();
+        assert!(st.success(), "daemon exited with {st}");
+    }
+
+    /// Kills the daemon as a crash would and clears the dead mount.
+    pub fn kill9(&mut self) {
+        let mut d = self.daemon.take().unwrap();
+        d.kill().unwrap();
+        d.wait().unwrap();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+    }
+
+    pub fn check(&self) {
+        let out = canopy().arg("check").arg(&self.img).output().unwrap();
+        assert!(
+            out.status.success(),
+            "check: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+}

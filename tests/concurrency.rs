@@ -1,0 +1,157 @@
+//! Readers and writers from many threads: readers never see half of a
+//! change, and a commit's I/O does not block readers or new writers.
+
+mod common;
+
+use canopy::dev::{Device, MemDevice};
+use canopy::format::tree_id::FS;
+use canopy::{Engine, FormatOptions, Key};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::Duration;
+
+#[test]
+fn readers_see_whole_changes_while_commits_run() {
+    let (_dev, e) = common::mem_engine(128 << 20, 4096);
+    let e = Arc::new(e);
+    let stop = Arc::new(AtomicBool::new(false));
+    const BATCH: u64 = 40;
+    let writer = {
+        let e = e.clone();
+        thread::spawn(move || {
+            for b in 0..150u64 {
+                e.write(|tx| {
+                    for i in 0..BATCH {
+                        tx.put(FS, Key::new(b, 1, i), vec![b as u8; 64])?;
+                    }
+                    if b >= 3 {
+                        for i in 0..BATCH {
+                            tx.delete(FS, &Key::new(b - 3, 1, i))?;
+                        }
+                    }
+                    Ok(())
+                })
+                .unwrap();
+                if b % 10 == 0 {
+                    e.commit().unwrap();
+                }
+            }
+        })
+    };
+    let committer = {
+        let (e, stop) = (e.clone(), stop.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                e.commit().unwrap();
+            }
+        })
+    };
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (e, stop) = (e.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut seen = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let items = e.read(|r| r.range(FS, &Key::MIN, &Key::MAX)).unwrap();
+                    let mut per_batch = std::collections::BTreeMap::new();
+                    for (k, v) in &items {
+                        assert_eq!(v[0], k.objectid as u8);
+                        *per_batch.entry(k.objectid).or_insert(0u64) += 1;
+                    }
+                    for (b, n) in per_batch {
+                        assert_eq!(n, BATCH, "batch {b} seen half-written");
+                    }
+                    seen += 1;
+                }
+                seen
+            })
+        })
+        .collect();
+    writer.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    committer.join().unwrap();
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    e.commit().unwrap();
+}
+
+/// A device whose barrier waits until the test opens a gate.
+struct GatedDevice {
+    inner: MemDevice,
+    armed: AtomicBool,
+    gate: Mutex<bool>,
+    cv: Condvar,
+    entered: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+impl Device for GatedDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> canopy::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> canopy::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn barrier(&self) -> canopy::Result<()> {
+        if self.armed.load(Ordering::SeqCst) {
+            if let Some(tx) = self.entered.lock().unwrap().take() {
+                tx.send(()).unwrap();
+            }
+            let mut open = self.gate.lock().unwrap();
+            while !*open {
+                open = self.cv.wait(open).unwrap();
+            }
+        }
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+#[test]
+fn commit_io_does_not_block_readers_or_writers() {
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let dev = Arc::new(GatedDevice {
+        inner: MemDevice::new(64 << 20),
+        armed: AtomicBool::new(false),
+        gate: Mutex::new(false),
+        cv: Condvar::new(),
+        entered: Mutex::new(Some(entered_tx)),
+    });
+    let e = Arc::new(
+        Engine::format(dev.clone() as Arc<dyn Device>, &FormatOptions::default()).unwrap(),
+    );
+    e.write(|tx| tx.insert(FS, Key::new(1, 1, 0), vec![1]))
+        .unwrap();
+    dev.armed.store(true, Ordering::SeqCst);
+    let committing = {
+        let e = e.clone();
+        thread::spawn(move || e.commit().unwrap())
+    };
+    // The commit is now stuck in its barrier.
+    entered_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("commit reached its barrier");
+    let (done_tx, done_rx) = mpsc::channel();
+    {
+        let (e, done_tx) = (e.clone(), done_tx.clone());
+        thread::spawn(move || {
+            let v = e.read(|r| r.get(FS, &Key::new(1, 1, 0))).unwrap();
+            e.write(|tx| tx.insert(FS, Key::new(2, 1, 0), vec![2]))
+                .unwrap();
+            done_tx.send(v).unwrap();
+        });
+    }
+    let got = done_rx.recv_timeout(Duration::from_secs(20));
+    *dev.gate.lock().unwrap() = true;
+    dev.cv.notify_all();
+    assert_eq!(
+        got.expect("read and write finished during the commit's I/O"),
+        Some(vec![1])
+    );
+    let g = committing.join().unwrap();
+    assert!(e.commit().unwrap() > g);
+}

@@ -1,0 +1,171 @@
+//! Crash consistency: record every write and barrier of a workload of many
+//! transactions, then rebuild the disk a crash could have left after every
+//! prefix of them (and, for the writes in flight, several subsets), open it
+//! and require exactly the contents of a committed generation: the last one
+//! whose commit completed, or the one being committed. `check` must be
+//! clean on every image.
+
+mod common;
+
+use common::Rng;
+
+use canopy::dev::crash::{RecordingDevice, Replayer};
+use canopy::dev::Device;
+use canopy::format::items::{FileExtentItem, FILE_EXTENT_REG};
+use canopy::format::key_type::EXTENT_DATA;
+use canopy::format::tree_id::{FIRST_FREE, FS};
+use canopy::{Engine, Key, OpenOptions};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+type Trees = BTreeMap<u64, BTreeMap<Key, Vec<u8>>>;
+
+fn data_pattern(bytenr: u64) -> u8 {
+    (bytenr / 4096 % 251) as u8
+}
+
+/// One random change applied to the engine and the model.
+fn random_change(e: &Engine, model: &mut Trees, rng: &mut Rng, next_tree: &mut u64) {
+    let ids: Vec<u64> = model.keys().copied().collect();
+    let id = ids[rng.below(ids.len() as u64) as usize];
+    let k = Key::new(rng.below(600), 1, 0);
+    match rng.below(20) {
+        0..=9 => {
+            let v = vec![rng.below(256) as u8; rng.below(300) as usize];
+            e.write(|tx| tx.put(id, k, v.clone())).unwrap();
+            model.get_mut(&id).unwrap().insert(k, v);
+        }
+        10..=14 => {
+            let had = model.get_mut(&id).unwrap().remove(&k).is_some();
+            let r = e.write(|tx| tx.delete(id, &k));
+            assert_eq!(r.is_ok(), had);
+        }
+        15..=17 => {
+            let dk = Key::new(k.objectid, EXTENT_DATA, 0);
+            let len = (rng.below(4) + 1) * 4096;
+            let v = e
+                .write(|tx| {
+                    let b = tx.alloc_data(len, 0)?;
+                    tx.write_data(b, &vec![data_pattern(b); len as usize])?;
+                    let fe = FileExtentItem {
+                        generation: tx.transid(),
+                        ram_bytes: len,
+                        compression: 0,
+                        kind: FILE_EXTENT_REG,
+                        disk_bytenr: b,
+                        disk_num_bytes: len,
+                        offset: 0,
+                        num_bytes: len,
+                        inline_data: vec![],
+                    };
+                    tx.put(id, dk, fe.encode())?;
+                    Ok(fe.encode())
+                })
+                .unwrap();
+            model.get_mut(&id).unwrap().insert(dk, v);
+        }
+        18 if model.len() < 4 => {
+            let dst = *next_tree;
+            *next_tree += 1;
+            e.write(|tx| tx.clone_tree(id, dst, b"snap")).unwrap();
+            let copy = model[&id].clone();
+            model.insert(dst, copy);
+        }
+        _ if id != FS => {
+            e.write(|tx| tx.drop_tree(id)).unwrap();
+            model.remove(&id);
+        }
+        _ => {}
+    }
+}
+
+fn verify(dev: &dyn Device, e: &Engine, want: &Trees) {
+    for (&id, items) in want {
+        let got = e.read(|r| r.range(id, &Key::MIN, &Key::MAX)).unwrap();
+        let want_items: Vec<(Key, Vec<u8>)> = items.iter().map(|(k, v)| (*k, v.clone())).collect();
+        assert!(
+            got == want_items,
+            "tree {id} differs from its committed model"
+        );
+        for (k, v) in items.iter().filter(|(k, _)| k.ty == EXTENT_DATA) {
+            let fe = FileExtentItem::decode(v).unwrap();
+            let mut buf = vec![0u8; fe.disk_num_bytes as usize];
+            dev.read_at(&mut buf, fe.disk_bytenr).unwrap();
+            assert!(
+                buf.iter().all(|&b| b == data_pattern(fe.disk_bytenr)),
+                "data of {k} lost"
+            );
+        }
+    }
+    let ids = e.read(|r| Ok(r.tree_ids())).unwrap();
+    for id in ids.iter().filter(|&&i| i == FS || i >= FIRST_FREE) {
+        assert!(want.contains_key(id), "tree {id} should not exist");
+    }
+}
+
+fn run_crash_workload(seed: u64, transactions: usize, nodesize: u32) {
+    let (base_dev, e) = common::mem_engine(40 << 20, nodesize);
+    drop(e);
+    let base = Arc::new(base_dev.snapshot());
+    let rec = Arc::new(RecordingDevice::new(base.as_ref().clone()));
+    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+    let mut model: Trees = BTreeMap::new();
+    model.insert(FS, BTreeMap::new());
+    let first_gen = e.committed_generation();
+    let mut models: BTreeMap<u64, Trees> = BTreeMap::new();
+    models.insert(first_gen, model.clone());
+    // (generation, number of ops once its commit returned)
+    let mut ends = vec![(first_gen, 0usize)];
+    let mut rng = Rng(seed | 1);
+    let mut next_tree = FIRST_FREE;
+    for _ in 0..transactions {
+        for _ in 0..rng.below(60) + 1 {
+            random_change(&e, &mut model, &mut rng, &mut next_tree);
+        }
+        let g = e.commit().unwrap();
+        models.insert(g, model.clone());
+        ends.push((g, rec.op_count()));
+    }
+    e.crash();
+    let mut rp = Replayer::new(base, rec.ops());
+    let mut images = 0;
+    for prefix in 0..=rp.len() {
+        let completed = ends
+            .iter()
+            .filter(|(_, end)| *end <= prefix)
+            .map(|(g, _)| *g)
+            .max()
+            .unwrap();
+        let variants: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|_| false, &|i| i % 3 != 1];
+        for keep in variants {
+            let dev = Arc::new(rp.at(prefix, keep));
+            let ro = OpenOptions {
+                read_only: true,
+                ..Default::default()
+            };
+            let e = Engine::open(dev.clone() as Arc<dyn Device>, &ro)
+                .unwrap_or_else(|err| panic!("prefix {prefix}: open failed: {err}"));
+            let g = e.committed_generation();
+            assert!(
+                g == completed || g == completed + 1,
+                "prefix {prefix}: generation {g}, last completed {completed}"
+            );
+            verify(dev.as_ref(), &e, &models[&g]);
+            drop(e);
+            common::assert_clean(dev.as_ref());
+            images += 1;
+        }
+    }
+    eprintln!("crash workload: {} ops, {images} images", rp.len());
+    assert!(images > transactions * 3);
+}
+
+#[test]
+fn every_prefix_opens_to_a_committed_generation_4k() {
+    run_crash_workload(0x9e37_79b9_7f4a_7c15, 40, 4096);
+}
+
+#[test]
+fn every_prefix_opens_to_a_committed_generation_16k() {
+    run_crash_workload(0x2545_f491_4f6c_dd1d, 30, 16384);
+}

@@ -1,0 +1,455 @@
+//! Tests through a real FUSE mount: the daemon runs in the test, and every
+//! test unmounts (also when it fails) and checks the image afterwards.
+//! They need root and /dev/fuse; elsewhere they say so and pass vacuously.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use common::mounted::{can_mount, canopy, Mounted};
+
+fn errno_of(r: std::io::Result<impl Sized>) -> i32 {
+    r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
+}
+
+#[test]
+fn posix_basics_through_the_mount() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.contains(m.mnt.to_str().unwrap()))
+        .unwrap();
+    assert!(line.starts_with(m.img.to_str().unwrap()), "{line}");
+    assert!(line.contains(" fuse.canopy "), "{line}");
+
+    fs::write(m.p("small"), b"hello").unwrap();
+    assert_eq!(fs::read(m.p("small")).unwrap(), b"hello");
+    fs::create_dir(m.p("dir")).unwrap();
+    assert_eq!(errno_of(fs::create_dir(m.p("dir"))), libc::EEXIST);
+    assert_eq!(errno_of(fs::read(m.p("nope"))), libc::ENOENT);
+    assert_eq!(errno_of(fs::remove_dir(m.p("small"))), libc::ENOTDIR);
+    fs::write(m.p("dir/f"), b"x").unwrap();
+    assert_eq!(errno_of(fs::remove_dir(m.p("dir"))), libc::ENOTEMPTY);
+    let long = "n".repeat(256);
+    assert_eq!(errno_of(fs::write(m.p(&long), b"")), libc::ENAMETOOLONG);
+    fs::write(m.p(&"n".repeat(255)), b"ok").unwrap();
+
+    // 4 MiB in 1 MiB writes, then partial overwrites and a sparse tail.
+    let mut data: Vec<u8> = (0..4 << 20)
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    {
+        let mut f = fs::File::create(m.p("big")).unwrap();
+        for chunk in data.chunks(1 << 20) {
+            f.write_all(chunk).unwrap();
+        }
+        f.write_at(b"patch", 12345).unwrap();
+        data[12345..12350].copy_from_slice(b"patch");
+        f.set_len(10 << 20).unwrap();
+        data.resize(10 << 20, 0);
+        f.sync_all().unwrap();
+    }
+    assert!(fs::read(m.p("big")).unwrap() == data);
+    let mut f = fs::File::open(m.p("big")).unwrap();
+    f.seek(SeekFrom::Start(3 << 20)).unwrap();
+    let mut buf = vec![0u8; 100];
+    f.read_exact(&mut buf).unwrap();
+    assert_eq!(buf, data[3 << 20..(3 << 20) + 100]);
+    drop(f);
+
+    // rename, links, symlinks, permissions, times
+    fs::rename(m.p("small"), m.p("dir/moved")).unwrap();
+    assert_eq!(fs::read(m.p("dir/moved")).unwrap(), b"hello");
+    fs::hard_link(m.p("dir/moved"), m.p("hard")).unwrap();
+    assert_eq!(fs::metadata(m.p("hard")).unwrap().nlink(), 2);
+    std::os::unix::fs::symlink("dir/moved", m.p("sym")).unwrap();
+    assert_eq!(fs::read_link(m.p("sym")).unwrap(), Path::new("dir/moved"));
+    assert_eq!(fs::read(m.p("sym")).unwrap(), b"hello");
+    fs::set_permissions(m.p("hard"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(
+        fs::metadata(m.p("dir/moved")).unwrap().mode() & 0o777,
+        0o640
+    );
+    let t = std::time::UNIX_EPOCH + std::time::Duration::new(1_600_000_000, 123_456_789);
+    fs::File::options()
+        .write(true)
+        .open(m.p("hard"))
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+    let md = fs::metadata(m.p("hard")).unwrap();
+    assert_eq!((md.mtime(), md.mtime_nsec()), (1_600_000_000, 123_456_789));
+
+    // A directory of many entries lists each once.
+    for i in 0..1000 {
+        fs::write(m.p(&format!("dir/e{i}")), b"").unwrap();
+    }
+    let n = fs::read_dir(m.p("dir")).unwrap().count();
+    assert_eq!(n, 1002);
+
+    m.unmount();
+    m.check();
+    m.mount("");
+    assert!(fs::read(m.p("big")).unwrap() == data);
+    assert_eq!(fs::read(m.p("hard")).unwrap(), b"hello");
+    fs::remove_file(m.p("big")).unwrap();
+    m.unmount();
+    m.check();
+}
+
+#[test]
+fn fsynced_data_survives_kill_9() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mut f = fs::File::create(m.p("durable")).unwrap();
+    f.write_all(&vec![0x5a; 300_000]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs::write(m.p("maybe"), b"not fsynced").unwrap();
+    m.kill9();
+    m.check();
+    m.mount("");
+    assert_eq!(fs::read(m.p("durable")).unwrap(), vec![0x5a; 300_000]);
+    m.unmount();
+    m.check();
+}
+
+#[test]
+fn mount_errors_are_reported() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    // Second mount of the same image is refused with the reason.
+    let other = m._dir.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let out = canopy()
+        .arg("mount")
+        .arg(&m.img)
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    let out = canopy()
+        .args(["mount", "-o", "bogus"])
+        .arg(&m.img)
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mount option"));
+    m.unmount();
+    let out = canopy()
+        .arg("mount")
+        .arg(m._dir.path().join("missing.img"))
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // Daemonized mount returns once live; SIGTERM unmounts cleanly.
+    let st = canopy()
+        .arg("mount")
+        .arg(&m.img)
+        .arg(&m.mnt)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::write(m.p("after"), b"1").unwrap();
+    let st = Command::new("umount").arg(&m.mnt).status().unwrap();
+    assert!(st.success());
+    // The daemon commits and exits after the unmount: wait until it lets
+    // go of the image lock.
+    let img = fs::File::open(&m.img).unwrap();
+    let mut free = false;
+    for _ in 0..200 {
+        if img.try_lock().is_ok() {
+            img.unlock().unwrap();
+            free = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(free, "daemon did not exit after unmount");
+    m.check();
+    m.mount("");
+    assert_eq!(fs::read(m.p("after")).unwrap(), b"1");
+    m.unmount();
+}
+
+#[test]
+fn unlinked_open_files_live_until_closed() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mut f = fs::File::options()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(m.p("tmp"))
+        .unwrap();
+    f.write_all(&vec![7u8; 200_000]).unwrap();
+    fs::remove_file(m.p("tmp")).unwrap();
+    assert_eq!(errno_of(fs::metadata(m.p("tmp"))), libc::ENOENT);
+    f.write_all(b"more").unwrap();
+    let mut back = Vec::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut back).unwrap();
+    assert_eq!(back.len(), 200_004);
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    f.sync_all().unwrap();
+    // A crash while the orphan is open: the next mount deletes it.
+    m.kill9();
+    drop(f);
+    m.mount("");
+    m.unmount();
+    m.check();
+    let out = canopy()
+        .args(["check", "--json"])
+        .arg(&m.img)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["data_extents"], 0, "orphan's data was freed at mount");
+    // And without a crash: closing frees it.
+    m.mount("");
+    let f = fs::File::create(m.p("tmp2")).unwrap();
+    f.write_all_at(&vec![1u8; 100_000], 0).unwrap();
+    fs::remove_file(m.p("tmp2")).unwrap();
+    drop(f);
+    m.unmount();
+    let out = canopy()
+        .args(["check", "--json"])
+        .arg(&m.img)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["data_extents"], 0,
+        "closing the last handle freed the data"
+    );
+    assert!(v["problems"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn xattrs_and_seek_through_the_mount() {
+    if !can_mount() {
+        return;
+    }
+    use std::ffi::CString;
+    use std::os::fd::AsRawFd;
+    let mut m = Mounted::new();
+    let path = m.p("f");
+    let f = fs::File::create(&path).unwrap();
+    f.write_all_at(&vec![1u8; 1 << 20], 0).unwrap();
+    f.set_len(8 << 20).unwrap();
+    f.write_all_at(&vec![2u8; 4096], 6 << 20).unwrap();
+    let fd = f.as_raw_fd();
+    // SAFETY: plain syscalls on an open descriptor.
+    let (d, h, d2, h2) = unsafe {
+        (
+            libc::lseek(fd, 0, libc::SEEK_DATA),
+            libc::lseek(fd, 0, libc::SEEK_HOLE),
+            libc::lseek(fd, 1 << 20, libc::SEEK_DATA),
+            libc::lseek(fd, 6 << 20, libc::SEEK_HOLE),
+        )
+    };
+    assert_eq!((d, h, d2, h2), (0, 1 << 20, 6 << 20, (6 << 20) + 4096));
+    let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    let name = CString::new("user.color").unwrap();
+    // SAFETY: valid C strings and buffers.
+    unsafe {
+        assert_eq!(
+            libc::setxattr(cpath.as_ptr(), name.as_ptr(), b"blue".as_ptr().cast(), 4, 0),
+            0
+        );
+        let mut buf = [0u8; 16];
+        let n = libc::getxattr(
+            cpath.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        );
+        assert_eq!(&buf[..n as usize], b"blue");
+        let n = libc::listxattr(cpath.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        assert_eq!(&buf[..n as usize], b"user.color\0");
+        let missing = CString::new("user.none").unwrap();
+        assert_eq!(
+            libc::getxattr(
+                cpath.as_ptr(),
+                missing.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len()
+            ),
+            -1
+        );
+        assert_eq!(*libc::__errno_location(), libc::ENODATA);
+    }
+    drop(f);
+    m.unmount();
+    m.check();
+}
+
+#[test]
+fn fallocate_and_reflink_copies_through_the_mount() {
+    if !can_mount() {
+        return;
+    }
+    use std::os::fd::AsRawFd;
+    let mut m = Mounted::new();
+    let src = fs::File::create(m.p("src")).unwrap();
+    let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+    src.write_all_at(&data, 0).unwrap();
+    src.sync_all().unwrap();
+    drop(src);
+    m.unmount();
+    let extents = |m: &Mounted| {
+        let out = canopy()
+            .args(["check", "--json"])
+            .arg(&m.img)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["data_extents"].as_u64().unwrap()
+    };
+    let before = extents(&m);
+    m.mount("");
+    let src = fs::File::open(m.p("src")).unwrap();
+    let dst = fs::File::create(m.p("dst")).unwrap();
+    let mut off_in: i64 = 0;
+    let mut off_out: i64 = 0;
+    // SAFETY: valid descriptors and offset pointers.
+    let n = unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            &mut off_in,
+            dst.as_raw_fd(),
+            &mut off_out,
+            data.len(),
+            0,
+        )
+    };
+    assert_eq!(n, data.len() as isize);
+    assert!(fs::read(m.p("dst")).unwrap() == data);
+    // fallocate: preallocate past the end, punch a hole, zero a range.
+    let f = fs::File::create(m.p("fa")).unwrap();
+    let fd = f.as_raw_fd();
+    // SAFETY: plain syscalls on an open descriptor.
+    unsafe {
+        assert_eq!(libc::fallocate(fd, 0, 0, 1 << 20), 0);
+        assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+        assert_eq!(
+            libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20),
+            0
+        );
+        assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    }
+    f.write_all_at(&[9u8; 8192], 4096).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        assert_eq!(libc::fallocate(fd, mode, 5000, 3000), 0);
+    }
+    let mut want = vec![0u8; 1 << 20];
+    want[4096..12288].fill(9);
+    want[5000..8000].fill(0);
+    assert!(fs::read(m.p("fa")).unwrap() == want);
+    drop((src, dst, f));
+    m.unmount();
+    m.check();
+    // The copy shares the source's extents (fa adds its own).
+    let after = extents(&m);
+    let fa_extents = after - before;
+    assert!(
+        fa_extents <= 4,
+        "copy_file_range copied instead of sharing: {before} -> {after}"
+    );
+}
+
+#[test]
+fn mount_helper_invocations() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    m.unmount();
+    // As mount(8) runs /sbin/mount.fuse.canopy, and as fuse3's mount.fuse
+    // runs `canopy IMAGE DIR -o OPTS`.
+    let helper = m._dir.path().join("mount.fuse.canopy");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_canopy"), &helper).unwrap();
+    let runs: [Command; 2] = [
+        Command::new(&helper),
+        Command::new(env!("CARGO_BIN_EXE_canopy")),
+    ];
+    for mut cmd in runs {
+        let st = cmd
+            .arg(&m.img)
+            .arg(&m.mnt)
+            .args(["-o", "rw,noatime"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let mounts = fs::read_to_string("/proc/mounts").unwrap();
+        let line = mounts
+            .lines()
+            .find(|l| l.contains(m.mnt.to_str().unwrap()))
+            .unwrap()
+            .to_string();
+        assert!(
+            line.contains("fuse.canopy") && line.contains("noatime"),
+            "{line}"
+        );
+        assert!(Command::new("umount")
+            .arg(&m.mnt)
+            .status()
+            .unwrap()
+            .success());
+        let img = fs::File::open(&m.img).unwrap();
+        for _ in 0..200 {
+            if img.try_lock().is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    m.check();
+}
+
+#[test]
+fn read_only_mounts() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    m.unmount();
+    // A freshly made image mounts read-only at once.
+    assert!(canopy()
+        .args(["mkfs", "-f", "-q"])
+        .arg(&m.img)
+        .status()
+        .unwrap()
+        .success());
+    m.mount("ro");
+    assert_eq!(fs::read_dir(&m.mnt).unwrap().count(), 0);
+    assert_eq!(errno_of(fs::write(m.p("x"), b"1")), libc::EROFS);
+    m.unmount();
+    m.mount("");
+    fs::write(m.p("x"), b"1").unwrap();
+    m.unmount();
+    m.mount("ro,noexec,nosuid,nodev,noatime");
+    assert_eq!(fs::read(m.p("x")).unwrap(), b"1");
+    m.unmount();
+    m.check();
+}
