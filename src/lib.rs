@@ -28,6 +28,7 @@ pub mod fuse;
 pub(crate) mod sync;
 pub mod tree;
 pub mod txn;
+pub mod units;
 
 pub use error::{Error, Result};
 pub use format::Key;

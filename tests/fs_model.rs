@@ -45,6 +45,8 @@ enum FileOp {
         aligned: bool,
     },
     Swap,
+    /// Flush buffered data and commit, without reopening.
+    Sync,
     Reopen,
 }
 
@@ -57,6 +59,7 @@ fn file_op() -> impl Strategy<Value = FileOp> {
         2 => (any::<bool>(), 0u32..300_000, 0u32..300_000, 1u32..200_000, any::<bool>())
             .prop_map(|(from_other, src, dst, len, aligned)| FileOp::Copy { from_other, src, dst, len, aligned }),
         1 => Just(FileOp::Swap),
+        1 => Just(FileOp::Sync),
         1 => Just(FileOp::Reopen),
     ]
 }
@@ -68,6 +71,9 @@ proptest! {
     fn file_contents_match_a_byte_vector(ops in proptest::collection::vec(file_op(), 1..40)) {
         let (dev, e) = common::mem_engine(256 << 20, 4096);
         let mut fs = Fs::new(Arc::new(e)).unwrap();
+        // Half the cases buffer little, so writers flush as they go.
+        let dirty_limit = if ops.len() % 2 == 0 { 16 << 10 } else { 64 << 20 };
+        fs.set_dirty_limit(dirty_limit);
         let mut f = fs.create(ROOT, b"f", libc::S_IFREG | 0o644, 0, ME, None).unwrap().ino;
         let mut g = fs.create(ROOT, b"g", libc::S_IFREG | 0o644, 0, ME, None).unwrap().ino;
         let mut model: Vec<u8> = Vec::new();
@@ -121,8 +127,17 @@ proptest! {
                     fs.setattr(f, &SetAttr { size: Some(u64::from(size)), ..Default::default() }).unwrap();
                     model.resize(size as usize, 0);
                 }
-                FileOp::Reopen => fs = reopen(&dev, fs),
+                FileOp::Sync => {
+                    fs.sync().unwrap();
+                    prop_assert_eq!(fs.dirty_bytes(), 0);
+                }
+                FileOp::Reopen => {
+                    fs = reopen(&dev, fs);
+                    fs.set_dirty_limit(dirty_limit);
+                }
             }
+            // One write (a byte copy up to 200 KB here) may pass the limit.
+            prop_assert!(fs.dirty_bytes() <= dirty_limit + (256 << 10), "buffer past its limit");
             let attr = fs.getattr(f).unwrap();
             prop_assert_eq!(attr.size, model.len() as u64);
             let got = fs.read(f, 0, model.len() as u32 + 10).unwrap();

@@ -203,9 +203,12 @@ pub(crate) fn write(
     let new_size = size.max(end);
     let root = tx.root_of(tree)?;
     let csum_root = tx.root_of(CSUM)?;
-    let items = items_in(tx, &root, ino, 0, u64::MAX)?;
-    let only_inline = items.iter().all(|(_, fe)| fe.kind == FILE_EXTENT_INLINE);
-    if new_size <= INLINE_MAX && only_inline {
+    // Only a small file can be (or become) inline: look at its items then.
+    let stays_inline = new_size <= INLINE_MAX && {
+        let items = items_in(tx, &root, ino, 0, u64::MAX)?;
+        items.iter().all(|(_, fe)| fe.kind == FILE_EXTENT_INLINE)
+    };
+    if stays_inline {
         let mut content = read(tx, &root, &csum_root, ino, 0, size)?;
         content.resize(new_size as usize, 0);
         content[offset as usize..end as usize].copy_from_slice(data);
@@ -233,6 +236,10 @@ pub(crate) fn write(
 /// inline size or gets preallocated space). Returns the change of nbytes.
 fn uninline(tx: &mut Txn<'_>, tree: u64, ino: u64, size: u64) -> Result<i64> {
     let root = tx.root_of(tree)?;
+    // An inline item is the file's only item, at offset 0.
+    if !is_inline(tx, &root, ino)? {
+        return Ok(0);
+    }
     let items = items_in(tx, &root, ino, 0, u64::MAX)?;
     let Some((_, fe)) = items.iter().find(|(_, fe)| fe.kind == FILE_EXTENT_INLINE) else {
         return Ok(0);
@@ -403,8 +410,7 @@ pub(crate) fn truncate(
         return Ok(0);
     }
     let root = tx.root_of(tree)?;
-    let items = items_in(tx, &root, ino, 0, u64::MAX)?;
-    if items.iter().any(|(_, fe)| fe.kind == FILE_EXTENT_INLINE) {
+    if is_inline(tx, &root, ino)? {
         let removed = punch(tx, tree, ino, new_size, u64::MAX)?;
         return Ok(-(removed as i64));
     }

@@ -17,6 +17,7 @@
 //!
 //! Symlink targets are stored as the inline data of the link.
 
+pub mod delalloc;
 mod dir;
 mod file;
 mod ops;
@@ -53,6 +54,8 @@ pub struct Fs {
     /// Open handles per inode: an unlinked inode lives on (as an orphan)
     /// until its last handle is released.
     open_handles: Mutex<HashMap<u64, u32>>,
+    /// File data written but not yet given extents.
+    delalloc: delalloc::Delalloc,
 }
 
 /// Objectid of orphan items: `(ORPHAN_OBJECTID, ORPHAN_ITEM, ino)` marks an
@@ -78,6 +81,7 @@ impl Fs {
             tree,
             next_ino: AtomicU64::new(last.map_or(ROOT_DIR_INO, |l| l.max(ROOT_DIR_INO)) + 1),
             open_handles: Mutex::new(HashMap::new()),
+            delalloc: delalloc::Delalloc::new(),
         };
         fs.delete_orphans()?;
         if last.is_none() {
@@ -104,13 +108,37 @@ impl Fs {
         &self.engine
     }
 
-    /// Makes everything done so far durable.
+    /// Makes everything done so far durable: buffered file data gets its
+    /// extents, then the transaction commits.
     pub fn sync(&self) -> Result<()> {
+        self.flush_all()?;
         self.engine.commit().map(|_| ())
+    }
+
+    /// Sets how many bytes of written file data may wait in memory for
+    /// their extents before writers flush some.
+    pub fn set_dirty_limit(&self, bytes: u64) {
+        self.delalloc.set_limit(bytes);
+    }
+
+    /// Bytes of file data waiting in memory for extents.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.delalloc.total()
     }
 
     fn alloc_ino(&self) -> u64 {
         self.next_ino.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Drop for Fs {
+    /// Buffered data reaches the tree before the engine's final commit.
+    fn drop(&mut self) {
+        if self.delalloc.total() > 0 {
+            if let Err(e) = self.flush_all() {
+                tracing::error!(error = %e, "flushing buffered data failed");
+            }
+        }
     }
 }
 

@@ -95,8 +95,13 @@ impl Fs {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.engine
-            .read(|r| Ok(attr(ino, &load_inode_r(r, self.tree, ino)?)))
+        self.engine.read(|r| {
+            let mut a = attr(ino, &load_inode_r(r, self.tree, ino)?);
+            // Buffered data will take space when flushed; count it now, as
+            // `du` right after a write expects.
+            a.blocks += self.delalloc.bytes_of(ino).div_ceil(512);
+            Ok(a)
+        })
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
@@ -243,6 +248,7 @@ impl Fs {
             tx.put(tree, orphan_key(ino), Vec::new())?;
             return store_inode(tx, tree, ino, inode);
         }
+        self.delalloc.discard(ino);
         delete_inode(tx, tree, ino)
     }
 
@@ -284,6 +290,7 @@ impl Fs {
                 return Ok(());
             }
             tx.delete(tree, &orphan_key(ino))?;
+            self.delalloc.discard(ino);
             delete_inode(tx, tree, ino)
         })
     }
@@ -489,6 +496,10 @@ impl Fs {
                 if is_dir(i.mode) {
                     return Err(errno(libc::EISDIR, "is a directory"));
                 }
+                self.delalloc.truncate(ino, size);
+                if self.flush_in(tx, ino, u64::MAX)? {
+                    i = load_inode_tx(tx, tree, ino)?;
+                }
                 let delta = file::truncate(tx, tree, ino, i.size, size)?;
                 i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
                 i.size = size;
@@ -525,14 +536,16 @@ impl Fs {
             if offset >= end {
                 return Ok(Vec::new());
             }
-            file::read(
+            let mut data = file::read(
                 r,
                 &r.root(self.tree)?,
                 &r.root(CSUM)?,
                 ino,
                 offset,
                 end - offset,
-            )
+            )?;
+            self.delalloc.overlay(ino, offset, &mut data);
+            Ok(data)
         })
     }
 
@@ -543,17 +556,22 @@ impl Fs {
         {
             return Err(errno(libc::EFBIG, "file too large"));
         }
-        // Partial sectors at both ends are rewritten whole.
+        // Room for this write and everything still buffered; partial
+        // sectors at both ends are rewritten whole.
+        let sector = u64::from(crate::format::SECTORSIZE);
         self.engine
-            .reserve(data.len() as u64 + 2 * u64::from(crate::format::SECTORSIZE))?;
+            .reserve(data.len() as u64 + 2 * sector + self.delalloc.total())?;
+        if self.delalloc.over_limit() {
+            self.flush_to_limit()?;
+        }
         let tree = self.tree;
         self.engine.write(|tx| {
             let mut i = load_inode_tx(tx, tree, ino)?;
             if is_dir(i.mode) {
                 return Err(errno(libc::EISDIR, "is a directory"));
             }
-            let delta = file::write(tx, tree, ino, i.size, offset, data)?;
-            i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
+            // Buffered together with the size it implies (see delalloc).
+            self.delalloc.insert(ino, offset, data);
             i.size = i.size.max(offset + data.len() as u64);
             let now = Timespec::now();
             i.mtime = now;
@@ -645,9 +663,56 @@ impl Fs {
             if offset >= i.size {
                 return Err(errno(libc::ENXIO, "offset past the end of the file"));
             }
-            let found = file::seek(r, &r.root(self.tree)?, ino, offset, i.size, data)?;
+            let root = r.root(self.tree)?;
+            let found = if data {
+                self.seek_data(r, &root, ino, offset, i.size)?
+            } else {
+                Some(self.seek_hole(r, &root, ino, offset, i.size)?)
+            };
             found.ok_or(errno(libc::ENXIO, "no data past the offset"))
         })
+    }
+
+    /// First data at or after `offset`: on disk or buffered.
+    fn seek_data(
+        &self,
+        r: &crate::txn::Reader<'_>,
+        root: &crate::tree::RootPtr,
+        ino: u64,
+        offset: u64,
+        size: u64,
+    ) -> Result<Option<u64>> {
+        let on_disk = file::seek(r, root, ino, offset, size, true)?;
+        let buffered = self
+            .delalloc
+            .range_at_or_after(ino, offset)
+            .map(|(s, _)| s.max(offset))
+            .filter(|&p| p < size);
+        Ok(match (on_disk, buffered) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+
+    /// First hole at or after `offset` (the end of the file counts as one):
+    /// a place that is neither data on disk nor buffered.
+    fn seek_hole(
+        &self,
+        r: &crate::txn::Reader<'_>,
+        root: &crate::tree::RootPtr,
+        ino: u64,
+        offset: u64,
+        size: u64,
+    ) -> Result<u64> {
+        let mut pos = offset;
+        while pos < size {
+            let hole = file::seek(r, root, ino, pos, size, false)?.unwrap_or(size);
+            match self.delalloc.range_at_or_after(ino, hole) {
+                Some((s, e)) if s <= hole && hole < size => pos = e,
+                _ => return Ok(hole.min(size)),
+            }
+        }
+        Ok(size)
     }
 
     /// fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE preallocate,
@@ -675,6 +740,7 @@ impl Fs {
         }
         let tree = self.tree;
         self.engine.write(|tx| {
+            self.flush_in(tx, ino, u64::MAX)?;
             let mut i = load_inode_tx(tx, tree, ino)?;
             if i.mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(errno(libc::ENODEV, "not a regular file"));
@@ -750,6 +816,9 @@ impl Fs {
         len: u64,
     ) -> Result<u64> {
         let tree = self.tree;
+        // Sharing extents needs the data in the tree.
+        self.flush_file(src)?;
+        self.flush_file(dst)?;
         let src_size = self.getattr(src)?.size;
         let len = len.min(src_size.saturating_sub(src_off));
         if len == 0 {
@@ -775,6 +844,8 @@ impl Fs {
         }
         self.engine.reserve(0)?;
         self.engine.write(|tx| {
+            self.flush_in(tx, src, u64::MAX)?;
+            self.flush_in(tx, dst, u64::MAX)?;
             let mut d = load_inode_tx(tx, tree, dst)?;
             if d.mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(errno(libc::EINVAL, "not a regular file"));

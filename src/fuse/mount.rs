@@ -26,6 +26,8 @@ pub struct MountOptions {
     pub cache_blocks: usize,
     /// Request-serving threads.
     pub threads: usize,
+    /// Bytes of written file data buffered before writers flush.
+    pub dirty_limit: u64,
 }
 
 impl Default for MountOptions {
@@ -38,6 +40,7 @@ impl Default for MountOptions {
             commit_secs: 5,
             cache_blocks: 16384,
             threads: 4,
+            dirty_limit: crate::fs::delalloc::DEFAULT_DIRTY_LIMIT,
         }
     }
 }
@@ -66,6 +69,13 @@ impl MountOptions {
                 "commit" => o.commit_secs = num(value)?.max(1),
                 "cache_blocks" => o.cache_blocks = num(value)? as usize,
                 "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
+                "dirty_limit" => {
+                    let v =
+                        value.ok_or_else(|| Error::Invalid("dirty_limit needs a size".into()))?;
+                    o.dirty_limit = crate::units::parse_size(v)
+                        .map_err(Error::Invalid)?
+                        .max(4096);
+                }
                 _ => return Err(Error::Invalid(format!("unknown mount option '{opt}'"))),
             }
         }
@@ -150,6 +160,7 @@ pub fn serve(
         },
     )?;
     let fs = Arc::new(Fs::new(Arc::new(engine))?);
+    fs.set_dirty_limit(opts.dirty_limit);
     install_signal_handlers();
     let source = image.to_string_lossy().into_owned();
     let config = opts.fuser_config(&source);
@@ -304,5 +315,10 @@ mod tests {
         assert_eq!(o.kernel, vec!["noatime", "nodev"]);
         assert!(MountOptions::parse("frobnicate").is_err());
         assert!(MountOptions::parse("commit=x").is_err());
+        assert_eq!(
+            MountOptions::parse("dirty_limit=10M").unwrap().dirty_limit,
+            10 << 20
+        );
+        assert!(MountOptions::parse("dirty_limit=lots").is_err());
     }
 }

@@ -14,7 +14,8 @@ pub struct Args {
     foreground: bool,
     /// Mount options, comma-separated: ro, rw, noatime, relatime, nodev,
     /// nosuid, noexec, allow_other, default_permissions, commit=SECONDS,
-    /// cache_blocks=N, threads=N. Unknown options are an error.
+    /// cache_blocks=N, threads=N, dirty_limit=SIZE (written data buffered
+    /// before it is flushed; default 64M). Unknown options are an error.
     #[arg(short = 'o', long, default_value = "")]
     options: String,
     /// Internal: report readiness on stdout (used when daemonizing).
