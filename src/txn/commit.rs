@@ -35,7 +35,13 @@ impl Engine {
             let mut st = crate::sync::write(&self.state);
             match prepare(&mut st, &self.shared) {
                 Ok(Some(p)) => p,
-                Ok(None) => return Ok(st.sb.generation),
+                Ok(None) => {
+                    // Nothing new, but the last prepared commit may still be
+                    // writing: durable means its I/O has finished.
+                    let last = st.sb.generation;
+                    drop(st);
+                    return self.wait_written(last);
+                }
                 Err(e) => {
                     self.fail(&e);
                     return Err(e);
@@ -43,9 +49,15 @@ impl Engine {
             }
         };
         let generation = prepared.sb.generation;
-        let _io = crate::sync::lock(&self.commit_io);
+        // Two commits may be prepared before either writes; the older must
+        // write (and release its pinned space) first, or its superblock
+        // would overwrite the newer one and a block freed by the newer one
+        // could be reused while the older superblock still points at it.
+        let mut io = self.wait_turn(generation - 1)?;
         if let Err(e) = self.write_out(&prepared) {
             self.fail(&e);
+            *io = generation;
+            self.commit_turn.notify_all();
             return Err(e);
         }
         {
@@ -56,7 +68,30 @@ impl Engine {
             }
         }
         crate::sync::write(&self.state).alloc.unpin(prepared.pinned);
+        *io = generation;
+        self.commit_turn.notify_all();
+        drop(io);
         tracing::debug!(generation, "committed");
+        Ok(generation)
+    }
+
+    /// Waits until the I/O of generation `generation` (and every earlier
+    /// one) has finished; returns the I/O lock.
+    fn wait_turn(&self, generation: u64) -> Result<std::sync::MutexGuard<'_, u64>> {
+        let mut io = crate::sync::lock(&self.commit_io);
+        while *io < generation {
+            self.check_alive()?;
+            io = self
+                .commit_turn
+                .wait(io)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        Ok(io)
+    }
+
+    fn wait_written(&self, generation: u64) -> Result<u64> {
+        drop(self.wait_turn(generation)?);
+        self.check_alive()?;
         Ok(generation)
     }
 

@@ -42,7 +42,7 @@ use crate::format::node::Node;
 use crate::format::superblock::Superblock;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 /// Tree blocks kept free for commits and deletions (see [`Engine::reserve`]).
 const METADATA_RESERVE_BLOCKS: u64 = 512;
@@ -84,7 +84,10 @@ pub(crate) struct Shared {
 pub struct Engine {
     shared: Shared,
     state: RwLock<State>,
-    commit_io: Mutex<()>,
+    /// The commit I/O lock, holding the generation whose I/O finished
+    /// last: commits write strictly in generation order (see commit.rs).
+    commit_io: Mutex<u64>,
+    commit_turn: Condvar,
     failed: Mutex<Option<String>>,
     read_only: bool,
 }

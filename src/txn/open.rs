@@ -12,7 +12,7 @@ use crate::format::superblock::Superblock;
 use crate::format::{self, tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
 use crate::tree::{BlockRead, Cursor, RootPtr};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 #[derive(Clone, Debug)]
 pub struct FormatOptions {
@@ -93,8 +93,9 @@ fn new_engine(
             fsid,
             nodesize,
         },
+        commit_io: Mutex::new(st.transid - 1),
+        commit_turn: Condvar::new(),
         state: RwLock::new(st),
-        commit_io: Mutex::new(()),
         failed: Mutex::new(None),
         read_only: opts.read_only,
     }

@@ -54,15 +54,21 @@ pub fn run(a: Args) -> Result<()> {
     daemonize(&a)
 }
 
-/// Points stdout and stderr at /dev/null once the parent has gone.
+/// Points stdout at /dev/null once the parent has gone, and stderr (the
+/// daemon's log) at the kernel log when we may write there, as a kernel
+/// filesystem would log: `dmesg` shows Canopy's warnings and errors.
 fn detach_output() {
-    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-        use std::os::fd::AsRawFd;
-        // SAFETY: dup2 on valid descriptors; replaces our own stdout/stderr.
-        unsafe {
-            libc::dup2(null.as_raw_fd(), 1);
-            libc::dup2(null.as_raw_fd(), 2);
-        }
+    use std::os::fd::AsRawFd;
+    let open = |p: &str| std::fs::OpenOptions::new().write(true).open(p).ok();
+    let Some(null) = open("/dev/null") else {
+        return;
+    };
+    let log = open("/dev/kmsg");
+    let log_fd = log.as_ref().map_or(null.as_raw_fd(), |f| f.as_raw_fd());
+    // SAFETY: dup2 on valid descriptors; replaces our own stdout/stderr.
+    unsafe {
+        libc::dup2(null.as_raw_fd(), 1);
+        libc::dup2(log_fd, 2);
     }
 }
 
