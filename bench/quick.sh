@@ -25,12 +25,32 @@ mkdir -p "$MNT"
 RESULTS=$WORK/results.tsv
 : > "$RESULTS"
 
+# Waits until MNT is a mount point (FUSE daemons mount asynchronously).
+wait_mounted() {
+    for _ in $(seq 100); do
+        mountpoint -q "$MNT" && return 0
+        sleep 0.1
+    done
+    echo "mount on $MNT did not appear" >&2
+    return 1
+}
+# Waits until no daemon serves the image any more.
+wait_daemon_gone() { # image
+    for _ in $(seq 100); do
+        pgrep -f -- "$1" >/dev/null || return 0
+        sleep 0.1
+    done
+}
+umount "$MNT" 2>/dev/null || true
+trap 'umount "$MNT" 2>/dev/null || true' EXIT
+
 fs_mount() { # fs image
     case $1 in
     canopy) rm -f "$2"; $CANOPY mkfs -q -s 4G "$2"; $CANOPY mount "$2" "$MNT" ;;
     fuse2fs) rm -f "$2"; truncate -s 4G "$2"; mkfs.ext4 -q -F "$2"; fuse2fs "$2" "$MNT" -o fakeroot ;;
     btrfs) rm -f "$2"; truncate -s 4G "$2"; mkfs.btrfs -q -f "$2"; mount -o loop "$2" "$MNT" ;;
     esac
+    wait_mounted
 }
 fs_remount() { # fs image
     fs_umount
@@ -39,11 +59,12 @@ fs_remount() { # fs image
     fuse2fs) fuse2fs "$2" "$MNT" -o fakeroot ;;
     btrfs) mount -o loop "$2" "$MNT" ;;
     esac
+    wait_mounted
 }
 fs_umount() {
     umount "$MNT"
-    # FUSE daemons finish after umount returns: wait for the image lock.
-    sleep 1
+    # FUSE daemons finish after umount returns.
+    for img in "$WORK"/*.img; do wait_daemon_gone "$img"; done
     sync
     echo 3 > /proc/sys/vm/drop_caches
 }

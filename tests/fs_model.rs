@@ -185,9 +185,10 @@ fn directories_and_errors() {
     assert_eq!(errno(fs.remove(ROOT, b"d", false)), libc::EISDIR);
     assert_eq!(errno(fs.remove(d, b"file-1", true)), libc::ENOTDIR);
     // readdir with stable offsets while entries are removed mid-way.
-    let first = fs.readdir(d, ROOT, 0, 100).unwrap();
+    let first = fs.readdir(d, 0, 100).unwrap();
     assert_eq!(first[0].3, b".");
     assert_eq!(first[1].3, b"..");
+    assert_eq!((first[0].1, first[1].1), (d, ROOT), "'.' and '..' inodes");
     let resume = first.last().unwrap().0;
     for i in 0..50u32 {
         fs.remove(d, format!("file-{i}").as_bytes(), false).unwrap();
@@ -196,7 +197,7 @@ fn directories_and_errors() {
     let mut seen: Vec<Vec<u8>> = first.iter().skip(2).map(|e| e.3.clone()).collect();
     let mut off = resume;
     loop {
-        let more = fs.readdir(d, ROOT, off, 100).unwrap();
+        let more = fs.readdir(d, off, 100).unwrap();
         let Some(last) = more.last() else { break };
         off = last.0;
         seen.extend(more.into_iter().map(|e| e.3));
@@ -223,6 +224,21 @@ fn directories_and_errors() {
         libc::EINVAL
     );
     fs.rename(ROOT, b"d2", d, b"sub", false, false).unwrap();
+    assert_eq!(
+        fs.readdir(d2, 0, 2).unwrap()[1].1,
+        d,
+        "'..' follows a rename"
+    );
+    let d3 = fs
+        .create(d2, b"d3", libc::S_IFDIR | 0o755, 0, ME, None)
+        .unwrap()
+        .ino;
+    assert_eq!(
+        errno(fs.rename(ROOT, b"d", d3, b"loop", false, false)),
+        libc::EINVAL,
+        "a directory cannot move below itself"
+    );
+    fs.remove(d2, b"d3", true).unwrap();
     assert_eq!(fs.getattr(d).unwrap().nlink, 3);
     assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3);
     // links and symlinks
@@ -440,4 +456,32 @@ fn xattrs_set_get_list_remove() {
         .unwrap();
     assert!(left.is_empty());
     let _ = reopen(&dev, fs);
+}
+
+/// `check` notices a name whose back-reference is missing.
+#[test]
+fn check_finds_a_missing_back_reference() {
+    let (dev, e) = common::mem_engine(64 << 20, 4096);
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    let f = fs
+        .create(ROOT, b"f", libc::S_IFREG | 0o644, 0, ME, None)
+        .unwrap()
+        .ino;
+    fs.sync().unwrap();
+    common::assert_fs_clean(&dev);
+    let key = canopy::Key::new(f, canopy::format::key_type::INODE_REF, ROOT);
+    fs.engine()
+        .write(|tx| tx.delete(canopy::format::tree_id::FS, &key).map(|_| ()))
+        .unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    let copy = Arc::new(canopy::dev::MemDevice::from_bytes(dev.snapshot()));
+    let r = canopy::check::check_all(copy, &|_, _| {}).unwrap();
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| format!("{p:?}").contains("without a back-reference")),
+        "{:?}",
+        r.problems
+    );
 }

@@ -1,12 +1,14 @@
 //! POSIX-level checks of every fs tree, run once the structure is sound:
 //! each directory entry names an existing inode, DIR_ITEM and DIR_INDEX agree,
 //! link counts equal the entries found (directories: 2 + subdirectories),
-//! and inodes without links are orphans awaiting deletion.
+//! every name has the child's back-reference (INODE_REF) and every
+//! back-reference a name, and inodes without links are orphans awaiting
+//! deletion.
 
 use super::Report;
 use crate::dev::Device;
 use crate::format::inode::{DirEntry, InodeItem, ROOT_DIR_INO};
-use crate::format::key_type::{DIR_INDEX, DIR_ITEM, INODE_ITEM, ORPHAN_ITEM};
+use crate::format::key_type::{DIR_INDEX, DIR_ITEM, INODE_ITEM, INODE_REF, ORPHAN_ITEM};
 use crate::format::{tree_id, Key};
 use crate::tree::Cursor;
 use crate::{Engine, OpenOptions};
@@ -44,6 +46,10 @@ pub(super) fn check_trees(dev: Arc<dyn Device>, report: &mut Report) {
 fn check_tree(engine: &Engine, tree: u64, report: &mut Report) -> crate::Result<()> {
     let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
     let mut orphans = BTreeSet::new();
+    // (child, directory, name) as the directory lists it and as the child's
+    // back-references do.
+    let mut named = BTreeSet::new();
+    let mut referenced = BTreeSet::new();
     engine.read(|r| {
         let root = r.root(tree)?;
         let mut c = Cursor::seek(r, &root, &Key::MIN)?;
@@ -68,6 +74,15 @@ fn check_tree(engine: &Engine, tree: u64, report: &mut Report) -> crate::Result<
                                 inodes.entry(k.objectid).or_default().subdirs += 1;
                             }
                             inodes.entry(e.ino).or_default().names += 1;
+                            named.insert((e.ino, k.objectid, e.name.clone()));
+                        }
+                    }
+                    Err(e) => report.problem(loc(), e),
+                },
+                INODE_REF => match DirEntry::decode_all(&it.data) {
+                    Ok(refs) => {
+                        for e in refs {
+                            referenced.insert((k.objectid, k.offset, e.name));
                         }
                     }
                     Err(e) => report.problem(loc(), e),
@@ -81,6 +96,20 @@ fn check_tree(engine: &Engine, tree: u64, report: &mut Report) -> crate::Result<
         }
         Ok(())
     })?;
+    for (ino, dir, name) in named.difference(&referenced) {
+        let name = String::from_utf8_lossy(name);
+        report.problem(
+            format!("tree {tree} inode {ino}"),
+            format!("named '{name}' in directory {dir} without a back-reference"),
+        );
+    }
+    for (ino, dir, name) in referenced.difference(&named) {
+        let name = String::from_utf8_lossy(name);
+        report.problem(
+            format!("tree {tree} inode {ino}"),
+            format!("back-reference to '{name}' in directory {dir}, which has no such entry"),
+        );
+    }
     for (&ino, i) in &inodes {
         let loc = format!("tree {tree} inode {ino}");
         let Some(item) = &i.item else {

@@ -1,9 +1,13 @@
-//! Directory entries: by name hash (DIR_ITEM) and by index (DIR_INDEX).
+//! Directory entries: by name hash (DIR_ITEM) and by index (DIR_INDEX),
+//! and the back-reference from the child to its names (INODE_REF), which
+//! gives a directory's parent ("..") and lets rename check for loops by
+//! walking up instead of searching the moved subtree.
 
 use super::{errno, NAME_MAX};
 use crate::error::{Error, Result};
+use crate::format::inode::ROOT_DIR_INO;
 use crate::format::inode::{name_hash, DirEntry};
-use crate::format::key_type::{DIR_INDEX, DIR_ITEM};
+use crate::format::key_type::{DIR_INDEX, DIR_ITEM, INODE_REF};
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor};
 use crate::txn::Txn;
@@ -75,8 +79,57 @@ pub(crate) fn add(
     tx.insert(
         tree,
         Key::new(dir, DIR_INDEX, index),
-        DirEntry::encode_all(&[entry]),
-    )
+        DirEntry::encode_all(std::slice::from_ref(&entry)),
+    )?;
+    add_ref(tx, tree, dir, entry)
+}
+
+fn ref_key(ino: u64, dir: u64) -> Key {
+    Key::new(ino, INODE_REF, dir)
+}
+
+/// Records on the child that `dir` names it: `(ino, INODE_REF, dir)` holds
+/// its names in `dir` (several for hard links in one directory), in the
+/// DIR_ITEM entry layout with the directory in the inode field.
+fn add_ref(tx: &mut Txn<'_>, tree: u64, dir: u64, entry: DirEntry) -> Result<()> {
+    let key = ref_key(entry.ino, dir);
+    let mut refs = match tx.get(tree, &key)? {
+        Some(d) => decode(entry.ino, &d)?,
+        None => Vec::new(),
+    };
+    refs.push(DirEntry { ino: dir, ..entry });
+    tx.put(tree, key, DirEntry::encode_all(&refs)).map(|_| ())
+}
+
+/// Drops the child's back-reference for `name` in `dir`.
+fn remove_ref(tx: &mut Txn<'_>, tree: u64, dir: u64, ino: u64, name: &[u8]) -> Result<()> {
+    let key = ref_key(ino, dir);
+    let data = tx
+        .get(tree, &key)?
+        .ok_or_else(|| Error::corrupt(ino, "directory entry without back-reference"))?;
+    let mut refs = decode(ino, &data)?;
+    refs.retain(|r| r.name != name);
+    if refs.is_empty() {
+        tx.delete(tree, &key).map(|_| ())
+    } else {
+        tx.put(tree, key, DirEntry::encode_all(&refs)).map(|_| ())
+    }
+}
+
+/// The directory holding directory `dir` (the root is its own parent).
+pub(crate) fn parent_of<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &crate::tree::RootPtr,
+    dir: u64,
+) -> Result<u64> {
+    if dir == ROOT_DIR_INO {
+        return Ok(dir);
+    }
+    let c = Cursor::seek(b, root, &ref_key(dir, 0))?;
+    c.item()
+        .filter(|i| i.key.objectid == dir && i.key.ty == INODE_REF)
+        .map(|i| i.key.offset)
+        .ok_or_else(|| Error::corrupt(dir, "directory without a parent reference"))
 }
 
 /// Removes the entry `name` from `dir` and returns it.
@@ -95,6 +148,7 @@ pub(crate) fn remove(tx: &mut Txn<'_>, tree: u64, dir: u64, name: &[u8]) -> Resu
         tx.put(tree, key, DirEntry::encode_all(&entries))?;
     }
     tx.delete(tree, &Key::new(dir, DIR_INDEX, gone.index))?;
+    remove_ref(tx, tree, dir, gone.ino, name)?;
     Ok(gone)
 }
 

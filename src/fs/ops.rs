@@ -453,33 +453,23 @@ impl Fs {
         store_inode(tx, self.tree, ino, i)
     }
 
-    /// True when `dir` is `ino` or lies below it. Walks `..` entries, which
-    /// this layer does not store, so it searches parents by scanning: the
-    /// kernel already refuses most such renames; this guards the rest.
+    /// True when `dir` is `ino` or lies below it: walks up from `dir`
+    /// through the parent back-references, O(depth).
     fn is_ancestor(&self, tx: &Txn<'_>, ino: u64, dir: u64) -> Result<bool> {
-        if ino == dir {
-            return Ok(true);
-        }
-        // Depth-first over ino's subtree, looking for dir.
         let root = self.root_ptr_tx(tx)?;
-        let mut stack = vec![ino];
-        while let Some(d) = stack.pop() {
-            let mut offset = 0;
-            loop {
-                let entries = dir::list(tx, &root, d, offset, 256)?;
-                let Some(last) = entries.last() else { break };
-                offset = last.index + 1;
-                for e in &entries {
-                    if e.ino == dir {
-                        return Ok(true);
-                    }
-                    if u32::from(e.kind) << 12 == libc::S_IFDIR {
-                        stack.push(e.ino);
-                    }
-                }
+        let mut at = dir;
+        // A corrupt loop of parents must not hang us: depth is bounded by
+        // the number of inodes.
+        for _ in 0..self.next_ino.load(std::sync::atomic::Ordering::Relaxed) {
+            if at == ino {
+                return Ok(true);
             }
+            if at == ROOT_DIR_INO {
+                return Ok(false);
+            }
+            at = dir::parent_of(tx, &root, at)?;
         }
-        Ok(false)
+        Err(Error::corrupt(dir, "loop in directory parents"))
     }
 
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
@@ -583,13 +573,7 @@ impl Fs {
 
     /// Directory entries after readdir offset `offset`: (next offset, ino,
     /// d_type, name). Offsets 1 and 2 are "." and "..".
-    pub fn readdir(
-        &self,
-        ino: u64,
-        parent: u64,
-        offset: u64,
-        max: usize,
-    ) -> Result<Vec<DirListing>> {
+    pub fn readdir(&self, ino: u64, offset: u64, max: usize) -> Result<Vec<DirListing>> {
         self.engine.read(|r| {
             let i = load_inode_r(r, self.tree, ino)?;
             if !is_dir(i.mode) {
@@ -600,10 +584,11 @@ impl Fs {
             if offset < 1 {
                 out.push((1, ino, dt_dir, b".".to_vec()));
             }
+            let root = r.root(self.tree)?;
             if offset < 2 {
+                let parent = dir::parent_of(r, &root, ino)?;
                 out.push((2, parent, dt_dir, b"..".to_vec()));
             }
-            let root = r.root(self.tree)?;
             for e in dir::list(r, &root, ino, offset.max(2), max)? {
                 out.push((e.index + 1, e.ino, e.kind, e.name));
             }

@@ -408,7 +408,7 @@ impl Filesystem for FuseFs {
         mut reply: ReplyDirectory,
     ) {
         let dir = to_ino(ino);
-        match self.fs.readdir(dir, dir, offset, 128) {
+        match self.fs.readdir(dir, offset, 128) {
             Ok(entries) => {
                 for (next, child, dtype, name) in entries {
                     let k = kind(u32::from(dtype) << 12);
