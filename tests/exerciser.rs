@@ -5,7 +5,8 @@
 //!
 //! `CANOPY_EXERCISER_OPS` sets the number of operations (CI: a few
 //! thousand; see docs/testing.md for the long run) and
-//! `CANOPY_EXERCISER_SEED` the seed.
+//! `CANOPY_EXERCISER_SEED` the seed, `CANOPY_EXERCISER_REMOUNT_DIV=N` keeps
+//! only 1 in N of the remount and kill -9 steps (for long runs).
 
 mod common;
 
@@ -103,9 +104,16 @@ fn verify_all(mnt: &Mounted, m: &Model) {
     }
 }
 
-fn step(mnt: &mut Mounted, m: &mut Model, durable: &mut Model, rng: &mut Rng) {
+/// One random operation. `remount_div` thins out unmount/remount and
+/// kill -9 steps (1 in `remount_div` of the draws that pick them is kept)
+/// so that long runs spend their time on file operations.
+fn step(mnt: &mut Mounted, m: &mut Model, durable: &mut Model, rng: &mut Rng, remount_div: u64) {
     let names = m.file_names();
-    match rng.below(100) {
+    let mut draw = rng.below(100);
+    while draw >= 91 && rng.below(remount_div) != 0 {
+        draw = rng.below(100);
+    }
+    match draw {
         0..=29 => {
             let name = pick(rng, &names).unwrap_or_else(|| random_name(rng, m));
             let off = if rng.below(4) == 0 {
@@ -343,6 +351,11 @@ fn random_operations_match_the_model() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5eed_c0de);
+    let remount_div: u64 = std::env::var("CANOPY_EXERCISER_REMOUNT_DIV")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let mut mnt = Mounted::new();
     mnt.unmount();
     mnt.mount("commit=3600");
@@ -350,7 +363,7 @@ fn random_operations_match_the_model() {
     let mut durable = Model::default();
     let mut rng = Rng(seed | 1);
     for i in 0..ops {
-        step(&mut mnt, &mut m, &mut durable, &mut rng);
+        step(&mut mnt, &mut m, &mut durable, &mut rng, remount_div);
         if i % 10_000 == 9_999 {
             eprintln!("exerciser: {} operations", i + 1);
         }

@@ -485,3 +485,53 @@ fn check_finds_a_missing_back_reference() {
         r.problems
     );
 }
+
+/// Reads and readdir update atime by the mount's policy (relatime by
+/// default).
+#[test]
+fn reads_update_atime_by_policy() {
+    let (_dev, e) = common::mem_engine(64 << 20, 4096);
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    let f = fs
+        .create(ROOT, b"f", libc::S_IFREG | 0o644, 0, ME, None)
+        .unwrap()
+        .ino;
+    fs.write(f, 0, b"hello").unwrap();
+    let old = canopy::format::inode::Timespec { sec: 1000, nsec: 5 };
+    let set_old = |ino| {
+        fs.setattr(
+            ino,
+            &SetAttr {
+                atime: Some(old),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    set_old(f);
+    fs.read(f, 0, 5).unwrap();
+    let first = fs.getattr(f).unwrap().atime;
+    assert!(
+        first.sec > old.sec,
+        "relatime: a read after a change updates atime"
+    );
+    fs.read(f, 0, 5).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().atime, first, "relatime: not again");
+
+    set_old(ROOT);
+    fs.readdir(ROOT, 0, 10).unwrap();
+    assert!(fs.getattr(ROOT).unwrap().atime.sec > old.sec, "readdir too");
+
+    fs.set_atime_policy(canopy::fs::AtimePolicy::Never);
+    set_old(f);
+    fs.read(f, 0, 5).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().atime, old, "noatime");
+
+    fs.set_atime_policy(canopy::fs::AtimePolicy::Strict);
+    fs.read(f, 0, 5).unwrap();
+    let a = fs.getattr(f).unwrap().atime;
+    assert!(a.sec > old.sec);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    fs.read(f, 0, 5).unwrap();
+    assert_ne!(fs.getattr(f).unwrap().atime, a, "strictatime: every read");
+}

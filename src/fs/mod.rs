@@ -17,12 +17,14 @@
 //!
 //! Symlink targets are stored as the inline data of the link.
 
+mod atime;
 pub mod delalloc;
 mod dir;
 mod file;
 mod ops;
 pub mod xattr;
 
+pub use atime::AtimePolicy;
 pub use ops::{Attr, DirListing, Owner, SetAttr};
 
 use crate::error::{Error, Result};
@@ -56,6 +58,8 @@ pub struct Fs {
     open_handles: Mutex<HashMap<u64, u32>>,
     /// File data written but not yet given extents.
     delalloc: delalloc::Delalloc,
+    /// An [`AtimePolicy`] as a number.
+    atime_policy: std::sync::atomic::AtomicU8,
 }
 
 /// Objectid of orphan items: `(ORPHAN_OBJECTID, ORPHAN_ITEM, ino)` marks an
@@ -82,6 +86,7 @@ impl Fs {
             next_ino: AtomicU64::new(last.map_or(ROOT_DIR_INO, |l| l.max(ROOT_DIR_INO)) + 1),
             open_handles: Mutex::new(HashMap::new()),
             delalloc: delalloc::Delalloc::new(),
+            atime_policy: std::sync::atomic::AtomicU8::new(1),
         };
         fs.delete_orphans()?;
         if last.is_none() {

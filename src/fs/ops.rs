@@ -517,14 +517,14 @@ impl Fs {
     }
 
     pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-        self.engine.read(|r| {
+        let (data, seen) = self.engine.read(|r| {
             let i = load_inode_r(r, self.tree, ino)?;
             if is_dir(i.mode) {
                 return Err(errno(libc::EISDIR, "is a directory"));
             }
             let end = offset.saturating_add(u64::from(len)).min(i.size);
             if offset >= end {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), i));
             }
             let mut data = file::read(
                 r,
@@ -535,8 +535,10 @@ impl Fs {
                 end - offset,
             )?;
             self.delalloc.overlay(ino, offset, &mut data);
-            Ok(data)
-        })
+            Ok((data, i))
+        })?;
+        self.accessed(ino, &seen);
+        Ok(data)
     }
 
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
@@ -574,7 +576,7 @@ impl Fs {
     /// Directory entries after readdir offset `offset`: (next offset, ino,
     /// d_type, name). Offsets 1 and 2 are "." and "..".
     pub fn readdir(&self, ino: u64, offset: u64, max: usize) -> Result<Vec<DirListing>> {
-        self.engine.read(|r| {
+        let (listing, seen) = self.engine.read(|r| {
             let i = load_inode_r(r, self.tree, ino)?;
             if !is_dir(i.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
@@ -592,8 +594,13 @@ impl Fs {
             for e in dir::list(r, &root, ino, offset.max(2), max)? {
                 out.push((e.index + 1, e.ino, e.kind, e.name));
             }
-            Ok(out)
-        })
+            Ok((out, i))
+        })?;
+        // Once per listing, at its start.
+        if offset == 0 {
+            self.accessed(ino, &seen);
+        }
+        Ok(listing)
     }
 
     /// (total blocks, free blocks, files) in 4 KiB blocks.

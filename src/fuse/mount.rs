@@ -28,6 +28,8 @@ pub struct MountOptions {
     pub threads: usize,
     /// Bytes of written file data buffered before writers flush.
     pub dirty_limit: u64,
+    /// When reads update access times.
+    pub atime: crate::fs::AtimePolicy,
 }
 
 impl Default for MountOptions {
@@ -41,6 +43,7 @@ impl Default for MountOptions {
             cache_blocks: 16384,
             threads: 4,
             dirty_limit: crate::fs::delalloc::DEFAULT_DIRTY_LIMIT,
+            atime: crate::fs::AtimePolicy::Relative,
         }
     }
 }
@@ -62,9 +65,14 @@ impl MountOptions {
                 "rw" => o.read_only = false,
                 "allow_other" => o.allow_other = true,
                 "default_permissions" => o.default_permissions = true,
-                "noatime" | "relatime" | "strictatime" | "atime" | "nodev" | "dev" | "nosuid"
-                | "suid" | "noexec" | "exec" | "sync" | "async" | "dirsync" | "lazytime"
-                | "nolazytime" => o.kernel.push(name.to_string()),
+                "noatime" => {
+                    o.atime = crate::fs::AtimePolicy::Never;
+                    o.kernel.push(name.to_string());
+                }
+                "strictatime" => o.atime = crate::fs::AtimePolicy::Strict,
+                "relatime" | "atime" => o.atime = crate::fs::AtimePolicy::Relative,
+                "nodev" | "dev" | "nosuid" | "suid" | "noexec" | "exec" | "sync" | "async"
+                | "dirsync" | "lazytime" | "nolazytime" => o.kernel.push(name.to_string()),
                 "defaults" | "auto" | "noauto" | "user" | "nouser" | "_netdev" | "nofail" => {}
                 "commit" => o.commit_secs = num(value)?.max(1),
                 "cache_blocks" => o.cache_blocks = num(value)? as usize,
@@ -161,6 +169,7 @@ pub fn serve(
     )?;
     let fs = Arc::new(Fs::new(Arc::new(engine))?);
     fs.set_dirty_limit(opts.dirty_limit);
+    fs.set_atime_policy(opts.atime);
     install_signal_handlers();
     let source = image.to_string_lossy().into_owned();
     let config = opts.fuser_config(&source);

@@ -138,6 +138,11 @@ impl Engine {
         f(&Reader::new(&st, &self.shared))
     }
 
+    /// Whether the engine was opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
     /// Generation of the running transaction.
     pub fn transid(&self) -> u64 {
         crate::sync::read(&self.state).transid

@@ -12,10 +12,11 @@ pub struct Args {
     /// Stay in the foreground (do not daemonize).
     #[arg(short = 'f', long)]
     foreground: bool,
-    /// Mount options, comma-separated: ro, rw, noatime, relatime, nodev,
-    /// nosuid, noexec, allow_other, default_permissions, commit=SECONDS,
-    /// cache_blocks=N, threads=N, dirty_limit=SIZE (written data buffered
-    /// before it is flushed; default 64M). Unknown options are an error.
+    /// Mount options, comma-separated: ro, rw, relatime (default), noatime,
+    /// strictatime, nodev, nosuid, noexec, allow_other,
+    /// default_permissions, commit=SECONDS, cache_blocks=N, threads=N,
+    /// dirty_limit=SIZE (written data buffered before it is flushed;
+    /// default 64M). Unknown options are an error.
     #[arg(short = 'o', long, default_value = "")]
     options: String,
     /// Internal: report readiness on stdout (used when daemonizing).

@@ -1,0 +1,112 @@
+//! Access times. The kernel leaves atime to a FUSE filesystem, so reads and
+//! readdir update it here, by the mount's policy: `noatime` never,
+//! `strictatime` on every access, and by default (`relatime`) only when the
+//! old atime is not after the last modification or change, or is a day old.
+//! That keeps "was this read since it changed?" answerable (mail readers,
+//! tmp cleaners) while a file read over and over costs one update a day.
+
+use super::{load_inode_tx, store_inode, Fs};
+use crate::format::inode::{InodeItem, Timespec};
+use std::sync::atomic::Ordering;
+
+/// When reads update atime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimePolicy {
+    Never,
+    #[default]
+    Relative,
+    Strict,
+}
+
+impl AtimePolicy {
+    fn to_u8(self) -> u8 {
+        match self {
+            AtimePolicy::Never => 0,
+            AtimePolicy::Relative => 1,
+            AtimePolicy::Strict => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> AtimePolicy {
+        match v {
+            0 => AtimePolicy::Never,
+            2 => AtimePolicy::Strict,
+            _ => AtimePolicy::Relative,
+        }
+    }
+}
+
+const DAY_SECS: i64 = 24 * 3600;
+
+fn before_or_same(a: Timespec, b: Timespec) -> bool {
+    (a.sec, a.nsec) <= (b.sec, b.nsec)
+}
+
+/// Whether an access at `now` should update the inode's atime.
+pub(crate) fn needs_update(policy: AtimePolicy, i: &InodeItem, now: Timespec) -> bool {
+    match policy {
+        AtimePolicy::Never => false,
+        AtimePolicy::Strict => true,
+        AtimePolicy::Relative => {
+            before_or_same(i.atime, i.mtime)
+                || before_or_same(i.atime, i.ctime)
+                || now.sec - i.atime.sec >= DAY_SECS
+        }
+    }
+}
+
+impl Fs {
+    pub fn set_atime_policy(&self, p: AtimePolicy) {
+        self.atime_policy.store(p.to_u8(), Ordering::Relaxed);
+    }
+
+    pub fn atime_policy(&self) -> AtimePolicy {
+        AtimePolicy::from_u8(self.atime_policy.load(Ordering::Relaxed))
+    }
+
+    /// Records an access of `ino`, whose attributes the caller just read as
+    /// `seen`. Failing to record one is logged, never reported: the read
+    /// itself succeeded (and a read-only mount records nothing).
+    pub(crate) fn accessed(&self, ino: u64, seen: &InodeItem) {
+        let now = Timespec::now();
+        if self.engine.is_read_only() || !needs_update(self.atime_policy(), seen, now) {
+            return;
+        }
+        let tree = self.tree;
+        let r = self.engine.write(|tx| {
+            let mut i = load_inode_tx(tx, tree, ino)?;
+            i.atime = now;
+            store_inode(tx, tree, ino, i)
+        });
+        if let Err(e) = r {
+            tracing::debug!(ino, error = %e, "atime not updated");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(sec: i64) -> Timespec {
+        Timespec { sec, nsec: 0 }
+    }
+
+    #[test]
+    fn relatime_updates_after_changes_or_a_day() {
+        let mut i = InodeItem {
+            atime: at(100),
+            mtime: at(50),
+            ctime: at(50),
+            ..Default::default()
+        };
+        let p = AtimePolicy::Relative;
+        assert!(!needs_update(p, &i, at(200)), "read since the last change");
+        assert!(needs_update(p, &i, at(100 + DAY_SECS)), "a day old");
+        i.mtime = at(150);
+        assert!(needs_update(p, &i, at(200)), "changed since the last read");
+        assert!(!needs_update(AtimePolicy::Never, &i, at(200)));
+        i.mtime = at(50);
+        assert!(needs_update(AtimePolicy::Strict, &i, at(200)));
+    }
+}
