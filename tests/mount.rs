@@ -453,3 +453,43 @@ fn read_only_mounts() {
     m.unmount();
     m.check();
 }
+
+/// The daemon's memory is bounded by its block cache and dirty limit, not
+/// by how much data passes through: rounds of large writes, many small
+/// files and reads leave its resident size under a fixed bound.
+#[test]
+fn daemon_memory_stays_bounded() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    m.unmount();
+    // 512 blocks of 16 KiB (8 MiB) of cache, 4 MiB of buffered data.
+    m.mount("cache_blocks=512,dirty_limit=4M");
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut peak = 0;
+    for round in 0..3 {
+        for f in 0..2 {
+            let mut file = fs::File::create(m.p(&format!("big{f}"))).unwrap();
+            for _ in 0..80 {
+                file.write_all(&chunk).unwrap();
+            }
+            file.sync_all().unwrap();
+        }
+        let dir = m.p(&format!("d{round}"));
+        fs::create_dir(&dir).unwrap();
+        for i in 0..1000 {
+            fs::write(dir.join(format!("f{i}")), format!("{i}")).unwrap();
+        }
+        for f in 0..2 {
+            assert_eq!(fs::read(m.p(&format!("big{f}"))).unwrap().len(), 80 << 20);
+        }
+        peak = peak.max(m.daemon_rss_kib());
+    }
+    assert!(
+        peak < 160 << 10,
+        "daemon resident size reached {peak} KiB after ~500 MiB of traffic"
+    );
+    m.unmount();
+    m.check();
+}

@@ -344,6 +344,10 @@ pub(crate) fn is_inline<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) 
 }
 
 /// Writes sector-aligned copy-on-write extents covering `[offset, end)`.
+/// The extent content is the partial head sector (file bytes before
+/// `offset`), `data`, and the partial tail sector; it is written piece by
+/// piece straight from `data`, copying only the pieces that straddle a
+/// partial sector.
 fn write_extents(
     tx: &mut Txn<'_>,
     tree: u64,
@@ -358,42 +362,58 @@ fn write_extents(
     let root = tx.root_of(tree)?;
     let csum_root = tx.root_of(CSUM)?;
     // Sectors partly written keep their other bytes (up to the file size).
-    let mut buf = vec![0u8; (last - first) as usize];
+    let mut head = vec![0u8; (offset - first) as usize];
     if first < offset {
-        let head = read(
-            tx,
-            &root,
-            &csum_root,
-            ino,
-            first,
-            offset.min(size).saturating_sub(first),
-        )?;
-        buf[..head.len()].copy_from_slice(&head);
+        let have = offset.min(size).saturating_sub(first);
+        let got = read(tx, &root, &csum_root, ino, first, have)?;
+        head[..got.len()].copy_from_slice(&got);
     }
+    let mut tail = vec![0u8; (last - end) as usize];
     if end < last && end < size {
-        let tail = read(tx, &root, &csum_root, ino, end, last.min(size) - end)?;
-        let s = (end - first) as usize;
-        buf[s..s + tail.len()].copy_from_slice(&tail);
+        let got = read(tx, &root, &csum_root, ino, end, last.min(size) - end)?;
+        tail[..got.len()].copy_from_slice(&got);
     }
-    buf[(offset - first) as usize..(end - first) as usize].copy_from_slice(data);
     let removed = punch(tx, tree, ino, first, last)?;
+    let content = [head.as_slice(), data, tail.as_slice()];
+    let total = last - first;
     let mut hint = 0;
-    let mut at = first;
-    for chunk in buf.chunks(EXTENT_MAX as usize) {
-        let len = chunk.len() as u64;
+    let mut at = 0;
+    while at < total {
+        let len = (total - at).min(EXTENT_MAX);
+        let piece = gather(&content, at, len);
         let bytenr = tx.alloc_data(len, hint)?;
         hint = bytenr + len;
-        tx.write_data(bytenr, chunk)?;
-        let sums: Vec<u8> = chunk
+        tx.write_data(bytenr, &piece)?;
+        let sums: Vec<u8> = piece
             .chunks(SECTOR as usize)
             .flat_map(|s| crate::format::crc(s).to_le_bytes())
             .collect();
         tx.put(CSUM, Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr), sums)?;
         let fe = new_extent_item(tx, FILE_EXTENT_REG, bytenr, len);
-        tx.insert(tree, data_key(ino, at), fe.encode())?;
+        tx.insert(tree, data_key(ino, first + at), fe.encode())?;
         at += len;
     }
-    Ok((last - first) as i64 - removed as i64)
+    Ok(total as i64 - removed as i64)
+}
+
+/// Bytes `[at, at+len)` of the concatenation of `parts`: borrowed when they
+/// lie in one part, copied together otherwise.
+fn gather<'a>(parts: &[&'a [u8]], at: u64, len: u64) -> std::borrow::Cow<'a, [u8]> {
+    let (at, len) = (at as usize, len as usize);
+    let mut base = 0;
+    for p in parts {
+        if at >= base && at + len <= base + p.len() {
+            return std::borrow::Cow::Borrowed(&p[at - base..at - base + len]);
+        }
+        base += p.len();
+    }
+    let all: Vec<u8> = parts
+        .iter()
+        .flat_map(|p| p.iter().copied())
+        .skip(at)
+        .take(len)
+        .collect();
+    std::borrow::Cow::Owned(all)
 }
 
 /// Changes the file size; data past a shrunk end is dropped, and the bytes of

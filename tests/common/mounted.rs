@@ -69,6 +69,17 @@ impl Mounted {
         self.daemon = Some(child);
     }
 
+    /// Resident memory of the daemon in KiB.
+    pub fn daemon_rss_kib(&self) -> u64 {
+        let pid = self.daemon.as_ref().expect("mounted").id();
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/PID/status")
+    }
+
     pub fn p(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
     }
