@@ -493,3 +493,56 @@ fn daemon_memory_stays_bounded() {
     m.unmount();
     m.check();
 }
+
+/// Mounted by root, the filesystem serves other users too, and the kernel
+/// enforces permissions for them: EACCES on a private file and in a
+/// directory they may not write, EPERM on chmod of a file they do not own.
+#[test]
+fn permissions_apply_to_other_users() {
+    use std::os::unix::process::CommandExt;
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::set_permissions(m._dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(m.p("secret"), b"s").unwrap();
+    fs::set_permissions(m.p("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(m.p("public"), b"hello").unwrap();
+    fs::set_permissions(m.p("public"), fs::Permissions::from_mode(0o644)).unwrap();
+    let as_nobody = |script: &str| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .env("LC_ALL", "C")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let mnt = m.mnt.display().to_string();
+    let (ok, out, err) = as_nobody(&format!("cat {mnt}/public"));
+    assert!(
+        ok && out == "hello",
+        "another user reads a public file: {err}"
+    );
+    let (ok, _, err) = as_nobody(&format!("cat {mnt}/secret"));
+    assert!(!ok && err.contains("Permission denied"), "EACCES: {err}");
+    let (ok, _, err) = as_nobody(&format!("touch {mnt}/new"));
+    assert!(!ok && err.contains("Permission denied"), "EACCES: {err}");
+    let (ok, _, err) = as_nobody(&format!("chmod 777 {mnt}/public"));
+    assert!(
+        !ok && err.contains("Operation not permitted"),
+        "EPERM: {err}"
+    );
+    assert_eq!(
+        fs::metadata(m.p("public")).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    m.unmount();
+    m.check();
+}

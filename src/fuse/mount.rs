@@ -36,7 +36,11 @@ impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
             read_only: false,
-            allow_other: false,
+            // Mounted by root, Canopy serves every user as a kernel
+            // filesystem would; the kernel still checks permissions
+            // (default_permissions). Others need user_allow_other in
+            // /etc/fuse.conf to ask for it.
+            allow_other: unsafe { libc::geteuid() } == 0,
             default_permissions: true,
             kernel: Vec::new(),
             commit_secs: 5,
