@@ -1,0 +1,389 @@
+"""The workloads of the seed mails, each run on one freshly made filesystem.
+
+A workload returns samples: (metric, value, unit, better) where better is
+"higher" or "lower". `scale` shrinks (or grows) sizes and counts; 1.0 is the
+size of the mails where that is practical on these machines.
+"""
+
+import os
+import random
+import re
+import subprocess
+import time
+
+from .fs import CANOPY, sh
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def timed(cmd):
+    """Wall seconds of a shell command."""
+    t0 = time.perf_counter()
+    sh(cmd, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def out(cmd):
+    return sh(cmd, capture_output=True, text=True).stdout
+
+
+# -- 1. seek hole/data (002) ---------------------------------------------
+
+def seek(fs, scale):
+    """A file of many 128 KiB extents with a 1 MiB hole near the end; times
+    `xfs_io seek -h 0` cold and warm and `seek -d` from inside the hole.
+
+    The mail gets 131073 extents from btrfs compression (16 GiB in 128 KiB
+    compressed extents). Canopy does not compress yet: it gets one extent
+    per 128 KiB write by mounting with dirty_limit=4K, so each write is
+    flushed (given its own extent) before the next one is buffered. btrfs is
+    mounted compress=lzo as in the mail; XFS and ext4 lay the file out in
+    whatever extents they choose (the extent count is reported)."""
+    size = max(64 * MIB, int(16 * GIB * scale)) // MIB * MIB
+    opts = {"canopy": "dirty_limit=4K", "btrfs": "compress=lzo"}.get(fs.name, "")
+    fs.make(opts)
+    f = fs.path("foobar")
+    sh(f"xfs_io -f -c 'pwrite -S 0xab -b 128K 0 {size}' '{f}'", stdout=subprocess.DEVNULL)
+    hole = size - size // 16
+    sh(f"xfs_io -c 'fpunch {hole} 1M' '{f}'")
+    fs.remount_cold()
+    cold = timed(f"xfs_io -c 'seek -h 0' '{f}'")
+    warm = timed(f"xfs_io -c 'seek -h 0' '{f}'")
+    data = timed(f"xfs_io -c 'seek -d {hole + 4096}' '{f}'")
+    found = out(f"xfs_io -c 'seek -h 0' '{f}'")
+    if str(hole) not in found:
+        raise RuntimeError(f"{fs.name}: seek -h 0 did not find the hole at {hole}: {found}")
+    samples = [
+        ("seek -h 0, cold (ms)", cold * 1000, "ms", "lower"),
+        ("seek -h 0, warm (ms)", warm * 1000, "ms", "lower"),
+        ("seek -d from the hole (ms)", data * 1000, "ms", "lower"),
+    ]
+    extents = extent_count(fs, f, size)
+    if extents is not None:
+        samples.append(("extents in the file", extents, "", "info"))
+    fs.umount()
+    return samples
+
+
+def extent_count(fs, path, size):
+    if fs.kernel:
+        m = re.search(r"(\d+) extents? found", out(f"filefrag '{path}'"))
+        return int(m.group(1)) if m else None
+    if fs.name == "canopy":
+        # By construction: one per 128 KiB write, less the punched MiB.
+        return size // (128 << 10) - 8
+    return None
+
+
+# -- 2. rename after an unrelated fsync (003) ----------------------------
+
+def rename(fs, scale):
+    """The mail's script: N empty files, sync, an fsync of an unrelated
+    file, one more file, then rename all N, with one `mv` per file and with
+    one process calling rename(2)."""
+    samples = []
+    for n in sorted({max(100, int(n * scale)) for n in (1000, 10000)}):
+        for how in ("mv", "rename(2)"):
+            fs.make()
+            d = fs.path("testdir")
+            os.mkdir(d)
+            for i in range(1, n + 1):
+                open(os.path.join(d, f"file_{i}"), "w").close()
+            sh("sync")
+            sh(f"xfs_io -f -c 'pwrite 0 4K' -c fsync '{fs.path('foo')}'",
+               stdout=subprocess.DEVNULL)
+            open(os.path.join(d, f"file_{n + 1}"), "w").close()
+            if how == "mv":
+                t = timed(f"for ((i = 1; i <= {n}; i++)); do "
+                          f"mv '{d}'/file_$i '{d}'/file_$i-RPMDELETE; done")
+            else:
+                t0 = time.perf_counter()
+                for i in range(1, n + 1):
+                    os.rename(os.path.join(d, f"file_{i}"),
+                              os.path.join(d, f"file_{i}-RPMDELETE"))
+                t = time.perf_counter() - t0
+            samples.append((f"{n} renames, {how} (s)", t, "s", "lower"))
+            fs.umount()
+    return samples
+
+
+# -- 3. dbench ------------------------------------------------------------
+
+def dbench(fs, scale):
+    clients = os.cpu_count() or 2
+    secs = max(10, int(60 * scale))
+    fs.make()
+    text = out(f"dbench -D '{fs.mnt}' -t {secs} {clients} 2>/dev/null")
+    fs.umount()
+    m = re.search(r"Throughput ([\d.]+) MB/sec.*max_latency=([\d.]+) ms", text)
+    if not m:
+        raise RuntimeError(f"{fs.name}: no dbench throughput in output")
+    samples = [
+        (f"dbench {clients} clients, throughput (MB/s)", float(m.group(1)), "MB/s", "higher"),
+        ("dbench max latency (ms)", float(m.group(2)), "ms", "lower"),
+    ]
+    for op in ("Rename", "Flush"):
+        r = re.search(rf"^\s*{op}\s+(\d+)\s+([\d.]+)\s+([\d.]+)", text, re.M)
+        if r:
+            samples.append((f"dbench {op} avg latency (ms)", float(r.group(2)), "ms", "lower"))
+            samples.append((f"dbench {op} max latency (ms)", float(r.group(3)), "ms", "lower"))
+    return samples
+
+
+# -- 4. writes under a low dirty limit (001) ------------------------------
+
+DIRTY_KEYS = ("dirty_bytes", "dirty_background_bytes", "dirty_ratio",
+              "dirty_background_ratio")
+
+
+def read_dirty_settings():
+    return {k: open(f"/proc/sys/vm/{k}").read().strip() for k in DIRTY_KEYS}
+
+
+def restore_dirty_settings(saved):
+    # Ratios and bytes exclude each other: writing one zeroes the other,
+    # so write back whichever of each pair was in force.
+    for pair in (("dirty_bytes", "dirty_ratio"),
+                 ("dirty_background_bytes", "dirty_background_ratio")):
+        key = pair[0] if saved[pair[0]] != "0" else pair[1]
+        with open(f"/proc/sys/vm/{key}", "w") as f:
+            f.write(saved[key] + "\n")
+
+
+def set_dirty_limit(limit):
+    with open("/proc/sys/vm/dirty_bytes", "w") as f:
+        f.write(f"{limit}\n")
+    with open("/proc/sys/vm/dirty_background_bytes", "w") as f:
+        f.write(f"{max(limit // 2, 4096)}\n")
+
+
+def dirty(fs, scale):
+    """1 and 10 concurrent dd writers with the dirty limit at 1, 10, 100 and
+    1000 MB (vm.dirty_bytes; Canopy also gets dirty_limit= of the same
+    size). The caller restores the host's vm.dirty_* settings."""
+    total = max(64 * MIB, int(4 * GIB * scale))
+    samples = []
+    for limit_mb in (1, 10, 100, 1000):
+        limit = limit_mb * 1000 * 1000
+        for writers in (1, 10):
+            opts = f"dirty_limit={limit}" if fs.name == "canopy" else ""
+            fs.make(opts)
+            set_dirty_limit(limit)
+            each = max(1, total // writers // MIB)
+            t0 = time.perf_counter()
+            procs = [subprocess.Popen(
+                ["dd", "if=/dev/zero", f"of={fs.path(f'w{i}')}", "bs=1M",
+                 f"count={each}", "conv=fsync", "status=none"]) for i in range(writers)]
+            for p in procs:
+                if p.wait() != 0:
+                    raise RuntimeError(f"{fs.name}: dd failed")
+            t = time.perf_counter() - t0
+            samples.append((f"{writers} writer(s), dirty {limit_mb} MB (MB/s)",
+                            each * writers / t, "MB/s", "higher"))
+            fs.umount()
+    return samples
+
+
+# -- 5. concurrent write+fsync of random-size files (004) -----------------
+
+def commit(fs):
+    """Makes frees visible to statfs: fsync of the mount's root directory
+    (a commit on Canopy, whose FUSE library cannot receive syncfs), then
+    syncfs for the kernel filesystems."""
+    fd = os.open(fs.mnt, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    sh(f"sync -f '{fs.mnt}'")
+
+
+def fill_random(fs, writers, stop_at, max_size, rng):
+    """Writers write and fsync files of log-uniform sizes in [4 KiB,
+    max_size] until the filesystem is `stop_at` full. Returns bytes."""
+    script = f"""
+import os, random, sys
+rng = random.Random({rng.randrange(1 << 30)} + int(sys.argv[1]))
+buf = os.urandom(1 << 20)
+written, i = 0, 0
+while True:
+    st = os.statvfs({fs.mnt!r})
+    if 1 - st.f_bavail / st.f_blocks >= {stop_at}:
+        break
+    size = int(2 ** rng.uniform(12, {max_size.bit_length() - 1}))
+    path = os.path.join({fs.mnt!r}, "r%s-%d" % (sys.argv[1], i))
+    try:
+        with open(path, "wb") as f:
+            left = size
+            while left:
+                n = min(left, len(buf))
+                f.write(buf[:n])
+                left -= n
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        break
+    written += size
+    i += 1
+print(written)
+"""
+    procs = [subprocess.Popen(["python3", "-c", script, str(w)], stdout=subprocess.PIPE,
+                              text=True) for w in range(writers)]
+    return sum(int(p.communicate()[0].strip() or 0) for p in procs)
+
+
+def fsync_random(fs, scale):
+    """Writers writing and fsyncing files of 4 KiB–64 MiB until 70% full, on
+    a clean filesystem and on one fragmented first (filled to 90%, then
+    random files deleted back to about 45%)."""
+    rng = random.Random(4)
+    writers = 4
+    max_size = max(1 * MIB, int(64 * MIB * scale))
+    samples = []
+    for state in ("clean", "fragmented"):
+        fs.make()
+        if state == "fragmented":
+            fill_random(fs, writers, 0.9, max_size, rng)
+            files = sorted(n for n in os.listdir(fs.mnt) if n.startswith("r"))
+            rng.shuffle(files)
+            for name in files[: len(files) // 2]:
+                os.remove(fs.path(name))
+            # The second fill names its files as the first did.
+            for name in files[len(files) // 2:]:
+                os.rename(fs.path(name), fs.path("old-" + name))
+            commit(fs)
+        t0 = time.perf_counter()
+        written = fill_random(fs, writers, 0.7, max_size, rng)
+        t = time.perf_counter() - t0
+        samples.append((f"{state}: write+fsync to 70% (MB/s)", written / MIB / t, "MB/s", "higher"))
+        if fs.kernel:
+            counts = []
+            for name in os.listdir(fs.mnt)[:200]:
+                m = re.search(r"(\d+) extents? found", out(f"filefrag '{fs.path(name)}'"))
+                if m:
+                    counts.append(int(m.group(1)))
+            if counts:
+                samples.append((f"{state}: extents per file (mean)", sum(counts) / len(counts),
+                                "", "info"))
+        fs.umount()
+        hist = free_space_histogram(fs)
+        if hist is not None:
+            samples.append((f"{state}: free-space extents", sum(n for _, n in hist), "", "info"))
+            small = sum(n for low, n in hist if low < 256)  # under 1 MiB
+            samples.append((f"{state}: free-space extents under 1 MiB", small, "", "info"))
+    return samples
+
+
+def free_space_histogram(fs):
+    """[(bucket low in 4 KiB sectors or blocks, extents)] of an unmounted
+    image, where the filesystem offers one (Canopy, XFS)."""
+    if fs.name == "canopy":
+        text = out(f"'{CANOPY}' inspect freesp '{fs.image}'")
+    elif fs.name == "xfs":
+        text = out(f"xfs_db -r -c 'freesp' '{fs.image}'")
+    else:
+        return None
+    rows = []
+    for line in text.splitlines():
+        cols = line.split()
+        if len(cols) >= 3 and cols[0].isdigit() and cols[2].isdigit():
+            rows.append((int(cols[0]), int(cols[2])))
+    return rows
+
+
+# -- 6. everyday work -------------------------------------------------------
+
+def everyday(fs, scale):
+    """cp -a of real files, find and du cold, tar them back out, rm -rf;
+    sequential write and cold read."""
+    src = "/usr" if scale >= 0.5 else "/usr/share"
+    fs.make()
+    samples = [("cp -a " + src + " (s)", timed(f"cp -a {src} '{fs.path('tree')}'"), "s", "lower")]
+    fs.remount_cold()
+    samples.append(("find, cold (s)", timed(f"find '{fs.path('tree')}' | wc -l"), "s", "lower"))
+    fs.remount_cold()
+    samples.append(("du -s, cold (s)", timed(f"du -s '{fs.path('tree')}'"), "s", "lower"))
+    fs.remount_cold()
+    # Through a pipe: GNU tar skips reading file data when writing to
+    # /dev/null itself.
+    samples.append(("tar out, cold (s)",
+                    timed(f"tar cf - -C '{fs.mnt}' tree | cat > /dev/null"), "s", "lower"))
+    t0 = time.perf_counter()
+    sh(f"rm -rf '{fs.path('tree')}'")
+    commit(fs)
+    samples.append(("rm -rf, then commit (s)", time.perf_counter() - t0, "s", "lower"))
+    size_mb = max(64, int(4096 * scale))
+    t = timed(f"dd if=/dev/zero of='{fs.path('big')}' bs=1M count={size_mb} conv=fsync status=none")
+    samples.append((f"seq write {size_mb} MiB (MB/s)", size_mb / t, "MB/s", "higher"))
+    fs.remount_cold()
+    t = timed(f"dd if='{fs.path('big')}' of=/dev/null bs=1M status=none")
+    samples.append((f"seq read {size_mb} MiB, cold (MB/s)", size_mb / t, "MB/s", "higher"))
+    fs.umount()
+    return samples
+
+
+# -- 7. quota groups and balance (000) ------------------------------------
+
+def qgroups(fs, scale):
+    """btrfs only until Canopy has snapshots, quotas and balance: a tree of
+    real files, 16 then 64 snapshots with 3 files changed in each, metadata
+    balance with quotas on and off; the qgroup numbers must not change."""
+    if fs.name != "btrfs":
+        return []
+    rng = random.Random(0)
+    samples = []
+    for quotas in ("on", "off"):
+        fs.make()
+        sub = fs.path("sub")
+        sh(f"btrfs -q subvolume create '{sub}'")
+        sh(f"cp -a /usr/share/doc '{sub}/doc'")
+        files = out(f"find '{sub}' -type f").split("\n")[:-1]
+        if quotas == "on":
+            sh(f"btrfs quota enable '{fs.mnt}'")
+            sh(f"btrfs quota rescan -w '{fs.mnt}' >/dev/null")
+        for count in (16, 64):
+            for i in range(count):
+                snap = fs.path(f"snap-{count}-{i}")
+                sh(f"btrfs -q subvolume snapshot '{sub}' '{snap}'")
+                for f in rng.sample(files, 3):
+                    with open(f, "ab") as fh:
+                        fh.write(os.urandom(4096))
+            sh("sync")
+            before = out(f"btrfs qgroup show --raw '{fs.mnt}'") if quotas == "on" else ""
+            t = timed(f"btrfs balance start -m '{fs.mnt}'")
+            after = out(f"btrfs qgroup show --raw '{fs.mnt}'") if quotas == "on" else ""
+            if before != after:
+                raise RuntimeError("btrfs qgroup numbers changed across balance")
+            samples.append((f"{count} snapshots, metadata balance, quotas {quotas} (s)", t, "s",
+                            "lower"))
+        fs.umount()
+    return samples
+
+
+def image_size(workload, scale):
+    """Bytes of each filesystem's image for a workload (the same for all)."""
+    if workload == "fsync-random":
+        # The workload fills the image: its size sets the amount of work.
+        return max(1 * GIB, int(8 * GIB * scale))
+    if workload == "everyday":
+        return 16 * GIB if scale >= 0.5 else 8 * GIB
+    if workload == "seek":
+        return max(2 * GIB, int(20 * GIB * scale))
+    return max(4 * GIB, int(8 * GIB * scale))
+
+
+WORKLOADS = {
+    "seek": seek,
+    "rename": rename,
+    "dbench": dbench,
+    "dirty": dirty,
+    "fsync-random": fsync_random,
+    "everyday": everyday,
+    "qgroups": qgroups,
+}
+
+# Filesystems each workload runs on by default (tmpfs is the floor for the
+# rename workload, as the issue asks).
+DEFAULT_FS = ["canopy", "btrfs", "xfs", "ext4", "fuse2fs"]
+EXTRA_FS = {"rename": ["tmpfs"]}

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Runs the seed workloads on Canopy and on kernel btrfs, XFS, ext4 and
+fuse2fs in one run, alternating filesystems round by round, and writes
+bench/results/<date>.md with PNG plots plus the summary in
+docs/benchmarks.md. A benchmark, never a test. Needs root.
+
+    python3 bench/run.py                      # every workload, scale 1/16
+    python3 bench/run.py --scale 1 seek       # one workload at mail size
+    python3 bench/run.py --fs canopy,btrfs --rounds 5 rename dbench
+
+Workloads: seek, rename, dbench, dirty, fsync-random, everyday, qgroups.
+"""
+
+import argparse
+import atexit
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from benchlib import fs as fslib  # noqa: E402
+from benchlib import report, workloads  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = {"mkfs.btrfs": "btrfs-progs", "mkfs.xfs": "xfsprogs", "xfs_io": "xfsprogs",
+            "fuse2fs": "fuse2fs", "dbench": "dbench", "fusermount3": "fuse3"}
+
+
+def ensure_tools():
+    missing = sorted({pkg for tool, pkg in PACKAGES.items()
+                      if subprocess.run(["which", tool], capture_output=True).returncode})
+    if missing:
+        print(f"installing {' '.join(missing)}", file=sys.stderr)
+        fslib.sh("apt-get update -qq && apt-get install -y -qq " + " ".join(missing)
+                 + " >/dev/null")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        # For the PNG plots only; the tables do without.
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=False)
+    fslib.sh(f"cd '{ROOT}' && cargo build --release --locked -q")
+
+
+def machine():
+    def first(cmd):
+        r = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        return (r.stdout.strip().splitlines() or ["?"])[0]
+    return {
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "memory": first("free -g | awk '/Mem:/ {print $2 \" GiB\"}'"),
+        "canopy": first(f"cd '{ROOT}' && git rev-parse --short HEAD"),
+        "btrfs-progs": first("mkfs.btrfs --version"),
+        "xfsprogs": first("mkfs.xfs -V"),
+        "e2fsprogs (ext4, fuse2fs)": first("mkfs.ext4 -V 2>&1"),
+        "dbench": first("dbench --help 2>&1 | head -1"),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("workloads", nargs="*", help="default: all")
+    p.add_argument("--scale", type=float, default=1 / 16,
+                   help="size factor; 1 = the mails' sizes (default 1/16, a few minutes each)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--fs", default=",".join(workloads.DEFAULT_FS),
+                   help="comma-separated: canopy,btrfs,xfs,ext4,fuse2fs (tmpfs is added "
+                        "for rename)")
+    p.add_argument("--work", default="/var/tmp/canopy-bench", help="where the images go")
+    p.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md alone")
+    a = p.parse_args()
+    names = a.workloads or list(workloads.WORKLOADS)
+    unknown = [w for w in names if w not in workloads.WORKLOADS]
+    if unknown:
+        p.error(f"unknown workload(s): {', '.join(unknown)}")
+    if os.geteuid() != 0:
+        p.error("needs root (mkfs, mount, drop_caches, vm.dirty_*)")
+    chosen = a.fs.split(",")
+    bad = [f for f in chosen if f not in fslib.DRIVERS]
+    if bad:
+        p.error(f"unknown filesystem(s): {', '.join(bad)}")
+
+    ensure_tools()
+    os.makedirs(a.work, exist_ok=True)
+    saved = workloads.read_dirty_settings()
+    live = []
+
+    def cleanup():
+        for f in live:
+            f.release_mountpoint()
+        workloads.restore_dirty_settings(saved)
+
+    atexit.register(cleanup)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    date = datetime.datetime.now().strftime("%Y-%m-%d")
+    results_dir = os.path.join(ROOT, "bench", "results")
+    os.makedirs(results_dir, exist_ok=True)
+    raw_path = os.path.join(results_dir, f"{date}.jsonl")
+    samples = []
+    all_fs = []
+    for w in names:
+        fss = chosen + [f for f in workloads.EXTRA_FS.get(w, []) if f not in chosen]
+        size = workloads.image_size(w, a.scale)
+        for r in range(a.rounds):
+            for name in fss:
+                f = fslib.DRIVERS[name](name, a.work, size)
+                live.append(f)
+                print(f"[{w}] round {r + 1}/{a.rounds}: {name}", file=sys.stderr, flush=True)
+                try:
+                    got = workloads.WORKLOADS[w](f, a.scale)
+                except Exception:  # a broken run is reported, the others go on
+                    traceback.print_exc()
+                    got = []
+                finally:
+                    f.destroy()
+                    live.remove(f)
+                    workloads.restore_dirty_settings(saved)
+                for metric, value, unit, better in got:
+                    s = {"workload": w, "fs": name, "round": r, "metric": metric,
+                         "value": value, "unit": unit, "better": better, "scale": a.scale}
+                    samples.append(s)
+                    with open(raw_path, "a") as out:
+                        out.write(json.dumps(s) + "\n")
+        all_fs += [f for f in fss if f not in all_fs]
+
+    summary = report.summarize(samples, all_fs)
+    meta = {"date": date, "rounds": a.rounds, "machine": machine(),
+            "command": "python3 bench/run.py " + " ".join(sys.argv[1:]),
+            "docs": {w: " ".join((workloads.WORKLOADS[w].__doc__ or "").split())
+                     for w in names}}
+    md = os.path.join(results_dir, f"{date}.md")
+    report.write_report(md, os.path.join(results_dir, date), summary, all_fs, meta)
+    if not a.no_docs:
+        report.update_docs_summary(os.path.join(ROOT, "docs", "benchmarks.md"), summary, all_fs,
+                                   os.path.relpath(md, ROOT), date)
+    print(f"report: {md}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
