@@ -69,11 +69,8 @@ impl Delalloc {
     /// or touches.
     pub fn insert(&self, ino: u64, offset: u64, data: &[u8]) {
         let mut files = crate::sync::lock(&self.files);
-        let ranges = files.entry(ino).or_default();
-        let before = ranges_len(ranges);
-        insert_range(ranges, offset, data);
-        let after = ranges_len(ranges);
-        self.bytes.fetch_add(after - before, Ordering::Relaxed);
+        let added = insert_range(files.entry(ino).or_default(), offset, data);
+        self.bytes.fetch_add(added, Ordering::Relaxed);
     }
 
     /// Copies buffered bytes over `buf`, which holds `[offset, offset+len)`.
@@ -275,10 +272,12 @@ fn overlapping(ranges: &Ranges, start: u64, end: u64) -> impl Iterator<Item = (&
 
 /// Merges `data` at `offset` into `ranges`: the result covers the union,
 /// with `data` on top. Appending to the end of a range shorter than
-/// [`RANGE_MAX`] extends it in place.
-fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) {
+/// [`RANGE_MAX`] extends it in place. Returns how many bytes the ranges
+/// grew by (only the ranges it touches are measured: a file may hold
+/// thousands of ranges).
+fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) -> u64 {
     if data.is_empty() {
-        return;
+        return 0;
     }
     let end = offset + data.len() as u64;
     // Ranges that overlap [offset, end), and one it appends to.
@@ -296,20 +295,25 @@ fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) {
         // Nothing starts at or before `offset`: a new range absorbing the
         // ones it reaches.
         let mut buf = data.to_vec();
+        let mut removed = 0;
         for s in touched {
             if let Some(d) = ranges.remove(&s) {
+                removed += d.len() as u64;
                 let tail_from = (end - s) as usize;
                 if d.len() > tail_from {
                     buf.extend_from_slice(&d[tail_from..]);
                 }
             }
         }
+        let grown = buf.len() as u64 - removed;
         ranges.insert(offset, buf);
-        return;
+        return grown;
     };
     let mut buf = ranges.remove(&start).unwrap_or_default();
+    let mut removed = buf.len() as u64;
     for &s in &touched[1..] {
         if let Some(d) = ranges.remove(&s) {
+            removed += d.len() as u64;
             let at = (s - start) as usize;
             if buf.len() < at + d.len() {
                 buf.resize(at + d.len(), 0);
@@ -322,7 +326,9 @@ fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) {
         buf.resize(at + data.len(), 0);
     }
     buf[at..at + data.len()].copy_from_slice(data);
+    let grown = buf.len() as u64 - removed;
     ranges.insert(start, buf);
+    grown
 }
 
 #[cfg(test)]
