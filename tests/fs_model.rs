@@ -461,12 +461,7 @@ fn xattrs_set_get_list_remove() {
 /// `check` notices a name whose back-reference is missing.
 #[test]
 fn check_finds_a_missing_back_reference() {
-    let (dev, e) = common::mem_engine(64 << 20, 4096);
-    let fs = Fs::new(Arc::new(e)).unwrap();
-    let f = fs
-        .create(ROOT, b"f", libc::S_IFREG | 0o644, 0, ME, None)
-        .unwrap()
-        .ino;
+    let (dev, fs, f) = fs_with_file();
     fs.sync().unwrap();
     common::assert_fs_clean(&dev);
     let key = canopy::Key::new(f, canopy::format::key_type::INODE_REF, ROOT);
@@ -490,12 +485,7 @@ fn check_finds_a_missing_back_reference() {
 /// default).
 #[test]
 fn reads_update_atime_by_policy() {
-    let (_dev, e) = common::mem_engine(64 << 20, 4096);
-    let fs = Fs::new(Arc::new(e)).unwrap();
-    let f = fs
-        .create(ROOT, b"f", libc::S_IFREG | 0o644, 0, ME, None)
-        .unwrap()
-        .ino;
+    let (_dev, fs, f) = fs_with_file();
     fs.write(f, 0, b"hello").unwrap();
     let old = canopy::format::inode::Timespec { sec: 1000, nsec: 5 };
     let set_old = |ino| {
@@ -534,4 +524,34 @@ fn reads_update_atime_by_policy() {
     std::thread::sleep(std::time::Duration::from_millis(5));
     fs.read(f, 0, 5).unwrap();
     assert_ne!(fs.getattr(f).unwrap().atime, a, "strictatime: every read");
+}
+
+/// statfs counts written data as used at once, before it is flushed.
+#[test]
+fn statfs_counts_buffered_data() {
+    let (_dev, fs, f) = fs_with_file();
+    let (total, free, _) = fs.statfs();
+    fs.write(f, 0, &vec![7u8; 1 << 20]).unwrap();
+    assert!(fs.dirty_bytes() > 0, "the write is buffered");
+    let (total2, free2, _) = fs.statfs();
+    assert_eq!(total, total2);
+    assert!(free - free2 >= 256, "free blocks {free} -> {free2}");
+    fs.sync().unwrap();
+    let (_, free3, _) = fs.statfs();
+    // (Within a few blocks: the commit also frees and allocates metadata.)
+    assert!(
+        free - free3 >= 250,
+        "still used after the flush: {free} -> {free3}"
+    );
+}
+
+/// A fresh 64 MiB filesystem with one empty file "f".
+fn fs_with_file() -> (Arc<canopy::dev::MemDevice>, Fs, u64) {
+    let (dev, e) = common::mem_engine(64 << 20, 4096);
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    let f = fs
+        .create(ROOT, b"f", libc::S_IFREG | 0o644, 0, ME, None)
+        .unwrap()
+        .ino;
+    (dev, fs, f)
 }

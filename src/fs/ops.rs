@@ -607,8 +607,11 @@ impl Fs {
     pub fn statfs(&self) -> (u64, u64, u64) {
         let (used, free) = self.engine.space();
         let bs = u64::from(crate::format::SECTORSIZE);
+        let total = used + free;
+        // Buffered data has its space reserved already (see write).
+        let free = free.saturating_sub(self.delalloc.total());
         (
-            (used + free) / bs,
+            total / bs,
             free / bs,
             self.next_ino.load(std::sync::atomic::Ordering::Relaxed) - ROOT_DIR_INO,
         )
