@@ -102,7 +102,13 @@ def main():
     date = datetime.datetime.now().strftime("%Y-%m-%d")
     results_dir = os.path.join(ROOT, "bench", "results")
     os.makedirs(results_dir, exist_ok=True)
-    raw_path = os.path.join(results_dir, f"{date}.jsonl")
+    # A second run on the same day gets <date>-2 and so on.
+    stem, n = date, 1
+    while os.path.exists(os.path.join(results_dir, f"{stem}.md")) or \
+            os.path.exists(os.path.join(results_dir, f"{stem}.jsonl")):
+        n += 1
+        stem = f"{date}-{n}"
+    raw_path = os.path.join(results_dir, f"{stem}.jsonl")
     samples = []
     all_fs = []
     for w in names:
@@ -135,8 +141,8 @@ def main():
             "command": "python3 bench/run.py " + " ".join(sys.argv[1:]),
             "docs": {w: " ".join((workloads.WORKLOADS[w].__doc__ or "").split())
                      for w in names}}
-    md = os.path.join(results_dir, f"{date}.md")
-    report.write_report(md, os.path.join(results_dir, date), summary, all_fs, meta)
+    md = os.path.join(results_dir, f"{stem}.md")
+    report.write_report(md, os.path.join(results_dir, stem), summary, all_fs, meta)
     if not a.no_docs:
         report.update_docs_summary(os.path.join(ROOT, "docs", "benchmarks.md"), summary, all_fs,
                                    os.path.relpath(md, ROOT), date)
