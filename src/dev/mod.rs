@@ -28,4 +28,7 @@ pub trait Device: Send + Sync {
     fn barrier(&self) -> Result<()>;
     /// Size in bytes.
     fn size(&self) -> u64;
+    /// Hints that `[offset, offset+len)` will be read soon (readahead);
+    /// may do nothing.
+    fn prefetch(&self, _offset: u64, _len: u64) {}
 }

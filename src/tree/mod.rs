@@ -57,6 +57,9 @@ pub trait BlockRead {
     /// The block at `bytenr`, whose header must carry `generation`.
     fn read_node(&self, bytenr: u64, generation: u64) -> Result<Arc<Node>>;
     fn nodesize(&self) -> usize;
+    /// Hints that these blocks will be read soon (readahead); may do
+    /// nothing.
+    fn prefetch(&self, _bytenrs: &[u64]) {}
 }
 
 pub trait BlockWrite: BlockRead {

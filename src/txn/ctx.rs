@@ -42,6 +42,32 @@ fn read_block(st: &State, sh: &Shared, bytenr: u64, generation: u64) -> Result<A
     Ok(node)
 }
 
+/// Starts reading the blocks not already in memory, merging adjacent ones
+/// into one request.
+fn prefetch_blocks(st: &State, sh: &Shared, bytenrs: &[u64]) {
+    let ns = sh.nodesize as u64;
+    let mut want: Vec<u64> = bytenrs
+        .iter()
+        .copied()
+        .filter(|b| !st.dirty.contains_key(b) && sh.cache.get(*b).is_none())
+        .collect();
+    want.sort_unstable();
+    let mut run: Option<(u64, u64)> = None;
+    for b in want {
+        run = match run {
+            Some((start, end)) if end == b => Some((start, b + ns)),
+            Some((start, end)) => {
+                sh.dev.prefetch(start, end - start);
+                Some((b, b + ns))
+            }
+            None => Some((b, b + ns)),
+        };
+    }
+    if let Some((start, end)) = run {
+        sh.dev.prefetch(start, end - start);
+    }
+}
+
 fn root_of(st: &State, id: u64) -> Result<RootPtr> {
     st.roots
         .get(&id)
@@ -109,6 +135,10 @@ impl<'a> Reader<'a> {
 impl BlockRead for Reader<'_> {
     fn read_node(&self, bytenr: u64, generation: u64) -> Result<Arc<Node>> {
         read_block(self.st, self.sh, bytenr, generation)
+    }
+
+    fn prefetch(&self, bytenrs: &[u64]) {
+        prefetch_blocks(self.st, self.sh, bytenrs);
     }
 
     fn nodesize(&self) -> usize {
