@@ -3,8 +3,8 @@
 //! This layer knows no FUSE types: the `fuse` front translates requests into
 //! these calls, so the semantics can be tested without a mount. Every call
 //! runs in one engine transaction (joined, not committed); durability comes
-//! from [`Fs::sync`] (fsync, syncfs, unmount) and the periodic commit the
-//! daemon runs.
+//! from [`Fs::sync`] (fsync, unmount) and the periodic commit the daemon
+//! runs (the kernel does not pass syncfs on to FUSE daemons).
 //!
 //! Items of an fs tree (see docs/architecture.md):
 //! - `(ino, INODE_ITEM, 0)`: attributes;
