@@ -159,10 +159,7 @@ fn errno<T: std::fmt::Debug>(r: canopy::Result<T>) -> i32 {
 fn directories_and_errors() {
     let (dev, e) = common::mem_engine(64 << 20, 4096);
     let mut fs = Fs::new(Arc::new(e)).unwrap();
-    let d = fs
-        .create(ROOT, b"d", libc::S_IFDIR | 0o755, 0, ME, None)
-        .unwrap()
-        .ino;
+    let d = mkdir(&fs, ROOT, b"d");
     assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3);
     let mut names = BTreeMap::new();
     for i in 0..500u32 {
@@ -215,10 +212,7 @@ fn directories_and_errors() {
         .unwrap();
     assert_eq!(fs.lookup(d, b"file-62").unwrap().ino, names["file-60"]);
     assert_eq!(fs.lookup(d, b"file-61").unwrap().ino, names["file-62"]);
-    let d2 = fs
-        .create(ROOT, b"d2", libc::S_IFDIR | 0o755, 0, ME, None)
-        .unwrap()
-        .ino;
+    let d2 = mkdir(&fs, ROOT, b"d2");
     assert_eq!(
         errno(fs.rename(ROOT, b"d", d, b"x", false, false)),
         libc::EINVAL
@@ -229,10 +223,7 @@ fn directories_and_errors() {
         d,
         "'..' follows a rename"
     );
-    let d3 = fs
-        .create(d2, b"d3", libc::S_IFDIR | 0o755, 0, ME, None)
-        .unwrap()
-        .ino;
+    let d3 = mkdir(&fs, d2, b"d3");
     assert_eq!(
         errno(fs.rename(ROOT, b"d", d3, b"loop", false, false)),
         libc::EINVAL,
@@ -554,4 +545,11 @@ fn fs_with_file() -> (Arc<canopy::dev::MemDevice>, Fs, u64) {
         .unwrap()
         .ino;
     (dev, fs, f)
+}
+
+/// Creates directory `name` in `parent`; returns its inode number.
+fn mkdir(fs: &Fs, parent: u64, name: &[u8]) -> u64 {
+    fs.create(parent, name, libc::S_IFDIR | 0o755, 0, ME, None)
+        .unwrap()
+        .ino
 }

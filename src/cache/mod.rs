@@ -32,6 +32,12 @@ impl BlockCache {
         }
     }
 
+    /// Whether the block is cached, without counting as a use (read-ahead
+    /// asks this and must not keep blocks alive).
+    pub fn contains(&self, bytenr: u64) -> bool {
+        crate::sync::lock(&self.inner).map.contains_key(&bytenr)
+    }
+
     pub fn get(&self, bytenr: u64) -> Option<Arc<Node>> {
         let mut g = crate::sync::lock(&self.inner);
         let lru = &mut *g;

@@ -407,12 +407,17 @@ fn gather<'a>(parts: &[&'a [u8]], at: u64, len: u64) -> std::borrow::Cow<'a, [u8
         }
         base += p.len();
     }
-    let all: Vec<u8> = parts
-        .iter()
-        .flat_map(|p| p.iter().copied())
-        .skip(at)
-        .take(len)
-        .collect();
+    // Copy the overlap of [at, at+len) with each part, slice by slice.
+    let mut all = Vec::with_capacity(len);
+    let mut base = 0;
+    for p in parts {
+        let from = at.max(base);
+        let to = (at + len).min(base + p.len());
+        if from < to {
+            all.extend_from_slice(&p[from - base..to - base]);
+        }
+        base += p.len();
+    }
     std::borrow::Cow::Owned(all)
 }
 

@@ -49,7 +49,7 @@ fn prefetch_blocks(st: &State, sh: &Shared, bytenrs: &[u64]) {
     let mut want: Vec<u64> = bytenrs
         .iter()
         .copied()
-        .filter(|b| !st.dirty.contains_key(b) && sh.cache.get(*b).is_none())
+        .filter(|b| !st.dirty.contains_key(b) && !sh.cache.contains(*b))
         .collect();
     want.sort_unstable();
     let mut run: Option<(u64, u64)> = None;
