@@ -1,21 +1,41 @@
 //! An image file or block device accessed with pread/pwrite (never mmap: an
 //! I/O error must be an error, not SIGBUS).
+//!
+//! File data goes through a second descriptor opened with O_DIRECT: a
+//! large write through the page cache costs a copy into freshly zeroed
+//! host pages, and the host's own dirty limit then throttles that second
+//! copy of data Canopy already buffers under its `dirty_limit` (the
+//! collapse at low limits that seed mail 001 measures on loop images).
+//! Tree blocks stay buffered: they are small and read back often. Where the
+//! host refuses O_DIRECT (tmpfs, some FUSE filesystems), data is written
+//! through the page cache like everything else.
 
 use super::Device;
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub struct FileDevice {
     file: File,
+    /// The same file opened with O_DIRECT, for data writes.
+    direct: Option<File>,
+    /// Cleared when the host rejects a direct write; data then goes buffered.
+    direct_ok: AtomicBool,
     size: u64,
     path: String,
 }
 
+/// Alignment of direct I/O buffers, offsets and lengths: the largest
+/// logical block size a host device is likely to have.
+const DIRECT_ALIGN: usize = 4096;
+
 impl FileDevice {
     /// Opens `path` for reading (and writing unless `read_only`). With
-    /// `exclusive`, takes an exclusive lock so a second opener is refused.
+    /// `exclusive`, takes an exclusive lock so a second opener is refused;
+    /// without, a shared one if it can be had, so that a reader waits for a
+    /// daemon still finishing its unmount (see [`LOCK_GRACE`]).
     pub fn open(path: &Path, read_only: bool, exclusive: bool) -> Result<FileDevice> {
         let shown = path.display().to_string();
         let file = OpenOptions::new()
@@ -24,16 +44,65 @@ impl FileDevice {
             .open(path)
             .map_err(|e| Error::io(format!("opening {shown}"), e))?;
         if exclusive {
-            file.try_lock().map_err(|_| {
+            wait_for_lock(|| file.try_lock()).map_err(|_| {
                 Error::Invalid(format!("{shown} is in use by another Canopy process"))
             })?;
+        } else if wait_for_lock(|| file.try_lock_shared()).is_err() {
+            // A live mount: readers such as `inspect` may still look.
+            tracing::warn!(image = %shown, "in use by a mounted Canopy; reading it as it is");
         }
         let size = device_size(&file).map_err(|e| Error::io(format!("sizing {shown}"), e))?;
+        let direct = if read_only {
+            None
+        } else {
+            OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .ok()
+        };
         Ok(FileDevice {
             file,
+            direct_ok: AtomicBool::new(direct.is_some()),
+            direct,
             size,
             path: shown,
         })
+    }
+
+    /// Whether data writes currently bypass the host's page cache.
+    pub fn writes_direct(&self) -> bool {
+        self.direct_ok.load(Ordering::Relaxed)
+    }
+
+    /// Writes `buf` with O_DIRECT, through an aligned bounce buffer when
+    /// `buf` itself is not aligned. Returns false (having written nothing
+    /// that counts) when direct I/O cannot take this write.
+    fn try_write_direct(&self, buf: &[u8], offset: u64) -> Result<bool> {
+        let Some(direct) = self.direct.as_ref().filter(|_| self.writes_direct()) else {
+            return Ok(false);
+        };
+        let aligned = |n: u64| n.is_multiple_of(DIRECT_ALIGN as u64);
+        if !aligned(buf.len() as u64) || !aligned(offset) || buf.is_empty() {
+            return Ok(false);
+        }
+        let r = if aligned(buf.as_ptr() as u64) {
+            direct.write_all_at(buf, offset)
+        } else {
+            bounce::with_aligned_copy(buf, |b| direct.write_all_at(b, offset))
+        };
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::info!(image = %self.path, "direct I/O refused; writing data buffered");
+                self.direct_ok.store(false, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(Error::io(
+                format!("writing {} bytes at {offset} of {}", buf.len(), self.path),
+                e,
+            )),
+        }
     }
 
     /// Creates (or extends) a sparse image file of `size` bytes.
@@ -53,6 +122,26 @@ impl FileDevice {
                 .map_err(|e| Error::io(format!("sizing {shown}"), e))?;
         }
         Ok(())
+    }
+}
+
+/// How long to wait for another Canopy process to let go of an image.
+/// `umount` of a FUSE mount returns before its daemon has written its last
+/// commit and exited; a mount, mkfs or check right after it should wait for
+/// that rather than fail or read a commit half written.
+const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn wait_for_lock(
+    try_lock: impl Fn() -> std::result::Result<(), std::fs::TryLockError>,
+) -> std::result::Result<(), std::fs::TryLockError> {
+    let since = std::time::Instant::now();
+    loop {
+        match try_lock() {
+            Err(std::fs::TryLockError::WouldBlock) if since.elapsed() < LOCK_GRACE => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            r => return r,
+        }
     }
 }
 
@@ -102,6 +191,15 @@ impl Device for FileDevice {
         })
     }
 
+    fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        if self.try_write_direct(buf, offset)? {
+            return Ok(());
+        }
+        self.write_at(buf, offset)
+    }
+
+    /// fdatasync of the buffered descriptor also flushes the device cache
+    /// for the direct writes: both descriptors name one file.
     fn barrier(&self) -> Result<()> {
         self.file
             .sync_data()
@@ -110,5 +208,62 @@ impl Device for FileDevice {
 
     fn size(&self) -> u64 {
         self.size
+    }
+}
+
+/// Page-aligned scratch memory for direct writes of unaligned buffers, one
+/// per thread and reused, so that a write costs one copy and no fresh
+/// (kernel-zeroed) pages.
+mod bounce {
+    use super::DIRECT_ALIGN;
+    use std::alloc::{alloc, dealloc, Layout};
+    use std::cell::RefCell;
+
+    struct Aligned {
+        ptr: *mut u8,
+        layout: Layout,
+    }
+
+    impl Drop for Aligned {
+        fn drop(&mut self) {
+            // SAFETY: ptr came from alloc with this layout.
+            unsafe { dealloc(self.ptr, self.layout) }
+        }
+    }
+
+    thread_local! {
+        static SCRATCH: RefCell<Option<Aligned>> = const { RefCell::new(None) };
+    }
+
+    /// Calls `f` with an aligned copy of `buf`.
+    pub fn with_aligned_copy<R>(
+        buf: &[u8],
+        f: impl FnOnce(&[u8]) -> std::io::Result<R>,
+    ) -> std::io::Result<R> {
+        SCRATCH.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.as_ref().is_none_or(|a| a.layout.size() < buf.len()) {
+                *slot = None;
+                let layout = Layout::from_size_align(buf.len(), DIRECT_ALIGN)
+                    .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+                // SAFETY: the layout has a non-zero size (callers never pass
+                // an empty buffer).
+                let ptr = unsafe { alloc(layout) };
+                if ptr.is_null() {
+                    return Err(std::io::Error::from_raw_os_error(libc::ENOMEM));
+                }
+                *slot = Some(Aligned { ptr, layout });
+            }
+            let a = slot
+                .as_ref()
+                .ok_or_else(|| std::io::Error::other("no scratch"))?;
+            // SAFETY: the allocation holds at least buf.len() bytes, is
+            // owned by this thread, and is written before it is read.
+            let copy = unsafe {
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), a.ptr, buf.len());
+                std::slice::from_raw_parts(a.ptr, buf.len())
+            };
+            f(copy)
+        })
     }
 }

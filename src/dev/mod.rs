@@ -24,6 +24,14 @@ pub trait Device: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
     /// Writes all of `buf` at `offset`; not durable until [`Device::barrier`].
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Writes file data (whole sectors at a sector-aligned offset) that is
+    /// not read back soon. The file device sends it around the host's page
+    /// cache (direct I/O), so that data is cached once, in Canopy's own
+    /// bounded buffers; others write it like anything else. Not durable
+    /// until [`Device::barrier`].
+    fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_at(buf, offset)
+    }
     /// Returns once every write issued before it is durable.
     fn barrier(&self) -> Result<()>;
     /// Size in bytes.

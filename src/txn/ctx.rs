@@ -326,7 +326,7 @@ impl<'a> Txn<'a> {
                 "data extent {bytenr} was not allocated in this transaction"
             )));
         }
-        self.sh.dev.write_at(data, bytenr)
+        self.sh.dev.write_data_at(data, bytenr)
     }
 
     pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
