@@ -546,3 +546,74 @@ fn permissions_apply_to_other_users() {
     m.unmount();
     m.check();
 }
+
+fn remount(m: &Mounted, opts: &str) -> std::process::Output {
+    canopy()
+        .args(["mount", "-o", opts])
+        .arg(&m.img)
+        .arg(&m.mnt)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn remount_read_only_commits_and_refuses_changes() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::write(m.p("f"), b"before").unwrap();
+    let out = remount(&m, "remount,ro");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(errno_of(fs::write(m.p("g"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::remove_file(m.p("f"))), libc::EROFS);
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"before");
+    // The daemon notices within a second and commits: "f" was never
+    // fsynced, yet it survives a crash once the remount has taken hold.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    m.kill9();
+    m.check();
+    m.mount("");
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"before");
+    // ro and back to rw on a mount that began rw.
+    assert!(remount(&m, "remount,ro").status.success());
+    let out = remount(&m, "remount,rw");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::write(m.p("g"), b"after").unwrap();
+    m.unmount();
+    m.check();
+    // A mount that began read-only has a read-only daemon: it stays so.
+    m.mount("ro");
+    let out = remount(&m, "remount,rw");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("began read-only"));
+    assert_eq!(errno_of(fs::write(m.p("h"), b"x")), libc::EROFS);
+    assert_eq!(fs::read(m.p("g")).unwrap(), b"after");
+    m.unmount();
+    m.check();
+}
+
+#[test]
+fn mount_right_after_umount_waits_for_the_old_daemon() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let data = vec![7u8; 3 << 20];
+    fs::write(m.p("f"), &data).unwrap();
+    // umount returns before the daemon's last commit; mount at once.
+    let mut old = m.umount_returning_daemon();
+    m.mount("");
+    assert!(fs::read(m.p("f")).unwrap() == data);
+    assert!(old.wait().unwrap().success());
+    m.unmount();
+    m.check();
+}

@@ -69,7 +69,10 @@ impl Fs {
     /// itself succeeded (and a read-only mount records nothing).
     pub(crate) fn accessed(&self, ino: u64, seen: &InodeItem) {
         let now = Timespec::now();
-        if self.engine.is_read_only() || !needs_update(self.atime_policy(), seen, now) {
+        if self.engine.is_read_only()
+            || self.is_remounted_read_only()
+            || !needs_update(self.atime_policy(), seen, now)
+        {
             return;
         }
         let tree = self.tree;

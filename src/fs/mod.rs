@@ -60,6 +60,9 @@ pub struct Fs {
     delalloc: delalloc::Delalloc,
     /// An [`AtimePolicy`] as a number.
     atime_policy: std::sync::atomic::AtomicU8,
+    /// Remounted read-only: the kernel refuses changes, and reads must not
+    /// record access times either.
+    remounted_ro: std::sync::atomic::AtomicBool,
 }
 
 /// Objectid of orphan items: `(ORPHAN_OBJECTID, ORPHAN_ITEM, ino)` marks an
@@ -87,6 +90,7 @@ impl Fs {
             open_handles: Mutex::new(HashMap::new()),
             delalloc: delalloc::Delalloc::new(),
             atime_policy: std::sync::atomic::AtomicU8::new(1),
+            remounted_ro: std::sync::atomic::AtomicBool::new(false),
         };
         fs.delete_orphans()?;
         if last.is_none() {
@@ -124,6 +128,21 @@ impl Fs {
     /// their extents before writers flush some.
     pub fn set_dirty_limit(&self, bytes: u64) {
         self.delalloc.set_limit(bytes);
+    }
+
+    /// Follows a remount: read-only commits everything first, then stops
+    /// recording access times (the kernel already refuses every change).
+    pub fn set_remounted_read_only(&self, ro: bool) -> Result<()> {
+        if ro {
+            self.sync()?;
+        }
+        self.remounted_ro.store(ro, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether the mount was remounted read-only.
+    pub fn is_remounted_read_only(&self) -> bool {
+        self.remounted_ro.load(Ordering::Relaxed)
     }
 
     /// Bytes of file data waiting in memory for extents.

@@ -30,6 +30,8 @@ pub struct MountOptions {
     pub dirty_limit: u64,
     /// When reads update access times.
     pub atime: crate::fs::AtimePolicy,
+    /// Change the options of a live mount (`mount -o remount,...`).
+    pub remount: bool,
 }
 
 impl Default for MountOptions {
@@ -48,6 +50,7 @@ impl Default for MountOptions {
             threads: 4,
             dirty_limit: crate::fs::delalloc::DEFAULT_DIRTY_LIMIT,
             atime: crate::fs::AtimePolicy::Relative,
+            remount: false,
         }
     }
 }
@@ -66,6 +69,7 @@ impl MountOptions {
             };
             match name {
                 "ro" => o.read_only = true,
+                "remount" => o.remount = true,
                 "rw" => o.read_only = false,
                 "allow_other" => o.allow_other = true,
                 "default_permissions" => o.default_permissions = true,
@@ -78,6 +82,10 @@ impl MountOptions {
                 "nodev" | "dev" | "nosuid" | "suid" | "noexec" | "exec" | "sync" | "async"
                 | "dirsync" | "lazytime" | "nolazytime" => o.kernel.push(name.to_string()),
                 "defaults" | "auto" | "noauto" | "user" | "nouser" | "_netdev" | "nofail" => {}
+                // FUSE's own, which Canopy sets itself; mount(8) passes them
+                // back from /proc/mounts on a remount.
+                "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fsname"
+                | "subtype" => {}
                 "commit" => o.commit_secs = num(value)?.max(1),
                 "cache_blocks" => o.cache_blocks = num(value)? as usize,
                 "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
@@ -199,9 +207,18 @@ pub fn serve(
     tracing::info!(image = %source, mountpoint = %mountpoint.display(), "mounted");
     ready();
     let mut last_commit = Instant::now();
+    let mut last_look = Instant::now();
+    let mount_path = mountpoint
+        .canonicalize()
+        .unwrap_or(mountpoint.to_path_buf());
     while !STOP.load(Ordering::SeqCst) && !session.guard.is_finished() {
         std::thread::sleep(Duration::from_millis(100));
-        if !opts.read_only && last_commit.elapsed() >= Duration::from_secs(opts.commit_secs) {
+        if !opts.read_only && last_look.elapsed() >= Duration::from_secs(1) {
+            follow_remount(&fs, &mount_path);
+            last_look = Instant::now();
+        }
+        let writable = !opts.read_only && !fs.is_remounted_read_only();
+        if writable && last_commit.elapsed() >= Duration::from_secs(opts.commit_secs) {
             if let Err(e) = fs.sync() {
                 tracing::error!(error = %e, "periodic commit failed");
             }
@@ -224,6 +241,137 @@ pub fn serve(
     }
     tracing::info!("unmounted cleanly");
     Ok(())
+}
+
+/// Notices a `mount -o remount,ro` (or back to rw) of our mount: the
+/// kernel changes the flags without telling the daemon, so the daemon
+/// looks at its mount now and then.
+fn follow_remount(fs: &Fs, mountpoint: &Path) {
+    let Some(ro) = mounted_read_only(mountpoint) else {
+        return;
+    };
+    if ro != fs.is_remounted_read_only() {
+        tracing::info!(read_only = ro, "remounted");
+        if let Err(e) = fs.set_remounted_read_only(ro) {
+            tracing::error!(error = %e, "commit at remount read-only failed");
+        }
+    }
+}
+
+/// Whether the `fuse.canopy` mount on `mountpoint` is read-only, from
+/// /proc/self/mountinfo; None when no such mount is listed.
+pub fn mounted_read_only(mountpoint: &Path) -> Option<bool> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.to_string_lossy();
+    info.lines().rev().find_map(|line| {
+        let (mine, sb) = line.split_once(" - ")?;
+        let f: Vec<&str> = mine.split(' ').collect();
+        let s: Vec<&str> = sb.split(' ').collect();
+        if s.first() != Some(&"fuse.canopy") || unescape_mountinfo(f.get(4)?) != want {
+            return None;
+        }
+        let has_ro = |opts: &str| opts.split(',').any(|o| o == "ro");
+        Some(has_ro(f.get(5)?) || s.get(2).is_some_and(|o| has_ro(o)))
+    })
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\NNN` (octal).
+fn unescape_mountinfo(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `mount -o remount,OPTIONS`: changes the flags of the live mount on
+/// `mountpoint` (read-only, nosuid, nodev, noexec, atime); the daemon
+/// follows within a second (see [`follow_remount`]). A mount that began
+/// read-only cannot become writable this way: its daemon opened the image
+/// read-only.
+pub fn remount(mountpoint: &Path, opts: &MountOptions) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = mountpoint
+        .canonicalize()
+        .map_err(|e| Error::io(format!("finding {}", mountpoint.display()), e))?;
+    let Some(now_ro) = mounted_read_only(&path) else {
+        return Err(Error::Invalid(format!(
+            "{} is not a mounted Canopy filesystem",
+            mountpoint.display()
+        )));
+    };
+    if now_ro && !opts.read_only && daemon_began_read_only(&path) {
+        return Err(Error::Invalid(
+            "this mount began read-only and cannot become read-write: unmount it and mount it again"
+                .into(),
+        ));
+    }
+    let flags = libc::MS_REMOUNT | kernel_flags(opts);
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::Invalid("path contains a NUL byte".into()))?;
+    // SAFETY: valid NUL-terminated strings; no data for a FUSE remount.
+    let r = unsafe {
+        libc::mount(
+            c"".as_ptr(),
+            c.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(Error::io(
+            format!("remounting {}", mountpoint.display()),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the daemon serving `mountpoint` was started read-only. The
+/// kernel keeps no trace of that, so look for the daemon among the
+/// processes: `canopy mount -f ... [-o OPTS] IMAGE MOUNTPOINT`.
+fn daemon_began_read_only(mountpoint: &Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|p| {
+        let Ok(cmdline) = std::fs::read(p.path().join("cmdline")) else {
+            return false;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_daemon =
+            args.get(1).is_some_and(|a| a == "mount") && args.iter().any(|a| a == "--notify-ready");
+        let Some(mnt) = args.iter().rev().find(|a| !a.is_empty()) else {
+            return false;
+        };
+        let served = p.path().join("cwd").join(mnt).canonicalize().ok();
+        let opts = args
+            .iter()
+            .position(|a| a == "-o")
+            .and_then(|i| args.get(i + 1))
+            .map_or("", String::as_str);
+        is_daemon
+            && served.as_deref() == Some(mountpoint)
+            && MountOptions::parse(opts).is_ok_and(|o| o.read_only)
+    })
 }
 
 /// Mounts a `fuse.canopy` filesystem directly (as root) so that
@@ -254,6 +402,35 @@ fn mount_as_root(
     if opts.allow_other {
         data.push_str(",allow_other");
     }
+    let flags = kernel_flags(opts);
+    let bad = |_| Error::Invalid("path contains a NUL byte".into());
+
+    let c_source = CString::new(source).map_err(bad)?;
+    let c_target = CString::new(mountpoint.as_os_str().as_bytes()).map_err(bad)?;
+    let c_type = CString::new("fuse.canopy").map_err(bad)?;
+    let c_data = CString::new(data).map_err(bad)?;
+    // SAFETY: all pointers are valid NUL-terminated strings for the call.
+    let r = unsafe {
+        libc::mount(
+            c_source.as_ptr(),
+            c_target.as_ptr(),
+            c_type.as_ptr(),
+            flags,
+            c_data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(Error::io(
+            format!("mounting on {}", mountpoint.display()),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(dev.into())
+}
+
+/// The mount(2) flags `opts` ask for. Like kernel filesystems mounted by
+/// a user, devices and set-id bits are off unless `dev` / `suid` are given.
+fn kernel_flags(opts: &MountOptions) -> libc::c_ulong {
     let mut flags: libc::c_ulong = 0;
     let has = |k: &str| opts.kernel.iter().any(|x| x == k);
     if !has("dev") {
@@ -278,28 +455,7 @@ fn mount_as_root(
     if opts.read_only {
         flags |= libc::MS_RDONLY;
     }
-    let bad = |_| Error::Invalid("path contains a NUL byte".into());
-    let c_source = CString::new(source).map_err(bad)?;
-    let c_target = CString::new(mountpoint.as_os_str().as_bytes()).map_err(bad)?;
-    let c_type = CString::new("fuse.canopy").map_err(bad)?;
-    let c_data = CString::new(data).map_err(bad)?;
-    // SAFETY: all pointers are valid NUL-terminated strings for the call.
-    let r = unsafe {
-        libc::mount(
-            c_source.as_ptr(),
-            c_target.as_ptr(),
-            c_type.as_ptr(),
-            flags,
-            c_data.as_ptr().cast(),
-        )
-    };
-    if r != 0 {
-        return Err(Error::io(
-            format!("mounting on {}", mountpoint.display()),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(dev.into())
+    flags
 }
 
 /// Unmounts, lazily if the mount is busy.

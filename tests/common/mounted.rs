@@ -92,6 +92,14 @@ impl Mounted {
         assert!(st.success(), "daemon exited with {st}");
     }
 
+    /// Runs `umount` and returns the daemon without waiting for it: it may
+    /// still be writing its last commit.
+    pub fn umount_returning_daemon(&mut self) -> Child {
+        let st = Command::new("umount").arg(&self.mnt).status().unwrap();
+        assert!(st.success(), "umount failed");
+        self.daemon.take().unwrap()
+    }
+
     /// Kills the daemon as a crash would and clears the dead mount.
     pub fn kill9(&mut self) {
         let mut d = self.daemon.take().unwrap();

@@ -16,7 +16,9 @@ pub struct Args {
     /// strictatime, nodev, nosuid, noexec, allow_other,
     /// default_permissions, commit=SECONDS, cache_blocks=N, threads=N,
     /// dirty_limit=SIZE (written data buffered before it is flushed;
-    /// default 64M). Unknown options are an error.
+    /// default 64M). With remount, changes the flags of the live mount on
+    /// MOUNTPOINT (ro, nosuid, nodev, noexec, atime options; a read-only
+    /// mount stays read-only). Unknown options are an error.
     #[arg(short = 'o', long, default_value = "")]
     options: String,
     /// Internal: report readiness on stdout (used when daemonizing).
@@ -32,6 +34,10 @@ const READY: &str = "canopy-ready";
 
 pub fn run(a: Args) -> Result<()> {
     let opts = MountOptions::parse(&a.options)?;
+    if opts.remount {
+        return canopy::fuse::mount::remount(&a.mountpoint, &opts)
+            .with_context(|| format!("remounting {}", a.mountpoint.display()));
+    }
     if !a.image.exists() {
         bail!("image {} does not exist", a.image.display());
     }
