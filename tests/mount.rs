@@ -617,3 +617,23 @@ fn mount_right_after_umount_waits_for_the_old_daemon() {
     m.unmount();
     m.check();
 }
+
+#[test]
+fn canopy_sync_makes_everything_durable() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::create_dir(m.p("d")).unwrap();
+    fs::write(m.p("d/f"), vec![3u8; 200_000]).unwrap();
+    let out = canopy().arg("sync").arg(&m.mnt).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    m.kill9();
+    m.check();
+    m.mount("");
+    assert_eq!(fs::read(m.p("d/f")).unwrap(), vec![3u8; 200_000]);
+    let out = canopy().arg("sync").arg(m.p("missing")).output().unwrap();
+    assert!(!out.status.success());
+    m.unmount();
+    m.check();
+}

@@ -8,6 +8,7 @@ mod check;
 mod inspect;
 mod mkfs;
 mod mount;
+mod sync;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -32,6 +33,9 @@ enum Command {
     /// Check an unmounted image read-only: checksums, trees, reference
     /// counts and free space.
     Check(check::Args),
+    /// Make everything written to a mounted filesystem durable (sync(1)
+    /// does not reach FUSE daemons).
+    Sync(sync::Args),
     /// Show internals of an unmounted image.
     #[command(subcommand)]
     Inspect(inspect::Command),
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::Mkfs(a) => mkfs::run(a),
         Command::Mount(a) => mount::run(a),
         Command::Check(a) => return check::run(a),
+        Command::Sync(a) => sync::run(a),
         Command::Inspect(c) => inspect::run(c),
     };
     match r {
@@ -65,7 +70,7 @@ fn main() -> ExitCode {
     }
 }
 
-const SUBCOMMANDS: [&str; 5] = ["mkfs", "mount", "check", "inspect", "help"];
+const SUBCOMMANDS: [&str; 6] = ["mkfs", "mount", "check", "sync", "inspect", "help"];
 
 /// Mount helpers: `mount -t fuse.canopy IMAGE DIR` runs
 /// `mount.fuse.canopy IMAGE DIR -o OPTS` (a link to this binary), and
