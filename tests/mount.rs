@@ -627,7 +627,11 @@ fn canopy_sync_makes_everything_durable() {
     fs::create_dir(m.p("d")).unwrap();
     fs::write(m.p("d/f"), vec![3u8; 200_000]).unwrap();
     let out = canopy().arg("sync").arg(&m.mnt).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     m.kill9();
     m.check();
     m.mount("");
