@@ -404,7 +404,6 @@ fn mount_as_root(
     }
     let flags = kernel_flags(opts);
     let bad = |_| Error::Invalid("path contains a NUL byte".into());
-
     let c_source = CString::new(source).map_err(bad)?;
     let c_target = CString::new(mountpoint.as_os_str().as_bytes()).map_err(bad)?;
     let c_type = CString::new("fuse.canopy").map_err(bad)?;
