@@ -1,14 +1,14 @@
 //! An image file or block device accessed with pread/pwrite (never mmap: an
 //! I/O error must be an error, not SIGBUS).
 //!
-//! File data goes through a second descriptor opened with O_DIRECT: a
-//! large write through the page cache costs a copy into freshly zeroed
-//! host pages, and the host's own dirty limit then throttles that second
-//! copy of data Canopy already buffers under its `dirty_limit` (the
-//! collapse at low limits that seed mail 001 measures on loop images).
-//! Tree blocks stay buffered: they are small and read back often. Where the
-//! host refuses O_DIRECT (tmpfs, some FUSE filesystems), data is written
-//! through the page cache like everything else.
+//! Data writes of at least [`DIRECT_MIN`] go through a second descriptor
+//! opened with O_DIRECT: a large write through the page cache costs a copy
+//! into freshly zeroed host pages, and the host's own dirty limit then
+//! throttles that second copy of data Canopy already buffers under its
+//! `dirty_limit` (the collapse at low limits that seed mail 001 measures on
+//! loop images). Tree blocks and smaller data writes stay buffered. Where
+//! the host refuses O_DIRECT (tmpfs, some FUSE filesystems), data is
+//! written through the page cache like everything else.
 
 use super::Device;
 use crate::error::{Error, Result};

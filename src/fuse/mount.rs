@@ -359,18 +359,28 @@ fn daemon_began_read_only(mountpoint: &Path) -> bool {
             .collect();
         let is_daemon =
             args.get(1).is_some_and(|a| a == "mount") && args.iter().any(|a| a == "--notify-ready");
-        let Some(mnt) = args.iter().rev().find(|a| !a.is_empty()) else {
+        let Some(mnt) = args
+            .iter()
+            .rev()
+            .find(|a| !a.is_empty())
+            .filter(|_| is_daemon)
+        else {
             return false;
         };
-        let served = p.path().join("cwd").join(mnt).canonicalize().ok();
         let opts = args
             .iter()
             .position(|a| a == "-o")
             .and_then(|i| args.get(i + 1))
             .map_or("", String::as_str);
-        is_daemon
-            && served.as_deref() == Some(mountpoint)
-            && MountOptions::parse(opts).is_ok_and(|o| o.read_only)
+        // Only a daemon's mount point is resolved (through its own cwd).
+        MountOptions::parse(opts).is_ok_and(|o| o.read_only)
+            && p.path()
+                .join("cwd")
+                .join(mnt)
+                .canonicalize()
+                .ok()
+                .as_deref()
+                == Some(mountpoint)
     })
 }
 
