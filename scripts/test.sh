@@ -12,3 +12,5 @@ echo "== cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --locked "$@"
+echo "== mount tests again, mounted with the kernel's writeback cache"
+CANOPY_TEST_MOUNT_OPTS=writeback_cache cargo test --locked --test mount --test exerciser "$@"

@@ -21,6 +21,7 @@ mod atime;
 pub mod delalloc;
 mod dir;
 mod file;
+mod ghost;
 mod ops;
 pub mod xattr;
 
@@ -63,6 +64,8 @@ pub struct Fs {
     /// Remounted read-only: the kernel refuses changes, and reads must not
     /// record access times either.
     remounted_ro: std::sync::atomic::AtomicBool,
+    /// Deleted inodes the kernel has not forgotten yet.
+    ghosts: ghost::Ghosts,
 }
 
 /// Objectid of orphan items: `(ORPHAN_OBJECTID, ORPHAN_ITEM, ino)` marks an
@@ -91,6 +94,7 @@ impl Fs {
             delalloc: delalloc::Delalloc::new(),
             atime_policy: std::sync::atomic::AtomicU8::new(1),
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
+            ghosts: ghost::Ghosts::default(),
         };
         fs.delete_orphans()?;
         if last.is_none() {
@@ -148,6 +152,11 @@ impl Fs {
     /// Bytes of file data waiting in memory for extents.
     pub fn dirty_bytes(&self) -> u64 {
         self.delalloc.total()
+    }
+
+    /// The kernel dropped its last reference to `ino` (FUSE's FORGET).
+    pub fn forget(&self, ino: u64) {
+        self.ghosts.forget(ino);
     }
 
     fn alloc_ino(&self) -> u64 {

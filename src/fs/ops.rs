@@ -82,6 +82,29 @@ pub struct SetAttr {
     pub ctime: Option<Timespec>,
 }
 
+impl SetAttr {
+    /// Everything but the size (which moves data) onto `i`; the ctime is
+    /// the one given (the kernel's, under the writeback cache) or `now`.
+    fn apply_to(&self, i: &mut InodeItem, now: Timespec) {
+        if let Some(m) = self.mode {
+            i.mode = (i.mode & libc::S_IFMT) | (m & !libc::S_IFMT);
+        }
+        if let Some(u) = self.uid {
+            i.uid = u;
+        }
+        if let Some(g) = self.gid {
+            i.gid = g;
+        }
+        if let Some(t) = self.atime {
+            i.atime = t;
+        }
+        if let Some(t) = self.mtime {
+            i.mtime = t;
+        }
+        i.ctime = self.ctime.unwrap_or(now);
+    }
+}
+
 /// Who creates a new inode.
 #[derive(Clone, Copy, Debug)]
 pub struct Owner {
@@ -95,13 +118,26 @@ impl Fs {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.engine.read(|r| {
+        let found = self.engine.read(|r| {
             let mut a = attr(ino, &load_inode_r(r, self.tree, ino)?);
             // Buffered data will take space when flushed; count it now, as
             // `du` right after a write expects.
             a.blocks += self.delalloc.bytes_of(ino).div_ceil(512);
             Ok(a)
-        })
+        });
+        match found {
+            Err(Error::NotFound) => self.ghost_attr(ino, |_| {}),
+            found => found,
+        }
+    }
+
+    /// Attributes of the ghost of a deleted inode after `change`; NotFound
+    /// if the inode never existed or the kernel has forgotten it.
+    fn ghost_attr(&self, ino: u64, change: impl FnOnce(&mut InodeItem)) -> Result<Attr> {
+        self.ghosts
+            .haunt(ino, change)
+            .map(|i| attr(ino, &i))
+            .ok_or(Error::NotFound)
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
@@ -249,7 +285,9 @@ impl Fs {
             return store_inode(tx, tree, ino, inode);
         }
         self.delalloc.discard(ino);
-        delete_inode(tx, tree, ino)
+        delete_inode(tx, tree, ino)?;
+        self.ghosts.bury(ino, inode);
+        Ok(())
     }
 
     fn is_open(&self, ino: u64) -> bool {
@@ -291,7 +329,10 @@ impl Fs {
             }
             tx.delete(tree, &orphan_key(ino))?;
             self.delalloc.discard(ino);
-            delete_inode(tx, tree, ino)
+            let inode = load_inode_tx(tx, tree, ino)?;
+            delete_inode(tx, tree, ino)?;
+            self.ghosts.bury(ino, inode);
+            Ok(())
         })
     }
 
@@ -479,9 +520,9 @@ impl Fs {
             self.engine.reserve(u64::from(crate::format::SECTORSIZE))?;
         }
         let tree = self.tree;
-        self.engine.write(|tx| {
+        let now = Timespec::now();
+        let done = self.engine.write(|tx| {
             let mut i = load_inode_tx(tx, tree, ino)?;
-            let now = Timespec::now();
             if let Some(size) = s.size {
                 if is_dir(i.mode) {
                     return Err(errno(libc::EISDIR, "is a directory"));
@@ -495,25 +536,20 @@ impl Fs {
                 i.size = size;
                 i.mtime = now;
             }
-            if let Some(m) = s.mode {
-                i.mode = (i.mode & libc::S_IFMT) | (m & !libc::S_IFMT);
-            }
-            if let Some(u) = s.uid {
-                i.uid = u;
-            }
-            if let Some(g) = s.gid {
-                i.gid = g;
-            }
-            if let Some(t) = s.atime {
-                i.atime = t;
-            }
-            if let Some(t) = s.mtime {
-                i.mtime = t;
-            }
-            i.ctime = s.ctime.unwrap_or(now);
+            s.apply_to(&mut i, now);
             store_inode(tx, tree, ino, i.clone())?;
             Ok(attr(ino, &i))
-        })
+        });
+        match done {
+            // The kernel flushing the times of a file deleted meanwhile.
+            Err(Error::NotFound) => self.ghost_attr(ino, |i| {
+                if let Some(size) = s.size {
+                    i.size = size;
+                }
+                s.apply_to(i, now);
+            }),
+            done => done,
+        }
     }
 
     pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
@@ -557,7 +593,7 @@ impl Fs {
             self.flush_to_limit()?;
         }
         let tree = self.tree;
-        self.engine.write(|tx| {
+        let done = self.engine.write(|tx| {
             let mut i = load_inode_tx(tx, tree, ino)?;
             if is_dir(i.mode) {
                 return Err(errno(libc::EISDIR, "is a directory"));
@@ -570,7 +606,15 @@ impl Fs {
             i.ctime = now;
             store_inode(tx, tree, ino, i)?;
             Ok(data.len() as u32)
-        })
+        });
+        match done {
+            // Cached pages of a file deleted meanwhile: nobody can read
+            // them back, so they are dropped as written.
+            Err(Error::NotFound) if self.ghosts.haunt(ino, |_| {}).is_some() => {
+                Ok(data.len() as u32)
+            }
+            done => done,
+        }
     }
 
     /// Directory entries after readdir offset `offset`: (next offset, ino,

@@ -10,7 +10,7 @@ pub mod mount;
 use crate::format::inode::{Timespec, ROOT_DIR_INO};
 use crate::fs::{Attr, Fs, Owner, SetAttr};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
@@ -22,16 +22,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Canopy is the only writer of its image, so the kernel may cache long.
 const TTL: Duration = Duration::from_secs(60);
+/// How opened files are cached. Every change to file data passes through
+/// the kernel (write, truncate, fallocate and copy_file_range all drop or
+/// update the pages they touch), so the page cache of a file stays valid
+/// from one open to the next; without KEEP_CACHE each open would throw it
+/// away and read everything again through the daemon.
+const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE;
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE: u32 = 1 << 20;
 
 pub struct FuseFs {
     fs: Arc<Fs>,
+    /// The kernel's writeback cache: asked for at init, and on if the
+    /// kernel agreed.
+    writeback_cache: bool,
 }
 
 impl FuseFs {
-    pub fn new(fs: Arc<Fs>) -> FuseFs {
-        FuseFs { fs }
+    pub fn new(fs: Arc<Fs>, writeback_cache: bool) -> FuseFs {
+        FuseFs {
+            fs,
+            writeback_cache,
+        }
     }
 }
 
@@ -50,6 +62,8 @@ fn from_ino(i: u64) -> INodeNo {
 fn err(e: crate::Error) -> Errno {
     if e.errno() == libc::EIO {
         tracing::error!(error = %e, "I/O error");
+    } else {
+        tracing::debug!(error = %e, "request failed");
     }
     Errno::from_i32(e.errno())
 }
@@ -140,6 +154,14 @@ impl Filesystem for FuseFs {
         if let Err(nearest) = config.set_max_write(MAX_WRITE) {
             let _ = config.set_max_write(nearest);
         }
+        if self.writeback_cache
+            && config
+                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+                .is_err()
+        {
+            tracing::warn!("the kernel has no FUSE writeback cache; writes go through");
+            self.writeback_cache = false;
+        }
         Ok(())
     }
 
@@ -151,6 +173,10 @@ impl Filesystem for FuseFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         reply_entry(self.fs.lookup(to_ino(parent), name.as_bytes()), reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        self.fs.forget(to_ino(ino));
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -315,7 +341,7 @@ impl Filesystem for FuseFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.fs.open(to_ino(ino));
-        reply.opened(FileHandle(0), FopenFlags::empty());
+        reply.opened(FileHandle(0), OPEN_FLAGS);
     }
 
     fn release(
@@ -454,13 +480,7 @@ impl Filesystem for FuseFs {
             Ok(a) => {
                 self.fs.open(a.ino);
                 let attr = file_attr(&a);
-                reply.created(
-                    &TTL,
-                    &attr,
-                    Generation(0),
-                    FileHandle(0),
-                    FopenFlags::empty(),
-                )
+                reply.created(&TTL, &attr, Generation(0), FileHandle(0), OPEN_FLAGS)
             }
             Err(e) => reply.error(err(e)),
         }
@@ -503,6 +523,12 @@ impl Filesystem for FuseFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        if self.writeback_cache {
+            // The kernel sends lseek without writing its dirty pages back
+            // first, so Canopy cannot see all the data; ENOSYS makes the
+            // kernel answer itself, treating the whole file as data.
+            return reply.error(Errno::ENOSYS);
+        }
         let data = match whence {
             libc::SEEK_DATA => true,
             libc::SEEK_HOLE => false,

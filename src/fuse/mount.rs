@@ -32,6 +32,13 @@ pub struct MountOptions {
     pub atime: crate::fs::AtimePolicy,
     /// Change the options of a live mount (`mount -o remount,...`).
     pub remount: bool,
+    /// Let the kernel buffer writes in its page cache and send them in
+    /// large batches (FUSE's writeback cache). Off unless asked for: the
+    /// daemon then sees writes only at writeback, so a full disk or quota
+    /// shows at fsync or close rather than at write, st_blocks lags, and
+    /// SEEK_DATA/SEEK_HOLE cannot see unflushed data (so they report no
+    /// holes).
+    pub writeback_cache: bool,
 }
 
 impl Default for MountOptions {
@@ -51,6 +58,7 @@ impl Default for MountOptions {
             dirty_limit: crate::fs::delalloc::DEFAULT_DIRTY_LIMIT,
             atime: crate::fs::AtimePolicy::Relative,
             remount: false,
+            writeback_cache: false,
         }
     }
 }
@@ -86,6 +94,8 @@ impl MountOptions {
                 // back from /proc/mounts on a remount.
                 "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fsname"
                 | "subtype" => {}
+                "writeback_cache" => o.writeback_cache = true,
+                "no_writeback_cache" => o.writeback_cache = false,
                 "commit" => o.commit_secs = num(value)?.max(1),
                 "cache_blocks" => o.cache_blocks = num(value)? as usize,
                 "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
@@ -187,8 +197,13 @@ pub fn serve(
     let config = opts.fuser_config(&source);
     let (session, kernel_mounted) = if unsafe { libc::geteuid() } == 0 {
         let fd = mount_as_root(&source, mountpoint, opts)?;
-        let s = fuser::Session::from_fd(FuseFs::new(fs.clone()), fd, config.acl, config)
-            .and_then(fuser::Session::spawn);
+        let s = fuser::Session::from_fd(
+            FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only),
+            fd,
+            config.acl,
+            config,
+        )
+        .and_then(fuser::Session::spawn);
         match s {
             Ok(s) => (s, true),
             Err(e) => {
@@ -200,8 +215,12 @@ pub fn serve(
             }
         }
     } else {
-        let s = fuser::spawn_mount(FuseFs::new(fs.clone()), mountpoint, &config)
-            .map_err(|e| Error::io(format!("mounting on {}", mountpoint.display()), e))?;
+        let s = fuser::spawn_mount(
+            FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only),
+            mountpoint,
+            &config,
+        )
+        .map_err(|e| Error::io(format!("mounting on {}", mountpoint.display()), e))?;
         (s, false)
     };
     tracing::info!(image = %source, mountpoint = %mountpoint.display(), "mounted");

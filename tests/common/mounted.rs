@@ -28,12 +28,17 @@ pub struct Mounted {
 
 impl Mounted {
     pub fn new() -> Mounted {
+        Mounted::with_size("512M")
+    }
+
+    /// A fresh image of `size` (as `mkfs -s` takes it), mounted.
+    pub fn with_size(size: &str) -> Mounted {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("fs.img");
         let mnt = dir.path().join("mnt");
         fs::create_dir(&mnt).unwrap();
         let st = canopy()
-            .args(["mkfs", "-q", "-s", "512M"])
+            .args(["mkfs", "-q", "-s", size])
             .arg(&img)
             .status()
             .unwrap();
@@ -48,11 +53,19 @@ impl Mounted {
         m
     }
 
+    /// Mounts with `opts` and, after them, the options in
+    /// `CANOPY_TEST_MOUNT_OPTS` (scripts/test.sh runs the mount tests once
+    /// more with `writeback_cache` there).
     pub fn mount(&mut self, opts: &str) {
         let mut cmd = canopy();
         cmd.args(["mount", "-f", "--notify-ready"]);
-        if !opts.is_empty() {
-            cmd.args(["-o", opts]);
+        let extra = std::env::var("CANOPY_TEST_MOUNT_OPTS").unwrap_or_default();
+        let all: Vec<&str> = [opts, extra.as_str()]
+            .into_iter()
+            .filter(|o| !o.is_empty())
+            .collect();
+        if !all.is_empty() {
+            cmd.args(["-o", &all.join(",")]);
         }
         let mut child = cmd
             .arg(&self.img)
