@@ -381,6 +381,41 @@ def qgroups(fs, scale):
     return samples
 
 
+# -- stalls: listing a directory during a large fsync'd write -------------
+
+def stall(fs, scale):
+    """`ls` of a 200-entry directory every 2 ms while `dd` writes a large
+    file with conv=fsync (the issue: a long write or fsync in one process
+    must not stall a `stat` or `ls` in another). Reports the listing's
+    median, 99th percentile and worst latency, and the write's speed."""
+    size_mib = max(256, int(2048 * scale))
+    fs.make()
+    d = fs.path("dir")
+    os.makedirs(d)
+    for i in range(200):
+        open(os.path.join(d, f"f{i}"), "w").close()
+    t0 = time.perf_counter()
+    dd = subprocess.Popen(["dd", "if=/dev/zero", f"of={fs.path('big')}", "bs=1M",
+                           f"count={size_mib}", "conv=fsync", "status=none"])
+    lat = []
+    while dd.poll() is None:
+        t = time.perf_counter()
+        os.listdir(d)
+        lat.append((time.perf_counter() - t) * 1000)
+        time.sleep(0.002)
+    secs = time.perf_counter() - t0
+    fs.umount()
+    if dd.returncode != 0 or not lat:
+        raise RuntimeError(f"{fs.name}: dd failed or no listing ran")
+    lat.sort()
+    return [
+        ("ls during write, median (ms)", lat[len(lat) // 2], "ms", "lower"),
+        ("ls during write, p99 (ms)", lat[int(len(lat) * 0.99)], "ms", "lower"),
+        ("ls during write, max (ms)", lat[-1], "ms", "lower"),
+        (f"write {size_mib} MiB with fsync (MB/s)", size_mib * MIB / 1e6 / secs, "MB/s", "higher"),
+    ]
+
+
 def image_size(workload, scale):
     """Bytes of each filesystem's image for a workload (the same for all)."""
     if workload == "fsync-random":
@@ -401,6 +436,7 @@ WORKLOADS = {
     "fsync-random": fsync_random,
     "everyday": everyday,
     "qgroups": qgroups,
+    "stall": stall,
 }
 
 # Filesystems each workload runs on by default (tmpfs is the floor for the

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Length past which appends start a new range.
-const RANGE_MAX: u64 = 16 << 20;
+const RANGE_MAX: u64 = 4 << 20;
 
 /// Default limit of buffered bytes before writers flush.
 pub const DEFAULT_DIRTY_LIMIT: u64 = 64 << 20;
@@ -184,7 +184,7 @@ impl Delalloc {
 
 /// Most bytes one flush transaction writes, so that a large flush does not
 /// hold the state lock (and stall `stat`/`ls`) for long at a time.
-const FLUSH_CHUNK: u64 = 16 << 20;
+const FLUSH_CHUNK: u64 = 4 << 20;
 
 impl super::Fs {
     /// Gives extents to up to `budget` buffered bytes of `ino`, inside the
@@ -225,7 +225,9 @@ impl super::Fs {
         while self
             .engine
             .write(|tx| self.flush_in(tx, ino, FLUSH_CHUNK))?
-        {}
+        {
+            self.engine.let_readers_in();
+        }
         Ok(())
     }
 

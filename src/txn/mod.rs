@@ -42,6 +42,7 @@ use crate::format::node::Node;
 use crate::format::superblock::Superblock;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 /// Tree blocks kept free for commits and deletions (see [`Engine::reserve`]).
@@ -90,6 +91,8 @@ pub struct Engine {
     commit_turn: Condvar,
     failed: Mutex<Option<String>>,
     read_only: bool,
+    /// Readers waiting for the state lock (see [`Engine::let_readers_in`]).
+    readers_waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Engine {
@@ -134,8 +137,24 @@ impl Engine {
     /// while other readers run too.
     pub fn read<R>(&self, f: impl FnOnce(&Reader<'_>) -> Result<R>) -> Result<R> {
         self.check_alive()?;
+        self.readers_waiting.fetch_add(1, Ordering::SeqCst);
         let st = crate::sync::read(&self.state);
+        self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
         f(&Reader::new(&st, &self.shared))
+    }
+
+    /// Called between the transactions of a long run of writes (a large
+    /// flush): gives readers queued on the state lock a moment to take it.
+    /// The lock wakes them when a writer lets go, but a writer that takes
+    /// it again at once can keep them waiting for the whole run, so a
+    /// `stat` would wait for a whole fsync.
+    pub fn let_readers_in(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(2);
+        while self.readers_waiting.load(Ordering::SeqCst) > 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
     }
 
     /// Whether the engine was opened read-only.
