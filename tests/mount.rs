@@ -750,3 +750,53 @@ fn mtime_seen_after_a_write_is_kept() {
     m.unmount();
     m.check();
 }
+
+/// A cold sequential read of a file made of many extents with holes between
+/// them returns exactly what was written while the daemon reads ahead, and
+/// the mount's read-ahead is raised to the `readahead=` option.
+#[test]
+fn cold_sequential_read_with_read_ahead_returns_the_written_bytes() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::with_size("256M");
+    let mib = 1u64 << 20;
+    let mut want = vec![0u8; (40 * mib) as usize];
+    {
+        let f = fs::File::create(m.p("striped")).unwrap();
+        // 3 MiB of data, then a 1 MiB hole, ten times over.
+        for stripe in 0..10u64 {
+            let at = stripe * 4 * mib;
+            let data: Vec<u8> = (0..3 * mib)
+                .map(|i| (((at + i) * 2654435761) >> 13) as u8)
+                .collect();
+            f.write_all_at(&data, at).unwrap();
+            want[at as usize..(at + 3 * mib) as usize].copy_from_slice(&data);
+        }
+        f.set_len(40 * mib).unwrap();
+        f.sync_all().unwrap();
+    }
+    m.unmount();
+    drop_caches();
+    m.mount("readahead=8M");
+    if unsafe { libc::geteuid() } == 0 {
+        let dev = fs::metadata(&m.mnt).unwrap().dev();
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        let kb =
+            fs::read_to_string(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb")).unwrap();
+        assert_eq!(kb.trim(), "8192");
+    }
+    let mut got = Vec::new();
+    fs::File::open(m.p("striped"))
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
+    assert!(got == want, "sequential read differs from what was written");
+    m.unmount();
+    m.check();
+}
+
+/// Empties the kernel's page cache, so the next read goes to the image.
+fn drop_caches() {
+    let _ = fs::write("/proc/sys/vm/drop_caches", "3");
+}

@@ -99,6 +99,28 @@ pub(crate) fn read<B: BlockRead + DataRead + ?Sized>(
     Ok(out)
 }
 
+/// Starts reading from the device the data of `[start, end)` of the file,
+/// so the reads that follow find it in memory.
+pub(crate) fn prefetch(
+    r: &crate::txn::Reader<'_>,
+    root: &RootPtr,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<()> {
+    for (k, fe) in items_in(r, root, ino, start, end)? {
+        if fe.kind != FILE_EXTENT_REG || fe.disk_bytenr == 0 {
+            continue;
+        }
+        let from = k.max(start);
+        let to = (k + item_len(&fe)).min(end);
+        if from < to {
+            r.prefetch_data(fe.disk_bytenr + fe.offset + (from - k), to - from);
+        }
+    }
+    Ok(())
+}
+
 /// Reads data bytes of an extent (the engine's device access).
 pub(crate) trait DataRead {
     fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()>;

@@ -23,6 +23,7 @@ mod dir;
 mod file;
 mod ghost;
 mod ops;
+mod readahead;
 pub mod xattr;
 
 pub use atime::AtimePolicy;
@@ -66,6 +67,8 @@ pub struct Fs {
     remounted_ro: std::sync::atomic::AtomicBool,
     /// Deleted inodes the kernel has not forgotten yet.
     ghosts: ghost::Ghosts,
+    /// Sequential readers, for read-ahead of their data on the device.
+    readahead: readahead::ReadAhead,
 }
 
 /// Objectid of orphan items: `(ORPHAN_OBJECTID, ORPHAN_ITEM, ino)` marks an
@@ -95,6 +98,7 @@ impl Fs {
             atime_policy: std::sync::atomic::AtomicU8::new(1),
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
             ghosts: ghost::Ghosts::default(),
+            readahead: readahead::ReadAhead::default(),
         };
         fs.delete_orphans()?;
         if last.is_none() {
@@ -157,6 +161,7 @@ impl Fs {
     /// The kernel dropped its last reference to `ino` (FUSE's FORGET).
     pub fn forget(&self, ino: u64) {
         self.ghosts.forget(ino);
+        self.readahead.forget(ino);
     }
 
     fn alloc_ino(&self) -> u64 {

@@ -571,6 +571,9 @@ impl Fs {
                 end - offset,
             )?;
             self.delalloc.overlay(ino, offset, &mut data);
+            if let Some((from, to)) = self.readahead.plan(ino, offset, end - offset, i.size) {
+                file::prefetch(r, &r.root(self.tree)?, ino, from, to)?;
+            }
             Ok((data, i))
         })?;
         self.accessed(ino, &seen);

@@ -130,6 +130,11 @@ impl<'a> Reader<'a> {
     pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
         self.sh.dev.read_at(buf, bytenr)
     }
+
+    /// Starts reading data bytes the caller expects to need soon.
+    pub fn prefetch_data(&self, bytenr: u64, len: u64) {
+        self.sh.dev.prefetch(bytenr, len);
+    }
 }
 
 impl BlockRead for Reader<'_> {

@@ -16,9 +16,11 @@ pub struct Args {
     /// strictatime, nodev, nosuid, noexec, allow_other,
     /// default_permissions, commit=SECONDS, cache_blocks=N, threads=N,
     /// dirty_limit=SIZE (written data buffered before it is flushed;
-    /// default 64M), writeback_cache (the kernel buffers writes; ENOSPC
-    /// then shows at fsync or close, see README). With remount, changes the flags of the live mount on
-    /// MOUNTPOINT (ro, nosuid, nodev, noexec, atime options; a read-only
+    /// default 64M), readahead=SIZE (how far the kernel reads ahead of a
+    /// sequential reader; default 4M, 0 keeps the kernel's 128K),
+    /// writeback_cache (the kernel buffers writes; ENOSPC then shows at
+    /// fsync or close, see README). With remount, changes the flags of the
+    /// live mount on MOUNTPOINT (ro, nosuid, nodev, noexec, atime options; a read-only
     /// mount stays read-only). Unknown options are an error.
     #[arg(short = 'o', long, default_value = "")]
     options: String,
