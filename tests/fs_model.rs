@@ -553,3 +553,130 @@ fn mkdir(fs: &Fs, parent: u64, name: &[u8]) -> u64 {
         .unwrap()
         .ino
 }
+
+/// One inode with hundreds of long names in one directory: the names
+/// overflow the INODE_REF item into INODE_EXTREF items, and every name can
+/// be looked up, renamed and removed, leaving a clean image.
+#[test]
+fn many_names_of_one_inode_in_one_directory() {
+    let (dev, mut fs, f) = fs_with_file();
+    let name = |i: u32| format!("{i:04}{}", "x".repeat(196)).into_bytes();
+    for i in 0..600 {
+        fs.link(f, ROOT, &name(i)).unwrap();
+    }
+    assert_eq!(fs.getattr(f).unwrap().nlink, 601);
+    fs = reopen(&dev, fs);
+    let sub = mkdir(&fs, ROOT, b"sub");
+    for i in (0..600).step_by(3) {
+        fs.rename(ROOT, &name(i), sub, &name(i), false, false)
+            .unwrap();
+    }
+    for i in (1..600).step_by(3) {
+        fs.remove(ROOT, &name(i), false).unwrap();
+    }
+    fs = reopen(&dev, fs);
+    for i in 0..600 {
+        let (dir, present) = match i % 3 {
+            0 => (sub, true),
+            1 => (ROOT, false),
+            _ => (ROOT, true),
+        };
+        match fs.lookup(dir, &name(i)) {
+            Ok(a) => assert!(present && a.ino == f, "name {i}"),
+            Err(e) => assert!(!present && e.errno() == libc::ENOENT, "name {i}: {e}"),
+        }
+    }
+    assert_eq!(fs.getattr(f).unwrap().nlink, 401);
+    for i in 0..600 {
+        let dir = if i % 3 == 0 { sub } else { ROOT };
+        if i % 3 != 1 {
+            fs.remove(dir, &name(i), false).unwrap();
+        }
+    }
+    fs.remove(ROOT, b"f", false).unwrap();
+    let _ = reopen(&dev, fs);
+}
+
+/// Names whose hashes collide share one DIR_ITEM; when it is full, create,
+/// link and rename fail with EOVERFLOW and change nothing.
+#[test]
+fn a_full_hash_bucket_fails_cleanly() {
+    let (dev, mut fs, f) = fs_with_file();
+    let target = canopy::format::crc(b"the bucket");
+    let mut colliding = (0u32..)
+        .filter_map(|i| forge_crc32c(format!("{i:03}{}", "y".repeat(190)).as_bytes(), target));
+    let mut made = Vec::new();
+    let err = loop {
+        let n = colliding.next().expect("names");
+        match fs.create(ROOT, &n, libc::S_IFREG | 0o644, 0, ME, None) {
+            Ok(_) => made.push(n),
+            Err(e) => break (e, n),
+        };
+        assert!(
+            made.len() < 1000,
+            "a 4 KiB node cannot hold 1000 such names"
+        );
+    };
+    assert_eq!(err.0.errno(), libc::EOVERFLOW, "{}", err.0);
+    assert!(made.len() > 3, "only {} names fitted", made.len());
+    let next = err.1;
+    assert_eq!(errno(fs.link(f, ROOT, &next)), libc::EOVERFLOW);
+    assert_eq!(fs.getattr(f).unwrap().nlink, 1);
+    assert_eq!(
+        errno(fs.rename(ROOT, b"f", ROOT, &next, false, false)),
+        libc::EOVERFLOW
+    );
+    assert_eq!(fs.lookup(ROOT, b"f").unwrap().ino, f);
+    assert_eq!(errno(fs.lookup(ROOT, &next)), libc::ENOENT);
+    fs = reopen(&dev, fs);
+    for n in &made {
+        fs.lookup(ROOT, n).unwrap();
+    }
+    // Making room in the bucket lets the name in.
+    fs.remove(ROOT, &made[0], false).unwrap();
+    fs.rename(ROOT, b"f", ROOT, &next, false, false).unwrap();
+    let _ = reopen(&dev, fs);
+}
+
+/// `prefix` followed by four bytes chosen so that the crc32c of the whole
+/// is `target`, or None when those bytes would not make a valid file name.
+/// The crc of the appended bytes is affine in their 32 bits, so the bytes
+/// come from solving a 32x32 linear system over GF(2).
+fn forge_crc32c(prefix: &[u8], target: u32) -> Option<Vec<u8>> {
+    let crc_with = |x: u32| {
+        let mut v = prefix.to_vec();
+        v.extend_from_slice(&x.to_le_bytes());
+        canopy::format::crc(&v)
+    };
+    let base = crc_with(0);
+    // Row i: the bit pattern of x (low 32 bits) that flips crc bit i,
+    // solved by Gauss-Jordan elimination on columns (crc change, x bit).
+    let mut cols: Vec<(u32, u32)> = (0..32).map(|b| (crc_with(1 << b) ^ base, 1 << b)).collect();
+    let mut x = 0u32;
+    let mut want = target ^ base;
+    for bit in 0..32 {
+        let pivot = (bit..32).find(|&c| cols[c].0 >> bit & 1 == 1)?;
+        cols.swap(bit, pivot);
+        let (pc, px) = cols[bit];
+        for (c, col) in cols.iter_mut().enumerate() {
+            if c != bit && col.0 >> bit & 1 == 1 {
+                col.0 ^= pc;
+                col.1 ^= px;
+            }
+        }
+    }
+    for (bit, (c, px)) in cols.iter().enumerate() {
+        debug_assert_eq!(*c, 1 << bit);
+        if want >> bit & 1 == 1 {
+            x ^= px;
+            want ^= c;
+        }
+    }
+    let bytes = x.to_le_bytes();
+    if bytes.contains(&0) || bytes.contains(&b'/') {
+        return None;
+    }
+    let mut name = prefix.to_vec();
+    name.extend_from_slice(&bytes);
+    (canopy::format::crc(&name) == target).then_some(name)
+}

@@ -1,14 +1,16 @@
 //! POSIX-level checks of every fs tree, run once the structure is sound:
 //! each directory entry names an existing inode, DIR_ITEM and DIR_INDEX agree,
 //! link counts equal the entries found (directories: 2 + subdirectories),
-//! every name has the child's back-reference (INODE_REF) and every
+//! every name has the child's back-reference (INODE_REF or INODE_EXTREF) and every
 //! back-reference a name, and inodes without links are orphans awaiting
 //! deletion.
 
 use super::Report;
 use crate::dev::Device;
-use crate::format::inode::{DirEntry, InodeItem, ROOT_DIR_INO};
-use crate::format::key_type::{DIR_INDEX, DIR_ITEM, INODE_ITEM, INODE_REF, ORPHAN_ITEM};
+use crate::format::inode::{extref_hash, DirEntry, InodeItem, ROOT_DIR_INO};
+use crate::format::key_type::{
+    DIR_INDEX, DIR_ITEM, INODE_EXTREF, INODE_ITEM, INODE_REF, ORPHAN_ITEM,
+};
 use crate::format::{tree_id, Key};
 use crate::tree::Cursor;
 use crate::{Engine, OpenOptions};
@@ -83,6 +85,18 @@ fn check_tree(engine: &Engine, tree: u64, report: &mut Report) -> crate::Result<
                     Ok(refs) => {
                         for e in refs {
                             referenced.insert((k.objectid, k.offset, e.name));
+                        }
+                    }
+                    Err(e) => report.problem(loc(), e),
+                },
+                INODE_EXTREF => match DirEntry::decode_all(&it.data) {
+                    Ok(refs) => {
+                        for e in refs {
+                            if extref_hash(e.ino, &e.name) != k.offset {
+                                report
+                                    .problem(loc(), "extended back-reference under the wrong hash");
+                            }
+                            referenced.insert((k.objectid, e.ino, e.name));
                         }
                     }
                     Err(e) => report.problem(loc(), e),

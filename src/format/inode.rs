@@ -164,3 +164,9 @@ impl DirEntry {
 pub fn name_hash(name: &[u8]) -> u64 {
     u64::from(super::crc(name))
 }
+
+/// Offset of INODE_EXTREF keys: crc32c of the directory's number in the
+/// high half, crc32c of the name in the low half (collisions share an item).
+pub fn extref_hash(dir: u64, name: &[u8]) -> u64 {
+    (u64::from(super::crc(&dir.to_le_bytes())) << 32) | u64::from(super::crc(name))
+}

@@ -66,6 +66,9 @@ pub mod tree_id {
 pub mod key_type {
     pub const INODE_ITEM: u8 = 1;
     pub const INODE_REF: u8 = 12;
+    /// Overflow back-reference: `(ino, INODE_EXTREF, extref_hash(dir, name))`,
+    /// used once the inode's INODE_REF item for `dir` is full.
+    pub const INODE_EXTREF: u8 = 13;
     pub const XATTR_ITEM: u8 = 24;
     pub const ORPHAN_ITEM: u8 = 48;
     pub const DIR_LOG_INDEX: u8 = 72;

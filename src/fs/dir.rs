@@ -1,13 +1,14 @@
 //! Directory entries: by name hash (DIR_ITEM) and by index (DIR_INDEX),
-//! and the back-reference from the child to its names (INODE_REF), which
+//! and the back-reference from the child to its names (INODE_REF, with
+//! INODE_EXTREF for names beyond what one item holds), which
 //! gives a directory's parent ("..") and lets rename check for loops by
 //! walking up instead of searching the moved subtree.
 
 use super::{errno, NAME_MAX};
 use crate::error::{Error, Result};
 use crate::format::inode::ROOT_DIR_INO;
-use crate::format::inode::{name_hash, DirEntry};
-use crate::format::key_type::{DIR_INDEX, DIR_ITEM, INODE_REF};
+use crate::format::inode::{extref_hash, name_hash, DirEntry};
+use crate::format::key_type::{DIR_INDEX, DIR_ITEM, INODE_EXTREF, INODE_REF};
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor};
 use crate::txn::Txn;
@@ -53,6 +54,85 @@ fn next_index(tx: &Txn<'_>, tree: u64, dir: u64) -> Result<u64> {
     Ok(last.map_or(2, |l| l + 1))
 }
 
+/// The items adding one entry writes, worked out before anything changes:
+/// an entry that cannot be added fails cleanly, leaving the tree as it was.
+struct Addition {
+    by_name: (Key, Vec<u8>),
+    by_index: (Key, Vec<u8>),
+    back_ref: (Key, Vec<u8>),
+}
+
+/// The entry list stored at `key` with `entry` appended, encoded.
+fn with_entry(tx: &Txn<'_>, tree: u64, key: &Key, owner: u64, entry: DirEntry) -> Result<Vec<u8>> {
+    let mut list = match tx.get(tree, key)? {
+        Some(d) => decode(owner, &d)?,
+        None => Vec::new(),
+    };
+    list.push(entry);
+    Ok(DirEntry::encode_all(&list))
+}
+
+/// Names of one inode in one directory share an INODE_REF item up to this
+/// size; further names get INODE_EXTREF items keyed by directory and name,
+/// so an inode may have any number of names in a directory.
+fn ref_item_limit(tx: &Txn<'_>) -> usize {
+    crate::tree::max_item_size(tx.nodesize_bytes()) / 4
+}
+
+fn plan_add(
+    tx: &Txn<'_>,
+    tree: u64,
+    dir: u64,
+    name: &[u8],
+    ino: u64,
+    kind: u8,
+) -> Result<Addition> {
+    let index = next_index(tx, tree, dir)?;
+    let entry = DirEntry {
+        ino,
+        kind,
+        index,
+        name: name.to_vec(),
+    };
+    let name_key = Key::new(dir, DIR_ITEM, name_hash(name));
+    let by_name = with_entry(tx, tree, &name_key, dir, entry.clone())?;
+    let back = DirEntry {
+        ino: dir,
+        ..entry.clone()
+    };
+    let mut back_key = ref_key(ino, dir);
+    let mut refs = with_entry(tx, tree, &back_key, ino, back.clone())?;
+    if refs.len() > ref_item_limit(tx) {
+        back_key = extref_key(ino, dir, name);
+        refs = with_entry(tx, tree, &back_key, ino, back)?;
+    }
+    let max = crate::tree::max_item_size(tx.nodesize_bytes());
+    if by_name.len() > max || refs.len() > max {
+        return Err(errno(libc::EOVERFLOW, "too many names with the same hash"));
+    }
+    Ok(Addition {
+        by_name: (name_key, by_name),
+        by_index: (
+            Key::new(dir, DIR_INDEX, index),
+            DirEntry::encode_all(std::slice::from_ref(&entry)),
+        ),
+        back_ref: (back_key, refs),
+    })
+}
+
+/// Fails as [`add`] would, without changing anything: lets an operation
+/// that removes names before adding one (rename) check first.
+pub(crate) fn check_room(
+    tx: &Txn<'_>,
+    tree: u64,
+    dir: u64,
+    name: &[u8],
+    ino: u64,
+    kind: u8,
+) -> Result<()> {
+    plan_add(tx, tree, dir, name, ino, kind).map(|_| ())
+}
+
 /// Adds `name -> ino` to `dir`; the caller checked it is absent.
 pub(crate) fn add(
     tx: &mut Txn<'_>,
@@ -62,58 +142,47 @@ pub(crate) fn add(
     ino: u64,
     kind: u8,
 ) -> Result<()> {
-    let index = next_index(tx, tree, dir)?;
-    let entry = DirEntry {
-        ino,
-        kind,
-        index,
-        name: name.to_vec(),
-    };
-    let key = Key::new(dir, DIR_ITEM, name_hash(name));
-    let mut entries = match tx.get(tree, &key)? {
-        Some(d) => decode(dir, &d)?,
-        None => Vec::new(),
-    };
-    entries.push(entry.clone());
-    tx.put(tree, key, DirEntry::encode_all(&entries))?;
-    tx.insert(
-        tree,
-        Key::new(dir, DIR_INDEX, index),
-        DirEntry::encode_all(std::slice::from_ref(&entry)),
-    )?;
-    add_ref(tx, tree, dir, entry)
+    let a = plan_add(tx, tree, dir, name, ino, kind)?;
+    tx.put(tree, a.by_name.0, a.by_name.1)?;
+    tx.insert(tree, a.by_index.0, a.by_index.1)?;
+    tx.put(tree, a.back_ref.0, a.back_ref.1).map(|_| ())
 }
 
+/// `(ino, INODE_REF, dir)`: the child's names in `dir`, in the DIR_ITEM
+/// entry layout with the directory in the inode field.
 fn ref_key(ino: u64, dir: u64) -> Key {
     Key::new(ino, INODE_REF, dir)
 }
 
-/// Records on the child that `dir` names it: `(ino, INODE_REF, dir)` holds
-/// its names in `dir` (several for hard links in one directory), in the
-/// DIR_ITEM entry layout with the directory in the inode field.
-fn add_ref(tx: &mut Txn<'_>, tree: u64, dir: u64, entry: DirEntry) -> Result<()> {
-    let key = ref_key(entry.ino, dir);
-    let mut refs = match tx.get(tree, &key)? {
-        Some(d) => decode(entry.ino, &d)?,
-        None => Vec::new(),
-    };
-    refs.push(DirEntry { ino: dir, ..entry });
-    tx.put(tree, key, DirEntry::encode_all(&refs)).map(|_| ())
+/// `(ino, INODE_EXTREF, extref_hash(dir, name))`: names that did not fit
+/// the INODE_REF item, same layout (entries of different directories may
+/// share one on a hash collision).
+fn extref_key(ino: u64, dir: u64, name: &[u8]) -> Key {
+    Key::new(ino, INODE_EXTREF, extref_hash(dir, name))
 }
 
 /// Drops the child's back-reference for `name` in `dir`.
 fn remove_ref(tx: &mut Txn<'_>, tree: u64, dir: u64, ino: u64, name: &[u8]) -> Result<()> {
-    let key = ref_key(ino, dir);
-    let data = tx
-        .get(tree, &key)?
-        .ok_or_else(|| Error::corrupt(ino, "directory entry without back-reference"))?;
-    let mut refs = decode(ino, &data)?;
-    refs.retain(|r| r.name != name);
-    if refs.is_empty() {
-        tx.delete(tree, &key).map(|_| ())
-    } else {
-        tx.put(tree, key, DirEntry::encode_all(&refs)).map(|_| ())
+    for key in [ref_key(ino, dir), extref_key(ino, dir, name)] {
+        let Some(data) = tx.get(tree, &key)? else {
+            continue;
+        };
+        let mut refs = decode(ino, &data)?;
+        let before = refs.len();
+        refs.retain(|r| !(r.ino == dir && r.name == name));
+        if refs.len() == before {
+            continue;
+        }
+        return if refs.is_empty() {
+            tx.delete(tree, &key).map(|_| ())
+        } else {
+            tx.put(tree, key, DirEntry::encode_all(&refs)).map(|_| ())
+        };
     }
+    Err(Error::corrupt(
+        ino,
+        "directory entry without back-reference",
+    ))
 }
 
 /// The directory holding directory `dir` (the root is its own parent).
@@ -126,10 +195,14 @@ pub(crate) fn parent_of<B: BlockRead + ?Sized>(
         return Ok(dir);
     }
     let c = Cursor::seek(b, root, &ref_key(dir, 0))?;
-    c.item()
-        .filter(|i| i.key.objectid == dir && i.key.ty == INODE_REF)
-        .map(|i| i.key.offset)
-        .ok_or_else(|| Error::corrupt(dir, "directory without a parent reference"))
+    let parent = match c.item() {
+        Some(i) if i.key.objectid == dir && i.key.ty == INODE_REF => Some(i.key.offset),
+        Some(i) if i.key.objectid == dir && i.key.ty == INODE_EXTREF => {
+            decode(dir, &i.data)?.first().map(|e| e.ino)
+        }
+        _ => None,
+    };
+    parent.ok_or_else(|| Error::corrupt(dir, "directory without a parent reference"))
 }
 
 /// Removes the entry `name` from `dir` and returns it.

@@ -176,6 +176,7 @@ impl Fs {
             if dir::lookup(tx, &root, parent, name)?.is_some() {
                 return Err(Error::Exists);
             }
+            dir::check_room(tx, tree, parent, name, ino, dtype(mode))?;
             let now = Timespec::now();
             let mut inode = InodeItem {
                 nlink: if is_dir(mode) { 2 } else { 1 },
@@ -373,9 +374,12 @@ impl Fs {
             if dir::lookup(tx, &root, parent, name)?.is_some() {
                 return Err(Error::Exists);
             }
+            i.nlink = i
+                .nlink
+                .checked_add(1)
+                .ok_or(errno(libc::EMLINK, "too many links"))?;
             let now = Timespec::now();
             dir::add(tx, tree, parent, name, ino, dtype(i.mode))?;
-            i.nlink += 1;
             i.ctime = now;
             store_inode(tx, tree, ino, i.clone())?;
             p.mtime = now;
@@ -424,6 +428,8 @@ impl Fs {
                 {
                     return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
                 }
+                dir::check_room(tx, tree, parent, name, dst.ino, dst.kind)?;
+                dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
                 dir::remove(tx, tree, parent, name)?;
                 dir::remove(tx, tree, newparent, newname)?;
                 dir::add(tx, tree, parent, name, dst.ino, dst.kind)?;
@@ -433,10 +439,11 @@ impl Fs {
                 self.touch_ctime(tx, src.ino, now)?;
                 return self.touch_ctime(tx, dst.ino, now);
             }
+            if noreplace && dst.is_some() {
+                return Err(Error::Exists);
+            }
+            dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
             if let Some(d) = &dst {
-                if noreplace {
-                    return Err(Error::Exists);
-                }
                 let d_inode = load_inode_tx(tx, tree, d.ino)?;
                 match (is_dir(src_inode.mode), is_dir(d_inode.mode)) {
                     (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
