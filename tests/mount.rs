@@ -800,3 +800,46 @@ fn cold_sequential_read_with_read_ahead_returns_the_written_bytes() {
 fn drop_caches() {
     let _ = fs::write("/proc/sys/vm/drop_caches", "3");
 }
+
+/// Inode flags: none are kept, so lsattr sees none, clearing them all
+/// works, setting one is refused, and ioctls of other kinds get ENOTTY.
+#[test]
+fn inode_flag_ioctls_report_none_and_refuse_setting() {
+    use std::os::fd::AsRawFd;
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::write(m.p("f"), b"x").unwrap();
+    let f = fs::File::open(m.p("f")).unwrap();
+    let fd = f.as_raw_fd();
+    const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+    const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+    const FS_IMMUTABLE_FL: libc::c_int = 0x10;
+    let last_errno = || std::io::Error::last_os_error().raw_os_error();
+    let mut flags: libc::c_int = -1;
+    assert_eq!(unsafe { libc::ioctl(fd, FS_IOC_GETFLAGS, &mut flags) }, 0);
+    assert_eq!(flags, 0);
+    let mut none: libc::c_int = 0;
+    assert_eq!(unsafe { libc::ioctl(fd, FS_IOC_SETFLAGS, &mut none) }, 0);
+    let mut immutable = FS_IMMUTABLE_FL;
+    assert_eq!(
+        unsafe { libc::ioctl(fd, FS_IOC_SETFLAGS, &mut immutable) },
+        -1
+    );
+    assert_eq!(last_errno(), Some(libc::EOPNOTSUPP));
+    // FIEMAP: not answered by FUSE daemons.
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        unsafe { libc::ioctl(fd, 0xc020_660b, buf.as_mut_ptr()) },
+        -1
+    );
+    assert!(
+        matches!(last_errno(), Some(libc::ENOTTY) | Some(libc::EOPNOTSUPP)),
+        "{:?}",
+        last_errno()
+    );
+    drop(f);
+    m.unmount();
+    m.check();
+}

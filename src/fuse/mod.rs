@@ -11,9 +11,9 @@ use crate::format::inode::{Timespec, ROOT_DIR_INO};
 use crate::fs::{Attr, Fs, Owner, SetAttr};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -166,8 +166,9 @@ impl Filesystem for FuseFs {
     }
 
     fn destroy(&mut self) {
-        if let Err(e) = self.fs.sync() {
-            tracing::error!(error = %e, "final commit failed");
+        match self.fs.sync() {
+            Ok(()) | Err(crate::Error::ReadOnly) => {}
+            Err(e) => tracing::error!(error = %e, "final commit failed"),
         }
     }
 
@@ -540,6 +541,43 @@ impl Filesystem for FuseFs {
         match self.fs.seek(to_ino(ino), offset, data) {
             Ok(at) => reply.offset(at as i64),
             Err(e) => reply.error(err(e)),
+        }
+    }
+
+    /// Inode flags (`lsattr`/`chattr`, and the fsxattr form the kernel
+    /// reads before changing them): Canopy keeps none, so it reports none
+    /// and accepts only clearing them all. Other ioctls are not ours
+    /// (ENOTTY, as a kernel filesystem answers them), quietly: programs
+    /// probe for them all the time.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+        const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+        // struct fsxattr: xflags, extsize, nextents, projid, cowextsize
+        // (u32 each), 8 bytes of padding.
+        const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+        const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+        let u32_at = |at: usize| in_data.get(at..at + 4).map(|b| [b[0], b[1], b[2], b[3]]);
+        match cmd {
+            FS_IOC_GETFLAGS => reply.ioctl(0, &0u32.to_ne_bytes()),
+            FS_IOC_FSGETXATTR => reply.ioctl(0, &[0; 28]),
+            FS_IOC_FSSETXATTR if u32_at(0) == Some([0; 4]) && u32_at(12) == Some([0; 4]) => {
+                reply.ioctl(0, &[])
+            }
+            FS_IOC_FSSETXATTR => reply.error(Errno::from_i32(libc::EOPNOTSUPP)),
+            // The flags are an int, though the command's size says long.
+            FS_IOC_SETFLAGS if in_data.get(..4).is_some_and(|f| f == [0; 4]) => reply.ioctl(0, &[]),
+            FS_IOC_SETFLAGS => reply.error(Errno::from_i32(libc::EOPNOTSUPP)),
+            _ => reply.error(Errno::from_i32(libc::ENOTTY)),
         }
     }
 
