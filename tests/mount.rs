@@ -843,3 +843,39 @@ fn inode_flag_ioctls_report_none_and_refuse_setting() {
     m.unmount();
     m.check();
 }
+
+/// Absent names are cached by the kernel as negative entries; every way of
+/// creating a name through the mount must still make it visible at once.
+#[test]
+fn names_looked_up_while_absent_appear_when_created() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::write(m.p("src"), b"data").unwrap();
+    let absent = |m: &Mounted, n: &str| {
+        assert_eq!(errno_of(fs::metadata(m.p(n))), libc::ENOENT, "{n}");
+    };
+    for n in ["created", "linked", "renamed", "dir", "sym"] {
+        absent(&m, n);
+        absent(&m, n);
+    }
+    fs::write(m.p("created"), b"1").unwrap();
+    fs::hard_link(m.p("src"), m.p("linked")).unwrap();
+    fs::copy(m.p("src"), m.p("tmp")).unwrap();
+    fs::rename(m.p("tmp"), m.p("renamed")).unwrap();
+    fs::create_dir(m.p("dir")).unwrap();
+    std::os::unix::fs::symlink("src", m.p("sym")).unwrap();
+    assert_eq!(fs::read(m.p("created")).unwrap(), b"1");
+    assert_eq!(fs::read(m.p("linked")).unwrap(), b"data");
+    assert_eq!(fs::read(m.p("renamed")).unwrap(), b"data");
+    assert!(fs::metadata(m.p("dir")).unwrap().is_dir());
+    assert_eq!(fs::read(m.p("sym")).unwrap(), b"data");
+    absent(&m, "tmp");
+    fs::remove_file(m.p("created")).unwrap();
+    absent(&m, "created");
+    fs::write(m.p("created"), b"2").unwrap();
+    assert_eq!(fs::read(m.p("created")).unwrap(), b"2");
+    m.unmount();
+    m.check();
+}

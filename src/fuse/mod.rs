@@ -121,6 +121,27 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: only the zero inode number counts.
+fn absent_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        flags: 0,
+        blksize: 4096,
+    }
+}
+
 fn reply_entry(r: crate::Result<Attr>, reply: ReplyEntry) {
     match r {
         Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
@@ -172,8 +193,19 @@ impl Filesystem for FuseFs {
         }
     }
 
+    /// A name that is not there is answered as an entry with inode 0, which
+    /// the kernel caches (a negative dentry) for the TTL like a positive
+    /// one, instead of asking again on every open or stat of it. Safe for
+    /// the same reason positive entries are: every change comes through
+    /// this mount, and the kernel drops the negative entry when it creates
+    /// the name.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        reply_entry(self.fs.lookup(to_ino(parent), name.as_bytes()), reply);
+        match self.fs.lookup(to_ino(parent), name.as_bytes()) {
+            Err(e) if e.errno() == libc::ENOENT => {
+                reply.entry(&TTL, &absent_entry(), Generation(0));
+            }
+            r => reply_entry(r, reply),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
