@@ -293,8 +293,8 @@ fn follow_remount(fs: &Fs, mountpoint: &Path) {
     }
 }
 
-/// Sets the read-ahead of the FUSE mount on `mountpoint` to at least
-/// `bytes`. The kernel caps what a FUSE daemon may ask for at mount time to
+/// Sets the read-ahead of the FUSE mount on `mountpoint` to `bytes`
+/// (rounded down to KiB). The kernel caps what a FUSE daemon may ask for at mount time to
 /// its 128 KiB default, so this goes through the mount's bdi in sysfs.
 fn set_readahead(mountpoint: &Path, bytes: u64) {
     let Some(dev) = our_mount(mountpoint, |f, _| f.get(2).map(|d| d.to_string())) else {
@@ -305,7 +305,7 @@ fn set_readahead(mountpoint: &Path, bytes: u64) {
     let now = std::fs::read_to_string(&path)
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok());
-    if now.is_some_and(|kb| kb >= want) {
+    if now == Some(want) {
         return;
     }
     if let Err(e) = std::fs::write(&path, want.to_string()) {
