@@ -56,7 +56,7 @@ fn next_index(tx: &Txn<'_>, tree: u64, dir: u64) -> Result<u64> {
 
 /// The items adding one entry writes, worked out before anything changes:
 /// an entry that cannot be added fails cleanly, leaving the tree as it was.
-struct Addition {
+pub(crate) struct Addition {
     by_name: (Key, Vec<u8>),
     by_index: (Key, Vec<u8>),
     back_ref: (Key, Vec<u8>),
@@ -79,7 +79,10 @@ fn ref_item_limit(tx: &Txn<'_>) -> usize {
     crate::tree::max_item_size(tx.nodesize_bytes()) / 4
 }
 
-fn plan_add(
+/// Works out the items that add `name -> ino` to `dir`, or fails as
+/// [`add`] would. They stay valid while nothing else changes `dir`'s
+/// entries or `ino`'s back-references; [`apply`] writes them.
+pub(crate) fn plan_add(
     tx: &Txn<'_>,
     tree: u64,
     dir: u64,
@@ -143,6 +146,11 @@ pub(crate) fn add(
     kind: u8,
 ) -> Result<()> {
     let a = plan_add(tx, tree, dir, name, ino, kind)?;
+    apply(tx, tree, a)
+}
+
+/// Writes the items of a planned addition.
+pub(crate) fn apply(tx: &mut Txn<'_>, tree: u64, a: Addition) -> Result<()> {
     tx.put(tree, a.by_name.0, a.by_name.1)?;
     tx.insert(tree, a.by_index.0, a.by_index.1)?;
     tx.put(tree, a.back_ref.0, a.back_ref.1).map(|_| ())

@@ -176,7 +176,8 @@ impl Fs {
             if dir::lookup(tx, &root, parent, name)?.is_some() {
                 return Err(Error::Exists);
             }
-            dir::check_room(tx, tree, parent, name, ino, dtype(mode))?;
+            // Planned first, so a name that does not fit leaves no inode.
+            let entry = dir::plan_add(tx, tree, parent, name, ino, dtype(mode))?;
             let now = Timespec::now();
             let mut inode = InodeItem {
                 nlink: if is_dir(mode) { 2 } else { 1 },
@@ -203,7 +204,7 @@ impl Fs {
                 inode.size = t.len() as u64;
                 store_inode(tx, tree, ino, inode.clone())?;
             }
-            dir::add(tx, tree, parent, name, ino, dtype(mode))?;
+            dir::apply(tx, tree, entry)?;
             if is_dir(mode) {
                 p.nlink += 1;
             }
