@@ -607,7 +607,7 @@ impl Filesystem for FuseFs {
             }
             FS_IOC_FSSETXATTR => reply.error(Errno::from_i32(libc::EOPNOTSUPP)),
             // The flags are an int, though the command's size says long.
-            FS_IOC_SETFLAGS if in_data.get(..4).is_some_and(|f| f == [0; 4]) => reply.ioctl(0, &[]),
+            FS_IOC_SETFLAGS if u32_at(0) == Some([0; 4]) => reply.ioctl(0, &[]),
             FS_IOC_SETFLAGS => reply.error(Errno::from_i32(libc::EOPNOTSUPP)),
             _ => reply.error(Errno::from_i32(libc::ENOTTY)),
         }
