@@ -7,6 +7,9 @@ pub enum GroupKind {
     Data,
     Metadata,
     System,
+    /// Data and tree blocks together (images under 1 GiB), so that space
+    /// never sits in a group of the wrong kind.
+    Mixed,
 }
 
 #[derive(Clone, Debug)]
@@ -17,6 +20,15 @@ pub struct BlockGroup {
     /// Bytes held by extents (pinned frees already subtracted).
     pub used: u64,
     pub free: FreeIndex,
+}
+
+impl BlockGroup {
+    /// Nothing lives here and nothing freed here waits for a commit: the
+    /// group can go back to the unallocated pool.
+    pub fn is_empty(&self) -> bool {
+        self.used == 0
+            && self.free.total() + super::super_bytes_in(self.start, self.len) == self.len
+    }
 }
 
 impl BlockGroup {
@@ -39,6 +51,7 @@ pub fn default_size(kind: GroupKind, device_bytes: u64) -> u64 {
         GroupKind::Data => (10, 16 * MIB, 1 << 30),
         GroupKind::Metadata => (32, 8 * MIB, 256 * MIB),
         GroupKind::System => (128, 4 * MIB, 32 * MIB),
+        GroupKind::Mixed => (8, 16 * MIB, 256 * MIB),
     };
     ((device_bytes / frac).clamp(lo, hi) / MIB) * MIB
 }

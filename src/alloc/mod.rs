@@ -22,7 +22,7 @@ pub use freespace::FreeIndex;
 pub use groups::{BlockGroup, GroupKind};
 
 use crate::error::{Error, Result};
-use crate::format::items::{BG_DATA, BG_METADATA, BG_SYSTEM};
+use crate::format::items::{BG_DATA, BG_METADATA, BG_MIXED, BG_SYSTEM};
 use crate::format::{RESERVED_START, SUPER_OFFSETS, SUPER_SIZE};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,22 +36,52 @@ pub enum FreeOp {
     Remove(u64, u64),
 }
 
+/// Bytes each kind of extent has been promised (see `txn::space`): what
+/// the running operations and the commit may still allocate. New groups
+/// of one kind leave enough unallocated space for the others' shortfall,
+/// so data can never take the last space a promised commit needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Claims {
+    pub data: u64,
+    pub metadata: u64,
+    pub system: u64,
+}
+
 pub struct Allocator {
     groups: BTreeMap<u64, BlockGroup>,
     device_bytes: u64,
+    /// Every group is [`GroupKind::Mixed`].
+    mixed: bool,
     journal: Vec<FreeOp>,
     pinned: Vec<(u64, u64)>,
     dirty_groups: BTreeSet<u64>,
+    claims: Claims,
 }
 
 impl Allocator {
-    pub fn new(device_bytes: u64) -> Allocator {
+    pub fn new(device_bytes: u64, mixed: bool) -> Allocator {
         Allocator {
             groups: BTreeMap::new(),
             device_bytes,
+            mixed,
             journal: Vec::new(),
             pinned: Vec::new(),
             dirty_groups: BTreeSet::new(),
+            claims: Claims::default(),
+        }
+    }
+
+    /// Whether data and tree blocks share groups.
+    pub fn is_mixed(&self) -> bool {
+        self.mixed
+    }
+
+    /// The kind of group that holds extents of `kind` on this image.
+    pub fn group_kind(&self, kind: GroupKind) -> GroupKind {
+        if self.mixed {
+            GroupKind::Mixed
+        } else {
+            kind
         }
     }
 
@@ -60,6 +90,12 @@ impl Allocator {
     pub fn load_group(&mut self, start: u64, len: u64, flags: u64, used: u64) -> Result<()> {
         let kind = GroupKind::from_flags(flags)
             .ok_or_else(|| Error::corrupt(start, format!("block group flags {flags:#x}")))?;
+        if (kind == GroupKind::Mixed) != self.mixed {
+            return Err(Error::corrupt(
+                start,
+                "block group kind does not match the image's mixed-groups feature",
+            ));
+        }
         if start.checked_add(len).is_none_or(|e| e > self.device_bytes) || start < RESERVED_START {
             return Err(Error::corrupt(start, "block group outside the device"));
         }
@@ -103,19 +139,28 @@ impl Allocator {
 
     /// Allocates between `min` and `max` bytes of `kind`, as near `hint` as
     /// the free space allows. Returns `(start, len)`.
+    ///
+    /// The whole `max` is looked for in the existing groups first, then in
+    /// a new group; only when neither has it does a shorter piece (at least
+    /// `min`) do, so fragmented free space still takes a write while a
+    /// clean device keeps its extents long.
     pub fn alloc(&mut self, kind: GroupKind, min: u64, max: u64, hint: u64) -> Result<(u64, u64)> {
         if min == 0 || min > max {
             return Err(Error::Invalid(format!("allocation of {min}..{max} bytes")));
         }
-        let found = self.try_alloc_in_groups(kind, min, max, hint);
-        let (start, len) = match found {
-            Some(x) => x,
-            None => {
-                self.add_group(kind, max)?;
+        let kind = self.group_kind(kind);
+        let found = self
+            .try_alloc_in_groups(kind, max, max, hint)
+            .or_else(|| {
+                self.add_group(kind, max).ok()?;
+                self.try_alloc_in_groups(kind, max, max, hint)
+            })
+            .or_else(|| self.try_alloc_in_groups(kind, min, max, hint))
+            .or_else(|| {
+                self.add_group(kind, min).ok()?;
                 self.try_alloc_in_groups(kind, min, max, hint)
-                    .ok_or(Error::NoSpace)?
-            }
-        };
+            });
+        let (start, len) = found.ok_or(Error::NoSpace)?;
         self.take(start, len);
         Ok((start, len))
     }
@@ -195,6 +240,11 @@ impl Allocator {
         }
     }
 
+    /// Bytes freed in the running transaction, reusable after its commit.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned.iter().map(|p| p.1).sum()
+    }
+
     pub fn take_journal(&mut self) -> Vec<FreeOp> {
         std::mem::take(&mut self.journal)
     }
@@ -204,6 +254,28 @@ impl Allocator {
         starts
             .into_iter()
             .filter_map(|s| self.groups.get(&s).cloned())
+            .collect()
+    }
+
+    /// Takes an empty group out of use (see [`BlockGroup::is_empty`]) and
+    /// returns its free ranges, which the caller removes from the
+    /// free-space trees. Its space joins the unallocated pool at once:
+    /// nothing the last commit reaches lies in it.
+    pub fn remove_group(&mut self, start: u64) -> Option<BlockGroup> {
+        if !self.groups.get(&start)?.is_empty() {
+            return None;
+        }
+        self.dirty_groups.remove(&start);
+        tracing::debug!(start, "block group emptied: back to unallocated space");
+        self.groups.remove(&start)
+    }
+
+    /// Starts of the groups that hold nothing.
+    pub fn empty_groups(&self) -> Vec<u64> {
+        self.groups
+            .values()
+            .filter(|g| g.is_empty())
+            .map(|g| g.start)
             .collect()
     }
 
@@ -217,7 +289,9 @@ impl Allocator {
         in_groups + self.unallocated_bytes()
     }
 
-    fn free_in(&self, kind: GroupKind) -> u64 {
+    /// Unpinned free bytes in the groups holding extents of `kind`.
+    pub fn free_in(&self, kind: GroupKind) -> u64 {
+        let kind = self.group_kind(kind);
         self.groups
             .values()
             .filter(|g| g.kind == kind)
@@ -225,37 +299,96 @@ impl Allocator {
             .sum()
     }
 
-    /// Whether `data_bytes` of data can be written while leaving metadata
-    /// space for at least `meta_reserve` bytes of tree blocks (so that the
-    /// commit, and deleting files later, never run out of room).
-    pub fn has_room(&self, data_bytes: u64, meta_reserve: u64) -> bool {
-        let mut unallocated = self.unallocated_bytes();
-        let data_free = self.free_in(GroupKind::Data);
-        if data_bytes > data_free {
-            // New data groups come out of unallocated space, in group units.
-            let group = groups::default_size(GroupKind::Data, self.device_bytes);
-            let need = (data_bytes - data_free).div_ceil(group) * group;
-            let need = need.min(unallocated.max(data_bytes - data_free));
-            if need > unallocated {
-                return false;
-            }
-            unallocated -= need;
-        }
-        self.free_in(GroupKind::Metadata) + unallocated >= meta_reserve
-            && self.free_in(GroupKind::System) + unallocated >= meta_reserve / 8
-    }
-
-    fn unallocated_bytes(&self) -> u64 {
+    /// Device space not in any group.
+    pub fn unallocated_bytes(&self) -> u64 {
         let grouped: u64 = self.groups.values().map(|g| g.len).sum();
+        let supers_outside: u64 = SUPER_OFFSETS
+            .iter()
+            .filter(|&&s| s >= RESERVED_START && s + SUPER_SIZE <= self.device_bytes)
+            .filter(|&&s| self.group_containing(s).is_none())
+            .count() as u64
+            * SUPER_SIZE;
         self.device_bytes
             .saturating_sub(RESERVED_START)
             .saturating_sub(grouped)
+            .saturating_sub(supers_outside)
+    }
+
+    /// What each kind still lacks beyond the free space of its groups, to
+    /// be met from unallocated space.
+    fn shortfalls(&self, c: &Claims) -> [(GroupKind, u64); 3] {
+        if self.mixed {
+            let want = c.data + c.metadata + c.system;
+            let short = want.saturating_sub(self.free_in(GroupKind::Mixed));
+            return [
+                (GroupKind::Mixed, short),
+                (GroupKind::Data, 0),
+                (GroupKind::System, 0),
+            ];
+        }
+        [
+            (GroupKind::Data, c.data),
+            (GroupKind::Metadata, c.metadata),
+            (GroupKind::System, c.system),
+        ]
+        .map(|(k, want)| (k, want.saturating_sub(self.free_in(k))))
+    }
+
+    /// Whether claims `c` can all be met at once, from the groups' free
+    /// space and the unallocated pool.
+    pub fn can_meet(&self, c: &Claims) -> bool {
+        let short: u64 = self.shortfalls(c).iter().map(|s| s.1).sum();
+        short <= self.unallocated_bytes()
+    }
+
+    /// Most pieces an allocation of `len` bytes of `kind`, in pieces of at
+    /// most `max_piece`, can be cut into, whatever order the free extents
+    /// are used in: a piece uses up a free extent (or one of the two parts
+    /// a hint splits it into), reaches `max_piece`, or ends the request.
+    /// The worst case uses the smallest extents first.
+    pub fn pieces_bound(&self, kind: GroupKind, len: u64, max_piece: u64) -> u64 {
+        let kind = self.group_kind(kind);
+        let mut lens: Vec<u64> = self
+            .groups
+            .values()
+            .filter(|g| g.kind == kind)
+            .flat_map(|g| g.free.iter().map(|(_, l)| l))
+            .collect();
+        lens.sort_unstable();
+        let (mut sum, mut used) = (0u64, 0u64);
+        for l in lens {
+            if sum >= len {
+                break;
+            }
+            sum += l;
+            used += 1;
+        }
+        // New groups for the rest: a few ranges each (superblock copies).
+        2 * used + len.div_ceil(max_piece.max(1)) + 4
+    }
+
+    /// Records what the kinds have been promised (see [`Claims`]).
+    pub fn set_claims(&mut self, c: Claims) {
+        self.claims = c;
+    }
+
+    /// Unallocated bytes a new group of `kind` must leave for the others.
+    fn kept_for_others(&self, kind: GroupKind) -> u64 {
+        self.shortfalls(&self.claims)
+            .iter()
+            .filter(|s| s.0 != kind)
+            .map(|s| s.1)
+            .sum()
     }
 
     /// Carves a new block group of `kind` able to hold `want` bytes.
     fn add_group(&mut self, kind: GroupKind, want: u64) -> Result<()> {
-        let target =
-            groups::default_size(kind, self.device_bytes).max(want.next_multiple_of(1 << 20));
+        let room = self
+            .unallocated_bytes()
+            .saturating_sub(self.kept_for_others(kind));
+        let target = groups::default_size(kind, self.device_bytes)
+            .max(want.next_multiple_of(1 << 20))
+            .min(room.max(want));
         let (start, len) = self.find_device_gap(target, want).ok_or(Error::NoSpace)?;
         let mut g = BlockGroup::new(start, len, kind, 0);
         for (s, l) in free_ranges_excluding_supers(start, len) {
@@ -280,7 +413,7 @@ impl Allocator {
             let gap = gs.saturating_sub(at);
             // A gap must hold `min` even after superblock copies are cut out.
             if gap >= min + SUPER_SIZE {
-                let len = gap.min(target);
+                let len = gap.min(target.max(min + SUPER_SIZE));
                 return Some((at, len - len % crate::format::SECTORSIZE as u64));
             }
             at = at.max(ge);
@@ -324,6 +457,7 @@ impl GroupKind {
             GroupKind::Data => BG_DATA,
             GroupKind::Metadata => BG_METADATA,
             GroupKind::System => BG_SYSTEM,
+            GroupKind::Mixed => BG_MIXED,
         }
     }
 
@@ -332,6 +466,7 @@ impl GroupKind {
             BG_DATA => Some(GroupKind::Data),
             BG_METADATA => Some(GroupKind::Metadata),
             BG_SYSTEM => Some(GroupKind::System),
+            BG_MIXED => Some(GroupKind::Mixed),
             _ => None,
         }
     }

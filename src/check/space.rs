@@ -227,9 +227,12 @@ pub(super) fn check_space(device_bytes: u64, sb: &Superblock, found: &Found, rep
             Some(g) => {
                 let kind = GroupKind::from_flags(g.item.flags);
                 let ok_kind = if tree_block {
-                    matches!(kind, Some(GroupKind::Metadata | GroupKind::System))
+                    matches!(
+                        kind,
+                        Some(GroupKind::Metadata | GroupKind::System | GroupKind::Mixed)
+                    )
                 } else {
-                    kind == Some(GroupKind::Data)
+                    matches!(kind, Some(GroupKind::Data | GroupKind::Mixed))
                 };
                 if !ok_kind || start + len > g.start + g.len {
                     report.problem(

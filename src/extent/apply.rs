@@ -152,7 +152,7 @@ fn release(tx: &mut Txn<'_>, bytenr: u64, len: u64, item: &ExtentItem) -> Result
     if item.is_tree_block() {
         let node = tx.read_node(bytenr, item.generation)?;
         crate::tree::count_entry_refs(tx, &node.body, 0..node.nritems(), bytenr, -1);
-        tx.forget_block(bytenr);
+        tx.forget_block(bytenr, item.owner);
     } else {
         let csum_key = Key::new(
             crate::format::CSUM_OBJECTID,

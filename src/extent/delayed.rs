@@ -74,6 +74,11 @@ impl DelayedRefs {
         self.map.is_empty()
     }
 
+    /// Number of extents with pending changes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
     /// Takes everything collected so far.
     pub fn take(&mut self) -> BTreeMap<u64, PendingExtent> {
         std::mem::take(&mut self.map)

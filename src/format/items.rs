@@ -129,6 +129,8 @@ pub fn decode_ref_count(b: &[u8]) -> DecodeResult<u32> {
 pub const BG_DATA: u64 = 1;
 pub const BG_SYSTEM: u64 = 2;
 pub const BG_METADATA: u64 = 4;
+/// Data and tree blocks in one group (small images: see `alloc`).
+pub const BG_MIXED: u64 = BG_DATA | BG_METADATA;
 
 /// `(start, BLOCK_GROUP_ITEM, length)` in the block group tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,7 +152,7 @@ impl BlockGroupItem {
     pub fn decode(b: &[u8]) -> DecodeResult<BlockGroupItem> {
         need(b, BLOCK_GROUP_ITEM_SIZE, "block group")?;
         let flags = le_u64(b, 8);
-        if ![BG_DATA, BG_SYSTEM, BG_METADATA].contains(&flags) {
+        if ![BG_DATA, BG_SYSTEM, BG_METADATA, BG_MIXED].contains(&flags) {
             return Err(format!("block group flags {flags:#x} invalid"));
         }
         Ok(BlockGroupItem {

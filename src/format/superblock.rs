@@ -32,8 +32,11 @@ const OFF_LABEL: usize = 176;
 pub const LABEL_MAX: usize = 255;
 const SUPER_BYTES: usize = 4096;
 
-/// Incompatible features this code understands (none yet: all bits unknown).
-pub const INCOMPAT_SUPPORTED: u64 = 0;
+/// Every block group holds data and tree blocks alike (images under
+/// 1 GiB); older code would misread the groups' flags.
+pub const INCOMPAT_MIXED_GROUPS: u64 = 1;
+/// Incompatible features this code understands.
+pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS;
 /// Read-only-compatible features this code understands.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;
 pub const CSUM_CRC32C: u16 = 0;

@@ -77,6 +77,8 @@ impl Fs {
         }
         let tree = self.tree;
         let r = self.engine.write(|tx| {
+            // On a full disk the access time waits; the read does not.
+            tx.reserve(&crate::txn::Need::items(tree, 1))?;
             let mut i = load_inode_tx(tx, tree, ino)?;
             i.atime = now;
             store_inode(tx, tree, ino, i)

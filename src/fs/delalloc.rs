@@ -11,8 +11,16 @@
 //! Locking: the buffers are changed only inside an engine write closure (so
 //! a buffer and the inode size it implies change together) or read inside
 //! an engine read closure; the engine's state lock is always taken first.
+//!
+//! Space: buffered data holds a reservation of its *footprint*, the sectors
+//! its ranges touch (partial sectors are rewritten whole), in the engine
+//! (`txn::space`). Every change of the buffers passes the running `Txn`
+//! and moves the reservation by the footprint's change, so the two never
+//! drift apart; a flush gives back the footprint of what it takes just
+//! before it allocates the extents.
 
 use crate::error::{Error, Result};
+use crate::format::SECTORSIZE;
 use crate::txn::Txn;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,7 +41,33 @@ pub(crate) type Ranges = BTreeMap<u64, Vec<u8>>;
 pub(crate) struct Delalloc {
     files: Mutex<HashMap<u64, Ranges>>,
     bytes: AtomicU64,
+    /// Sectors the ranges touch, in bytes: the data space reserved.
+    footprint: AtomicU64,
     limit: AtomicU64,
+}
+
+/// Bytes of the sectors `[start, start+len)` touches.
+pub(crate) fn span(start: u64, len: u64) -> u64 {
+    let s = u64::from(SECTORSIZE);
+    if len == 0 {
+        return 0;
+    }
+    (start + len).div_ceil(s) * s - start / s * s
+}
+
+fn ranges_footprint<'a>(it: impl Iterator<Item = (&'a u64, &'a Vec<u8>)>) -> u64 {
+    it.map(|(&s, d)| span(s, d.len() as u64)).sum()
+}
+
+/// Moves the engine's data reservation from `before` to `after` bytes.
+fn adjust(tx: &mut Txn<'_>, total: &AtomicU64, before: u64, after: u64) {
+    if after > before {
+        tx.hold_data(after - before);
+        total.fetch_add(after - before, Ordering::Relaxed);
+    } else {
+        tx.release_data(before - after);
+        total.fetch_sub(before - after, Ordering::Relaxed);
+    }
 }
 
 impl Delalloc {
@@ -41,6 +75,7 @@ impl Delalloc {
         Delalloc {
             files: Mutex::new(HashMap::new()),
             bytes: AtomicU64::new(0),
+            footprint: AtomicU64::new(0),
             limit: AtomicU64::new(DEFAULT_DIRTY_LIMIT),
         }
     }
@@ -66,11 +101,12 @@ impl Delalloc {
     }
 
     /// Buffers `data` at `offset` of `ino`, merging with ranges it overlaps
-    /// or touches.
-    pub fn insert(&self, ino: u64, offset: u64, data: &[u8]) {
+    /// or touches. The caller has checked that [`span`] of it fits.
+    pub fn insert(&self, tx: &mut Txn<'_>, ino: u64, offset: u64, data: &[u8]) {
         let mut files = crate::sync::lock(&self.files);
-        let added = insert_range(files.entry(ino).or_default(), offset, data);
-        self.bytes.fetch_add(added, Ordering::Relaxed);
+        let merged = insert_range(files.entry(ino).or_default(), offset, data);
+        self.bytes.fetch_add(merged.grown, Ordering::Relaxed);
+        adjust(tx, &self.footprint, merged.span_before, merged.span_after);
     }
 
     /// Copies buffered bytes over `buf`, which holds `[offset, offset+len)`.
@@ -101,8 +137,9 @@ impl Delalloc {
     }
 
     /// Takes whole ranges of `ino`, lowest offsets first, until about
-    /// `budget` bytes (at least one range).
-    pub fn take(&self, ino: u64, budget: u64) -> Ranges {
+    /// `budget` bytes (at least one range), and gives back their space
+    /// reservation for the flush that allocates them.
+    pub fn take(&self, tx: &mut Txn<'_>, ino: u64, budget: u64) -> Ranges {
         let mut files = crate::sync::lock(&self.files);
         let Some(ranges) = files.get_mut(&ino) else {
             return Ranges::new();
@@ -120,28 +157,36 @@ impl Delalloc {
             files.remove(&ino);
         }
         self.bytes.fetch_sub(taken, Ordering::Relaxed);
+        adjust(tx, &self.footprint, ranges_footprint(out.iter()), 0);
         out
     }
 
     /// Puts back ranges a failed flush took, under anything buffered since.
-    pub fn restore(&self, ino: u64, taken: Ranges) {
+    pub fn restore(&self, tx: &mut Txn<'_>, ino: u64, taken: Ranges) {
         let mut files = crate::sync::lock(&self.files);
+        let before = files.get(&ino).map_or(0, |r| ranges_footprint(r.iter()));
         let newer = files.remove(&ino).unwrap_or_default();
         let mut merged = Ranges::new();
         for (s, d) in taken.into_iter().chain(newer) {
             insert_range(&mut merged, s, &d);
         }
+        let after = ranges_footprint(merged.iter());
         files.insert(ino, merged);
         // Restored and newer bytes may overlap: count afresh (rare path).
         self.recount(&files);
+        adjust(tx, &self.footprint, before, after);
     }
 
     /// Drops `ino`'s buffered bytes at and past `size` (a truncate).
-    pub fn truncate(&self, ino: u64, size: u64) {
+    pub fn truncate(&self, tx: &mut Txn<'_>, ino: u64, size: u64) {
         let mut files = crate::sync::lock(&self.files);
         let Some(ranges) = files.get_mut(&ino) else {
             return;
         };
+        // The range holding `size` (cut short) and every one after it.
+        let from = start_of_range_containing(ranges, size).unwrap_or(size);
+        let touched = |r: &Ranges| ranges_footprint(r.range(from..));
+        let before = touched(ranges);
         let mut dropped = 0u64;
         let past: Vec<u64> = ranges.range(size..).map(|(&s, _)| s).collect();
         for s in past {
@@ -154,17 +199,20 @@ impl Delalloc {
                 d.truncate(keep);
             }
         }
+        let after = touched(ranges);
         if ranges.is_empty() {
             files.remove(&ino);
         }
         self.bytes.fetch_sub(dropped, Ordering::Relaxed);
+        adjust(tx, &self.footprint, before, after);
     }
 
     /// Forgets `ino`'s buffered bytes (the inode is gone).
-    pub fn discard(&self, ino: u64) {
+    pub fn discard(&self, tx: &mut Txn<'_>, ino: u64) {
         let mut files = crate::sync::lock(&self.files);
         if let Some(r) = files.remove(&ino) {
             self.bytes.fetch_sub(ranges_len(&r), Ordering::Relaxed);
+            adjust(tx, &self.footprint, ranges_footprint(r.iter()), 0);
         }
     }
 
@@ -191,14 +239,14 @@ impl super::Fs {
     /// caller's transaction. Returns whether anything was buffered. On error
     /// the bytes go back to the buffer.
     pub(crate) fn flush_in(&self, tx: &mut Txn<'_>, ino: u64, budget: u64) -> Result<bool> {
-        let taken = self.delalloc.take(ino, budget);
+        let taken = self.delalloc.take(tx, ino, budget);
         if taken.is_empty() {
             return Ok(false);
         }
         match self.write_ranges(tx, ino, &taken) {
             Ok(()) => Ok(true),
             Err(e) => {
-                self.delalloc.restore(ino, taken);
+                self.delalloc.restore(tx, ino, taken);
                 Err(e)
             }
         }
@@ -272,14 +320,27 @@ fn overlapping(ranges: &Ranges, start: u64, end: u64) -> impl Iterator<Item = (&
     ranges.range(first..end)
 }
 
+/// What merging a write into the ranges changed.
+struct Merged {
+    /// Bytes the ranges grew by.
+    grown: u64,
+    /// Footprint ([`span`]) of the ranges the write touched, before and
+    /// after.
+    span_before: u64,
+    span_after: u64,
+}
+
 /// Merges `data` at `offset` into `ranges`: the result covers the union,
 /// with `data` on top. Appending to the end of a range shorter than
-/// [`RANGE_MAX`] extends it in place. Returns how many bytes the ranges
-/// grew by (only the ranges it touches are measured: a file may hold
-/// thousands of ranges).
-fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) -> u64 {
+/// [`RANGE_MAX`] extends it in place. Only the ranges it touches are
+/// measured: a file may hold thousands of ranges.
+fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) -> Merged {
     if data.is_empty() {
-        return 0;
+        return Merged {
+            grown: 0,
+            span_before: 0,
+            span_after: 0,
+        };
     }
     let end = offset + data.len() as u64;
     // Ranges that overlap [offset, end), and one it appends to.
@@ -293,27 +354,16 @@ fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) -> u64 {
         .map(|(&s, _)| s)
         .unwrap_or(offset);
     let touched: Vec<u64> = ranges.range(first..end).map(|(&s, _)| s).collect();
-    let Some(&start) = touched.first().filter(|&&s| s <= offset) else {
-        // Nothing starts at or before `offset`: a new range absorbing the
-        // ones it reaches.
-        let mut buf = data.to_vec();
-        let mut removed = 0;
-        for s in touched {
-            if let Some(d) = ranges.remove(&s) {
-                removed += d.len() as u64;
-                let tail_from = (end - s) as usize;
-                if d.len() > tail_from {
-                    buf.extend_from_slice(&d[tail_from..]);
-                }
-            }
-        }
-        let grown = buf.len() as u64 - removed;
-        ranges.insert(offset, buf);
-        return grown;
-    };
+    let span_before = ranges_footprint(ranges.range(first..end));
+    let start = touched
+        .first()
+        .copied()
+        .filter(|&s| s <= offset)
+        .unwrap_or(offset);
+    // The merged range: from `start`, every touched range, then `data`.
     let mut buf = ranges.remove(&start).unwrap_or_default();
     let mut removed = buf.len() as u64;
-    for &s in &touched[1..] {
+    for &s in touched.iter().filter(|&&s| s != start) {
         if let Some(d) = ranges.remove(&s) {
             removed += d.len() as u64;
             let at = (s - start) as usize;
@@ -329,19 +379,31 @@ fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) -> u64 {
     }
     buf[at..at + data.len()].copy_from_slice(data);
     let grown = buf.len() as u64 - removed;
+    let span_after = span(start, buf.len() as u64);
     ranges.insert(start, buf);
-    grown
+    Merged {
+        grown,
+        span_before,
+        span_after,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn engine() -> crate::Engine {
+        let dev = std::sync::Arc::new(crate::dev::MemDevice::new(64 << 20));
+        crate::Engine::format(dev, &crate::FormatOptions::default()).expect("format")
+    }
+
     /// Applies random writes to a flat model and to the ranges; both must
-    /// read the same, the ranges must not overlap, and the byte count must
-    /// match.
+    /// read the same, the ranges must not overlap, the byte count must
+    /// match, and the engine's data reservation must equal the sectors
+    /// the ranges touch.
     #[test]
     fn merging_matches_a_flat_model() {
+        let engine = engine();
         let mut seed = 0x9e3779b97f4a7c15u64;
         let mut rnd = |n: u64| {
             seed ^= seed << 13;
@@ -351,21 +413,26 @@ mod tests {
         };
         for _ in 0..200 {
             let d = Delalloc::new();
-            let mut model = vec![None::<u8>; 4096];
-            for step in 0..30u8 {
-                let off = rnd(4000);
-                let len = 1 + rnd(96.min(4096 - off));
-                let data: Vec<u8> = (0..len).map(|i| step.wrapping_add(i as u8)).collect();
-                d.insert(7, off, &data);
-                for (i, b) in data.iter().enumerate() {
-                    model[off as usize + i] = Some(*b);
-                }
-                if rnd(10) == 0 {
-                    let size = rnd(4096);
-                    d.truncate(7, size);
-                    model[size as usize..].iter_mut().for_each(|b| *b = None);
-                }
-            }
+            let mut model = vec![None::<u8>; 40960];
+            engine
+                .write(|tx| {
+                    for step in 0..30u8 {
+                        let off = rnd(40000);
+                        let len = 1 + rnd(5000.min(40960 - off));
+                        let data: Vec<u8> = (0..len).map(|i| step.wrapping_add(i as u8)).collect();
+                        d.insert(tx, 7, off, &data);
+                        for (i, b) in data.iter().enumerate() {
+                            model[off as usize + i] = Some(*b);
+                        }
+                        if rnd(10) == 0 {
+                            let size = rnd(40960);
+                            d.truncate(tx, 7, size);
+                            model[size as usize..].iter_mut().for_each(|b| *b = None);
+                        }
+                    }
+                    Ok(())
+                })
+                .expect("buffering");
             let files = crate::sync::lock(&d.files);
             let ranges = files.get(&7).cloned().unwrap_or_default();
             drop(files);
@@ -374,7 +441,9 @@ mod tests {
                 assert!(prev_end.is_none_or(|e| e <= s), "ranges overlap");
                 prev_end = Some(s + v.len() as u64);
             }
-            let mut buf = vec![0xAAu8; 4096];
+            let footprint = ranges_footprint(ranges.iter());
+            assert_eq!(engine.data_reserved(), footprint, "reservation");
+            let mut buf = vec![0xAAu8; 40960];
             d.overlay(7, 0, &mut buf);
             for (i, m) in model.iter().enumerate() {
                 match m {
@@ -382,23 +451,21 @@ mod tests {
                     None => assert_eq!(buf[i], 0xAA, "byte {i} should not be buffered"),
                 }
             }
-            assert_eq!(
-                d.total(),
-                model.iter().filter(|b| b.is_some()).count() as u64
-            );
-            let before = d.total();
-            let taken = d.take(7, 1000);
-            assert_eq!(
-                taken.is_empty(),
-                before == 0,
-                "take takes at least one range"
-            );
-            assert_eq!(d.total() + ranges_len(&taken), before);
-            d.restore(7, taken);
-            assert_eq!(
-                d.total(),
-                model.iter().filter(|b| b.is_some()).count() as u64
-            );
+            let buffered = model.iter().filter(|b| b.is_some()).count() as u64;
+            assert_eq!(d.total(), buffered);
+            engine
+                .write(|tx| {
+                    let before = d.total();
+                    let taken = d.take(tx, 7, 1000);
+                    assert_eq!(taken.is_empty(), before == 0, "take takes a range");
+                    assert_eq!(d.total() + ranges_len(&taken), before);
+                    d.restore(tx, 7, taken);
+                    assert_eq!(d.total(), buffered);
+                    d.discard(tx, 7);
+                    Ok(())
+                })
+                .expect("flushing");
+            assert_eq!(engine.data_reserved(), 0, "reservation after discard");
         }
     }
 }

@@ -21,7 +21,7 @@ const SECTOR: u64 = SECTORSIZE as u64;
 /// Files up to this size written from offset 0 live inline in the tree.
 pub(crate) const INLINE_MAX: u64 = 2048;
 /// Largest data extent one write allocates (its checksums fit one item).
-const EXTENT_MAX: u64 = 512 * SECTOR;
+pub(crate) const EXTENT_MAX: u64 = 512 * SECTOR;
 
 fn data_key(ino: u64, offset: u64) -> Key {
     Key::new(ino, EXTENT_DATA, offset)
@@ -69,6 +69,80 @@ fn items_in<B: BlockRead + ?Sized>(
         c.next(b)?;
     }
     Ok(out)
+}
+
+/// Number of extent items of `ino` overlapping `[start, end)`.
+pub(crate) fn count_items<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<u64> {
+    Ok(items_in(b, root, ino, start, end)?.len() as u64)
+}
+
+/// The sector-aligned holes of `[start, end)` (rounded outward): where a
+/// preallocation would allocate.
+fn holes_in<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let first = start / SECTOR * SECTOR;
+    let last = end.div_ceil(SECTOR) * SECTOR;
+    let mut holes = Vec::new();
+    let mut pos = first;
+    for (k, fe) in items_in(b, root, ino, first, last)? {
+        if k > pos {
+            holes.push((pos, k.min(last)));
+        }
+        pos = pos.max(k + item_len(&fe));
+    }
+    if pos < last {
+        holes.push((pos, last));
+    }
+    // Item boundaries are sector-aligned except after a short inline
+    // item; align inward.
+    Ok(holes
+        .into_iter()
+        .map(|(s, e)| (s.div_ceil(SECTOR) * SECTOR, e / SECTOR * SECTOR))
+        .filter(|(s, e)| s < e)
+        .collect())
+}
+
+/// Bytes a preallocation of `[start, end)` would allocate.
+pub(crate) fn hole_bytes<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<u64> {
+    Ok(holes_in(b, root, ino, start, end)?
+        .iter()
+        .map(|(s, e)| e - s)
+        .sum())
+}
+
+/// Where the data of the file just before `offset` ends on the device: the
+/// allocation hint that keeps a file's extents end to end (0: none).
+fn hint_before<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64, offset: u64) -> Result<u64> {
+    let Some(c) = Cursor::seek_le(b, root, &data_key(ino, offset))? else {
+        return Ok(0);
+    };
+    let Some(it) = c.item() else { return Ok(0) };
+    if it.key.objectid != ino || it.key.ty != EXTENT_DATA {
+        return Ok(0);
+    }
+    let fe = decode(ino, &it.data)?;
+    Ok(if fe.kind == FILE_EXTENT_INLINE || fe.disk_bytenr == 0 {
+        0
+    } else {
+        fe.disk_bytenr + fe.offset + fe.num_bytes
+    })
 }
 
 /// Reads `[offset, offset+len)` of the file (already clamped to its size);
@@ -296,27 +370,12 @@ pub(crate) fn preallocate(
     end: u64,
 ) -> Result<i64> {
     let mut delta = uninline(tx, tree, ino, size)?;
-    let first = start / SECTOR * SECTOR;
-    let last = end.div_ceil(SECTOR) * SECTOR;
     let root = tx.root_of(tree)?;
-    let mut holes = Vec::new();
-    let mut pos = first;
-    for (k, fe) in items_in(tx, &root, ino, first, last)? {
-        if k > pos {
-            holes.push((pos, k.min(last)));
-        }
-        pos = pos.max(k + item_len(&fe));
-    }
-    if pos < last {
-        holes.push((pos, last));
-    }
-    for (hs, he) in holes {
-        // Item boundaries are sector-aligned except after a short inline
-        // item, which uninline removed; align defensively anyway.
-        let (mut at, he) = (hs.div_ceil(SECTOR) * SECTOR, he / SECTOR * SECTOR);
+    for (mut at, he) in holes_in(tx, &root, ino, start, end)? {
+        let mut hint = hint_before(tx, &root, ino, at)?;
         while at < he {
-            let len = (he - at).min(EXTENT_MAX);
-            let bytenr = tx.alloc_data(len, 0)?;
+            let (bytenr, len) = tx.alloc_data_range(SECTOR, (he - at).min(EXTENT_MAX), hint)?;
+            hint = bytenr + len;
             let fe = new_extent_item(tx, FILE_EXTENT_PREALLOC, bytenr, len);
             tx.insert(tree, data_key(ino, at), fe.encode())?;
             delta += len as i64;
@@ -398,12 +457,13 @@ fn write_extents(
     let removed = punch(tx, tree, ino, first, last)?;
     let content = [head.as_slice(), data, tail.as_slice()];
     let total = last - first;
-    let mut hint = 0;
+    let mut hint = hint_before(tx, &tx.root_of(tree)?, ino, first)?;
     let mut at = 0;
     while at < total {
-        let len = (total - at).min(EXTENT_MAX);
+        // Any length down to a sector: fragmented free space still takes
+        // the write.
+        let (bytenr, len) = tx.alloc_data_range(SECTOR, (total - at).min(EXTENT_MAX), hint)?;
         let piece = gather(&content, at, len);
-        let bytenr = tx.alloc_data(len, hint)?;
         hint = bytenr + len;
         tx.write_data(bytenr, &piece)?;
         let sums: Vec<u8> = piece

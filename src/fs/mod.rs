@@ -27,7 +27,7 @@ mod readahead;
 pub mod xattr;
 
 pub use atime::AtimePolicy;
-pub use ops::{Attr, DirListing, Owner, SetAttr};
+pub use ops::{Attr, DirListing, Owner, SetAttr, StatFs};
 
 use crate::error::{Error, Result};
 use crate::format::inode::{InodeItem, ROOT_DIR_INO};
@@ -162,6 +162,25 @@ impl Fs {
     pub fn forget(&self, ino: u64) {
         self.ghosts.forget(ino);
         self.readahead.forget(ino);
+    }
+
+    /// Runs `f` in the running transaction. `f` reserves what it needs
+    /// (`Txn::reserve`) before changing anything; when that fails, and
+    /// flushing buffered data (which holds worst-case reservations) and
+    /// committing (which makes freed space reusable) may give space back,
+    /// they are done and `f` runs once more. Only then is ENOSPC the
+    /// answer, as in btrfs.
+    pub(crate) fn write_reserved<R>(
+        &self,
+        mut f: impl FnMut(&mut Txn<'_>) -> Result<R>,
+    ) -> Result<R> {
+        match self.engine.write(&mut f) {
+            Err(Error::NoSpace) if self.delalloc.total() > 0 || self.engine.commit_would_free() => {
+                self.sync()?;
+                self.engine.write(f)
+            }
+            r => r,
+        }
     }
 
     fn alloc_ino(&self) -> u64 {

@@ -5,7 +5,14 @@ use crate::error::{Error, Result};
 use crate::format::inode::{InodeItem, Timespec, ROOT_DIR_INO};
 use crate::format::items::FILE_EXTENT_INLINE;
 use crate::format::tree_id::CSUM;
-use crate::txn::Txn;
+use crate::txn::{Need, Txn};
+
+const SECTOR: u64 = crate::format::SECTORSIZE as u64;
+
+/// Items a create, link or rename changes at most: the inode, its
+/// reference, the two directory items, the parent; a rename twice over.
+const CREATE_ITEMS: u64 = 6;
+const RENAME_ITEMS: u64 = 14;
 
 fn orphan_key(ino: u64) -> crate::format::Key {
     crate::format::Key::new(
@@ -105,6 +112,18 @@ impl SetAttr {
     }
 }
 
+/// statfs figures, in 4 KiB blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub blocks: u64,
+    /// Not in use by anything (buffered data counts as used).
+    pub free: u64,
+    /// What writes can still get: free space less what the commit, buffered
+    /// data and deletions are promised (`txn::space`).
+    pub avail: u64,
+    pub files: u64,
+}
+
 /// Who creates a new inode.
 #[derive(Clone, Copy, Debug)]
 pub struct Owner {
@@ -167,10 +186,20 @@ impl Fs {
         target: Option<&[u8]>,
     ) -> Result<Attr> {
         dir::check_name(name)?;
-        self.engine.reserve(target.map_or(0, |t| t.len() as u64))?;
+        let target_len = target.map_or(0, |t| t.len() as u64);
+        // A symlink target too long to live inline goes to a data extent.
+        let data = if target_len > file::INLINE_MAX {
+            target_len.next_multiple_of(SECTOR)
+        } else {
+            0
+        };
+        let need = Need::items(self.tree, CREATE_ITEMS)
+            .payload(target_len)
+            .data(data);
         let ino = self.alloc_ino();
         let tree = self.tree;
-        self.engine.write(|tx| {
+        self.write_reserved(|tx| {
+            tx.reserve(&need)?;
             let mut p = self.parent_dir(tx, parent)?;
             let root = self.root_ptr_tx(tx)?;
             if dir::lookup(tx, &root, parent, name)?.is_some() {
@@ -237,7 +266,8 @@ impl Fs {
     /// empty directory (`rmdir` true).
     pub fn remove(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<()> {
         let tree = self.tree;
-        self.engine.write(|tx| {
+        self.write_reserved(|tx| {
+            tx.reserve(&Need::items(tree, CREATE_ITEMS).deleting())?;
             let mut p = self.parent_dir(tx, parent)?;
             let root = self.root_ptr_tx(tx)?;
             let e = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
@@ -286,7 +316,7 @@ impl Fs {
             tx.put(tree, orphan_key(ino), Vec::new())?;
             return store_inode(tx, tree, ino, inode);
         }
-        self.delalloc.discard(ino);
+        self.delalloc.discard(tx, ino);
         delete_inode(tx, tree, ino)?;
         self.ghosts.bury(ino, inode);
         Ok(())
@@ -325,12 +355,13 @@ impl Fs {
             return Ok(());
         }
         let tree = self.tree;
-        self.engine.write(|tx| {
+        self.write_reserved(|tx| {
             if tx.get(tree, &orphan_key(ino))?.is_none() {
                 return Ok(());
             }
+            tx.reserve(&Need::items(tree, 2).deleting())?;
             tx.delete(tree, &orphan_key(ino))?;
-            self.delalloc.discard(ino);
+            self.delalloc.discard(tx, ino);
             let inode = load_inode_tx(tx, tree, ino)?;
             delete_inode(tx, tree, ino)?;
             self.ghosts.bury(ino, inode);
@@ -363,9 +394,9 @@ impl Fs {
 
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
         dir::check_name(name)?;
-        self.engine.reserve(0)?;
         let tree = self.tree;
-        self.engine.write(|tx| {
+        self.write_reserved(|tx| {
+            tx.reserve(&Need::items(tree, CREATE_ITEMS))?;
             let mut p = self.parent_dir(tx, parent)?;
             let mut i = load_inode_tx(tx, tree, ino)?;
             if is_dir(i.mode) {
@@ -401,9 +432,9 @@ impl Fs {
         exchange: bool,
     ) -> Result<()> {
         dir::check_name(newname)?;
-        self.engine.reserve(0)?;
         let tree = self.tree;
-        self.engine.write(|tx| {
+        self.write_reserved(|tx| {
+            tx.reserve(&Need::items(tree, RENAME_ITEMS))?;
             self.parent_dir(tx, parent)?;
             self.parent_dir(tx, newparent)?;
             let root = self.root_ptr_tx(tx)?;
@@ -522,20 +553,24 @@ impl Fs {
     }
 
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
-        if s.size
-            .is_some_and(|n| n % u64::from(crate::format::SECTORSIZE) != 0)
-        {
-            self.engine.reserve(u64::from(crate::format::SECTORSIZE))?;
-        }
         let tree = self.tree;
         let now = Timespec::now();
-        let done = self.engine.write(|tx| {
+        let done = self.write_reserved(|tx| {
             let mut i = load_inode_tx(tx, tree, ino)?;
+            tx.reserve(&match s.size {
+                // Shrinking is a deletion; only a partial last sector is
+                // rewritten (zeroed past the new end).
+                Some(size) if size < i.size => {
+                    let partial = if size % SECTOR != 0 { SECTOR } else { 0 };
+                    Need::items(tree, 4).data(partial).deleting()
+                }
+                _ => Need::items(tree, 1),
+            })?;
             if let Some(size) = s.size {
                 if is_dir(i.mode) {
                     return Err(errno(libc::EISDIR, "is a directory"));
                 }
-                self.delalloc.truncate(ino, size);
+                self.delalloc.truncate(tx, ino, size);
                 if self.flush_in(tx, ino, u64::MAX)? {
                     i = load_inode_tx(tx, tree, ino)?;
                 }
@@ -595,22 +630,21 @@ impl Fs {
         {
             return Err(errno(libc::EFBIG, "file too large"));
         }
-        // Room for this write and everything still buffered; partial
-        // sectors at both ends are rewritten whole.
-        let sector = u64::from(crate::format::SECTORSIZE);
-        self.engine
-            .reserve(data.len() as u64 + 2 * sector + self.delalloc.total())?;
         if self.delalloc.over_limit() {
             self.flush_to_limit()?;
         }
         let tree = self.tree;
-        let done = self.engine.write(|tx| {
+        // The sectors it touches, at most: partial ones are rewritten
+        // whole. The buffer then holds the exact growth of its footprint.
+        let need = Need::items(tree, 1).data(super::delalloc::span(offset, data.len() as u64));
+        let done = self.write_reserved(|tx| {
+            tx.reserve(&need)?;
             let mut i = load_inode_tx(tx, tree, ino)?;
             if is_dir(i.mode) {
                 return Err(errno(libc::EISDIR, "is a directory"));
             }
             // Buffered together with the size it implies (see delalloc).
-            self.delalloc.insert(ino, offset, data);
+            self.delalloc.insert(tx, ino, offset, data);
             i.size = i.size.max(offset + data.len() as u64);
             let now = Timespec::now();
             i.mtime = now;
@@ -658,25 +692,23 @@ impl Fs {
         Ok(listing)
     }
 
-    /// (total blocks, free blocks, files) in 4 KiB blocks.
-    pub fn statfs(&self) -> (u64, u64, u64) {
-        let (used, free) = self.engine.space();
-        let bs = u64::from(crate::format::SECTORSIZE);
-        let total = used + free;
-        // Buffered data has its space reserved already (see write).
-        let free = free.saturating_sub(self.delalloc.total());
-        (
-            total / bs,
-            free / bs,
-            self.next_ino.load(std::sync::atomic::Ordering::Relaxed) - ROOT_DIR_INO,
-        )
+    /// Space and inodes as statfs reports them, in 4 KiB blocks.
+    pub fn statfs(&self) -> StatFs {
+        let (total, free, avail) = self.engine.space_for_statfs();
+        StatFs {
+            blocks: total / SECTOR,
+            free: free / SECTOR,
+            avail: avail / SECTOR,
+            files: self.next_ino.load(std::sync::atomic::Ordering::Relaxed) - ROOT_DIR_INO,
+        }
     }
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
         super::xattr::check_name(name)?;
-        self.engine.reserve(value.len() as u64)?;
         let tree = self.tree;
-        self.engine.write(|tx| {
+        let need = Need::items(tree, 3).payload((name.len() + value.len()) as u64);
+        self.write_reserved(|tx| {
+            tx.reserve(&need)?;
             super::xattr::set(tx, tree, ino, name, value, flags)?;
             self.touch_ctime(tx, ino, Timespec::now())
         })
@@ -698,7 +730,8 @@ impl Fs {
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         let tree = self.tree;
-        self.engine.write(|tx| {
+        self.write_reserved(|tx| {
+            tx.reserve(&Need::items(tree, 3).deleting())?;
             super::xattr::remove(tx, tree, ino, name)?;
             self.touch_ctime(tx, ino, Timespec::now())
         })
@@ -784,17 +817,31 @@ impl Fs {
             .checked_add(len)
             .filter(|&e| e <= super::MAX_FILE_SIZE);
         let end = end.ok_or(errno(libc::EFBIG, "file too large"))?;
-        if !punch {
-            self.engine
-                .reserve(if zero { 2 * 4096 } else { len + 2 * 4096 })?;
-        }
         let tree = self.tree;
-        self.engine.write(|tx| {
-            self.flush_in(tx, ino, u64::MAX)?;
-            let mut i = load_inode_tx(tx, tree, ino)?;
+        self.write_reserved(|tx| {
+            let i = load_inode_tx(tx, tree, ino)?;
             if i.mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(errno(libc::ENODEV, "not a regular file"));
             }
+            // Everything up front: fallocate either gets its whole range
+            // or changes nothing.
+            let root = tx.root_of(tree)?;
+            let items = file::count_items(tx, &root, ino, offset, end)?;
+            tx.reserve(&if punch || zero {
+                // Partial sectors at both edges are rewritten.
+                Need::items(tree, items + 4).data(2 * SECTOR).deleting()
+            } else {
+                let holes = file::hole_bytes(tx, &root, ino, offset, end)?
+                    + if file::is_inline(tx, &root, ino)? {
+                        SECTOR
+                    } else {
+                        0
+                    };
+                let pieces = tx.data_pieces_bound(holes, file::EXTENT_MAX);
+                Need::items(tree, items + pieces + 4).data(holes)
+            })?;
+            self.flush_in(tx, ino, u64::MAX)?;
+            let mut i = load_inode_tx(tx, tree, ino)?;
             let delta = if punch || zero {
                 self.zero_range(
                     tx,
@@ -892,8 +939,11 @@ impl Fs {
             let data = self.read(src, src_off, len.min(64 << 20) as u32)?;
             return self.write(dst, dst_off, &data).map(u64::from);
         }
-        self.engine.reserve(0)?;
-        self.engine.write(|tx| {
+        self.write_reserved(|tx| {
+            let root = tx.root_of(tree)?;
+            let items = file::count_items(tx, &root, src, src_off, src_off + len)?
+                + file::count_items(tx, &root, dst, dst_off, dst_off + len)?;
+            tx.reserve(&Need::items(tree, items + 4))?;
             self.flush_in(tx, src, u64::MAX)?;
             self.flush_in(tx, dst, u64::MAX)?;
             let mut d = load_inode_tx(tx, tree, dst)?;

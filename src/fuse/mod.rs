@@ -482,13 +482,13 @@ impl Filesystem for FuseFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let (blocks, free, files) = self.fs.statfs();
+        let st = self.fs.statfs();
         reply.statfs(
-            blocks,
-            free,
-            free,
-            files + free,
-            free,
+            st.blocks,
+            st.free,
+            st.avail,
+            st.files + st.avail,
+            st.avail,
             4096,
             crate::fs::NAME_MAX as u32,
             4096,

@@ -22,6 +22,29 @@ pub fn get<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, key: &Key) -> Result<Op
         .map(|i| items[i].data.clone()))
 }
 
+/// Number of blocks in the tree at `root`. Reads only the internal nodes
+/// (a level-1 node's pointers count its leaves), so it costs about one
+/// block read per hundred blocks counted.
+pub fn count_blocks<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<u64> {
+    if root.level == 0 {
+        return Ok(1);
+    }
+    let mut total = 0;
+    let mut stack = vec![b.read_node(root.bytenr, root.generation)?];
+    while let Some(node) = stack.pop() {
+        total += 1;
+        let ptrs = node.ptrs();
+        if node.level == 1 {
+            total += ptrs.len() as u64;
+            continue;
+        }
+        for p in ptrs {
+            stack.push(read_child(b, p, node.level)?);
+        }
+    }
+    Ok(total)
+}
+
 /// Leaves per read-ahead step of a forward walk.
 const READAHEAD_LEAVES: usize = 16;
 

@@ -42,6 +42,14 @@ impl Engine {
                     drop(st);
                     return self.wait_written(last);
                 }
+                Err(Error::NoSpace) => {
+                    // The reservations promise this cannot happen.
+                    let e = Error::Aborted(
+                        "the commit ran out of space (a reservation accounting bug)".into(),
+                    );
+                    self.fail(&e);
+                    return Err(e);
+                }
                 Err(e) => {
                     self.fail(&e);
                     return Err(e);
@@ -160,6 +168,7 @@ fn settle(tx: &mut Txn<'_>) -> Result<()> {
         let mut did = persist::write_root_items(tx)?;
         did |= crate::extent::apply::run(tx)?;
         did |= persist::apply_free_journal(tx)?;
+        did |= persist::remove_empty_groups(tx)?;
         did |= persist::write_block_groups(tx)?;
         if !did {
             return Ok(());

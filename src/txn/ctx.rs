@@ -1,7 +1,7 @@
 //! The views through which callers and the tree layer see the state: a
 //! [`Txn`] (writer, joined to the running transaction) and a [`Reader`].
 
-use super::{RootState, Shared, State};
+use super::{Need, RootState, Shared, State};
 use crate::alloc::{Allocator, GroupKind};
 use crate::error::{Error, Result};
 use crate::extent::{ExtentKind, PendingExtent, RefHolder};
@@ -174,6 +174,7 @@ impl<'a> Txn<'a> {
     ) -> Result<R> {
         let mut ptr = self.root_of(id)?;
         let before = ptr;
+        self.st.changes += 1;
         let r = f(self, &mut ptr);
         if ptr != before {
             if let Some(rs) = self.st.roots.get_mut(&id) {
@@ -310,16 +311,55 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
-    /// Allocates a data extent of `len` bytes (a multiple of the sector
-    /// size) near `hint`. It is freed at commit unless a file extent item
-    /// references it by then.
+    /// Allocates a data extent of exactly `len` bytes (a multiple of the
+    /// sector size) near `hint`. It is freed at commit unless a file
+    /// extent item references it by then.
     pub fn alloc_data(&mut self, len: u64, hint: u64) -> Result<u64> {
-        if len == 0 || !len.is_multiple_of(u64::from(SECTORSIZE)) {
-            return Err(Error::Invalid(format!("data extent of {len} bytes")));
+        self.alloc_data_range(len, len, hint)
+            .map(|(start, _)| start)
+    }
+
+    /// Allocates a data extent of `min` to `max` bytes (multiples of the
+    /// sector size) near `hint`: the whole `max` where free space has it,
+    /// a shorter piece where it is fragmented. Returns (start, length).
+    pub fn alloc_data_range(&mut self, min: u64, max: u64, hint: u64) -> Result<(u64, u64)> {
+        let s = u64::from(SECTORSIZE);
+        if min == 0 || !min.is_multiple_of(s) || !max.is_multiple_of(s) || min > max {
+            return Err(Error::Invalid(format!("data extent of {min}..{max} bytes")));
         }
-        let (start, _) = self.st.alloc.alloc(GroupKind::Data, len, len, hint)?;
+        let (start, len) = self.st.alloc.alloc(GroupKind::Data, min, max, hint)?;
+        self.st.changes += 1;
         self.st.refs.new_extent(start, len, ExtentKind::Data);
-        Ok(start)
+        Ok((start, len))
+    }
+
+    /// Checks that `need` fits beside everything already promised (see
+    /// `txn::space`). Call it before changing anything: its ENOSPC then
+    /// leaves the filesystem as it was and running.
+    pub fn reserve(&mut self, need: &Need) -> Result<()> {
+        let ns = self.sh.nodesize as u64;
+        if self.st.check_room(ns, need) {
+            Ok(())
+        } else {
+            Err(Error::NoSpace)
+        }
+    }
+
+    /// Most extents an allocation of `len` data bytes in pieces of at
+    /// most `max_piece` can take on today's free space (for reservations).
+    pub fn data_pieces_bound(&self, len: u64, max_piece: u64) -> u64 {
+        self.st.alloc.pieces_bound(GroupKind::Data, len, max_piece)
+    }
+
+    /// Holds `bytes` of data space for buffered writes until
+    /// [`Txn::release_data`] (checked beforehand by [`Txn::reserve`]).
+    pub fn hold_data(&mut self, bytes: u64) {
+        self.st.data_reserved += bytes;
+    }
+
+    /// Gives back data space held for buffered writes (flushed or dropped).
+    pub fn release_data(&mut self, bytes: u64) {
+        self.st.data_reserved = self.st.data_reserved.saturating_sub(bytes);
     }
 
     /// Writes data into an extent allocated in this transaction. Data is
@@ -354,8 +394,12 @@ impl<'a> Txn<'a> {
         &mut self.st.alloc
     }
 
-    /// Forgets a freed tree block everywhere it may be held in memory.
-    pub(crate) fn forget_block(&mut self, bytenr: u64) {
+    /// Forgets a freed tree block of tree `owner` everywhere it may be
+    /// held in memory.
+    pub(crate) fn forget_block(&mut self, bytenr: u64, owner: u64) {
+        if let Some(n) = self.st.tree_blocks.get_mut(&owner) {
+            *n = n.saturating_sub(1);
+        }
         self.st.dirty.remove(&bytenr);
         self.st.frozen.remove(&bytenr);
         self.sh.cache.remove(bytenr);
@@ -402,6 +446,9 @@ impl BlockWrite for Txn<'_> {
         let ns = self.sh.nodesize as u64;
         let kind = Allocator::kind_for_tree(owner);
         let (bytenr, _) = self.st.alloc.alloc(kind, ns, ns, hint)?;
+        if !tree_id::is_shareable(owner) {
+            *self.st.tree_blocks.entry(owner).or_insert(0) += 1;
+        }
         self.st
             .refs
             .new_extent(bytenr, ns, ExtentKind::Tree { owner, level });

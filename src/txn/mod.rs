@@ -25,12 +25,14 @@ mod commit;
 mod ctx;
 mod open;
 mod persist;
+mod space;
 
 pub use ctx::{Reader, Txn};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
     MIN_DEVICE_BYTES,
 };
+pub use space::{Need, DELETE_MARGIN_BLOCKS};
 
 use crate::alloc::Allocator;
 use crate::cache::BlockCache;
@@ -44,9 +46,6 @@ use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-
-/// Tree blocks kept free for commits and deletions (see [`Engine::reserve`]).
-const METADATA_RESERVE_BLOCKS: u64 = 512;
 
 /// A tree's root as the running transaction sees it.
 #[derive(Clone, Debug)]
@@ -70,6 +69,13 @@ pub(crate) struct State {
     pub dropped: Vec<u64>,
     pub refs: DelayedRefs,
     pub alloc: Allocator,
+    /// Data bytes promised to buffered writes (see `space`).
+    pub data_reserved: u64,
+    /// Size of every tree that does not share blocks (see `space`).
+    pub tree_blocks: space::TreeBlocks,
+    /// Counts changes to the trees and the allocator, so a failed
+    /// operation can tell whether it changed anything.
+    pub changes: u64,
 }
 
 /// What readers and the commit I/O share outside the state lock.
@@ -112,23 +118,27 @@ impl Engine {
     }
 
     /// Runs `f` inside the running transaction. Errors that leave the trees
-    /// consistent (not found, exists, invalid argument) are returned as they
-    /// are; any other error shuts the engine down, keeping the last commit.
+    /// consistent (not found, exists, invalid argument, and ENOSPC from a
+    /// reservation made before any change) are returned as they are; any
+    /// other error shuts the engine down, keeping the last commit.
     pub fn write<R>(&self, f: impl FnOnce(&mut Txn<'_>) -> Result<R>) -> Result<R> {
         self.check_alive()?;
         if self.read_only {
             return Err(Error::ReadOnly);
         }
         let mut st = crate::sync::write(&self.state);
+        let changes = st.changes;
         let mut tx = Txn::new(&mut st, &self.shared);
         let r = f(&mut tx);
-        if let Err(e) = &r {
-            if !matches!(
-                e,
-                Error::NotFound | Error::Exists | Error::Invalid(_) | Error::Posix(..)
-            ) {
-                self.fail(e);
-            }
+        match &r {
+            Err(Error::NotFound | Error::Exists | Error::Invalid(_) | Error::Posix(..)) => {}
+            Err(Error::NoSpace) if st.changes == changes => {}
+            Err(Error::NoSpace) => self.fail(&Error::Aborted(
+                "ran out of space half-way through an operation (its reservation was too small)"
+                    .into(),
+            )),
+            Err(e) => self.fail(e),
+            Ok(_) => {}
         }
         r
     }
@@ -155,6 +165,11 @@ impl Engine {
         {
             std::thread::yield_now();
         }
+    }
+
+    /// Whether data and tree blocks share block groups.
+    pub fn is_mixed(&self) -> bool {
+        crate::sync::read(&self.state).alloc.is_mixed()
     }
 
     /// Whether the engine was opened read-only.
@@ -186,19 +201,26 @@ impl Engine {
         (st.alloc.bytes_used(), st.alloc.bytes_free())
     }
 
-    /// Fails with ENOSPC unless `data_bytes` of data and a metadata
-    /// reserve still fit. Callers check before they change anything, so a
-    /// full disk is an error for the writer, not for the filesystem.
-    pub fn reserve(&self, data_bytes: u64) -> Result<()> {
-        let reserve = (self.shared.nodesize as u64) * METADATA_RESERVE_BLOCKS;
-        if crate::sync::read(&self.state)
-            .alloc
-            .has_room(data_bytes, reserve)
-        {
-            Ok(())
-        } else {
-            Err(Error::Posix(28, "no space left on device"))
-        }
+    /// Space for statfs: (total bytes, free bytes, bytes writers can
+    /// still get). The last leaves out what is promised to buffered data,
+    /// the commit, and the margin kept for deletions.
+    pub fn space_for_statfs(&self) -> (u64, u64, u64) {
+        let st = crate::sync::read(&self.state);
+        let (used, free) = (st.alloc.bytes_used(), st.alloc.bytes_free());
+        let avail = st.data_available(self.shared.nodesize as u64);
+        (used + free, free.saturating_sub(st.data_reserved), avail)
+    }
+
+    /// Whether the running transaction holds anything a commit would
+    /// make reusable or settle (pinned extents, dirty blocks).
+    pub fn commit_would_free(&self) -> bool {
+        let st = crate::sync::read(&self.state);
+        st.alloc.pinned_bytes() > 0 || !st.dirty.is_empty() || !st.refs.is_empty()
+    }
+
+    /// Data bytes promised to buffered writes.
+    pub fn data_reserved(&self) -> u64 {
+        crate::sync::read(&self.state).data_reserved
     }
 
     /// Free-space histogram: (bucket low in sectors, extents, bytes).

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::extent::DelayedRefs;
 use crate::format::items::{BlockGroupItem, RootItem};
 use crate::format::key_type::{BLOCK_GROUP_ITEM, FREE_EXTENT, ROOT_ITEM};
-use crate::format::superblock::Superblock;
+use crate::format::superblock::{Superblock, INCOMPAT_MIXED_GROUPS};
 use crate::format::{self, tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
 use crate::tree::{BlockRead, Cursor, RootPtr};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -20,7 +20,15 @@ pub struct FormatOptions {
     pub label: String,
     /// Filesystem id; random when None.
     pub fsid: Option<[u8; 16]>,
+    /// Mixed block groups (data and tree blocks together); None chooses
+    /// them for devices under [`MIXED_BELOW_BYTES`].
+    pub mixed: Option<bool>,
 }
+
+/// Devices smaller than this get mixed block groups by default: split
+/// groups would strand too large a share of a small device in a group of
+/// the wrong kind (btrfs makes the same choice).
+pub const MIXED_BELOW_BYTES: u64 = 1 << 30;
 
 impl Default for FormatOptions {
     fn default() -> Self {
@@ -28,6 +36,7 @@ impl Default for FormatOptions {
             nodesize: format::DEFAULT_NODESIZE,
             label: String::new(),
             fsid: None,
+            mixed: None,
         }
     }
 }
@@ -103,6 +112,7 @@ fn new_engine(
 }
 
 fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
+    let mixed = sb.incompat & INCOMPAT_MIXED_GROUPS != 0;
     State {
         transid,
         sb,
@@ -111,7 +121,10 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         roots: BTreeMap::new(),
         dropped: Vec::new(),
         refs: DelayedRefs::default(),
-        alloc: Allocator::new(device_bytes),
+        alloc: Allocator::new(device_bytes, mixed),
+        data_reserved: 0,
+        tree_blocks: Default::default(),
+        changes: 0,
     }
 }
 
@@ -135,6 +148,7 @@ impl Engine {
             )));
         }
         let fsid = opts.fsid.unwrap_or_else(random_fsid);
+        let mixed = opts.mixed.unwrap_or(size < MIXED_BELOW_BYTES);
         let sb = Superblock {
             fsid,
             flags: 0,
@@ -151,7 +165,7 @@ impl Engine {
             sectorsize: format::SECTORSIZE,
             compat: 0,
             compat_ro: 0,
-            incompat: 0,
+            incompat: if mixed { INCOMPAT_MIXED_GROUPS } else { 0 },
             label: opts.label.clone(),
         };
         let total = sb.total_bytes;
@@ -200,6 +214,7 @@ impl Engine {
             let mut st = crate::sync::write(&engine.state);
             load_roots(&mut st, &engine.shared, root)?;
             load_space(&mut st, &engine.shared)?;
+            count_tree_blocks(&mut st, &engine.shared)?;
         }
         Ok(engine)
     }
@@ -360,5 +375,21 @@ fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
             ));
         }
     }
+    Ok(())
+}
+
+/// Counts the blocks of every tree that shares none (the space
+/// reservations size the commit's need from them). Reads only internal
+/// nodes: a level-1 node's pointers count its leaves.
+fn count_tree_blocks(st: &mut State, sh: &Shared) -> Result<()> {
+    let mut counts = super::space::TreeBlocks::new();
+    for (&id, rs) in &st.roots {
+        if tree_id::is_shareable(id) {
+            continue;
+        }
+        let n = crate::tree::count_blocks(&Loader { st, sh }, &rs.ptr)?;
+        counts.insert(id, n);
+    }
+    st.tree_blocks = counts;
     Ok(())
 }

@@ -55,6 +55,31 @@ pub(super) fn write_block_groups(tx: &mut Txn<'_>) -> Result<bool> {
     Ok(did)
 }
 
+/// Gives block groups that hold nothing back to the unallocated pool, so
+/// space moves between data and metadata as needs change: deletes the
+/// group's item and its free extents. Runs after the journal is replayed,
+/// when the free-space trees hold exactly the group's free ranges.
+pub(super) fn remove_empty_groups(tx: &mut Txn<'_>) -> Result<bool> {
+    let empty = tx.allocator().empty_groups();
+    let mut did = false;
+    for start in empty {
+        // Out of the allocator first: the tree edits below must not
+        // allocate from the group they are removing.
+        let Some(g) = tx.allocator().remove_group(start) else {
+            continue;
+        };
+        did = true;
+        for (s, l) in g.free.iter().collect::<Vec<_>>() {
+            delete_extent(tx, s, l)?;
+        }
+        match tx.delete(BLOCK_GROUP, &Key::new(g.start, BLOCK_GROUP_ITEM, g.len)) {
+            Ok(_) | Err(Error::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(did)
+}
+
 /// Replays the allocator's journal into the free-space trees.
 pub(super) fn apply_free_journal(tx: &mut Txn<'_>) -> Result<bool> {
     let journal = tx.allocator().take_journal();

@@ -19,6 +19,13 @@ pub struct Args {
     /// Filesystem label (up to 255 bytes).
     #[arg(short = 'L', long, default_value = "")]
     label: String,
+    /// Mixed block groups: data and tree blocks share every group (the
+    /// default below 1 GiB, where separate groups strand space).
+    #[arg(short = 'M', long, conflicts_with = "no_mixed")]
+    mixed: bool,
+    /// Separate data and metadata block groups, whatever the size.
+    #[arg(long)]
+    no_mixed: bool,
     /// Overwrite an existing filesystem.
     #[arg(short = 'f', long)]
     force: bool,
@@ -76,6 +83,11 @@ pub fn run(a: Args) -> Result<()> {
         nodesize: a.nodesize,
         label: a.label.clone(),
         fsid: None,
+        mixed: match (a.mixed, a.no_mixed) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
     };
     let dev: Arc<dyn Device> = Arc::new(dev);
     let engine = Arc::new(
@@ -86,6 +98,7 @@ pub fn run(a: Args) -> Result<()> {
     drop(canopy::fs::Fs::new(engine.clone()).context("creating the root directory")?);
     let fsid = engine.fsid();
     let (used, free) = engine.space();
+    let mixed = engine.is_mixed();
     drop(engine);
     if !a.quiet {
         println!("Created Canopy filesystem on {}", a.image.display());
@@ -100,6 +113,14 @@ pub fn run(a: Args) -> Result<()> {
         println!("  uuid:      {}", format_uuid(&fsid));
         println!("  size:      {} bytes", dev.size());
         println!("  nodesize:  {}", a.nodesize);
+        println!(
+            "  groups:    {}",
+            if mixed {
+                "mixed (data and metadata together)"
+            } else {
+                "separate data, metadata and system"
+            }
+        );
         println!("  used:      {used} bytes, free: {free} bytes");
     }
     Ok(())
