@@ -401,8 +401,10 @@ impl Allocator {
         Ok(())
     }
 
-    /// The first gap between groups of at least `min` bytes, up to `target`.
+    /// The first gap between groups that holds `min` free bytes once any
+    /// superblock copy in it is cut out; up to `target` bytes of it.
     fn find_device_gap(&self, target: u64, min: u64) -> Option<(u64, u64)> {
+        let sector = crate::format::SECTORSIZE as u64;
         let mut at = RESERVED_START;
         let ends = self
             .groups
@@ -410,11 +412,13 @@ impl Allocator {
             .map(|g| (g.start, g.start + g.len))
             .chain(std::iter::once((self.device_bytes, self.device_bytes)));
         for (gs, ge) in ends {
-            let gap = gs.saturating_sub(at);
-            // A gap must hold `min` even after superblock copies are cut out.
-            if gap >= min + SUPER_SIZE {
-                let len = gap.min(target.max(min + SUPER_SIZE));
-                return Some((at, len - len % crate::format::SECTORSIZE as u64));
+            let gap = gs.saturating_sub(at) / sector * sector;
+            let mut len = gap.min(target.max(min));
+            while len < gap && len - super_bytes_in(at, len) < min {
+                len = (len + SUPER_SIZE).min(gap);
+            }
+            if len > 0 && len - super_bytes_in(at, len) >= min {
+                return Some((at, len));
             }
             at = at.max(ge);
         }

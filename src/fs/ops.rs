@@ -636,7 +636,7 @@ impl Fs {
         let tree = self.tree;
         // The sectors it touches, at most: partial ones are rewritten
         // whole. The buffer then holds the exact growth of its footprint.
-        let need = Need::items(tree, 1).data(super::delalloc::span(offset, data.len() as u64));
+        let need = Need::items(tree, 1).buffer(super::delalloc::span(offset, data.len() as u64));
         let done = self.write_reserved(|tx| {
             tx.reserve(&need)?;
             let mut i = load_inode_tx(tx, tree, ino)?;

@@ -70,8 +70,11 @@ pub struct Need {
     /// Bytes of item payload it adds beyond small fixed-size items
     /// (inline data, xattr values, symlink targets).
     pub payload: u64,
-    /// Data bytes it allocates now, or buffers for a later flush.
+    /// Data bytes it allocates now (its extent items are among `items`).
     pub data: u64,
+    /// Data bytes it buffers for a later flush: held until flushed, with
+    /// the tree items the flush may need (see `META_BYTES_PER_DATA_SECTOR`).
+    pub buffer: u64,
     /// A deletion: may use the margin kept from ordinary operations.
     pub deleting: bool,
 }
@@ -87,6 +90,11 @@ impl Need {
 
     pub fn data(mut self, bytes: u64) -> Need {
         self.data = bytes;
+        self
+    }
+
+    pub fn buffer(mut self, bytes: u64) -> Need {
+        self.buffer = bytes;
         self
     }
 
@@ -141,7 +149,7 @@ impl State {
     /// The claims the running transaction holds with `need` added.
     pub(crate) fn claims_with(&self, ns: u64, need: &Need) -> Claims {
         let (commit_meta, commit_sys) = self.commit_need_blocks(ns);
-        let buffered = self.data_reserved + need.data;
+        let buffered = self.data_reserved + need.buffer;
         let op = need.items * self.path_blocks(need.tree)
             + Self::blocks_for_bytes(ns, need.payload)
             + self.flush_need_blocks(ns, buffered);
@@ -151,7 +159,7 @@ impl State {
             DELETE_MARGIN_BLOCKS
         };
         Claims {
-            data: buffered,
+            data: buffered + need.data,
             metadata: (commit_meta + op + margin) * ns,
             system: commit_sys * ns,
         }
@@ -170,14 +178,16 @@ impl State {
 
     /// Data bytes writers can still get: free and unallocated space less
     /// what is promised to buffered data, the commit, and metadata kept
-    /// for deletions.
+    /// for deletions. Counted as flushed data (an extent item per 2 MiB):
+    /// the worst case a buffered write holds while it waits is given back
+    /// by its flush, and a writer that meets it flushes and asks again.
     pub(crate) fn data_available(&self, ns: u64) -> u64 {
         let fits = |d: u64| {
-            let c = self.claims_with(ns, &Need::items(tree_id::FS, 0).data(d));
-            self.alloc.can_meet(&c)
+            let items = d.div_ceil(2 << 20);
+            let need = Need::items(tree_id::FS, items).data(d);
+            self.alloc.can_meet(&self.claims_with(ns, &need))
         };
-        // Largest d that fits: every data byte also claims its flush's
-        // metadata, so search by halving.
+        // Largest d that fits, by halving.
         let (mut lo, mut hi) = (0u64, self.alloc.bytes_free());
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
