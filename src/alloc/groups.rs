@@ -49,8 +49,8 @@ pub fn default_size(kind: GroupKind, device_bytes: u64) -> u64 {
     const MIB: u64 = 1 << 20;
     let (frac, lo, hi) = match kind {
         GroupKind::Data => (10, 16 * MIB, 1 << 30),
-        GroupKind::Metadata => (32, 4 * MIB, 256 * MIB),
-        GroupKind::System => (128, MIB, 32 * MIB),
+        GroupKind::Metadata => (64, 4 * MIB, 256 * MIB),
+        GroupKind::System => (512, MIB, 32 * MIB),
         GroupKind::Mixed => (8, 16 * MIB, 256 * MIB),
     };
     ((device_bytes / frac).clamp(lo, hi) / MIB) * MIB

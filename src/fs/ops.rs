@@ -837,8 +837,12 @@ impl Fs {
                     } else {
                         0
                     };
+                // The new extent items lie side by side in the file's key
+                // range: they fill leaves rather than each copying a path.
                 let pieces = tx.data_pieces_bound(holes, file::EXTENT_MAX);
-                Need::items(tree, items + pieces + 4).data(holes)
+                Need::items(tree, items + 4)
+                    .payload(pieces * crate::txn::EXTENT_ITEMS_BYTES)
+                    .data(holes)
             })?;
             self.flush_in(tx, ino, u64::MAX)?;
             let mut i = load_inode_tx(tx, tree, ino)?;

@@ -32,7 +32,7 @@ pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
     MIN_DEVICE_BYTES,
 };
-pub use space::{Need, DELETE_MARGIN_BLOCKS};
+pub use space::{Need, DELETE_MARGIN_BLOCKS, EXTENT_ITEMS_BYTES};
 
 use crate::alloc::Allocator;
 use crate::cache::BlockCache;

@@ -46,6 +46,10 @@ const META_BYTES_PER_DATA_SECTOR: u64 = 256;
 /// item, back-reference, free-space items, all with item headers).
 const COMMIT_BYTES_PER_EXTENT: u64 = 256;
 
+/// Bytes of tree items one new data extent brings, in its file and at the
+/// commit: a file extent item (78) and the commit's items.
+pub const EXTENT_ITEMS_BYTES: u64 = 80 + COMMIT_BYTES_PER_EXTENT;
+
 /// Trees the commit itself edits; the root tree lives in system groups.
 const COMMIT_TREES: [u64; 6] = [
     tree_id::EXTENT,
@@ -183,8 +187,11 @@ impl State {
     /// by its flush, and a writer that meets it flushes and asks again.
     pub(crate) fn data_available(&self, ns: u64) -> u64 {
         let fits = |d: u64| {
+            // An extent item (and its commit-time items) per 2 MiB.
             let items = d.div_ceil(2 << 20);
-            let need = Need::items(tree_id::FS, items).data(d);
+            let need = Need::items(tree_id::FS, 0)
+                .data(d)
+                .payload(items * EXTENT_ITEMS_BYTES);
             self.alloc.can_meet(&self.claims_with(ns, &need))
         };
         // Largest d that fits, by halving.
