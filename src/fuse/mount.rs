@@ -271,6 +271,12 @@ pub fn serve(
     } else if let Err(e) = session.join() {
         tracing::warn!(error = %e, "session ended with an error");
     }
+    if let Some(why) = fs.engine().shutdown_reason() {
+        // Logged as what it was: a shutdown while mounted, not a failure
+        // to mount.
+        tracing::error!(reason = %why, "unmounted a filesystem that had shut down while mounted; the image keeps its last commit");
+        return Err(Error::Aborted(why));
+    }
     if !opts.read_only {
         fs.sync()?;
     }

@@ -167,6 +167,11 @@ impl Engine {
         }
     }
 
+    /// Why the engine shut down while open, if it did.
+    pub fn shutdown_reason(&self) -> Option<String> {
+        crate::sync::lock(&self.failed).clone()
+    }
+
     /// Whether data and tree blocks share block groups.
     pub fn is_mixed(&self) -> bool {
         crate::sync::read(&self.state).alloc.is_mixed()

@@ -55,7 +55,7 @@ pub fn run(a: Args) -> Result<()> {
         })
         .with_context(|| {
             format!(
-                "mounting {} on {}",
+                "serving {} on {}",
                 a.image.display(),
                 a.mountpoint.display()
             )
