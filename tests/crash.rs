@@ -225,7 +225,7 @@ fn every_prefix_of_a_fill_to_enospc_keeps_the_committed_files() {
                     break;
                 }
             }
-            if next % 3 == 0 {
+            if next.is_multiple_of(3) {
                 commit(&fs, &files);
             }
         }
