@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of two Canopy builds in one run (a benchmark, not a test): sequential
 # 1 GiB write (dd conv=fsync), cold read after remount and dropped caches,
-# and dbench with 2 clients, alternating the builds for ROUNDS rounds.
+# 10,000 creates of empty files (then sync), and dbench with 2 clients,
+# alternating the builds for ROUNDS rounds.
 # Needs root. Build the older one with, for example,
 #   git worktree add /var/tmp/old REV && (cd /var/tmp/old && CARGO_TARGET_DIR=/var/tmp/old-target cargo build --release)
 # Usage: bash bench/ab.sh OLD_CANOPY NEW_CANOPY [ROUNDS]
@@ -24,7 +25,10 @@ for r in $(seq "$ROUNDS"); do
         "$C" mount "$W/ab.img" "$M"
         s=$(secs); dd if="$M/big" of=/dev/null bs=1M status=none; e=$(secs)
         echo -e "$v\tcold read MB/s\t$(echo "1024/($e-$s)" | bc -l)"
-        rm "$M/big"; mkdir "$M/db"
+        rm "$M/big"; mkdir "$M/c"
+        s=$(secs); (cd "$M/c" && for i in $(seq 10000); do : > "f$i"; done); "$C" sync "$M"; e=$(secs)
+        echo -e "$v	10k creates/s	$(echo "10000/($e-$s)" | bc -l)"
+        mkdir "$M/db"
         echo -e "$v\tdbench MB/s\t$(dbench -D "$M/db" -t 20 2 2>/dev/null | awk '/^Throughput/ {print $2}')"
         unmount
     done
