@@ -32,11 +32,15 @@ fn format(size: u64, nodesize: u32, mixed: bool) -> (Arc<MemDevice>, Fs) {
     (dev, Fs::new(Arc::new(e)).expect("fs"))
 }
 
+/// Commits, checks, and opens again; the tree sizes the reservations
+/// tracked while running must equal a count from scratch.
 fn reopen(dev: &Arc<MemDevice>, fs: Fs) -> Fs {
     fs.sync().expect("the commit of a full filesystem");
+    let tracked = fs.engine().tree_block_counts();
     drop(fs);
     common::assert_fs_clean(dev);
     let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    assert_eq!(e.tree_block_counts(), tracked, "tree sizes drifted");
     Fs::new(Arc::new(e)).expect("fs")
 }
 

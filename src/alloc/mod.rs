@@ -13,7 +13,17 @@
 //! never committed and is reusable at once.
 //!
 //! Allocation modes (see `freespace`): near a hint (the block being copied,
-//! the previous extent of a file), exact, and by size.
+//! the previous extent of a file), exact, and by size. A request names a
+//! range of lengths: the whole of it where the free space has it, a
+//! shorter piece where it is fragmented.
+//!
+//! Images under 1 GiB use *mixed* groups (data and tree blocks together):
+//! with separate groups, a small device strands a large share of its space
+//! in groups of the wrong kind. On larger images, new groups of one kind
+//! leave the unallocated space the other kinds have been promised
+//! ([`Claims`], set by the reservations in `txn::space`), and a group that
+//! empties goes back to the unallocated pool at the next commit, so space
+//! moves between data and metadata as needs change.
 
 mod freespace;
 pub mod groups;

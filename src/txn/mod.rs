@@ -167,6 +167,13 @@ impl Engine {
         }
     }
 
+    /// Blocks in each tree that shares none, as the reservations count
+    /// them (for tests: a fresh open counts them from scratch).
+    pub fn tree_block_counts(&self) -> Vec<(u64, u64)> {
+        let st = crate::sync::read(&self.state);
+        st.tree_blocks.iter().map(|(&k, &v)| (k, v)).collect()
+    }
+
     /// Why the engine shut down while open, if it did.
     pub fn shutdown_reason(&self) -> Option<String> {
         crate::sync::lock(&self.failed).clone()
