@@ -22,7 +22,7 @@ trap 'umount "$M" 2>/dev/null || true' EXIT
 mount_fs() { # fs image
     case $1 in
     canopy) "$CANOPY" mkfs -q -s "$SIZE" "$2" && "$CANOPY" mount "$2" "$M" ;;
-    btrfs) mkfs.btrfs -q -f "$2" && mount -o loop "$2" "$M" ;;
+    btrfs) mkfs.btrfs -q -f "$2" >/dev/null && mount -o loop "$2" "$M" ;;
     xfs) mkfs.xfs -q -f "$2" 2>/dev/null && mount -o loop "$2" "$M" ;;
     ext4) mkfs.ext4 -q -F "$2" && mount -o loop "$2" "$M" ;;
     esac

@@ -292,8 +292,11 @@ fn full_disks_of_every_size_and_pattern() {
         torture("64M", how);
         torture("256M", how);
     }
+    torture("128M", Fill::BigThenSmall);
+    torture("512M", Fill::Dd);
     torture("1G", Fill::Dd);
     torture("1G", Fill::Fallocate);
+    torture("4G", Fill::Dd);
 }
 
 /// A kill -9 of the daemon on a full disk: the next mount finds every
