@@ -9,7 +9,7 @@ mod common;
 
 use common::Rng;
 
-use canopy::dev::crash::{RecordingDevice, Replayer};
+use canopy::dev::crash::{OverlayDevice, RecordingDevice, Replayer};
 use canopy::dev::Device;
 use canopy::format::items::{FileExtentItem, FILE_EXTENT_REG};
 use canopy::format::key_type::EXTENT_DATA;
@@ -103,6 +103,36 @@ fn verify(dev: &dyn Device, e: &Engine, want: &Trees) {
     }
 }
 
+/// The disk a crash after `prefix` recorded ops could leave (`keep` picks
+/// the writes in flight that reached it), opened read-only; its generation
+/// must be the last completed commit or the one in flight.
+fn open_crashed(
+    rp: &mut Replayer,
+    prefix: usize,
+    keep: &dyn Fn(usize) -> bool,
+    ends: &[(u64, usize)],
+) -> (Arc<OverlayDevice>, Engine) {
+    let completed = ends
+        .iter()
+        .filter(|(_, end)| *end <= prefix)
+        .map(|(g, _)| *g)
+        .max()
+        .unwrap();
+    let dev = Arc::new(rp.at(prefix, keep));
+    let ro = OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &ro)
+        .unwrap_or_else(|err| panic!("prefix {prefix}: open failed: {err}"));
+    let g = e.committed_generation();
+    assert!(
+        g == completed || g == completed + 1,
+        "prefix {prefix}: generation {g}, last completed {completed}"
+    );
+    (dev, e)
+}
+
 fn run_crash_workload(seed: u64, transactions: usize, nodesize: u32) {
     let (base_dev, e) = common::mem_engine(40 << 20, nodesize);
     drop(e);
@@ -130,26 +160,10 @@ fn run_crash_workload(seed: u64, transactions: usize, nodesize: u32) {
     let mut rp = Replayer::new(base, rec.ops());
     let mut images = 0;
     for prefix in 0..=rp.len() {
-        let completed = ends
-            .iter()
-            .filter(|(_, end)| *end <= prefix)
-            .map(|(g, _)| *g)
-            .max()
-            .unwrap();
         let variants: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|_| false, &|i| i % 3 != 1];
         for keep in variants {
-            let dev = Arc::new(rp.at(prefix, keep));
-            let ro = OpenOptions {
-                read_only: true,
-                ..Default::default()
-            };
-            let e = Engine::open(dev.clone() as Arc<dyn Device>, &ro)
-                .unwrap_or_else(|err| panic!("prefix {prefix}: open failed: {err}"));
+            let (dev, e) = open_crashed(&mut rp, prefix, keep, &ends);
             let g = e.committed_generation();
-            assert!(
-                g == completed || g == completed + 1,
-                "prefix {prefix}: generation {g}, last completed {completed}"
-            );
             verify(dev.as_ref(), &e, &models[&g]);
             drop(e);
             common::assert_clean(dev.as_ref());
@@ -248,24 +262,8 @@ fn every_prefix_of_a_fill_to_enospc_keeps_the_committed_files() {
     for prefix in
         (0..=rp.len()).filter(|p| p % step == 0 || ends.iter().any(|e| e.1.abs_diff(*p) <= 2))
     {
-        let completed = ends
-            .iter()
-            .filter(|(_, end)| *end <= prefix)
-            .map(|(g, _)| *g)
-            .max()
-            .unwrap();
-        let dev = Arc::new(rp.at(prefix, &|i| i % 2 == 0));
-        let ro = OpenOptions {
-            read_only: true,
-            ..Default::default()
-        };
-        let e = Engine::open(dev.clone() as Arc<dyn Device>, &ro)
-            .unwrap_or_else(|err| panic!("prefix {prefix}: open failed: {err}"));
+        let (dev, e) = open_crashed(&mut rp, prefix, &|i| i % 2 == 0, &ends);
         let g = e.committed_generation();
-        assert!(
-            g == completed || g == completed + 1,
-            "prefix {prefix}: generation {g}, last completed {completed}"
-        );
         let fs = Fs::new(Arc::new(e)).unwrap();
         assert!(
             fs_files(&fs) == models[&g],

@@ -165,17 +165,19 @@ impl Fs {
     }
 
     /// Runs `f` in the running transaction. `f` reserves what it needs
-    /// (`Txn::reserve`) before changing anything; when that fails, and
-    /// flushing buffered data (which holds worst-case reservations) and
-    /// committing (which makes freed space reusable) may give space back,
-    /// they are done and `f` runs once more. Only then is ENOSPC the
-    /// answer, as in btrfs.
+    /// (`Txn::reserve`) before changing anything; when that fails,
+    /// buffered data (which holds worst-case reservations) is flushed and
+    /// the transaction committed (which makes freed space reusable), and
+    /// `f` runs once more. Only then is ENOSPC the answer, as in btrfs.
     pub(crate) fn write_reserved<R>(
         &self,
         mut f: impl FnMut(&mut Txn<'_>) -> Result<R>,
     ) -> Result<R> {
+        // Asked again even when this transaction holds nothing to free: a
+        // commit another thread prepared may still be writing, and its
+        // freed space comes back once it is durable (the commit waits).
         match self.engine.write(&mut f) {
-            Err(Error::NoSpace) if self.delalloc.total() > 0 || self.engine.commit_would_free() => {
+            Err(Error::NoSpace) => {
                 self.sync()?;
                 self.engine.write(f)
             }

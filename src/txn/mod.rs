@@ -223,13 +223,6 @@ impl Engine {
         (used + free, free.saturating_sub(st.data_reserved), avail)
     }
 
-    /// Whether the running transaction holds anything a commit would
-    /// make reusable or settle (pinned extents, dirty blocks).
-    pub fn commit_would_free(&self) -> bool {
-        let st = crate::sync::read(&self.state);
-        st.alloc.pinned_bytes() > 0 || !st.dirty.is_empty() || !st.refs.is_empty()
-    }
-
     /// Data bytes promised to buffered writes.
     pub fn data_reserved(&self) -> u64 {
         crate::sync::read(&self.state).data_reserved
