@@ -24,9 +24,9 @@
 //!
 //! Ordinary operations also leave a margin ([`DELETE_MARGIN_BLOCKS`])
 //! that only deletions may use, so unlink, rmdir and truncate work on a
-//! full disk. When a check fails while the running transaction holds
-//! pinned space or buffered data, the caller commits and asks again
-//! before answering ENOSPC (see `fs`).
+//! full disk. When a check fails, the caller flushes buffered data and
+//! commits (freed space is pinned until a commit is durable), then asks
+//! again before answering ENOSPC (see `Fs::write_reserved`).
 
 use super::State;
 use crate::alloc::Claims;
