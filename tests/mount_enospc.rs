@@ -80,6 +80,7 @@ enum Fill {
     Fallocate,
     Links,
     Xattrs,
+    Reflinks,
 }
 
 fn fill(m: &Mounted, model: &mut Model, how: Fill, round: u32) -> u64 {
@@ -129,6 +130,43 @@ fn fill(m: &Mounted, model: &mut Model, how: Fill, round: u32) -> u64 {
                         break;
                     }
                 }
+            }
+            data
+        }
+        Fill::Reflinks => {
+            let src = name(0);
+            let data = write_file(
+                m,
+                model,
+                &src,
+                0x33,
+                MIB as usize,
+                avail(m).saturating_sub(3 * MIB),
+            );
+            let from = fs::File::open(m.p(&src)).expect("open");
+            for i in 1..2000 {
+                let to = match fs::File::create(m.p(&name(i))) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        enospc(&e, "create");
+                        break;
+                    }
+                };
+                model.insert(name(i), (0x33, 0));
+                let (fd_in, fd_out) = (
+                    std::os::fd::AsRawFd::as_raw_fd(&from),
+                    std::os::fd::AsRawFd::as_raw_fd(&to),
+                );
+                let (mut off_in, mut off_out) = (0i64, 0i64);
+                let n = unsafe {
+                    libc::copy_file_range(fd_in, &mut off_in, fd_out, &mut off_out, MIB as usize, 0)
+                };
+                if n < 0 {
+                    enospc(&std::io::Error::last_os_error(), "copy_file_range");
+                    break;
+                }
+                assert_eq!(n as u64, MIB, "a short reflink copy");
+                model.insert(name(i), (0x33, MIB));
             }
             data
         }
@@ -285,6 +323,7 @@ fn full_disks_of_every_size_and_pattern() {
         Fill::Fallocate,
         Fill::Links,
         Fill::Xattrs,
+        Fill::Reflinks,
     ] {
         torture("32M", how);
     }
