@@ -41,8 +41,6 @@ pub(crate) type Ranges = BTreeMap<u64, Vec<u8>>;
 pub(crate) struct Delalloc {
     files: Mutex<HashMap<u64, Ranges>>,
     bytes: AtomicU64,
-    /// Sectors the ranges touch, in bytes: the data space reserved.
-    footprint: AtomicU64,
     limit: AtomicU64,
 }
 
@@ -59,14 +57,13 @@ fn ranges_footprint<'a>(it: impl Iterator<Item = (&'a u64, &'a Vec<u8>)>) -> u64
     it.map(|(&s, d)| span(s, d.len() as u64)).sum()
 }
 
-/// Moves the engine's data reservation from `before` to `after` bytes.
-fn adjust(tx: &mut Txn<'_>, total: &AtomicU64, before: u64, after: u64) {
+/// Moves the engine's data reservation (the sum of every file's
+/// footprint) from `before` to `after` bytes.
+fn adjust(tx: &mut Txn<'_>, before: u64, after: u64) {
     if after > before {
         tx.hold_data(after - before);
-        total.fetch_add(after - before, Ordering::Relaxed);
     } else {
         tx.release_data(before - after);
-        total.fetch_sub(before - after, Ordering::Relaxed);
     }
 }
 
@@ -75,7 +72,6 @@ impl Delalloc {
         Delalloc {
             files: Mutex::new(HashMap::new()),
             bytes: AtomicU64::new(0),
-            footprint: AtomicU64::new(0),
             limit: AtomicU64::new(DEFAULT_DIRTY_LIMIT),
         }
     }
@@ -106,7 +102,7 @@ impl Delalloc {
         let mut files = crate::sync::lock(&self.files);
         let merged = insert_range(files.entry(ino).or_default(), offset, data);
         self.bytes.fetch_add(merged.grown, Ordering::Relaxed);
-        adjust(tx, &self.footprint, merged.span_before, merged.span_after);
+        adjust(tx, merged.span_before, merged.span_after);
     }
 
     /// Copies buffered bytes over `buf`, which holds `[offset, offset+len)`.
@@ -157,7 +153,7 @@ impl Delalloc {
             files.remove(&ino);
         }
         self.bytes.fetch_sub(taken, Ordering::Relaxed);
-        adjust(tx, &self.footprint, ranges_footprint(out.iter()), 0);
+        adjust(tx, ranges_footprint(out.iter()), 0);
         out
     }
 
@@ -174,7 +170,7 @@ impl Delalloc {
         files.insert(ino, merged);
         // Restored and newer bytes may overlap: count afresh (rare path).
         self.recount(&files);
-        adjust(tx, &self.footprint, before, after);
+        adjust(tx, before, after);
     }
 
     /// Drops `ino`'s buffered bytes at and past `size` (a truncate).
@@ -204,7 +200,7 @@ impl Delalloc {
             files.remove(&ino);
         }
         self.bytes.fetch_sub(dropped, Ordering::Relaxed);
-        adjust(tx, &self.footprint, before, after);
+        adjust(tx, before, after);
     }
 
     /// Forgets `ino`'s buffered bytes (the inode is gone).
@@ -212,7 +208,7 @@ impl Delalloc {
         let mut files = crate::sync::lock(&self.files);
         if let Some(r) = files.remove(&ino) {
             self.bytes.fetch_sub(ranges_len(&r), Ordering::Relaxed);
-            adjust(tx, &self.footprint, ranges_footprint(r.iter()), 0);
+            adjust(tx, ranges_footprint(r.iter()), 0);
         }
     }
 
