@@ -19,6 +19,12 @@ pub enum Error {
     },
     #[error("corrupt metadata at byte {bytenr}: {reason}")]
     Corrupt { bytenr: u64, reason: String },
+    /// An item the item checker rejected: EIO for the inode it belongs to.
+    #[error("bad item {key}: {reason}")]
+    BadItem {
+        key: crate::format::Key,
+        reason: String,
+    },
     #[error("not a Canopy image: {0}")]
     NotCanopy(String),
     #[error("no space left on device")]
@@ -57,6 +63,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::Io { .. } | Error::Corrupt { .. } | Error::NotCanopy(_) => 5, // EIO
+            Error::BadItem { .. } => 5,
             Error::Aborted(_) => 5,
             Error::NoSpace => 28,    // ENOSPC
             Error::NotFound => 2,    // ENOENT

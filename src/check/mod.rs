@@ -18,7 +18,8 @@
 //!   superblock's byte count matches;
 //! - then ([`check_all`]) every fs tree: directory entries name existing
 //!   inodes, both directory indexes agree, link counts match, unnamed
-//!   inodes are orphans.
+//!   inodes are orphans;
+//! - every item of every leaf, by the item checker ([`crate::format::checker`]).
 
 mod posix;
 mod space;

@@ -224,6 +224,17 @@ impl Walker<'_> {
     }
 
     fn visit_leaf(&mut self, tree: u64, bytenr: u64, items: &[Item], report: &mut Report) {
+        let limits = crate::format::checker::Limits {
+            device_size: self.dev.size(),
+        };
+        for it in items {
+            if let Err(why) = crate::format::checker::check_item(&it.key, &it.data, &limits) {
+                report.problem(
+                    format!("tree {tree} leaf {bytenr} item {}", it.key),
+                    format!("bad item: {why}"),
+                );
+            }
+        }
         for it in items.iter().filter(|it| it.key.ty == EXTENT_DATA) {
             let fe = match FileExtentItem::decode(&it.data) {
                 Ok(fe) => fe,

@@ -24,8 +24,9 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn decode(dir: u64, data: &[u8]) -> Result<Vec<DirEntry>> {
-    DirEntry::decode_all(data).map_err(|e| Error::corrupt(dir, e))
+fn decode<B: BlockRead + ?Sized>(b: &B, key: &Key, data: &[u8]) -> Result<Vec<DirEntry>> {
+    DirEntry::decode_all(super::checked(b, key, data)?)
+        .map_err(|reason| Error::BadItem { key: *key, reason })
 }
 
 /// The entry `name` of `dir`, if any.
@@ -39,7 +40,7 @@ pub(crate) fn lookup<B: BlockRead + ?Sized>(
     let Some(data) = crate::tree::get(b, root, &key)? else {
         return Ok(None);
     };
-    Ok(decode(dir, &data)?.into_iter().find(|e| e.name == name))
+    Ok(decode(b, &key, &data)?.into_iter().find(|e| e.name == name))
 }
 
 /// The index the next entry of `dir` gets: one past the highest in use.
@@ -63,9 +64,9 @@ pub(crate) struct Addition {
 }
 
 /// The entry list stored at `key` with `entry` appended, encoded.
-fn with_entry(tx: &Txn<'_>, tree: u64, key: &Key, owner: u64, entry: DirEntry) -> Result<Vec<u8>> {
+fn with_entry(tx: &Txn<'_>, tree: u64, key: &Key, entry: DirEntry) -> Result<Vec<u8>> {
     let mut list = match tx.get(tree, key)? {
-        Some(d) => decode(owner, &d)?,
+        Some(d) => decode(tx, key, &d)?,
         None => Vec::new(),
     };
     list.push(entry);
@@ -98,16 +99,16 @@ pub(crate) fn plan_add(
         name: name.to_vec(),
     };
     let name_key = Key::new(dir, DIR_ITEM, name_hash(name));
-    let by_name = with_entry(tx, tree, &name_key, dir, entry.clone())?;
+    let by_name = with_entry(tx, tree, &name_key, entry.clone())?;
     let back = DirEntry {
         ino: dir,
         ..entry.clone()
     };
     let mut back_key = ref_key(ino, dir);
-    let mut refs = with_entry(tx, tree, &back_key, ino, back.clone())?;
+    let mut refs = with_entry(tx, tree, &back_key, back.clone())?;
     if refs.len() > ref_item_limit(tx) {
         back_key = extref_key(ino, dir, name);
-        refs = with_entry(tx, tree, &back_key, ino, back)?;
+        refs = with_entry(tx, tree, &back_key, back)?;
     }
     let max = crate::tree::max_item_size(tx.nodesize_bytes());
     if by_name.len() > max || refs.len() > max {
@@ -175,7 +176,7 @@ fn remove_ref(tx: &mut Txn<'_>, tree: u64, dir: u64, ino: u64, name: &[u8]) -> R
         let Some(data) = tx.get(tree, &key)? else {
             continue;
         };
-        let mut refs = decode(ino, &data)?;
+        let mut refs = decode(tx, &key, &data)?;
         let before = refs.len();
         refs.retain(|r| !(r.ino == dir && r.name == name));
         if refs.len() == before {
@@ -206,7 +207,7 @@ pub(crate) fn parent_of<B: BlockRead + ?Sized>(
     let parent = match c.item() {
         Some(i) if i.key.objectid == dir && i.key.ty == INODE_REF => Some(i.key.offset),
         Some(i) if i.key.objectid == dir && i.key.ty == INODE_EXTREF => {
-            decode(dir, &i.data)?.first().map(|e| e.ino)
+            decode(b, &i.key, &i.data)?.first().map(|e| e.ino)
         }
         _ => None,
     };
@@ -217,7 +218,7 @@ pub(crate) fn parent_of<B: BlockRead + ?Sized>(
 pub(crate) fn remove(tx: &mut Txn<'_>, tree: u64, dir: u64, name: &[u8]) -> Result<DirEntry> {
     let key = Key::new(dir, DIR_ITEM, name_hash(name));
     let data = tx.get(tree, &key)?.ok_or(Error::NotFound)?;
-    let mut entries = decode(dir, &data)?;
+    let mut entries = decode(tx, &key, &data)?;
     let at = entries
         .iter()
         .position(|e| e.name == name)
@@ -261,7 +262,7 @@ pub(crate) fn list<B: BlockRead + ?Sized>(
         if it.key.objectid != dir || it.key.ty != DIR_INDEX {
             break;
         }
-        out.extend(decode(dir, &it.data)?);
+        out.extend(decode(b, &it.key, &it.data)?);
         c.next(b)?;
     }
     Ok(out)

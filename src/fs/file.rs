@@ -27,8 +27,9 @@ fn data_key(ino: u64, offset: u64) -> Key {
     Key::new(ino, EXTENT_DATA, offset)
 }
 
-fn decode(ino: u64, data: &[u8]) -> Result<FileExtentItem> {
-    FileExtentItem::decode(data).map_err(|e| Error::corrupt(ino, e))
+fn decode<B: BlockRead + ?Sized>(b: &B, key: &Key, data: &[u8]) -> Result<FileExtentItem> {
+    FileExtentItem::decode(super::checked(b, key, data)?)
+        .map_err(|reason| Error::BadItem { key: *key, reason })
 }
 
 /// Length of file data an extent item covers.
@@ -61,7 +62,7 @@ fn items_in<B: BlockRead + ?Sized>(
             if it.key.offset >= end {
                 break;
             }
-            let fe = decode(ino, &it.data)?;
+            let fe = decode(b, &it.key, &it.data)?;
             if it.key.offset + item_len(&fe) > start {
                 out.push((it.key.offset, fe));
             }
@@ -69,6 +70,19 @@ fn items_in<B: BlockRead + ?Sized>(
         c.next(b)?;
     }
     Ok(out)
+}
+
+/// Bytes of `[0, end)` that extent items cover (the rest is holes).
+pub(crate) fn covered<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    end: u64,
+) -> Result<u64> {
+    Ok(items_in(b, root, ino, 0, end)?
+        .iter()
+        .map(|(k, fe)| (k + item_len(fe)).min(end).saturating_sub(*k))
+        .sum())
 }
 
 /// Number of extent items of `ino` overlapping `[start, end)`.
@@ -137,7 +151,7 @@ fn hint_before<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64, offset: u
     if it.key.objectid != ino || it.key.ty != EXTENT_DATA {
         return Ok(0);
     }
-    let fe = decode(ino, &it.data)?;
+    let fe = decode(b, &it.key, &it.data)?;
     Ok(if fe.kind == FILE_EXTENT_INLINE || fe.disk_bytenr == 0 {
         0
     } else {
@@ -221,9 +235,21 @@ fn read_extent<B: BlockRead + DataRead + ?Sized>(
     skip: u64,
     dst: &mut [u8],
 ) -> Result<()> {
-    let pos = fe.offset + skip;
+    // The item checker keeps the used part inside the extent; checked
+    // anyway, as every sum of disk values is.
+    let end = fe
+        .offset
+        .checked_add(skip)
+        .and_then(|pos| Some((pos, pos.checked_add(dst.len() as u64)?)))
+        .filter(|&(_, end)| end <= fe.disk_num_bytes);
+    let Some((pos, end)) = end else {
+        return Err(Error::corrupt(
+            fe.disk_bytenr,
+            "file extent reads past its data extent",
+        ));
+    };
     let first = pos / SECTOR * SECTOR;
-    let last = (pos + dst.len() as u64).div_ceil(SECTOR) * SECTOR;
+    let last = end.div_ceil(SECTOR) * SECTOR;
     let mut buf = vec![0u8; (last - first) as usize];
     b.read_bytes(fe.disk_bytenr + first, &mut buf)?;
     let sums = crate::tree::get(
@@ -419,7 +445,7 @@ pub(crate) fn clone_range(
 /// True when the file's data is inline.
 pub(crate) fn is_inline<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) -> Result<bool> {
     Ok(match crate::tree::get(b, root, &data_key(ino, 0))? {
-        Some(d) => decode(ino, &d)?.kind == FILE_EXTENT_INLINE,
+        Some(d) => decode(b, &data_key(ino, 0), &d)?.kind == FILE_EXTENT_INLINE,
         None => false,
     })
 }
@@ -560,7 +586,7 @@ pub(crate) fn seek<B: BlockRead + ?Sized>(
             if k >= size {
                 break;
             }
-            let fe = decode(ino, &it.data)?;
+            let fe = decode(b, &it.key, &it.data)?;
             let end = k + item_len(&fe);
             let is_data = fe.kind == FILE_EXTENT_INLINE
                 || (fe.kind == FILE_EXTENT_REG && fe.disk_bytenr != 0);

@@ -85,7 +85,7 @@ impl Fs {
             let c = crate::tree::Cursor::seek_le(
                 r,
                 &root,
-                &Key::new(crate::format::CSUM_OBJECTID - 1, 0, 0),
+                &Key::new(crate::format::checker::LAST_INO, u8::MAX, u64::MAX),
             )?;
             Ok(c.and_then(|c| c.item().map(|i| i.key.objectid)))
         })?;
@@ -185,8 +185,13 @@ impl Fs {
         }
     }
 
-    fn alloc_ino(&self) -> u64 {
-        self.next_ino.fetch_add(1, Ordering::Relaxed)
+    /// A fresh inode number; ENOSPC once every legal one is used.
+    fn alloc_ino(&self) -> Result<u64> {
+        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        if ino > crate::format::checker::LAST_INO {
+            return Err(Error::NoSpace);
+        }
+        Ok(ino)
     }
 }
 
@@ -205,14 +210,36 @@ pub(crate) fn inode_key(ino: u64) -> Key {
     Key::new(ino, INODE_ITEM, 0)
 }
 
+/// Passes an item read from a tree through the item checker before the
+/// caller decodes it: a bad item is EIO for the inode it belongs to.
+pub(crate) fn checked<'d, B: crate::tree::BlockRead + ?Sized>(
+    b: &B,
+    key: &Key,
+    data: &'d [u8],
+) -> Result<&'d [u8]> {
+    match crate::format::checker::check_item(key, data, &b.item_limits()) {
+        Ok(()) => Ok(data),
+        Err(reason) => Err(Error::BadItem { key: *key, reason }),
+    }
+}
+
+fn decode_inode<B: crate::tree::BlockRead + ?Sized>(
+    b: &B,
+    ino: u64,
+    data: &[u8],
+) -> Result<InodeItem> {
+    let key = inode_key(ino);
+    InodeItem::decode(checked(b, &key, data)?).map_err(|reason| Error::BadItem { key, reason })
+}
+
 pub(crate) fn load_inode_tx(tx: &Txn<'_>, tree: u64, ino: u64) -> Result<InodeItem> {
     let data = tx.get(tree, &inode_key(ino))?.ok_or(Error::NotFound)?;
-    InodeItem::decode(&data).map_err(|e| Error::corrupt(ino, e))
+    decode_inode(tx, ino, &data)
 }
 
 pub(crate) fn load_inode_r(r: &Reader<'_>, tree: u64, ino: u64) -> Result<InodeItem> {
     let data = r.get(tree, &inode_key(ino))?.ok_or(Error::NotFound)?;
-    InodeItem::decode(&data).map_err(|e| Error::corrupt(ino, e))
+    decode_inode(r, ino, &data)
 }
 
 pub(crate) fn store_inode(

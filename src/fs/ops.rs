@@ -196,7 +196,7 @@ impl Fs {
         let need = Need::items(self.tree, CREATE_ITEMS)
             .payload(target_len)
             .data(data);
-        let ino = self.alloc_ino();
+        let ino = self.alloc_ino()?;
         let tree = self.tree;
         self.write_reserved(|tx| {
             tx.reserve(&need)?;
@@ -207,6 +207,13 @@ impl Fs {
             }
             // Planned first, so a name that does not fit leaves no inode.
             let entry = dir::plan_add(tx, tree, parent, name, ino, dtype(mode))?;
+            let parent_links = if is_dir(mode) {
+                p.nlink
+                    .checked_add(1)
+                    .ok_or(errno(libc::EMLINK, "too many links"))?
+            } else {
+                p.nlink
+            };
             let now = Timespec::now();
             let mut inode = InodeItem {
                 nlink: if is_dir(mode) { 2 } else { 1 },
@@ -234,9 +241,7 @@ impl Fs {
                 store_inode(tx, tree, ino, inode.clone())?;
             }
             dir::apply(tx, tree, entry)?;
-            if is_dir(mode) {
-                p.nlink += 1;
-            }
+            p.nlink = parent_links;
             p.mtime = now;
             p.ctime = now;
             store_inode(tx, tree, parent, p)?;
@@ -258,7 +263,17 @@ impl Fs {
             if i.mode & libc::S_IFMT != libc::S_IFLNK {
                 return Err(errno(libc::EINVAL, "not a symlink"));
             }
-            file::read(r, &r.root(self.tree)?, &r.root(CSUM)?, ino, 0, i.size)
+            // The checker bounds a symlink's size by 4095 bytes; its data
+            // must fill exactly that, with no hole and no NUL.
+            let root = r.root(self.tree)?;
+            let target = file::read(r, &root, &r.root(CSUM)?, ino, 0, i.size)?;
+            if file::covered(r, &root, ino, i.size)? != i.size || target.contains(&0) {
+                return Err(Error::BadItem {
+                    key: super::inode_key(ino),
+                    reason: format!("symlink of {} bytes whose data does not match", i.size),
+                });
+            }
+            Ok(target)
         })
     }
 
@@ -283,7 +298,7 @@ impl Fs {
             dir::remove(tx, tree, parent, name)?;
             let now = Timespec::now();
             if rmdir {
-                p.nlink -= 1;
+                p.nlink = p.nlink.saturating_sub(1);
             }
             p.mtime = now;
             p.ctime = now;
@@ -488,7 +503,7 @@ impl Fs {
                 dir::remove(tx, tree, newparent, newname)?;
                 if is_dir(d_inode.mode) {
                     let mut np = load_inode_tx(tx, tree, newparent)?;
-                    np.nlink -= 1;
+                    np.nlink = np.nlink.saturating_sub(1);
                     store_inode(tx, tree, newparent, np)?;
                 }
                 self.drop_link(tx, d.ino, d_inode, now)?;
@@ -515,7 +530,7 @@ impl Fs {
         for (ino, delta) in [(from, -moved_out), (to, moved_out)] {
             let mut p = load_inode_tx(tx, tree, ino)?;
             if from != to {
-                p.nlink = (i64::from(p.nlink) + delta) as u32;
+                p.nlink = (i64::from(p.nlink) + delta).clamp(0, i64::from(u32::MAX)) as u32;
             }
             p.mtime = now;
             p.ctime = now;
@@ -535,12 +550,16 @@ impl Fs {
 
     /// True when `dir` is `ino` or lies below it: walks up from `dir`
     /// through the parent back-references, O(depth).
+    ///
+    /// A corrupt image can make the parents loop. Brent's cycle detection
+    /// notices within twice the loop's length plus its distance from
+    /// `dir`, so the walk is bounded by the real depth, not by a counter
+    /// read from disk.
     fn is_ancestor(&self, tx: &Txn<'_>, ino: u64, dir: u64) -> Result<bool> {
         let root = self.root_ptr_tx(tx)?;
-        let mut at = dir;
-        // A corrupt loop of parents must not hang us: depth is bounded by
-        // the number of inodes.
-        for _ in 0..self.next_ino.load(std::sync::atomic::Ordering::Relaxed) {
+        let (mut at, mut mark) = (dir, dir);
+        let (mut steps, mut lap) = (0u64, 1u64);
+        loop {
             if at == ino {
                 return Ok(true);
             }
@@ -548,8 +567,14 @@ impl Fs {
                 return Ok(false);
             }
             at = dir::parent_of(tx, &root, at)?;
+            if at == mark {
+                return Err(Error::corrupt(dir, "loop in directory parents"));
+            }
+            steps += 1;
+            if steps == lap {
+                (mark, steps, lap) = (at, 0, lap.saturating_mul(2));
+            }
         }
-        Err(Error::corrupt(dir, "loop in directory parents"))
     }
 
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {

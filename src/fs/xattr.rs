@@ -29,7 +29,9 @@ fn encode(pairs: &Pairs) -> Vec<u8> {
     out
 }
 
-fn decode(ino: u64, mut b: &[u8]) -> Result<Pairs> {
+fn decode<B: BlockRead + ?Sized>(r: &B, key: &Key, data: &[u8]) -> Result<Pairs> {
+    let ino = key.objectid;
+    let mut b = super::checked(r, key, data)?;
     let mut out = Vec::new();
     while !b.is_empty() {
         if b.len() < 6 {
@@ -62,7 +64,7 @@ pub fn check_name(name: &[u8]) -> Result<()> {
 
 fn load<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64, name: &[u8]) -> Result<Pairs> {
     match crate::tree::get(b, root, &key(ino, name))? {
-        Some(d) => decode(ino, &d),
+        Some(d) => decode(b, &key(ino, name), &d),
         None => Ok(Vec::new()),
     }
 }
@@ -114,7 +116,7 @@ pub(crate) fn list<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) -> Re
         if it.key.objectid != ino || it.key.ty != XATTR_ITEM {
             break;
         }
-        for (n, _) in decode(ino, &it.data)? {
+        for (n, _) in decode(b, &it.key, &it.data)? {
             out.extend_from_slice(&n);
             out.push(0);
         }

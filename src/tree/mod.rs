@@ -57,6 +57,8 @@ pub trait BlockRead {
     /// The block at `bytenr`, whose header must carry `generation`.
     fn read_node(&self, bytenr: u64, generation: u64) -> Result<Arc<Node>>;
     fn nodesize(&self) -> usize;
+    /// What the item checker compares items against (the device's size).
+    fn item_limits(&self) -> crate::format::checker::Limits;
     /// Hints that these blocks will be read soon (readahead); may do
     /// nothing.
     fn prefetch(&self, _bytenrs: &[u64]) {}

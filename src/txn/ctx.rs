@@ -25,6 +25,7 @@ fn read_block(st: &State, sh: &Shared, bytenr: u64, generation: u64) -> Result<A
         let mut buf = vec![0u8; sh.nodesize];
         sh.dev.read_at(&mut buf, bytenr)?;
         let n = Arc::new(Node::decode(&buf, bytenr, &sh.fsid)?);
+        sh.check_leaf(&n);
         if n.generation == generation {
             sh.cache.insert(n.clone());
         }
@@ -148,6 +149,10 @@ impl BlockRead for Reader<'_> {
 
     fn nodesize(&self) -> usize {
         self.sh.nodesize
+    }
+
+    fn item_limits(&self) -> crate::format::checker::Limits {
+        self.sh.item_limits()
     }
 }
 
@@ -422,6 +427,10 @@ impl BlockRead for Txn<'_> {
 
     fn nodesize(&self) -> usize {
         self.sh.nodesize
+    }
+
+    fn item_limits(&self) -> crate::format::checker::Limits {
+        self.sh.item_limits()
     }
 }
 

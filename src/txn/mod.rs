@@ -85,6 +85,38 @@ pub(crate) struct Shared {
     pub inflight: Mutex<HashMap<u64, Arc<Node>>>,
     pub fsid: [u8; 16],
     pub nodesize: usize,
+    /// Items the checker rejected and the log has already named, so a
+    /// bad leaf read again is not reported again.
+    pub reported: Mutex<HashSet<(u64, crate::format::Key)>>,
+}
+
+/// How many rejected items [`Shared::reported`] remembers.
+const REPORTED_MAX: usize = 4096;
+
+impl Shared {
+    pub fn item_limits(&self) -> crate::format::checker::Limits {
+        crate::format::checker::Limits {
+            device_size: self.dev.size(),
+        }
+    }
+
+    /// Runs the item checker over a leaf just read from disk and logs
+    /// each violation once, with the block address. The items stay in
+    /// the leaf: the code that decodes one checks it again and fails with
+    /// EIO for that inode alone.
+    fn check_leaf(&self, node: &Node) {
+        let limits = self.item_limits();
+        for item in node.items() {
+            let Err(why) = crate::format::checker::check_item(&item.key, &item.data, &limits)
+            else {
+                continue;
+            };
+            let mut seen = crate::sync::lock(&self.reported);
+            if seen.len() < REPORTED_MAX && seen.insert((node.bytenr, item.key)) {
+                tracing::error!(block = node.bytenr, key = %item.key, "bad item: {why}");
+            }
+        }
+    }
 }
 
 /// An open Canopy image.
@@ -118,9 +150,10 @@ impl Engine {
     }
 
     /// Runs `f` inside the running transaction. Errors that leave the trees
-    /// consistent (not found, exists, invalid argument, and ENOSPC from a
-    /// reservation made before any change) are returned as they are; any
-    /// other error shuts the engine down, keeping the last commit.
+    /// consistent (not found, exists, invalid argument, and any error met
+    /// before the first change: ENOSPC from a reservation, a bad item, a
+    /// failed read) are returned as they are; any other error shuts the
+    /// engine down, keeping the last commit.
     pub fn write<R>(&self, f: impl FnOnce(&mut Txn<'_>) -> Result<R>) -> Result<R> {
         self.check_alive()?;
         if self.read_only {
@@ -132,7 +165,9 @@ impl Engine {
         let r = f(&mut tx);
         match &r {
             Err(Error::NotFound | Error::Exists | Error::Invalid(_) | Error::Posix(..)) => {}
-            Err(Error::NoSpace) if st.changes == changes => {}
+            // Nothing changed yet: the trees are as they were, so a bad
+            // item, a failed read or ENOSPC is this operation's error only.
+            Err(_) if st.changes == changes => {}
             Err(Error::NoSpace) => self.fail(&Error::Aborted(
                 "ran out of space half-way through an operation (its reservation was too small)"
                     .into(),

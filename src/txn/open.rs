@@ -101,6 +101,7 @@ fn new_engine(
             inflight: Mutex::new(HashMap::new()),
             fsid,
             nodesize,
+            reported: Mutex::new(HashSet::new()),
         },
         commit_io: Mutex::new(st.transid - 1),
         commit_turn: Condvar::new(),
@@ -278,6 +279,10 @@ impl BlockRead for Loader<'_> {
 
     fn nodesize(&self) -> usize {
         self.sh.nodesize
+    }
+
+    fn item_limits(&self) -> crate::format::checker::Limits {
+        self.sh.item_limits()
     }
 }
 
