@@ -879,3 +879,48 @@ fn names_looked_up_while_absent_appear_when_created() {
     m.unmount();
     m.check();
 }
+
+/// The reproduction: with the image mounted, a loop device over
+/// it must not give a second read-write mount, and files made durable
+/// through the first stay there.
+#[test]
+fn a_loop_device_over_a_mounted_image_is_refused() {
+    if !can_mount()
+        || !common::require(
+            Command::new("losetup").arg("--version").output().is_ok(),
+            "needs losetup",
+        )
+    {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::write(m.p("durable"), b"synced through the first mount").unwrap();
+    let st = canopy().arg("sync").arg(&m.mnt).status().unwrap();
+    assert!(st.success());
+    let out = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&m.img)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "losetup failed");
+    let lo = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let second = m._dir.path().join("second");
+    fs::create_dir(&second).unwrap();
+    let out = canopy()
+        .args(["mount", "-f"])
+        .arg(&lo)
+        .arg(&second)
+        .output()
+        .unwrap();
+    let _ = Command::new("losetup").args(["-d", &lo]).status();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "second mount through {lo} succeeded");
+    assert!(err.contains("the file behind"), "{err}");
+    m.unmount();
+    m.mount("");
+    assert_eq!(
+        fs::read(m.p("durable")).unwrap(),
+        b"synced through the first mount"
+    );
+    m.unmount();
+}

@@ -10,6 +10,7 @@
 //! the host refuses O_DIRECT (tmpfs, some FUSE filesystems), data is
 //! written through the page cache like everything else.
 
+use super::exclusive::Access;
 use super::Device;
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
@@ -25,6 +26,8 @@ pub struct FileDevice {
     direct_ok: AtomicBool,
     size: u64,
     path: String,
+    /// Keeps other writers out for as long as the device is open.
+    _claim: super::exclusive::Claim,
 }
 
 /// Alignment of direct I/O buffers, offsets and lengths: the largest
@@ -38,25 +41,18 @@ const DIRECT_ALIGN: usize = 4096;
 const DIRECT_MIN: usize = 1 << 20;
 
 impl FileDevice {
-    /// Opens `path` for reading (and writing unless `read_only`). With
-    /// `exclusive`, takes an exclusive lock so a second opener is refused;
-    /// without, a shared one if it can be had, so that a reader waits for a
-    /// daemon still finishing its unmount (see [`LOCK_GRACE`]).
+    /// Opens `path` for reading (and writing unless `read_only`), claiming
+    /// the storage behind it (see [`super::exclusive`]): with `exclusive`,
+    /// a writer's claim or, read-only, a reader's that a writer excludes;
+    /// without, a look that proceeds even beside a live mount.
     pub fn open(path: &Path, read_only: bool, exclusive: bool) -> Result<FileDevice> {
         let shown = path.display().to_string();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)
-            .map_err(|e| Error::io(format!("opening {shown}"), e))?;
-        if exclusive {
-            wait_for_lock(|| file.try_lock()).map_err(|_| {
-                Error::Invalid(format!("{shown} is in use by another Canopy process"))
-            })?;
-        } else if wait_for_lock(|| file.try_lock_shared()).is_err() {
-            // A live mount: readers such as `inspect` may still look.
-            tracing::warn!(image = %shown, "in use by a mounted Canopy; reading it as it is");
-        }
+        let access = match (read_only, exclusive) {
+            (false, _) => Access::Write,
+            (true, true) => Access::Share,
+            (true, false) => Access::Peek,
+        };
+        let (file, claim) = super::exclusive::open(path, access)?;
         let size = device_size(&file).map_err(|e| Error::io(format!("sizing {shown}"), e))?;
         let direct = if read_only {
             None
@@ -73,6 +69,7 @@ impl FileDevice {
             direct,
             size,
             path: shown,
+            _claim: claim,
         })
     }
 
@@ -128,26 +125,6 @@ impl FileDevice {
                 .map_err(|e| Error::io(format!("sizing {shown}"), e))?;
         }
         Ok(())
-    }
-}
-
-/// How long to wait for another Canopy process to let go of an image.
-/// `umount` of a FUSE mount returns before its daemon has written its last
-/// commit and exited; a mount, mkfs or check right after it should wait for
-/// that rather than fail or read a commit half written.
-const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
-
-fn wait_for_lock(
-    try_lock: impl Fn() -> std::result::Result<(), std::fs::TryLockError>,
-) -> std::result::Result<(), std::fs::TryLockError> {
-    let since = std::time::Instant::now();
-    loop {
-        match try_lock() {
-            Err(std::fs::TryLockError::WouldBlock) if since.elapsed() < LOCK_GRACE => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            r => return r,
-        }
     }
 }
 

@@ -11,6 +11,7 @@
 //!   can replay any prefix of them, as a crash would leave the disk.
 
 pub mod crash;
+pub mod exclusive;
 mod file;
 mod mem;
 

@@ -31,6 +31,42 @@ pub fn assert_fs_clean(dev: &canopy::dev::MemDevice) {
 pub mod model;
 pub mod mounted;
 
+/// Decides whether a test that needs something from the machine runs.
+/// If `available`, it does. If not, the test is recorded as skipped in
+/// `target/tmp/skipped-tests.txt` (scripts/test.sh lists those in its
+/// summary) and passes without running, unless `CANOPY_REQUIRE_ALL=1`
+/// (set by CI, which is root with /dev/fuse) demands that it run: then it
+/// fails.
+pub fn require(available: bool, why: &str) -> bool {
+    if available {
+        return true;
+    }
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed test")
+        .to_string();
+    if std::env::var("CANOPY_REQUIRE_ALL").is_ok_and(|v| v == "1") {
+        panic!("{test} cannot run here and CANOPY_REQUIRE_ALL=1: {why}");
+    }
+    let bin = std::env::args().next().unwrap_or_default();
+    let bin = std::path::Path::new(&bin)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let line = format!("{bin}: {test}: {why}\n");
+    let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("skipped-tests.txt");
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+    eprintln!("SKIPPED {test}: {why}");
+    false
+}
+
 /// A small deterministic xorshift generator for workloads.
 pub struct Rng(pub u64);
 

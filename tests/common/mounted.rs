@@ -10,12 +10,20 @@ pub fn canopy() -> Command {
     Command::new(env!("CARGO_BIN_EXE_canopy"))
 }
 
+/// Whether FUSE mount tests can run here (root, /dev/fuse, fusermount3).
+/// When they cannot, the test is recorded as skipped (see
+/// [`super::skip`]), or fails where `CANOPY_REQUIRE_ALL=1` says it must run.
 pub fn can_mount() -> bool {
-    let ok = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();
-    if !ok {
-        eprintln!("skipping: FUSE mount tests need root and /dev/fuse");
-    }
-    ok
+    let root = unsafe { libc::geteuid() } == 0;
+    let fuse = Path::new("/dev/fuse").exists();
+    let helper = Command::new("fusermount3")
+        .arg("--version")
+        .output()
+        .is_ok();
+    super::require(
+        root && fuse && helper,
+        "FUSE mount tests need root, /dev/fuse and fusermount3",
+    )
 }
 
 /// A mounted image; unmounts on drop.
