@@ -11,12 +11,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("I/O error while {context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: io::Error,
-    },
+    /// The cause is part of the message and deliberately not a `source`:
+    /// error chains (`{:#}`) would print it twice.
+    #[error("I/O error while {context}: {cause}")]
+    Io { context: String, cause: io::Error },
     #[error("corrupt metadata at byte {bytenr}: {reason}")]
     Corrupt { bytenr: u64, reason: String },
     /// An item the item checker rejected: EIO for the inode it belongs to.
@@ -48,7 +46,7 @@ impl Error {
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         Error::Io {
             context: context.into(),
-            source,
+            cause: source,
         }
     }
 

@@ -79,3 +79,39 @@ fn every_subcommand_has_help() {
     }
     assert_eq!(canopy(&["frobnicate"]).0, 2);
 }
+
+/// Misuse gets a message that names the actual mistake, once, and a
+/// failed mkfs leaves nothing it created.
+#[test]
+fn misuse_is_reported_precisely_and_failed_mkfs_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+
+    let (code, _, err) = canopy(&["mkfs", "--size", "1M", &p("small.img")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("below the smallest"), "{err}");
+    assert!(!dir.path().join("small.img").exists(), "mkfs left a file");
+
+    std::fs::create_dir(p("adir")).unwrap();
+    for cmd in [vec!["mkfs", "-f"], vec!["check"], vec!["inspect", "super"]] {
+        let mut args = cmd.clone();
+        let d = p("adir");
+        args.push(&d);
+        let (code, _, err) = canopy(&args);
+        assert_ne!(code, 0, "{cmd:?} on a directory");
+        assert!(
+            err.contains("is a directory, not an image"),
+            "{cmd:?}: {err}"
+        );
+        assert_eq!(err.matches("directory").count(), 1, "cause repeated: {err}");
+    }
+
+    assert_eq!(canopy(&["mkfs", "-q", "-s", "64M", &p("fs.img")]).0, 0);
+    let (code, _, err) = canopy(&["mount", &p("fs.img"), &p("missing")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("does not exist"), "{err}");
+    std::fs::write(p("plain"), b"").unwrap();
+    let (code, _, err) = canopy(&["mount", &p("fs.img"), &p("plain")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("is not a directory"), "{err}");
+}

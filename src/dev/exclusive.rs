@@ -51,6 +51,11 @@ const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 pub fn open(path: &Path, access: Access) -> Result<(File, Claim)> {
     let shown = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| Error::io(format!("opening {shown}"), e))?;
+    if meta.is_dir() {
+        return Err(Error::Invalid(format!(
+            "{shown} is a directory, not an image file or block device"
+        )));
+    }
     let block = meta.file_type().is_block_device();
     let mut opts = OpenOptions::new();
     opts.read(true).write(access == Access::Write);

@@ -188,11 +188,21 @@ pub fn serve(
     opts: &MountOptions,
     ready: impl FnOnce(),
 ) -> Result<()> {
-    if !mountpoint.is_dir() {
-        return Err(Error::Invalid(format!(
-            "mount point {} is not a directory",
-            mountpoint.display()
-        )));
+    match std::fs::metadata(mountpoint) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::Invalid(format!(
+                "mount point {} does not exist",
+                mountpoint.display()
+            )))
+        }
+        Err(e) => return Err(Error::io(format!("looking at {}", mountpoint.display()), e)),
+        Ok(m) if !m.is_dir() => {
+            return Err(Error::Invalid(format!(
+                "mount point {} is not a directory",
+                mountpoint.display()
+            )))
+        }
+        Ok(_) => {}
     }
     let dev: Arc<dyn Device> = Arc::new(FileDevice::open(image, opts.read_only, true)?);
     let engine = Engine::open(

@@ -62,9 +62,24 @@ pub fn run(a: Args) -> Result<()> {
             a.image.display()
         );
     }
+    if let Some(size) = a.size.filter(|&s| s < canopy::txn::MIN_DEVICE_BYTES) {
+        bail!(
+            "--size {size} is below the smallest Canopy filesystem, {} bytes (32M)",
+            canopy::txn::MIN_DEVICE_BYTES
+        );
+    }
     if let Some(size) = a.size {
         FileDevice::create_image(&a.image, size)?;
     }
+    let r = format_image(&a, exists);
+    if r.is_err() && !exists {
+        // Leave nothing behind that this run created.
+        let _ = std::fs::remove_file(&a.image);
+    }
+    r
+}
+
+fn format_image(a: &Args, exists: bool) -> Result<()> {
     let dev = FileDevice::open(&a.image, false, true)?;
     if let Some(size) = a.size {
         if dev.size() < size {
