@@ -7,11 +7,14 @@
 //! - [`FileDevice`]: an image file or block device, locked against a second
 //!   user.
 //! - [`MemDevice`]: a byte vector, for tests.
+//! - [`fault::FaultyDevice`]: fails, tears, loses or misdirects chosen
+//!   operations, for tests.
 //! - [`crash::RecordingDevice`]: records every write and barrier so that tests
 //!   can replay any prefix of them, as a crash would leave the disk.
 
 pub mod crash;
 pub mod exclusive;
+pub mod fault;
 mod file;
 mod mem;
 
