@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`fs`] | POSIX semantics: inodes, directories, files |
 //! | [`check`] | the read-only consistency checker (`canopy check`) |
+//! | [`scrub`] | reading back every block and checksum (`canopy scrub`) |
 //! | [`txn`] | the engine: transactions, commit, open and format |
 //! | [`extent`] | reference counts and back-references, delayed refs |
 //! | [`tree`] | the copy-on-write B+tree |
@@ -25,6 +26,7 @@ pub mod extent;
 pub mod format;
 pub mod fs;
 pub mod fuse;
+pub mod scrub;
 pub(crate) mod sync;
 pub mod tree;
 pub mod txn;

@@ -5,6 +5,7 @@
 //! Requests are served on several threads (`fuser`'s `n_threads` with one
 //! cloned fd each), so a long read or fsync does not stall a `stat`.
 
+pub mod control;
 pub mod mount;
 
 use crate::format::inode::{Timespec, ROOT_DIR_INO};

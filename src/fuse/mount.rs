@@ -253,6 +253,11 @@ pub fn serve(
     if kernel_mounted && opts.readahead > 0 {
         set_readahead(&mount_path, opts.readahead);
     }
+    // Commands (`canopy scrub MNT`) reach the daemon here; a mount works
+    // without them.
+    let control = super::control::Server::start(&mount_path, fs.clone())
+        .map_err(|e| tracing::warn!(error = %e, "no control socket: scrub and other commands cannot reach this mount"))
+        .ok();
     ready();
     let mut last_commit = Instant::now();
     let mut last_look = Instant::now();
@@ -281,6 +286,7 @@ pub fn serve(
     } else if let Err(e) = session.join() {
         tracing::warn!(error = %e, "session ended with an error");
     }
+    drop(control);
     if let Some(why) = fs.engine().shutdown_reason() {
         // Logged as what it was: a shutdown while mounted, not a failure
         // to mount.

@@ -136,6 +136,33 @@ impl<'a> Reader<'a> {
     pub fn prefetch_data(&self, bytenr: u64, len: u64) {
         self.sh.dev.prefetch(bytenr, len);
     }
+
+    /// Reads the tree block at `bytenr` from the device, bypassing every
+    /// cache, and checks it as a first read would (checksum, fsid, own
+    /// address, layout, and a generation no newer than `generation`, the
+    /// one its extent item records). Ok(false): the block is dirty or
+    /// being written, so the disk does not hold it yet. A block reachable
+    /// from the state cannot be reused while the caller holds the state.
+    pub fn verify_block_on_disk(&self, bytenr: u64, generation: u64) -> Result<bool> {
+        if self.st.dirty.contains_key(&bytenr)
+            || crate::sync::lock(&self.sh.inflight).contains_key(&bytenr)
+        {
+            return Ok(false);
+        }
+        let mut buf = vec![0u8; self.sh.nodesize];
+        self.sh.dev.read_at(&mut buf, bytenr)?;
+        let n = Node::decode(&buf, bytenr, &self.sh.fsid)?;
+        if n.generation < generation {
+            return Err(Error::corrupt(
+                bytenr,
+                format!(
+                    "block has generation {}, older than its allocation in {generation} (a lost write)",
+                    n.generation
+                ),
+            ));
+        }
+        Ok(true)
+    }
 }
 
 impl BlockRead for Reader<'_> {

@@ -1,0 +1,297 @@
+//! `canopy scrub`: read every tree block and data extent back and verify
+//! its checksum, on an unmounted image or through a mount's daemon.
+
+use canopy::dev::FileDevice;
+use canopy::fuse::control::{self, Request, Response, ScrubState, ScrubStatus};
+use canopy::scrub::{Control, Pace, Progress, Report};
+use canopy::{Engine, OpenOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Do not show a progress bar.
+    #[arg(short = 'q', long)]
+    quiet: bool,
+    /// On a mount point: start the scrub in the daemon and return at once
+    /// (follow it with `canopy scrub status`).
+    #[arg(short = 'b', long)]
+    background: bool,
+    /// An unmounted image (scrubbed here) or a mount point (scrubbed by its
+    /// daemon in the background, throttled).
+    path: Option<PathBuf>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Show the progress or the result of a mount's scrub.
+    Status {
+        /// Print the status as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        mountpoint: PathBuf,
+    },
+    /// Stop a mount's running scrub.
+    Cancel { mountpoint: PathBuf },
+}
+
+/// Exit codes as btrfs-progs' scrub: 0 clean, 1 could not scrub, 3 damage.
+const EXIT_FAILED: u8 = 1;
+const EXIT_DAMAGE: u8 = 3;
+
+pub fn run(a: Args) -> ExitCode {
+    match &a.command {
+        Some(Command::Status { json, mountpoint }) => status(mountpoint, *json),
+        Some(Command::Cancel { mountpoint }) => cancel(mountpoint),
+        None => match &a.path {
+            None => fail(
+                a.json,
+                "canopy scrub",
+                "give an image or a mount point (see --help)",
+            ),
+            Some(p) if p.is_dir() => online(&a, p),
+            Some(p) => offline(&a, p),
+        },
+    }
+}
+
+fn fail(json: bool, what: &str, why: &str) -> ExitCode {
+    if json {
+        println!("{}", serde_json::json!({ "error": why }));
+    }
+    eprintln!("{what}: {why}");
+    ExitCode::from(EXIT_FAILED)
+}
+
+fn bar(quiet: bool) -> Option<ProgressBar> {
+    (!quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::new(0);
+        b.set_style(
+            ProgressStyle::with_template(
+                "scrubbing {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    })
+}
+
+fn show(bar: &Option<ProgressBar>, p: &Progress) {
+    if let Some(b) = bar {
+        b.set_length(p.bytes_total.max(p.bytes_done));
+        b.set_position(p.bytes_done);
+    }
+}
+
+fn offline(a: &Args, image: &Path) -> ExitCode {
+    let what = format!("canopy scrub: {}", image.display());
+    let dev = match FileDevice::open(image, true, true) {
+        Ok(d) => d,
+        Err(e) => {
+            let hint = if e.to_string().contains("mounted") {
+                "; scrub its mount point instead"
+            } else {
+                ""
+            };
+            return fail(a.json, &what, &format!("{e}{hint}"));
+        }
+    };
+    let ro = OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let engine = match Engine::open(Arc::new(dev), &ro) {
+        Ok(e) => e,
+        Err(e) => return fail(a.json, &what, &e.to_string()),
+    };
+    let ctl = Arc::new(Control::default());
+    let c = ctl.clone();
+    let worker =
+        std::thread::spawn(move || canopy::scrub::run(&engine, &c, Pace { throttle: false }));
+    let bar = bar(a.quiet);
+    while !worker.is_finished() {
+        show(&bar, &ctl.progress());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    match worker.join() {
+        Ok(Ok(report)) => finish(a.json, image, &report),
+        Ok(Err(e)) => fail(a.json, &what, &e.to_string()),
+        Err(_) => fail(a.json, &what, "the scrub failed unexpectedly"),
+    }
+}
+
+fn ask(mnt: &Path, req: Request) -> Result<Response, String> {
+    let r = control::request(mnt, &req).map_err(|e| e.to_string())?;
+    match (&r.error, r.ok) {
+        (Some(e), false) => Err(e.clone()),
+        _ => Ok(r),
+    }
+}
+
+fn online(a: &Args, mnt: &Path) -> ExitCode {
+    let what = format!("canopy scrub: {}", mnt.display());
+    if let Err(e) = ask(mnt, Request::ScrubStart) {
+        return fail(a.json, &what, &e);
+    }
+    if a.background {
+        if !a.quiet {
+            println!(
+                "scrub started on {}; see `canopy scrub status {}`",
+                mnt.display(),
+                mnt.display()
+            );
+        }
+        return ExitCode::SUCCESS;
+    }
+    let bar = bar(a.quiet);
+    loop {
+        let st = match ask(mnt, Request::ScrubStatus).map(|r| r.scrub) {
+            Ok(Some(st)) => st,
+            Ok(None) => return fail(a.json, &what, "the daemon sent no scrub status"),
+            Err(e) => return fail(a.json, &what, &e),
+        };
+        show(&bar, &st.progress);
+        if st.state != ScrubState::Running {
+            if let Some(b) = &bar {
+                b.finish_and_clear();
+            }
+            return ended(a.json, mnt, &st);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Reports a mount's scrub that has ended.
+fn ended(json: bool, mnt: &Path, st: &ScrubStatus) -> ExitCode {
+    match (&st.report, &st.error) {
+        (Some(r), _) => finish(json, mnt, r),
+        (None, e) => fail(
+            json,
+            &format!("canopy scrub: {}", mnt.display()),
+            e.as_deref().unwrap_or("the scrub failed"),
+        ),
+    }
+}
+
+fn status(mnt: &Path, json: bool) -> ExitCode {
+    let what = format!("canopy scrub status: {}", mnt.display());
+    let st = match ask(mnt, Request::ScrubStatus).map(|r| r.scrub) {
+        Ok(Some(st)) => st,
+        Ok(None) => return fail(json, &what, "the daemon sent no scrub status"),
+        Err(e) => return fail(json, &what, &e),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st).unwrap_or_default());
+    } else {
+        let p = &st.progress;
+        let pct = (p.bytes_done * 100).checked_div(p.bytes_total).unwrap_or(0);
+        println!(
+            "scrub on {}: {:?}, {} of {} bytes ({pct}%)",
+            mnt.display(),
+            st.state,
+            p.bytes_done,
+            p.bytes_total
+        );
+        if let Some(r) = &st.report {
+            print_report(mnt, r);
+        }
+        if let Some(e) = &st.error {
+            println!("error: {e}");
+        }
+    }
+    match &st.report {
+        Some(r) if !r.is_clean() => ExitCode::from(EXIT_DAMAGE),
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+fn cancel(mnt: &Path) -> ExitCode {
+    match ask(mnt, Request::ScrubCancel) {
+        Ok(r) => {
+            let running = r.scrub.is_some_and(|s| s.state == ScrubState::Running);
+            println!(
+                "{}",
+                if running {
+                    "scrub cancelled"
+                } else {
+                    "no scrub was running"
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(
+            false,
+            &format!("canopy scrub cancel: {}", mnt.display()),
+            &e,
+        ),
+    }
+}
+
+fn print_report(path: &Path, r: &Report) {
+    for b in &r.bad_tree_blocks {
+        println!(
+            "ERROR tree block {} (tree {}): {}",
+            b.bytenr, b.tree, b.error
+        );
+    }
+    for s in &r.bad_data_sectors {
+        println!("ERROR data sector at {s}: checksum mismatch");
+    }
+    for f in &r.damaged_files {
+        let ranges: Vec<String> = f.ranges.iter().map(|(s, e)| format!("{s}..{e}")).collect();
+        println!(
+            "damaged file {} (inode {}): bytes {}",
+            f.path.as_deref().unwrap_or("(no path)"),
+            f.ino,
+            ranges.join(", ")
+        );
+    }
+    for e in &r.errors {
+        println!("ERROR {e}");
+    }
+    let mib = (r.data_bytes as f64) / f64::from(1u32 << 20);
+    println!(
+        "{}: {} tree blocks, {} data extents ({mib:.1} MiB) in {:.1} s{}: {}",
+        path.display(),
+        r.tree_blocks,
+        r.data_extents,
+        r.seconds,
+        if r.cancelled { ", cancelled" } else { "" },
+        if r.is_clean() {
+            "no damage found".to_string()
+        } else {
+            format!(
+                "{} damaged tree blocks, {} damaged data sectors, {} damaged files",
+                r.bad_tree_blocks.len(),
+                r.bad_data_sectors.len(),
+                r.damaged_files.len()
+            )
+        }
+    );
+}
+
+fn finish(json: bool, path: &Path, r: &Report) -> ExitCode {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r).unwrap_or_default());
+    } else {
+        print_report(path, r);
+    }
+    if r.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DAMAGE)
+    }
+}

@@ -1,0 +1,287 @@
+//! The control socket: how `canopy` commands reach the daemon serving a
+//! mount (scrub today; subvolumes and quotas will use it too).
+//!
+//! Each daemon listens on a Unix socket under `/run/canopy`, named by a
+//! hash of its canonical mount point, so a command given the mount point
+//! finds it. A request is one JSON object on one line; so is the answer.
+//! The socket is root's only (mode 0600), as btrfs's ioctls are.
+
+use crate::error::{Error, Result};
+use crate::fs::Fs;
+use crate::scrub::{self, Control, Progress, Report};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const DIR: &str = "/run/canopy";
+
+/// Where the daemon serving `mountpoint` listens.
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    let canon = mountpoint
+        .canonicalize()
+        .unwrap_or_else(|_| mountpoint.to_path_buf());
+    let bytes = canon.as_os_str().as_encoded_bytes();
+    let reversed: Vec<u8> = bytes.iter().rev().copied().collect();
+    let h = (u64::from(crate::format::crc(bytes)) << 32) | u64::from(crate::format::crc(&reversed));
+    Path::new(DIR).join(format!("mount-{h:016x}.sock"))
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    ScrubStart,
+    ScrubStatus,
+    ScrubCancel,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ScrubState {
+    Idle,
+    Running,
+    Finished,
+    Cancelled,
+    Failed,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    pub state: ScrubState,
+    pub progress: Progress,
+    /// The result once the scrub has ended.
+    pub report: Option<Report>,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    pub error: Option<String>,
+    pub scrub: Option<ScrubStatus>,
+}
+
+/// Sends one request to the daemon serving `mountpoint`.
+pub fn request(mountpoint: &Path, req: &Request) -> Result<Response> {
+    let path = socket_path(mountpoint);
+    let shown = mountpoint.display();
+    let mut s = UnixStream::connect(&path).map_err(|e| {
+        Error::Invalid(format!(
+            "no Canopy daemon answers for {shown} ({}: {e}); is it a Canopy mount point?",
+            path.display()
+        ))
+    })?;
+    let mut line = serde_json::to_string(req).map_err(|e| Error::Invalid(e.to_string()))?;
+    line.push('\n');
+    s.write_all(line.as_bytes())
+        .map_err(|e| Error::io(format!("talking to the daemon of {shown}"), e))?;
+    let mut answer = String::new();
+    BufReader::new(s)
+        .read_line(&mut answer)
+        .map_err(|e| Error::io(format!("talking to the daemon of {shown}"), e))?;
+    serde_json::from_str(&answer)
+        .map_err(|e| Error::Invalid(format!("the daemon of {shown} answered {answer:?}: {e}")))
+}
+
+/// A background scrub in the daemon.
+#[derive(Default)]
+struct ScrubJob {
+    ctl: Option<Arc<Control>>,
+    handle: Option<JoinHandle<Result<Report>>>,
+    last: Option<ScrubStatus>,
+}
+
+impl ScrubJob {
+    fn start(&mut self, fs: &Arc<Fs>) -> Result<()> {
+        self.reap();
+        if self.handle.is_some() {
+            return Err(Error::Invalid("a scrub is already running".into()));
+        }
+        let ctl = Arc::new(Control::default());
+        let (c, engine) = (ctl.clone(), fs.engine().clone());
+        let handle = std::thread::Builder::new()
+            .name("scrub".into())
+            .spawn(move || scrub::run(&engine, &c, scrub::Pace { throttle: true }))
+            .map_err(|e| Error::io("starting the scrub thread", e))?;
+        self.ctl = Some(ctl);
+        self.handle = Some(handle);
+        self.last = None;
+        Ok(())
+    }
+
+    /// Collects a finished scrub's result.
+    fn reap(&mut self) {
+        if !self.handle.as_ref().is_some_and(|h| h.is_finished()) {
+            return;
+        }
+        let (Some(h), Some(ctl)) = (self.handle.take(), self.ctl.take()) else {
+            return;
+        };
+        let progress = ctl.progress();
+        self.last = Some(match h.join() {
+            Ok(Ok(report)) => ScrubStatus {
+                state: if report.cancelled {
+                    ScrubState::Cancelled
+                } else {
+                    ScrubState::Finished
+                },
+                progress,
+                report: Some(report),
+                error: None,
+            },
+            Ok(Err(e)) => ScrubStatus {
+                state: ScrubState::Failed,
+                progress,
+                report: None,
+                error: Some(e.to_string()),
+            },
+            Err(_) => ScrubStatus {
+                state: ScrubState::Failed,
+                progress,
+                report: None,
+                error: Some("the scrub thread panicked".into()),
+            },
+        });
+    }
+
+    fn status(&mut self) -> ScrubStatus {
+        self.reap();
+        match (&self.ctl, &self.last) {
+            (Some(ctl), _) => ScrubStatus {
+                state: ScrubState::Running,
+                progress: ctl.progress(),
+                report: None,
+                error: None,
+            },
+            (None, Some(last)) => last.clone(),
+            (None, None) => ScrubStatus {
+                state: ScrubState::Idle,
+                progress: Progress::default(),
+                report: None,
+                error: None,
+            },
+        }
+    }
+
+    fn cancel(&mut self) {
+        if let Some(ctl) = &self.ctl {
+            ctl.cancel();
+        }
+    }
+
+    /// Cancels a running scrub and waits for it (at unmount).
+    fn stop(&mut self) {
+        self.cancel();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The daemon's listener; stops (cancelling a running scrub) when dropped.
+pub struct Server {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    scrub: Arc<Mutex<ScrubJob>>,
+}
+
+impl Server {
+    /// Listens for the mount at `mountpoint`. A failure only loses the
+    /// commands, not the mount, so the caller may go on without it.
+    pub fn start(mountpoint: &Path, fs: Arc<Fs>) -> Result<Server> {
+        let path = socket_path(mountpoint);
+        std::fs::create_dir_all(DIR).map_err(|e| Error::io(format!("creating {DIR}"), e))?;
+        // A socket left by a daemon that died; a live one answers.
+        if path.exists() && UnixStream::connect(&path).is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        let listener = UnixListener::bind(&path)
+            .map_err(|e| Error::io(format!("listening on {}", path.display()), e))?;
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("configuring the control socket", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let scrub = Arc::new(Mutex::new(ScrubJob::default()));
+        let (st, sc) = (stop.clone(), scrub.clone());
+        let thread = std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || serve(listener, &st, &sc, &fs))
+            .map_err(|e| Error::io("starting the control thread", e))?;
+        Ok(Server {
+            path,
+            stop,
+            thread: Some(thread),
+            scrub,
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        crate::sync::lock(&self.scrub).stop();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve(listener: UnixListener, stop: &AtomicBool, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                if let Err(e) = answer(s, scrub, fs) {
+                    tracing::warn!(error = %e, "control request failed");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "control socket");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line)?;
+    let resp = match serde_json::from_str::<Request>(&line) {
+        Err(e) => Response {
+            ok: false,
+            error: Some(format!("bad request: {e}")),
+            scrub: None,
+        },
+        Ok(req) => {
+            let mut job = crate::sync::lock(scrub);
+            let r = match req {
+                Request::ScrubStart => job.start(fs),
+                Request::ScrubCancel => {
+                    job.cancel();
+                    Ok(())
+                }
+                Request::ScrubStatus => Ok(()),
+            };
+            Response {
+                ok: r.is_ok(),
+                error: r.err().map(|e| e.to_string()),
+                scrub: Some(job.status()),
+            }
+        }
+    };
+    let mut out = serde_json::to_string(&resp).unwrap_or_else(|_| "{}".into());
+    out.push('\n');
+    (&s).write_all(out.as_bytes())
+}

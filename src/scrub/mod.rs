@@ -1,0 +1,309 @@
+//! Scrub: read every tree block and every data extent from the device and
+//! verify every checksum, then name the files the damage reaches.
+//!
+//! The extent tree lists every allocated extent, tree blocks and data
+//! alike, so scrub walks it in key order rather than walking each tree:
+//! one pass, in disk order (sequential reads), each extent once however
+//! many trees share it. It works in short batches, each under the engine's
+//! read lock, so on a mounted filesystem writers wait at most one batch:
+//! a block reachable from the current state cannot be freed and reused
+//! while the lock is held, so what scrub reads is what the state points
+//! at. Tree blocks not yet on disk (dirty, or being written) are skipped.
+//! Between batches an online scrub sleeps as long as the batch took, so it
+//! takes at most half of the device's time.
+//!
+//! Damaged data sectors are mapped back to files through the fs tree's
+//! file extent items, and files to paths through their back-references.
+
+use crate::error::{Error, Result};
+use crate::format::inode::DirEntry;
+use crate::format::items::{ExtentItem, FileExtentItem, FILE_EXTENT_INLINE};
+use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, INODE_REF};
+use crate::format::tree_id::{EXTENT, FS};
+use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
+use crate::txn::{Engine, Reader};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const SECTOR: u64 = SECTORSIZE as u64;
+/// Most data one batch reads while holding the read lock.
+const BATCH_BYTES: u64 = 4 << 20;
+/// Most extents one batch visits.
+const BATCH_EXTENTS: usize = 256;
+/// Largest single read.
+const READ_CHUNK: u64 = 1 << 20;
+
+/// How far a scrub has come; shared with whoever shows progress.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Progress {
+    /// Bytes of tree blocks and data read so far.
+    pub bytes_done: u64,
+    /// Bytes in use when the scrub started (an estimate of the total).
+    pub bytes_total: u64,
+    pub finished: bool,
+}
+
+/// A running scrub's shared state: progress out, cancellation in.
+#[derive(Default)]
+pub struct Control {
+    progress: Mutex<Progress>,
+    cancel: AtomicBool,
+}
+
+impl Control {
+    pub fn progress(&self) -> Progress {
+        crate::sync::lock(&self.progress).clone()
+    }
+
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+
+    fn advance(&self, bytes: u64) {
+        crate::sync::lock(&self.progress).bytes_done += bytes;
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BadBlock {
+    pub bytenr: u64,
+    /// The tree that allocated it.
+    pub tree: u64,
+    pub error: String,
+}
+
+/// A file with damaged data: its byte ranges `[start, end)`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DamagedFile {
+    pub ino: u64,
+    /// None when no name leads to it (its metadata is damaged too).
+    pub path: Option<String>,
+    pub ranges: Vec<(u64, u64)>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Report {
+    pub tree_blocks: u64,
+    pub data_extents: u64,
+    pub data_bytes: u64,
+    /// Data extents with no checksums to compare (preallocated space).
+    pub unchecked_extents: u64,
+    pub bad_tree_blocks: Vec<BadBlock>,
+    /// Damaged data sectors, by device address.
+    pub bad_data_sectors: Vec<u64>,
+    pub damaged_files: Vec<DamagedFile>,
+    /// Why parts could not be scrubbed at all (the extent tree unreadable).
+    pub errors: Vec<String>,
+    pub cancelled: bool,
+    pub seconds: f64,
+}
+
+impl Report {
+    pub fn is_clean(&self) -> bool {
+        self.bad_tree_blocks.is_empty()
+            && self.bad_data_sectors.is_empty()
+            && self.errors.is_empty()
+    }
+}
+
+/// How to pace the work.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    /// Sleep between batches as long as each took (online scrubs).
+    pub throttle: bool,
+}
+
+/// Scrubs everything the engine's state reaches.
+pub fn run(engine: &Engine, ctl: &Control, pace: Pace) -> Result<Report> {
+    let started = Instant::now();
+    crate::sync::lock(&ctl.progress).bytes_total = engine.space().0;
+    let mut report = Report::default();
+    let mut next = Some(Key::MIN);
+    while let Some(from) = next {
+        if ctl.cancelled() {
+            report.cancelled = true;
+            break;
+        }
+        let t = Instant::now();
+        next = match engine.read(|r| scrub_batch(r, from, ctl, &mut report)) {
+            Ok(n) => n,
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("extent tree unreadable at or after {from}: {e}"));
+                None
+            }
+        };
+        if pace.throttle {
+            std::thread::sleep(t.elapsed().min(Duration::from_secs(1)));
+        }
+    }
+    if !report.bad_data_sectors.is_empty() {
+        report.damaged_files = engine.read(|r| damaged_files(r, &report.bad_data_sectors))?;
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    crate::sync::lock(&ctl.progress).finished = true;
+    Ok(report)
+}
+
+/// Scrubs extents from `from` on until the batch is full; returns where
+/// the next batch starts.
+fn scrub_batch(
+    r: &Reader<'_>,
+    from: Key,
+    ctl: &Control,
+    report: &mut Report,
+) -> Result<Option<Key>> {
+    let mut c = r.cursor(EXTENT, &from)?;
+    let (mut extents, mut bytes) = (0, 0);
+    loop {
+        let Some(it) = c.item() else { return Ok(None) };
+        let (key, data) = (it.key, it.data.clone());
+        if extents >= BATCH_EXTENTS || bytes >= BATCH_BYTES {
+            return Ok(Some(key));
+        }
+        if key.ty == EXTENT_ITEM {
+            let item = ExtentItem::decode(&data).map_err(|e| Error::corrupt(key.objectid, e))?;
+            let len = if item.is_tree_block() {
+                scrub_tree_block(r, key, &item, report)?
+            } else {
+                scrub_data(r, key.objectid, key.offset, report)?
+            };
+            ctl.advance(len);
+            extents += 1;
+            bytes += len;
+        }
+        c.next(r)?;
+    }
+}
+
+fn scrub_tree_block(
+    r: &Reader<'_>,
+    key: Key,
+    item: &ExtentItem,
+    report: &mut Report,
+) -> Result<u64> {
+    match r.verify_block_on_disk(key.objectid, item.generation) {
+        Ok(true) => report.tree_blocks += 1,
+        Ok(false) => {}
+        Err(e @ (Error::Corrupt { .. } | Error::Io { .. })) => {
+            report.tree_blocks += 1;
+            tracing::error!(bytenr = key.objectid, error = %e, "scrub: damaged tree block");
+            report.bad_tree_blocks.push(BadBlock {
+                bytenr: key.objectid,
+                tree: item.owner,
+                error: e.to_string(),
+            });
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(key.offset)
+}
+
+/// Reads a data extent and compares every sector with its checksum.
+fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Result<u64> {
+    report.data_extents += 1;
+    report.data_bytes += len;
+    let Some(sums) = r.get(
+        crate::format::tree_id::CSUM,
+        &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr),
+    )?
+    else {
+        report.unchecked_extents += 1;
+        return Ok(len);
+    };
+    let mut buf = vec![0u8; len.min(READ_CHUNK) as usize];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(READ_CHUNK) as usize;
+        let chunk = &mut buf[..n];
+        let read = r.read_data(bytenr + at, chunk);
+        for (i, sector) in chunk.chunks(SECTOR as usize).enumerate() {
+            let index = (at / SECTOR) as usize + i;
+            let want = sums
+                .get(index * 4..index * 4 + 4)
+                .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
+            if read.is_err() || want != Some(crate::format::crc(sector)) {
+                let addr = bytenr + at + i as u64 * SECTOR;
+                tracing::error!(bytenr = addr, "scrub: data checksum mismatch");
+                report.bad_data_sectors.push(addr);
+            }
+        }
+        at += n as u64;
+    }
+    Ok(len)
+}
+
+/// The files whose extents cover the bad sectors, with the byte ranges.
+fn damaged_files(r: &Reader<'_>, bad: &[u64]) -> Result<Vec<DamagedFile>> {
+    let bad: std::collections::BTreeSet<u64> = bad.iter().copied().collect();
+    let mut ranges: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut c = r.cursor(FS, &Key::MIN)?;
+    while let Some(it) = c.item() {
+        if it.key.ty == EXTENT_DATA {
+            if let Ok(fe) = FileExtentItem::decode(&it.data) {
+                if fe.kind != FILE_EXTENT_INLINE && fe.disk_bytenr != 0 {
+                    let used = fe.disk_bytenr.saturating_add(fe.offset);
+                    let end = used.saturating_add(fe.num_bytes);
+                    for &s in bad.range(used / SECTOR * SECTOR..end) {
+                        let from = s.max(used) - used;
+                        let to = (s + SECTOR).min(end) - used;
+                        ranges
+                            .entry(it.key.objectid)
+                            .or_default()
+                            .push((it.key.offset + from, it.key.offset + to));
+                    }
+                }
+            }
+        }
+        c.next(r)?;
+    }
+    Ok(ranges
+        .into_iter()
+        .map(|(ino, mut rs)| {
+            rs.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::new();
+            for (s, e) in rs {
+                match merged.last_mut() {
+                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                    _ => merged.push((s, e)),
+                }
+            }
+            DamagedFile {
+                ino,
+                path: path_of(r, ino),
+                ranges: merged,
+            }
+        })
+        .collect())
+}
+
+/// A path from the root to `ino` through its first name at each level;
+/// None if a link is missing or loops.
+fn path_of(r: &Reader<'_>, ino: u64) -> Option<String> {
+    let root = crate::format::inode::ROOT_DIR_INO;
+    let mut parts = Vec::new();
+    let mut seen = HashSet::new();
+    let mut at = ino;
+    while at != root {
+        if !seen.insert(at) {
+            return None;
+        }
+        let c = r.cursor(FS, &Key::new(at, INODE_REF, 0)).ok()?;
+        let it = c
+            .item()
+            .filter(|i| i.key.objectid == at && i.key.ty == INODE_REF)?;
+        let first = DirEntry::decode_all(&it.data).ok()?.into_iter().next()?;
+        parts.push(String::from_utf8_lossy(&first.name).into_owned());
+        at = it.key.offset;
+    }
+    parts.reverse();
+    Some(format!("/{}", parts.join("/")))
+}
