@@ -17,15 +17,18 @@ use std::sync::Arc;
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
 
-/// Device address of the data at `offset` of inode `ino`'s first extent.
-fn data_address(img: &Path, ino: u64) -> u64 {
+fn open_ro(img: &Path) -> Engine {
     let dev = Arc::new(FileDevice::open(img, true, false).unwrap());
     let ro = OpenOptions {
         read_only: true,
         ..Default::default()
     };
-    let e = Engine::open(dev as Arc<dyn Device>, &ro).unwrap();
-    let d = e
+    Engine::open(dev as Arc<dyn Device>, &ro).unwrap()
+}
+
+/// Device address of the data at `offset` of inode `ino`'s first extent.
+fn data_address(img: &Path, ino: u64) -> u64 {
+    let d = open_ro(img)
         .read(|r| r.get(FS, &Key::new(ino, EXTENT_DATA, 0)))
         .unwrap()
         .expect("an extent at offset 0");
@@ -137,15 +140,7 @@ fn a_damaged_tree_block_is_reported() {
             .status()
             .unwrap()
             .success());
-        let fs_root = {
-            let dev = Arc::new(FileDevice::open(&img, true, false).unwrap());
-            let ro = OpenOptions {
-                read_only: true,
-                ..Default::default()
-            };
-            let e = Engine::open(dev as Arc<dyn Device>, &ro).unwrap();
-            e.read(|r| r.root(FS)).unwrap().bytenr
-        };
+        let fs_root = open_ro(&img).read(|r| r.root(FS)).unwrap().bytenr;
         flip(&img, fs_root + 300);
         scrub_json(&[img.to_str().unwrap()])
     };
@@ -175,13 +170,7 @@ fn a_mount_scrubs_in_its_daemon_with_status_and_cancel() {
     // Damage the image between mounts, then scrub through the daemon.
     m.unmount();
     let victim_ino = {
-        let dev = Arc::new(FileDevice::open(&m.img, true, false).unwrap());
-        let ro = OpenOptions {
-            read_only: true,
-            ..Default::default()
-        };
-        let e = Engine::open(dev as Arc<dyn Device>, &ro).unwrap();
-        let fs = Fs::new(Arc::new(e)).unwrap();
+        let fs = Fs::new(Arc::new(open_ro(&m.img))).unwrap();
         let d = fs.lookup(256, b"d").unwrap();
         fs.lookup(d.ino, b"victim").unwrap().ino
     };
