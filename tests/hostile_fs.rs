@@ -620,10 +620,10 @@ fn make_corpus() {
             "dir1/file0",
         ),
         (
-            "dir-nlink-zero",
+            "dir-nlink-one",
             k(ino("dir2"), INODE_ITEM, 0),
-            Box::new(put(16, 0u32.to_le_bytes())),
-            "directory with 0 links",
+            Box::new(put(16, 1u32.to_le_bytes())),
+            "directory with 1 link",
             "dir2",
         ),
         (

@@ -140,8 +140,10 @@ pub fn check_inode_fields(i: &InodeItem) -> Verdict {
     if ty == libc::S_IFLNK && !(1..=MAX_SYMLINK).contains(&i.size) {
         return fail(format!("symlink of {} bytes (1..=4095 allowed)", i.size));
     }
-    if ty == libc::S_IFDIR && i.nlink < 2 {
-        return fail(format!("directory with {} links (at least 2)", i.nlink));
+    // A directory has its name and its "." (0 links: removed while open,
+    // an orphan waiting for its last close).
+    if ty == libc::S_IFDIR && i.nlink == 1 {
+        return fail("directory with 1 link (0 when orphaned, else at least 2)");
     }
     if i.atime.nsec >= 1_000_000_000
         || i.mtime.nsec >= 1_000_000_000
@@ -374,7 +376,8 @@ mod tests {
         assert!(check_item(&k, &inode(libc::S_IFLNK | 0o777, 1 << 61, 1), &LIM).is_err());
         assert!(check_item(&k, &inode(libc::S_IFLNK | 0o777, 0, 1), &LIM).is_err());
         assert!(check_item(&k, &inode(0o644, 1, 1), &LIM).is_err());
-        assert!(check_item(&k, &inode(libc::S_IFDIR | 0o755, 0, 0), &LIM).is_err());
+        assert!(check_item(&k, &inode(libc::S_IFDIR | 0o755, 0, 1), &LIM).is_err());
+        assert!(check_item(&k, &inode(libc::S_IFDIR | 0o755, 0, 0), &LIM).is_ok());
         assert!(check_item(&k, &inode(libc::S_IFREG, u64::MAX, 1), &LIM).is_err());
         let far = Key::new(u64::MAX - 10, INODE_ITEM, 0);
         assert!(check_item(&far, &inode(libc::S_IFREG, 0, 1), &LIM).is_err());
