@@ -12,6 +12,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
+/// A key type the item checker does not know: engine tests store
+/// arbitrary payloads under it.
+const TEST_ITEM: u8 = 2;
+
 #[test]
 fn readers_see_whole_changes_while_commits_run() {
     let (_dev, e) = common::mem_engine(128 << 20, 4096);
@@ -24,11 +28,11 @@ fn readers_see_whole_changes_while_commits_run() {
             for b in 0..150u64 {
                 e.write(|tx| {
                     for i in 0..BATCH {
-                        tx.put(FS, Key::new(b, 1, i), vec![b as u8; 64])?;
+                        tx.put(FS, Key::new(b, TEST_ITEM, i), vec![b as u8; 64])?;
                     }
                     if b >= 3 {
                         for i in 0..BATCH {
-                            tx.delete(FS, &Key::new(b - 3, 1, i))?;
+                            tx.delete(FS, &Key::new(b - 3, TEST_ITEM, i))?;
                         }
                     }
                     Ok(())
@@ -124,7 +128,7 @@ fn commit_io_does_not_block_readers_or_writers() {
     let e = Arc::new(
         Engine::format(dev.clone() as Arc<dyn Device>, &FormatOptions::default()).unwrap(),
     );
-    e.write(|tx| tx.insert(FS, Key::new(1, 1, 0), vec![1]))
+    e.write(|tx| tx.insert(FS, Key::new(1, TEST_ITEM, 0), vec![1]))
         .unwrap();
     dev.armed.store(true, Ordering::SeqCst);
     let committing = {
@@ -139,8 +143,8 @@ fn commit_io_does_not_block_readers_or_writers() {
     {
         let (e, done_tx) = (e.clone(), done_tx.clone());
         thread::spawn(move || {
-            let v = e.read(|r| r.get(FS, &Key::new(1, 1, 0))).unwrap();
-            e.write(|tx| tx.insert(FS, Key::new(2, 1, 0), vec![2]))
+            let v = e.read(|r| r.get(FS, &Key::new(1, TEST_ITEM, 0))).unwrap();
+            e.write(|tx| tx.insert(FS, Key::new(2, TEST_ITEM, 0), vec![2]))
                 .unwrap();
             done_tx.send(v).unwrap();
         });
@@ -168,7 +172,7 @@ fn concurrent_commits_write_in_generation_order() {
             let (e, dev) = (e.clone(), dev.clone());
             thread::spawn(move || {
                 for i in 0..200u64 {
-                    e.write(|tx| tx.put(FS, Key::new(t, 1, i % 50), vec![i as u8; 300]))
+                    e.write(|tx| tx.put(FS, Key::new(t, TEST_ITEM, i % 50), vec![i as u8; 300]))
                         .unwrap();
                     let g = e.commit().unwrap();
                     let on_disk = canopy::txn::read_best_superblock(dev.as_ref())

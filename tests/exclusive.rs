@@ -124,6 +124,9 @@ fn a_file_whose_loop_device_is_held_exclusively_is_refused() {
     );
     let msg = refusal(FileDevice::open(&lo.0, false, true));
     assert!(msg.contains("in use"), "{msg}");
+    // Nor may a read-only mount read under a writer on the device.
+    let msg = refusal(FileDevice::open(&lo.0, true, true));
+    assert!(msg.contains("in use by a writer"), "{msg}");
     drop(held);
     FileDevice::open(&img, false, true).unwrap();
 }

@@ -75,6 +75,13 @@ pub fn open(path: &Path, access: Access) -> Result<(File, Claim)> {
         }
         return Ok((file, Claim { _backing: None }));
     }
+    // A reader of a block device holds nothing a writer would notice, so
+    // it looks for one: a writer (or a kernel mount) holds it O_EXCL.
+    if access == Access::Share && held_exclusively(path) {
+        return Err(Error::Invalid(format!(
+            "{shown} is in use by a writer (mounted read-write, or opened exclusively)"
+        )));
+    }
     let backing = match loop_backing(&file, meta.rdev()) {
         Some(b) => Some(claim_backing(b, access, &shown)?),
         None => None,
@@ -204,6 +211,16 @@ fn claim_backing(b: Backing, access: Access, shown: &str) -> Result<File> {
     Ok(f)
 }
 
+/// Whether someone holds the block device at `path` with O_EXCL.
+fn held_exclusively(path: &Path) -> bool {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(path)
+        .err()
+        .is_some_and(|e| e.raw_os_error() == Some(libc::EBUSY))
+}
+
 /// Refuses an image file while a loop device backed by it is held
 /// exclusively: mounted by the kernel or opened by a writer.
 fn refuse_busy_loops(meta: &std::fs::Metadata, shown: &str) -> Result<()> {
@@ -225,13 +242,7 @@ fn refuse_busy_loops(meta: &std::fs::Metadata, shown: &str) -> Result<()> {
             continue;
         }
         drop(f);
-        let busy = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_EXCL)
-            .open(&dev)
-            .err()
-            .is_some_and(|e| e.raw_os_error() == Some(libc::EBUSY));
-        if busy {
+        if held_exclusively(&dev) {
             return Err(Error::Invalid(format!(
                 "{shown} is in use through {} (mounted, or opened by another writer)",
                 dev.display()

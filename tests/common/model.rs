@@ -68,11 +68,11 @@ pub struct Harness {
 }
 
 fn item_key(k: u16) -> Key {
-    Key::new(u64::from(k) * 7 + 1, 1, u64::from(k) % 3)
+    Key::new(u64::from(k) * 7 + 257, 2, u64::from(k) % 3)
 }
 
 fn data_key(k: u16) -> Key {
-    Key::new(u64::from(k) * 7 + 1, EXTENT_DATA, 0)
+    Key::new(u64::from(k) * 7 + 257, EXTENT_DATA, 0)
 }
 
 impl Harness {
