@@ -22,6 +22,14 @@ fn orphan_key(ino: u64) -> crate::format::Key {
     )
 }
 
+/// Reads (and so checks) every item deleting `ino` will decode, before the
+/// operation changes anything: a corrupt file is then EIO for the unlink,
+/// not a failure half-way that shuts the filesystem down.
+fn check_deletable(tx: &Txn<'_>, tree: u64, ino: u64) -> Result<()> {
+    let root = tx.root_of(tree)?;
+    file::count_items(tx, &root, ino, 0, u64::MAX).map(drop)
+}
+
 /// Removes an inode: its data, xattrs and inode item (every item keyed by
 /// its number).
 fn delete_inode(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
@@ -295,6 +303,9 @@ impl Fs {
                 }
                 _ => {}
             }
+            if self.last_link(e.ino, &child) {
+                check_deletable(tx, tree, e.ino)?;
+            }
             dir::remove(tx, tree, parent, name)?;
             let now = Timespec::now();
             if rmdir {
@@ -337,6 +348,11 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether dropping one link of `ino` deletes it now.
+    fn last_link(&self, ino: u64, inode: &InodeItem) -> bool {
+        (is_dir(inode.mode) || inode.nlink <= 1) && !self.is_open(ino)
+    }
+
     fn is_open(&self, ino: u64) -> bool {
         crate::sync::lock(&self.open_handles)
             .get(&ino)
@@ -375,9 +391,10 @@ impl Fs {
                 return Ok(());
             }
             tx.reserve(&Need::items(tree, 2).deleting())?;
+            let inode = load_inode_tx(tx, tree, ino)?;
+            check_deletable(tx, tree, ino)?;
             tx.delete(tree, &orphan_key(ino))?;
             self.delalloc.discard(tx, ino);
-            let inode = load_inode_tx(tx, tree, ino)?;
             delete_inode(tx, tree, ino)?;
             self.ghosts.bury(ino, inode);
             Ok(())
@@ -395,6 +412,12 @@ impl Fs {
         }
         self.engine.write(|tx| {
             for (k, _) in &orphans {
+                // A damaged orphan stays (and `canopy check` names it)
+                // rather than keep the filesystem from mounting.
+                if let Err(e) = check_deletable(tx, tree, k.offset) {
+                    tracing::error!(ino = k.offset, error = %e, "orphan left in place");
+                    continue;
+                }
                 tx.delete(tree, k)?;
                 match delete_inode(tx, tree, k.offset) {
                     Ok(()) | Err(Error::NotFound) => {}
@@ -499,6 +522,9 @@ impl Fs {
                         return Err(errno(libc::ENOTEMPTY, "directory not empty"))
                     }
                     _ => {}
+                }
+                if self.last_link(d.ino, &d_inode) {
+                    check_deletable(tx, tree, d.ino)?;
                 }
                 dir::remove(tx, tree, newparent, newname)?;
                 if is_dir(d_inode.mode) {
