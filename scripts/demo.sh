@@ -32,6 +32,10 @@ ls -la "$MNT" "$MNT/docs"
 sha256sum "$MNT/random.bin"
 df -h "$MNT"
 echo
+echo "== every checksum read back by the daemon (canopy scrub)"
+$BIN sync "$MNT"
+$BIN scrub "$MNT"
+echo
 echo "Canopy is mounted on $MNT (image $IMG). Try it, then unmount with:"
 echo "    umount $MNT"
 echo "and check the image with:"
