@@ -39,10 +39,14 @@ enum Command {
         /// Print the status as JSON on stdout.
         #[arg(long)]
         json: bool,
+        /// A mounted Canopy filesystem.
         mountpoint: PathBuf,
     },
     /// Stop a mount's running scrub.
-    Cancel { mountpoint: PathBuf },
+    Cancel {
+        /// A mounted Canopy filesystem.
+        mountpoint: PathBuf,
+    },
 }
 
 /// Exit codes as btrfs-progs' scrub: 0 clean, 1 could not scrub, 3 damage.
@@ -54,11 +58,10 @@ pub fn run(a: Args) -> ExitCode {
         Some(Command::Status { json, mountpoint }) => status(mountpoint, *json),
         Some(Command::Cancel { mountpoint }) => cancel(mountpoint),
         None => match &a.path {
-            None => fail(
-                a.json,
-                "canopy scrub",
-                "give an image or a mount point (see --help)",
-            ),
+            None => {
+                eprintln!("canopy scrub: give an image or a mount point (see --help)");
+                ExitCode::from(2)
+            }
             Some(p) if p.is_dir() => online(&a, p),
             Some(p) => offline(&a, p),
         },
