@@ -62,7 +62,17 @@ pub fn open(path: &Path, access: Access) -> Result<(File, Claim)> {
     if block && access == Access::Write {
         opts.custom_flags(libc::O_EXCL);
     }
-    let file = opts.open(path).map_err(|e| match e.raw_os_error() {
+    // Like the file lock, wait out a daemon still finishing its unmount.
+    let since = std::time::Instant::now();
+    let opened = loop {
+        match opts.open(path) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && since.elapsed() < LOCK_GRACE => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            r => break r,
+        }
+    };
+    let file = opened.map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) => Error::Invalid(format!(
             "{shown} is in use (mounted, or opened exclusively by another program)"
         )),
