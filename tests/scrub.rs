@@ -17,6 +17,17 @@ use std::sync::Arc;
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
 
+/// A fresh 64 MiB image in `dir`, made by `canopy mkfs`.
+fn mkfs(dir: &Path) -> std::path::PathBuf {
+    let img = dir.join("fs.img");
+    let st = canopy()
+        .args(["mkfs", "-q", "-s", "64M"])
+        .arg(&img)
+        .status();
+    assert!(st.unwrap().success());
+    img
+}
+
 fn open_ro(img: &Path) -> Engine {
     let dev = Arc::new(FileDevice::open(img, true, false).unwrap());
     let ro = OpenOptions {
@@ -63,13 +74,7 @@ fn scrub_json(args: &[&str]) -> (i32, serde_json::Value) {
 #[test]
 fn a_flipped_data_byte_is_reported_with_its_file_and_range() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("fs.img");
-    assert!(canopy()
-        .args(["mkfs", "-q", "-s", "64M"])
-        .arg(&img)
-        .status()
-        .unwrap()
-        .success());
+    let img = mkfs(dir.path());
     let ino = {
         let dev = Arc::new(FileDevice::open(&img, false, true).unwrap());
         let e = Engine::open(dev as Arc<dyn Device>, &OpenOptions::default()).unwrap();
@@ -114,13 +119,7 @@ fn a_flipped_data_byte_is_reported_with_its_file_and_range() {
 #[test]
 fn a_damaged_tree_block_is_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("fs.img");
-    assert!(canopy()
-        .args(["mkfs", "-q", "-s", "64M"])
-        .arg(&img)
-        .status()
-        .unwrap()
-        .success());
+    let img = mkfs(dir.path());
     let sb = {
         let dev = FileDevice::open(&img, true, false).unwrap();
         canopy::txn::read_best_superblock(&dev).unwrap()
@@ -133,13 +132,7 @@ fn a_damaged_tree_block_is_reported() {
     let (code, v) = {
         // A damaged fs leaf leaves the rest scrubbable.
         let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("fs.img");
-        assert!(canopy()
-            .args(["mkfs", "-q", "-s", "64M"])
-            .arg(&img)
-            .status()
-            .unwrap()
-            .success());
+        let img = mkfs(dir.path());
         let fs_root = open_ro(&img).read(|r| r.root(FS)).unwrap().bytenr;
         flip(&img, fs_root + 300);
         scrub_json(&[img.to_str().unwrap()])
