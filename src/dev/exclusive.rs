@@ -63,15 +63,10 @@ pub fn open(path: &Path, access: Access) -> Result<(File, Claim)> {
         opts.custom_flags(libc::O_EXCL);
     }
     // Like the file lock, wait out a daemon still finishing its unmount.
-    let since = std::time::Instant::now();
-    let opened = loop {
-        match opts.open(path) {
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && since.elapsed() < LOCK_GRACE => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            r => break r,
-        }
-    };
+    let opened = within_grace(
+        || opts.open(path),
+        |e| e.raw_os_error() == Some(libc::EBUSY),
+    );
     let file = opened.map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) => Error::Invalid(format!(
             "{shown} is in use (mounted, or opened exclusively by another program)"
@@ -120,10 +115,19 @@ fn lock(file: &File, access: Access, shown: &str) -> Result<()> {
 fn wait_for_lock(
     try_lock: impl Fn() -> std::result::Result<(), std::fs::TryLockError>,
 ) -> std::result::Result<(), std::fs::TryLockError> {
+    within_grace(try_lock, |e| matches!(e, std::fs::TryLockError::WouldBlock))
+}
+
+/// Tries `attempt` again every 50 ms while it fails with an error `busy`
+/// accepts, for at most [`LOCK_GRACE`].
+fn within_grace<T, E>(
+    attempt: impl Fn() -> std::result::Result<T, E>,
+    busy: impl Fn(&E) -> bool,
+) -> std::result::Result<T, E> {
     let since = std::time::Instant::now();
     loop {
-        match try_lock() {
-            Err(std::fs::TryLockError::WouldBlock) if since.elapsed() < LOCK_GRACE => {
+        match attempt() {
+            Err(e) if busy(&e) && since.elapsed() < LOCK_GRACE => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
             r => return r,

@@ -90,15 +90,16 @@ pub fn request(mountpoint: &Path, req: &Request) -> Result<Response> {
 /// A background scrub in the daemon.
 #[derive(Default)]
 struct ScrubJob {
-    ctl: Option<Arc<Control>>,
-    handle: Option<JoinHandle<Result<Report>>>,
+    /// The running scrub: its control and its thread.
+    running: Option<(Arc<Control>, JoinHandle<Result<Report>>)>,
+    /// How the last one ended.
     last: Option<ScrubStatus>,
 }
 
 impl ScrubJob {
     fn start(&mut self, fs: &Arc<Fs>) -> Result<()> {
         self.reap();
-        if self.handle.is_some() {
+        if self.running.is_some() {
             return Err(Error::Invalid("a scrub is already running".into()));
         }
         let ctl = Arc::new(Control::default());
@@ -107,18 +108,17 @@ impl ScrubJob {
             .name("scrub".into())
             .spawn(move || scrub::run(&engine, &c, scrub::Pace { throttle: true }))
             .map_err(|e| Error::io("starting the scrub thread", e))?;
-        self.ctl = Some(ctl);
-        self.handle = Some(handle);
+        self.running = Some((ctl, handle));
         self.last = None;
         Ok(())
     }
 
     /// Collects a finished scrub's result.
     fn reap(&mut self) {
-        if !self.handle.as_ref().is_some_and(|h| h.is_finished()) {
+        if !self.running.as_ref().is_some_and(|(_, h)| h.is_finished()) {
             return;
         }
-        let (Some(h), Some(ctl)) = (self.handle.take(), self.ctl.take()) else {
+        let Some((ctl, h)) = self.running.take() else {
             return;
         };
         let progress = ctl.progress();
@@ -150,8 +150,8 @@ impl ScrubJob {
 
     fn status(&mut self) -> ScrubStatus {
         self.reap();
-        match (&self.ctl, &self.last) {
-            (Some(ctl), _) => ScrubStatus {
+        match (&self.running, &self.last) {
+            (Some((ctl, _)), _) => ScrubStatus {
                 state: ScrubState::Running,
                 progress: ctl.progress(),
                 report: None,
@@ -168,7 +168,7 @@ impl ScrubJob {
     }
 
     fn cancel(&mut self) {
-        if let Some(ctl) = &self.ctl {
+        if let Some((ctl, _)) = &self.running {
             ctl.cancel();
         }
     }
@@ -176,7 +176,7 @@ impl ScrubJob {
     /// Cancels a running scrub and waits for it (at unmount).
     fn stop(&mut self) {
         self.cancel();
-        if let Some(h) = self.handle.take() {
+        if let Some((_, h)) = self.running.take() {
             let _ = h.join();
         }
     }
