@@ -236,6 +236,34 @@ impl Allocator {
         Ok(())
     }
 
+    /// Keeps `[start, start+len)`, free on disk, out of allocations without
+    /// recording anything (a pending log's blocks and extents).
+    pub fn exclude(&mut self, start: u64, len: u64) -> Result<()> {
+        let g = self
+            .group_mut_containing(start)
+            .ok_or_else(|| Error::corrupt(start, "log names space outside any block group"))?;
+        if !g.free.contains(start, len) {
+            return Err(Error::corrupt(
+                start,
+                "log names space the last commit does not have free",
+            ));
+        }
+        g.free.remove(start, len);
+        Ok(())
+    }
+
+    /// Makes an excluded range free again at once.
+    pub fn include(&mut self, start: u64, len: u64) {
+        if let Some(g) = self.group_mut_containing(start) {
+            g.free.insert(start, len);
+        }
+    }
+
+    /// Makes an excluded range free once the next commit is durable.
+    pub fn release_excluded(&mut self, start: u64, len: u64) {
+        self.pinned.push((start, len));
+    }
+
     /// Takes the extents pinned so far; pass them to [`Allocator::unpin`]
     /// once the commit that freed them is durable.
     pub fn take_pinned(&mut self) -> Vec<(u64, u64)> {

@@ -69,6 +69,14 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         },
         BLOCK_GROUP_ITEM => check_block_group(key, data, limits),
         FREE_EXTENT => check_empty(data),
+        LOG_INODE => check_ino(key.objectid, "logged inode").and(match data {
+            [0..=2] => Ok(()),
+            _ => fail("log mode is not one byte of 0, 1 or 2"),
+        }),
+        LOG_RANGE => match data.try_into().map(u64::from_le_bytes) {
+            Ok(end) if end > key.offset => check_ino(key.objectid, "logged range's inode"),
+            _ => fail("logged range that does not end after its start"),
+        },
         // Kinds this version does not write (log, quota, root refs) are
         // checked by the code that will read them.
         _ => Ok(()),

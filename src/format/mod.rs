@@ -99,6 +99,11 @@ pub mod key_type {
     /// Free extent: `(start, FREE_EXTENT, len)` in the by-start tree and
     /// `(len, FREE_EXTENT, start)` in the by-length tree.
     pub const FREE_EXTENT: u8 = 199;
+    /// Log tree only: how an inode was logged (one byte, `fs::log`).
+    pub const LOG_INODE: u8 = 220;
+    /// Log tree only: a file range whose extent items the log holds in
+    /// full (value: the range's end, u64).
+    pub const LOG_RANGE: u8 = 221;
     pub const QGROUP_STATUS: u8 = 240;
     pub const QGROUP_INFO: u8 = 242;
     pub const QGROUP_LIMIT: u8 = 244;

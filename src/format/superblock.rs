@@ -35,8 +35,11 @@ const SUPER_BYTES: usize = 4096;
 /// Every block group holds data and tree blocks alike (images under
 /// 1 GiB); older code would misread the groups' flags.
 pub const INCOMPAT_MIXED_GROUPS: u64 = 1;
+/// The superblock names a log tree that must be replayed before the
+/// image is used; older code would ignore it and lose fsynced changes.
+pub const INCOMPAT_LOG_TREE: u64 = 2;
 /// Incompatible features this code understands.
-pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS;
+pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS | INCOMPAT_LOG_TREE;
 /// Read-only-compatible features this code understands.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;
 pub const CSUM_CRC32C: u16 = 0;
@@ -164,6 +167,19 @@ impl Superblock {
         }
         if self.root >= self.total_bytes {
             return Err("root tree beyond the device end".into());
+        }
+        let has_log = self.log_root != 0;
+        if has_log != (self.incompat & INCOMPAT_LOG_TREE != 0) {
+            return Err("log tree and its feature bit disagree".into());
+        }
+        if has_log
+            && (!self.log_root.is_multiple_of(u64::from(self.sectorsize))
+                || self.log_root >= self.total_bytes
+                || self.log_root_level > super::node::MAX_LEVEL
+                || self.log_root_generation == 0
+                || self.log_root_generation > self.generation.saturating_add(1))
+        {
+            return Err(format!("log tree at bad address {}", self.log_root));
         }
         Ok(())
     }

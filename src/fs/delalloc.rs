@@ -257,6 +257,7 @@ impl super::Fs {
         };
         let mut delta = 0i64;
         for (&offset, data) in ranges {
+            self.note_extents(tx, ino, inode.size, offset, offset + data.len() as u64);
             delta += super::file::write(tx, tree, ino, inode.size, offset, data)?;
             inode.size = inode.size.max(offset + data.len() as u64);
         }

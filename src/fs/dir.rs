@@ -92,6 +92,57 @@ pub(crate) fn plan_add(
     kind: u8,
 ) -> Result<Addition> {
     let index = next_index(tx, tree, dir)?;
+    plan_add_at(tx, tree, dir, name, ino, kind, index)
+}
+
+/// Adds an entry at readdir index `index` if that index is free, else at
+/// the next one (log replay keeps the index an entry had).
+pub(crate) fn add_at(
+    tx: &mut Txn<'_>,
+    tree: u64,
+    dir: u64,
+    name: &[u8],
+    ino: u64,
+    kind: u8,
+    index: u64,
+) -> Result<()> {
+    let taken = index < 2 || tx.get(tree, &Key::new(dir, DIR_INDEX, index))?.is_some();
+    let index = if taken {
+        next_index(tx, tree, dir)?
+    } else {
+        index
+    };
+    let a = plan_add_at(tx, tree, dir, name, ino, kind, index)?;
+    apply(tx, tree, a)
+}
+
+/// The names of `ino`: entries whose `ino` is the directory holding it.
+pub(crate) fn refs_of<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &crate::tree::RootPtr,
+    ino: u64,
+) -> Result<Vec<DirEntry>> {
+    let mut out = Vec::new();
+    let mut c = Cursor::seek(b, root, &Key::new(ino, INODE_REF, 0))?;
+    while let Some(it) = c.item() {
+        if it.key.objectid != ino || (it.key.ty != INODE_REF && it.key.ty != INODE_EXTREF) {
+            break;
+        }
+        out.extend(decode(b, &it.key, &it.data)?);
+        c.next(b)?;
+    }
+    Ok(out)
+}
+
+fn plan_add_at(
+    tx: &Txn<'_>,
+    tree: u64,
+    dir: u64,
+    name: &[u8],
+    ino: u64,
+    kind: u8,
+    index: u64,
+) -> Result<Addition> {
     let entry = DirEntry {
         ino,
         kind,

@@ -33,7 +33,7 @@ fn decode<B: BlockRead + ?Sized>(b: &B, key: &Key, data: &[u8]) -> Result<FileEx
 }
 
 /// Length of file data an extent item covers.
-fn item_len(fe: &FileExtentItem) -> u64 {
+pub(crate) fn item_len(fe: &FileExtentItem) -> u64 {
     if fe.kind == FILE_EXTENT_INLINE {
         fe.inline_data.len() as u64
     } else {
@@ -42,7 +42,7 @@ fn item_len(fe: &FileExtentItem) -> u64 {
 }
 
 /// The extent items of `ino` that overlap `[start, end)`, in order.
-fn items_in<B: BlockRead + ?Sized>(
+pub(crate) fn items_in<B: BlockRead + ?Sized>(
     b: &B,
     root: &RootPtr,
     ino: u64,
@@ -299,7 +299,7 @@ pub(crate) fn punch(tx: &mut Txn<'_>, tree: u64, ino: u64, start: u64, end: u64)
 }
 
 /// The part `[from, from+len)` of an item's range as an item of its own.
-fn slice(fe: &FileExtentItem, from: u64, len: u64) -> FileExtentItem {
+pub(crate) fn slice(fe: &FileExtentItem, from: u64, len: u64) -> FileExtentItem {
     let mut out = fe.clone();
     if fe.kind == FILE_EXTENT_INLINE {
         out.inline_data = fe.inline_data[from as usize..(from + len) as usize].to_vec();

@@ -22,7 +22,8 @@ pub mod delalloc;
 mod dir;
 mod file;
 mod ghost;
-mod ops;
+pub(crate) mod log;
+pub(crate) mod ops;
 mod readahead;
 pub mod xattr;
 
@@ -69,6 +70,10 @@ pub struct Fs {
     ghosts: ghost::Ghosts,
     /// Sequential readers, for read-ahead of their data on the device.
     readahead: readahead::ReadAhead,
+    /// What the running transaction changed, for fsync's log.
+    tracking: log::Tracking,
+    /// fsync writes the log tree (false: it commits, `-o notreelog`).
+    log_enabled: std::sync::atomic::AtomicBool,
 }
 
 /// Objectid of orphan items: `(ORPHAN_OBJECTID, ORPHAN_ITEM, ino)` marks an
@@ -80,6 +85,9 @@ impl Fs {
     /// freshly formatted image.
     pub fn new(engine: Arc<Engine>) -> Result<Fs> {
         let tree = FS;
+        // Before anything reads the tree: the log may hold fsynced
+        // changes the last commit lacks.
+        log::replay(&engine, tree)?;
         let last = engine.read(|r| {
             let root = r.root(tree)?;
             let c = crate::tree::Cursor::seek_le(
@@ -99,6 +107,8 @@ impl Fs {
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
             ghosts: ghost::Ghosts::default(),
             readahead: readahead::ReadAhead::default(),
+            tracking: log::Tracking::default(),
+            log_enabled: std::sync::atomic::AtomicBool::new(true),
         };
         fs.delete_orphans()?;
         if last.is_none() {
@@ -130,6 +140,16 @@ impl Fs {
     pub fn sync(&self) -> Result<()> {
         self.flush_all()?;
         self.engine.commit().map(|_| ())
+    }
+
+    /// Chooses whether fsync writes the log tree (the default) or commits
+    /// the whole filesystem.
+    pub fn set_log_enabled(&self, on: bool) {
+        self.log_enabled.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn log_enabled(&self) -> bool {
+        self.log_enabled.load(Ordering::Relaxed)
     }
 
     /// Sets how many bytes of written file data may wait in memory for

@@ -14,12 +14,22 @@ const SECTOR: u64 = crate::format::SECTORSIZE as u64;
 const CREATE_ITEMS: u64 = 6;
 const RENAME_ITEMS: u64 = 14;
 
-fn orphan_key(ino: u64) -> crate::format::Key {
+pub(crate) fn orphan_key(ino: u64) -> crate::format::Key {
     crate::format::Key::new(
         super::ORPHAN_OBJECTID,
         crate::format::key_type::ORPHAN_ITEM,
         ino,
     )
+}
+
+/// Extra items an operation reserves for updating the log's copy of the
+/// names it changes (seed 003: only when a log exists at all).
+fn log_items(tx: &Txn<'_>) -> u64 {
+    if tx.has_log() {
+        super::log::NAME_LOG_ITEMS
+    } else {
+        0
+    }
 }
 
 /// Reads (and so checks) every item deleting `ino` will decode, before the
@@ -32,7 +42,7 @@ fn check_deletable(tx: &Txn<'_>, tree: u64, ino: u64) -> Result<()> {
 
 /// Removes an inode: its data, xattrs and inode item (every item keyed by
 /// its number).
-fn delete_inode(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
+pub(crate) fn delete_inode(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
     file::punch(tx, tree, ino, 0, u64::MAX)?;
     let rest = tx.range(
         tree,
@@ -249,6 +259,7 @@ impl Fs {
                 store_inode(tx, tree, ino, inode.clone())?;
             }
             dir::apply(tx, tree, entry)?;
+            self.note_name(tx, parent, ino);
             p.nlink = parent_links;
             p.mtime = now;
             p.ctime = now;
@@ -290,7 +301,7 @@ impl Fs {
     pub fn remove(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<()> {
         let tree = self.tree;
         self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, CREATE_ITEMS).deleting())?;
+            tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)).deleting())?;
             let mut p = self.parent_dir(tx, parent)?;
             let root = self.root_ptr_tx(tx)?;
             let e = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
@@ -314,7 +325,9 @@ impl Fs {
             p.mtime = now;
             p.ctime = now;
             store_inode(tx, tree, parent, p)?;
-            self.drop_link(tx, e.ino, child, now)
+            self.drop_link(tx, e.ino, child, now)?;
+            self.note_name(tx, parent, e.ino);
+            self.log_name_changes(tx, &[e.ino])
         })
     }
 
@@ -390,14 +403,14 @@ impl Fs {
             if tx.get(tree, &orphan_key(ino))?.is_none() {
                 return Ok(());
             }
-            tx.reserve(&Need::items(tree, 2).deleting())?;
+            tx.reserve(&Need::items(tree, 2 + log_items(tx)).deleting())?;
             let inode = load_inode_tx(tx, tree, ino)?;
             check_deletable(tx, tree, ino)?;
             tx.delete(tree, &orphan_key(ino))?;
             self.delalloc.discard(tx, ino);
             delete_inode(tx, tree, ino)?;
             self.ghosts.bury(ino, inode);
-            Ok(())
+            self.log_name_changes(tx, &[ino])
         })
     }
 
@@ -434,7 +447,7 @@ impl Fs {
         dir::check_name(name)?;
         let tree = self.tree;
         self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, CREATE_ITEMS))?;
+            tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)))?;
             let mut p = self.parent_dir(tx, parent)?;
             let mut i = load_inode_tx(tx, tree, ino)?;
             if is_dir(i.mode) {
@@ -450,11 +463,18 @@ impl Fs {
                 .ok_or(errno(libc::EMLINK, "too many links"))?;
             let now = Timespec::now();
             dir::add(tx, tree, parent, name, ino, dtype(i.mode))?;
+            // An unnamed open file (O_TMPFILE) given a name is no longer
+            // an orphan: its last close must not delete it.
+            if i.nlink == 1 && tx.get(tree, &orphan_key(ino))?.is_some() {
+                tx.delete(tree, &orphan_key(ino))?;
+            }
             i.ctime = now;
             store_inode(tx, tree, ino, i.clone())?;
             p.mtime = now;
             p.ctime = now;
             store_inode(tx, tree, parent, p)?;
+            self.note_name(tx, parent, ino);
+            self.log_name_changes(tx, &[ino])?;
             Ok(attr(ino, &i))
         })
     }
@@ -472,7 +492,7 @@ impl Fs {
         dir::check_name(newname)?;
         let tree = self.tree;
         self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, RENAME_ITEMS))?;
+            tx.reserve(&Need::items(tree, RENAME_ITEMS + 2 * log_items(tx)))?;
             self.parent_dir(tx, parent)?;
             self.parent_dir(tx, newparent)?;
             let root = self.root_ptr_tx(tx)?;
@@ -507,7 +527,16 @@ impl Fs {
                 let dirs = (is_dir(src_inode.mode), is_dir(dst_inode.mode));
                 self.adjust_parents(tx, parent, newparent, dirs, now)?;
                 self.touch_ctime(tx, src.ino, now)?;
-                return self.touch_ctime(tx, dst.ino, now);
+                self.touch_ctime(tx, dst.ino, now)?;
+                for (dir, child) in [
+                    (parent, src.ino),
+                    (parent, dst.ino),
+                    (newparent, src.ino),
+                    (newparent, dst.ino),
+                ] {
+                    self.note_name(tx, dir, child);
+                }
+                return self.log_name_changes(tx, &[src.ino, dst.ino]);
             }
             if noreplace && dst.is_some() {
                 return Err(Error::Exists);
@@ -533,11 +562,16 @@ impl Fs {
                     store_inode(tx, tree, newparent, np)?;
                 }
                 self.drop_link(tx, d.ino, d_inode, now)?;
+                self.note_name(tx, newparent, d.ino);
             }
             dir::remove(tx, tree, parent, name)?;
             dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
             self.adjust_parents(tx, parent, newparent, (is_dir(src_inode.mode), false), now)?;
-            self.touch_ctime(tx, src.ino, now)
+            self.touch_ctime(tx, src.ino, now)?;
+            self.note_name(tx, parent, src.ino);
+            self.note_name(tx, newparent, src.ino);
+            let replaced = dst.map_or(src.ino, |d| d.ino);
+            self.log_name_changes(tx, &[src.ino, replaced])
         })
     }
 
@@ -625,6 +659,7 @@ impl Fs {
                 if self.flush_in(tx, ino, u64::MAX)? {
                     i = load_inode_tx(tx, tree, ino)?;
                 }
+                self.note_extents(tx, ino, i.size, size.min(i.size), u64::MAX);
                 let delta = file::truncate(tx, tree, ino, i.size, size)?;
                 i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
                 i.size = size;
@@ -897,6 +932,7 @@ impl Fs {
             })?;
             self.flush_in(tx, ino, u64::MAX)?;
             let mut i = load_inode_tx(tx, tree, ino)?;
+            self.note_extents(tx, ino, i.size, offset, end);
             let delta = if punch || zero {
                 self.zero_range(
                     tx,
@@ -1006,6 +1042,7 @@ impl Fs {
                 return Err(errno(libc::EINVAL, "not a regular file"));
             }
             let span = len.div_ceil(S) * S;
+            self.note_extents(tx, dst, d.size, dst_off, dst_off + span);
             let delta = file::clone_range(tx, tree, src, src_off, dst, dst_off, span)?;
             d.nbytes = (d.nbytes as i64 + delta).max(0) as u64;
             d.size = d.size.max(dst_off + len);

@@ -440,23 +440,23 @@ impl Filesystem for FuseFs {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(self.fs.sync(), reply);
+        reply_empty(self.fs.fsync(to_ino(ino)), reply);
     }
 
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(self.fs.sync(), reply);
+        reply_empty(self.fs.fsync(to_ino(ino)), reply);
     }
 
     fn readdir(

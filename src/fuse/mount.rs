@@ -44,6 +44,9 @@ pub struct MountOptions {
     /// mounts start at 128 KiB, which keeps a cold read waiting on small
     /// requests; like btrfs, Canopy asks for at least 4 MiB.
     pub readahead: u64,
+    /// fsync writes the log tree (btrfs's `treelog`, the default); off
+    /// (`notreelog`), every fsync commits the whole filesystem.
+    pub treelog: bool,
 }
 
 /// Default for the `readahead=` option.
@@ -68,6 +71,7 @@ impl Default for MountOptions {
             remount: false,
             writeback_cache: false,
             readahead: DEFAULT_READAHEAD,
+            treelog: true,
         }
     }
 }
@@ -104,6 +108,8 @@ impl MountOptions {
                 "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fsname"
                 | "subtype" => {}
                 "writeback_cache" => o.writeback_cache = true,
+                "treelog" => o.treelog = true,
+                "notreelog" => o.treelog = false,
                 "no_writeback_cache" => o.writeback_cache = false,
                 "commit" => o.commit_secs = num(value)?.max(1),
                 "cache_blocks" => o.cache_blocks = num(value)? as usize,
@@ -214,6 +220,7 @@ pub fn serve(
     )?;
     let fs = Arc::new(Fs::new(Arc::new(engine))?);
     fs.set_dirty_limit(opts.dirty_limit);
+    fs.set_log_enabled(opts.treelog);
     fs.set_atime_policy(opts.atime);
     install_signal_handlers();
     let source = image.to_string_lossy().into_owned();

@@ -29,7 +29,7 @@ mod rebalance;
 mod search;
 
 pub use mutate::{delete, insert, put, update};
-pub use search::{count_blocks, get, Cursor};
+pub use search::{block_addresses, count_blocks, get, Cursor};
 
 use crate::error::{Error, Result};
 use crate::format::node::{Body, Node, Ptr, HEADER_SIZE, ITEM_HEADER_SIZE};

@@ -45,6 +45,25 @@ pub fn count_blocks<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<u64>
     Ok(total)
 }
 
+/// Addresses of every block of the tree at `root` (reads the internal
+/// nodes only).
+pub fn block_addresses<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<Vec<u64>> {
+    let mut out = vec![root.bytenr];
+    if root.level == 0 {
+        return Ok(out);
+    }
+    let mut stack = vec![b.read_node(root.bytenr, root.generation)?];
+    while let Some(node) = stack.pop() {
+        for p in node.ptrs() {
+            out.push(p.bytenr);
+            if node.level > 1 {
+                stack.push(read_child(b, p, node.level)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Leaves per read-ahead step of a forward walk.
 const READAHEAD_LEAVES: usize = 16;
 

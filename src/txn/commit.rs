@@ -64,7 +64,7 @@ impl Engine {
         let mut io = self.wait_turn(generation - 1)?;
         if let Err(e) = self.write_out(&prepared) {
             self.fail(&e);
-            *io = generation;
+            io.generation = generation;
             self.commit_turn.notify_all();
             return Err(e);
         }
@@ -76,7 +76,8 @@ impl Engine {
             }
         }
         crate::sync::write(&self.state).alloc.unpin(prepared.pinned);
-        *io = generation;
+        io.generation = generation;
+        io.sb = prepared.sb.clone();
         self.commit_turn.notify_all();
         drop(io);
         tracing::debug!(generation, "committed");
@@ -85,9 +86,12 @@ impl Engine {
 
     /// Waits until the I/O of generation `generation` (and every earlier
     /// one) has finished; returns the I/O lock.
-    fn wait_turn(&self, generation: u64) -> Result<std::sync::MutexGuard<'_, u64>> {
+    pub(super) fn wait_turn(
+        &self,
+        generation: u64,
+    ) -> Result<std::sync::MutexGuard<'_, super::log::IoState>> {
         let mut io = crate::sync::lock(&self.commit_io);
-        while *io < generation {
+        while io.generation < generation {
             self.check_alive()?;
             io = self
                 .commit_turn
@@ -97,7 +101,7 @@ impl Engine {
         Ok(io)
     }
 
-    fn wait_written(&self, generation: u64) -> Result<u64> {
+    pub(super) fn wait_written(&self, generation: u64) -> Result<u64> {
         drop(self.wait_turn(generation)?);
         self.check_alive()?;
         Ok(generation)
@@ -121,11 +125,21 @@ impl Engine {
 /// Settles the indexes and takes the dirty blocks out of the state; None
 /// when there is nothing to commit.
 fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
-    if st.dirty.is_empty() && st.refs.is_empty() && st.dropped.is_empty() {
+    if st.dirty.is_empty()
+        && st.refs.is_empty()
+        && st.dropped.is_empty()
+        && !st.log_replayed
+        && st.log.is_none()
+    {
         return Ok(None);
     }
+    // The log ends with the transaction it served.
+    st.drop_log(sh)?;
     let mut tx = Txn::new(st, sh);
     settle(&mut tx)?;
+    st.log_durable = false;
+    st.log_replayed = false;
+    st.committed = st.roots.iter().map(|(&id, r)| (id, r.ptr)).collect();
     let dirty = std::mem::take(&mut st.dirty);
     st.frozen.clear();
     let mut blocks = Vec::with_capacity(dirty.len());
@@ -178,7 +192,7 @@ fn settle(tx: &mut Txn<'_>) -> Result<()> {
 }
 
 /// Merges blocks at adjacent addresses into larger writes.
-fn coalesce(blocks: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
+pub(super) fn coalesce(blocks: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
     let mut out: Vec<(u64, Vec<u8>)> = Vec::new();
     for (off, bytes) in blocks {
         if let Some((s, buf)) = out.last_mut() {

@@ -70,6 +70,14 @@ fn prefetch_blocks(st: &State, sh: &Shared, bytenrs: &[u64]) {
 }
 
 fn root_of(st: &State, id: u64) -> Result<RootPtr> {
+    if id == tree_id::LOG {
+        // The running transaction's log, or else one waiting for replay.
+        let log = st.log.as_ref().map(|l| l.ptr);
+        let pending = st.pending_log.as_ref().map(|p| p.ptr);
+        return log
+            .or(pending)
+            .ok_or_else(|| Error::Invalid("there is no log tree".into()));
+    }
     st.roots
         .get(&id)
         .map(|r| r.ptr)
@@ -207,9 +215,16 @@ impl<'a> Txn<'a> {
         let mut ptr = self.root_of(id)?;
         let before = ptr;
         self.st.changes += 1;
+        if id == tree_id::LOG && self.st.log.is_none() {
+            return Err(Error::Invalid("the log found at open is read-only".into()));
+        }
         let r = f(self, &mut ptr);
         if ptr != before {
-            if let Some(rs) = self.st.roots.get_mut(&id) {
+            if id == tree_id::LOG {
+                if let Some(l) = self.st.log.as_mut() {
+                    l.ptr = ptr;
+                }
+            } else if let Some(rs) = self.st.roots.get_mut(&id) {
                 rs.ptr = ptr;
                 rs.dirty = true;
             }
@@ -443,7 +458,9 @@ impl<'a> Txn<'a> {
         len: u64,
         never_committed: bool,
     ) -> Result<()> {
-        self.st.alloc.free(bytenr, len, never_committed)
+        // A durable log may name what was never committed (see `log`).
+        let reusable = never_committed && !self.st.log_durable;
+        self.st.alloc.free(bytenr, len, reusable)
     }
 }
 
@@ -482,12 +499,19 @@ impl BlockWrite for Txn<'_> {
         let ns = self.sh.nodesize as u64;
         let kind = Allocator::kind_for_tree(owner);
         let (bytenr, _) = self.st.alloc.alloc(kind, ns, ns, hint)?;
-        if !tree_id::is_shareable(owner) {
+        if owner == tree_id::LOG {
+            // No extent item: the commit frees the log's blocks as a set.
+            if let Some(l) = self.st.log.as_mut() {
+                l.blocks.insert(bytenr);
+            }
+        } else if !tree_id::is_shareable(owner) {
             *self.st.tree_blocks.entry(owner).or_insert(0) += 1;
         }
-        self.st
-            .refs
-            .new_extent(bytenr, ns, ExtentKind::Tree { owner, level });
+        if owner != tree_id::LOG {
+            self.st
+                .refs
+                .new_extent(bytenr, ns, ExtentKind::Tree { owner, level });
+        }
         let body = if level == 0 {
             Body::Leaf(Vec::new())
         } else {
@@ -507,6 +531,14 @@ impl BlockWrite for Txn<'_> {
     }
 
     fn block_ref(&mut self, child: u64, holder: Holder, delta: i64) {
+        // The log holds no references (see `log`).
+        let from_log = match holder {
+            Holder::Root(id) => id == tree_id::LOG,
+            Holder::Parent(p) => self.st.is_log_block(p),
+        };
+        if from_log {
+            return;
+        }
         let h = match holder {
             Holder::Parent(p) => RefHolder::TreeParent(p),
             Holder::Root(id) => RefHolder::TreeRoot(id),
@@ -516,6 +548,9 @@ impl BlockWrite for Txn<'_> {
     }
 
     fn data_ref(&mut self, bytenr: u64, len: u64, leaf: u64, delta: i64) {
+        if self.st.is_log_block(leaf) {
+            return;
+        }
         self.st
             .refs
             .add(bytenr, len, RefHolder::DataLeaf(leaf), delta);

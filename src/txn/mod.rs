@@ -23,6 +23,7 @@
 
 mod commit;
 mod ctx;
+mod log;
 mod open;
 mod persist;
 mod space;
@@ -76,6 +77,19 @@ pub(crate) struct State {
     /// Counts changes to the trees and the allocator, so a failed
     /// operation can tell whether it changed anything.
     pub changes: u64,
+    /// The running transaction's log tree (see `log`).
+    pub log: Option<log::LogTree>,
+    /// A log found at open, waiting for the fs layer to replay it.
+    pub pending_log: Option<log::PendingLog>,
+    /// A log of this transaction reached the disk: frees stay pinned
+    /// until the commit is durable.
+    pub log_durable: bool,
+    /// Tree roots as the last prepared commit has them: what a crash
+    /// would find, before the log is replayed.
+    pub committed: BTreeMap<u64, RootPtr>,
+    /// A replay finished: the next commit must write a superblock
+    /// without the log even if no tree changed.
+    pub log_replayed: bool,
 }
 
 /// What readers and the commit I/O share outside the state lock.
@@ -125,7 +139,7 @@ pub struct Engine {
     state: RwLock<State>,
     /// The commit I/O lock, holding the generation whose I/O finished
     /// last: commits write strictly in generation order (see commit.rs).
-    commit_io: Mutex<u64>,
+    commit_io: Mutex<log::IoState>,
     commit_turn: Condvar,
     failed: Mutex<Option<String>>,
     read_only: bool,

@@ -103,7 +103,11 @@ fn new_engine(
             nodesize,
             reported: Mutex::new(HashSet::new()),
         },
-        commit_io: Mutex::new(st.transid - 1),
+        commit_io: Mutex::new(super::log::IoState {
+            generation: st.transid - 1,
+            sb: st.sb.clone(),
+            log: None,
+        }),
         commit_turn: Condvar::new(),
         state: RwLock::new(st),
         failed: Mutex::new(None),
@@ -126,6 +130,11 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         data_reserved: 0,
         tree_blocks: Default::default(),
         changes: 0,
+        log: None,
+        pending_log: None,
+        log_durable: false,
+        log_replayed: false,
+        committed: BTreeMap::new(),
     }
 }
 
@@ -216,6 +225,8 @@ impl Engine {
             load_roots(&mut st, &engine.shared, root)?;
             load_space(&mut st, &engine.shared)?;
             count_tree_blocks(&mut st, &engine.shared)?;
+            st.committed = st.roots.iter().map(|(&id, r)| (id, r.ptr)).collect();
+            super::log::load_pending(&mut st, &engine.shared)?;
         }
         Ok(engine)
     }

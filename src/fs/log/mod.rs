@@ -1,0 +1,493 @@
+//! fsync through the log tree: what goes into the log, and when.
+//!
+//! fsync of an inode writes its buffered data, then copies into the log
+//! tree (`txn::log` stores it) only that inode's state, and makes the log
+//! durable with one barrier pair and a superblock write: no commit.
+//!
+//! An inode is logged in one of three modes (the `LOG_INODE` item):
+//!
+//! - **Full** (fsync of the inode itself): its inode item, every name
+//!   (INODE_REF/EXTREF items), every xattr, and for its data the file
+//!   ranges changed in this transaction as `LOG_RANGE` items, each with
+//!   the extent items covering it and the checksums of extents written in
+//!   this transaction. Other inodes than regular files log all extents.
+//! - **Names** (an inode whose names the log must carry): its inode item
+//!   and every name. Replay creates it if the last commit lacks it, but
+//!   never replaces the committed item of an existing one.
+//! - **Gone**: the inode no longer exists; replay deletes it.
+//!
+//! A logged inode's names are always *all* of its names, so replay gives
+//! it exactly those: a file renamed and fsynced has the new name only.
+//! Whose names the log also carries:
+//!
+//! - the ancestors changed in this transaction (new or renamed
+//!   directories), up to the first unchanged one, so an fsynced file is
+//!   reachable after replay;
+//! - for each name of a logged inode that the last commit gave to another
+//!   inode still alive (renamed away, as editors do with `file~`), that
+//!   other inode, so replay does not take its only name;
+//! - for an fsynced directory, every child whose name in it changed in
+//!   this transaction, so its entries are durable.
+//!
+//! Seed 003's rule: rename, link and unlink touch the log only for inodes
+//! logged in the running transaction, known from an in-memory marker
+//! ([`Tracking`]), never by searching the log. For those, the log's copy
+//! of the names is brought up to date at once, so the log never holds two
+//! inodes claiming one name.
+
+mod replay;
+
+use super::{dir, file, load_inode_tx, Fs};
+use crate::error::{Error, Result};
+use crate::format::inode::{DirEntry, InodeItem, ROOT_DIR_INO};
+use crate::format::key_type::{
+    EXTENT_CSUM, EXTENT_DATA, INODE_EXTREF, INODE_ITEM, INODE_REF, LOG_INODE, LOG_RANGE, XATTR_ITEM,
+};
+use crate::format::tree_id::{CSUM, LOG};
+use crate::format::{Key, CSUM_OBJECTID};
+use crate::txn::{Need, Txn};
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+pub(crate) use replay::replay;
+
+/// `LOG_INODE` values.
+pub(crate) const MODE_FULL: u8 = 0;
+pub(crate) const MODE_NAMES: u8 = 1;
+pub(crate) const MODE_GONE: u8 = 2;
+
+/// Tree items a names update of one inode may change in the log.
+pub(crate) const NAME_LOG_ITEMS: u64 = 8;
+
+/// What the running transaction changed, per inode, for logging. Reset
+/// when the transaction number moves on (its commit made it all durable).
+#[derive(Default)]
+pub(crate) struct Tracking {
+    inner: Mutex<Tracked>,
+}
+
+#[derive(Default)]
+struct Tracked {
+    transid: u64,
+    inodes: HashMap<u64, Changes>,
+    /// A log update failed after its operation had changed the trees:
+    /// the log may disagree with them, so fsync commits instead.
+    stale: bool,
+}
+
+#[derive(Default)]
+struct Changes {
+    /// Logged in this transaction (seed 003's marker).
+    logged: bool,
+    /// File ranges whose extents changed since the inode was last logged.
+    ranges: Vec<(u64, u64)>,
+    /// Children whose names in this directory changed.
+    children: HashSet<u64>,
+}
+
+impl Tracking {
+    fn with<R>(&self, transid: u64, f: impl FnOnce(&mut Tracked) -> R) -> R {
+        let mut t = crate::sync::lock(&self.inner);
+        if transid > t.transid {
+            t.transid = transid;
+            t.inodes.clear();
+            t.stale = false;
+        }
+        f(&mut t)
+    }
+
+    /// The extents of `[start, end)` of `ino` changed.
+    pub(crate) fn changed(&self, transid: u64, ino: u64, start: u64, end: u64) {
+        self.with(transid, |t| {
+            let r = &mut t.inodes.entry(ino).or_default().ranges;
+            match r.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => r.push((start, end)),
+            }
+            if r.len() > 4096 {
+                *r = merge(std::mem::take(r));
+            }
+        });
+    }
+
+    /// The name of `child` in directory `dir` changed.
+    pub(crate) fn touched(&self, transid: u64, dir: u64, child: u64) {
+        self.with(transid, |t| {
+            t.inodes.entry(dir).or_default().children.insert(child);
+        });
+    }
+
+    pub(crate) fn is_logged(&self, transid: u64, ino: u64) -> bool {
+        self.with(transid, |t| t.inodes.get(&ino).is_some_and(|c| c.logged))
+    }
+
+    fn mark_logged(&self, transid: u64, ino: u64) {
+        self.with(transid, |t| t.inodes.entry(ino).or_default().logged = true);
+    }
+
+    fn take_ranges(&self, transid: u64, ino: u64) -> Vec<(u64, u64)> {
+        self.with(transid, |t| {
+            t.inodes
+                .get_mut(&ino)
+                .map(|c| merge(std::mem::take(&mut c.ranges)))
+                .unwrap_or_default()
+        })
+    }
+
+    fn children(&self, transid: u64, dir: u64) -> Vec<u64> {
+        self.with(transid, |t| {
+            t.inodes
+                .get(&dir)
+                .map(|c| c.children.iter().copied().collect())
+                .unwrap_or_default()
+        })
+    }
+
+    fn set_stale(&self, transid: u64) {
+        self.with(transid, |t| t.stale = true);
+    }
+
+    fn is_stale(&self, transid: u64) -> bool {
+        self.with(transid, |t| t.stale)
+    }
+}
+
+/// Sorted, merged ranges.
+fn merge(mut r: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    r.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(r.len());
+    for (s, e) in r {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// Edits to the log, gathered before any is made so the space they need
+/// can be reserved first.
+#[derive(Default)]
+struct Batch {
+    /// Key ranges `[start, end)` of the log to clear.
+    clear: Vec<(Key, Key)>,
+    /// File ranges of the log to cut out: (ino, start, end).
+    punch: Vec<(u64, u64, u64)>,
+    puts: Vec<(Key, Vec<u8>)>,
+}
+
+impl Batch {
+    /// Room for the edits, sized by `tree`'s height (the log's own is no
+    /// greater than that of the fs tree it copies from).
+    fn need(&self, tree: u64) -> Need {
+        let bytes: u64 = self.puts.iter().map(|(_, d)| d.len() as u64 + 40).sum();
+        let items = self.puts.len() + 2 * self.punch.len() + self.clear.len() + 2;
+        Need::items(tree, items as u64).payload(bytes)
+    }
+
+    fn apply(self, tx: &mut Txn<'_>) -> Result<()> {
+        for (start, end) in self.clear {
+            for (k, _) in tx.range(LOG, &start, &end)? {
+                tx.delete(LOG, &k)?;
+            }
+        }
+        for (ino, s, e) in self.punch {
+            file::punch(tx, LOG, ino, s, e)?;
+        }
+        for (k, d) in self.puts {
+            tx.put(LOG, k, d)?;
+        }
+        Ok(())
+    }
+}
+
+/// An item of the running transaction's log, if it has one.
+fn log_get(tx: &Txn<'_>, key: &Key) -> Result<Option<Vec<u8>>> {
+    if tx.has_log() {
+        tx.get(LOG, key)
+    } else {
+        Ok(None)
+    }
+}
+
+fn keys_of(ino: u64, ty: u8) -> (Key, Key) {
+    (Key::new(ino, ty, 0), Key::new(ino, ty + 1, 0))
+}
+
+/// Copies the raw items `[start, end)` of the fs tree.
+fn copy_items(tx: &Txn<'_>, tree: u64, start: Key, end: Key) -> Result<Vec<(Key, Vec<u8>)>> {
+    tx.range(tree, &start, &end)
+}
+
+impl Fs {
+    /// fsync(2) and fdatasync(2) of `ino`: its data and the log entries
+    /// that make it (and the names that reach it) survive a crash.
+    pub fn fsync(&self, ino: u64) -> Result<()> {
+        if !self.log_enabled() {
+            return self.sync();
+        }
+        self.flush_file(ino)?;
+        let logged = self.engine.write(|tx| {
+            if !tx.has_pending_log() && self.tracking.is_stale(tx.transid()) {
+                return Err(Error::NoSpace);
+            }
+            self.log_inode(tx, ino)
+        });
+        match logged {
+            Ok(true) => self.engine.sync_log(),
+            // Unchanged since the last commit: durable once it is written.
+            Ok(false) | Err(Error::NotFound) => self.engine.wait_prepared(),
+            // No room for the log (or it is stale): a commit does it all.
+            Err(Error::NoSpace | Error::Invalid(_)) => self.sync(),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Logs `ino` in full; false when it did not change in this
+    /// transaction (nothing to log).
+    fn log_inode(&self, tx: &mut Txn<'_>, ino: u64) -> Result<bool> {
+        let transid = tx.transid();
+        let inode = load_inode_tx(tx, self.tree, ino)?;
+        if inode.transid < transid {
+            return Ok(false);
+        }
+        let mut batch = Batch::default();
+        self.plan_full(tx, ino, &inode, &mut batch)?;
+        let mut visited = HashSet::from([ino]);
+        let mut extra = Vec::new();
+        self.plan_related(tx, ino, &mut visited, &mut extra)?;
+        if super::is_dir(inode.mode) {
+            for child in self.tracking.children(transid, ino) {
+                if visited.insert(child) {
+                    extra.push(child);
+                }
+            }
+        }
+        // Names of everything related, found transitively.
+        while let Some(other) = extra.pop() {
+            match load_inode_tx(tx, self.tree, other) {
+                Ok(i) => {
+                    self.plan_names(tx, other, &i, &mut batch)?;
+                    self.plan_related(tx, other, &mut visited, &mut extra)?;
+                }
+                Err(Error::NotFound) => plan_gone(other, &mut batch),
+                Err(e) => return Err(e),
+            }
+            self.tracking.mark_logged(transid, other);
+        }
+        // Room first: ENOSPC must come before the log changes anything.
+        tx.reserve(&batch.need(self.tree))?;
+        tx.ensure_log()?;
+        batch.apply(tx)?;
+        self.tracking.mark_logged(transid, ino);
+        Ok(true)
+    }
+
+    /// Inodes whose names must be logged with `ino`'s: its ancestors
+    /// changed in this transaction, and the live holders of its names in
+    /// the last commit.
+    fn plan_related(
+        &self,
+        tx: &Txn<'_>,
+        ino: u64,
+        visited: &mut HashSet<u64>,
+        out: &mut Vec<u64>,
+    ) -> Result<()> {
+        let root = tx.root_of(self.tree)?;
+        let committed = tx.committed_root(self.tree);
+        for r in dir::refs_of(tx, &root, ino)? {
+            let parent = r.ino;
+            if parent != ROOT_DIR_INO && !visited.contains(&parent) {
+                let p = load_inode_tx(tx, self.tree, parent)?;
+                if p.transid >= tx.transid() {
+                    visited.insert(parent);
+                    out.push(parent);
+                }
+            }
+            let Some(croot) = committed else { continue };
+            if let Some(old) = dir::lookup(tx, &croot, parent, &r.name)? {
+                if old.ino != ino
+                    && !visited.contains(&old.ino)
+                    && tx.get(self.tree, &super::inode_key(old.ino))?.is_some()
+                {
+                    visited.insert(old.ino);
+                    out.push(old.ino);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The full record of `ino` (see the module doc).
+    fn plan_full(
+        &self,
+        tx: &Txn<'_>,
+        ino: u64,
+        inode: &InodeItem,
+        batch: &mut Batch,
+    ) -> Result<()> {
+        let tree = self.tree;
+        for ty in [INODE_ITEM, INODE_REF, INODE_EXTREF, XATTR_ITEM, LOG_INODE] {
+            batch.clear.push(keys_of(ino, ty));
+        }
+        batch
+            .puts
+            .push((Key::new(ino, LOG_INODE, 0), vec![MODE_FULL]));
+        batch.puts.push((super::inode_key(ino), inode.encode()));
+        for ty in [INODE_REF, INODE_EXTREF, XATTR_ITEM] {
+            let (s, e) = keys_of(ino, ty);
+            batch.puts.extend(copy_items(tx, tree, s, e)?);
+        }
+        let ranges = if inode.mode & libc::S_IFMT == libc::S_IFREG {
+            self.tracking.take_ranges(tx.transid(), ino)
+        } else if super::is_dir(inode.mode) {
+            Vec::new()
+        } else {
+            vec![(0, u64::MAX)]
+        };
+        let root = tx.root_of(tree)?;
+        for (s, e) in ranges {
+            batch.punch.push((ino, s, e));
+            // Ranges may overlap; replay covers their union.
+            let range_key = Key::new(ino, LOG_RANGE, s);
+            let logged_end = log_get(tx, &range_key)?
+                .and_then(|d| d.try_into().ok().map(u64::from_le_bytes))
+                .unwrap_or(0);
+            batch
+                .puts
+                .push((range_key, e.max(logged_end).to_le_bytes().to_vec()));
+            for (k, fe) in file::items_in(tx, &root, ino, s, e)? {
+                let from = k.max(s);
+                let to = (k + file::item_len(&fe)).min(e);
+                if from >= to {
+                    continue;
+                }
+                let part = file::slice(&fe, from - k, to - from);
+                if let Some((bytenr, _)) = part.disk_extent() {
+                    if tx.is_new_extent(bytenr) {
+                        let ck = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
+                        if let Some(sums) = tx.get(CSUM, &ck)? {
+                            batch.puts.push((ck, sums));
+                        }
+                    }
+                }
+                batch
+                    .puts
+                    .push((Key::new(ino, EXTENT_DATA, from), part.encode()));
+            }
+        }
+        Ok(())
+    }
+
+    /// `ino`'s names, and its inode item unless the log has its full
+    /// record already.
+    fn plan_names(
+        &self,
+        tx: &Txn<'_>,
+        ino: u64,
+        inode: &InodeItem,
+        batch: &mut Batch,
+    ) -> Result<()> {
+        let tree = self.tree;
+        let kind = inode.mode & libc::S_IFMT;
+        if kind != libc::S_IFREG && kind != libc::S_IFDIR {
+            // Symlinks and special files are tiny: log them whole.
+            return self.plan_full(tx, ino, inode, batch);
+        }
+        let logged = log_get(tx, &Key::new(ino, LOG_INODE, 0))?;
+        for ty in [INODE_REF, INODE_EXTREF] {
+            batch.clear.push(keys_of(ino, ty));
+            let (s, e) = keys_of(ino, ty);
+            batch.puts.extend(copy_items(tx, tree, s, e)?);
+        }
+        match logged.as_deref() {
+            Some([MODE_FULL]) => {
+                // Keep the logged item (its size goes with its logged
+                // data); only the link count follows the names.
+                if let Some(d) = log_get(tx, &super::inode_key(ino))? {
+                    if let Ok(mut old) = InodeItem::decode(&d) {
+                        old.nlink = inode.nlink;
+                        batch.puts.push((super::inode_key(ino), old.encode()));
+                    }
+                }
+            }
+            _ => {
+                batch.clear.push(keys_of(ino, LOG_INODE));
+                batch
+                    .puts
+                    .push((Key::new(ino, LOG_INODE, 0), vec![MODE_NAMES]));
+                batch.puts.push((super::inode_key(ino), inode.encode()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Seed 003's rule, called by rename, link and unlink inside their
+    /// transaction after they changed the names of `inos`: only inodes
+    /// logged in this transaction have their logged names brought up to
+    /// date. A failure here cannot undo the operation, so it marks the
+    /// log stale (the next fsync commits) instead of failing it.
+    pub(crate) fn log_name_changes(&self, tx: &mut Txn<'_>, inos: &[u64]) -> Result<()> {
+        let transid = tx.transid();
+        let logged: Vec<u64> = inos
+            .iter()
+            .copied()
+            .filter(|&i| self.tracking.is_logged(transid, i))
+            .collect();
+        if logged.is_empty() || !tx.has_log() {
+            return Ok(());
+        }
+        let mut batch = Batch::default();
+        for ino in logged {
+            match load_inode_tx(tx, self.tree, ino) {
+                // With no names (unlinked but open), replay deletes it.
+                Ok(i) => self.plan_names(tx, ino, &i, &mut batch)?,
+                Err(Error::NotFound) => plan_gone(ino, &mut batch),
+                Err(e) => return Err(e),
+            }
+        }
+        let applied = tx
+            .reserve(&batch.need(self.tree))
+            .and_then(|()| batch.apply(tx));
+        match applied {
+            Err(Error::NoSpace) => {
+                self.tracking.set_stale(transid);
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// Notes that `[start, end)` of `ino`'s extents changed (for the next
+    /// fsync's log). A file that is, or was, small enough to be inline has
+    /// its whole range noted: its one item covers it all.
+    pub(crate) fn note_extents(&self, tx: &Txn<'_>, ino: u64, old_size: u64, start: u64, end: u64) {
+        const S: u64 = crate::format::SECTORSIZE as u64;
+        let (s, e) = if old_size <= file::INLINE_MAX {
+            (0, u64::MAX)
+        } else {
+            (start / S * S, end.div_ceil(S).saturating_mul(S))
+        };
+        self.tracking.changed(tx.transid(), ino, s, e);
+    }
+
+    /// Notes that `child`'s name in `dir` changed (for a directory fsync).
+    pub(crate) fn note_name(&self, tx: &Txn<'_>, dir: u64, child: u64) {
+        self.tracking.touched(tx.transid(), dir, child);
+    }
+}
+
+/// The log's record of an inode that no longer exists.
+fn plan_gone(ino: u64, batch: &mut Batch) {
+    batch
+        .clear
+        .push((Key::new(ino, 0, 0), Key::new(ino.saturating_add(1), 0, 0)));
+    batch
+        .puts
+        .push((Key::new(ino, LOG_INODE, 0), vec![MODE_GONE]));
+}
+
+/// Every name in `entries` as (parent, name).
+pub(crate) fn name_set(entries: &[DirEntry]) -> HashSet<(u64, Vec<u8>)> {
+    entries.iter().map(|e| (e.ino, e.name.clone())).collect()
+}

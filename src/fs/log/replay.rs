@@ -1,0 +1,269 @@
+//! Replaying a log found at open, before anything else uses the
+//! filesystem (the parent module describes what the log holds).
+//!
+//! In four passes, inside one transaction that is then committed:
+//! 1. inode items, xattrs and data of inodes logged in full; inode items
+//!    of inodes logged for their names that the last commit lacks;
+//! 2. names: every logged inode gets exactly its logged names (a name the
+//!    last commit gave another inode is taken from it);
+//! 3. inodes logged as gone lose their names;
+//! 4. link counts of every inode touched are recounted from its names;
+//!    a file left with none is deleted, as an unlinked file is.
+
+use super::{name_set, MODE_FULL, MODE_GONE, MODE_NAMES};
+use crate::error::{Error, Result};
+use crate::format::inode::{DirEntry, InodeItem, ROOT_DIR_INO};
+use crate::format::items::FileExtentItem;
+use crate::format::key_type::{
+    EXTENT_CSUM, EXTENT_DATA, INODE_EXTREF, INODE_ITEM, INODE_REF, LOG_INODE, LOG_RANGE, XATTR_ITEM,
+};
+use crate::format::tree_id::{CSUM, LOG};
+use crate::format::{Key, CSUM_OBJECTID};
+use crate::fs::{checked, dir, file, inode_key, is_dir, load_inode_tx, store_inode};
+use crate::txn::Txn;
+use crate::Engine;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What the log holds for one inode.
+#[derive(Default)]
+struct Logged {
+    mode: Option<u8>,
+    inode: Option<InodeItem>,
+    refs: Vec<DirEntry>,
+    xattrs: Vec<(Key, Vec<u8>)>,
+    ranges: Vec<(u64, u64)>,
+    extents: Vec<(Key, FileExtentItem)>,
+}
+
+/// Replays the log the engine found at open, if any, and commits.
+pub(crate) fn replay(engine: &Engine, tree: u64) -> Result<()> {
+    if !engine.has_pending_log() {
+        return Ok(());
+    }
+    engine.replay_write(|tx| {
+        let logged = read_log(tx)?;
+        let count = logged.0.len();
+        apply(tx, tree, logged)?;
+        tx.finish_replay();
+        tracing::info!(inodes = count, "replayed the log tree");
+        Ok(())
+    })?;
+    if !engine.is_read_only() {
+        engine.commit()?;
+    }
+    Ok(())
+}
+
+type Csums = Vec<(Key, Vec<u8>)>;
+
+fn bad(key: &Key, reason: impl Into<String>) -> Error {
+    Error::BadItem {
+        key: *key,
+        reason: reason.into(),
+    }
+}
+
+/// Every item of the log, checked and grouped by inode.
+fn read_log(tx: &Txn<'_>) -> Result<(BTreeMap<u64, Logged>, Csums)> {
+    let mut by_ino: BTreeMap<u64, Logged> = BTreeMap::new();
+    let mut csums = Vec::new();
+    for (k, d) in tx.range(LOG, &Key::MIN, &Key::MAX)? {
+        let d = checked(tx, &k, &d)?;
+        if k.objectid == CSUM_OBJECTID && k.ty == EXTENT_CSUM {
+            csums.push((k, d.to_vec()));
+            continue;
+        }
+        let l = by_ino.entry(k.objectid).or_default();
+        match k.ty {
+            LOG_INODE => l.mode = d.first().copied(),
+            INODE_ITEM => l.inode = Some(InodeItem::decode(d).map_err(|e| bad(&k, e))?),
+            INODE_REF | INODE_EXTREF => l
+                .refs
+                .extend(DirEntry::decode_all(d).map_err(|e| bad(&k, e))?),
+            XATTR_ITEM => l.xattrs.push((k, d.to_vec())),
+            LOG_RANGE => {
+                let end = d.try_into().map(u64::from_le_bytes).unwrap_or(k.offset);
+                l.ranges.push((k.offset, end));
+            }
+            EXTENT_DATA => {
+                let fe = FileExtentItem::decode(d).map_err(|e| bad(&k, e))?;
+                l.extents.push((k, fe));
+            }
+            _ => return Err(bad(&k, "item of a kind the log does not hold")),
+        }
+    }
+    for (ino, l) in &by_ino {
+        let complete = match l.mode {
+            Some(MODE_GONE) => true,
+            Some(MODE_FULL | MODE_NAMES) => l.inode.is_some(),
+            _ => false,
+        };
+        if !complete {
+            return Err(bad(
+                &Key::new(*ino, LOG_INODE, 0),
+                "logged inode without its mode or inode item",
+            ));
+        }
+    }
+    Ok((by_ino, csums))
+}
+
+fn apply(
+    tx: &mut Txn<'_>,
+    tree: u64,
+    (logged, csums): (BTreeMap<u64, Logged>, Csums),
+) -> Result<()> {
+    for (&ino, l) in &logged {
+        restore_inode(tx, tree, ino, l)?;
+    }
+    for (k, sums) in csums {
+        if tx.get(CSUM, &k)?.is_none() {
+            tx.put(CSUM, k, sums)?;
+        }
+    }
+    let mut touched = BTreeSet::new();
+    for (&ino, l) in &logged {
+        if l.mode != Some(MODE_GONE) && ino != ROOT_DIR_INO {
+            restore_names(tx, tree, ino, &l.refs, &mut touched)?;
+        }
+    }
+    for (&ino, l) in &logged {
+        if l.mode == Some(MODE_GONE) && ino != ROOT_DIR_INO {
+            restore_names(tx, tree, ino, &[], &mut touched)?;
+        }
+    }
+    for ino in touched {
+        recount_links(tx, tree, ino)?;
+    }
+    Ok(())
+}
+
+/// Pass 1 for one inode.
+fn restore_inode(tx: &mut Txn<'_>, tree: u64, ino: u64, l: &Logged) -> Result<()> {
+    let Some(item) = l.inode.clone() else {
+        return Ok(());
+    };
+    let exists = tx.get(tree, &inode_key(ino))?.is_some();
+    match l.mode {
+        Some(MODE_FULL) => {}
+        Some(MODE_NAMES) if !exists => {
+            // Created in the lost transaction; its data was not logged.
+            let mut item = item;
+            if item.mode & libc::S_IFMT == libc::S_IFREG {
+                item.size = 0;
+                item.nbytes = 0;
+            }
+            return store_inode(tx, tree, ino, item);
+        }
+        _ => return Ok(()),
+    }
+    store_inode(tx, tree, ino, item)?;
+    let (s, e) = (
+        Key::new(ino, XATTR_ITEM, 0),
+        Key::new(ino, XATTR_ITEM + 1, 0),
+    );
+    for (k, _) in tx.range(tree, &s, &e)? {
+        tx.delete(tree, &k)?;
+    }
+    for (k, d) in &l.xattrs {
+        tx.put(tree, *k, d.clone())?;
+    }
+    for &(s, e) in &l.ranges {
+        file::punch(tx, tree, ino, s, e)?;
+    }
+    for (k, fe) in &l.extents {
+        if let Some((bytenr, len)) = fe.disk_extent() {
+            tx.claim_logged_extent(bytenr, len)?;
+        }
+        tx.put(tree, *k, fe.encode())?;
+    }
+    Ok(())
+}
+
+/// Gives `ino` exactly the names `want`: (parent, name) pairs.
+fn restore_names(
+    tx: &mut Txn<'_>,
+    tree: u64,
+    ino: u64,
+    want: &[DirEntry],
+    touched: &mut BTreeSet<u64>,
+) -> Result<()> {
+    if tx.get(tree, &inode_key(ino))?.is_none() {
+        return Ok(());
+    }
+    touched.insert(ino);
+    let root = tx.root_of(tree)?;
+    let have = dir::refs_of(tx, &root, ino)?;
+    let wanted = name_set(want);
+    for e in &have {
+        if !wanted.contains(&(e.ino, e.name.clone())) {
+            dir::remove(tx, tree, e.ino, &e.name)?;
+            touched.insert(e.ino);
+        }
+    }
+    let had = name_set(&have);
+    for e in want {
+        if had.contains(&(e.ino, e.name.clone())) {
+            continue;
+        }
+        let parent = e.ino;
+        match load_inode_tx(tx, tree, parent) {
+            Ok(p) if is_dir(p.mode) => {}
+            _ => {
+                tracing::error!(
+                    ino,
+                    parent,
+                    "logged name in a directory that does not exist"
+                );
+                continue;
+            }
+        }
+        let root = tx.root_of(tree)?;
+        if let Some(other) = dir::lookup(tx, &root, parent, &e.name)? {
+            dir::remove(tx, tree, parent, &e.name)?;
+            touched.insert(other.ino);
+        }
+        dir::add_at(tx, tree, parent, &e.name, ino, e.kind, e.index)?;
+        touched.insert(parent);
+    }
+    Ok(())
+}
+
+/// Pass 4: a file's link count is its number of names, and with none it
+/// goes; a directory's is 2 plus its subdirectories.
+fn recount_links(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
+    let mut inode = match load_inode_tx(tx, tree, ino) {
+        Err(Error::NotFound) => return Ok(()),
+        r => r?,
+    };
+    let root = tx.root_of(tree)?;
+    let names = dir::refs_of(tx, &root, ino)?.len();
+    let orphan = crate::fs::ops::orphan_key(ino);
+    if names == 0 && ino != ROOT_DIR_INO {
+        if is_dir(inode.mode) && !dir::is_empty(tx, &root, ino)? {
+            tracing::error!(ino, "log replay left a directory with entries and no name");
+            return Ok(());
+        }
+        if tx.get(tree, &orphan)?.is_some() {
+            tx.delete(tree, &orphan)?;
+        }
+        return crate::fs::ops::delete_inode(tx, tree, ino);
+    }
+    let nlink = if is_dir(inode.mode) {
+        let subdirs = dir::list(tx, &root, ino, 0, usize::MAX)?
+            .iter()
+            .filter(|e| e.kind == crate::fs::dtype(libc::S_IFDIR))
+            .count();
+        2 + subdirs as u32
+    } else {
+        names as u32
+    };
+    if tx.get(tree, &orphan)?.is_some() {
+        tx.delete(tree, &orphan)?;
+    }
+    if inode.nlink != nlink {
+        inode.nlink = nlink;
+        store_inode(tx, tree, ino, inode)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,363 @@
+//! The log tree's storage: where fsync puts the changes of a few inodes so
+//! they are durable without a commit (seed mail 003, btrfs's tree-log).
+//!
+//! The log is a B+tree like any other, edited through [`Txn`] as tree
+//! [`tree_id::LOG`], with three differences:
+//!
+//! - **No references.** Its blocks get no extent items and its leaves hold
+//!   no data references; every block allocated for the log of a
+//!   transaction is listed, and the commit that ends the transaction frees
+//!   them all at once (pinned: the durable superblock still names the log
+//!   until the commit's own superblock replaces it).
+//! - **Written by fsync, not by the commit.** [`Engine::sync_log`] writes
+//!   the log's dirty blocks, a barrier, and every superblock copy of the
+//!   *last written commit* with the log's root added, and a barrier. A
+//!   written block is clean from then on, so a later edit copies it rather
+//!   than overwrite what the durable superblock reaches.
+//! - **Frees pinned while it is durable.** A commit that follows a durable
+//!   log keeps everything it frees pinned, so no data extent the log names
+//!   is reused before the log is gone from the disk.
+//!
+//! Each log belongs to one transaction: its superblock carries the root of
+//! the commit before it, and the commit of that transaction drops it. A
+//! log found at open stays *pending* until the fs layer replays it
+//! (`fs::log::replay`); until then its blocks and the new data extents it
+//! names are kept out of the allocator, and commits carry it on.
+
+use super::{Engine, State, Txn};
+use crate::error::{Error, Result};
+use crate::format::key_type::{EXTENT_DATA, EXTENT_ITEM};
+use crate::format::node::Node;
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_TREE};
+use crate::format::{tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
+use crate::tree::{Cursor, RootPtr};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// The log of the running transaction.
+pub(crate) struct LogTree {
+    pub ptr: RootPtr,
+    /// Every block allocated for it in this transaction.
+    pub blocks: HashSet<u64>,
+}
+
+/// A log found at open and not replayed yet.
+pub(crate) struct PendingLog {
+    pub ptr: RootPtr,
+    /// Its blocks, kept out of the allocator until the replay commits.
+    pub blocks: Vec<u64>,
+    /// Data extents it names that no extent item records (written after
+    /// the last commit), kept out of the allocator until the replay
+    /// claims them.
+    pub extents: Vec<(u64, u64)>,
+}
+
+/// What the commit I/O lock guards: how far the commits have written.
+pub(crate) struct IoState {
+    /// Generation whose I/O finished last.
+    pub generation: u64,
+    /// Its superblock, which a log write repeats with the log's root.
+    pub sb: Superblock,
+    /// The last log root written: (transaction, address).
+    pub log: Option<(u64, u64)>,
+}
+
+impl State {
+    /// Whether `bytenr` is a block of the running transaction's log.
+    pub(crate) fn is_log_block(&self, bytenr: u64) -> bool {
+        self.log
+            .as_ref()
+            .is_some_and(|l| l.blocks.contains(&bytenr))
+    }
+
+    /// Drops the running transaction's log at its commit: unwritten blocks
+    /// are forgotten, and every block's space is freed pinned. Frees stay
+    /// pinned for the rest of the commit (`log_durable`).
+    pub(crate) fn drop_log(&mut self, sh: &super::Shared) -> Result<()> {
+        let Some(log) = self.log.take() else {
+            return Ok(());
+        };
+        let ns = sh.nodesize as u64;
+        for b in log.blocks {
+            self.dirty.remove(&b);
+            sh.cache.remove(b);
+            self.alloc.free(b, ns, false)?;
+        }
+        Ok(())
+    }
+}
+
+impl Txn<'_> {
+    /// Starts the running transaction's log if it has none.
+    pub fn ensure_log(&mut self) -> Result<()> {
+        if self.st.pending_log.is_some() {
+            return Err(Error::Invalid(
+                "the log found at open has not been replayed".into(),
+            ));
+        }
+        if self.st.log.is_some() {
+            return Ok(());
+        }
+        self.st.log = Some(LogTree {
+            ptr: RootPtr {
+                bytenr: 0,
+                generation: 0,
+                level: 0,
+            },
+            blocks: HashSet::new(),
+        });
+        let hint = self.st.sb.root;
+        let ptr = crate::tree::create(self, tree_id::LOG, hint);
+        match ptr {
+            Ok(ptr) => {
+                if let Some(l) = self.st.log.as_mut() {
+                    l.ptr = ptr;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.st.log = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// The root of tree `id` as the last prepared commit has it (blocks
+    /// it reaches stay readable: freed ones are pinned until the next
+    /// commit is durable).
+    pub fn committed_root(&self, id: u64) -> Option<RootPtr> {
+        self.st.committed.get(&id).copied()
+    }
+
+    /// Whether the data extent at `bytenr` was allocated in the running
+    /// transaction (so no commit holds its checksums yet).
+    pub fn is_new_extent(&self, bytenr: u64) -> bool {
+        self.st.refs.is_new(bytenr)
+    }
+
+    /// Whether the running transaction has a log.
+    pub fn has_log(&self) -> bool {
+        self.st.log.is_some()
+    }
+
+    /// Whether a log found at open waits for replay.
+    pub fn has_pending_log(&self) -> bool {
+        self.st.pending_log.is_some()
+    }
+
+    /// Claims a data extent the pending log names and no extent item
+    /// records: it becomes an extent of the running transaction, which
+    /// the items the replay inserts then reference. Extents the extent
+    /// tree already has are left alone.
+    pub fn claim_logged_extent(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        let Some(p) = self.st.pending_log.as_mut() else {
+            return Ok(());
+        };
+        let Some(at) = p.extents.iter().position(|&e| e == (bytenr, len)) else {
+            return Ok(());
+        };
+        p.extents.swap_remove(at);
+        self.st.alloc.include(bytenr, len);
+        self.st.alloc.alloc_exact(bytenr, len)?;
+        self.st.changes += 1;
+        self.st
+            .refs
+            .new_extent(bytenr, len, crate::extent::ExtentKind::Data);
+        Ok(())
+    }
+
+    /// Ends the replay: the pending log's blocks, and the extents it named
+    /// that nothing claimed, go back to the allocator once the next commit
+    /// (which no longer names the log) is durable.
+    pub fn finish_replay(&mut self) {
+        let Some(p) = self.st.pending_log.take() else {
+            return;
+        };
+        let ns = self.sh.nodesize as u64;
+        for b in p.blocks {
+            self.st.alloc.release_excluded(b, ns);
+        }
+        for (b, l) in p.extents {
+            self.st.alloc.release_excluded(b, l);
+        }
+        self.st.sb.log_root = 0;
+        self.st.sb.log_root_generation = 0;
+        self.st.sb.log_root_level = 0;
+        self.st.sb.incompat &= !INCOMPAT_LOG_TREE;
+        self.st.changes += 1;
+        // The commit must happen even if the replay changed no tree.
+        self.st.log_replayed = true;
+    }
+}
+
+impl Engine {
+    /// Makes the running transaction's log durable: its dirty blocks, a
+    /// barrier, the superblock of the last written commit naming the log,
+    /// a barrier. Concurrent callers share the I/O: one whose blocks
+    /// another caller already wrote only waits for it.
+    pub fn sync_log(&self) -> Result<()> {
+        self.check_alive()?;
+        let (transid, ptr, blocks, nodes) = {
+            let mut st = crate::sync::write(&self.state);
+            let Some(log) = st.log.as_ref() else {
+                // No log: the transaction was committed meanwhile (or is
+                // being); durable once that commit's I/O is done.
+                let last = st.sb.generation;
+                drop(st);
+                return self.wait_written(last).map(drop);
+            };
+            let ptr = log.ptr;
+            let mine: Vec<u64> = log
+                .blocks
+                .iter()
+                .copied()
+                .filter(|b| st.dirty.contains_key(b))
+                .collect();
+            let mut nodes = Vec::with_capacity(mine.len());
+            for b in mine {
+                if let Some(n) = st.dirty.remove(&b) {
+                    nodes.push(n);
+                }
+            }
+            st.log_durable = true;
+            let blocks = encode(&self.shared, &nodes);
+            crate::sync::lock(&self.shared.inflight)
+                .extend(nodes.iter().map(|n| (n.bytenr, n.clone())));
+            (st.transid, ptr, blocks, nodes)
+        };
+        let result = self.write_log(transid, ptr, &blocks);
+        {
+            let mut inflight = crate::sync::lock(&self.shared.inflight);
+            for n in nodes {
+                inflight.remove(&n.bytenr);
+                self.shared.cache.insert(n);
+            }
+        }
+        if let Err(e) = &result {
+            self.fail(e);
+        }
+        result
+    }
+
+    fn write_log(&self, transid: u64, ptr: RootPtr, blocks: &[(u64, Vec<u8>)]) -> Result<()> {
+        let mut io = self.wait_turn(transid - 1)?;
+        if io.generation >= transid {
+            // The transaction's commit is written: it holds everything.
+            return Ok(());
+        }
+        if blocks.is_empty() && io.log == Some((transid, ptr.bytenr)) {
+            return Ok(());
+        }
+        let dev = &self.shared.dev;
+        for (offset, bytes) in super::commit::coalesce(blocks) {
+            dev.write_at(&bytes, offset)?;
+        }
+        dev.barrier()?;
+        let mut sb = io.sb.clone();
+        sb.log_root = ptr.bytenr;
+        sb.log_root_generation = ptr.generation;
+        sb.log_root_level = ptr.level;
+        sb.incompat |= INCOMPAT_LOG_TREE;
+        for &off in SUPER_OFFSETS.iter() {
+            if off + SUPER_SIZE <= dev.size() {
+                dev.write_at(&sb.encode(off), off)?;
+            }
+        }
+        dev.barrier()?;
+        io.log = Some((transid, ptr.bytenr));
+        Ok(())
+    }
+
+    /// Waits until every commit prepared so far is written.
+    pub fn wait_prepared(&self) -> Result<()> {
+        let last = crate::sync::read(&self.state).sb.generation;
+        self.wait_written(last).map(drop)
+    }
+
+    /// Whether a log found at open waits for replay.
+    pub fn has_pending_log(&self) -> bool {
+        crate::sync::read(&self.state).pending_log.is_some()
+    }
+
+    /// Runs the replay of a pending log, which must happen even on a
+    /// read-only engine (its result then stays in memory).
+    pub(crate) fn replay_write<R>(&self, f: impl FnOnce(&mut Txn<'_>) -> Result<R>) -> Result<R> {
+        self.check_alive()?;
+        let mut st = crate::sync::write(&self.state);
+        let mut tx = Txn::new(&mut st, &self.shared);
+        let r = f(&mut tx);
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+}
+
+fn encode(sh: &super::Shared, nodes: &[Arc<Node>]) -> Vec<(u64, Vec<u8>)> {
+    let mut blocks: Vec<(u64, Vec<u8>)> = nodes
+        .iter()
+        .map(|n| (n.bytenr, n.encode(&sh.fsid, sh.nodesize)))
+        .collect();
+    blocks.sort_unstable_by_key(|b| b.0);
+    blocks
+}
+
+/// Reads the log a superblock names and keeps its blocks, and the new data
+/// extents it names, out of the allocator (see [`PendingLog`]).
+pub(crate) fn load_pending(st: &mut State, sh: &super::Shared) -> Result<()> {
+    let sb = &st.sb;
+    if sb.log_root == 0 {
+        return Ok(());
+    }
+    let ptr = RootPtr {
+        bytenr: sb.log_root,
+        generation: sb.log_root_generation,
+        level: sb.log_root_level,
+    };
+    let (blocks, extents) = {
+        let r = super::Reader::new(st, sh);
+        let blocks = crate::tree::block_addresses(&r, &ptr)?;
+        let mut extents = Vec::new();
+        let mut c = Cursor::seek(&r, &ptr, &Key::MIN)?;
+        while let Some(it) = c.item() {
+            if let Some((bytenr, len)) = crate::format::items::data_ref_of(&it.key, &it.data) {
+                if it.key.ty == EXTENT_DATA
+                    && !extents.contains(&(bytenr, len))
+                    && !r.extent_exists(bytenr)?
+                {
+                    extents.push((bytenr, len));
+                }
+            }
+            c.next(&r)?;
+        }
+        (blocks, extents)
+    };
+    let ns = sh.nodesize as u64;
+    for &b in &blocks {
+        st.alloc.exclude(b, ns)?;
+    }
+    for &(b, l) in &extents {
+        st.alloc.exclude(b, l)?;
+    }
+    tracing::info!(
+        blocks = blocks.len(),
+        extents = extents.len(),
+        "found a log tree to replay"
+    );
+    st.pending_log = Some(PendingLog {
+        ptr,
+        blocks,
+        extents,
+    });
+    Ok(())
+}
+
+impl super::Reader<'_> {
+    /// Whether the extent tree records an extent at `bytenr` (it is keyed
+    /// `(bytenr, EXTENT_ITEM, len)`).
+    fn extent_exists(&self, bytenr: u64) -> Result<bool> {
+        let c = self.cursor(tree_id::EXTENT, &Key::new(bytenr, EXTENT_ITEM, 0))?;
+        Ok(c.item()
+            .is_some_and(|i| i.key.objectid == bytenr && i.key.ty == EXTENT_ITEM))
+    }
+}

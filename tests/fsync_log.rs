@@ -1,0 +1,535 @@
+//! fsync through the log tree, crash by crash: each scenario (the patterns
+//! of the kernel's own fsync crash tests) runs on a recording device; the
+//! disk a crash could leave after every prefix of its writes (log writes
+//! included, and subsets of the writes in flight) is opened, which
+//! replays the log, and must hold exactly what was committed or fsynced
+//! by then: fsynced files with their content, size and names, nothing
+//! half-written. Every image must also pass `check` after the replay.
+
+mod common;
+
+use canopy::dev::crash::{RecordingDevice, Replayer};
+use canopy::dev::Device;
+use canopy::fs::{Fs, Owner, SetAttr};
+use canopy::{Engine, OpenOptions};
+use std::sync::Arc;
+
+const ROOT: u64 = 256;
+const ME: Owner = Owner { uid: 0, gid: 0 };
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add((i / 7) as u8) | 1)
+        .collect()
+}
+
+/// The inode at `path` ("a/b"), if every component exists.
+fn lookup(fs: &Fs, path: &str) -> Option<u64> {
+    let mut at = ROOT;
+    for part in path.split('/') {
+        at = fs.lookup(at, part.as_bytes()).ok()?.ino;
+    }
+    Some(at)
+}
+
+fn content(fs: &Fs, path: &str) -> Option<Vec<u8>> {
+    let ino = lookup(fs, path)?;
+    let size = fs.getattr(ino).ok()?.size;
+    Some(fs.read(ino, 0, size as u32).expect("read"))
+}
+
+fn file(fs: &Fs, parent: u64, name: &str, data: &[u8]) -> u64 {
+    let a = fs
+        .create(parent, name.as_bytes(), libc::S_IFREG | 0o644, 0, ME, None)
+        .expect("create");
+    if !data.is_empty() {
+        fs.write(a.ino, 0, data).expect("write");
+    }
+    a.ino
+}
+
+fn mkdir(fs: &Fs, parent: u64, name: &str) -> u64 {
+    fs.create(parent, name.as_bytes(), libc::S_IFDIR | 0o755, 0, ME, None)
+        .expect("mkdir")
+        .ino
+}
+
+type Step = Box<dyn Fn(&Fs)>;
+type Check = Box<dyn Fn(&Fs, usize) -> Result<(), String>>;
+
+/// Runs `setup` and commits it, then `steps` (each ends with an fsync)
+/// while recording; then opens the image every prefix of the recording
+/// leaves and asks `check` about it, given how many steps had returned.
+fn crash_every_prefix(name: &str, setup: Step, steps: Vec<Step>, check: Check) {
+    let (base_dev, e) = common::mem_engine(64 << 20, 4096);
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    setup(&fs);
+    fs.sync().expect("commit the setup");
+    drop(fs);
+    let base = Arc::new(base_dev.snapshot());
+    let rec = Arc::new(RecordingDevice::new(base.as_ref().clone()));
+    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    let commits_before = fs.engine().committed_generation();
+    let mut ends = Vec::new();
+    for step in &steps {
+        step(&fs);
+        ends.push(rec.op_count());
+    }
+    assert_eq!(
+        fs.engine().committed_generation(),
+        commits_before,
+        "{name}: fsync committed instead of logging"
+    );
+    let ops = rec.ops();
+    drop(fs);
+    let last = *ends.last().expect("steps");
+    let mut rp = Replayer::new(base, ops);
+    let mut images = 0;
+    for prefix in 0..=last {
+        for keep in [&(|_| true) as &dyn Fn(usize) -> bool, &|_| false, &|i| {
+            i % 2 == 1
+        }] {
+            let dev = Arc::new(rp.at(prefix, keep));
+            let done = ends.iter().filter(|&&e| e <= prefix).count();
+            let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default())
+                .unwrap_or_else(|err| panic!("{name}, prefix {prefix}: open failed: {err}"));
+            let fs = Fs::new(Arc::new(e))
+                .unwrap_or_else(|err| panic!("{name}, prefix {prefix}: replay failed: {err}"));
+            // The step in flight may show or not: its fsync has not
+            // returned, but its log may already be on the disk.
+            let ok = check(&fs, done).or_else(|why| match done < steps.len() {
+                true => check(&fs, done + 1).map_err(|next| format!("{why}; or {next}")),
+                false => Err(why),
+            });
+            if let Err(why) = ok {
+                panic!("{name}, prefix {prefix} ({done} fsyncs returned): {why}");
+            }
+            drop(fs);
+            common::assert_clean(dev.as_ref());
+            images += 1;
+        }
+    }
+    eprintln!("{name}: {last} ops, {images} images");
+}
+
+fn expect(cond: bool, why: impl FnOnce() -> String) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(why())
+    }
+}
+
+fn expect_content(fs: &Fs, path: &str, want: Option<&[u8]>) -> Result<(), String> {
+    let got = content(fs, path);
+    expect(got.as_deref() == want, || {
+        format!(
+            "{path}: {} bytes, expected {}",
+            got.as_ref()
+                .map_or("absent".into(), |g| g.len().to_string()),
+            want.map_or("absent".into(), |w| w.len().to_string())
+        )
+    })
+}
+
+#[test]
+fn a_new_file_in_a_new_directory_survives_its_fsync() {
+    let data = pattern(3, 100_000);
+    let d = data.clone();
+    crash_every_prefix(
+        "new file",
+        Box::new(|_| {}),
+        vec![Box::new(move |fs| {
+            let dir = mkdir(fs, ROOT, "d");
+            let f = file(fs, dir, "f", &d);
+            fs.fsync(f).expect("fsync");
+        })],
+        Box::new(move |fs, done| match done {
+            0 => expect(lookup(fs, "d").is_none(), || "d before fsync".into()),
+            _ => expect_content(fs, "d/f", Some(&data)),
+        }),
+    );
+}
+
+#[test]
+fn fsync_after_truncate_and_rewrite() {
+    let a = pattern(5, 64 << 10);
+    let b = pattern(9, 3000);
+    let mut want = a[..3000].to_vec();
+    want.extend_from_slice(&b);
+    let (a2, b2) = (a.clone(), b.clone());
+    crash_every_prefix(
+        "truncate",
+        Box::new(move |fs| {
+            file(fs, ROOT, "f", &a2);
+        }),
+        vec![Box::new(move |fs| {
+            let f = lookup(fs, "f").expect("f");
+            let s = SetAttr {
+                size: Some(5000),
+                ..Default::default()
+            };
+            fs.setattr(f, &s).expect("truncate");
+            fs.write(f, 3000, &b2).expect("write");
+            fs.fsync(f).expect("fsync");
+        })],
+        Box::new(move |fs, done| match done {
+            0 => expect_content(fs, "f", Some(&a)),
+            _ => expect_content(fs, "f", Some(&want)),
+        }),
+    );
+}
+
+#[test]
+fn fsync_after_punching_a_hole() {
+    let a = pattern(7, 64 << 10);
+    let mut want = a.clone();
+    want[4096..12288].fill(0);
+    want[20000..20100].fill(0);
+    let a2 = a.clone();
+    crash_every_prefix(
+        "punch",
+        Box::new(move |fs| {
+            file(fs, ROOT, "f", &a2);
+        }),
+        vec![Box::new(|fs| {
+            let f = lookup(fs, "f").expect("f");
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            fs.fallocate(f, 4096, 8192, mode).expect("punch");
+            fs.fallocate(f, 20000, 100, mode).expect("punch");
+            fs.fsync(f).expect("fsync");
+        })],
+        Box::new(move |fs, done| match done {
+            0 => expect_content(fs, "f", Some(&a)),
+            _ => expect_content(fs, "f", Some(&want)),
+        }),
+    );
+}
+
+#[test]
+fn fsync_after_link_and_unlink() {
+    let a = pattern(11, 10_000);
+    let a2 = a.clone();
+    crash_every_prefix(
+        "link",
+        Box::new(move |fs| {
+            file(fs, ROOT, "f", &a2);
+        }),
+        vec![
+            Box::new(|fs| {
+                let f = lookup(fs, "f").expect("f");
+                fs.link(f, ROOT, b"g").expect("link");
+                fs.fsync(f).expect("fsync");
+            }),
+            Box::new(|fs| {
+                fs.remove(ROOT, b"g", false).expect("unlink");
+                let f = lookup(fs, "f").expect("f");
+                fs.fsync(f).expect("fsync");
+            }),
+        ],
+        Box::new(move |fs, done| {
+            expect_content(fs, "f", Some(&a))?;
+            let g = lookup(fs, "g");
+            let nlink = fs.getattr(lookup(fs, "f").expect("f")).expect("attr").nlink;
+            match done {
+                1 => expect(g.is_some() && nlink == 2, || {
+                    format!("g {g:?}, nlink {nlink}")
+                }),
+                _ => expect(g.is_none() && nlink == 1, || {
+                    format!("g {g:?}, nlink {nlink}")
+                }),
+            }
+        }),
+    );
+}
+
+#[test]
+fn a_file_fsynced_after_its_parent_was_renamed() {
+    let a = pattern(13, 30_000);
+    let b = pattern(17, 4096);
+    let mut want = a.clone();
+    want[..4096].copy_from_slice(&b);
+    let a2 = a.clone();
+    crash_every_prefix(
+        "renamed parent",
+        Box::new(move |fs| {
+            let d = mkdir(fs, ROOT, "d");
+            file(fs, d, "f", &a2);
+        }),
+        vec![Box::new(move |fs| {
+            fs.rename(ROOT, b"d", ROOT, b"e", false, false)
+                .expect("rename");
+            let f = lookup(fs, "e/f").expect("e/f");
+            fs.write(f, 0, &b).expect("write");
+            fs.fsync(f).expect("fsync");
+        })],
+        Box::new(move |fs, done| match done {
+            0 => {
+                expect_content(fs, "d/f", Some(&a))?;
+                expect(lookup(fs, "e").is_none(), || "e before fsync".into())
+            }
+            _ => {
+                expect_content(fs, "e/f", Some(&want))?;
+                expect(lookup(fs, "d").is_none(), || "d after fsync".into())
+            }
+        }),
+    );
+}
+
+#[test]
+fn fsync_of_a_file_then_of_its_directory() {
+    let x = pattern(19, 5000);
+    let x2 = x.clone();
+    crash_every_prefix(
+        "file then dir",
+        Box::new(|fs| {
+            mkdir(fs, ROOT, "d");
+        }),
+        vec![
+            Box::new(move |fs| {
+                let d = lookup(fs, "d").expect("d");
+                let f = file(fs, d, "x", &x2);
+                fs.fsync(f).expect("fsync x");
+            }),
+            Box::new(|fs| {
+                let d = lookup(fs, "d").expect("d");
+                file(fs, d, "y", &pattern(23, 100));
+                fs.fsync(d).expect("fsync d");
+            }),
+        ],
+        Box::new(move |fs, done| {
+            let y = lookup(fs, "d/y");
+            match done {
+                0 => expect_content(fs, "d/x", None),
+                1 => expect_content(fs, "d/x", Some(&x)),
+                _ => {
+                    expect_content(fs, "d/x", Some(&x))?;
+                    expect(y.is_some(), || "d/y lost after fsync of d".into())
+                }
+            }
+        }),
+    );
+}
+
+#[test]
+fn a_rename_after_fsync_leaves_exactly_one_name() {
+    let a = pattern(29, 20_000);
+    let a2 = a.clone();
+    crash_every_prefix(
+        "one name",
+        Box::new(|fs| {
+            mkdir(fs, ROOT, "d1");
+            mkdir(fs, ROOT, "d2");
+        }),
+        vec![
+            Box::new(move |fs| {
+                let d1 = lookup(fs, "d1").expect("d1");
+                let f = file(fs, d1, "f", &a2);
+                fs.fsync(f).expect("fsync f");
+            }),
+            Box::new(|fs| {
+                let (d1, d2) = (lookup(fs, "d1").expect("d1"), lookup(fs, "d2").expect("d2"));
+                fs.rename(d1, b"f", d2, b"g", false, false).expect("rename");
+                fs.fsync(d2).expect("fsync d2");
+            }),
+        ],
+        Box::new(move |fs, done| {
+            let (old, new) = (content(fs, "d1/f"), content(fs, "d2/g"));
+            match done {
+                0 => expect(old.is_none() && new.is_none(), || {
+                    "file before fsync".into()
+                }),
+                1 => expect(old.as_deref() == Some(&a[..]) && new.is_none(), || {
+                    format!(
+                        "old {:?} new {:?}",
+                        old.map(|o| o.len()),
+                        new.map(|n| n.len())
+                    )
+                }),
+                _ => expect(old.is_none() && new.as_deref() == Some(&a[..]), || {
+                    format!(
+                        "old {:?} new {:?}",
+                        old.map(|o| o.len()),
+                        new.map(|n| n.len())
+                    )
+                }),
+            }
+        }),
+    );
+}
+
+/// The editor pattern: rename the old file aside, write a new one under
+/// its name, fsync the new one. The old file must keep its new name.
+#[test]
+fn a_new_file_under_a_renamed_files_name() {
+    let a = pattern(31, 9000);
+    let b = pattern(37, 7000);
+    let (a2, b2) = (a.clone(), b.clone());
+    crash_every_prefix(
+        "editor",
+        Box::new(move |fs| {
+            file(fs, ROOT, "f", &a2);
+        }),
+        vec![Box::new(move |fs| {
+            fs.rename(ROOT, b"f", ROOT, b"f~", false, false)
+                .expect("rename");
+            let f = file(fs, ROOT, "f", &b2);
+            fs.fsync(f).expect("fsync");
+        })],
+        Box::new(move |fs, done| match done {
+            0 => expect_content(fs, "f", Some(&a)),
+            _ => {
+                expect_content(fs, "f", Some(&b))?;
+                expect_content(fs, "f~", Some(&a))
+            }
+        }),
+    );
+}
+
+/// O_TMPFILE then linkat: an unnamed open file gets a name, then fsync.
+#[test]
+fn an_unnamed_file_linked_then_fsynced() {
+    let t = pattern(41, 12_345);
+    let t2 = t.clone();
+    crash_every_prefix(
+        "tmpfile",
+        Box::new(|_| {}),
+        vec![Box::new(move |fs| {
+            let f = file(fs, ROOT, "tmp", &[]);
+            fs.open(f);
+            fs.remove(ROOT, b"tmp", false).expect("unlink");
+            fs.write(f, 0, &t2).expect("write");
+            fs.link(f, ROOT, b"final").expect("linkat");
+            fs.fsync(f).expect("fsync");
+            fs.release(f).expect("release");
+        })],
+        Box::new(move |fs, done| match done {
+            0 => expect_content(fs, "final", None),
+            _ => {
+                expect_content(fs, "final", Some(&t))?;
+                expect_content(fs, "tmp", None)
+            }
+        }),
+    );
+}
+
+#[test]
+fn an_unlink_made_durable_by_a_directory_fsync() {
+    crash_every_prefix(
+        "unlink",
+        Box::new(|_| {}),
+        vec![
+            Box::new(|fs| {
+                let f = file(fs, ROOT, "f", &pattern(43, 5000));
+                fs.fsync(f).expect("fsync f");
+            }),
+            Box::new(|fs| {
+                fs.remove(ROOT, b"f", false).expect("unlink");
+                fs.fsync(ROOT).expect("fsync root");
+            }),
+        ],
+        Box::new(|fs, done| {
+            let f = lookup(fs, "f");
+            match done {
+                1 => expect(f.is_some(), || "f lost".into()),
+                _ => expect(f.is_none(), || format!("f present after {done} fsyncs")),
+            }
+        }),
+    );
+}
+
+/// Overwrites in the middle of a large file, fsynced twice: only the
+/// changed ranges are logged, and both survive.
+#[test]
+fn overwrites_in_a_large_file_fsynced_twice() {
+    let a = pattern(47, 1 << 20);
+    let b = pattern(53, 10_000);
+    let c = pattern(59, 5000);
+    let mut after_b = a.clone();
+    after_b[300_000..310_000].copy_from_slice(&b);
+    let mut after_c = after_b.clone();
+    after_c[700_001..705_001].copy_from_slice(&c);
+    after_c.extend_from_slice(&c);
+    let a2 = a.clone();
+    crash_every_prefix(
+        "overwrites",
+        Box::new(move |fs| {
+            file(fs, ROOT, "f", &a2);
+        }),
+        vec![
+            Box::new(move |fs| {
+                let f = lookup(fs, "f").expect("f");
+                fs.write(f, 300_000, &b).expect("write");
+                fs.fsync(f).expect("fsync");
+            }),
+            Box::new(move |fs| {
+                let f = lookup(fs, "f").expect("f");
+                fs.write(f, 700_001, &c).expect("write");
+                fs.write(f, 1 << 20, &c).expect("append");
+                fs.fsync(f).expect("fsync");
+            }),
+        ],
+        Box::new(move |fs, done| match done {
+            0 => expect_content(fs, "f", Some(&a)),
+            1 => expect_content(fs, "f", Some(&after_b)),
+            _ => expect_content(fs, "f", Some(&after_c)),
+        }),
+    );
+}
+
+/// Seed 003: renames after an unrelated fsync do not touch the log, and
+/// a commit afterwards drops it.
+#[test]
+fn renames_of_unlogged_files_leave_the_log_alone() {
+    let (dev, e) = common::mem_engine(64 << 20, 4096);
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    let d = mkdir(&fs, ROOT, "d");
+    for i in 0..200 {
+        file(&fs, d, &format!("f{i}"), &[]);
+    }
+    fs.sync().expect("commit");
+    let other = file(&fs, ROOT, "other", &pattern(61, 4096));
+    fs.fsync(other).expect("fsync");
+    let log_blocks = |fs: &Fs| {
+        fs.engine()
+            .read(|r| {
+                let root = r.root(canopy::format::tree_id::LOG)?;
+                Ok(canopy::tree::block_addresses(r, &root)?.len())
+            })
+            .expect("log")
+    };
+    let before = log_blocks(&fs);
+    let items = |fs: &Fs| {
+        fs.engine()
+            .read(|r| {
+                r.range(
+                    canopy::format::tree_id::LOG,
+                    &canopy::Key::MIN,
+                    &canopy::Key::MAX,
+                )
+            })
+            .expect("log items")
+    };
+    let logged = items(&fs);
+    for i in 0..200 {
+        let (from, to) = (format!("f{i}"), format!("f{i}-RPMDELETE"));
+        fs.rename(d, from.as_bytes(), d, to.as_bytes(), false, false)
+            .expect("rename");
+    }
+    assert_eq!(
+        items(&fs),
+        logged,
+        "renames of unlogged files changed the log"
+    );
+    assert_eq!(log_blocks(&fs), before);
+    fs.sync().expect("commit");
+    assert!(
+        fs.engine()
+            .read(|r| r.root(canopy::format::tree_id::LOG))
+            .is_err(),
+        "the commit kept the log"
+    );
+    drop(fs);
+    common::assert_fs_clean(&dev);
+}
