@@ -1,7 +1,10 @@
 //! A random file-operation exerciser through the real mount, compared with
 //! an in-memory model after every read, with unmount/remount and kill -9 +
 //! remount (where everything up to the last fsync must have survived, and
-//! nothing after it: periodic commits are switched off for this).
+//! nothing after it: periodic commits are switched off for this, and the
+//! mount uses `notreelog` so that an fsync commits everything, which this
+//! whole-state model needs; fsync through the log, which makes only the
+//! file durable, has its own crash tests in tests/fsync_log.rs).
 //!
 //! `CANOPY_EXERCISER_OPS` sets the number of operations (CI: a few
 //! thousand; see docs/testing.md for the long run) and
@@ -324,14 +327,14 @@ fn step(mnt: &mut Mounted, m: &mut Model, durable: &mut Model, rng: &mut Rng, re
             verify_all(mnt, m);
             mnt.unmount();
             mnt.check();
-            mnt.mount("commit=3600");
+            mnt.mount("commit=3600,notreelog");
             *durable = m.clone();
             verify_all(mnt, m);
         }
         _ => {
             mnt.kill9();
             mnt.check();
-            mnt.mount("commit=3600");
+            mnt.mount("commit=3600,notreelog");
             *m = durable.clone();
             verify_all(mnt, m);
         }
@@ -358,7 +361,7 @@ fn random_operations_match_the_model() {
         .max(1);
     let mut mnt = Mounted::new();
     mnt.unmount();
-    mnt.mount("commit=3600");
+    mnt.mount("commit=3600,notreelog");
     let mut m = Model::default();
     let mut durable = Model::default();
     let mut rng = Rng(seed | 1);

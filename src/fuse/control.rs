@@ -37,6 +37,9 @@ pub enum Request {
     ScrubStart,
     ScrubStatus,
     ScrubCancel,
+    /// Commit everything (`canopy sync`): fsync makes only its file
+    /// durable, and syncfs does not reach FUSE daemons.
+    Sync,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -264,6 +267,14 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) -> std::io::Resu
             error: Some(format!("bad request: {e}")),
             scrub: None,
         },
+        Ok(Request::Sync) => {
+            let r = fs.sync();
+            Response {
+                ok: r.is_ok(),
+                error: r.err().map(|e| e.to_string()),
+                scrub: None,
+            }
+        }
         Ok(req) => {
             let mut job = crate::sync::lock(scrub);
             let r = match req {
@@ -272,7 +283,7 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) -> std::io::Resu
                     job.cancel();
                     Ok(())
                 }
-                Request::ScrubStatus => Ok(()),
+                Request::ScrubStatus | Request::Sync => Ok(()),
             };
             Response {
                 ok: r.is_ok(),
