@@ -26,42 +26,40 @@ pub fn get<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, key: &Key) -> Result<Op
 /// (a level-1 node's pointers count its leaves), so it costs about one
 /// block read per hundred blocks counted.
 pub fn count_blocks<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<u64> {
-    if root.level == 0 {
-        return Ok(1);
-    }
     let mut total = 0;
-    let mut stack = vec![b.read_node(root.bytenr, root.generation)?];
-    while let Some(node) = stack.pop() {
-        total += 1;
-        let ptrs = node.ptrs();
-        if node.level == 1 {
-            total += ptrs.len() as u64;
-            continue;
-        }
-        for p in ptrs {
-            stack.push(read_child(b, p, node.level)?);
-        }
-    }
+    visit_blocks(b, root, |_| total += 1)?;
     Ok(total)
 }
 
 /// Addresses of every block of the tree at `root` (reads the internal
-/// nodes only).
+/// nodes only, like [`count_blocks`]).
 pub fn block_addresses<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<Vec<u64>> {
-    let mut out = vec![root.bytenr];
+    let mut out = Vec::new();
+    visit_blocks(b, root, |bytenr| out.push(bytenr))?;
+    Ok(out)
+}
+
+/// Calls `f` with the address of every block of the tree, reading the
+/// internal nodes only.
+fn visit_blocks<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    mut f: impl FnMut(u64),
+) -> Result<()> {
+    f(root.bytenr);
     if root.level == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let mut stack = vec![b.read_node(root.bytenr, root.generation)?];
     while let Some(node) = stack.pop() {
         for p in node.ptrs() {
-            out.push(p.bytenr);
+            f(p.bytenr);
             if node.level > 1 {
                 stack.push(read_child(b, p, node.level)?);
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Leaves per read-ahead step of a forward walk.

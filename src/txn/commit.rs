@@ -108,14 +108,20 @@ impl Engine {
     }
 
     fn write_out(&self, p: &Prepared) -> Result<()> {
+        self.write_durably(&p.blocks, &p.sb)
+    }
+
+    /// Writes tree blocks, barrier, every superblock copy, barrier: the
+    /// write order of a commit and of a log (`log.rs`).
+    pub(super) fn write_durably(&self, blocks: &[(u64, Vec<u8>)], sb: &Superblock) -> Result<()> {
         let dev = &self.shared.dev;
-        for (offset, bytes) in coalesce(&p.blocks) {
+        for (offset, bytes) in coalesce(blocks) {
             dev.write_at(&bytes, offset)?;
         }
         dev.barrier()?;
         for &off in SUPER_OFFSETS.iter() {
             if off + SUPER_SIZE <= dev.size() {
-                dev.write_at(&p.sb.encode(off), off)?;
+                dev.write_at(&sb.encode(off), off)?;
             }
         }
         dev.barrier()
@@ -139,7 +145,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     settle(&mut tx)?;
     st.log_durable = false;
     st.log_replayed = false;
-    st.committed = st.roots.iter().map(|(&id, r)| (id, r.ptr)).collect();
+    st.remember_committed_roots();
     let dirty = std::mem::take(&mut st.dirty);
     st.frozen.clear();
     let mut blocks = Vec::with_capacity(dirty.len());
@@ -192,7 +198,7 @@ fn settle(tx: &mut Txn<'_>) -> Result<()> {
 }
 
 /// Merges blocks at adjacent addresses into larger writes.
-pub(super) fn coalesce(blocks: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
+fn coalesce(blocks: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
     let mut out: Vec<(u64, Vec<u8>)> = Vec::new();
     for (off, bytes) in blocks {
         if let Some((s, buf)) = out.last_mut() {

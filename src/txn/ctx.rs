@@ -213,11 +213,11 @@ impl<'a> Txn<'a> {
         f: impl FnOnce(&mut Self, &mut RootPtr) -> Result<R>,
     ) -> Result<R> {
         let mut ptr = self.root_of(id)?;
-        let before = ptr;
-        self.st.changes += 1;
         if id == tree_id::LOG && self.st.log.is_none() {
             return Err(Error::Invalid("the log found at open is read-only".into()));
         }
+        let before = ptr;
+        self.st.changes += 1;
         let r = f(self, &mut ptr);
         if ptr != before {
             if id == tree_id::LOG {

@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::format::key_type::{EXTENT_DATA, EXTENT_ITEM};
 use crate::format::node::Node;
 use crate::format::superblock::{Superblock, INCOMPAT_LOG_TREE};
-use crate::format::{tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
+use crate::format::{tree_id, Key};
 use crate::tree::{Cursor, RootPtr};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -63,6 +63,12 @@ pub(crate) struct IoState {
 }
 
 impl State {
+    /// Notes the tree roots as the commit being prepared (or the one just
+    /// opened) has them; see [`State::committed`].
+    pub(crate) fn remember_committed_roots(&mut self) {
+        self.committed = self.roots.iter().map(|(&id, r)| (id, r.ptr)).collect();
+    }
+
     /// Whether `bytenr` is a block of the running transaction's log.
     pub(crate) fn is_log_block(&self, bytenr: u64) -> bool {
         self.log
@@ -248,22 +254,12 @@ impl Engine {
         if blocks.is_empty() && io.log == Some((transid, ptr.bytenr)) {
             return Ok(());
         }
-        let dev = &self.shared.dev;
-        for (offset, bytes) in super::commit::coalesce(blocks) {
-            dev.write_at(&bytes, offset)?;
-        }
-        dev.barrier()?;
         let mut sb = io.sb.clone();
         sb.log_root = ptr.bytenr;
         sb.log_root_generation = ptr.generation;
         sb.log_root_level = ptr.level;
         sb.incompat |= INCOMPAT_LOG_TREE;
-        for &off in SUPER_OFFSETS.iter() {
-            if off + SUPER_SIZE <= dev.size() {
-                dev.write_at(&sb.encode(off), off)?;
-            }
-        }
-        dev.barrier()?;
+        self.write_durably(blocks, &sb)?;
         io.log = Some((transid, ptr.bytenr));
         Ok(())
     }

@@ -225,7 +225,7 @@ impl Engine {
             load_roots(&mut st, &engine.shared, root)?;
             load_space(&mut st, &engine.shared)?;
             count_tree_blocks(&mut st, &engine.shared)?;
-            st.committed = st.roots.iter().map(|(&id, r)| (id, r.ptr)).collect();
+            st.remember_committed_roots();
             super::log::load_pending(&mut st, &engine.shared)?;
         }
         Ok(engine)

@@ -121,15 +121,26 @@ impl Tracking {
         self.with(transid, |t| t.inodes.get(&ino).is_some_and(|c| c.logged))
     }
 
-    fn mark_logged(&self, transid: u64, ino: u64) {
-        self.with(transid, |t| t.inodes.entry(ino).or_default().logged = true);
+    /// Marks `inos` logged; the first, logged in full, also has its
+    /// changed ranges in the log now.
+    fn mark_logged(&self, transid: u64, full: Option<u64>, inos: &[u64]) {
+        self.with(transid, |t| {
+            for &ino in full.iter().chain(inos) {
+                t.inodes.entry(ino).or_default().logged = true;
+            }
+            if let Some(c) = full.and_then(|ino| t.inodes.get_mut(&ino)) {
+                c.ranges.clear();
+            }
+        });
     }
 
-    fn take_ranges(&self, transid: u64, ino: u64) -> Vec<(u64, u64)> {
+    /// The ranges of `ino` changed since it was last logged, merged. They
+    /// stay noted until the log holding them is applied.
+    fn ranges(&self, transid: u64, ino: u64) -> Vec<(u64, u64)> {
         self.with(transid, |t| {
             t.inodes
-                .get_mut(&ino)
-                .map(|c| merge(std::mem::take(&mut c.ranges)))
+                .get(&ino)
+                .map(|c| merge(c.ranges.clone()))
                 .unwrap_or_default()
         })
     }
@@ -264,22 +275,20 @@ impl Fs {
             }
         }
         // Names of everything related, found transitively.
+        let mut others = Vec::new();
         while let Some(other) = extra.pop() {
-            match load_inode_tx(tx, self.tree, other) {
-                Ok(i) => {
-                    self.plan_names(tx, other, &i, &mut batch)?;
-                    self.plan_related(tx, other, &mut visited, &mut extra)?;
-                }
-                Err(Error::NotFound) => plan_gone(other, &mut batch),
-                Err(e) => return Err(e),
+            if self.plan_current_names(tx, other, &mut batch)? {
+                self.plan_related(tx, other, &mut visited, &mut extra)?;
             }
-            self.tracking.mark_logged(transid, other);
+            others.push(other);
         }
         // Room first: ENOSPC must come before the log changes anything.
         tx.reserve(&batch.need(self.tree))?;
         tx.ensure_log()?;
         batch.apply(tx)?;
-        self.tracking.mark_logged(transid, ino);
+        // Only now: a failure above leaves the ranges noted for the next
+        // fsync and marks nothing logged that is not.
+        self.tracking.mark_logged(transid, Some(ino), &others);
         Ok(true)
     }
 
@@ -339,7 +348,7 @@ impl Fs {
             batch.puts.extend(copy_items(tx, tree, s, e)?);
         }
         let ranges = if inode.mode & libc::S_IFMT == libc::S_IFREG {
-            self.tracking.take_ranges(tx.transid(), ino)
+            self.tracking.ranges(tx.transid(), ino)
         } else if super::is_dir(inode.mode) {
             Vec::new()
         } else {
@@ -377,6 +386,20 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// `ino`'s names as they are now, or its record as gone if it no
+    /// longer exists (an unlinked open file has no names, and replay
+    /// deletes it too). Returns whether it exists.
+    fn plan_current_names(&self, tx: &Txn<'_>, ino: u64, batch: &mut Batch) -> Result<bool> {
+        match load_inode_tx(tx, self.tree, ino) {
+            Ok(i) => self.plan_names(tx, ino, &i, batch).map(|()| true),
+            Err(Error::NotFound) => {
+                plan_gone(ino, batch);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// `ino`'s names, and its inode item unless the log has its full
@@ -439,12 +462,7 @@ impl Fs {
         }
         let mut batch = Batch::default();
         for ino in logged {
-            match load_inode_tx(tx, self.tree, ino) {
-                // With no names (unlinked but open), replay deletes it.
-                Ok(i) => self.plan_names(tx, ino, &i, &mut batch)?,
-                Err(Error::NotFound) => plan_gone(ino, &mut batch),
-                Err(e) => return Err(e),
-            }
+            self.plan_current_names(tx, ino, &mut batch)?;
         }
         let applied = tx
             .reserve(&batch.need(self.tree))

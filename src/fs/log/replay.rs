@@ -238,15 +238,17 @@ fn recount_links(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
     };
     let root = tx.root_of(tree)?;
     let names = dir::refs_of(tx, &root, ino)?.len();
+    let nameless = names == 0 && ino != ROOT_DIR_INO;
+    if nameless && is_dir(inode.mode) && !dir::is_empty(tx, &root, ino)? {
+        tracing::error!(ino, "log replay left a directory with entries and no name");
+        return Ok(());
+    }
+    // Named again, or deleted now: either way no longer an orphan.
     let orphan = crate::fs::ops::orphan_key(ino);
-    if names == 0 && ino != ROOT_DIR_INO {
-        if is_dir(inode.mode) && !dir::is_empty(tx, &root, ino)? {
-            tracing::error!(ino, "log replay left a directory with entries and no name");
-            return Ok(());
-        }
-        if tx.get(tree, &orphan)?.is_some() {
-            tx.delete(tree, &orphan)?;
-        }
+    if tx.get(tree, &orphan)?.is_some() {
+        tx.delete(tree, &orphan)?;
+    }
+    if nameless {
         return crate::fs::ops::delete_inode(tx, tree, ino);
     }
     let nlink = if is_dir(inode.mode) {
@@ -258,9 +260,6 @@ fn recount_links(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
     } else {
         names as u32
     };
-    if tx.get(tree, &orphan)?.is_some() {
-        tx.delete(tree, &orphan)?;
-    }
     if inode.nlink != nlink {
         inode.nlink = nlink;
         store_inode(tx, tree, ino, inode)?;
