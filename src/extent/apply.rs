@@ -148,7 +148,9 @@ fn update_backref(tx: &mut Txn<'_>, bytenr: u64, holder: RefHolder, delta: i64) 
 /// Frees an extent whose count reached zero; a tree block first releases
 /// everything it points at.
 fn release(tx: &mut Txn<'_>, bytenr: u64, len: u64, item: &ExtentItem) -> Result<()> {
-    let never_committed = item.generation == tx.transid();
+    // A data extent stays pinned even then: an unlocked read may still be
+    // reading it (see `txn::flight`).
+    let never_committed = item.generation == tx.transid() && item.is_tree_block();
     if item.is_tree_block() {
         let node = tx.read_node(bytenr, item.generation)?;
         crate::tree::count_entry_refs(tx, &node.body, 0..node.nritems(), bytenr, -1);

@@ -1,56 +1,67 @@
-//! Delayed allocation: file data written through the mount is buffered in
-//! memory, per inode, as merged byte ranges, and only given extents when it
-//! is flushed (by a commit, fsync, an operation that needs the file's data
-//! in the tree, or when the buffered total passes the dirty limit).
+//! Delayed allocation and the writeback pipeline.
 //!
-//! Flushing whole merged ranges at once lets the allocator hand out large
-//! contiguous extents (a 1 GiB sequential write becomes 2 MiB extents laid
-//! end to end) instead of one small extent per write request, and lets many
-//! small writes to one region cost one copy-on-write of it.
+//! File data written through the mount is buffered in memory, in the
+//! file's entry of the inode table, as merged byte ranges, and only given
+//! extents when it is flushed (by a commit, fsync, an operation that needs
+//! the file's data in the tree, or when the buffered total passes the
+//! dirty limit). Flushing whole merged ranges at once lets the allocator
+//! hand out large contiguous extents (a 1 GiB sequential write becomes
+//! 2 MiB extents laid end to end) instead of one small extent per write
+//! request, and lets many small writes to one region cost one
+//! copy-on-write of it.
 //!
-//! Locking: the buffers are changed only inside an engine write closure (so
-//! a buffer and the inode size it implies change together) or read inside
-//! an engine read closure; the engine's state lock is always taken first.
+//! **A flush** holds the file's flush lock throughout and works in four
+//! steps, so the engine's state lock is never held across device I/O:
 //!
-//! Space: buffered data holds a reservation of its *footprint*, the sectors
-//! its ranges touch (partial sectors are rewritten whole), in the engine
-//! (`txn::space`). Every change of the buffers passes the running `Txn`
-//! and moves the reservation by the footprint's change, so the two never
-//! drift apart; a flush gives back the footprint of what it takes just
-//! before it allocates the extents.
+//! 1. a short transaction takes the file's ranges (they stay visible to
+//!    readers as *in flight*) and finds the old bytes the partial sectors
+//!    at their edges keep;
+//! 2. in the same transaction, the allocator hands out the extents and a
+//!    [`Flight`] opens (a commit waits for it, see `txn::flight`);
+//! 3. with no engine lock, the old edge bytes are read, the data is
+//!    checksummed and written;
+//! 4. a second short transaction inserts the extent and checksum items
+//!    and ends the flight.
+//!
+//! **Space:** buffered data holds a reservation of its *footprint*, the
+//! sectors its ranges touch (partial sectors are rewritten whole), in the
+//! engine (`txn::space`). Every change of the buffers passes the running
+//! `Txn` and moves the reservation by the footprint's change, so the two
+//! never drift apart. A flush turns the footprint into allocated extents
+//! in step 2, and the flight holds the tree items until step 4.
+//!
+//! **Order:** ranges change only inside an engine write closure (so a
+//! buffer and the inode size it implies change together) or are read
+//! inside a read closure; the state lock is taken before an entry's.
 
+use super::file::{self, ReadPlan};
+use super::inodes::{Inode, InodeState};
 use crate::error::{Error, Result};
+use crate::format::tree_id::CSUM;
 use crate::format::SECTORSIZE;
-use crate::txn::Txn;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use crate::txn::{Flight, Txn};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
-/// Length past which appends start a new range.
-const RANGE_MAX: u64 = 4 << 20;
+const SECTOR: u64 = SECTORSIZE as u64;
 
 /// Default limit of buffered bytes before writers flush.
 pub const DEFAULT_DIRTY_LIMIT: u64 = 64 << 20;
+
+/// Length past which appends start a new range.
+const RANGE_MAX: u64 = 4 << 20;
 
 /// Non-overlapping buffered ranges of one file: start → bytes. A range
 /// stops growing by appends at [`RANGE_MAX`] (the next append starts a new,
 /// adjacent range), so a flush can take whole ranges without splitting.
 pub(crate) type Ranges = BTreeMap<u64, Vec<u8>>;
 
-/// The buffered data of every file.
-pub(crate) struct Delalloc {
-    files: Mutex<HashMap<u64, Ranges>>,
-    bytes: AtomicU64,
-    limit: AtomicU64,
-}
-
 /// Bytes of the sectors `[start, start+len)` touches.
 pub(crate) fn span(start: u64, len: u64) -> u64 {
-    let s = u64::from(SECTORSIZE);
     if len == 0 {
         return 0;
     }
-    (start + len).div_ceil(s) * s - start / s * s
+    (start + len).div_ceil(SECTOR) * SECTOR - start / SECTOR * SECTOR
 }
 
 fn ranges_footprint<'a>(it: impl Iterator<Item = (&'a u64, &'a Vec<u8>)>) -> u64 {
@@ -67,219 +78,150 @@ fn adjust(tx: &mut Txn<'_>, before: u64, after: u64) {
     }
 }
 
-impl Delalloc {
-    pub fn new() -> Delalloc {
-        Delalloc {
-            files: Mutex::new(HashMap::new()),
-            bytes: AtomicU64::new(0),
-            limit: AtomicU64::new(DEFAULT_DIRTY_LIMIT),
-        }
-    }
+/// Most bytes one flush takes at a time: the data a commit may wait for.
+const FLUSH_CHUNK: u64 = 8 << 20;
 
-    pub fn set_limit(&self, bytes: u64) {
-        self.limit.store(bytes.max(1), Ordering::Relaxed);
-    }
+/// Part of a flush: a run of whole sectors written as new extents.
+struct Segment {
+    first: u64,
+    last: u64,
+    /// Old bytes of the file the sectors keep (where no taken range
+    /// covers them): (file offset, plan).
+    old: Vec<(u64, ReadPlan)>,
+    /// Extents allocated for it, in file order: (bytenr, length).
+    pieces: Vec<(u64, u64)>,
+}
 
-    /// Bytes buffered in all files.
-    pub fn total(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
-    }
+/// A flush between its two transactions.
+struct FlushJob {
+    flight: Flight,
+    ranges: Vec<(u64, Arc<Vec<u8>>)>,
+    segments: Vec<Segment>,
+}
 
-    pub fn over_limit(&self) -> bool {
-        self.total() > self.limit.load(Ordering::Relaxed)
-    }
+/// What the first transaction of a flush did.
+enum Started {
+    /// Nothing was buffered.
+    Nothing,
+    /// Done already: inline data, or an inode deleted meanwhile.
+    Done,
+    /// Data to write outside the lock.
+    Job(FlushJob),
+}
 
-    /// Bytes buffered for `ino`.
-    pub fn bytes_of(&self, ino: u64) -> u64 {
-        crate::sync::lock(&self.files)
-            .get(&ino)
-            .map_or(0, ranges_len)
-    }
-
+impl super::Fs {
     /// Buffers `data` at `offset` of `ino`, merging with ranges it overlaps
-    /// or touches. The caller has checked that [`span`] of it fits.
-    pub fn insert(&self, tx: &mut Txn<'_>, ino: u64, offset: u64, data: &[u8]) {
-        let mut files = crate::sync::lock(&self.files);
-        let merged = insert_range(files.entry(ino).or_default(), offset, data);
-        self.bytes.fetch_add(merged.grown, Ordering::Relaxed);
+    /// or touches. The caller has reserved [`span`] of it.
+    pub(crate) fn buffer(&self, tx: &mut Txn<'_>, ino: u64, offset: u64, data: &[u8]) {
+        let merged = self
+            .inodes
+            .with(ino, |s| insert_range(&mut s.buffered, offset, data));
+        self.inodes.add_buffered(merged.grown as i64);
         adjust(tx, merged.span_before, merged.span_after);
     }
 
-    /// Copies buffered bytes over `buf`, which holds `[offset, offset+len)`.
-    pub fn overlay(&self, ino: u64, offset: u64, buf: &mut [u8]) {
-        let files = crate::sync::lock(&self.files);
-        let Some(ranges) = files.get(&ino) else {
+    /// Buffered and in-flight bytes of `ino` over `[start, end)`, oldest
+    /// first, to lay over what the tree holds.
+    pub(crate) fn overlay_of(&self, ino: u64, start: u64, end: u64) -> Vec<(u64, Vec<u8>)> {
+        self.inodes
+            .peek(ino, |s| {
+                let mut out = Vec::new();
+                for (&r, d) in overlapping(&s.in_flight, start, end) {
+                    out.push(clip(r, d, start, end));
+                }
+                for (&r, d) in overlapping(&s.buffered, start, end) {
+                    out.push(clip(r, d, start, end));
+                }
+                out
+            })
+            .unwrap_or_default()
+    }
+
+    /// Bytes of `ino` in memory (buffered or in flight).
+    pub(crate) fn buffered_bytes_of(&self, ino: u64) -> u64 {
+        self.inodes
+            .peek(ino, |s| ranges_len(&s.buffered) + ranges_len(&s.in_flight))
+            .unwrap_or(0)
+    }
+
+    /// The in-memory range containing `pos`, or else the first one after
+    /// it: (start, end).
+    pub(crate) fn buffered_at_or_after(&self, ino: u64, pos: u64) -> Option<(u64, u64)> {
+        self.inodes
+            .peek(ino, |s| {
+                let a = at_or_after(&s.buffered, pos);
+                let b = at_or_after(&s.in_flight, pos);
+                match (a, b) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            })
+            .flatten()
+    }
+
+    /// Drops `ino`'s buffered bytes at and past `size` (a truncate, under
+    /// the file's flush lock: nothing is in flight).
+    pub(crate) fn truncate_buffered(&self, tx: &mut Txn<'_>, ino: u64, size: u64) {
+        self.cut_buffered(tx, ino, size, u64::MAX);
+    }
+
+    /// Drops `ino`'s buffered bytes in `[start, end)` (a punch, a zeroed
+    /// range, a reflink's destination, a truncate).
+    pub(crate) fn cut_buffered(&self, tx: &mut Txn<'_>, ino: u64, start: u64, end: u64) {
+        if start >= end || self.inodes.get(ino).is_none() {
             return;
-        };
-        let end = offset + buf.len() as u64;
-        for (&s, data) in overlapping(ranges, offset, end) {
-            let from = s.max(offset);
-            let to = (s + data.len() as u64).min(end);
-            buf[(from - offset) as usize..(to - offset) as usize]
-                .copy_from_slice(&data[(from - s) as usize..(to - s) as usize]);
         }
-    }
-
-    /// The buffered range containing `pos`, or else the first one after it:
-    /// (start, end).
-    pub fn range_at_or_after(&self, ino: u64, pos: u64) -> Option<(u64, u64)> {
-        let files = crate::sync::lock(&self.files);
-        let ranges = files.get(&ino)?;
-        let from = start_of_range_containing(ranges, pos).unwrap_or(pos);
-        ranges
-            .range(from..)
-            .next()
-            .map(|(&s, d)| (s, s + d.len() as u64))
-    }
-
-    /// Takes whole ranges of `ino`, lowest offsets first, until about
-    /// `budget` bytes (at least one range), and gives back their space
-    /// reservation for the flush that allocates them.
-    pub fn take(&self, tx: &mut Txn<'_>, ino: u64, budget: u64) -> Ranges {
-        let mut files = crate::sync::lock(&self.files);
-        let Some(ranges) = files.get_mut(&ino) else {
-            return Ranges::new();
-        };
-        let mut out = Ranges::new();
-        let mut taken = 0u64;
-        while taken < budget {
-            let Some((s, data)) = ranges.pop_first() else {
-                break;
-            };
-            taken += data.len() as u64;
-            out.insert(s, data);
-        }
-        if ranges.is_empty() {
-            files.remove(&ino);
-        }
-        self.bytes.fetch_sub(taken, Ordering::Relaxed);
-        adjust(tx, ranges_footprint(out.iter()), 0);
-        out
-    }
-
-    /// Puts back ranges a failed flush took, under anything buffered since.
-    pub fn restore(&self, tx: &mut Txn<'_>, ino: u64, taken: Ranges) {
-        let mut files = crate::sync::lock(&self.files);
-        let before = files.get(&ino).map_or(0, |r| ranges_footprint(r.iter()));
-        let newer = files.remove(&ino).unwrap_or_default();
-        let mut merged = Ranges::new();
-        for (s, d) in taken.into_iter().chain(newer) {
-            insert_range(&mut merged, s, &d);
-        }
-        let after = ranges_footprint(merged.iter());
-        files.insert(ino, merged);
-        // Restored and newer bytes may overlap: count afresh (rare path).
-        self.recount(&files);
+        let (dropped, before, after) = self.inodes.with(ino, |s| cut(&mut s.buffered, start, end));
+        self.inodes.add_buffered(-(dropped as i64));
         adjust(tx, before, after);
     }
 
-    /// Drops `ino`'s buffered bytes at and past `size` (a truncate).
-    pub fn truncate(&self, tx: &mut Txn<'_>, ino: u64, size: u64) {
-        let mut files = crate::sync::lock(&self.files);
-        let Some(ranges) = files.get_mut(&ino) else {
-            return;
-        };
-        // The range holding `size` (cut short) and every one after it.
-        let from = start_of_range_containing(ranges, size).unwrap_or(size);
-        let touched = |r: &Ranges| ranges_footprint(r.range(from..));
-        let before = touched(ranges);
-        let mut dropped = 0u64;
-        let past: Vec<u64> = ranges.range(size..).map(|(&s, _)| s).collect();
-        for s in past {
-            dropped += ranges.remove(&s).map_or(0, |d| d.len() as u64);
-        }
-        if let Some((&s, d)) = ranges.range_mut(..size).next_back() {
-            let keep = (size - s) as usize;
-            if d.len() > keep {
-                dropped += (d.len() - keep) as u64;
-                d.truncate(keep);
-            }
-        }
-        let after = touched(ranges);
-        if ranges.is_empty() {
-            files.remove(&ino);
-        }
-        self.bytes.fetch_sub(dropped, Ordering::Relaxed);
-        adjust(tx, before, after);
+    /// Forgets `ino`'s buffered bytes (the inode is gone). A flush in
+    /// flight finds the inode gone and drops its own.
+    pub(crate) fn discard_buffered(&self, tx: &mut Txn<'_>, ino: u64) {
+        self.cut_buffered(tx, ino, 0, u64::MAX);
     }
 
-    /// Forgets `ino`'s buffered bytes (the inode is gone).
-    pub fn discard(&self, tx: &mut Txn<'_>, ino: u64) {
-        let mut files = crate::sync::lock(&self.files);
-        if let Some(r) = files.remove(&ino) {
-            self.bytes.fetch_sub(ranges_len(&r), Ordering::Relaxed);
-            adjust(tx, ranges_footprint(r.iter()), 0);
-        }
-    }
-
-    /// Inodes with buffered data, largest first.
-    pub fn dirty_inodes(&self) -> Vec<u64> {
-        let files = crate::sync::lock(&self.files);
-        let mut v: Vec<(u64, u64)> = files.iter().map(|(&i, r)| (ranges_len(r), i)).collect();
-        v.sort_unstable_by(|a, b| b.cmp(a));
-        v.into_iter().map(|(_, i)| i).collect()
-    }
-
-    fn recount(&self, files: &HashMap<u64, Ranges>) {
-        let total = files.values().map(ranges_len).sum();
-        self.bytes.store(total, Ordering::Relaxed);
-    }
-}
-
-/// Most bytes one flush transaction writes, so that a large flush does not
-/// hold the state lock (and stall `stat`/`ls`) for long at a time.
-const FLUSH_CHUNK: u64 = 4 << 20;
-
-impl super::Fs {
-    /// Gives extents to up to `budget` buffered bytes of `ino`, inside the
-    /// caller's transaction. Returns whether anything was buffered. On error
-    /// the bytes go back to the buffer.
-    pub(crate) fn flush_in(&self, tx: &mut Txn<'_>, ino: u64, budget: u64) -> Result<bool> {
-        let taken = self.delalloc.take(tx, ino, budget);
-        if taken.is_empty() {
-            return Ok(false);
-        }
-        match self.write_ranges(tx, ino, &taken) {
-            Ok(()) => Ok(true),
-            Err(e) => {
-                self.delalloc.restore(tx, ino, taken);
-                Err(e)
-            }
-        }
-    }
-
-    fn write_ranges(&self, tx: &mut Txn<'_>, ino: u64, ranges: &Ranges) -> Result<()> {
-        let tree = self.tree;
-        let mut inode = match super::load_inode_tx(tx, tree, ino) {
-            // Deleted while its data waited: nothing to write.
-            Err(Error::NotFound) => return Ok(()),
-            r => r?,
-        };
-        let mut delta = 0i64;
-        for (&offset, data) in ranges {
-            self.note_extents(tx, ino, inode.size, offset, offset + data.len() as u64);
-            delta += super::file::write(tx, tree, ino, inode.size, offset, data)?;
-            inode.size = inode.size.max(offset + data.len() as u64);
-        }
-        inode.nbytes = (inode.nbytes as i64 + delta).max(0) as u64;
-        super::store_inode(tx, tree, ino, inode)
-    }
-
-    /// Flushes all of `ino`'s buffered data, a chunk per transaction.
+    /// Flushes all of `ino`'s buffered data.
     pub(crate) fn flush_file(&self, ino: u64) -> Result<()> {
-        while self
-            .engine
-            .write(|tx| self.flush_in(tx, ino, FLUSH_CHUNK))?
-        {
-            self.engine.let_readers_in();
+        if self.inodes.get(ino).is_none() {
+            return Ok(());
         }
-        Ok(())
+        let held = self.inodes.lock_flush(ino);
+        self.flush_held(ino, &held.inode)
+    }
+
+    /// Flushes all of `ino`'s buffered data; the caller holds its flush
+    /// lock.
+    pub(crate) fn flush_held(&self, ino: u64, inode: &Inode) -> Result<()> {
+        loop {
+            self.engine.wait_for_commits();
+            let started = self
+                .engine
+                .write(|tx| self.start_flush(tx, ino, inode, FLUSH_CHUNK))?;
+            match started {
+                Started::Nothing => return Ok(()),
+                Started::Done => {}
+                Started::Job(job) => self.finish_job(ino, inode, job)?,
+            }
+        }
     }
 
     /// Flushes every file's buffered data.
     pub(crate) fn flush_all(&self) -> Result<()> {
-        for ino in self.delalloc.dirty_inodes() {
+        for ino in self.inodes.dirty_inodes() {
             self.flush_file(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the buffered data of every file whose flush lock is free
+    /// (to free space: the caller may hold one).
+    pub(crate) fn flush_all_available(&self) -> Result<()> {
+        for ino in self.inodes.dirty_inodes() {
+            if let Some(held) = self.inodes.try_lock_flush(ino) {
+                self.flush_held(ino, &held.inode)?;
+            }
         }
         Ok(())
     }
@@ -287,32 +229,424 @@ impl super::Fs {
     /// Called by writers past the dirty limit: flushes the largest files
     /// until half the limit is left.
     pub(crate) fn flush_to_limit(&self) -> Result<()> {
-        let target = self.delalloc.limit.load(Ordering::Relaxed) / 2;
-        for ino in self.delalloc.dirty_inodes() {
-            if self.delalloc.total() <= target {
+        let target = self.inodes.limit() / 2;
+        for ino in self.inodes.dirty_inodes() {
+            if self.inodes.buffered() <= target {
                 break;
             }
             self.flush_file(ino)?;
         }
         Ok(())
     }
+
+    /// Steps 1 and 2: takes up to about `budget` bytes of `ino`'s ranges
+    /// and allocates their extents. An inline file is written here whole
+    /// (it needs no device I/O).
+    fn start_flush(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        inode: &Inode,
+        budget: u64,
+    ) -> Result<Started> {
+        let taken = take(tx, &mut crate::sync::lock(&inode.state), budget);
+        if taken.is_empty() {
+            return Ok(Started::Nothing);
+        }
+        let bytes: u64 = taken.iter().map(|(_, d)| d.len() as u64).sum();
+        self.inodes.add_buffered(-(bytes as i64));
+        match self.plan_flush(tx, ino, taken.clone()) {
+            Ok(Some(job)) => Ok(Started::Job(job)),
+            Ok(None) => {
+                landed(&mut crate::sync::lock(&inode.state), &taken);
+                Ok(Started::Done)
+            }
+            Err(e) => {
+                self.restore(tx, inode, taken);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes an inline file's ranges now, or plans and allocates the
+    /// segments of a file with extents. None: nothing left to do.
+    fn plan_flush(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        taken: Vec<(u64, Arc<Vec<u8>>)>,
+    ) -> Result<Option<FlushJob>> {
+        let tree = self.tree;
+        let i = match super::load_inode_tx(tx, tree, ino) {
+            // Deleted while its data waited: nothing to write.
+            Err(Error::NotFound) => return Ok(None),
+            r => r?,
+        };
+        let root = tx.root_of(tree)?;
+        if file::stays_inline(tx, &root, ino, i.size)? {
+            self.write_inline_ranges(tx, ino, i, &taken)?;
+            return Ok(None);
+        }
+        let csum_root = tx.root_of(CSUM)?;
+        let inline = file::is_inline(tx, &root, ino)?;
+        let mut segments = Vec::new();
+        for (first, last) in segment_spans(&taken, inline) {
+            let mut old = Vec::new();
+            for (s, e) in uncovered(&taken, first, last) {
+                old.push((s, file::plan_read(tx, &root, &csum_root, ino, s, e - s)?));
+            }
+            segments.push(Segment {
+                first,
+                last,
+                old,
+                pieces: Vec::new(),
+            });
+        }
+        let footprint: u64 = taken.iter().map(|(s, d)| span(*s, d.len() as u64)).sum();
+        let mut flight = tx.start_flight(footprint);
+        if let Err(e) = allocate(tx, tree, ino, &mut segments, &mut flight) {
+            tx.end_flight(flight)?;
+            return Err(e);
+        }
+        Ok(Some(FlushJob {
+            flight,
+            ranges: taken,
+            segments,
+        }))
+    }
+
+    /// A file that stays inline: its ranges go into its inline item.
+    fn write_inline_ranges(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        mut i: crate::format::inode::InodeItem,
+        taken: &[(u64, Arc<Vec<u8>>)],
+    ) -> Result<()> {
+        let mut delta = 0i64;
+        for (offset, data) in taken {
+            // Zeros buffered past the end (a truncate's) are not data.
+            let keep = i.size.saturating_sub(*offset).min(data.len() as u64) as usize;
+            if keep == 0 {
+                continue;
+            }
+            self.note_extents(tx, ino, i.size, *offset, offset + keep as u64);
+            delta += file::write_inline(tx, self.tree, ino, i.size, *offset, &data[..keep])?;
+        }
+        i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
+        super::store_inode(tx, self.tree, ino, i)
+    }
+
+    /// Steps 3 and 4, then the end of the flight whatever happened.
+    fn finish_job(&self, ino: u64, inode: &Inode, job: FlushJob) -> Result<()> {
+        match self.write_job(&job) {
+            Ok(sums) => self
+                .engine
+                .write(|tx| self.insert_job(tx, ino, inode, job, sums)),
+            Err(e) => {
+                // Back to the buffer (if the engine still runs), so the
+                // data is not lost to a retry.
+                let _ = self.engine.write(|tx| {
+                    self.restore(tx, inode, job.ranges);
+                    tx.end_flight(job.flight)
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// Step 3, with no engine lock: reads the old edge bytes, lays the
+    /// ranges over them, checksums and writes each extent. Returns the
+    /// checksums of each segment's pieces.
+    fn write_job(&self, job: &FlushJob) -> Result<Vec<Vec<Vec<u8>>>> {
+        let mut all = Vec::with_capacity(job.segments.len());
+        for seg in &job.segments {
+            let mut content = vec![0u8; (seg.last - seg.first) as usize];
+            for (at, plan) in &seg.old {
+                let bytes = self
+                    .engine
+                    .read_unlocked(|_| Ok(()), |(), dev| plan.execute(dev))?;
+                let from = (at - seg.first) as usize;
+                content[from..from + bytes.len()].copy_from_slice(&bytes);
+            }
+            for (s, d) in overlapping_vec(&job.ranges, seg.first, seg.last) {
+                let from = (s - seg.first) as usize;
+                content[from..from + d.len()].copy_from_slice(d);
+            }
+            let mut sums = Vec::with_capacity(seg.pieces.len());
+            let mut at = 0usize;
+            for &(bytenr, len) in &seg.pieces {
+                let piece = &content[at..at + len as usize];
+                sums.push(file::sector_sums(piece));
+                self.engine.write_flight(&job.flight, bytenr, piece)?;
+                at += len as usize;
+            }
+            all.push(sums);
+        }
+        Ok(all)
+    }
+
+    /// Step 4: the extents written replace what the file had there.
+    fn insert_job(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        inode: &Inode,
+        job: FlushJob,
+        sums: Vec<Vec<Vec<u8>>>,
+    ) -> Result<()> {
+        let tree = self.tree;
+        let mut i = match super::load_inode_tx(tx, tree, ino) {
+            Err(Error::NotFound) => {
+                // Deleted meanwhile: its extents go at the commit.
+                landed(&mut crate::sync::lock(&inode.state), &job.ranges);
+                return tx.end_flight(job.flight);
+            }
+            Err(e) => {
+                self.restore(tx, inode, job.ranges);
+                tx.end_flight(job.flight)?;
+                return Err(e);
+            }
+            Ok(i) => i,
+        };
+        let mut delta = 0i64;
+        for (seg, sums) in job.segments.iter().zip(sums) {
+            self.note_extents(tx, ino, i.size, seg.first, seg.last);
+            delta -= file::punch(tx, tree, ino, seg.first, seg.last)? as i64;
+            let mut at = seg.first;
+            for (&(bytenr, len), s) in seg.pieces.iter().zip(sums) {
+                file::insert_extent(tx, tree, ino, at, bytenr, len, s)?;
+                at += len;
+                delta += len as i64;
+            }
+        }
+        i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
+        super::store_inode(tx, tree, ino, i)?;
+        landed(&mut crate::sync::lock(&inode.state), &job.ranges);
+        tx.end_flight(job.flight)
+    }
+
+    /// Puts back ranges a failed flush took, under anything buffered since.
+    fn restore(&self, tx: &mut Txn<'_>, inode: &Inode, taken: Vec<(u64, Arc<Vec<u8>>)>) {
+        let mut s = crate::sync::lock(&inode.state);
+        landed(&mut s, &taken);
+        let before_len = ranges_len(&s.buffered);
+        let before = ranges_footprint(s.buffered.iter());
+        let newer = std::mem::take(&mut s.buffered);
+        let mut merged = Ranges::new();
+        for (at, d) in &taken {
+            insert_range(&mut merged, *at, d);
+        }
+        for (at, d) in &newer {
+            insert_range(&mut merged, *at, d);
+        }
+        let after = ranges_footprint(merged.iter());
+        let grown = ranges_len(&merged) as i64 - before_len as i64;
+        s.buffered = merged;
+        drop(s);
+        // The taken bytes left the count when they were taken.
+        self.inodes.add_buffered(grown);
+        adjust(tx, before, after);
+    }
 }
 
-fn ranges_len(r: &Ranges) -> u64 {
-    r.values().map(|v| v.len() as u64).sum()
+/// Takes whole ranges, lowest offsets first, until about `budget` bytes
+/// (at least one range), into the in-flight set, and gives back their
+/// space reservation for the flush that allocates them.
+fn take(tx: &mut Txn<'_>, s: &mut InodeState, budget: u64) -> Vec<(u64, Arc<Vec<u8>>)> {
+    let mut out = Vec::new();
+    let mut taken = 0u64;
+    let mut footprint = 0u64;
+    while taken < budget {
+        let Some((at, data)) = s.buffered.pop_first() else {
+            break;
+        };
+        taken += data.len() as u64;
+        footprint += span(at, data.len() as u64);
+        let data = Arc::new(data);
+        s.in_flight.insert(at, data.clone());
+        out.push((at, data));
+    }
+    adjust(tx, footprint, 0);
+    out
+}
+
+/// The flush of `ranges` ended: readers find their bytes in the tree now
+/// (or the inode is gone, or they are buffered again).
+fn landed(s: &mut InodeState, ranges: &[(u64, Arc<Vec<u8>>)]) {
+    for (at, _) in ranges {
+        s.in_flight.remove(at);
+    }
+}
+
+/// The sector-aligned spans the taken ranges cover, merged where they
+/// share or touch a sector, with the first sector added for a file whose
+/// inline data must move into an extent.
+fn segment_spans(taken: &[(u64, Arc<Vec<u8>>)], inline: bool) -> Vec<(u64, u64)> {
+    let mut spans: Vec<(u64, u64)> = taken
+        .iter()
+        .map(|(s, d)| {
+            (
+                s / SECTOR * SECTOR,
+                (s + d.len() as u64).div_ceil(SECTOR) * SECTOR,
+            )
+        })
+        .collect();
+    if inline {
+        spans.push((0, SECTOR));
+    }
+    spans.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+    for (s, e) in spans {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// The parts of `[first, last)` no taken range covers.
+fn uncovered(taken: &[(u64, Arc<Vec<u8>>)], first: u64, last: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut pos = first;
+    for (s, d) in overlapping_vec(taken, first, last) {
+        if s > pos {
+            out.push((pos, s));
+        }
+        pos = pos.max(s + d.len() as u64);
+    }
+    if pos < last {
+        out.push((pos, last));
+    }
+    out
+}
+
+/// The taken ranges (sorted) that overlap `[first, last)`.
+fn overlapping_vec(
+    taken: &[(u64, Arc<Vec<u8>>)],
+    first: u64,
+    last: u64,
+) -> impl Iterator<Item = (u64, &[u8])> {
+    taken
+        .iter()
+        .filter(move |(s, d)| *s < last && s + d.len() as u64 > first)
+        .map(|(s, d)| (*s, d.as_slice()))
+}
+
+/// Allocates each segment's extents, laid after the file's data before it.
+fn allocate(
+    tx: &mut Txn<'_>,
+    tree: u64,
+    ino: u64,
+    segments: &mut [Segment],
+    flight: &mut Flight,
+) -> Result<()> {
+    let root = tx.root_of(tree)?;
+    for seg in segments {
+        let mut hint = file::hint_before(tx, &root, ino, seg.first)?;
+        let total = seg.last - seg.first;
+        let mut at = 0;
+        while at < total {
+            // Any length down to a sector: fragmented free space still
+            // takes the write.
+            let max = (total - at).min(file::EXTENT_MAX);
+            let (bytenr, len) = tx.alloc_flight_data(flight, SECTOR, max, hint)?;
+            seg.pieces.push((bytenr, len));
+            hint = bytenr + len;
+            at += len;
+        }
+    }
+    Ok(())
+}
+
+/// The part of a range inside `[start, end)`.
+fn clip<D: Bytes>(at: u64, d: &D, start: u64, end: u64) -> (u64, Vec<u8>) {
+    let d = d.bytes();
+    let from = at.max(start);
+    let to = (at + d.len() as u64).min(end);
+    (from, d[(from - at) as usize..(to - at) as usize].to_vec())
+}
+
+/// Lays `parts` (file offset, bytes), in order, over `buf`, which holds
+/// the file from `offset`.
+pub(crate) fn lay_over(buf: &mut [u8], offset: u64, parts: &[(u64, Vec<u8>)]) {
+    for (at, d) in parts {
+        let from = (at - offset) as usize;
+        buf[from..from + d.len()].copy_from_slice(d);
+    }
+}
+
+/// Removes `[start, end)` from `ranges`: (bytes dropped, footprint of the
+/// ranges touched before and after).
+fn cut(ranges: &mut Ranges, start: u64, end: u64) -> (u64, u64, u64) {
+    let hit: Vec<u64> = overlapping(ranges, start, end).map(|(&s, _)| s).collect();
+    let (mut dropped, mut before, mut after) = (0, 0, 0);
+    for s in hit {
+        let Some(d) = ranges.remove(&s) else { continue };
+        let e = s + d.len() as u64;
+        before += span(s, d.len() as u64);
+        if s < start {
+            let head = d[..(start - s) as usize].to_vec();
+            after += span(s, head.len() as u64);
+            ranges.insert(s, head);
+        }
+        if e > end {
+            let tail = d[(end - s) as usize..].to_vec();
+            after += span(end, tail.len() as u64);
+            ranges.insert(end, tail);
+        }
+        dropped += e.min(end) - s.max(start);
+    }
+    (dropped, before, after)
+}
+
+/// The range of `ranges` containing `pos`, or else the first one after.
+fn at_or_after<D: Bytes>(ranges: &BTreeMap<u64, D>, pos: u64) -> Option<(u64, u64)> {
+    let from = start_of_range_containing(ranges, pos).unwrap_or(pos);
+    ranges
+        .range(from..)
+        .next()
+        .map(|(&s, d)| (s, s + d.bytes().len() as u64))
+}
+
+/// A buffered range's bytes, owned (buffered) or shared (in flight).
+pub(crate) trait Bytes {
+    fn bytes(&self) -> &[u8];
+}
+
+impl Bytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Bytes for Arc<Vec<u8>> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// Bytes held in `r`.
+pub(crate) fn ranges_len<D: Bytes>(r: &BTreeMap<u64, D>) -> u64 {
+    r.values().map(|v| v.bytes().len() as u64).sum()
 }
 
 /// Start of the range holding byte `pos`, if one does.
-fn start_of_range_containing(ranges: &Ranges, pos: u64) -> Option<u64> {
+fn start_of_range_containing<D: Bytes>(ranges: &BTreeMap<u64, D>, pos: u64) -> Option<u64> {
     ranges
         .range(..=pos)
         .next_back()
-        .filter(|(&s, d)| s + d.len() as u64 > pos)
+        .filter(|(&s, d)| s + d.bytes().len() as u64 > pos)
         .map(|(&s, _)| s)
 }
 
 /// Ranges overlapping `[start, end)`.
-fn overlapping(ranges: &Ranges, start: u64, end: u64) -> impl Iterator<Item = (&u64, &Vec<u8>)> {
+fn overlapping<D: Bytes>(
+    ranges: &BTreeMap<u64, D>,
+    start: u64,
+    end: u64,
+) -> impl Iterator<Item = (&u64, &D)> {
     let first = start_of_range_containing(ranges, start).unwrap_or(start);
     ranges.range(first..end)
 }
@@ -389,18 +723,12 @@ fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) -> Merged {
 mod tests {
     use super::*;
 
-    fn engine() -> crate::Engine {
-        let dev = std::sync::Arc::new(crate::dev::MemDevice::new(64 << 20));
-        crate::Engine::format(dev, &crate::FormatOptions::default()).expect("format")
-    }
-
-    /// Applies random writes to a flat model and to the ranges; both must
-    /// read the same, the ranges must not overlap, the byte count must
-    /// match, and the engine's data reservation must equal the sectors
-    /// the ranges touch.
+    /// Applies random writes and cuts to a flat model and to the ranges;
+    /// both must read the same, the ranges must not overlap, and the
+    /// footprint changes each step reports must add up to the footprint
+    /// of what is left (the engine's reservation follows them).
     #[test]
-    fn merging_matches_a_flat_model() {
-        let engine = engine();
+    fn merging_and_cutting_match_a_flat_model() {
         let mut seed = 0x9e3779b97f4a7c15u64;
         let mut rnd = |n: u64| {
             seed ^= seed << 13;
@@ -409,39 +737,48 @@ mod tests {
             seed % n
         };
         for _ in 0..200 {
-            let d = Delalloc::new();
+            let mut ranges = Ranges::new();
             let mut model = vec![None::<u8>; 40960];
-            engine
-                .write(|tx| {
-                    for step in 0..30u8 {
-                        let off = rnd(40000);
-                        let len = 1 + rnd(5000.min(40960 - off));
-                        let data: Vec<u8> = (0..len).map(|i| step.wrapping_add(i as u8)).collect();
-                        d.insert(tx, 7, off, &data);
-                        for (i, b) in data.iter().enumerate() {
-                            model[off as usize + i] = Some(*b);
-                        }
-                        if rnd(10) == 0 {
-                            let size = rnd(40960);
-                            d.truncate(tx, 7, size);
-                            model[size as usize..].iter_mut().for_each(|b| *b = None);
-                        }
-                    }
-                    Ok(())
-                })
-                .expect("buffering");
-            let files = crate::sync::lock(&d.files);
-            let ranges = files.get(&7).cloned().unwrap_or_default();
-            drop(files);
+            let mut reserved = 0i64;
+            for step in 0..30u8 {
+                let off = rnd(40000);
+                let len = 1 + rnd(5000.min(40960 - off));
+                let data: Vec<u8> = (0..len).map(|i| step.wrapping_add(i as u8)).collect();
+                let m = insert_range(&mut ranges, off, &data);
+                reserved += m.span_after as i64 - m.span_before as i64;
+                for (i, b) in data.iter().enumerate() {
+                    model[off as usize + i] = Some(*b);
+                }
+                if rnd(5) == 0 {
+                    let s = rnd(40960);
+                    let e = s + rnd(40960 - s);
+                    let (dropped, before, after) = cut(&mut ranges, s, e);
+                    reserved += after as i64 - before as i64;
+                    let had = model[s as usize..e as usize]
+                        .iter()
+                        .filter(|b| b.is_some())
+                        .count();
+                    assert_eq!(dropped, had as u64, "bytes cut");
+                    model[s as usize..e as usize]
+                        .iter_mut()
+                        .for_each(|b| *b = None);
+                }
+            }
             let mut prev_end = None;
             for (&s, v) in &ranges {
                 assert!(prev_end.is_none_or(|e| e <= s), "ranges overlap");
                 prev_end = Some(s + v.len() as u64);
             }
-            let footprint = ranges_footprint(ranges.iter());
-            assert_eq!(engine.data_reserved(), footprint, "reservation");
+            assert_eq!(
+                reserved,
+                ranges_footprint(ranges.iter()) as i64,
+                "reservation"
+            );
             let mut buf = vec![0xAAu8; 40960];
-            d.overlay(7, 0, &mut buf);
+            let parts: Vec<(u64, Vec<u8>)> = overlapping(&ranges, 0, 40960)
+                .map(|(&r, d)| clip(r, d, 0, 40960))
+                .collect();
+            lay_over(&mut buf, 0, &parts);
             for (i, m) in model.iter().enumerate() {
                 match m {
                     Some(b) => assert_eq!(buf[i], *b, "byte {i}"),
@@ -449,20 +786,26 @@ mod tests {
                 }
             }
             let buffered = model.iter().filter(|b| b.is_some()).count() as u64;
-            assert_eq!(d.total(), buffered);
-            engine
-                .write(|tx| {
-                    let before = d.total();
-                    let taken = d.take(tx, 7, 1000);
-                    assert_eq!(taken.is_empty(), before == 0, "take takes a range");
-                    assert_eq!(d.total() + ranges_len(&taken), before);
-                    d.restore(tx, 7, taken);
-                    assert_eq!(d.total(), buffered);
-                    d.discard(tx, 7);
-                    Ok(())
-                })
-                .expect("flushing");
-            assert_eq!(engine.data_reserved(), 0, "reservation after discard");
+            assert_eq!(ranges_len(&ranges), buffered);
         }
+    }
+
+    /// Segments merge ranges that share a sector, and what they leave
+    /// uncovered is exactly the old bytes the sectors keep.
+    #[test]
+    fn segments_cover_whole_sectors() {
+        let r = |at: u64, len: usize| (at, Arc::new(vec![1u8; len]));
+        let taken = vec![r(100, 200), r(1000, 5000), r(20480, 4096)];
+        let spans = segment_spans(&taken, false);
+        assert_eq!(spans, vec![(0, 8192), (20480, 24576)]);
+        assert_eq!(
+            uncovered(&taken, 0, 8192),
+            vec![(0, 100), (300, 1000), (6000, 8192)]
+        );
+        assert!(uncovered(&taken, 20480, 24576).is_empty());
+        assert_eq!(
+            segment_spans(&[r(9000, 10)], true),
+            vec![(0, 4096), (8192, 12288)]
+        );
     }
 }

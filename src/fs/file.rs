@@ -143,7 +143,12 @@ pub(crate) fn hole_bytes<B: BlockRead + ?Sized>(
 
 /// Where the data of the file just before `offset` ends on the device: the
 /// allocation hint that keeps a file's extents end to end (0: none).
-fn hint_before<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64, offset: u64) -> Result<u64> {
+pub(crate) fn hint_before<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    offset: u64,
+) -> Result<u64> {
     let Some(c) = Cursor::seek_le(b, root, &data_key(ino, offset))? else {
         return Ok(0);
     };
@@ -159,8 +164,9 @@ fn hint_before<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64, offset: u
     })
 }
 
-/// Reads `[offset, offset+len)` of the file (already clamped to its size);
-/// holes read as zeros. Sectors whose checksum does not match give EIO.
+/// Reads `[offset, offset+len)` of the file (already clamped to its size)
+/// through `b` itself: for inline data and the engine's tests. File reads
+/// of extents go through [`plan_read`] and the device outside the lock.
 pub(crate) fn read<B: BlockRead + DataRead + ?Sized>(
     b: &B,
     root: &RootPtr,
@@ -169,44 +175,167 @@ pub(crate) fn read<B: BlockRead + DataRead + ?Sized>(
     offset: u64,
     len: u64,
 ) -> Result<Vec<u8>> {
-    let mut out = vec![0u8; len as usize];
+    plan_read(b, root, csum_root, ino, offset, len)?.execute(b)
+}
+
+/// Where one piece of a planned read comes from.
+enum Source {
+    /// Inline bytes, copied from the leaf.
+    Bytes(Vec<u8>),
+    /// Whole sectors of a data extent with their checksums; the piece
+    /// starts `skip` bytes in.
+    Extent {
+        bytenr: u64,
+        len: u64,
+        skip: usize,
+        sums: Vec<u8>,
+    },
+}
+
+/// A file read found under the engine lock: which device bytes fill which
+/// part of the result, and the checksums to verify them with. Executed
+/// after the lock is gone (`Engine::read_unlocked`).
+pub(crate) struct ReadPlan {
+    len: usize,
+    /// (offset in the result, length, source); the rest reads as zeros.
+    parts: Vec<(usize, usize, Source)>,
+}
+
+/// Plans the read of `[offset, offset+len)` of the file: holes and
+/// preallocated ranges read as zeros.
+pub(crate) fn plan_read<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    csum_root: &RootPtr,
+    ino: u64,
+    offset: u64,
+    len: u64,
+) -> Result<ReadPlan> {
     let end = offset + len;
+    let mut parts = Vec::new();
     for (k, fe) in items_in(b, root, ino, offset, end)? {
         let from = k.max(offset);
         let to = (k + item_len(&fe)).min(end);
         if from >= to {
             continue;
         }
-        let dst = &mut out[(from - offset) as usize..(to - offset) as usize];
+        let (at, n) = ((from - offset) as usize, (to - from) as usize);
         if fe.kind == FILE_EXTENT_INLINE {
-            dst.copy_from_slice(&fe.inline_data[(from - k) as usize..(to - k) as usize]);
+            let bytes = fe.inline_data[(from - k) as usize..(to - k) as usize].to_vec();
+            parts.push((at, n, Source::Bytes(bytes)));
         } else if fe.kind == FILE_EXTENT_REG && fe.disk_bytenr != 0 {
-            read_extent(b, csum_root, &fe, from - k, dst)?;
+            parts.push((at, n, plan_extent(b, csum_root, &fe, from - k, n as u64)?));
         }
     }
-    Ok(out)
+    Ok(ReadPlan {
+        len: len as usize,
+        parts,
+    })
 }
 
-/// Starts reading from the device the data of `[start, end)` of the file,
-/// so the reads that follow find it in memory.
-pub(crate) fn prefetch(
-    r: &crate::txn::Reader<'_>,
+/// The sectors of an extent holding `len` bytes from `skip` bytes into
+/// the part the item uses, with their checksums.
+fn plan_extent<B: BlockRead + ?Sized>(
+    b: &B,
+    csum_root: &RootPtr,
+    fe: &FileExtentItem,
+    skip: u64,
+    len: u64,
+) -> Result<Source> {
+    // The item checker keeps the used part inside the extent; checked
+    // anyway, as every sum of disk values is.
+    let end = fe
+        .offset
+        .checked_add(skip)
+        .and_then(|pos| Some((pos, pos.checked_add(len)?)))
+        .filter(|&(_, end)| end <= fe.disk_num_bytes);
+    let Some((pos, end)) = end else {
+        return Err(Error::corrupt(
+            fe.disk_bytenr,
+            "file extent reads past its data extent",
+        ));
+    };
+    let first = pos / SECTOR * SECTOR;
+    let last = end.div_ceil(SECTOR) * SECTOR;
+    let sums = crate::tree::get(
+        b,
+        csum_root,
+        &Key::new(CSUM_OBJECTID, EXTENT_CSUM, fe.disk_bytenr),
+    )?
+    .ok_or_else(|| Error::corrupt(fe.disk_bytenr, "data extent without checksums"))?;
+    let (s0, s1) = ((first / SECTOR * 4) as usize, (last / SECTOR * 4) as usize);
+    // A short checksum item fails the sectors it lacks when they are read.
+    let sums = sums[s0.min(sums.len())..s1.min(sums.len())].to_vec();
+    Ok(Source::Extent {
+        bytenr: fe.disk_bytenr + first,
+        len: last - first,
+        skip: (pos - first) as usize,
+        sums,
+    })
+}
+
+impl ReadPlan {
+    /// Reads the planned bytes; a sector whose checksum does not match
+    /// gives EIO.
+    pub(crate) fn execute<D: DataRead + ?Sized>(&self, d: &D) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.len];
+        for (at, n, src) in &self.parts {
+            let dst = &mut out[*at..*at + *n];
+            match src {
+                Source::Bytes(b) => dst.copy_from_slice(b),
+                Source::Extent {
+                    bytenr,
+                    len,
+                    skip,
+                    sums,
+                } => {
+                    let mut buf = vec![0u8; *len as usize];
+                    d.read_bytes(*bytenr, &mut buf)?;
+                    verify(*bytenr, &buf, sums)?;
+                    dst.copy_from_slice(&buf[*skip..*skip + *n]);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Checks every sector of `buf`, read from `bytenr`, against `sums`.
+fn verify(bytenr: u64, buf: &[u8], sums: &[u8]) -> Result<()> {
+    for (i, sector) in buf.chunks(SECTOR as usize).enumerate() {
+        let want = sums
+            .get(i * 4..i * 4 + 4)
+            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
+        if want != Some(crate::format::crc(sector)) {
+            let at = bytenr + (i as u64) * SECTOR;
+            tracing::error!(bytenr = at, "data checksum mismatch");
+            return Err(Error::corrupt(at, "data checksum mismatch"));
+        }
+    }
+    Ok(())
+}
+
+/// The device ranges holding the data of `[start, end)` of the file, for
+/// read-ahead.
+pub(crate) fn device_ranges<B: BlockRead + ?Sized>(
+    b: &B,
     root: &RootPtr,
     ino: u64,
     start: u64,
     end: u64,
-) -> Result<()> {
-    for (k, fe) in items_in(r, root, ino, start, end)? {
+) -> Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    for (k, fe) in items_in(b, root, ino, start, end)? {
         if fe.kind != FILE_EXTENT_REG || fe.disk_bytenr == 0 {
             continue;
         }
         let from = k.max(start);
         let to = (k + item_len(&fe)).min(end);
         if from < to {
-            r.prefetch_data(fe.disk_bytenr + fe.offset + (from - k), to - from);
+            out.push((fe.disk_bytenr + fe.offset + (from - k), to - from));
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Reads data bytes of an extent (the engine's device access).
@@ -226,52 +355,10 @@ impl DataRead for crate::txn::Reader<'_> {
     }
 }
 
-/// Fills `dst` from the extent's data starting `skip` bytes into the part
-/// the item uses, verifying the checksum of every sector read.
-fn read_extent<B: BlockRead + DataRead + ?Sized>(
-    b: &B,
-    csum_root: &RootPtr,
-    fe: &FileExtentItem,
-    skip: u64,
-    dst: &mut [u8],
-) -> Result<()> {
-    // The item checker keeps the used part inside the extent; checked
-    // anyway, as every sum of disk values is.
-    let end = fe
-        .offset
-        .checked_add(skip)
-        .and_then(|pos| Some((pos, pos.checked_add(dst.len() as u64)?)))
-        .filter(|&(_, end)| end <= fe.disk_num_bytes);
-    let Some((pos, end)) = end else {
-        return Err(Error::corrupt(
-            fe.disk_bytenr,
-            "file extent reads past its data extent",
-        ));
-    };
-    let first = pos / SECTOR * SECTOR;
-    let last = end.div_ceil(SECTOR) * SECTOR;
-    let mut buf = vec![0u8; (last - first) as usize];
-    b.read_bytes(fe.disk_bytenr + first, &mut buf)?;
-    let sums = crate::tree::get(
-        b,
-        csum_root,
-        &Key::new(CSUM_OBJECTID, EXTENT_CSUM, fe.disk_bytenr),
-    )?
-    .ok_or_else(|| Error::corrupt(fe.disk_bytenr, "data extent without checksums"))?;
-    for (i, sector) in buf.chunks(SECTOR as usize).enumerate() {
-        let n = (first / SECTOR) as usize + i;
-        let want = sums
-            .get(n * 4..n * 4 + 4)
-            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
-        if want != Some(crate::format::crc(sector)) {
-            let at = fe.disk_bytenr + first + (i as u64) * SECTOR;
-            tracing::error!(bytenr = at, "data checksum mismatch");
-            return Err(Error::corrupt(at, "data checksum mismatch"));
-        }
+impl DataRead for crate::txn::DataDevice<'_> {
+    fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_data(bytenr, buf)
     }
-    let s = (pos - first) as usize;
-    dst.copy_from_slice(&buf[s..s + dst.len()]);
-    Ok(())
 }
 
 /// Cuts `[start, end)` out of the file's extent items. Returns the bytes of
@@ -311,9 +398,25 @@ pub(crate) fn slice(fe: &FileExtentItem, from: u64, len: u64) -> FileExtentItem 
     out
 }
 
-/// Writes `data` at `offset` of a file of `size` bytes; returns the change
-/// of `nbytes`.
-pub(crate) fn write(
+/// Whether a file of `new_size` bytes can keep (or get) its data inline:
+/// it is small and has no extents.
+pub(crate) fn stays_inline<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    new_size: u64,
+) -> Result<bool> {
+    // Only a small file can be (or become) inline: look at its items then.
+    Ok(new_size <= INLINE_MAX
+        && items_in(b, root, ino, 0, u64::MAX)?
+            .iter()
+            .all(|(_, fe)| fe.kind == FILE_EXTENT_INLINE))
+}
+
+/// Writes `data` at `offset` of a file of `size` bytes that
+/// [`stays_inline`] (which the caller has checked): its inline item is
+/// rewritten, with no device I/O. Returns the change of `nbytes`.
+pub(crate) fn write_inline(
     tx: &mut Txn<'_>,
     tree: u64,
     ino: u64,
@@ -324,51 +427,64 @@ pub(crate) fn write(
     let end = offset + data.len() as u64;
     let new_size = size.max(end);
     let root = tx.root_of(tree)?;
-    let csum_root = tx.root_of(CSUM)?;
-    // Only a small file can be (or become) inline: look at its items then.
-    let stays_inline = new_size <= INLINE_MAX && {
-        let items = items_in(tx, &root, ino, 0, u64::MAX)?;
-        items.iter().all(|(_, fe)| fe.kind == FILE_EXTENT_INLINE)
-    };
-    if stays_inline {
-        let mut content = read(tx, &root, &csum_root, ino, 0, size)?;
-        content.resize(new_size as usize, 0);
-        content[offset as usize..end as usize].copy_from_slice(data);
-        let removed = punch(tx, tree, ino, 0, u64::MAX)?;
-        let fe = FileExtentItem {
-            generation: tx.transid(),
-            ram_bytes: new_size,
-            compression: COMPRESS_NONE,
-            kind: FILE_EXTENT_INLINE,
-            disk_bytenr: 0,
-            disk_num_bytes: 0,
-            offset: 0,
-            num_bytes: 0,
-            inline_data: content,
-        };
-        tx.insert(tree, data_key(ino, 0), fe.encode())?;
-        return Ok(new_size as i64 - removed as i64);
+    if !stays_inline(tx, &root, ino, new_size)? {
+        return Err(Error::Invalid(format!(
+            "inline write of {new_size} bytes to a file that cannot stay inline"
+        )));
     }
-    let mut delta = uninline(tx, tree, ino, size)?;
-    delta += write_extents(tx, tree, ino, size, offset, data)?;
-    Ok(delta)
+    let csum_root = tx.root_of(CSUM)?;
+    let mut content = read(tx, &root, &csum_root, ino, 0, size)?;
+    content.resize(new_size as usize, 0);
+    content[offset as usize..end as usize].copy_from_slice(data);
+    let removed = punch(tx, tree, ino, 0, u64::MAX)?;
+    let fe = FileExtentItem {
+        generation: tx.transid(),
+        ram_bytes: new_size,
+        compression: COMPRESS_NONE,
+        kind: FILE_EXTENT_INLINE,
+        disk_bytenr: 0,
+        disk_num_bytes: 0,
+        offset: 0,
+        num_bytes: 0,
+        inline_data: content,
+    };
+    tx.insert(tree, data_key(ino, 0), fe.encode())?;
+    Ok(new_size as i64 - removed as i64)
 }
 
-/// Moves an inline file's bytes into an extent (before it grows past
-/// inline size or gets preallocated space). Returns the change of nbytes.
-fn uninline(tx: &mut Txn<'_>, tree: u64, ino: u64, size: u64) -> Result<i64> {
-    let root = tx.root_of(tree)?;
-    // An inline item is the file's only item, at offset 0.
-    if !is_inline(tx, &root, ino)? {
-        return Ok(0);
-    }
-    let items = items_in(tx, &root, ino, 0, u64::MAX)?;
-    let Some((_, fe)) = items.iter().find(|(_, fe)| fe.kind == FILE_EXTENT_INLINE) else {
-        return Ok(0);
-    };
-    let content = fe.inline_data.clone();
-    let removed = punch(tx, tree, ino, 0, content.len() as u64)? as i64;
-    Ok(write_extents(tx, tree, ino, size, 0, &content)? - removed)
+/// The inline bytes of a file whose data is inline.
+pub(crate) fn inline_bytes<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+) -> Result<Option<Vec<u8>>> {
+    Ok(items_in(b, root, ino, 0, 1)?
+        .into_iter()
+        .find(|(k, fe)| *k == 0 && fe.kind == FILE_EXTENT_INLINE)
+        .map(|(_, fe)| fe.inline_data))
+}
+
+/// Records a data extent written by a flush at `file_off` of the file:
+/// its checksums and its file extent item.
+pub(crate) fn insert_extent(
+    tx: &mut Txn<'_>,
+    tree: u64,
+    ino: u64,
+    file_off: u64,
+    bytenr: u64,
+    len: u64,
+    sums: Vec<u8>,
+) -> Result<()> {
+    tx.put(CSUM, Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr), sums)?;
+    let fe = new_extent_item(tx, FILE_EXTENT_REG, bytenr, len);
+    tx.insert(tree, data_key(ino, file_off), fe.encode())
+}
+
+/// crc32c of every sector of `data`, as a checksum item holds them.
+pub(crate) fn sector_sums(data: &[u8]) -> Vec<u8> {
+    data.chunks(SECTOR as usize)
+        .flat_map(|s| crate::format::crc(s).to_le_bytes())
+        .collect()
 }
 
 fn new_extent_item(tx: &Txn<'_>, kind: u8, bytenr: u64, len: u64) -> FileExtentItem {
@@ -391,12 +507,16 @@ pub(crate) fn preallocate(
     tx: &mut Txn<'_>,
     tree: u64,
     ino: u64,
-    size: u64,
     start: u64,
     end: u64,
 ) -> Result<i64> {
-    let mut delta = uninline(tx, tree, ino, size)?;
+    let mut delta = 0;
     let root = tx.root_of(tree)?;
+    if is_inline(tx, &root, ino)? {
+        return Err(Error::Invalid(
+            "preallocation in a file whose data is inline".into(),
+        ));
+    }
     for (mut at, he) in holes_in(tx, &root, ino, start, end)? {
         let mut hint = hint_before(tx, &root, ino, at)?;
         while at < he {
@@ -450,114 +570,30 @@ pub(crate) fn is_inline<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) 
     })
 }
 
-/// Writes sector-aligned copy-on-write extents covering `[offset, end)`.
-/// The extent content is the partial head sector (file bytes before
-/// `offset`), `data`, and the partial tail sector; it is written piece by
-/// piece straight from `data`, copying only the pieces that straddle a
-/// partial sector.
-fn write_extents(
-    tx: &mut Txn<'_>,
-    tree: u64,
-    ino: u64,
-    size: u64,
-    offset: u64,
-    data: &[u8],
-) -> Result<i64> {
-    let end = offset + data.len() as u64;
-    let first = offset / SECTOR * SECTOR;
-    let last = end.div_ceil(SECTOR) * SECTOR;
-    let root = tx.root_of(tree)?;
-    let csum_root = tx.root_of(CSUM)?;
-    // Sectors partly written keep their other bytes (up to the file size).
-    let mut head = vec![0u8; (offset - first) as usize];
-    if first < offset {
-        let have = offset.min(size).saturating_sub(first);
-        let got = read(tx, &root, &csum_root, ino, first, have)?;
-        head[..got.len()].copy_from_slice(&got);
-    }
-    let mut tail = vec![0u8; (last - end) as usize];
-    if end < last && end < size {
-        let got = read(tx, &root, &csum_root, ino, end, last.min(size) - end)?;
-        tail[..got.len()].copy_from_slice(&got);
-    }
-    let removed = punch(tx, tree, ino, first, last)?;
-    let content = [head.as_slice(), data, tail.as_slice()];
-    let total = last - first;
-    let mut hint = hint_before(tx, &tx.root_of(tree)?, ino, first)?;
-    let mut at = 0;
-    while at < total {
-        // Any length down to a sector: fragmented free space still takes
-        // the write.
-        let (bytenr, len) = tx.alloc_data_range(SECTOR, (total - at).min(EXTENT_MAX), hint)?;
-        let piece = gather(&content, at, len);
-        hint = bytenr + len;
-        tx.write_data(bytenr, &piece)?;
-        let sums: Vec<u8> = piece
-            .chunks(SECTOR as usize)
-            .flat_map(|s| crate::format::crc(s).to_le_bytes())
-            .collect();
-        tx.put(CSUM, Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr), sums)?;
-        let fe = new_extent_item(tx, FILE_EXTENT_REG, bytenr, len);
-        tx.insert(tree, data_key(ino, first + at), fe.encode())?;
-        at += len;
-    }
-    Ok(total as i64 - removed as i64)
-}
-
-/// Bytes `[at, at+len)` of the concatenation of `parts`: borrowed when they
-/// lie in one part, copied together otherwise.
-fn gather<'a>(parts: &[&'a [u8]], at: u64, len: u64) -> std::borrow::Cow<'a, [u8]> {
-    let (at, len) = (at as usize, len as usize);
-    let mut base = 0;
-    for p in parts {
-        if at >= base && at + len <= base + p.len() {
-            return std::borrow::Cow::Borrowed(&p[at - base..at - base + len]);
-        }
-        base += p.len();
-    }
-    // Copy the overlap of [at, at+len) with each part, slice by slice.
-    let mut all = Vec::with_capacity(len);
-    let mut base = 0;
-    for p in parts {
-        let from = at.max(base);
-        let to = (at + len).min(base + p.len());
-        if from < to {
-            all.extend_from_slice(&p[from - base..to - base]);
-        }
-        base += p.len();
-    }
-    std::borrow::Cow::Owned(all)
-}
-
-/// Changes the file size; data past a shrunk end is dropped, and the bytes of
-/// the last partial sector past the new end are zeroed so that a later
-/// extension reads zeros.
+/// Shrinks the file's extents to `new_size`: data past it is dropped.
+/// Returns the change of nbytes, and whether the bytes of the last partial
+/// sector past the new end must be zeroed (the caller buffers zeros there,
+/// so that a later extension reads zeros; the flush rewrites the sector).
 pub(crate) fn truncate(
     tx: &mut Txn<'_>,
     tree: u64,
     ino: u64,
     size: u64,
     new_size: u64,
-) -> Result<i64> {
+) -> Result<(i64, bool)> {
     if new_size >= size {
-        return Ok(0);
+        return Ok((0, false));
     }
     let root = tx.root_of(tree)?;
     if is_inline(tx, &root, ino)? {
         let removed = punch(tx, tree, ino, new_size, u64::MAX)?;
-        return Ok(-(removed as i64));
+        return Ok((-(removed as i64), false));
     }
     let aligned = new_size.div_ceil(SECTOR) * SECTOR;
-    let mut delta = -(punch(tx, tree, ino, aligned, u64::MAX)? as i64);
-    if aligned > new_size {
-        let zeros = vec![0u8; (aligned - new_size) as usize];
-        let root = tx.root_of(tree)?;
-        let has_data = !items_in(tx, &root, ino, new_size, aligned)?.is_empty();
-        if has_data {
-            delta += write_extents(tx, tree, ino, new_size, new_size, &zeros)?;
-        }
-    }
-    Ok(delta)
+    let delta = -(punch(tx, tree, ino, aligned, u64::MAX)? as i64);
+    let root = tx.root_of(tree)?;
+    let partial = aligned > new_size && !items_in(tx, &root, ino, new_size, aligned)?.is_empty();
+    Ok((delta, partial))
 }
 
 /// SEEK_DATA / SEEK_HOLE over the extent items, visiting each leaf once

@@ -7,48 +7,30 @@
 //! unlinked file itself and later sends that as a `setattr`, and an O_PATH
 //! descriptor can still `fstat` the file. Answering those with ENOENT makes
 //! the next `syncfs` of the whole filesystem fail for a file that is simply
-//! gone. A ghost keeps the inode's last attributes so such requests get
-//! the answer a kernel filesystem would give (nlink 0); it holds no data
-//! and never reaches the disk.
+//! gone. A ghost keeps the inode's last attributes in its entry of the
+//! inode table until FORGET, so such requests get the answer a kernel
+//! filesystem would give (nlink 0); it holds no data and never reaches the
+//! disk.
 
+use super::inodes::InodeTable;
 use crate::format::inode::InodeItem;
-use std::collections::HashMap;
-use std::sync::Mutex;
 
-/// Most ghosts kept. The kernel forgets deleted inodes promptly, so this
-/// only bounds memory if FORGETs were lost.
-const MAX_GHOSTS: usize = 1 << 16;
-
-#[derive(Default)]
-pub struct Ghosts {
-    by_ino: Mutex<HashMap<u64, InodeItem>>,
-}
-
-impl Ghosts {
+impl InodeTable {
     /// Remembers `inode` as it was deleted.
     pub fn bury(&self, ino: u64, mut inode: InodeItem) {
         inode.nlink = 0;
-        let mut g = crate::sync::lock(&self.by_ino);
-        if g.len() >= MAX_GHOSTS {
-            if let Some(&old) = g.keys().next() {
-                g.remove(&old);
-            }
-        }
-        g.insert(ino, inode);
+        self.with(ino, |s| s.ghost = Some(inode));
     }
 
     /// Applies `change` to the ghost of `ino`, if there is one, and returns
     /// its attributes after the change.
     pub fn haunt(&self, ino: u64, change: impl FnOnce(&mut InodeItem)) -> Option<InodeItem> {
-        let mut g = crate::sync::lock(&self.by_ino);
-        let inode = g.get_mut(&ino)?;
-        change(inode);
-        Some(inode.clone())
-    }
-
-    /// The kernel no longer names `ino`.
-    pub fn forget(&self, ino: u64) {
-        crate::sync::lock(&self.by_ino).remove(&ino);
+        self.get(ino)?;
+        self.with(ino, |s| {
+            let g = s.ghost.as_mut()?;
+            change(g);
+            Some(g.clone())
+        })
     }
 }
 
@@ -58,7 +40,7 @@ mod tests {
 
     #[test]
     fn a_ghost_answers_until_forgotten() {
-        let g = Ghosts::default();
+        let g = InodeTable::new();
         let inode = InodeItem {
             nlink: 1,
             mode: libc::S_IFREG | 0o644,

@@ -22,6 +22,7 @@ pub mod delalloc;
 mod dir;
 mod file;
 mod ghost;
+mod inodes;
 pub(crate) mod log;
 pub(crate) mod ops;
 mod readahead;
@@ -37,9 +38,8 @@ use crate::format::tree_id::FS;
 use crate::format::Key;
 use crate::txn::{Reader, Txn};
 use crate::Engine;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Largest file size (2^62 bytes).
 pub const MAX_FILE_SIZE: u64 = 1 << 62;
@@ -56,20 +56,13 @@ pub struct Fs {
     engine: Arc<Engine>,
     tree: u64,
     next_ino: AtomicU64,
-    /// Open handles per inode: an unlinked inode lives on (as an orphan)
-    /// until its last handle is released.
-    open_handles: Mutex<HashMap<u64, u32>>,
-    /// File data written but not yet given extents.
-    delalloc: delalloc::Delalloc,
+    /// Live inodes: buffered data, open handles, ghosts, read streams.
+    inodes: inodes::InodeTable,
     /// An [`AtimePolicy`] as a number.
     atime_policy: std::sync::atomic::AtomicU8,
     /// Remounted read-only: the kernel refuses changes, and reads must not
     /// record access times either.
     remounted_ro: std::sync::atomic::AtomicBool,
-    /// Deleted inodes the kernel has not forgotten yet.
-    ghosts: ghost::Ghosts,
-    /// Sequential readers, for read-ahead of their data on the device.
-    readahead: readahead::ReadAhead,
     /// What the running transaction changed, for fsync's log.
     tracking: log::Tracking,
     /// fsync writes the log tree (false: it commits, `-o notreelog`).
@@ -101,12 +94,9 @@ impl Fs {
             engine,
             tree,
             next_ino: AtomicU64::new(last.map_or(ROOT_DIR_INO, |l| l.max(ROOT_DIR_INO)) + 1),
-            open_handles: Mutex::new(HashMap::new()),
-            delalloc: delalloc::Delalloc::new(),
+            inodes: inodes::InodeTable::new(),
             atime_policy: std::sync::atomic::AtomicU8::new(1),
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
-            ghosts: ghost::Ghosts::default(),
-            readahead: readahead::ReadAhead::default(),
             tracking: log::Tracking::default(),
             log_enabled: std::sync::atomic::AtomicBool::new(true),
         };
@@ -155,7 +145,7 @@ impl Fs {
     /// Sets how many bytes of written file data may wait in memory for
     /// their extents before writers flush some.
     pub fn set_dirty_limit(&self, bytes: u64) {
-        self.delalloc.set_limit(bytes);
+        self.inodes.set_limit(bytes);
     }
 
     /// Follows a remount: read-only commits everything first, then stops
@@ -175,13 +165,12 @@ impl Fs {
 
     /// Bytes of file data waiting in memory for extents.
     pub fn dirty_bytes(&self) -> u64 {
-        self.delalloc.total()
+        self.inodes.buffered()
     }
 
     /// The kernel dropped its last reference to `ino` (FUSE's FORGET).
     pub fn forget(&self, ino: u64) {
-        self.ghosts.forget(ino);
-        self.readahead.forget(ino);
+        self.inodes.forget(ino);
     }
 
     /// Runs `f` in the running transaction. `f` reserves what it needs
@@ -198,7 +187,9 @@ impl Fs {
         // freed space comes back once it is durable (the commit waits).
         match self.engine.write(&mut f) {
             Err(Error::NoSpace) => {
-                self.sync()?;
+                // The caller may hold a file's flush lock: flush the rest.
+                self.flush_all_available()?;
+                self.engine.commit()?;
                 self.engine.write(f)
             }
             r => r,
@@ -218,7 +209,7 @@ impl Fs {
 impl Drop for Fs {
     /// Buffered data reaches the tree before the engine's final commit.
     fn drop(&mut self) {
-        if self.delalloc.total() > 0 {
+        if self.inodes.buffered() > 0 {
             if let Err(e) = self.flush_all() {
                 tracing::error!(error = %e, "flushing buffered data failed");
             }

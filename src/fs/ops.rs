@@ -159,7 +159,7 @@ impl Fs {
             let mut a = attr(ino, &load_inode_r(r, self.tree, ino)?);
             // Buffered data will take space when flushed; count it now, as
             // `du` right after a write expects.
-            a.blocks += self.delalloc.bytes_of(ino).div_ceil(512);
+            a.blocks += self.buffered_bytes_of(ino).div_ceil(512);
             Ok(a)
         });
         match found {
@@ -171,7 +171,7 @@ impl Fs {
     /// Attributes of the ghost of a deleted inode after `change`; NotFound
     /// if the inode never existed or the kernel has forgotten it.
     fn ghost_attr(&self, ino: u64, change: impl FnOnce(&mut InodeItem)) -> Result<Attr> {
-        self.ghosts
+        self.inodes
             .haunt(ino, change)
             .map(|i| attr(ino, &i))
             .ok_or(Error::NotFound)
@@ -205,18 +205,17 @@ impl Fs {
     ) -> Result<Attr> {
         dir::check_name(name)?;
         let target_len = target.map_or(0, |t| t.len() as u64);
-        // A symlink target too long to live inline goes to a data extent.
-        let data = if target_len > file::INLINE_MAX {
-            target_len.next_multiple_of(SECTOR)
+        // A symlink target too long to live inline goes to a data extent,
+        // written by a flush like file data.
+        let long = target_len > file::INLINE_MAX;
+        let need = if long {
+            Need::items(self.tree, CREATE_ITEMS).buffer(super::delalloc::span(0, target_len))
         } else {
-            0
+            Need::items(self.tree, CREATE_ITEMS).payload(target_len)
         };
-        let need = Need::items(self.tree, CREATE_ITEMS)
-            .payload(target_len)
-            .data(data);
         let ino = self.alloc_ino()?;
         let tree = self.tree;
-        self.write_reserved(|tx| {
+        let created = self.write_reserved(|tx| {
             tx.reserve(&need)?;
             let mut p = self.parent_dir(tx, parent)?;
             let root = self.root_ptr_tx(tx)?;
@@ -253,8 +252,12 @@ impl Fs {
                 inode.mode |= libc::S_ISGID;
             }
             store_inode(tx, tree, ino, inode.clone())?;
+            match target {
+                Some(t) if long => self.buffer(tx, ino, 0, t),
+                Some(t) => inode.nbytes = file::write_inline(tx, tree, ino, 0, 0, t)? as u64,
+                None => {}
+            }
             if let Some(t) = target {
-                inode.nbytes = file::write(tx, tree, ino, 0, 0, t)? as u64;
                 inode.size = t.len() as u64;
                 store_inode(tx, tree, ino, inode.clone())?;
             }
@@ -265,7 +268,12 @@ impl Fs {
             p.ctime = now;
             store_inode(tx, tree, parent, p)?;
             Ok(attr(ino, &inode))
-        })
+        })?;
+        if long {
+            self.flush_file(ino)?;
+            return self.getattr(ino);
+        }
+        Ok(created)
     }
 
     fn parent_dir(&self, tx: &Txn<'_>, parent: u64) -> Result<InodeItem> {
@@ -277,23 +285,30 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        self.engine.read(|r| {
-            let i = load_inode_r(r, self.tree, ino)?;
-            if i.mode & libc::S_IFMT != libc::S_IFLNK {
-                return Err(errno(libc::EINVAL, "not a symlink"));
-            }
-            // The checker bounds a symlink's size by 4095 bytes; its data
-            // must fill exactly that, with no hole and no NUL.
-            let root = r.root(self.tree)?;
-            let target = file::read(r, &root, &r.root(CSUM)?, ino, 0, i.size)?;
-            if file::covered(r, &root, ino, i.size)? != i.size || target.contains(&0) {
-                return Err(Error::BadItem {
-                    key: super::inode_key(ino),
-                    reason: format!("symlink of {} bytes whose data does not match", i.size),
-                });
-            }
-            Ok(target)
-        })
+        self.engine.read_unlocked(
+            |r| {
+                let i = load_inode_r(r, self.tree, ino)?;
+                if i.mode & libc::S_IFMT != libc::S_IFLNK {
+                    return Err(errno(libc::EINVAL, "not a symlink"));
+                }
+                // The checker bounds a symlink's size by 4095 bytes; its
+                // data must fill exactly that, with no hole and no NUL.
+                let root = r.root(self.tree)?;
+                let whole = file::covered(r, &root, ino, i.size)? == i.size;
+                let plan = file::plan_read(r, &root, &r.root(CSUM)?, ino, 0, i.size)?;
+                Ok((plan, whole, i.size))
+            },
+            |(plan, whole, size), dev| {
+                let target = plan.execute(dev)?;
+                if !whole || target.contains(&0) {
+                    return Err(Error::BadItem {
+                        key: super::inode_key(ino),
+                        reason: format!("symlink of {size} bytes whose data does not match"),
+                    });
+                }
+                Ok(target)
+            },
+        )
     }
 
     /// Removes `name` from `parent`: a non-directory (`rmdir` false) or an
@@ -355,9 +370,9 @@ impl Fs {
             tx.put(tree, orphan_key(ino), Vec::new())?;
             return store_inode(tx, tree, ino, inode);
         }
-        self.delalloc.discard(tx, ino);
+        self.discard_buffered(tx, ino);
         delete_inode(tx, tree, ino)?;
-        self.ghosts.bury(ino, inode);
+        self.inodes.bury(ino, inode);
         Ok(())
     }
 
@@ -367,35 +382,17 @@ impl Fs {
     }
 
     fn is_open(&self, ino: u64) -> bool {
-        crate::sync::lock(&self.open_handles)
-            .get(&ino)
-            .is_some_and(|&n| n > 0)
+        self.inodes.is_open(ino)
     }
 
     /// Notes an open handle of `ino`.
     pub fn open(&self, ino: u64) {
-        *crate::sync::lock(&self.open_handles)
-            .entry(ino)
-            .or_insert(0) += 1;
+        self.inodes.open(ino);
     }
 
     /// Releases a handle; the last one of an orphan deletes it.
     pub fn release(&self, ino: u64) -> Result<()> {
-        let last = {
-            let mut h = crate::sync::lock(&self.open_handles);
-            match h.get_mut(&ino) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
-                    false
-                }
-                Some(_) => {
-                    h.remove(&ino);
-                    true
-                }
-                None => false,
-            }
-        };
-        if !last {
+        if !self.inodes.release(ino) {
             return Ok(());
         }
         let tree = self.tree;
@@ -407,9 +404,9 @@ impl Fs {
             let inode = load_inode_tx(tx, tree, ino)?;
             check_deletable(tx, tree, ino)?;
             tx.delete(tree, &orphan_key(ino))?;
-            self.delalloc.discard(tx, ino);
+            self.discard_buffered(tx, ino);
             delete_inode(tx, tree, ino)?;
-            self.ghosts.bury(ino, inode);
+            self.inodes.bury(ino, inode);
             self.log_name_changes(tx, &[ino])
         })
     }
@@ -640,6 +637,16 @@ impl Fs {
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
         let tree = self.tree;
         let now = Timespec::now();
+        // A size change rewrites the file's extents: no flush of it may
+        // run meanwhile, and its buffered data goes first.
+        let _held = match s.size {
+            Some(_) => {
+                let held = self.inodes.lock_flush(ino);
+                self.flush_held(ino, &held.inode)?;
+                Some(held)
+            }
+            None => None,
+        };
         let done = self.write_reserved(|tx| {
             let mut i = load_inode_tx(tx, tree, ino)?;
             tx.reserve(&match s.size {
@@ -647,7 +654,7 @@ impl Fs {
                 // rewritten (zeroed past the new end).
                 Some(size) if size < i.size => {
                     let partial = if size % SECTOR != 0 { SECTOR } else { 0 };
-                    Need::items(tree, 4).data(partial).deleting()
+                    Need::items(tree, 4).buffer(partial).deleting()
                 }
                 _ => Need::items(tree, 1),
             })?;
@@ -655,12 +662,15 @@ impl Fs {
                 if is_dir(i.mode) {
                     return Err(errno(libc::EISDIR, "is a directory"));
                 }
-                self.delalloc.truncate(tx, ino, size);
-                if self.flush_in(tx, ino, u64::MAX)? {
-                    i = load_inode_tx(tx, tree, ino)?;
-                }
+                self.truncate_buffered(tx, ino, size);
                 self.note_extents(tx, ino, i.size, size.min(i.size), u64::MAX);
-                let delta = file::truncate(tx, tree, ino, i.size, size)?;
+                let (delta, partial) = file::truncate(tx, tree, ino, i.size, size)?;
+                if partial {
+                    // Zeros past the end, so a later extension reads zeros;
+                    // the flush rewrites the sector.
+                    let zeros = vec![0u8; (size.next_multiple_of(SECTOR) - size) as usize];
+                    self.buffer(tx, ino, size, &zeros);
+                }
                 i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
                 i.size = size;
                 i.mtime = now;
@@ -681,30 +691,44 @@ impl Fs {
         }
     }
 
+    /// Reads file data: what to read is found under the engine lock (with
+    /// the buffered and in-flight bytes that lie over it), the device is
+    /// read after letting go.
     pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-        let (data, seen) = self.engine.read(|r| {
-            let i = load_inode_r(r, self.tree, ino)?;
-            if is_dir(i.mode) {
-                return Err(errno(libc::EISDIR, "is a directory"));
-            }
-            let end = offset.saturating_add(u64::from(len)).min(i.size);
-            if offset >= end {
-                return Ok((Vec::new(), i));
-            }
-            let mut data = file::read(
-                r,
-                &r.root(self.tree)?,
-                &r.root(CSUM)?,
-                ino,
-                offset,
-                end - offset,
-            )?;
-            self.delalloc.overlay(ino, offset, &mut data);
-            if let Some((from, to)) = self.readahead.plan(ino, offset, end - offset, i.size) {
-                file::prefetch(r, &r.root(self.tree)?, ino, from, to)?;
-            }
-            Ok((data, i))
-        })?;
+        let (data, seen) = self.engine.read_unlocked(
+            |r| {
+                let i = load_inode_r(r, self.tree, ino)?;
+                if is_dir(i.mode) {
+                    return Err(errno(libc::EISDIR, "is a directory"));
+                }
+                let end = offset.saturating_add(u64::from(len)).min(i.size);
+                if offset >= end {
+                    return Ok((None, Vec::new(), Vec::new(), i));
+                }
+                let root = r.root(self.tree)?;
+                let plan = file::plan_read(r, &root, &r.root(CSUM)?, ino, offset, end - offset)?;
+                let over = self.overlay_of(ino, offset, end);
+                let ahead = self
+                    .inodes
+                    .with(ino, |s| s.stream.plan(offset, end - offset, i.size));
+                let prefetch = match ahead {
+                    Some((from, to)) => file::device_ranges(r, &root, ino, from, to)?,
+                    None => Vec::new(),
+                };
+                Ok((Some(plan), over, prefetch, i))
+            },
+            |(plan, over, prefetch, i), dev| {
+                for (at, n) in prefetch {
+                    dev.prefetch_data(at, n);
+                }
+                let Some(plan) = plan else {
+                    return Ok((Vec::new(), i));
+                };
+                let mut data = plan.execute(dev)?;
+                super::delalloc::lay_over(&mut data, offset, &over);
+                Ok((data, i))
+            },
+        )?;
         self.accessed(ino, &seen);
         Ok(data)
     }
@@ -716,7 +740,7 @@ impl Fs {
         {
             return Err(errno(libc::EFBIG, "file too large"));
         }
-        if self.delalloc.over_limit() {
+        if self.inodes.over_limit() {
             self.flush_to_limit()?;
         }
         let tree = self.tree;
@@ -730,7 +754,7 @@ impl Fs {
                 return Err(errno(libc::EISDIR, "is a directory"));
             }
             // Buffered together with the size it implies (see delalloc).
-            self.delalloc.insert(tx, ino, offset, data);
+            self.buffer(tx, ino, offset, data);
             i.size = i.size.max(offset + data.len() as u64);
             let now = Timespec::now();
             i.mtime = now;
@@ -741,7 +765,7 @@ impl Fs {
         match done {
             // Cached pages of a file deleted meanwhile: nobody can read
             // them back, so they are dropped as written.
-            Err(Error::NotFound) if self.ghosts.haunt(ino, |_| {}).is_some() => {
+            Err(Error::NotFound) if self.inodes.haunt(ino, |_| {}).is_some() => {
                 Ok(data.len() as u32)
             }
             done => done,
@@ -853,8 +877,7 @@ impl Fs {
     ) -> Result<Option<u64>> {
         let on_disk = file::seek(r, root, ino, offset, size, true)?;
         let buffered = self
-            .delalloc
-            .range_at_or_after(ino, offset)
+            .buffered_at_or_after(ino, offset)
             .map(|(s, _)| s.max(offset))
             .filter(|&p| p < size);
         Ok(match (on_disk, buffered) {
@@ -876,7 +899,7 @@ impl Fs {
         let mut pos = offset;
         while pos < size {
             let hole = file::seek(r, root, ino, pos, size, false)?.unwrap_or(size);
-            match self.delalloc.range_at_or_after(ino, hole) {
+            match self.buffered_at_or_after(ino, hole) {
                 Some((s, e)) if s <= hole && hole < size => pos = e,
                 _ => return Ok(hole.min(size)),
             }
@@ -904,8 +927,12 @@ impl Fs {
             .filter(|&e| e <= super::MAX_FILE_SIZE);
         let end = end.ok_or(errno(libc::EFBIG, "file too large"))?;
         let tree = self.tree;
+        // It rewrites the file's extents: no flush of it may run meanwhile,
+        // and its buffered data goes first.
+        let held = self.inodes.lock_flush(ino);
+        self.flush_held(ino, &held.inode)?;
         self.write_reserved(|tx| {
-            let i = load_inode_tx(tx, tree, ino)?;
+            let mut i = load_inode_tx(tx, tree, ino)?;
             if i.mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(errno(libc::ENODEV, "not a regular file"));
             }
@@ -915,23 +942,23 @@ impl Fs {
             let items = file::count_items(tx, &root, ino, offset, end)?;
             tx.reserve(&if punch || zero {
                 // Partial sectors at both edges are rewritten.
-                Need::items(tree, items + 4).data(2 * SECTOR).deleting()
+                Need::items(tree, items + 4).buffer(2 * SECTOR).deleting()
             } else {
-                let holes = file::hole_bytes(tx, &root, ino, offset, end)?
-                    + if file::is_inline(tx, &root, ino)? {
-                        SECTOR
-                    } else {
-                        0
-                    };
+                // Inline data moves to the buffer, its sector to a hole.
+                let inline = if file::is_inline(tx, &root, ino)? {
+                    SECTOR
+                } else {
+                    0
+                };
+                let holes = file::hole_bytes(tx, &root, ino, offset, end)? + inline;
                 // The new extent items lie side by side in the file's key
                 // range: they fill leaves rather than each copying a path.
                 let pieces = tx.data_pieces_bound(holes, file::EXTENT_MAX);
                 Need::items(tree, items + 4)
                     .payload(pieces * crate::txn::EXTENT_ITEMS_BYTES)
                     .data(holes)
+                    .buffer(inline)
             })?;
-            self.flush_in(tx, ino, u64::MAX)?;
-            let mut i = load_inode_tx(tx, tree, ino)?;
             self.note_extents(tx, ino, i.size, offset, end);
             let delta = if punch || zero {
                 self.zero_range(
@@ -942,7 +969,7 @@ impl Fs {
                     end.min(if zero { end } else { i.size }),
                 )?
             } else {
-                file::preallocate(tx, tree, ino, i.size, offset, end)?
+                self.preallocate(tx, ino, offset, end)?
             };
             i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
             if !keep {
@@ -955,8 +982,22 @@ impl Fs {
         })
     }
 
+    /// Preallocates the holes of `[start, end)`. Inline data first moves
+    /// to the buffer, so its flush writes it into an extent.
+    fn preallocate(&self, tx: &mut Txn<'_>, ino: u64, start: u64, end: u64) -> Result<i64> {
+        let tree = self.tree;
+        let root = tx.root_of(tree)?;
+        let mut delta = 0;
+        if let Some(bytes) = file::inline_bytes(tx, &root, ino)? {
+            delta -= file::punch(tx, tree, ino, 0, bytes.len() as u64)? as i64;
+            self.buffer(tx, ino, 0, &bytes);
+        }
+        Ok(delta + file::preallocate(tx, tree, ino, start, end)?)
+    }
+
     /// Makes `[start, end)` read as zeros: whole sectors become holes, the
-    /// partial sectors at the edges are rewritten.
+    /// partial sectors at the edges get buffered zeros (their flush
+    /// rewrites them). Returns the change of nbytes.
     fn zero_range(
         &self,
         tx: &mut Txn<'_>,
@@ -965,32 +1006,25 @@ impl Fs {
         start: u64,
         end: u64,
     ) -> Result<i64> {
-        let tree = self.tree;
-        if start >= end.min(size) {
+        let end = end.min(size);
+        if start >= end {
             return Ok(0);
         }
-        let end = end.min(size);
-        const S: u64 = crate::format::SECTORSIZE as u64;
-        let (a, b) = (start.div_ceil(S) * S, end / S * S);
-        let root = tx.root_of(tree)?;
-        if file::is_inline(tx, &root, ino)? || a >= b {
-            return file::write(
-                tx,
-                tree,
-                ino,
-                size,
-                start,
-                &vec![0u8; (end - start) as usize],
-            );
+        // Bytes buffered there were written before the zeros.
+        self.cut_buffered(tx, ino, start, end);
+        let zeros = |from: u64, to: u64| vec![0u8; (to - from) as usize];
+        let (a, b) = (start.next_multiple_of(SECTOR), end / SECTOR * SECTOR);
+        if a >= b {
+            self.buffer(tx, ino, start, &zeros(start, end));
+            return Ok(0);
         }
-        let mut delta = 0;
         if start < a {
-            delta += file::write(tx, tree, ino, size, start, &vec![0u8; (a - start) as usize])?;
+            self.buffer(tx, ino, start, &zeros(start, a));
         }
         if b < end {
-            delta += file::write(tx, tree, ino, size, b, &vec![0u8; (end - b) as usize])?;
+            self.buffer(tx, ino, b, &zeros(b, end));
         }
-        Ok(delta - file::punch(tx, tree, ino, a, b)? as i64)
+        Ok(-(file::punch(tx, self.tree, ino, a, b)? as i64))
     }
 
     /// copy_file_range(2): shares extents where the ranges are sector-aligned
@@ -1030,13 +1064,23 @@ impl Fs {
             let data = self.read(src, src_off, len.min(64 << 20) as u32)?;
             return self.write(dst, dst_off, &data).map(u64::from);
         }
+        // Both files' extents change or are shared: no flush of either may
+        // run meanwhile (locks taken in inode order), and what was written
+        // since the flushes above goes first.
+        let _held: Vec<_> = [src.min(dst), src.max(dst)]
+            .into_iter()
+            .enumerate()
+            .filter(|&(n, i)| n == 0 || i != src.min(dst))
+            .map(|(_, i)| {
+                let held = self.inodes.lock_flush(i);
+                self.flush_held(i, &held.inode).map(|()| held)
+            })
+            .collect::<Result<_>>()?;
         self.write_reserved(|tx| {
             let root = tx.root_of(tree)?;
             let items = file::count_items(tx, &root, src, src_off, src_off + len)?
                 + file::count_items(tx, &root, dst, dst_off, dst_off + len)?;
             tx.reserve(&Need::items(tree, items + 4))?;
-            self.flush_in(tx, src, u64::MAX)?;
-            self.flush_in(tx, dst, u64::MAX)?;
             let mut d = load_inode_tx(tx, tree, dst)?;
             if d.mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(errno(libc::EINVAL, "not a regular file"));

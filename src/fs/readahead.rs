@@ -8,10 +8,8 @@
 //! prefetch (posix_fadvise WILLNEED on the image), in steps of [`STEP`], so
 //! the disk works on large requests ahead of the reader. Random readers never
 //! trigger it: a read that does not continue near where the last one ended
-//! starts the stream afresh.
-
-use std::collections::HashMap;
-use std::sync::Mutex;
+//! starts the stream afresh. Each file's stream lives in its entry of the
+//! inode table until the kernel forgets the inode.
 
 /// How far past the reader data is requested.
 pub(crate) const WINDOW: u64 = 8 << 20;
@@ -24,34 +22,22 @@ const STEP: u64 = 4 << 20;
 const SLACK: u64 = 1 << 20;
 /// In-order reads needed before read-ahead starts.
 const RUN: u32 = 2;
-/// Streams followed at once; beyond this the table starts over.
-const MAX_STREAMS: usize = 4096;
-
-#[derive(Default, Clone, Copy)]
-struct Stream {
+/// One file's reader.
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Stream {
     /// Furthest byte read so far.
-    end: u64,
+    pub end: u64,
     /// In-order reads seen in a row.
     run: u32,
     /// Read-ahead has been requested up to here.
     ahead: u64,
 }
 
-/// Per-inode read streams.
-#[derive(Default)]
-pub(crate) struct ReadAhead {
-    streams: Mutex<HashMap<u64, Stream>>,
-}
-
-impl ReadAhead {
+impl Stream {
     /// Records a read of `[offset, offset + len)` from a file of `size`
     /// bytes and returns the file range to prefetch now, if any.
-    pub(crate) fn plan(&self, ino: u64, offset: u64, len: u64, size: u64) -> Option<(u64, u64)> {
-        let mut streams = crate::sync::lock(&self.streams);
-        if streams.len() >= MAX_STREAMS && !streams.contains_key(&ino) {
-            streams.clear();
-        }
-        let s = streams.entry(ino).or_default();
+    pub(crate) fn plan(&mut self, offset: u64, len: u64, size: u64) -> Option<(u64, u64)> {
+        let s = self;
         let end = offset.saturating_add(len);
         let in_order = offset <= s.end.saturating_add(SLACK) && end.saturating_add(SLACK) >= s.end;
         if in_order && s.run > 0 {
@@ -72,11 +58,6 @@ impl ReadAhead {
         s.ahead = to;
         (from < to).then_some((from, to))
     }
-
-    /// Forgets a file's stream (the kernel has forgotten the inode).
-    pub(crate) fn forget(&self, ino: u64) {
-        crate::sync::lock(&self.streams).remove(&ino);
-    }
 }
 
 #[cfg(test)]
@@ -87,15 +68,15 @@ mod tests {
 
     #[test]
     fn a_sequential_reader_gets_a_window_ahead_in_large_steps() {
-        let ra = ReadAhead::default();
+        let mut ra = Stream::default();
         let size = 1 << 30;
-        assert_eq!(ra.plan(1, 0, K128, size), None);
-        let first = ra.plan(1, K128, K128, size).expect("second in-order read");
+        assert_eq!(ra.plan(0, K128, size), None);
+        let first = ra.plan(K128, K128, size).expect("second in-order read");
         assert_eq!(first, (2 * K128, 2 * K128 + WINDOW));
         let mut requested = vec![first];
         let mut off = 2 * K128;
         while off < 64 << 20 {
-            if let Some(r) = ra.plan(1, off, K128, size) {
+            if let Some(r) = ra.plan(off, K128, size) {
                 requested.push(r);
             }
             off += K128;
@@ -110,7 +91,7 @@ mod tests {
 
     #[test]
     fn random_reads_never_prefetch() {
-        let ra = ReadAhead::default();
+        let mut ra = Stream::default();
         let size = 1 << 40;
         let mut x: u64 = 12345;
         for _ in 0..1000 {
@@ -118,27 +99,27 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let off = (x >> 20) % size;
-            assert_eq!(ra.plan(7, off / 4096 * 4096, 4096, size), None);
+            assert_eq!(ra.plan(off / 4096 * 4096, 4096, size), None);
         }
     }
 
     #[test]
     fn slightly_reordered_reads_keep_the_stream() {
-        let ra = ReadAhead::default();
+        let mut ra = Stream::default();
         let size = 1 << 30;
         let got: Vec<_> = [0, 2, 1, 3]
             .iter()
-            .map(|i| ra.plan(3, i * K128, K128, size))
+            .map(|i| ra.plan(i * K128, K128, size))
             .collect();
         assert_eq!(got, [None, Some((3 * K128, 3 * K128 + WINDOW)), None, None]);
     }
 
     #[test]
     fn nothing_is_requested_past_the_end_of_the_file() {
-        let ra = ReadAhead::default();
+        let mut ra = Stream::default();
         let size = 3 * K128;
-        ra.plan(4, 0, K128, size);
-        assert_eq!(ra.plan(4, K128, K128, size), Some((2 * K128, size)));
-        assert_eq!(ra.plan(4, 2 * K128, K128, size), None);
+        ra.plan(0, K128, size);
+        assert_eq!(ra.plan(K128, K128, size), Some((2 * K128, size)));
+        assert_eq!(ra.plan(2 * K128, K128, size), None);
     }
 }

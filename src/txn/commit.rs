@@ -32,7 +32,9 @@ impl Engine {
             return Err(Error::ReadOnly);
         }
         let prepared = {
-            let mut st = crate::sync::write(&self.state);
+            // Extents of an open flight are not referenced yet.
+            let mut st = self.lock_without_flights();
+            self.check_alive()?;
             match prepare(&mut st, &self.shared) {
                 Ok(Some(p)) => p,
                 Ok(None) => {
@@ -75,7 +77,7 @@ impl Engine {
                 self.shared.cache.insert(node);
             }
         }
-        crate::sync::write(&self.state).alloc.unpin(prepared.pinned);
+        self.unpin(prepared.pinned);
         io.generation = generation;
         io.sb = prepared.sb.clone();
         self.commit_turn.notify_all();

@@ -23,12 +23,14 @@
 
 mod commit;
 mod ctx;
+mod flight;
 mod log;
 mod open;
 mod persist;
 mod space;
 
 pub use ctx::{Reader, Txn};
+pub use flight::{DataDevice, Flight};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
     MIN_DEVICE_BYTES,
@@ -72,6 +74,9 @@ pub(crate) struct State {
     pub alloc: Allocator,
     /// Data bytes promised to buffered writes (see `space`).
     pub data_reserved: u64,
+    /// Buffered bytes being flushed: their data is allocated, their
+    /// tree items still held (see `flight`).
+    pub flushing: u64,
     /// Size of every tree that does not share blocks (see `space`).
     pub tree_blocks: space::TreeBlocks,
     /// Counts changes to the trees and the allocator, so a failed
@@ -102,6 +107,11 @@ pub(crate) struct Shared {
     /// Items the checker rejected and the log has already named, so a
     /// bad leaf read again is not reported again.
     pub reported: Mutex<HashSet<(u64, crate::format::Key)>>,
+    /// Flushes writing data outside the state lock (see `flight`).
+    pub flights: Arc<flight::Flights>,
+    /// Held (shared) by data reads outside the state lock, and (alone)
+    /// while freed space becomes reusable (see `flight`).
+    pub read_gate: RwLock<()>,
 }
 
 /// How many rejected items [`Shared::reported`] remembers.

@@ -102,6 +102,8 @@ fn new_engine(
             fsid,
             nodesize,
             reported: Mutex::new(HashSet::new()),
+            flights: Default::default(),
+            read_gate: RwLock::new(()),
         },
         commit_io: Mutex::new(super::log::IoState {
             generation: st.transid - 1,
@@ -128,6 +130,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         refs: DelayedRefs::default(),
         alloc: Allocator::new(device_bytes, mixed),
         data_reserved: 0,
+        flushing: 0,
         tree_blocks: Default::default(),
         changes: 0,
         log: None,

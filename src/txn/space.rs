@@ -156,7 +156,7 @@ impl State {
         let buffered = self.data_reserved + need.buffer;
         let op = need.items * self.path_blocks(need.tree)
             + Self::blocks_for_bytes(ns, need.payload)
-            + self.flush_need_blocks(ns, buffered);
+            + self.flush_need_blocks(ns, buffered + self.flushing);
         let margin = if need.deleting {
             0
         } else {

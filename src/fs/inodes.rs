@@ -1,0 +1,272 @@
+//! The in-memory table of live inodes: one entry per inode that holds
+//! something beyond what the tree has (buffered data, open handles, a
+//! ghost, a read stream), each under its own lock.
+//!
+//! Before this table the same facts lived in four global maps, each behind
+//! one mutex that every file's reads and writes took. Now two threads
+//! working on different files share only the table's map lock, taken
+//! briefly to find an entry, and each entry is dropped as soon as it
+//! holds nothing.
+//!
+//! Locks: the engine's state lock (when held) comes first, then the map,
+//! then an entry's state. An entry's state lock is never held across
+//! device I/O or while waiting for the engine.
+//!
+//! Each entry also has a *flush lock*, held for a whole flush of the file
+//! (its writeback pipeline, see `delalloc`) and by the operations that
+//! rewrite the file's extents (truncate, fallocate, reflink), so those
+//! never interleave with a flush of the same file.
+
+use super::delalloc::{Ranges, DEFAULT_DIRTY_LIMIT};
+use super::readahead::Stream;
+use crate::format::inode::InodeItem;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Bytes being flushed: taken from the buffer, not in the tree yet.
+pub(crate) type InFlight = BTreeMap<u64, Arc<Vec<u8>>>;
+
+/// What Canopy holds in memory for one inode.
+#[derive(Default)]
+pub(crate) struct InodeState {
+    /// Written data waiting for extents (see `delalloc`).
+    pub buffered: Ranges,
+    /// Data a running flush took: readers still see it until its extents
+    /// are in the tree.
+    pub in_flight: InFlight,
+    /// Open file handles: an unlinked inode lives on (as an orphan) until
+    /// its last handle is released.
+    pub open: u32,
+    /// The last attributes of a deleted inode the kernel may still name
+    /// (see `ghost`).
+    pub ghost: Option<InodeItem>,
+    /// The file's sequential reader, for read-ahead.
+    pub stream: Stream,
+}
+
+impl InodeState {
+    fn is_idle(&self) -> bool {
+        self.buffered.is_empty()
+            && self.in_flight.is_empty()
+            && self.open == 0
+            && self.ghost.is_none()
+            && self.stream == Stream::default()
+    }
+}
+
+/// One inode's entry.
+#[derive(Default)]
+pub(crate) struct Inode {
+    pub state: Mutex<InodeState>,
+    flushing: Mutex<bool>,
+    flush_done: Condvar,
+}
+
+/// The table.
+pub(crate) struct InodeTable {
+    map: Mutex<HashMap<u64, Arc<Inode>>>,
+    /// Bytes buffered in all files (not counting those in flight).
+    buffered: AtomicU64,
+    limit: AtomicU64,
+}
+
+/// The flush lock of one inode, released on drop.
+pub(crate) struct FlushLock<'t> {
+    table: &'t InodeTable,
+    ino: u64,
+    pub inode: Arc<Inode>,
+}
+
+impl Drop for FlushLock<'_> {
+    fn drop(&mut self) {
+        *crate::sync::lock(&self.inode.flushing) = false;
+        self.inode.flush_done.notify_all();
+        self.table.tidy_holding(self.ino, 1);
+    }
+}
+
+impl InodeTable {
+    pub fn new() -> InodeTable {
+        InodeTable {
+            map: Mutex::new(HashMap::new()),
+            buffered: AtomicU64::new(0),
+            limit: AtomicU64::new(DEFAULT_DIRTY_LIMIT),
+        }
+    }
+
+    pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
+        crate::sync::lock(&self.map).get(&ino).cloned()
+    }
+
+    fn entry(&self, ino: u64) -> Arc<Inode> {
+        crate::sync::lock(&self.map).entry(ino).or_default().clone()
+    }
+
+    /// Runs `f` on the state of `ino`, creating the entry if needed and
+    /// dropping it afterwards if it holds nothing.
+    pub fn with<R>(&self, ino: u64, f: impl FnOnce(&mut InodeState) -> R) -> R {
+        let inode = self.entry(ino);
+        let r = f(&mut crate::sync::lock(&inode.state));
+        drop(inode);
+        self.tidy(ino);
+        r
+    }
+
+    /// Runs `f` on the state of `ino` if it has an entry.
+    pub fn peek<R>(&self, ino: u64, f: impl FnOnce(&InodeState) -> R) -> Option<R> {
+        let inode = self.get(ino)?;
+        let r = f(&crate::sync::lock(&inode.state));
+        Some(r)
+    }
+
+    /// Drops the entry of `ino` if it holds nothing and nobody uses it.
+    fn tidy(&self, ino: u64) {
+        self.tidy_holding(ino, 0);
+    }
+
+    /// [`InodeTable::tidy`] by a caller holding `held` references.
+    fn tidy_holding(&self, ino: u64, held: usize) {
+        let mut map = crate::sync::lock(&self.map);
+        let Some(inode) = map.get(&ino) else { return };
+        // Beside the caller's, the map's reference is the only one: nobody
+        // else can be about to change the entry, since getting one takes
+        // the map lock.
+        if Arc::strong_count(inode) == 1 + held && crate::sync::lock(&inode.state).is_idle() {
+            map.remove(&ino);
+        }
+    }
+
+    /// Takes the flush lock of `ino`, waiting for a flush or rewrite of
+    /// the file to finish first.
+    pub fn lock_flush(&self, ino: u64) -> FlushLock<'_> {
+        let inode = self.entry(ino);
+        let mut busy = crate::sync::lock(&inode.flushing);
+        while *busy {
+            busy = inode
+                .flush_done
+                .wait(busy)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *busy = true;
+        drop(busy);
+        FlushLock {
+            table: self,
+            ino,
+            inode,
+        }
+    }
+
+    /// The flush lock of `ino` if nobody holds it.
+    pub fn try_lock_flush(&self, ino: u64) -> Option<FlushLock<'_>> {
+        let inode = self.get(ino)?;
+        let mut busy = crate::sync::lock(&inode.flushing);
+        if *busy {
+            return None;
+        }
+        *busy = true;
+        drop(busy);
+        Some(FlushLock {
+            table: self,
+            ino,
+            inode,
+        })
+    }
+
+    /// Inodes with buffered data, most bytes first.
+    pub fn dirty_inodes(&self) -> Vec<u64> {
+        let map = crate::sync::lock(&self.map);
+        let mut v: Vec<(u64, u64)> = map
+            .iter()
+            .filter_map(|(&ino, inode)| {
+                let s = crate::sync::lock(&inode.state);
+                let n = super::delalloc::ranges_len(&s.buffered);
+                (n > 0).then_some((n, ino))
+            })
+            .collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        v.into_iter().map(|(_, i)| i).collect()
+    }
+
+    /// Bytes buffered in all files.
+    pub fn buffered(&self) -> u64 {
+        self.buffered.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_buffered(&self, grown: i64) {
+        if grown >= 0 {
+            self.buffered.fetch_add(grown as u64, Ordering::Relaxed);
+        } else {
+            self.buffered
+                .fetch_sub(grown.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes.max(1), Ordering::Relaxed);
+    }
+
+    pub fn over_limit(&self) -> bool {
+        self.buffered() > self.limit()
+    }
+
+    /// Notes an open handle of `ino`.
+    pub fn open(&self, ino: u64) {
+        self.with(ino, |s| s.open += 1);
+    }
+
+    /// Drops a handle of `ino`; true when it was the last.
+    pub fn release(&self, ino: u64) -> bool {
+        self.with(ino, |s| match s.open {
+            0 => false,
+            n => {
+                s.open = n - 1;
+                n == 1
+            }
+        })
+    }
+
+    pub fn is_open(&self, ino: u64) -> bool {
+        self.peek(ino, |s| s.open > 0).unwrap_or(false)
+    }
+
+    /// The kernel dropped its last reference to `ino` (FORGET): its ghost
+    /// and read stream go.
+    pub fn forget(&self, ino: u64) {
+        if self.get(ino).is_some() {
+            self.with(ino, |s| {
+                s.ghost = None;
+                s.stream = Stream::default();
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_go_when_they_hold_nothing() {
+        let t = InodeTable::new();
+        t.open(5);
+        t.open(5);
+        assert!(t.is_open(5));
+        assert!(!t.release(5));
+        assert!(t.release(5));
+        assert!(t.get(5).is_none(), "an idle entry is dropped");
+        {
+            let _held = t.lock_flush(6);
+            assert!(t.try_lock_flush(6).is_none());
+        }
+        assert!(t.get(6).is_none(), "the flush lock leaves no entry behind");
+        t.with(7, |s| s.stream.end = 1);
+        assert!(t.get(7).is_some());
+        t.forget(7);
+        assert!(t.get(7).is_none());
+    }
+}

@@ -1,0 +1,210 @@
+//! File data moved outside the state lock: the engine's half of the fs
+//! layer's writeback pipeline, and of its reads.
+//!
+//! **Writes.** A flush allocates its extents in a short transaction and
+//! opens a [`Flight`] there; it then writes and checksums the data with no
+//! engine lock held ([`Engine::write_flight`]), and joins a second short
+//! transaction that inserts the items and ends the flight. Extents
+//! allocated in a transaction and not referenced when it commits are freed
+//! by that commit, so a commit waits until no flight is open (and new
+//! flights wait for a waiting commit, so a stream of flushes cannot starve
+//! it). The second transaction is then always the first one's.
+//!
+//! While a flight is open, the tree items its flush will insert hold their
+//! space as buffered data did ([`State::flushing`]), so the second
+//! transaction cannot meet ENOSPC.
+//!
+//! **Reads.** [`Engine::read_unlocked`] finds what to read under the state
+//! lock and reads it after letting go. A data extent the plan names may be
+//! freed meanwhile, and once its commit is durable its space could be
+//! handed to a new flush and overwritten while the read is still going.
+//! So every unlocked read holds the *read gate* for its whole life, and a
+//! commit makes freed space reusable only under the gate's write side,
+//! after every read that started before has finished. For the same
+//! reason data extents are never reused in the transaction that freed
+//! them (`extent::apply` pins them like any other).
+
+use super::{Engine, Shared, State, Txn};
+use crate::error::{Error, Result};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Open flights, and commits waiting for them to end.
+#[derive(Default)]
+pub(crate) struct Flights {
+    count: Mutex<Counts>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Counts {
+    open: u64,
+    commits_waiting: u64,
+}
+
+/// Data extents allocated by a flush whose items are not in the tree yet.
+/// Dropping it ends the flight: end it with [`Txn::end_flight`] in the
+/// transaction that inserts its items (or gives up on them).
+pub struct Flight {
+    flights: Arc<Flights>,
+    transid: u64,
+    extents: Vec<(u64, u64)>,
+    /// Bytes of buffered data whose flush items are held (see `space`).
+    held: u64,
+}
+
+impl Flight {
+    /// The extents allocated so far: (start, length).
+    pub fn extents(&self) -> &[(u64, u64)] {
+        &self.extents
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        let mut c = crate::sync::lock(&self.flights.count);
+        c.open = c.open.saturating_sub(1);
+        self.flights.changed.notify_all();
+    }
+}
+
+impl Txn<'_> {
+    /// Opens a flight for the flush of `held` bytes of buffered data:
+    /// their tree items stay reserved until [`Txn::end_flight`].
+    pub fn start_flight(&mut self, held: u64) -> Flight {
+        self.st.flushing += held;
+        crate::sync::lock(&self.sh.flights.count).open += 1;
+        Flight {
+            flights: self.sh.flights.clone(),
+            transid: self.st.transid,
+            extents: Vec::new(),
+            held,
+        }
+    }
+
+    /// Allocates a data extent of `min` to `max` bytes for `flight` (see
+    /// [`Txn::alloc_data_range`]).
+    pub fn alloc_flight_data(
+        &mut self,
+        flight: &mut Flight,
+        min: u64,
+        max: u64,
+        hint: u64,
+    ) -> Result<(u64, u64)> {
+        let got = self.alloc_data_range(min, max, hint)?;
+        flight.extents.push(got);
+        Ok(got)
+    }
+
+    /// Ends `flight`, giving back the items it held. Its extents are in
+    /// the tree by now, or are freed by the commit.
+    pub fn end_flight(&mut self, flight: Flight) -> Result<()> {
+        self.st.flushing = self.st.flushing.saturating_sub(flight.held);
+        if flight.transid != self.st.transid {
+            return Err(Error::corrupt(
+                0,
+                "a flush outlived its transaction (a commit did not wait for it)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The device, for data reads outside the state lock.
+pub struct DataDevice<'a> {
+    sh: &'a Shared,
+}
+
+impl DataDevice<'_> {
+    pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
+        self.sh.dev.read_at(buf, bytenr)
+    }
+
+    /// Starts reading data bytes the caller expects to need soon.
+    pub fn prefetch_data(&self, bytenr: u64, len: u64) {
+        self.sh.dev.prefetch(bytenr, len);
+    }
+}
+
+impl Engine {
+    /// Writes data into an extent of `flight`, with no engine lock held.
+    /// It reaches the disk before the commit (or log) that references it
+    /// writes its barrier, since its items are inserted only afterwards.
+    /// A failed write shuts the engine down, as any failed write does.
+    pub fn write_flight(&self, flight: &Flight, bytenr: u64, data: &[u8]) -> Result<()> {
+        self.check_alive()?;
+        let inside = flight
+            .extents
+            .iter()
+            .any(|&(s, l)| bytenr >= s && bytenr + data.len() as u64 <= s + l);
+        if !inside {
+            return Err(Error::Invalid(format!(
+                "data write at {bytenr} outside the flight's extents"
+            )));
+        }
+        let r = self.shared.dev.write_data_at(data, bytenr);
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+
+    /// Waits while a commit waits for flights to end: a flush calls it
+    /// before it opens one, so flushes cannot starve a commit.
+    pub fn wait_for_commits(&self) {
+        let f = &self.shared.flights;
+        let mut c = crate::sync::lock(&f.count);
+        while c.commits_waiting > 0 {
+            c = f
+                .changed
+                .wait(c)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    /// Runs `plan` under the state lock (shared), then `io` with its result
+    /// and the device after letting go, so data reads wait for no writer
+    /// and no writer waits for them. Space freed meanwhile is not reused
+    /// until `io` returns (see the module doc).
+    pub fn read_unlocked<P, R>(
+        &self,
+        plan: impl FnOnce(&super::Reader<'_>) -> Result<P>,
+        io: impl FnOnce(P, &DataDevice<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let _gate = crate::sync::read(&self.shared.read_gate);
+        let p = self.read(plan)?;
+        io(p, &DataDevice { sh: &self.shared })
+    }
+
+    /// Returns the state lock once no flight is open, waiting (without
+    /// the lock) for open ones to end.
+    pub(super) fn lock_without_flights(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        let f = &self.shared.flights;
+        loop {
+            let st = crate::sync::write(&self.state);
+            let mut c = crate::sync::lock(&f.count);
+            if c.open == 0 {
+                return st;
+            }
+            c.commits_waiting += 1;
+            drop(st);
+            while c.open > 0 && self.check_alive().is_ok() {
+                c = f
+                    .changed
+                    .wait(c)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            c.commits_waiting -= 1;
+            f.changed.notify_all();
+            if self.check_alive().is_err() {
+                return crate::sync::write(&self.state);
+            }
+        }
+    }
+
+    /// Makes space freed by a durable commit reusable, once no unlocked
+    /// read that may still be reading it is left.
+    pub(super) fn unpin(&self, extents: Vec<(u64, u64)>) {
+        let _gate = crate::sync::write(&self.shared.read_gate);
+        crate::sync::write(&self.state).alloc.unpin(extents);
+    }
+}
