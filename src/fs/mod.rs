@@ -190,6 +190,7 @@ impl Fs {
                 // The caller may hold a file's flush lock: flush the rest.
                 self.flush_all_available()?;
                 self.engine.commit()?;
+                self.engine.wait_for_freed_space();
                 self.engine.write(f)
             }
             r => r,

@@ -18,15 +18,109 @@
 //! lock and reads it after letting go. A data extent the plan names may be
 //! freed meanwhile, and once its commit is durable its space could be
 //! handed to a new flush and overwritten while the read is still going.
-//! So every unlocked read holds the *read gate* for its whole life, and a
-//! commit makes freed space reusable only under the gate's write side,
-//! after every read that started before has finished. For the same
-//! reason data extents are never reused in the transaction that freed
-//! them (`extent::apply` pins them like any other).
+//! So unlocked reads are counted by *epoch* ([`ReadEpochs`]): a durable
+//! commit retires the space it freed in a new epoch, and the space becomes
+//! reusable once every read that started in an earlier epoch has finished.
+//! Neither side waits for the other: the last such read, or a later
+//! commit, hands the space back. For the same reason data extents are
+//! never reused in the transaction that freed them (`extent::apply` pins
+//! them like any other).
 
 use super::{Engine, Shared, State, Txn};
 use crate::error::{Error, Result};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
+
+/// Unlocked reads in progress per epoch, and freed space waiting for the
+/// reads older than it to finish.
+#[derive(Default)]
+pub(crate) struct ReadEpochs {
+    inner: Mutex<Epochs>,
+    /// Signalled when retired space becomes reusable.
+    released: Condvar,
+}
+
+#[derive(Default)]
+struct Epochs {
+    now: u64,
+    /// Epoch → reads that started in it and are still going.
+    active: BTreeMap<u64, u64>,
+    /// (epoch retired in, extents) not reusable yet.
+    retired: Vec<(u64, Vec<(u64, u64)>)>,
+}
+
+impl Epochs {
+    /// Retired extents no running read can still be reading.
+    fn ready(&mut self) -> Vec<(u64, u64)> {
+        let oldest = self.active.keys().next().copied().unwrap_or(u64::MAX);
+        let mut out = Vec::new();
+        self.retired.retain_mut(|(epoch, extents)| {
+            // Reads of an earlier epoch planned before this space was freed.
+            let safe = *epoch <= oldest;
+            if safe {
+                out.append(extents);
+            }
+            !safe
+        });
+        out
+    }
+}
+
+impl ReadEpochs {
+    fn enter(&self) -> u64 {
+        let mut e = crate::sync::lock(&self.inner);
+        let now = e.now;
+        *e.active.entry(now).or_default() += 1;
+        now
+    }
+
+    /// A read of `epoch` finished; returns the extents it was holding back.
+    fn leave(&self, epoch: u64) -> Vec<(u64, u64)> {
+        let mut e = crate::sync::lock(&self.inner);
+        if let Some(n) = e.active.get_mut(&epoch) {
+            *n -= 1;
+            if *n == 0 {
+                e.active.remove(&epoch);
+            }
+        }
+        let ready = e.ready();
+        if e.retired.is_empty() {
+            self.released.notify_all();
+        }
+        ready
+    }
+
+    /// Waits (at most `limit`) until no retired space waits for a read.
+    fn wait_settled(&self, limit: std::time::Duration) {
+        let e = crate::sync::lock(&self.inner);
+        let _ = self
+            .released
+            .wait_timeout_while(e, limit, |e| !e.retired.is_empty());
+    }
+
+    /// Freed space a durable commit hands back; returns what is reusable
+    /// at once.
+    fn retire(&self, extents: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+        let mut e = crate::sync::lock(&self.inner);
+        e.now += 1;
+        let now = e.now;
+        e.retired.push((now, extents));
+        e.ready()
+    }
+}
+
+/// Ends an unlocked read when dropped (also when it panics).
+struct ReadTicket<'e> {
+    engine: &'e Engine,
+    epoch: u64,
+}
+
+impl Drop for ReadTicket<'_> {
+    fn drop(&mut self) {
+        let ready = self.engine.shared.reads.leave(self.epoch);
+        self.engine.make_reusable(ready);
+    }
+}
 
 /// Open flights, and commits waiting for them to end.
 #[derive(Default)]
@@ -170,7 +264,10 @@ impl Engine {
         plan: impl FnOnce(&super::Reader<'_>) -> Result<P>,
         io: impl FnOnce(P, &DataDevice<'_>) -> Result<R>,
     ) -> Result<R> {
-        let _gate = crate::sync::read(&self.shared.read_gate);
+        let _ticket = ReadTicket {
+            engine: self,
+            epoch: self.shared.reads.enter(),
+        };
         let p = self.read(plan)?;
         io(p, &DataDevice { sh: &self.shared })
     }
@@ -201,10 +298,24 @@ impl Engine {
         }
     }
 
-    /// Makes space freed by a durable commit reusable, once no unlocked
-    /// read that may still be reading it is left.
+    /// Makes space freed by a durable commit reusable, now or once the
+    /// unlocked reads that may still be reading it are done.
     pub(super) fn unpin(&self, extents: Vec<(u64, u64)>) {
-        let _gate = crate::sync::write(&self.shared.read_gate);
-        crate::sync::write(&self.state).alloc.unpin(extents);
+        let ready = self.shared.reads.retire(extents);
+        self.make_reusable(ready);
+    }
+
+    /// Waits briefly for the reads that hold back space freed by earlier
+    /// commits (a writer that met ENOSPC calls it before asking again).
+    pub fn wait_for_freed_space(&self) {
+        self.shared
+            .reads
+            .wait_settled(std::time::Duration::from_secs(5));
+    }
+
+    fn make_reusable(&self, extents: Vec<(u64, u64)>) {
+        if !extents.is_empty() {
+            crate::sync::write(&self.state).alloc.unpin(extents);
+        }
     }
 }

@@ -109,9 +109,9 @@ pub(crate) struct Shared {
     pub reported: Mutex<HashSet<(u64, crate::format::Key)>>,
     /// Flushes writing data outside the state lock (see `flight`).
     pub flights: Arc<flight::Flights>,
-    /// Held (shared) by data reads outside the state lock, and (alone)
-    /// while freed space becomes reusable (see `flight`).
-    pub read_gate: RwLock<()>,
+    /// Data reads outside the state lock, which freed space waits for
+    /// (see `flight`).
+    pub reads: flight::ReadEpochs,
 }
 
 /// How many rejected items [`Shared::reported`] remembers.

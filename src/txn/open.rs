@@ -103,7 +103,7 @@ fn new_engine(
             nodesize,
             reported: Mutex::new(HashSet::new()),
             flights: Default::default(),
-            read_gate: RwLock::new(()),
+            reads: Default::default(),
         },
         commit_io: Mutex::new(super::log::IoState {
             generation: st.transid - 1,

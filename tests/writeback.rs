@@ -1,0 +1,285 @@
+//! The writeback pipeline and unlocked reads: file data goes to and comes
+//! from the device with no engine lock held, so a stuck data write or read
+//! stalls neither metadata operations nor other files; a commit waits for
+//! a flush whose data is still being written; and readers racing flushes
+//! and commits always see whole writes.
+
+mod common;
+
+use canopy::dev::{Device, MemDevice};
+use canopy::fs::{Fs, Owner};
+use canopy::{Engine, FormatOptions};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::Duration;
+
+const ROOT: u64 = canopy::format::inode::ROOT_DIR_INO;
+const ME: Owner = Owner { uid: 0, gid: 0 };
+/// Long enough that only a deadlock misses it.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A device that, once armed, holds file data writes (or reads of exactly
+/// `read_len` bytes) until the test opens the gate.
+struct GatedDevice {
+    inner: Arc<MemDevice>,
+    hold_data_writes: AtomicBool,
+    hold_reads_of: AtomicUsize,
+    open: Mutex<bool>,
+    cv: Condvar,
+    entered: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+impl GatedDevice {
+    fn new(inner: Arc<MemDevice>) -> (Arc<GatedDevice>, mpsc::Receiver<()>) {
+        let (tx, rx) = mpsc::channel();
+        let dev = Arc::new(GatedDevice {
+            inner,
+            hold_data_writes: AtomicBool::new(false),
+            hold_reads_of: AtomicUsize::new(0),
+            open: Mutex::new(false),
+            cv: Condvar::new(),
+            entered: Mutex::new(Some(tx)),
+        });
+        (dev, rx)
+    }
+
+    fn wait_at_gate(&self) {
+        if let Some(tx) = self.entered.lock().unwrap().take() {
+            tx.send(()).unwrap();
+        }
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+    }
+
+    fn open_gate(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+impl Device for GatedDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> canopy::Result<()> {
+        if buf.len() == self.hold_reads_of.load(Ordering::SeqCst) {
+            self.wait_at_gate();
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> canopy::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn write_data_at(&self, buf: &[u8], offset: u64) -> canopy::Result<()> {
+        if self.hold_data_writes.load(Ordering::SeqCst) {
+            self.wait_at_gate();
+        }
+        self.inner.write_data_at(buf, offset)
+    }
+    fn barrier(&self) -> canopy::Result<()> {
+        self.inner.barrier()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+fn new_fs(dev: Arc<dyn Device>) -> Arc<Fs> {
+    let e = Engine::format(dev, &FormatOptions::default()).unwrap();
+    Arc::new(Fs::new(Arc::new(e)).unwrap())
+}
+
+fn new_file(fs: &Fs, name: &str) -> u64 {
+    fs.create(ROOT, name.as_bytes(), libc::S_IFREG | 0o644, 0, ME, None)
+        .unwrap()
+        .ino
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add((i / 4096) as u8))
+        .collect()
+}
+
+/// Runs `f` on another thread; its result if it finished in time.
+fn finishes<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(PATIENCE).ok()
+}
+
+#[test]
+fn a_stuck_data_write_stalls_neither_metadata_nor_other_files_and_the_commit_waits() {
+    let mem = Arc::new(MemDevice::new(256 << 20));
+    let (dev, entered) = GatedDevice::new(mem.clone());
+    let fs = new_fs(dev.clone());
+    let other = new_file(&fs, "other");
+    fs.write(other, 0, &pattern(9, 300_000)).unwrap();
+    fs.sync().unwrap();
+    let big = new_file(&fs, "big");
+    fs.write(big, 0, &pattern(1, 3 << 20)).unwrap();
+    dev.hold_data_writes.store(true, Ordering::SeqCst);
+    let flushing = {
+        let fs = fs.clone();
+        thread::spawn(move || fs.fsync(big))
+    };
+    entered
+        .recv_timeout(PATIENCE)
+        .expect("the flush reached its data write");
+    // While the data write is stuck: metadata, buffered writes and reads
+    // of committed data of another file all proceed.
+    let other_work = {
+        let fs = fs.clone();
+        finishes(move || {
+            let a = fs.getattr(big).unwrap();
+            let n = new_file(&fs, "new");
+            fs.write(n, 0, b"hello").unwrap();
+            fs.rename(ROOT, b"new", ROOT, b"renamed", false, false)
+                .unwrap();
+            let got = fs.read(other, 0, 300_000).unwrap();
+            (a.size, got == pattern(9, 300_000))
+        })
+    };
+    // A commit cannot finish while extents it would free are being written.
+    let commit = {
+        let fs = fs.clone();
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || tx.send(fs.engine().commit()).unwrap());
+        rx
+    };
+    let early = commit.recv_timeout(Duration::from_millis(500));
+    dev.open_gate();
+    assert_eq!(
+        other_work.expect("other work finished during the stuck data write"),
+        (3 << 20, true)
+    );
+    assert!(
+        early.is_err(),
+        "the commit finished while a flush was writing"
+    );
+    commit
+        .recv_timeout(PATIENCE)
+        .expect("the commit finished once the flush did")
+        .unwrap();
+    flushing.join().unwrap().unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.read(big, 0, 3 << 20).unwrap(), pattern(1, 3 << 20));
+    drop(fs);
+    common::assert_fs_clean(&mem);
+}
+
+#[test]
+fn a_stuck_data_read_stalls_no_writer() {
+    const LEN: usize = 192 << 10;
+    let mem = Arc::new(MemDevice::new(256 << 20));
+    let (dev, entered) = GatedDevice::new(mem.clone());
+    let fs = new_fs(dev.clone());
+    let f = new_file(&fs, "f");
+    fs.write(f, 0, &pattern(3, LEN)).unwrap();
+    fs.sync().unwrap();
+    dev.hold_reads_of.store(LEN, Ordering::SeqCst);
+    let reading = {
+        let fs = fs.clone();
+        thread::spawn(move || fs.read(f, 0, LEN as u32))
+    };
+    entered
+        .recv_timeout(PATIENCE)
+        .expect("the read reached the device");
+    let writers = {
+        let fs = fs.clone();
+        finishes(move || {
+            // The whole file is rewritten: its old extent is freed, and
+            // after the commit a new file may be given its space.
+            fs.write(f, 0, &pattern(5, LEN)).unwrap();
+            fs.sync().unwrap();
+            let g = new_file(&fs, "g");
+            fs.write(g, 0, &pattern(6, LEN)).unwrap();
+            fs.sync().unwrap();
+            g
+        })
+    };
+    dev.hold_reads_of.store(0, Ordering::SeqCst);
+    dev.open_gate();
+    let g = writers.expect("writes and commits finished during the stuck read");
+    // The read began before the overwrite and its commit: it returns the
+    // old bytes, whose extent was not reused under it.
+    assert_eq!(reading.join().unwrap().unwrap(), pattern(3, LEN));
+    assert_eq!(fs.read(f, 0, LEN as u32).unwrap(), pattern(5, LEN));
+    assert_eq!(fs.read(g, 0, LEN as u32).unwrap(), pattern(6, LEN));
+    drop(fs);
+    common::assert_fs_clean(&mem);
+}
+
+/// Writers replace whole files while a small dirty limit keeps flushes
+/// running and another thread commits: every read sees one write whole.
+#[test]
+fn readers_racing_flushes_and_commits_see_whole_writes() {
+    const LEN: usize = 256 << 10;
+    let mem = Arc::new(MemDevice::new(512 << 20));
+    let fs = new_fs(mem.clone());
+    fs.set_dirty_limit(512 << 10);
+    let files: Vec<u64> = (0..3).map(|i| new_file(&fs, &format!("f{i}"))).collect();
+    for &f in &files {
+        fs.write(f, 0, &vec![0u8; LEN]).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = files
+        .iter()
+        .map(|&f| {
+            let fs = fs.clone();
+            thread::spawn(move || {
+                for round in 1..=120u8 {
+                    fs.write(f, 0, &vec![round; LEN]).unwrap();
+                    if round % 17 == 0 {
+                        fs.fsync(f).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    let committer = {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                fs.sync().unwrap();
+                thread::sleep(Duration::from_millis(3));
+            }
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (fs, stop, files) = (fs.clone(), stop.clone(), files.clone());
+            thread::spawn(move || {
+                let mut reads = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let f = files[(reads as usize + r) % files.len()];
+                    let got = fs.read(f, 0, LEN as u32).unwrap();
+                    assert_eq!(got.len(), LEN);
+                    assert!(
+                        got.iter().all(|&b| b == got[0]),
+                        "file {f} read half of one write and half of another"
+                    );
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    committer.join().unwrap();
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    for &f in &files {
+        assert_eq!(fs.read(f, 0, LEN as u32).unwrap(), vec![120u8; LEN]);
+    }
+    fs.sync().unwrap();
+    drop(fs);
+    common::assert_fs_clean(&mem);
+}
