@@ -8,7 +8,8 @@ docs/benchmarks.md. A benchmark, never a test. Needs root.
     python3 bench/run.py --scale 1 seek       # one workload at mail size
     python3 bench/run.py --fs canopy,btrfs --rounds 5 rename dbench
 
-Workloads: seek, rename, dbench, dirty, fsync-random, everyday, qgroups, stall.
+Workloads: seek, rename, dbench, dirty, fsync-random, everyday, qgroups, stall,
+fsync-isolated, pgbench, parallel.
 """
 
 import argparse

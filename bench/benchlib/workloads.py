@@ -5,6 +5,7 @@ A workload returns samples: (metric, value, unit, better) where better is
 size of the mails where that is practical on these machines.
 """
 
+import json
 import os
 import random
 import re
@@ -476,6 +477,31 @@ def pgbench(fs, scale):
     ]
 
 
+# -- parallel writers: 4 fio jobs against 1 (issue 13) ----------------------
+
+def parallel(fs, scale):
+    """fio random 4 KiB writes, each job to its own 256 MiB file, for a
+    fixed time with a final fsync: 1 job, then 4 jobs on a fresh image.
+    Reports both aggregate throughputs and their ratio (the issue asks
+    for 4 jobs >= 1.5x one job)."""
+    secs = max(10, int(30 * scale))
+    bw = {}
+    for jobs in (1, 4):
+        fs.make()
+        text = out(f"fio --name=w --directory='{fs.mnt}' --ioengine=psync "
+                   f"--rw=randwrite --bs=4k --size=256M --numjobs={jobs} "
+                   f"--time_based --runtime={secs} --end_fsync=1 "
+                   f"--group_reporting --output-format=json")
+        fs.umount()
+        job = json.loads(text[text.index("{"):])["jobs"][0]
+        bw[jobs] = job["write"]["bw_bytes"] / 1e6
+    return [
+        ("fio randwrite 4k, 1 job (MB/s)", bw[1], "MB/s", "higher"),
+        ("fio randwrite 4k, 4 jobs (MB/s)", bw[4], "MB/s", "higher"),
+        ("fio 4 jobs / 1 job (x)", bw[4] / bw[1], "x", "higher"),
+    ]
+
+
 def image_size(workload, scale):
     """Bytes of each filesystem's image for a workload (the same for all)."""
     if workload == "fsync-random":
@@ -499,6 +525,7 @@ WORKLOADS = {
     "stall": stall,
     "fsync-isolated": fsync_isolated,
     "pgbench": pgbench,
+    "parallel": parallel,
 }
 
 # Filesystems each workload runs on by default (tmpfs is the floor for the

@@ -1,10 +1,12 @@
 //! Transactions and the engine that owns them.
 //!
 //! One transaction runs at a time; every writer *joins* it (takes the state
-//! lock for writing and changes trees in memory). A commit happens in two
-//! phases so that readers are stalled only briefly:
+//! lock for writing and changes trees in memory). No file data is written
+//! or read under the state lock: flushes and file reads do their device
+//! I/O outside it (`flight`). A commit happens in two phases so that
+//! readers are stalled only briefly:
 //!
-//! 1. Under the write lock: fold delayed references into the extent tree,
+//! 1. Under the write lock, once no flush is mid-flight: fold delayed references into the extent tree,
 //!    free-space changes into the free-space trees, block group usage and
 //!    root pointers into their trees, repeating until nothing changes; then
 //!    encode every dirty block, hand them to the *in-flight* set (where
@@ -47,7 +49,6 @@ use crate::format::node::Node;
 use crate::format::superblock::Superblock;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 /// A tree's root as the running transaction sees it.
@@ -153,8 +154,6 @@ pub struct Engine {
     commit_turn: Condvar,
     failed: Mutex<Option<String>>,
     read_only: bool,
-    /// Readers waiting for the state lock (see [`Engine::let_readers_in`]).
-    readers_waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Engine {
@@ -206,24 +205,8 @@ impl Engine {
     /// while other readers run too.
     pub fn read<R>(&self, f: impl FnOnce(&Reader<'_>) -> Result<R>) -> Result<R> {
         self.check_alive()?;
-        self.readers_waiting.fetch_add(1, Ordering::SeqCst);
         let st = crate::sync::read(&self.state);
-        self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
         f(&Reader::new(&st, &self.shared))
-    }
-
-    /// Called between the transactions of a long run of writes (a large
-    /// flush): gives readers queued on the state lock a moment to take it.
-    /// The lock wakes them when a writer lets go, but a writer that takes
-    /// it again at once can keep them waiting for the whole run, so a
-    /// `stat` would wait for a whole fsync.
-    pub fn let_readers_in(&self) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(2);
-        while self.readers_waiting.load(Ordering::SeqCst) > 0
-            && std::time::Instant::now() < deadline
-        {
-            std::thread::yield_now();
-        }
     }
 
     /// Blocks in each tree that shares none, as the reservations count

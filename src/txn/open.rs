@@ -114,7 +114,6 @@ fn new_engine(
         state: RwLock::new(st),
         failed: Mutex::new(None),
         read_only: opts.read_only,
-        readers_waiting: std::sync::atomic::AtomicUsize::new(0),
     }
 }
 
