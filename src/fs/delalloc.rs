@@ -20,8 +20,8 @@
 //!    [`Flight`] opens (a commit waits for it, see `txn::flight`);
 //! 3. with no engine lock, the old edge bytes are read, the data is
 //!    checksummed and written;
-//! 4. a second short transaction inserts the extent and checksum items
-//!    and ends the flight.
+//! 4. short transactions insert the extent and checksum items, a batch
+//!    of segments at a time, and end the flight.
 //!
 //! **Space:** buffered data holds a reservation of its *footprint*, the
 //! sectors its ranges touch (partial sectors are rewritten whole), in the
@@ -81,6 +81,10 @@ fn adjust(tx: &mut Txn<'_>, before: u64, after: u64) {
 /// Most bytes one flush takes at a time: the data a commit may wait for.
 const FLUSH_CHUNK: u64 = 8 << 20;
 
+/// Segments one step-4 transaction records, so that a flush of many small
+/// ranges (random writes) holds the state lock briefly at a time.
+const INSERT_BATCH: usize = 32;
+
 /// Part of a flush: a run of whole sectors written as new extents.
 struct Segment {
     first: u64,
@@ -113,9 +117,16 @@ impl super::Fs {
     /// Buffers `data` at `offset` of `ino`, merging with ranges it overlaps
     /// or touches. The caller has reserved [`span`] of it.
     pub(crate) fn buffer(&self, tx: &mut Txn<'_>, ino: u64, offset: u64, data: &[u8]) {
+        self.buffer_owned(tx, ino, offset, data.to_vec());
+    }
+
+    /// [`Fs::buffer`] of bytes the caller copied before taking the state
+    /// lock: a write that shares no sector with buffered data (a
+    /// sequential writer's) is kept as it is, with no copy under the lock.
+    pub(crate) fn buffer_owned(&self, tx: &mut Txn<'_>, ino: u64, offset: u64, data: Vec<u8>) {
         let merged = self
             .inodes
-            .with(ino, |s| insert_range(&mut s.buffered, offset, data));
+            .with(ino, |s| insert_owned(&mut s.buffered, offset, data));
         self.inodes.add_buffered(merged.grown as i64);
         adjust(tx, merged.span_before, merged.span_after);
     }
@@ -227,16 +238,27 @@ impl super::Fs {
     }
 
     /// Called by writers past the dirty limit: flushes the largest files
-    /// until half the limit is left.
+    /// until half the limit is left. Files another writer is flushing are
+    /// passed over, so writers past the limit flush different files side
+    /// by side; only when every dirty file is being flushed does a writer
+    /// wait for one (that is the back-pressure).
     pub(crate) fn flush_to_limit(&self) -> Result<()> {
         let target = self.inodes.limit() / 2;
-        for ino in self.inodes.dirty_inodes() {
+        let dirty = self.inodes.dirty_inodes();
+        let mut flushed = false;
+        for &ino in &dirty {
             if self.inodes.buffered() <= target {
-                break;
+                return Ok(());
             }
-            self.flush_file(ino)?;
+            if let Some(held) = self.inodes.try_lock_flush(ino) {
+                self.flush_held(ino, &held.inode)?;
+                flushed = true;
+            }
         }
-        Ok(())
+        match dirty.first() {
+            Some(&ino) if !flushed && self.inodes.over_limit() => self.flush_file(ino),
+            _ => Ok(()),
+        }
     }
 
     /// Steps 1 and 2: takes up to about `budget` bytes of `ino`'s ranges
@@ -339,20 +361,53 @@ impl super::Fs {
 
     /// Steps 3 and 4, then the end of the flight whatever happened.
     fn finish_job(&self, ino: u64, inode: &Inode, job: FlushJob) -> Result<()> {
-        match self.write_job(&job) {
-            Ok(sums) => self
+        let written = self.write_job(&job);
+        let FlushJob {
+            flight,
+            ranges,
+            segments,
+        } = job;
+        let sums = match written {
+            Ok(sums) => sums,
+            Err(e) => return self.give_up(inode, ranges, flight, e),
+        };
+        // Step 4 in batches, each a short hold of the state lock. The
+        // commit waits for the flight, so all of them join the
+        // transaction that allocated the extents.
+        let mut sums = sums.into_iter();
+        for batch in segments.chunks(INSERT_BATCH) {
+            let batch_sums: Vec<_> = sums.by_ref().take(batch.len()).collect();
+            match self
                 .engine
-                .write(|tx| self.insert_job(tx, ino, inode, job, sums)),
-            Err(e) => {
-                // Back to the buffer (if the engine still runs), so the
-                // data is not lost to a retry.
-                let _ = self.engine.write(|tx| {
-                    self.restore(tx, inode, job.ranges);
-                    tx.end_flight(job.flight)
-                });
-                Err(e)
+                .write(|tx| self.insert_segments(tx, ino, batch, batch_sums))
+            {
+                Ok(true) => {}
+                // Deleted meanwhile: its extents go at the commit.
+                Ok(false) => break,
+                Err(e) => return self.give_up(inode, ranges, flight, e),
             }
         }
+        self.engine.write(|tx| {
+            landed(&mut crate::sync::lock(&inode.state), &ranges);
+            tx.end_flight(flight)
+        })
+    }
+
+    /// A flush failed with `e`: its ranges go back to the buffer (if the
+    /// engine still runs), so the data is not lost to a retry; what was
+    /// recorded already is written again then.
+    fn give_up(
+        &self,
+        inode: &Inode,
+        ranges: Vec<(u64, Arc<Vec<u8>>)>,
+        flight: Flight,
+        e: Error,
+    ) -> Result<()> {
+        let _ = self.engine.write(|tx| {
+            self.restore(tx, inode, ranges);
+            tx.end_flight(flight)
+        });
+        Err(e)
     }
 
     /// Step 3, with no engine lock: reads the old edge bytes, lays the
@@ -386,31 +441,22 @@ impl super::Fs {
         Ok(all)
     }
 
-    /// Step 4: the extents written replace what the file had there.
-    fn insert_job(
+    /// Step 4 for some segments: the extents written replace what the
+    /// file had there. False when the inode is gone.
+    fn insert_segments(
         &self,
         tx: &mut Txn<'_>,
         ino: u64,
-        inode: &Inode,
-        job: FlushJob,
+        segments: &[Segment],
         sums: Vec<Vec<Vec<u8>>>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let tree = self.tree;
         let mut i = match super::load_inode_tx(tx, tree, ino) {
-            Err(Error::NotFound) => {
-                // Deleted meanwhile: its extents go at the commit.
-                landed(&mut crate::sync::lock(&inode.state), &job.ranges);
-                return tx.end_flight(job.flight);
-            }
-            Err(e) => {
-                self.restore(tx, inode, job.ranges);
-                tx.end_flight(job.flight)?;
-                return Err(e);
-            }
-            Ok(i) => i,
+            Err(Error::NotFound) => return Ok(false),
+            r => r?,
         };
         let mut delta = 0i64;
-        for (seg, sums) in job.segments.iter().zip(sums) {
+        for (seg, sums) in segments.iter().zip(sums) {
             self.note_extents(tx, ino, i.size, seg.first, seg.last);
             delta -= file::punch(tx, tree, ino, seg.first, seg.last)? as i64;
             let mut at = seg.first;
@@ -422,8 +468,7 @@ impl super::Fs {
         }
         i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
         super::store_inode(tx, tree, ino, i)?;
-        landed(&mut crate::sync::lock(&inode.state), &job.ranges);
-        tx.end_flight(job.flight)
+        Ok(true)
     }
 
     /// Puts back ranges a failed flush took, under anything buffered since.
@@ -651,6 +696,37 @@ fn overlapping<D: Bytes>(
     ranges.range(first..end)
 }
 
+/// Whether no range of `ranges` touches a sector of `[offset, end)`.
+fn shares_no_sector(ranges: &Ranges, offset: u64, end: u64) -> bool {
+    let (first, last) = (offset / SECTOR * SECTOR, end.div_ceil(SECTOR) * SECTOR);
+    let before_clear = ranges
+        .range(..last)
+        .next_back()
+        .is_none_or(|(&s, d)| (s + d.len() as u64).div_ceil(SECTOR) * SECTOR <= first);
+    let after_clear = ranges
+        .range(offset..)
+        .next()
+        .is_none_or(|(&s, _)| s / SECTOR * SECTOR >= last);
+    before_clear && after_clear
+}
+
+/// [`insert_range`] of owned bytes: kept as a range of its own when it
+/// shares no sector with another (its footprint then adds exactly), merged
+/// otherwise.
+fn insert_owned(ranges: &mut Ranges, offset: u64, data: Vec<u8>) -> Merged {
+    let end = offset + data.len() as u64;
+    if data.is_empty() || !shares_no_sector(ranges, offset, end) {
+        return insert_range(ranges, offset, &data);
+    }
+    let n = data.len() as u64;
+    ranges.insert(offset, data);
+    Merged {
+        grown: n,
+        span_before: 0,
+        span_after: span(offset, n),
+    }
+}
+
 /// What merging a write into the ranges changed.
 struct Merged {
     /// Bytes the ranges grew by.
@@ -744,7 +820,11 @@ mod tests {
                 let off = rnd(40000);
                 let len = 1 + rnd(5000.min(40960 - off));
                 let data: Vec<u8> = (0..len).map(|i| step.wrapping_add(i as u8)).collect();
-                let m = insert_range(&mut ranges, off, &data);
+                let m = if step % 2 == 0 {
+                    insert_range(&mut ranges, off, &data)
+                } else {
+                    insert_owned(&mut ranges, off, data.clone())
+                };
                 reserved += m.span_after as i64 - m.span_before as i64;
                 for (i, b) in data.iter().enumerate() {
                     model[off as usize + i] = Some(*b);

@@ -747,6 +747,8 @@ impl Fs {
         // The sectors it touches, at most: partial ones are rewritten
         // whole. The buffer then holds the exact growth of its footprint.
         let need = Need::items(tree, 1).buffer(super::delalloc::span(offset, data.len() as u64));
+        // Copied before the state lock is taken (again on a retry).
+        let mut owned = Some(data.to_vec());
         let done = self.write_reserved(|tx| {
             tx.reserve(&need)?;
             let mut i = load_inode_tx(tx, tree, ino)?;
@@ -754,7 +756,8 @@ impl Fs {
                 return Err(errno(libc::EISDIR, "is a directory"));
             }
             // Buffered together with the size it implies (see delalloc).
-            self.buffer(tx, ino, offset, data);
+            let bytes = owned.take().unwrap_or_else(|| data.to_vec());
+            self.buffer_owned(tx, ino, offset, bytes);
             i.size = i.size.max(offset + data.len() as u64);
             let now = Timespec::now();
             i.mtime = now;

@@ -17,7 +17,6 @@ const MAX_WRITE_BYTES: usize = 4 << 20;
 
 /// What the I/O phase of a commit needs, taken from the state under lock.
 struct Prepared {
-    blocks: Vec<(u64, Vec<u8>)>,
     nodes: HashMap<u64, Arc<Node>>,
     sb: Superblock,
     pinned: Vec<(u64, u64)>,
@@ -59,12 +58,14 @@ impl Engine {
             }
         };
         let generation = prepared.sb.generation;
+        // Encoded (checksummed) without any lock: the nodes are frozen now.
+        let blocks = encode(&prepared.nodes, &self.shared);
         // Two commits may be prepared before either writes; the older must
         // write (and release its pinned space) first, or its superblock
         // would overwrite the newer one and a block freed by the newer one
         // could be reused while the older superblock still points at it.
         let mut io = self.wait_turn(generation - 1)?;
-        if let Err(e) = self.write_out(&prepared) {
+        if let Err(e) = self.write_durably(&blocks, &prepared.sb) {
             self.fail(&e);
             io.generation = generation;
             self.commit_turn.notify_all();
@@ -109,10 +110,6 @@ impl Engine {
         Ok(generation)
     }
 
-    fn write_out(&self, p: &Prepared) -> Result<()> {
-        self.write_durably(&p.blocks, &p.sb)
-    }
-
     /// Writes tree blocks, barrier, every superblock copy, barrier: the
     /// write order of a commit and of a log (`log.rs`).
     pub(super) fn write_durably(&self, blocks: &[(u64, Vec<u8>)], sb: &Superblock) -> Result<()> {
@@ -150,17 +147,12 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     st.remember_committed_roots();
     let dirty = std::mem::take(&mut st.dirty);
     st.frozen.clear();
-    let mut blocks = Vec::with_capacity(dirty.len());
-    for (bytenr, node) in &dirty {
-        if node.nritems() == 0 && node.level > 0 {
-            return Err(Error::corrupt(
-                *bytenr,
-                "empty internal node survived the commit",
-            ));
-        }
-        blocks.push((*bytenr, node.encode(&sh.fsid, sh.nodesize)));
+    if let Some((bytenr, _)) = dirty.iter().find(|(_, n)| n.nritems() == 0 && n.level > 0) {
+        return Err(Error::corrupt(
+            *bytenr,
+            "empty internal node survived the commit",
+        ));
     }
-    blocks.sort_unstable_by_key(|b| b.0);
     let root = st
         .roots
         .get(&tree_id::ROOT)
@@ -177,11 +169,20 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     let pinned = st.alloc.take_pinned();
     crate::sync::lock(&sh.inflight).extend(dirty.iter().map(|(&b, n)| (b, n.clone())));
     Ok(Some(Prepared {
-        blocks,
         nodes: dirty,
         sb,
         pinned,
     }))
+}
+
+/// The blocks' bytes as they go to disk, in address order.
+fn encode(nodes: &HashMap<u64, Arc<Node>>, sh: &super::Shared) -> Vec<(u64, Vec<u8>)> {
+    let mut blocks: Vec<(u64, Vec<u8>)> = nodes
+        .iter()
+        .map(|(&bytenr, n)| (bytenr, n.encode(&sh.fsid, sh.nodesize)))
+        .collect();
+    blocks.sort_unstable_by_key(|b| b.0);
+    blocks
 }
 
 /// Repeats the index updates until a round changes nothing.
