@@ -19,7 +19,7 @@ impl InodeTable {
     /// Remembers `inode` as it was deleted.
     pub fn bury(&self, ino: u64, mut inode: InodeItem) {
         inode.nlink = 0;
-        self.with(ino, |s| s.ghost = Some(inode));
+        self.with(ino, |s| s.ghost = Some(Box::new(inode)));
     }
 
     /// Applies `change` to the ghost of `ino`, if there is one, and returns
@@ -29,7 +29,7 @@ impl InodeTable {
         self.with(ino, |s| {
             let g = s.ghost.as_mut()?;
             change(g);
-            Some(g.clone())
+            Some((**g).clone())
         })
     }
 }

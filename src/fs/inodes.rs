@@ -40,7 +40,7 @@ pub(crate) struct InodeState {
     pub open: u32,
     /// The last attributes of a deleted inode the kernel may still name
     /// (see `ghost`).
-    pub ghost: Option<InodeItem>,
+    pub ghost: Option<Box<InodeItem>>,
     /// The file's sequential reader, for read-ahead.
     pub stream: Stream,
 }

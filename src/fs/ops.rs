@@ -708,9 +708,15 @@ impl Fs {
                 let root = r.root(self.tree)?;
                 let plan = file::plan_read(r, &root, &r.root(CSUM)?, ino, offset, end - offset)?;
                 let over = self.overlay_of(ino, offset, end);
-                let ahead = self
-                    .inodes
-                    .with(ino, |s| s.stream.plan(offset, end - offset, i.size));
+                // A read to the end of a file nobody follows yet starts no
+                // stream (a small file read whole, as tar and cp do).
+                let follow = end < i.size || self.inodes.get(ino).is_some();
+                let ahead = if follow {
+                    self.inodes
+                        .with(ino, |s| s.stream.plan(offset, end - offset, i.size))
+                } else {
+                    None
+                };
                 let prefetch = match ahead {
                     Some((from, to)) => file::device_ranges(r, &root, ino, from, to)?,
                     None => Vec::new(),
@@ -1070,15 +1076,7 @@ impl Fs {
         // Both files' extents change or are shared: no flush of either may
         // run meanwhile (locks taken in inode order), and what was written
         // since the flushes above goes first.
-        let _held: Vec<_> = [src.min(dst), src.max(dst)]
-            .into_iter()
-            .enumerate()
-            .filter(|&(n, i)| n == 0 || i != src.min(dst))
-            .map(|(_, i)| {
-                let held = self.inodes.lock_flush(i);
-                self.flush_held(i, &held.inode).map(|()| held)
-            })
-            .collect::<Result<_>>()?;
+        let _held = self.lock_flushed(src, dst)?;
         self.write_reserved(|tx| {
             let root = tx.root_of(tree)?;
             let items = file::count_items(tx, &root, src, src_off, src_off + len)?
@@ -1099,6 +1097,19 @@ impl Fs {
             store_inode(tx, tree, dst, d)?;
             Ok(len)
         })
+    }
+
+    /// Takes the flush locks of `a` and `b` (in inode order, so two
+    /// callers cannot deadlock) and flushes both files.
+    fn lock_flushed(&self, a: u64, b: u64) -> Result<Vec<super::inodes::FlushLock<'_>>> {
+        let mut inos = vec![a.min(b), a.max(b)];
+        inos.dedup();
+        inos.into_iter()
+            .map(|ino| {
+                let held = self.inodes.lock_flush(ino);
+                self.flush_held(ino, &held.inode).map(|()| held)
+            })
+            .collect()
     }
 
     /// Whether the file's data is inline (for tests and inspection).

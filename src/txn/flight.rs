@@ -272,6 +272,17 @@ impl Engine {
         io(p, &DataDevice { sh: &self.shared })
     }
 
+    /// Runs `f` with the device for data reads whose extents the caller
+    /// knows cannot be freed meanwhile (a flush reading the old bytes of
+    /// the file it holds), taking no state lock.
+    pub fn with_data_device<R>(&self, f: impl FnOnce(&DataDevice<'_>) -> Result<R>) -> Result<R> {
+        let _ticket = ReadTicket {
+            engine: self,
+            epoch: self.shared.reads.enter(),
+        };
+        f(&DataDevice { sh: &self.shared })
+    }
+
     /// Returns the state lock once no flight is open, waiting (without
     /// the lock) for open ones to end.
     pub(super) fn lock_without_flights(&self) -> std::sync::RwLockWriteGuard<'_, State> {
