@@ -18,6 +18,7 @@
 //! never interleave with a flush of the same file.
 
 use super::delalloc::{Ranges, DEFAULT_DIRTY_LIMIT};
+use super::log::Changes;
 use super::readahead::Stream;
 use crate::format::inode::InodeItem;
 use std::collections::{BTreeMap, HashMap};
@@ -43,15 +44,20 @@ pub(crate) struct InodeState {
     pub ghost: Option<Box<InodeItem>>,
     /// The file's sequential reader, for read-ahead.
     pub stream: Stream,
+    /// What the running transaction changed, and whether the inode was
+    /// logged in it (see `log`).
+    pub changes: Changes,
 }
 
 impl InodeState {
-    fn is_idle(&self) -> bool {
+    /// Whether it holds nothing while `transid` runs.
+    fn is_idle(&self, transid: u64) -> bool {
         self.buffered.is_empty()
             && self.in_flight.is_empty()
             && self.open == 0
             && self.ghost.is_none()
             && self.stream == Stream::default()
+            && self.changes.is_empty_for(transid)
     }
 }
 
@@ -69,6 +75,9 @@ pub(crate) struct InodeTable {
     /// Bytes buffered in all files (not counting those in flight).
     buffered: AtomicU64,
     limit: AtomicU64,
+    /// The newest transaction the log has seen: what entries noted about
+    /// older ones is void.
+    transid: AtomicU64,
 }
 
 /// The flush lock of one inode, released on drop.
@@ -92,6 +101,18 @@ impl InodeTable {
             map: Mutex::new(HashMap::new()),
             buffered: AtomicU64::new(0),
             limit: AtomicU64::new(DEFAULT_DIRTY_LIMIT),
+            transid: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes that transaction `transid` runs; when it is new, drops the
+    /// entries that held only what earlier transactions changed.
+    pub fn advance(&self, transid: u64) {
+        if self.transid.fetch_max(transid, Ordering::Relaxed) < transid {
+            let mut map = crate::sync::lock(&self.map);
+            map.retain(|_, inode| {
+                Arc::strong_count(inode) > 1 || !crate::sync::lock(&inode.state).is_idle(transid)
+            });
         }
     }
 
@@ -132,7 +153,9 @@ impl InodeTable {
         // Beside the caller's, the map's reference is the only one: nobody
         // else can be about to change the entry, since getting one takes
         // the map lock.
-        if Arc::strong_count(inode) == 1 + held && crate::sync::lock(&inode.state).is_idle() {
+        let transid = self.transid.load(Ordering::Relaxed);
+        if Arc::strong_count(inode) == 1 + held && crate::sync::lock(&inode.state).is_idle(transid)
+        {
             map.remove(&ino);
         }
     }

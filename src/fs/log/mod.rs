@@ -31,7 +31,7 @@
 //!
 //! Seed 003's rule: rename, link and unlink touch the log only for inodes
 //! logged in the running transaction, known from an in-memory marker
-//! ([`Tracking`]), never by searching the log. For those, the log's copy
+//! ([`Changes`], in the inode's table entry), never by searching the log. For those, the log's copy
 //! of the names is brought up to date at once, so the log never holds two
 //! inodes claiming one name.
 
@@ -46,7 +46,7 @@ use crate::format::key_type::{
 use crate::format::tree_id::{CSUM, LOG};
 use crate::format::{Key, CSUM_OBJECTID};
 use crate::txn::{Need, Txn};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Mutex;
 
 pub(crate) use replay::replay;
@@ -59,24 +59,13 @@ pub(crate) const MODE_GONE: u8 = 2;
 /// Tree items a names update of one inode may change in the log.
 pub(crate) const NAME_LOG_ITEMS: u64 = 8;
 
-/// What the running transaction changed, per inode, for logging. Reset
-/// when the transaction number moves on (its commit made it all durable).
+/// What the running transaction changed in one inode, for logging. It
+/// lives in the inode's entry of the inode table, stamped with the
+/// transaction; changes of an earlier transaction count as none (its
+/// commit made them durable).
 #[derive(Default)]
-pub(crate) struct Tracking {
-    inner: Mutex<Tracked>,
-}
-
-#[derive(Default)]
-struct Tracked {
+pub(crate) struct Changes {
     transid: u64,
-    inodes: HashMap<u64, Changes>,
-    /// A log update failed after its operation had changed the trees:
-    /// the log may disagree with them, so fsync commits instead.
-    stale: bool,
-}
-
-#[derive(Default)]
-struct Changes {
     /// Logged in this transaction (seed 003's marker).
     logged: bool,
     /// File ranges whose extents changed since the inode was last logged.
@@ -85,21 +74,75 @@ struct Changes {
     children: HashSet<u64>,
 }
 
+impl Changes {
+    /// Whether it holds nothing about transaction `transid`.
+    pub(crate) fn is_empty_for(&self, transid: u64) -> bool {
+        self.transid < transid
+            || (!self.logged && self.ranges.is_empty() && self.children.is_empty())
+    }
+}
+
+/// What the log knows of the running transaction as a whole.
+#[derive(Default)]
+pub(crate) struct Tracking {
+    inner: Mutex<Tracked>,
+}
+
+#[derive(Default)]
+struct Tracked {
+    transid: u64,
+    /// A log update failed after its operation had changed the trees:
+    /// the log may disagree with them, so fsync commits instead.
+    stale: bool,
+}
+
 impl Tracking {
-    fn with<R>(&self, transid: u64, f: impl FnOnce(&mut Tracked) -> R) -> R {
+    fn set_stale(&self, transid: u64) {
         let mut t = crate::sync::lock(&self.inner);
-        if transid > t.transid {
-            t.transid = transid;
-            t.inodes.clear();
-            t.stale = false;
-        }
-        f(&mut t)
+        t.transid = t.transid.max(transid);
+        t.stale |= t.transid == transid;
     }
 
+    fn is_stale(&self, transid: u64) -> bool {
+        let t = crate::sync::lock(&self.inner);
+        t.transid == transid && t.stale
+    }
+}
+
+impl super::inodes::InodeTable {
+    /// Runs `f` on what transaction `transid` changed in `ino`.
+    fn changes<R>(&self, transid: u64, ino: u64, f: impl FnOnce(&mut Changes) -> R) -> R {
+        self.advance(transid);
+        self.with(ino, |s| {
+            if s.changes.transid != transid {
+                s.changes = Changes {
+                    transid,
+                    ..Changes::default()
+                };
+            }
+            f(&mut s.changes)
+        })
+    }
+
+    /// `f` of what transaction `transid` changed in `ino`, if anything.
+    fn changed<R: Default>(&self, transid: u64, ino: u64, f: impl FnOnce(&Changes) -> R) -> R {
+        self.advance(transid);
+        self.peek(ino, |s| {
+            if s.changes.transid == transid {
+                f(&s.changes)
+            } else {
+                R::default()
+            }
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl Fs {
     /// The extents of `[start, end)` of `ino` changed.
-    pub(crate) fn changed(&self, transid: u64, ino: u64, start: u64, end: u64) {
-        self.with(transid, |t| {
-            let r = &mut t.inodes.entry(ino).or_default().ranges;
+    fn track_range(&self, transid: u64, ino: u64, start: u64, end: u64) {
+        self.inodes.changes(transid, ino, |c| {
+            let r = &mut c.ranges;
             match r.last_mut() {
                 Some(last) if last.1 == start => last.1 = end,
                 _ => r.push((start, end)),
@@ -110,56 +153,33 @@ impl Tracking {
         });
     }
 
-    /// The name of `child` in directory `dir` changed.
-    pub(crate) fn touched(&self, transid: u64, dir: u64, child: u64) {
-        self.with(transid, |t| {
-            t.inodes.entry(dir).or_default().children.insert(child);
-        });
-    }
-
     pub(crate) fn is_logged(&self, transid: u64, ino: u64) -> bool {
-        self.with(transid, |t| t.inodes.get(&ino).is_some_and(|c| c.logged))
+        self.inodes.changed(transid, ino, |c| c.logged)
     }
 
     /// Marks `inos` logged; the first, logged in full, also has its
     /// changed ranges in the log now.
     fn mark_logged(&self, transid: u64, full: Option<u64>, inos: &[u64]) {
-        self.with(transid, |t| {
-            for &ino in full.iter().chain(inos) {
-                t.inodes.entry(ino).or_default().logged = true;
-            }
-            if let Some(c) = full.and_then(|ino| t.inodes.get_mut(&ino)) {
-                c.ranges.clear();
-            }
-        });
+        for &ino in full.iter().chain(inos) {
+            self.inodes.changes(transid, ino, |c| {
+                c.logged = true;
+                if Some(ino) == full {
+                    c.ranges.clear();
+                }
+            });
+        }
     }
 
     /// The ranges of `ino` changed since it was last logged, merged. They
     /// stay noted until the log holding them is applied.
-    fn ranges(&self, transid: u64, ino: u64) -> Vec<(u64, u64)> {
-        self.with(transid, |t| {
-            t.inodes
-                .get(&ino)
-                .map(|c| merge(c.ranges.clone()))
-                .unwrap_or_default()
-        })
+    fn tracked_ranges(&self, transid: u64, ino: u64) -> Vec<(u64, u64)> {
+        self.inodes
+            .changed(transid, ino, |c| merge(c.ranges.clone()))
     }
 
-    fn children(&self, transid: u64, dir: u64) -> Vec<u64> {
-        self.with(transid, |t| {
-            t.inodes
-                .get(&dir)
-                .map(|c| c.children.iter().copied().collect())
-                .unwrap_or_default()
-        })
-    }
-
-    fn set_stale(&self, transid: u64) {
-        self.with(transid, |t| t.stale = true);
-    }
-
-    fn is_stale(&self, transid: u64) -> bool {
-        self.with(transid, |t| t.stale)
+    fn tracked_children(&self, transid: u64, dir: u64) -> Vec<u64> {
+        self.inodes
+            .changed(transid, dir, |c| c.children.iter().copied().collect())
     }
 }
 
@@ -268,7 +288,7 @@ impl Fs {
         let mut extra = Vec::new();
         self.plan_related(tx, ino, &mut visited, &mut extra)?;
         if super::is_dir(inode.mode) {
-            for child in self.tracking.children(transid, ino) {
+            for child in self.tracked_children(transid, ino) {
                 if visited.insert(child) {
                     extra.push(child);
                 }
@@ -288,7 +308,7 @@ impl Fs {
         batch.apply(tx)?;
         // Only now: a failure above leaves the ranges noted for the next
         // fsync and marks nothing logged that is not.
-        self.tracking.mark_logged(transid, Some(ino), &others);
+        self.mark_logged(transid, Some(ino), &others);
         Ok(true)
     }
 
@@ -348,7 +368,7 @@ impl Fs {
             batch.puts.extend(copy_items(tx, tree, s, e)?);
         }
         let ranges = if inode.mode & libc::S_IFMT == libc::S_IFREG {
-            self.tracking.ranges(tx.transid(), ino)
+            self.tracked_ranges(tx.transid(), ino)
         } else if super::is_dir(inode.mode) {
             Vec::new()
         } else {
@@ -455,7 +475,7 @@ impl Fs {
         let logged: Vec<u64> = inos
             .iter()
             .copied()
-            .filter(|&i| self.tracking.is_logged(transid, i))
+            .filter(|&i| self.is_logged(transid, i))
             .collect();
         if logged.is_empty() || !tx.has_log() {
             return Ok(());
@@ -486,12 +506,14 @@ impl Fs {
         } else {
             (start / S * S, end.div_ceil(S).saturating_mul(S))
         };
-        self.tracking.changed(tx.transid(), ino, s, e);
+        self.track_range(tx.transid(), ino, s, e);
     }
 
     /// Notes that `child`'s name in `dir` changed (for a directory fsync).
     pub(crate) fn note_name(&self, tx: &Txn<'_>, dir: u64, child: u64) {
-        self.tracking.touched(tx.transid(), dir, child);
+        self.inodes.changes(tx.transid(), dir, |c| {
+            c.children.insert(child);
+        });
     }
 }
 
@@ -508,4 +530,27 @@ fn plan_gone(ino: u64, batch: &mut Batch) {
 /// Every name in `entries` as (parent, name).
 pub(crate) fn name_set(entries: &[DirEntry]) -> HashSet<(u64, Vec<u8>)> {
     entries.iter().map(|e| (e.ino, e.name.clone())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::inodes::InodeTable;
+
+    /// Seed 003's marker lives in the inode's entry for one transaction:
+    /// the entry stays while that transaction runs and goes once the next
+    /// one is seen.
+    #[test]
+    fn changes_of_an_older_transaction_count_as_none() {
+        let t = InodeTable::new();
+        t.changes(7, 300, |c| c.logged = true);
+        t.changes(7, 301, |c| c.ranges.push((0, 4096)));
+        assert!(t.changed(7, 300, |c| c.logged));
+        assert!(!t.changed(7, 301, |c| c.logged));
+        assert!(t.get(300).is_some(), "kept while its transaction runs");
+        assert!(
+            !t.changed(8, 300, |c| c.logged),
+            "a new transaction starts clean"
+        );
+        assert!(t.get(300).is_none() && t.get(301).is_none(), "swept");
+    }
 }
