@@ -295,17 +295,29 @@ fn fsync_of_a_file_then_of_its_directory() {
             Box::new(|fs| {
                 let d = lookup(fs, "d").expect("d");
                 file(fs, d, "y", &pattern(23, 100));
+                file(fs, d, "z", &pattern(24, 70_000));
                 fs.fsync(d).expect("fsync d");
             }),
         ],
         Box::new(move |fs, done| {
+            // The directory fsync makes the names durable, not the
+            // unsynced data: y and z may be empty, never a size
+            // without its bytes.
+            for (name, want) in [("d/y", pattern(23, 100)), ("d/z", pattern(24, 70_000))] {
+                if let Some(got) = content(fs, name) {
+                    expect(got.is_empty() || got == want, || {
+                        format!("{name}: {} bytes not written by anyone", got.len())
+                    })?;
+                }
+            }
             let y = lookup(fs, "d/y");
             match done {
                 0 => expect_content(fs, "d/x", None),
                 1 => expect_content(fs, "d/x", Some(&x)),
                 _ => {
                     expect_content(fs, "d/x", Some(&x))?;
-                    expect(y.is_some(), || "d/y lost after fsync of d".into())
+                    expect(y.is_some(), || "d/y lost after fsync of d".into())?;
+                    expect(lookup(fs, "d/z").is_some(), || "d/z lost".into())
                 }
             }
         }),
@@ -409,6 +421,31 @@ fn an_unnamed_file_linked_then_fsynced() {
             _ => {
                 expect_content(fs, "final", Some(&t))?;
                 expect_content(fs, "tmp", None)
+            }
+        }),
+    );
+}
+
+/// A symlink whose target is too long to be inline is logged whole with
+/// its directory: target bytes included.
+#[test]
+fn a_long_symlink_made_durable_by_a_directory_fsync() {
+    let target = pattern(47, 3000);
+    let t2 = target.clone();
+    crash_every_prefix(
+        "long symlink",
+        Box::new(|_| {}),
+        vec![Box::new(move |fs| {
+            fs.create(ROOT, b"l", libc::S_IFLNK | 0o777, 0, ME, Some(&t2))
+                .expect("symlink");
+            fs.fsync(ROOT).expect("fsync root");
+        })],
+        Box::new(move |fs, done| match (lookup(fs, "l"), done) {
+            (None, 0) => Ok(()),
+            (None, _) => Err("l lost after fsync of its directory".into()),
+            (Some(l), _) => {
+                let got = fs.readlink(l).map_err(|e| format!("readlink: {e}"))?;
+                expect(got == target, || format!("target of {} bytes", got.len()))
             }
         }),
     );

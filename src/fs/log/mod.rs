@@ -258,6 +258,7 @@ impl Fs {
             return self.sync();
         }
         self.flush_file(ino)?;
+        self.flush_symlinks_in(ino)?;
         let logged = self.engine.write(|tx| {
             if !tx.has_pending_log() && self.tracking.is_stale(tx.transid()) {
                 return Err(Error::NoSpace);
@@ -272,6 +273,32 @@ impl Fs {
             Err(Error::NoSpace | Error::Invalid(_)) => self.sync(),
             Err(e) => Err(e),
         }
+    }
+
+    /// A directory's changed children go into the log with it, and a
+    /// symlink is logged whole, target included. A long target is
+    /// buffered data until the flush `create` runs right after its
+    /// transaction: flush those first, so no symlink is logged without
+    /// its target.
+    fn flush_symlinks_in(&self, dir: u64) -> Result<()> {
+        let pending: Vec<u64> = self
+            .tracked_children(self.engine.transid(), dir)
+            .into_iter()
+            .filter(|&c| self.buffered_bytes_of(c) > 0)
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let links = self.engine.read(|r| {
+            Ok(pending
+                .into_iter()
+                .filter(|&c| {
+                    super::load_inode_r(r, self.tree, c)
+                        .is_ok_and(|i| i.mode & libc::S_IFMT == libc::S_IFLNK)
+                })
+                .collect::<Vec<u64>>())
+        })?;
+        links.into_iter().try_for_each(|l| self.flush_file(l))
     }
 
     /// Logs `ino` in full; false when it did not change in this
@@ -459,6 +486,8 @@ impl Fs {
                 batch
                     .puts
                     .push((Key::new(ino, LOG_INODE, 0), vec![MODE_NAMES]));
+                // Replay logs a new regular file empty: its data is not
+                // in the log.
                 batch.puts.push((super::inode_key(ino), inode.encode()));
             }
         }
