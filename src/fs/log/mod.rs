@@ -46,7 +46,7 @@ use crate::format::key_type::{
 use crate::format::tree_id::{CSUM, LOG};
 use crate::format::{Key, CSUM_OBJECTID};
 use crate::txn::{Need, Txn};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
 pub(crate) use replay::replay;
@@ -69,7 +69,7 @@ pub(crate) struct Changes {
     /// Logged in this transaction (seed 003's marker).
     logged: bool,
     /// File ranges whose extents changed since the inode was last logged.
-    ranges: Vec<(u64, u64)>,
+    ranges: RangeSet,
     /// Children whose names in this directory changed.
     children: HashSet<u64>,
 }
@@ -141,16 +141,8 @@ impl super::inodes::InodeTable {
 impl Fs {
     /// The extents of `[start, end)` of `ino` changed.
     fn track_range(&self, transid: u64, ino: u64, start: u64, end: u64) {
-        self.inodes.changes(transid, ino, |c| {
-            let r = &mut c.ranges;
-            match r.last_mut() {
-                Some(last) if last.1 == start => last.1 = end,
-                _ => r.push((start, end)),
-            }
-            if r.len() > 4096 {
-                *r = merge(std::mem::take(r));
-            }
-        });
+        self.inodes
+            .changes(transid, ino, |c| c.ranges.insert(start, end));
     }
 
     pub(crate) fn is_logged(&self, transid: u64, ino: u64) -> bool {
@@ -173,8 +165,7 @@ impl Fs {
     /// The ranges of `ino` changed since it was last logged, merged. They
     /// stay noted until the log holding them is applied.
     fn tracked_ranges(&self, transid: u64, ino: u64) -> Vec<(u64, u64)> {
-        self.inodes
-            .changed(transid, ino, |c| merge(c.ranges.clone()))
+        self.inodes.changed(transid, ino, |c| c.ranges.to_vec())
     }
 
     fn tracked_children(&self, transid: u64, dir: u64) -> Vec<u64> {
@@ -183,17 +174,44 @@ impl Fs {
     }
 }
 
-/// Sorted, merged ranges.
-fn merge(mut r: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    r.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(r.len());
-    for (s, e) in r {
-        match out.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
+/// Disjoint, non-adjacent ranges `[start, end)`: a random writer adds
+/// tens of thousands in one transaction, so each insert must cost
+/// O(log n), not a sort of all of them.
+#[derive(Default)]
+pub(crate) struct RangeSet(BTreeMap<u64, u64>);
+
+impl RangeSet {
+    fn insert(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
         }
+        // A range starting at or before `start` that reaches it.
+        if let Some((&s, &e)) = self.0.range(..=start).next_back() {
+            if e >= start {
+                start = s;
+                end = end.max(e);
+                self.0.remove(&s);
+            }
+        }
+        // Ranges starting inside (or right at the end of) the new one.
+        while let Some((&s, &e)) = self.0.range(start..=end).next() {
+            end = end.max(e);
+            self.0.remove(&s);
+        }
+        self.0.insert(start, end);
     }
-    out
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    fn to_vec(&self) -> Vec<(u64, u64)> {
+        self.0.iter().map(|(&s, &e)| (s, e)).collect()
+    }
 }
 
 /// Edits to the log, gathered before any is made so the space they need
@@ -572,7 +590,7 @@ mod tests {
     fn changes_of_an_older_transaction_count_as_none() {
         let t = InodeTable::new();
         t.changes(7, 300, |c| c.logged = true);
-        t.changes(7, 301, |c| c.ranges.push((0, 4096)));
+        t.changes(7, 301, |c| c.ranges.insert(0, 4096));
         assert!(t.changed(7, 300, |c| c.logged));
         assert!(!t.changed(7, 301, |c| c.logged));
         assert!(t.get(300).is_some(), "kept while its transaction runs");
@@ -581,5 +599,31 @@ mod tests {
             "a new transaction starts clean"
         );
         assert!(t.get(300).is_none() && t.get(301).is_none(), "swept");
+    }
+
+    proptest::proptest! {
+        /// The set holds exactly the union of what was inserted, as
+        /// disjoint, non-adjacent ranges in order.
+        #[test]
+        fn range_set_is_the_union_of_its_inserts(
+            inserts in proptest::collection::vec((0u64..200, 0u64..40), 0..60)
+        ) {
+            let mut set = super::RangeSet::default();
+            let mut model = [false; 240];
+            for &(s, len) in &inserts {
+                set.insert(s, s + len);
+                model[s as usize..(s + len) as usize].fill(true);
+            }
+            let got = set.to_vec();
+            for w in got.windows(2) {
+                proptest::prop_assert!(w[0].1 < w[1].0, "{:?} not disjoint", got);
+            }
+            let mut covered = [false; 240];
+            for &(s, e) in &got {
+                proptest::prop_assert!(s < e);
+                covered[s as usize..e as usize].fill(true);
+            }
+            proptest::prop_assert_eq!(covered, model);
+        }
     }
 }
