@@ -554,9 +554,20 @@ fn daemon_memory_stays_bounded() {
 /// Mounted by root, the filesystem serves other users too, and the kernel
 /// enforces permissions for them: EACCES on a private file and in a
 /// directory they may not write, EPERM on chmod of a file they do not own.
+/// Runs `script` with sh, as root or as nobody (uid and gid 65534, no
+/// other groups).
+fn shell(script: &str, as_nobody: bool) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(script).env("LC_ALL", "C");
+    if as_nobody {
+        c.uid(65534).gid(65534);
+    }
+    c.output().unwrap()
+}
+
 #[test]
 fn permissions_apply_to_other_users() {
-    use std::os::unix::process::CommandExt;
     if !can_mount() {
         return;
     }
@@ -567,14 +578,7 @@ fn permissions_apply_to_other_users() {
     fs::write(m.p("public"), b"hello").unwrap();
     fs::set_permissions(m.p("public"), fs::Permissions::from_mode(0o644)).unwrap();
     let as_nobody = |script: &str| {
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .env("LC_ALL", "C")
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap();
+        let out = shell(script, true);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -600,6 +604,66 @@ fn permissions_apply_to_other_users() {
         fs::metadata(m.p("public")).unwrap().permissions().mode() & 0o777,
         0o644
     );
+    m.unmount();
+    m.check();
+}
+
+/// Set-user-ID and set-group-ID bits are cleared as on a local kernel
+/// filesystem (the daemon does it: FUSE's HANDLE_KILLPRIV_V2), and the
+/// mode the kernel shows right after is the new one. The expected modes
+/// are what ext4 gives for the same commands.
+#[test]
+fn set_id_bits_are_cleared_as_the_kernel_clears_them() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::set_permissions(m._dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o777)).unwrap();
+    let f = m.p("f");
+    let path = f.display().to_string();
+    // (mode before, command, run as nobody, mode after)
+    let cases: &[(u32, &str, bool, u32)] = &[
+        (0o6777, "echo x >> {f}", true, 0o777),
+        // Not group-executable, and nobody is not in the file's group.
+        (0o6767, "echo x >> {f}", true, 0o767),
+        (0o6777, "truncate -s 0 {f}", true, 0o777),
+        (0o6777, ": > {f}", true, 0o777),
+        (0o6777, "fallocate -l 8192 {f}", true, 0o777),
+        (0o6777, "fallocate -p -o 0 -l 2 {f}", true, 0o777),
+        (0o4757, "echo x >> {f}", true, 0o757),
+        // Root holds CAP_FSETID.
+        (0o6777, "echo x >> {f}", false, 0o6777),
+        (0o6777, "truncate -s 1 {f}", false, 0o6777),
+        // chown clears set-user-ID whoever does it.
+        (0o6777, "chown 65534 {f}", false, 0o777),
+        (0o6767, "chown 65534 {f}", false, 0o2767),
+        (0o2777, "chgrp 65534 {f}", false, 0o777),
+    ];
+    for &(before, cmd, nobody, after) in cases {
+        let _ = fs::remove_file(&f);
+        fs::write(&f, b"data").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(before)).unwrap();
+        let out = shell(&cmd.replace("{f}", &path), nobody);
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // stat(1) asks statx for the mode only, so the kernel answers
+        // from its cache unless it was told the mode changed.
+        let out = Command::new("stat")
+            .args(["-c", "%a"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&out.stdout);
+        let mode = u32::from_str_radix(shown.trim(), 8).unwrap_or(u32::MAX);
+        assert_eq!(
+            mode, after,
+            "{before:o} then `{cmd}` (as nobody: {nobody}): got {mode:o}, want {after:o}"
+        );
+    }
     m.unmount();
     m.check();
 }

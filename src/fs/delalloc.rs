@@ -124,9 +124,11 @@ impl super::Fs {
     /// lock: a write that shares no sector with buffered data (a
     /// sequential writer's) is kept as it is, with no copy under the lock.
     pub(crate) fn buffer_owned(&self, tx: &mut Txn<'_>, ino: u64, offset: u64, data: Vec<u8>) {
-        let merged = self
-            .inodes
-            .with(ino, |s| insert_owned(&mut s.buffered, offset, data));
+        let merged = self.inodes.with(ino, |s| {
+            let merged = insert_owned(&mut s.buffered, offset, data);
+            s.held_bytes += merged.grown;
+            merged
+        });
         self.inodes.add_buffered(merged.grown as i64);
         adjust(tx, merged.span_before, merged.span_after);
     }
@@ -151,7 +153,13 @@ impl super::Fs {
     /// Bytes of `ino` in memory (buffered or in flight).
     pub(crate) fn buffered_bytes_of(&self, ino: u64) -> u64 {
         self.inodes
-            .peek(ino, |s| ranges_len(&s.buffered) + ranges_len(&s.in_flight))
+            .peek(ino, |s| {
+                debug_assert_eq!(
+                    s.held_bytes,
+                    ranges_len(&s.buffered) + ranges_len(&s.in_flight)
+                );
+                s.held_bytes
+            })
             .unwrap_or(0)
     }
 
@@ -182,7 +190,11 @@ impl super::Fs {
         if start >= end || self.inodes.get(ino).is_none() {
             return;
         }
-        let (dropped, before, after) = self.inodes.with(ino, |s| cut(&mut s.buffered, start, end));
+        let (dropped, before, after) = self.inodes.with(ino, |s| {
+            let cut = cut(&mut s.buffered, start, end);
+            s.held_bytes -= cut.0;
+            cut
+        });
         self.inodes.add_buffered(-(dropped as i64));
         adjust(tx, before, after);
     }
@@ -487,6 +499,7 @@ impl super::Fs {
         let after = ranges_footprint(merged.iter());
         let grown = ranges_len(&merged) as i64 - before_len as i64;
         s.buffered = merged;
+        s.held_bytes = s.held_bytes.saturating_add_signed(grown);
         drop(s);
         // The taken bytes left the count when they were taken.
         self.inodes.add_buffered(grown);
@@ -519,7 +532,9 @@ fn take(tx: &mut Txn<'_>, s: &mut InodeState, budget: u64) -> Vec<(u64, Arc<Vec<
 /// (or the inode is gone, or they are buffered again).
 fn landed(s: &mut InodeState, ranges: &[(u64, Arc<Vec<u8>>)]) {
     for (at, _) in ranges {
-        s.in_flight.remove(at);
+        if let Some(d) = s.in_flight.remove(at) {
+            s.held_bytes -= d.len() as u64;
+        }
     }
 }
 

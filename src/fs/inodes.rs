@@ -36,6 +36,10 @@ pub(crate) struct InodeState {
     /// Data a running flush took: readers still see it until its extents
     /// are in the tree.
     pub in_flight: InFlight,
+    /// Bytes in `buffered` and `in_flight`, kept as they change: getattr
+    /// asks for it on every call, and a database file holds thousands of
+    /// ranges.
+    pub held_bytes: u64,
     /// Open file handles: an unlinked inode lives on (as an orphan) until
     /// its last handle is released.
     pub open: u32,
@@ -203,8 +207,7 @@ impl InodeTable {
             .iter()
             .filter_map(|(&ino, inode)| {
                 let s = crate::sync::lock(&inode.state);
-                let n = super::delalloc::ranges_len(&s.buffered);
-                (n > 0).then_some((n, ino))
+                (!s.buffered.is_empty()).then_some((s.held_bytes, ino))
             })
             .collect();
         v.sort_unstable_by(|a, b| b.cmp(a));

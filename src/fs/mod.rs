@@ -26,6 +26,7 @@ mod inodes;
 pub(crate) mod log;
 pub(crate) mod ops;
 mod readahead;
+pub mod setid;
 pub mod xattr;
 
 pub use atime::AtimePolicy;

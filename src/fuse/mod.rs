@@ -5,11 +5,13 @@
 //! Requests are served on several threads (`fuser`'s `n_threads` with one
 //! cloned fd each), so a long read or fsync does not stall a `stat`.
 
+mod caller;
 pub mod control;
 pub mod mount;
 
 use crate::format::inode::{Timespec, ROOT_DIR_INO};
-use crate::fs::{Attr, Fs, Owner, SetAttr};
+use crate::fs::{setid, Attr, Fs, Owner, SetAttr};
+use caller::Caller;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -18,7 +20,7 @@ use fuser::{
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Canopy is the only writer of its image, so the kernel may cache long.
@@ -37,6 +39,12 @@ pub struct FuseFs {
     /// The kernel's writeback cache: asked for at init, and on if the
     /// kernel agreed.
     writeback_cache: bool,
+    /// Set-id bits are Canopy's to clear (`HANDLE_KILLPRIV_V2`, see
+    /// `fs::setid`), if the kernel agreed at init.
+    killpriv: bool,
+    /// Tells the kernel of changes it did not ask for (set after the
+    /// session starts).
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 impl FuseFs {
@@ -44,7 +52,53 @@ impl FuseFs {
         FuseFs {
             fs,
             writeback_cache,
+            killpriv: false,
+            notifier: Arc::default(),
         }
+    }
+
+    /// Where the session's notifier goes once the session exists.
+    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// File data or size of `ino` changed by `caller`: its set-id bits go
+    /// unless the caller holds CAP_FSETID. `replied_attrs`: the reply
+    /// carries the new mode to the kernel; otherwise the kernel is told
+    /// its cached attributes are stale.
+    fn changed_by(&self, caller: &Caller, ino: u64, replied_attrs: bool) -> crate::Result<()> {
+        if !self.killpriv {
+            return Ok(());
+        }
+        let cleared = self.fs.clear_set_id(ino, |mode, gid| {
+            if caller.may_keep_set_id() {
+                return 0;
+            }
+            setid::bits_to_clear(mode, || caller.in_group(gid))
+        })?;
+        if cleared && !replied_attrs {
+            // Attributes only (offset -1): no page is touched, so this
+            // cannot wait on the pages the request itself holds.
+            if let Some(n) = self.notifier.get() {
+                if let Err(e) = n.inval_inode(from_ino(ino), -1, 0) {
+                    tracing::warn!(ino, error = %e, "could not tell the kernel of a mode change");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `ino` was given a new owner or group by `caller`: its set-user-ID
+    /// bit goes whoever the caller is.
+    fn chowned_by(&self, caller: &Caller, ino: u64) -> crate::Result<()> {
+        if !self.killpriv {
+            return Ok(());
+        }
+        self.fs
+            .clear_set_id(ino, |mode, gid| {
+                setid::bits_to_clear(mode, || caller.may_keep_set_id() || caller.in_group(gid))
+            })
+            .map(|_| ())
     }
 }
 
@@ -184,6 +238,11 @@ impl Filesystem for FuseFs {
             tracing::warn!("the kernel has no FUSE writeback cache; writes go through");
             self.writeback_cache = false;
         }
+        // Without it the kernel asks for security.capability before every
+        // write: one more round trip per write.
+        self.killpriv = config
+            .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+            .is_ok();
         Ok(())
     }
 
@@ -222,7 +281,7 @@ impl Filesystem for FuseFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -247,7 +306,15 @@ impl Filesystem for FuseFs {
             mtime: time_or_now(mtime),
             ctime: ctime.map(timespec),
         };
-        match self.fs.setattr(to_ino(ino), &s) {
+        let caller = Caller::of(req);
+        let cleared = if s.uid.is_some() || s.gid.is_some() {
+            self.chowned_by(&caller, to_ino(ino))
+        } else if s.size.is_some() {
+            self.changed_by(&caller, to_ino(ino), true)
+        } else {
+            Ok(())
+        };
+        match cleared.and_then(|()| self.fs.setattr(to_ino(ino), &s)) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(err(e)),
         }
@@ -410,16 +477,22 @@ impl Filesystem for FuseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        // The kernel flags writes by callers without CAP_FSETID.
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            if let Err(e) = self.changed_by(&Caller::of(req), to_ino(ino), false) {
+                return reply.error(err(e));
+            }
+        }
         match self.fs.write(to_ino(ino), offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(err(e)),
@@ -616,7 +689,7 @@ impl Filesystem for FuseFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -624,12 +697,15 @@ impl Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply_empty(self.fs.fallocate(to_ino(ino), offset, length, mode), reply);
+        let done = self
+            .changed_by(&Caller::of(req), to_ino(ino), false)
+            .and_then(|()| self.fs.fallocate(to_ino(ino), offset, length, mode));
+        reply_empty(done, reply);
     }
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         _fh_in: FileHandle,
         offset_in: u64,
@@ -640,10 +716,13 @@ impl Filesystem for FuseFs {
         _flags: fuser::CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        match self
-            .fs
-            .copy_range(to_ino(ino_in), offset_in, to_ino(ino_out), offset_out, len)
-        {
+        let done = self
+            .changed_by(&Caller::of(req), to_ino(ino_out), false)
+            .and_then(|()| {
+                self.fs
+                    .copy_range(to_ino(ino_in), offset_in, to_ino(ino_out), offset_out, len)
+            });
+        match done {
             Ok(n) => reply.written(n.min(u64::from(u32::MAX)) as u32),
             Err(e) => reply.error(err(e)),
         }

@@ -227,13 +227,12 @@ pub fn serve(
     let config = opts.fuser_config(&source);
     let (session, kernel_mounted) = if unsafe { libc::geteuid() } == 0 {
         let fd = mount_as_root(&source, mountpoint, opts)?;
-        let s = fuser::Session::from_fd(
-            FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only),
-            fd,
-            config.acl,
-            config,
-        )
-        .and_then(fuser::Session::spawn);
+        let fuse_fs = FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only);
+        let slot = fuse_fs.notifier_slot();
+        let s = fuser::Session::from_fd(fuse_fs, fd, config.acl, config).and_then(|s| {
+            let _ = slot.set(s.notifier());
+            s.spawn()
+        });
         match s {
             Ok(s) => (s, true),
             Err(e) => {
@@ -245,12 +244,11 @@ pub fn serve(
             }
         }
     } else {
-        let s = fuser::spawn_mount(
-            FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only),
-            mountpoint,
-            &config,
-        )
-        .map_err(|e| Error::io(format!("mounting on {}", mountpoint.display()), e))?;
+        let fuse_fs = FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only);
+        let slot = fuse_fs.notifier_slot();
+        let s = fuser::spawn_mount(fuse_fs, mountpoint, &config)
+            .map_err(|e| Error::io(format!("mounting on {}", mountpoint.display()), e))?;
+        let _ = slot.set(s.notifier());
         (s, false)
     };
     tracing::info!(image = %source, mountpoint = %mountpoint.display(), "mounted");
