@@ -67,11 +67,23 @@ impl FuseFs {
     /// carries the new mode to the kernel; otherwise the kernel is told
     /// its cached attributes are stale.
     fn changed_by(&self, caller: &Caller, ino: u64, replied_attrs: bool) -> crate::Result<()> {
+        self.changed(caller, ino, replied_attrs, false)
+    }
+
+    /// [`FuseFs::changed_by`]; `flagged`: the kernel said the caller
+    /// lacks CAP_FSETID (a write it flagged), so it is not asked again.
+    fn changed(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        replied_attrs: bool,
+        flagged: bool,
+    ) -> crate::Result<()> {
         if !self.killpriv {
             return Ok(());
         }
         let cleared = self.fs.clear_set_id(ino, |mode, gid| {
-            if caller.may_keep_set_id() {
+            if !flagged && caller.may_keep_set_id() {
                 return 0;
             }
             setid::bits_to_clear(mode, || caller.in_group(gid))
@@ -489,7 +501,7 @@ impl Filesystem for FuseFs {
     ) {
         // The kernel flags writes by callers without CAP_FSETID.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            if let Err(e) = self.changed_by(&Caller::of(req), to_ino(ino), false) {
+            if let Err(e) = self.changed(&Caller::of(req), to_ino(ino), false, true) {
                 return reply.error(err(e));
             }
         }
