@@ -36,6 +36,7 @@
 
 use super::file::{self, ReadPlan};
 use super::inodes::{Inode, InodeState};
+use super::rangeset::RangeSet;
 use crate::error::{Error, Result};
 use crate::format::tree_id::CSUM;
 use crate::format::SECTORSIZE;
@@ -542,27 +543,17 @@ fn landed(s: &mut InodeState, ranges: &[(u64, Arc<Vec<u8>>)]) {
 /// share or touch a sector, with the first sector added for a file whose
 /// inline data must move into an extent.
 fn segment_spans(taken: &[(u64, Arc<Vec<u8>>)], inline: bool) -> Vec<(u64, u64)> {
-    let mut spans: Vec<(u64, u64)> = taken
-        .iter()
-        .map(|(s, d)| {
-            (
-                s / SECTOR * SECTOR,
-                (s + d.len() as u64).div_ceil(SECTOR) * SECTOR,
-            )
-        })
-        .collect();
+    let mut spans = RangeSet::default();
+    for (s, d) in taken {
+        spans.insert(
+            s / SECTOR * SECTOR,
+            (s + d.len() as u64).div_ceil(SECTOR) * SECTOR,
+        );
+    }
     if inline {
-        spans.push((0, SECTOR));
+        spans.insert(0, SECTOR);
     }
-    spans.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
-    for (s, e) in spans {
-        match out.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
+    spans.to_vec()
 }
 
 /// The parts of `[first, last)` no taken range covers.

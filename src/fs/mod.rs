@@ -25,6 +25,7 @@ mod ghost;
 mod inodes;
 pub(crate) mod log;
 pub(crate) mod ops;
+mod rangeset;
 mod readahead;
 pub mod setid;
 pub mod xattr;

@@ -9,7 +9,7 @@
 //! caller is outside the file's group. Who the caller is (capabilities,
 //! groups) is the FUSE layer's to know; it decides through `drop`.
 
-use super::{is_dir, load_inode_tx, store_inode, Fs};
+use super::{load_inode_tx, store_inode, Fs};
 use crate::error::Result;
 use crate::format::inode::Timespec;
 use crate::txn::Need;
@@ -38,7 +38,7 @@ impl Fs {
             Err(crate::Error::NotFound) => return Ok(false),
             Err(e) => return Err(e),
         };
-        if mode & set_id == 0 || mode & libc::S_IFMT != libc::S_IFREG || is_dir(mode) {
+        if mode & set_id == 0 || mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(false);
         }
         let bits = drop(mode, gid) & set_id;

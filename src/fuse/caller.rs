@@ -4,6 +4,7 @@
 //! which is only for files that carry set-id bits.
 
 use fuser::Request;
+use std::sync::OnceLock;
 
 /// CAP_FSETID's bit in the capability sets.
 const CAP_FSETID: u32 = 4;
@@ -12,6 +13,8 @@ pub struct Caller {
     uid: u32,
     gid: u32,
     pid: u32,
+    /// `/proc/<tid>/status`, read at most once per request.
+    status: OnceLock<Option<String>>,
 }
 
 impl Caller {
@@ -20,16 +23,19 @@ impl Caller {
             uid: req.uid(),
             gid: req.gid(),
             pid: req.pid(),
+            status: OnceLock::new(),
         }
     }
 
     /// The caller's `/proc/<tid>/status` line starting with `key`.
     fn status_line(&self, key: &str) -> Option<String> {
-        if self.pid == 0 {
-            return None;
-        }
-        let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
-        text.lines()
+        let text = self.status.get_or_init(|| {
+            (self.pid != 0)
+                .then(|| std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok())
+                .flatten()
+        });
+        text.as_deref()?
+            .lines()
             .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
     }
 

@@ -37,6 +37,7 @@
 
 mod replay;
 
+use super::rangeset::RangeSet;
 use super::{dir, file, load_inode_tx, Fs};
 use crate::error::{Error, Result};
 use crate::format::inode::{DirEntry, InodeItem, ROOT_DIR_INO};
@@ -46,7 +47,7 @@ use crate::format::key_type::{
 use crate::format::tree_id::{CSUM, LOG};
 use crate::format::{Key, CSUM_OBJECTID};
 use crate::txn::{Need, Txn};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Mutex;
 
 pub(crate) use replay::replay;
@@ -171,46 +172,6 @@ impl Fs {
     fn tracked_children(&self, transid: u64, dir: u64) -> Vec<u64> {
         self.inodes
             .changed(transid, dir, |c| c.children.iter().copied().collect())
-    }
-}
-
-/// Disjoint, non-adjacent ranges `[start, end)`: a random writer adds
-/// tens of thousands in one transaction, so each insert must cost
-/// O(log n), not a sort of all of them.
-#[derive(Default)]
-pub(crate) struct RangeSet(BTreeMap<u64, u64>);
-
-impl RangeSet {
-    fn insert(&mut self, mut start: u64, mut end: u64) {
-        if start >= end {
-            return;
-        }
-        // A range starting at or before `start` that reaches it.
-        if let Some((&s, &e)) = self.0.range(..=start).next_back() {
-            if e >= start {
-                start = s;
-                end = end.max(e);
-                self.0.remove(&s);
-            }
-        }
-        // Ranges starting inside (or right at the end of) the new one.
-        while let Some((&s, &e)) = self.0.range(start..=end).next() {
-            end = end.max(e);
-            self.0.remove(&s);
-        }
-        self.0.insert(start, end);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn clear(&mut self) {
-        self.0.clear();
-    }
-
-    fn to_vec(&self) -> Vec<(u64, u64)> {
-        self.0.iter().map(|(&s, &e)| (s, e)).collect()
     }
 }
 
@@ -599,31 +560,5 @@ mod tests {
             "a new transaction starts clean"
         );
         assert!(t.get(300).is_none() && t.get(301).is_none(), "swept");
-    }
-
-    proptest::proptest! {
-        /// The set holds exactly the union of what was inserted, as
-        /// disjoint, non-adjacent ranges in order.
-        #[test]
-        fn range_set_is_the_union_of_its_inserts(
-            inserts in proptest::collection::vec((0u64..200, 0u64..40), 0..60)
-        ) {
-            let mut set = super::RangeSet::default();
-            let mut model = [false; 240];
-            for &(s, len) in &inserts {
-                set.insert(s, s + len);
-                model[s as usize..(s + len) as usize].fill(true);
-            }
-            let got = set.to_vec();
-            for w in got.windows(2) {
-                proptest::prop_assert!(w[0].1 < w[1].0, "{:?} not disjoint", got);
-            }
-            let mut covered = [false; 240];
-            for &(s, e) in &got {
-                proptest::prop_assert!(s < e);
-                covered[s as usize..e as usize].fill(true);
-            }
-            proptest::prop_assert_eq!(covered, model);
-        }
     }
 }
