@@ -61,6 +61,12 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         ORPHAN_ITEM => check_ino(key.offset, "orphan item's inode").and(check_empty(data)),
         EXTENT_CSUM => check_csum(key, data, limits),
         ROOT_ITEM => RootItem::decode(data).map(drop),
+        ROOT_REF => check_root_ref(key, data, false),
+        ROOT_BACKREF => check_root_ref(key, data, true),
+        DEFAULT_SUBVOL => match data.try_into().map(u64::from_le_bytes) {
+            Ok(id) if id == super::tree_id::FS || super::tree_id::is_subvolume(id) => Ok(()),
+            _ => fail("default subvolume that is not a subvolume id"),
+        },
         EXTENT_ITEM => check_extent(key, data, limits),
         TREE_BLOCK_REF | SHARED_BLOCK_REF => check_empty(data),
         SHARED_DATA_REF => match decode_ref_count(data)? {
@@ -185,9 +191,13 @@ fn show(name: &[u8]) -> String {
     String::from_utf8_lossy(&name[..name.len().min(64)]).into_owned()
 }
 
-/// `d_type` values an entry may carry.
+/// `d_type` values an entry may carry; an entry naming a subvolume is a
+/// directory whose inode field is a subvolume id.
 fn check_entry(e: &DirEntry) -> Verdict {
     check_entry_name(&e.name)?;
+    if e.is_subvolume() {
+        return check_subvolume_entry(e);
+    }
     check_ino(e.ino, "entry's inode")?;
     const DT: [u8; 7] = [1, 2, 4, 6, 8, 10, 12];
     if !DT.contains(&e.kind) {
@@ -198,6 +208,44 @@ fn check_entry(e: &DirEntry) -> Verdict {
         ));
     }
     Ok(())
+}
+
+fn check_subvolume_entry(e: &DirEntry) -> Verdict {
+    if e.d_type() != 4 {
+        return fail(format!(
+            "subvolume entry {:?} is not a directory",
+            show(&e.name)
+        ));
+    }
+    if !super::tree_id::is_subvolume(e.ino) {
+        return fail(format!(
+            "entry {:?} names subvolume {}, not a subvolume id",
+            show(&e.name),
+            e.ino
+        ));
+    }
+    Ok(())
+}
+
+/// ROOT_REF / ROOT_BACKREF: between two subvolumes (or the default tree
+/// and one), carrying one subvolume entry in a directory.
+fn check_root_ref(key: &Key, data: &[u8], back: bool) -> Verdict {
+    let (child, parent) = if back {
+        (key.objectid, key.offset)
+    } else {
+        (key.offset, key.objectid)
+    };
+    let is_tree = |id| id == super::tree_id::FS || super::tree_id::is_subvolume(id);
+    if !super::tree_id::is_subvolume(child) || !is_tree(parent) || child == parent {
+        return fail(format!("root reference from {parent} to {child}"));
+    }
+    match DirEntry::decode_all(data)?.as_slice() {
+        [e] => {
+            check_entry_name(&e.name)?;
+            check_ino(e.ino, "subvolume's directory")
+        }
+        _ => fail("root reference without exactly one entry"),
+    }
 }
 
 fn check_refs(key: &Key, data: &[u8], extended: bool) -> Verdict {

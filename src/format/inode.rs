@@ -118,6 +118,23 @@ pub struct DirEntry {
 
 const DIR_ENTRY_FIXED: usize = 19;
 
+/// Flag of an entry's `kind` naming a subvolume: its inode field is then
+/// the subvolume's tree id, and the directory it shows is that tree's
+/// root directory (`DT_DIR | SUBVOL_ENTRY`).
+pub const SUBVOL_ENTRY: u8 = 0x80;
+
+impl DirEntry {
+    /// Whether the entry names another subvolume, not an inode.
+    pub fn is_subvolume(&self) -> bool {
+        self.kind & SUBVOL_ENTRY != 0
+    }
+
+    /// `d_type` as readdir reports it.
+    pub fn d_type(&self) -> u8 {
+        self.kind & !SUBVOL_ENTRY
+    }
+}
+
 impl DirEntry {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         let mut b = [0u8; DIR_ENTRY_FIXED];

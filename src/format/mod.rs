@@ -55,6 +55,17 @@ pub mod tree_id {
     pub const LOG: u64 = u64::MAX - 6;
     /// Objectid of relocation trees used by balance.
     pub const RELOC: u64 = u64::MAX - 7;
+    /// Objectid of the root tree's `DEFAULT_SUBVOL` item.
+    pub const DEFAULT_DIR: u64 = 6;
+    /// Highest subvolume id: every (subvolume, inode) pair must map to a
+    /// distinct 64-bit inode number (see `fs::node`), which leaves 24 bits
+    /// for the subvolume.
+    pub const LAST_SUBVOL: u64 = FIRST_FREE + (1 << 24) - 3;
+
+    /// Ids of subvolumes and snapshots users make.
+    pub fn is_subvolume(id: u64) -> bool {
+        (FIRST_FREE..=LAST_SUBVOL).contains(&id)
+    }
 
     /// Trees whose blocks may be shared with another tree (snapshots, clones).
     /// Blocks of all other trees always have exactly one reference.
@@ -81,7 +92,12 @@ pub mod key_type {
     pub const EXTENT_CSUM: u8 = 128;
     /// A tree's root: `(tree id, ROOT_ITEM, 0)` in the root tree.
     pub const ROOT_ITEM: u8 = 132;
+    /// `(subvolume, ROOT_BACKREF, parent subvolume)` in the root tree:
+    /// where the subvolume's directory entry is. Payload: one directory
+    /// entry whose inode field is the directory holding it.
     pub const ROOT_BACKREF: u8 = 144;
+    /// `(parent subvolume, ROOT_REF, subvolume)`: the same, keyed from the
+    /// parent (to list and to refuse deleting a parent of others).
     pub const ROOT_REF: u8 = 156;
     /// An allocated extent: `(bytenr, EXTENT_ITEM, length)`.
     pub const EXTENT_ITEM: u8 = 168;
@@ -104,6 +120,9 @@ pub mod key_type {
     /// Log tree only: a file range whose extent items the log holds in
     /// full (value: the range's end, u64).
     pub const LOG_RANGE: u8 = 221;
+    /// `(DEFAULT_DIR, DEFAULT_SUBVOL, 0)` in the root tree: the subvolume
+    /// a mount shows when none is asked for (u64; absent: tree 5).
+    pub const DEFAULT_SUBVOL: u8 = 230;
     pub const QGROUP_STATUS: u8 = 240;
     pub const QGROUP_INFO: u8 = 242;
     pub const QGROUP_LIMIT: u8 = 244;

@@ -5,9 +5,8 @@
 //! That keeps "was this read since it changed?" answerable (mail readers,
 //! tmp cleaners) while a file read over and over costs one update a day.
 
-use super::{load_inode_tx, store_inode, Fs};
+use super::{load_inode_tx, store_inode, Subvol};
 use crate::format::inode::{InodeItem, Timespec};
-use std::sync::atomic::Ordering;
 
 /// When reads update atime.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -19,7 +18,7 @@ pub enum AtimePolicy {
 }
 
 impl AtimePolicy {
-    fn to_u8(self) -> u8 {
+    pub(crate) fn to_u8(self) -> u8 {
         match self {
             AtimePolicy::Never => 0,
             AtimePolicy::Relative => 1,
@@ -27,7 +26,7 @@ impl AtimePolicy {
         }
     }
 
-    fn from_u8(v: u8) -> AtimePolicy {
+    pub(crate) fn from_u8(v: u8) -> AtimePolicy {
         match v {
             0 => AtimePolicy::Never,
             2 => AtimePolicy::Strict,
@@ -55,15 +54,7 @@ pub(crate) fn needs_update(policy: AtimePolicy, i: &InodeItem, now: Timespec) ->
     }
 }
 
-impl Fs {
-    pub fn set_atime_policy(&self, p: AtimePolicy) {
-        self.atime_policy.store(p.to_u8(), Ordering::Relaxed);
-    }
-
-    pub fn atime_policy(&self) -> AtimePolicy {
-        AtimePolicy::from_u8(self.atime_policy.load(Ordering::Relaxed))
-    }
-
+impl Subvol {
     /// Records an access of `ino`, whose attributes the caller just read as
     /// `seen`. Failing to record one is logged, never reported: the read
     /// itself succeeded (and a read-only mount records nothing).
@@ -71,6 +62,7 @@ impl Fs {
         let now = Timespec::now();
         if self.engine.is_read_only()
             || self.is_remounted_read_only()
+            || self.is_read_only()
             || !needs_update(self.atime_policy(), seen, now)
         {
             return;

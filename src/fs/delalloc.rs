@@ -114,7 +114,7 @@ enum Started {
     Job(FlushJob),
 }
 
-impl super::Fs {
+impl super::Subvol {
     /// Buffers `data` at `offset` of `ino`, merging with ranges it overlaps
     /// or touches. The caller has reserved [`span`] of it.
     pub(crate) fn buffer(&self, tx: &mut Txn<'_>, ino: u64, offset: u64, data: &[u8]) {
@@ -228,49 +228,6 @@ impl super::Fs {
                 Started::Done => {}
                 Started::Job(job) => self.finish_job(ino, inode, job)?,
             }
-        }
-    }
-
-    /// Flushes every file's buffered data.
-    pub(crate) fn flush_all(&self) -> Result<()> {
-        for ino in self.inodes.dirty_inodes() {
-            self.flush_file(ino)?;
-        }
-        Ok(())
-    }
-
-    /// Flushes the buffered data of every file whose flush lock is free
-    /// (to free space: the caller may hold one).
-    pub(crate) fn flush_all_available(&self) -> Result<()> {
-        for ino in self.inodes.dirty_inodes() {
-            if let Some(held) = self.inodes.try_lock_flush(ino) {
-                self.flush_held(ino, &held.inode)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Called by writers past the dirty limit: flushes the largest files
-    /// until half the limit is left. Files another writer is flushing are
-    /// passed over, so writers past the limit flush different files side
-    /// by side; only when every dirty file is being flushed does a writer
-    /// wait for one (that is the back-pressure).
-    pub(crate) fn flush_to_limit(&self) -> Result<()> {
-        let target = self.inodes.limit() / 2;
-        let dirty = self.inodes.dirty_inodes();
-        let mut flushed = false;
-        for &ino in &dirty {
-            if self.inodes.buffered() <= target {
-                return Ok(());
-            }
-            if let Some(held) = self.inodes.try_lock_flush(ino) {
-                self.flush_held(ino, &held.inode)?;
-                flushed = true;
-            }
-        }
-        match dirty.first() {
-            Some(&ino) if !flushed && self.inodes.over_limit() => self.flush_file(ino),
-            _ => Ok(()),
         }
     }
 
@@ -620,6 +577,51 @@ fn clip<D: Bytes>(at: u64, d: &D, start: u64, end: u64) -> (u64, Vec<u8>) {
 
 /// Lays `parts` (file offset, bytes), in order, over `buf`, which holds
 /// the file from `offset`.
+impl super::Core {
+    /// Flushes every file's buffered data, in every subvolume.
+    pub(crate) fn flush_all(&self) -> Result<()> {
+        for (sv, ino) in self.dirty_files() {
+            sv.flush_file(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the buffered data of every file whose flush lock is free
+    /// (to free space: the caller may hold one).
+    pub(crate) fn flush_all_available(&self) -> Result<()> {
+        for (sv, ino) in self.dirty_files() {
+            if let Some(held) = sv.inodes.try_lock_flush(ino) {
+                sv.flush_held(ino, &held.inode)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Called by writers past the dirty limit: flushes the largest files
+    /// until half the limit is left. Files another writer is flushing are
+    /// passed over, so writers past the limit flush different files side
+    /// by side; only when every dirty file is being flushed does a writer
+    /// wait for one (that is the back-pressure).
+    pub(crate) fn flush_to_limit(&self) -> Result<()> {
+        let target = self.budget.limit() / 2;
+        let dirty = self.dirty_files();
+        let mut flushed = false;
+        for (sv, ino) in &dirty {
+            if self.budget.buffered() <= target {
+                return Ok(());
+            }
+            if let Some(held) = sv.inodes.try_lock_flush(*ino) {
+                sv.flush_held(*ino, &held.inode)?;
+                flushed = true;
+            }
+        }
+        match dirty.first() {
+            Some((sv, ino)) if !flushed && self.budget.over_limit() => sv.flush_file(*ino),
+            _ => Ok(()),
+        }
+    }
+}
+
 pub(crate) fn lay_over(buf: &mut [u8], offset: u64, parts: &[(u64, Vec<u8>)]) {
     for (at, d) in parts {
         let from = (at - offset) as usize;

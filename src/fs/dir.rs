@@ -60,7 +60,9 @@ fn next_index(tx: &Txn<'_>, tree: u64, dir: u64) -> Result<u64> {
 pub(crate) struct Addition {
     by_name: (Key, Vec<u8>),
     by_index: (Key, Vec<u8>),
-    back_ref: (Key, Vec<u8>),
+    /// None for an entry naming a subvolume: its root directory has no
+    /// back-reference in this tree (a ROOT_BACKREF stands for it).
+    back_ref: Option<(Key, Vec<u8>)>,
 }
 
 /// The entry list stored at `key` with `entry` appended, encoded.
@@ -151,18 +153,12 @@ fn plan_add_at(
     };
     let name_key = Key::new(dir, DIR_ITEM, name_hash(name));
     let by_name = with_entry(tx, tree, &name_key, entry.clone())?;
-    let back = DirEntry {
-        ino: dir,
-        ..entry.clone()
+    let back_ref = match entry.is_subvolume() {
+        true => None,
+        false => Some(plan_back_ref(tx, tree, dir, &entry)?),
     };
-    let mut back_key = ref_key(ino, dir);
-    let mut refs = with_entry(tx, tree, &back_key, back.clone())?;
-    if refs.len() > ref_item_limit(tx) {
-        back_key = extref_key(ino, dir, name);
-        refs = with_entry(tx, tree, &back_key, back)?;
-    }
     let max = crate::tree::max_item_size(tx.nodesize_bytes());
-    if by_name.len() > max || refs.len() > max {
+    if by_name.len() > max || back_ref.as_ref().is_some_and(|r| r.1.len() > max) {
         return Err(errno(libc::EOVERFLOW, "too many names with the same hash"));
     }
     Ok(Addition {
@@ -171,8 +167,23 @@ fn plan_add_at(
             Key::new(dir, DIR_INDEX, index),
             DirEntry::encode_all(std::slice::from_ref(&entry)),
         ),
-        back_ref: (back_key, refs),
+        back_ref,
     })
+}
+
+/// The child's back-reference item with `entry` (in `dir`) added.
+fn plan_back_ref(tx: &Txn<'_>, tree: u64, dir: u64, entry: &DirEntry) -> Result<(Key, Vec<u8>)> {
+    let back = DirEntry {
+        ino: dir,
+        ..entry.clone()
+    };
+    let mut back_key = ref_key(entry.ino, dir);
+    let mut refs = with_entry(tx, tree, &back_key, back.clone())?;
+    if refs.len() > ref_item_limit(tx) {
+        back_key = extref_key(entry.ino, dir, &entry.name);
+        refs = with_entry(tx, tree, &back_key, back)?;
+    }
+    Ok((back_key, refs))
 }
 
 /// Fails as [`add`] would, without changing anything: lets an operation
@@ -188,7 +199,8 @@ pub(crate) fn check_room(
     plan_add(tx, tree, dir, name, ino, kind).map(|_| ())
 }
 
-/// Adds `name -> ino` to `dir`; the caller checked it is absent.
+/// Adds `name -> ino` to `dir`; the caller checked it is absent. Returns
+/// the entry's index.
 pub(crate) fn add(
     tx: &mut Txn<'_>,
     tree: u64,
@@ -196,16 +208,20 @@ pub(crate) fn add(
     name: &[u8],
     ino: u64,
     kind: u8,
-) -> Result<()> {
+) -> Result<u64> {
     let a = plan_add(tx, tree, dir, name, ino, kind)?;
-    apply(tx, tree, a)
+    let index = a.by_index.0.offset;
+    apply(tx, tree, a).map(|()| index)
 }
 
 /// Writes the items of a planned addition.
 pub(crate) fn apply(tx: &mut Txn<'_>, tree: u64, a: Addition) -> Result<()> {
     tx.put(tree, a.by_name.0, a.by_name.1)?;
     tx.insert(tree, a.by_index.0, a.by_index.1)?;
-    tx.put(tree, a.back_ref.0, a.back_ref.1).map(|_| ())
+    match a.back_ref {
+        Some((k, d)) => tx.put(tree, k, d).map(drop),
+        None => Ok(()),
+    }
 }
 
 /// `(ino, INODE_REF, dir)`: the child's names in `dir`, in the DIR_ITEM
@@ -281,7 +297,9 @@ pub(crate) fn remove(tx: &mut Txn<'_>, tree: u64, dir: u64, name: &[u8]) -> Resu
         tx.put(tree, key, DirEntry::encode_all(&entries))?;
     }
     tx.delete(tree, &Key::new(dir, DIR_INDEX, gone.index))?;
-    remove_ref(tx, tree, dir, gone.ino, name)?;
+    if !gone.is_subvolume() {
+        remove_ref(tx, tree, dir, gone.ino, name)?;
+    }
     Ok(gone)
 }
 

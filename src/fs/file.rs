@@ -531,20 +531,17 @@ pub(crate) fn preallocate(
     Ok(delta)
 }
 
-/// Shares the extents of `[src_off, src_off+len)` of file `src` into
-/// `[dst_off, ...)` of `dst` (a reflink): both then point at the same data
+/// Shares the extents of `[src_off, src_off+len)` of file `src` (of
+/// subvolume `src_tree`) into `[dst_off, ...)` of `dst` (a reflink): both then point at the same data
 /// extents. Offsets and length must be sector-aligned and both files
 /// non-inline. Returns the change of the destination's nbytes.
 pub(crate) fn clone_range(
     tx: &mut Txn<'_>,
-    tree: u64,
-    src: u64,
-    src_off: u64,
-    dst: u64,
-    dst_off: u64,
+    (src_tree, src, src_off): (u64, u64, u64),
+    (tree, dst, dst_off): (u64, u64, u64),
     len: u64,
 ) -> Result<i64> {
-    let root = tx.root_of(tree)?;
+    let root = tx.root_of(src_tree)?;
     let items = items_in(tx, &root, src, src_off, src_off + len)?;
     let removed = punch(tx, tree, dst, dst_off, dst_off + len)? as i64;
     let mut added = 0i64;

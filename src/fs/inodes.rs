@@ -73,12 +73,53 @@ pub(crate) struct Inode {
     flush_done: Condvar,
 }
 
-/// The table.
-pub(crate) struct InodeTable {
-    map: Mutex<HashMap<u64, Arc<Inode>>>,
-    /// Bytes buffered in all files (not counting those in flight).
+/// Bytes buffered in the files of every subvolume (not counting those in
+/// flight), and how many may be before writers flush.
+pub(crate) struct Budget {
     buffered: AtomicU64,
     limit: AtomicU64,
+}
+
+impl Default for Budget {
+    fn default() -> Budget {
+        Budget {
+            buffered: AtomicU64::new(0),
+            limit: AtomicU64::new(DEFAULT_DIRTY_LIMIT),
+        }
+    }
+}
+
+impl Budget {
+    pub fn buffered(&self) -> u64 {
+        self.buffered.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, grown: i64) {
+        if grown >= 0 {
+            self.buffered.fetch_add(grown as u64, Ordering::Relaxed);
+        } else {
+            self.buffered
+                .fetch_sub(grown.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes.max(1), Ordering::Relaxed);
+    }
+
+    pub fn over_limit(&self) -> bool {
+        self.buffered() > self.limit()
+    }
+}
+
+/// The table of one subvolume's inodes.
+pub(crate) struct InodeTable {
+    map: Mutex<HashMap<u64, Arc<Inode>>>,
+    budget: Arc<Budget>,
     /// The newest transaction the log has seen: what entries noted about
     /// older ones is void.
     transid: AtomicU64,
@@ -100,11 +141,16 @@ impl Drop for FlushLock<'_> {
 }
 
 impl InodeTable {
+    #[cfg(test)]
     pub fn new() -> InodeTable {
+        InodeTable::with_budget(Arc::default())
+    }
+
+    /// A table whose buffered bytes count against `budget`.
+    pub fn with_budget(budget: Arc<Budget>) -> InodeTable {
         InodeTable {
             map: Mutex::new(HashMap::new()),
-            buffered: AtomicU64::new(0),
-            limit: AtomicU64::new(DEFAULT_DIRTY_LIMIT),
+            budget,
             transid: AtomicU64::new(0),
         }
     }
@@ -200,44 +246,19 @@ impl InodeTable {
         })
     }
 
-    /// Inodes with buffered data, most bytes first.
-    pub fn dirty_inodes(&self) -> Vec<u64> {
+    /// Inodes with buffered data and the bytes they hold.
+    pub fn dirty_inodes(&self) -> Vec<(u64, u64)> {
         let map = crate::sync::lock(&self.map);
-        let mut v: Vec<(u64, u64)> = map
-            .iter()
+        map.iter()
             .filter_map(|(&ino, inode)| {
                 let s = crate::sync::lock(&inode.state);
                 (!s.buffered.is_empty()).then_some((s.held_bytes, ino))
             })
-            .collect();
-        v.sort_unstable_by(|a, b| b.cmp(a));
-        v.into_iter().map(|(_, i)| i).collect()
-    }
-
-    /// Bytes buffered in all files.
-    pub fn buffered(&self) -> u64 {
-        self.buffered.load(Ordering::Relaxed)
+            .collect()
     }
 
     pub(crate) fn add_buffered(&self, grown: i64) {
-        if grown >= 0 {
-            self.buffered.fetch_add(grown as u64, Ordering::Relaxed);
-        } else {
-            self.buffered
-                .fetch_sub(grown.unsigned_abs(), Ordering::Relaxed);
-        }
-    }
-
-    pub fn limit(&self) -> u64 {
-        self.limit.load(Ordering::Relaxed)
-    }
-
-    pub fn set_limit(&self, bytes: u64) {
-        self.limit.store(bytes.max(1), Ordering::Relaxed);
-    }
-
-    pub fn over_limit(&self) -> bool {
-        self.buffered() > self.limit()
+        self.budget.add(grown);
     }
 
     /// Notes an open handle of `ino`.

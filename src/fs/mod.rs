@@ -28,10 +28,14 @@ pub(crate) mod ops;
 mod rangeset;
 mod readahead;
 pub mod setid;
+mod node;
+pub(crate) mod subvol;
 pub mod xattr;
 
 pub use atime::AtimePolicy;
+pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
 pub use ops::{Attr, DirListing, Owner, SetAttr, StatFs};
+pub use subvol::SubvolInfo;
 
 use crate::error::{Error, Result};
 use crate::format::inode::{InodeItem, ROOT_DIR_INO};
@@ -53,13 +57,11 @@ pub(crate) fn errno(code: i32, what: &'static str) -> Error {
     Error::Posix(code, what)
 }
 
-/// A mounted subvolume.
-pub struct Fs {
+/// What every subvolume of one mount shares: the engine, the settings,
+/// the log's state, the budget of buffered bytes, and the open
+/// subvolumes themselves.
+pub(crate) struct Core {
     engine: Arc<Engine>,
-    tree: u64,
-    next_ino: AtomicU64,
-    /// Live inodes: buffered data, open handles, ghosts, read streams.
-    inodes: inodes::InodeTable,
     /// An [`AtimePolicy`] as a number.
     atime_policy: std::sync::atomic::AtomicU8,
     /// Remounted read-only: the kernel refuses changes, and reads must not
@@ -69,85 +71,123 @@ pub struct Fs {
     tracking: log::Tracking,
     /// fsync writes the log tree (false: it commits, `-o notreelog`).
     log_enabled: std::sync::atomic::AtomicBool,
+    /// Buffered bytes of all subvolumes, and their limit.
+    budget: Arc<inodes::Budget>,
+    /// Subvolumes in use, by tree id. Each holds the core (to flush the
+    /// others when space runs short); [`Fs`]'s drop breaks the cycle.
+    subvols: std::sync::RwLock<std::collections::BTreeMap<u64, Arc<Subvol>>>,
+    /// Serialises subvolume creation and deletion (ids, root refs).
+    subvol_lock: std::sync::Mutex<()>,
+    /// The subvolume the mount shows as its root (it cannot be deleted).
+    shown: AtomicU64,
+}
+
+/// One subvolume (fs tree) of a mount: the POSIX operations on its local
+/// inode numbers. [`Fs`] maps node ids onto these.
+pub(crate) struct Subvol {
+    core: Arc<Core>,
+    tree: u64,
+    next_ino: AtomicU64,
+    /// Live inodes: buffered data, open handles, ghosts, read streams.
+    inodes: inodes::InodeTable,
+    /// A read-only subvolume (snapshot): every change is EROFS.
+    readonly: std::sync::atomic::AtomicBool,
+}
+
+impl std::ops::Deref for Subvol {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+/// A mounted filesystem: every subvolume of the pool, reached through node
+/// ids (see [`node_id`]); the mount shows one of them as its root.
+pub struct Fs {
+    core: Arc<Core>,
+    root_tree: u64,
 }
 
 /// Objectid of orphan items: `(ORPHAN_OBJECTID, ORPHAN_ITEM, ino)` marks an
 /// inode with no links kept for open handles; mount deletes leftovers.
 pub const ORPHAN_OBJECTID: u64 = u64::MAX - 5;
 
+/// Which subvolume a mount shows as its root.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Shown {
+    /// The default subvolume (`canopy subvolume set-default`).
+    #[default]
+    Default,
+    /// `subvolid=ID`.
+    Id(u64),
+    /// `subvol=PATH`, from the top of the pool (tree 5).
+    Path(Vec<u8>),
+}
+
 impl Fs {
     /// Opens the default subvolume, creating its root directory on a
     /// freshly formatted image.
     pub fn new(engine: Arc<Engine>) -> Result<Fs> {
-        let tree = FS;
-        // Before anything reads the tree: the log may hold fsynced
-        // changes the last commit lacks.
-        log::replay(&engine, tree)?;
-        let last = engine.read(|r| {
-            let root = r.root(tree)?;
-            let c = crate::tree::Cursor::seek_le(
-                r,
-                &root,
-                &Key::new(crate::format::checker::LAST_INO, u8::MAX, u64::MAX),
-            )?;
-            Ok(c.and_then(|c| c.item().map(|i| i.key.objectid)))
-        })?;
-        let fs = Fs {
+        Fs::with_root(engine, &Shown::Default)
+    }
+
+    /// Opens the pool with `shown` as the mount's root.
+    pub fn with_root(engine: Arc<Engine>, shown: &Shown) -> Result<Fs> {
+        // Before anything reads a tree: the log may hold fsynced changes
+        // the last commit lacks.
+        log::replay(&engine)?;
+        let core = Arc::new(Core {
             engine,
-            tree,
-            next_ino: AtomicU64::new(last.map_or(ROOT_DIR_INO, |l| l.max(ROOT_DIR_INO)) + 1),
-            inodes: inodes::InodeTable::new(),
             atime_policy: std::sync::atomic::AtomicU8::new(1),
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
             tracking: log::Tracking::default(),
             log_enabled: std::sync::atomic::AtomicBool::new(true),
-        };
-        fs.delete_orphans()?;
-        if last.is_none() {
-            fs.engine.write(|tx| {
-                let now = crate::format::inode::Timespec::now();
-                let root = InodeItem {
-                    nlink: 2,
-                    mode: libc::S_IFDIR | 0o755,
-                    transid: tx.transid(),
-                    atime: now,
-                    mtime: now,
-                    ctime: now,
-                    otime: now,
-                    ..Default::default()
-                };
-                tx.insert(tree, inode_key(ROOT_DIR_INO), root.encode())
-            })?;
-            fs.engine.commit()?;
+            budget: Arc::new(inodes::Budget::default()),
+            subvols: Default::default(),
+            subvol_lock: std::sync::Mutex::new(()),
+            shown: AtomicU64::new(FS),
+        });
+        let top = core.subvol(FS)?;
+        if top.is_empty_tree()? {
+            top.make_root_dir()?;
         }
+        let mut fs = Fs {
+            root_tree: FS,
+            core,
+        };
+        fs.root_tree = fs.resolve_shown(shown)?;
+        fs.core.shown.store(fs.root_tree, Ordering::Relaxed);
         Ok(fs)
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+        &self.core.engine
     }
+
+    /// Node id of the mount's root directory.
+    pub fn root_node(&self) -> u64 {
+        node_id(self.root_tree, ROOT_DIR_INO)
+    }
+
+
+
 
     /// Makes everything done so far durable: buffered file data gets its
     /// extents, then the transaction commits.
     pub fn sync(&self) -> Result<()> {
-        self.flush_all()?;
-        self.engine.commit().map(|_| ())
+        self.core.sync()
     }
 
     /// Chooses whether fsync writes the log tree (the default) or commits
     /// the whole filesystem.
     pub fn set_log_enabled(&self, on: bool) {
-        self.log_enabled.store(on, Ordering::Relaxed);
-    }
-
-    pub(crate) fn log_enabled(&self) -> bool {
-        self.log_enabled.load(Ordering::Relaxed)
+        self.core.log_enabled.store(on, Ordering::Relaxed);
     }
 
     /// Sets how many bytes of written file data may wait in memory for
     /// their extents before writers flush some.
     pub fn set_dirty_limit(&self, bytes: u64) {
-        self.inodes.set_limit(bytes);
+        self.core.budget.set_limit(bytes);
     }
 
     /// Follows a remount: read-only commits everything first, then stops
@@ -156,23 +196,94 @@ impl Fs {
         if ro {
             self.sync()?;
         }
-        self.remounted_ro.store(ro, Ordering::Relaxed);
+        self.core.remounted_ro.store(ro, Ordering::Relaxed);
         Ok(())
     }
 
     /// Whether the mount was remounted read-only.
     pub fn is_remounted_read_only(&self) -> bool {
-        self.remounted_ro.load(Ordering::Relaxed)
+        self.core.is_remounted_read_only()
     }
 
     /// Bytes of file data waiting in memory for extents.
     pub fn dirty_bytes(&self) -> u64 {
-        self.inodes.buffered()
+        self.core.budget.buffered()
     }
 
-    /// The kernel dropped its last reference to `ino` (FUSE's FORGET).
-    pub fn forget(&self, ino: u64) {
-        self.inodes.forget(ino);
+    /// The kernel dropped its last reference to `node` (FUSE's FORGET).
+    pub fn forget(&self, node: u64) {
+        if let Ok((sv, ino)) = self.at(node) {
+            sv.inodes.forget(ino);
+        }
+    }
+
+}
+
+impl Core {
+    pub(crate) fn log_enabled(&self) -> bool {
+        self.log_enabled.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_remounted_read_only(&self) -> bool {
+        self.remounted_ro.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn atime_policy(&self) -> AtimePolicy {
+        AtimePolicy::from_u8(self.atime_policy.load(Ordering::Relaxed))
+    }
+
+    /// See [`Fs::sync`].
+    pub(crate) fn sync(&self) -> Result<()> {
+        self.flush_all()?;
+        self.engine.commit().map(|_| ())
+    }
+
+    /// Subvolume `tree`, opened on first use (its orphans deleted then).
+    pub(crate) fn subvol(self: &Arc<Self>, tree: u64) -> Result<Arc<Subvol>> {
+        if let Some(sv) = crate::sync::read(&self.subvols).get(&tree) {
+            return Ok(sv.clone());
+        }
+        if tree != FS && !crate::format::tree_id::is_subvolume(tree) {
+            return Err(Error::NotFound);
+        }
+        let item = self
+            .engine
+            .read(|r| Ok(r.tree_exists(tree).then(|| r.root_item(tree)).transpose()?))?
+            .ok_or(Error::NotFound)?;
+        let sv = Arc::new(Subvol {
+            core: self.clone(),
+            tree,
+            next_ino: AtomicU64::new(0),
+            inodes: inodes::InodeTable::with_budget(self.budget.clone()),
+            readonly: std::sync::atomic::AtomicBool::new(item.flags & subvol::ROOT_READONLY != 0),
+        });
+        sv.next_ino
+            .store(sv.last_ino()?.max(ROOT_DIR_INO) + 1, Ordering::Relaxed);
+        let sv = {
+            let mut map = crate::sync::write(&self.subvols);
+            map.entry(tree).or_insert(sv).clone()
+        };
+        if !sv.is_read_only() && !self.engine.is_read_only() {
+            sv.delete_orphans()?;
+        }
+        Ok(sv)
+    }
+
+    /// The subvolumes in use.
+    fn open_subvols(&self) -> Vec<Arc<Subvol>> {
+        crate::sync::read(&self.subvols).values().cloned().collect()
+    }
+
+    /// Files with buffered data in every subvolume, most bytes first.
+    fn dirty_files(&self) -> Vec<(Arc<Subvol>, u64)> {
+        let mut all: Vec<(u64, Arc<Subvol>, u64)> = Vec::new();
+        for sv in self.open_subvols() {
+            for (bytes, ino) in sv.inodes.dirty_inodes() {
+                all.push((bytes, sv.clone(), ino));
+            }
+        }
+        all.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        all.into_iter().map(|(_, sv, ino)| (sv, ino)).collect()
     }
 
     /// Runs `f` in the running transaction. `f` reserves what it needs
@@ -198,25 +309,102 @@ impl Fs {
             r => r,
         }
     }
+}
+
+impl Subvol {
+    /// Whether the tree holds no item at all (a freshly formatted image).
+    fn is_empty_tree(&self) -> Result<bool> {
+        self.engine.read(|r| {
+            let root = r.root(self.tree)?;
+            Ok(crate::tree::Cursor::seek(r, &root, &Key::MIN)?
+                .item()
+                .is_none())
+        })
+    }
+
+    /// The highest inode number in use.
+    fn last_ino(&self) -> Result<u64> {
+        let tree = self.tree;
+        self.engine.read(|r| {
+            let root = r.root(tree)?;
+            let c = crate::tree::Cursor::seek_le(
+                r,
+                &root,
+                &Key::new(LAST_LOCAL_INO, u8::MAX, u64::MAX),
+            )?;
+            Ok(c.and_then(|c| c.item().map(|i| i.key.objectid))
+                .unwrap_or(0))
+        })
+    }
+
+    /// Creates the root directory of an empty tree and commits.
+    fn make_root_dir(&self) -> Result<()> {
+        let tree = self.tree;
+        self.engine.write(|tx| {
+            tx.insert(tree, inode_key(ROOT_DIR_INO), root_dir_item(tx.transid()).encode())
+        })?;
+        self.engine.commit().map(drop)
+    }
+
+    /// The node id of local inode `ino`; a number too large for one (only
+    /// a damaged tree has it) is a bad item.
+    pub(crate) fn node(&self, ino: u64) -> Result<u64> {
+        if ino > LAST_LOCAL_INO {
+            return Err(Error::BadItem {
+                key: inode_key(ino),
+                reason: format!("inode number above {LAST_LOCAL_INO}"),
+            });
+        }
+        Ok(node_id(self.tree, ino))
+    }
+
+    pub(crate) fn is_read_only(&self) -> bool {
+        self.readonly.load(Ordering::Relaxed)
+    }
+
+    /// EROFS in a read-only subvolume.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.is_read_only() {
+            return Err(errno(libc::EROFS, "read-only subvolume"));
+        }
+        Ok(())
+    }
 
     /// A fresh inode number; ENOSPC once every legal one is used.
     fn alloc_ino(&self) -> Result<u64> {
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
-        if ino > crate::format::checker::LAST_INO {
+        if ino > LAST_LOCAL_INO {
             return Err(Error::NoSpace);
         }
         Ok(ino)
     }
 }
 
+/// The inode item of a new subvolume's root directory.
+pub(crate) fn root_dir_item(transid: u64) -> InodeItem {
+    let now = crate::format::inode::Timespec::now();
+    InodeItem {
+        nlink: 2,
+        mode: libc::S_IFDIR | 0o755,
+        transid,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        otime: now,
+        ..Default::default()
+    }
+}
+
 impl Drop for Fs {
     /// Buffered data reaches the tree before the engine's final commit.
     fn drop(&mut self) {
-        if self.inodes.buffered() > 0 {
-            if let Err(e) = self.flush_all() {
+        if self.core.budget.buffered() > 0 {
+            if let Err(e) = self.core.flush_all() {
                 tracing::error!(error = %e, "flushing buffered data failed");
             }
         }
+        // Each subvolume holds the core: let them go.
+        crate::sync::write(&self.core.subvols).clear();
     }
 }
 

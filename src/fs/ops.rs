@@ -1,6 +1,6 @@
 //! The POSIX operations.
 
-use super::{dir, dtype, errno, file, is_dir, load_inode_r, load_inode_tx, store_inode, Fs};
+use super::{dir, dtype, errno, file, is_dir, load_inode_r, load_inode_tx, store_inode, Subvol};
 use crate::error::{Error, Result};
 use crate::format::inode::{InodeItem, Timespec, ROOT_DIR_INO};
 use crate::format::items::FILE_EXTENT_INLINE;
@@ -75,9 +75,10 @@ pub struct Attr {
     pub rdev: u64,
 }
 
-fn attr(ino: u64, i: &InodeItem) -> Attr {
+/// Attributes of the inode whose node id is `node`.
+pub(crate) fn attr_of(node: u64, i: &InodeItem) -> Attr {
     Attr {
-        ino,
+        ino: node,
         size: i.size,
         blocks: i.nbytes.div_ceil(512),
         atime: i.atime,
@@ -149,14 +150,19 @@ pub struct Owner {
     pub gid: u32,
 }
 
-impl Fs {
+impl Subvol {
+    /// Attributes of local inode `ino`, under its node id.
+    fn attr(&self, ino: u64, i: &InodeItem) -> Attr {
+        attr_of(super::node_id(self.tree, ino), i)
+    }
+
     fn root_ptr_tx(&self, tx: &Txn<'_>) -> Result<crate::tree::RootPtr> {
         tx.root_of(self.tree)
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let found = self.engine.read(|r| {
-            let mut a = attr(ino, &load_inode_r(r, self.tree, ino)?);
+            let mut a = self.attr(ino, &load_inode_r(r, self.tree, ino)?);
             // Buffered data will take space when flushed; count it now, as
             // `du` right after a write expects.
             a.blocks += self.buffered_bytes_of(ino).div_ceil(512);
@@ -173,7 +179,7 @@ impl Fs {
     fn ghost_attr(&self, ino: u64, change: impl FnOnce(&mut InodeItem)) -> Result<Attr> {
         self.inodes
             .haunt(ino, change)
-            .map(|i| attr(ino, &i))
+            .map(|i| self.attr(ino, &i))
             .ok_or(Error::NotFound)
     }
 
@@ -188,7 +194,12 @@ impl Fs {
             }
             let root = r.root(self.tree)?;
             let e = dir::lookup(r, &root, parent, name)?.ok_or(Error::NotFound)?;
-            Ok(attr(e.ino, &load_inode_r(r, self.tree, e.ino)?))
+            if e.is_subvolume() {
+                let i = load_inode_r(r, e.ino, ROOT_DIR_INO)?;
+                return Ok(attr_of(super::node_id(e.ino, ROOT_DIR_INO), &i));
+            }
+            self.node(e.ino)?;
+            Ok(self.attr(e.ino, &load_inode_r(r, self.tree, e.ino)?))
         })
     }
 
@@ -267,7 +278,7 @@ impl Fs {
             p.mtime = now;
             p.ctime = now;
             store_inode(tx, tree, parent, p)?;
-            Ok(attr(ino, &inode))
+            Ok(self.attr(ino, &inode))
         })?;
         if long {
             self.flush_file(ino)?;
@@ -314,12 +325,21 @@ impl Fs {
     /// Removes `name` from `parent`: a non-directory (`rmdir` false) or an
     /// empty directory (`rmdir` true).
     pub fn remove(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<()> {
+        if let Some(sub) = self.subvolume_named(parent, name)? {
+            if !rmdir {
+                return Err(errno(libc::EISDIR, "is a directory"));
+            }
+            return self.delete_subvolume(parent, name, sub, true);
+        }
         let tree = self.tree;
         self.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)).deleting())?;
             let mut p = self.parent_dir(tx, parent)?;
             let root = self.root_ptr_tx(tx)?;
             let e = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
+            if e.is_subvolume() {
+                return Err(errno(libc::EBUSY, "a subvolume took the name meanwhile"));
+            }
             let child = load_inode_tx(tx, tree, e.ino)?;
             match (rmdir, is_dir(child.mode)) {
                 (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
@@ -472,7 +492,7 @@ impl Fs {
             store_inode(tx, tree, parent, p)?;
             self.note_name(tx, parent, ino);
             self.log_name_changes(tx, &[ino])?;
-            Ok(attr(ino, &i))
+            Ok(self.attr(ino, &i))
         })
     }
 
@@ -495,6 +515,10 @@ impl Fs {
             let root = self.root_ptr_tx(tx)?;
             let src = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
             let dst = dir::lookup(tx, &root, newparent, newname)?;
+            if src.is_subvolume() || dst.as_ref().is_some_and(|d| d.is_subvolume()) {
+                let to = (newparent, newname);
+                return self.rename_subvolume(tx, parent, &src, to, dst.as_ref(), exchange);
+            }
             let src_inode = load_inode_tx(tx, tree, src.ino)?;
             if is_dir(src_inode.mode)
                 && parent != newparent
@@ -677,7 +701,7 @@ impl Fs {
             }
             s.apply_to(&mut i, now);
             store_inode(tx, tree, ino, i.clone())?;
-            Ok(attr(ino, &i))
+            Ok(self.attr(ino, &i))
         });
         match done {
             // The kernel flushing the times of a file deleted meanwhile.
@@ -746,7 +770,7 @@ impl Fs {
         {
             return Err(errno(libc::EFBIG, "file too large"));
         }
-        if self.inodes.over_limit() {
+        if self.budget.over_limit() {
             self.flush_to_limit()?;
         }
         let tree = self.tree;
@@ -792,15 +816,22 @@ impl Fs {
             let mut out = Vec::new();
             let dt_dir = dtype(libc::S_IFDIR);
             if offset < 1 {
-                out.push((1, ino, dt_dir, b".".to_vec()));
+                out.push((1, self.node(ino)?, dt_dir, b".".to_vec()));
             }
             let root = r.root(self.tree)?;
             if offset < 2 {
-                let parent = dir::parent_of(r, &root, ino)?;
+                let parent = match ino {
+                    ROOT_DIR_INO => self.parent_of_root(r)?,
+                    _ => self.node(dir::parent_of(r, &root, ino)?)?,
+                };
                 out.push((2, parent, dt_dir, b"..".to_vec()));
             }
             for e in dir::list(r, &root, ino, offset.max(2), max)? {
-                out.push((e.index + 1, e.ino, e.kind, e.name));
+                let node = match e.is_subvolume() {
+                    true => super::node_id(e.ino, ROOT_DIR_INO),
+                    false => self.node(e.ino)?,
+                };
+                out.push((e.index + 1, node, e.d_type(), e.name));
             }
             Ok((out, i))
         })?;
@@ -1036,10 +1067,13 @@ impl Fs {
         Ok(-(file::punch(tx, self.tree, ino, a, b)? as i64))
     }
 
-    /// copy_file_range(2): shares extents where the ranges are sector-aligned
-    /// (a reflink), copies bytes otherwise. Returns bytes copied.
+    /// copy_file_range(2) from file `src` of subvolume `from` (this one or
+    /// another: the pool is one) to file `dst` of this one: shares extents
+    /// where the ranges are sector-aligned (a reflink), copies bytes
+    /// otherwise. Returns bytes copied.
     pub fn copy_range(
         &self,
+        from: &Subvol,
         src: u64,
         src_off: u64,
         dst: u64,
@@ -1048,9 +1082,9 @@ impl Fs {
     ) -> Result<u64> {
         let tree = self.tree;
         // Sharing extents needs the data in the tree.
-        self.flush_file(src)?;
+        from.flush_file(src)?;
         self.flush_file(dst)?;
-        let src_size = self.getattr(src)?.size;
+        let src_size = from.getattr(src)?.size;
         let len = len.min(src_size.saturating_sub(src_off));
         if len == 0 {
             return Ok(0);
@@ -1060,26 +1094,28 @@ impl Fs {
         let aligned =
             src_off.is_multiple_of(S) && dst_off.is_multiple_of(S) && (len % S == 0 || whole_tail);
         let inline = self.engine.read(|r| {
-            let root = r.root(tree)?;
-            Ok(file::is_inline(r, &root, src)? || file::is_inline(r, &root, dst)?)
+            Ok(file::is_inline(r, &r.root(from.tree)?, src)?
+                || file::is_inline(r, &r.root(tree)?, dst)?)
         })?;
         let dst_size = self.getattr(dst)?.size;
-        let overlap = src == dst && src_off < dst_off + len && dst_off < src_off + len;
+        let same = from.tree == tree && src == dst;
+        let overlap = same && src_off < dst_off + len && dst_off < src_off + len;
         // The destination's bytes past a copied tail up to its old size must
         // survive, so a partial last sector is shared only at its EOF too.
         let tail_ok = len % S == 0 || dst_off + len >= dst_size;
         if !aligned || inline || overlap || !tail_ok {
             // A byte copy, in bounded pieces (a short count is allowed).
-            let data = self.read(src, src_off, len.min(64 << 20) as u32)?;
+            let data = from.read(src, src_off, len.min(64 << 20) as u32)?;
             return self.write(dst, dst_off, &data).map(u64::from);
         }
         // Both files' extents change or are shared: no flush of either may
-        // run meanwhile (locks taken in inode order), and what was written
+        // run meanwhile (locks taken in node order), and what was written
         // since the flushes above goes first.
-        let _held = self.lock_flushed(src, dst)?;
+        let _held = lock_flushed(from, src, self, dst)?;
         self.write_reserved(|tx| {
+            let src_root = tx.root_of(from.tree)?;
             let root = tx.root_of(tree)?;
-            let items = file::count_items(tx, &root, src, src_off, src_off + len)?
+            let items = file::count_items(tx, &src_root, src, src_off, src_off + len)?
                 + file::count_items(tx, &root, dst, dst_off, dst_off + len)?;
             tx.reserve(&Need::items(tree, items + 4))?;
             let mut d = load_inode_tx(tx, tree, dst)?;
@@ -1088,7 +1124,8 @@ impl Fs {
             }
             let span = len.div_ceil(S) * S;
             self.note_extents(tx, dst, d.size, dst_off, dst_off + span);
-            let delta = file::clone_range(tx, tree, src, src_off, dst, dst_off, span)?;
+            let delta =
+                file::clone_range(tx, (from.tree, src, src_off), (tree, dst, dst_off), span)?;
             d.nbytes = (d.nbytes as i64 + delta).max(0) as u64;
             d.size = d.size.max(dst_off + len);
             let now = Timespec::now();
@@ -1097,19 +1134,6 @@ impl Fs {
             store_inode(tx, tree, dst, d)?;
             Ok(len)
         })
-    }
-
-    /// Takes the flush locks of `a` and `b` (in inode order, so two
-    /// callers cannot deadlock) and flushes both files.
-    fn lock_flushed(&self, a: u64, b: u64) -> Result<Vec<super::inodes::FlushLock<'_>>> {
-        let mut inos = vec![a.min(b), a.max(b)];
-        inos.dedup();
-        inos.into_iter()
-            .map(|ino| {
-                let held = self.inodes.lock_flush(ino);
-                self.flush_held(ino, &held.inode).map(|()| held)
-            })
-            .collect()
     }
 
     /// Whether the file's data is inline (for tests and inspection).
@@ -1121,4 +1145,24 @@ impl Fs {
                 .is_some_and(|fe| fe.kind == FILE_EXTENT_INLINE))
         })
     }
+}
+
+/// Takes the flush locks of file `a` of `sa` and file `b` of `sb` (in
+/// node order, so two callers cannot deadlock) and flushes both files.
+fn lock_flushed<'s>(
+    sa: &'s Subvol,
+    a: u64,
+    sb: &'s Subvol,
+    b: u64,
+) -> Result<Vec<super::inodes::FlushLock<'s>>> {
+    let mut files = vec![(sa.node(a)?, sa, a), (sb.node(b)?, sb, b)];
+    files.sort_by_key(|f| f.0);
+    files.dedup_by_key(|f| f.0);
+    files
+        .into_iter()
+        .map(|(_, sv, ino)| {
+            let held = sv.inodes.lock_flush(ino);
+            sv.flush_held(ino, &held.inode).map(|()| held)
+        })
+        .collect()
 }

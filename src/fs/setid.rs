@@ -9,7 +9,7 @@
 //! caller is outside the file's group. Who the caller is (capabilities,
 //! groups) is the FUSE layer's to know; it decides through `drop`.
 
-use super::{load_inode_tx, store_inode, Fs};
+use super::{load_inode_tx, store_inode, Subvol};
 use crate::error::Result;
 use crate::format::inode::Timespec;
 use crate::txn::Need;
@@ -26,7 +26,7 @@ pub fn bits_to_clear(mode: u32, in_group: impl FnOnce() -> bool) -> u32 {
     drop
 }
 
-impl Fs {
+impl Subvol {
     /// Clears the bits `drop(mode, gid)` names from regular file `ino`, if
     /// it has set-id bits at all (`drop` is asked only then, so finding
     /// out who the caller is costs nothing on ordinary files). True when

@@ -1,7 +1,8 @@
 //! The FUSE front: translates kernel requests into [`crate::fs::Fs`] calls.
 //!
-//! Thin by design: no on-disk knowledge here. Inode numbers map one to one,
-//! except that FUSE's root (1) is the subvolume's root directory (256).
+//! Thin by design: no on-disk knowledge here. Node ids map one to one
+//! (see `fs::node`), except that FUSE's root (1) is the root directory of
+//! the subvolume the mount shows.
 //! Requests are served on several threads (`fuser`'s `n_threads` with one
 //! cloned fd each), so a long read or fsync does not stall a `stat`.
 
@@ -9,7 +10,7 @@ mod caller;
 pub mod control;
 pub mod mount;
 
-use crate::format::inode::{Timespec, ROOT_DIR_INO};
+use crate::format::inode::Timespec;
 use crate::fs::{setid, Attr, Fs, Owner, SetAttr};
 use caller::Caller;
 use fuser::{
@@ -36,6 +37,8 @@ pub const MAX_WRITE: u32 = 1 << 20;
 
 pub struct FuseFs {
     fs: Arc<Fs>,
+    /// Node id of the mount's root directory (FUSE's node 1).
+    root: u64,
     /// The kernel's writeback cache: asked for at init, and on if the
     /// kernel agreed.
     writeback_cache: bool,
@@ -50,6 +53,7 @@ pub struct FuseFs {
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, writeback_cache: bool) -> FuseFs {
         FuseFs {
+            root: fs.root_node(),
             fs,
             writeback_cache,
             killpriv: false,
@@ -92,12 +96,53 @@ impl FuseFs {
             // Attributes only (offset -1): no page is touched, so this
             // cannot wait on the pages the request itself holds.
             if let Some(n) = self.notifier.get() {
-                if let Err(e) = n.inval_inode(from_ino(ino), -1, 0) {
+                if let Err(e) = n.inval_inode(self.from_ino(ino), -1, 0) {
                     tracing::warn!(ino, error = %e, "could not tell the kernel of a mode change");
                 }
             }
         }
         Ok(())
+    }
+
+    /// The node id `fs` knows for kernel node `i`: FUSE's root (1) is the
+    /// root directory of the subvolume the mount shows.
+    fn to_ino(&self, i: INodeNo) -> u64 {
+        if i.0 == 1 {
+            self.root
+        } else {
+            i.0
+        }
+    }
+
+    fn from_ino(&self, i: u64) -> INodeNo {
+        INodeNo(if i == self.root { 1 } else { i })
+    }
+
+    fn file_attr(&self, a: &Attr) -> FileAttr {
+        FileAttr {
+            ino: self.from_ino(a.ino),
+            size: a.size,
+            blocks: a.blocks,
+            atime: time(a.atime),
+            mtime: time(a.mtime),
+            ctime: time(a.ctime),
+            crtime: time(a.crtime),
+            kind: kind(a.mode),
+            perm: (a.mode & 0o7777) as u16,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev as u32,
+            flags: 0,
+            blksize: 4096,
+        }
+    }
+
+    fn reply_entry(&self, r: crate::Result<Attr>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &self.file_attr(&a), Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
     }
 
     /// `ino` was given a new owner or group by `caller`: its set-user-ID
@@ -114,17 +159,6 @@ impl FuseFs {
     }
 }
 
-fn to_ino(i: INodeNo) -> u64 {
-    if i.0 == 1 {
-        ROOT_DIR_INO
-    } else {
-        i.0
-    }
-}
-
-fn from_ino(i: u64) -> INodeNo {
-    INodeNo(if i == ROOT_DIR_INO { 1 } else { i })
-}
 
 fn err(e: crate::Error) -> Errno {
     if e.errno() == libc::EIO {
@@ -168,25 +202,6 @@ fn kind(mode: u32) -> FileType {
     }
 }
 
-fn file_attr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: from_ino(a.ino),
-        size: a.size,
-        blocks: a.blocks,
-        atime: time(a.atime),
-        mtime: time(a.mtime),
-        ctime: time(a.ctime),
-        crtime: time(a.crtime),
-        kind: kind(a.mode),
-        perm: (a.mode & 0o7777) as u16,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev as u32,
-        flags: 0,
-        blksize: 4096,
-    }
-}
 
 /// The attributes of a negative entry: only the zero inode number counts.
 fn absent_entry() -> FileAttr {
@@ -209,12 +224,6 @@ fn absent_entry() -> FileAttr {
     }
 }
 
-fn reply_entry(r: crate::Result<Attr>, reply: ReplyEntry) {
-    match r {
-        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
-        Err(e) => reply.error(err(e)),
-    }
-}
 
 fn reply_empty(r: crate::Result<()>, reply: ReplyEmpty) {
     match r {
@@ -272,21 +281,21 @@ impl Filesystem for FuseFs {
     /// this mount, and the kernel drops the negative entry when it creates
     /// the name.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(to_ino(parent), name.as_bytes()) {
+        match self.fs.lookup(self.to_ino(parent), name.as_bytes()) {
             Err(e) if e.errno() == libc::ENOENT => {
                 reply.entry(&TTL, &absent_entry(), Generation(0));
             }
-            r => reply_entry(r, reply),
+            r => self.reply_entry(r, reply),
         }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        self.fs.forget(to_ino(ino));
+        self.fs.forget(self.to_ino(ino));
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(to_ino(ino)) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+        match self.fs.getattr(self.to_ino(ino)) {
+            Ok(a) => reply.attr(&TTL, &self.file_attr(&a)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -320,20 +329,20 @@ impl Filesystem for FuseFs {
         };
         let caller = Caller::of(req);
         let cleared = if s.uid.is_some() || s.gid.is_some() {
-            self.chowned_by(&caller, to_ino(ino))
+            self.chowned_by(&caller, self.to_ino(ino))
         } else if s.size.is_some() {
-            self.changed_by(&caller, to_ino(ino), true)
+            self.changed_by(&caller, self.to_ino(ino), true)
         } else {
             Ok(())
         };
-        match cleared.and_then(|()| self.fs.setattr(to_ino(ino), &s)) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+        match cleared.and_then(|()| self.fs.setattr(self.to_ino(ino), &s)) {
+            Ok(a) => reply.attr(&TTL, &self.file_attr(&a)),
             Err(e) => reply.error(err(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(to_ino(ino)) {
+        match self.fs.readlink(self.to_ino(ino)) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(err(e)),
         }
@@ -350,9 +359,9 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         let mode = mode & !(umask & 0o777);
-        reply_entry(
+        self.reply_entry(
             self.fs.create(
-                to_ino(parent),
+                self.to_ino(parent),
                 name.as_bytes(),
                 mode,
                 u64::from(rdev),
@@ -373,22 +382,22 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         let mode = libc::S_IFDIR | (mode & 0o7777 & !umask);
-        reply_entry(
+        self.reply_entry(
             self.fs
-                .create(to_ino(parent), name.as_bytes(), mode, 0, owner(req), None),
+                .create(self.to_ino(parent), name.as_bytes(), mode, 0, owner(req), None),
             reply,
         );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         reply_empty(
-            self.fs.remove(to_ino(parent), name.as_bytes(), false),
+            self.fs.remove(self.to_ino(parent), name.as_bytes(), false),
             reply,
         );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(self.fs.remove(to_ino(parent), name.as_bytes(), true), reply);
+        reply_empty(self.fs.remove(self.to_ino(parent), name.as_bytes(), true), reply);
     }
 
     fn symlink(
@@ -401,9 +410,9 @@ impl Filesystem for FuseFs {
     ) {
         let t = target.as_os_str().as_bytes();
         let mode = libc::S_IFLNK | 0o777;
-        reply_entry(
+        self.reply_entry(
             self.fs.create(
-                to_ino(parent),
+                self.to_ino(parent),
                 link_name.as_bytes(),
                 mode,
                 0,
@@ -427,9 +436,9 @@ impl Filesystem for FuseFs {
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
         let r = self.fs.rename(
-            to_ino(parent),
+            self.to_ino(parent),
             name.as_bytes(),
-            to_ino(newparent),
+            self.to_ino(newparent),
             newname.as_bytes(),
             noreplace,
             exchange,
@@ -445,15 +454,24 @@ impl Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply_entry(
+        self.reply_entry(
             self.fs
-                .link(to_ino(ino), to_ino(newparent), newname.as_bytes()),
+                .link(self.to_ino(ino), self.to_ino(newparent), newname.as_bytes()),
             reply,
         );
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.fs.open(to_ino(ino));
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let ino = self.to_ino(ino);
+        // A file of a read-only subvolume cannot be opened for writing
+        // (or truncated by open), as on btrfs.
+        let writing = flags.0 & (libc::O_WRONLY | libc::O_RDWR | libc::O_TRUNC) != 0;
+        if writing {
+            if let Err(e) = self.fs.check_writable(ino) {
+                return reply.error(err(e));
+            }
+        }
+        self.fs.open(ino);
         reply.opened(FileHandle(0), OPEN_FLAGS);
     }
 
@@ -467,7 +485,7 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(self.fs.release(to_ino(ino)), reply);
+        reply_empty(self.fs.release(self.to_ino(ino)), reply);
     }
 
     fn read(
@@ -481,7 +499,7 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(to_ino(ino), offset, size) {
+        match self.fs.read(self.to_ino(ino), offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(err(e)),
         }
@@ -501,11 +519,11 @@ impl Filesystem for FuseFs {
     ) {
         // The kernel flags writes by callers without CAP_FSETID.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            if let Err(e) = self.changed(&Caller::of(req), to_ino(ino), false, true) {
+            if let Err(e) = self.changed(&Caller::of(req), self.to_ino(ino), false, true) {
                 return reply.error(err(e));
             }
         }
-        match self.fs.write(to_ino(ino), offset, data) {
+        match self.fs.write(self.to_ino(ino), offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(err(e)),
         }
@@ -530,7 +548,7 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(self.fs.fsync(to_ino(ino)), reply);
+        reply_empty(self.fs.fsync(self.to_ino(ino)), reply);
     }
 
     fn fsyncdir(
@@ -541,7 +559,7 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(self.fs.fsync(to_ino(ino)), reply);
+        reply_empty(self.fs.fsync(self.to_ino(ino)), reply);
     }
 
     fn readdir(
@@ -552,12 +570,12 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let dir = to_ino(ino);
+        let dir = self.to_ino(ino);
         match self.fs.readdir(dir, offset, 128) {
             Ok(entries) => {
                 for (next, child, dtype, name) in entries {
                     let k = kind(u32::from(dtype) << 12);
-                    if reply.add(from_ino(child), next, k, OsStr::from_bytes(&name)) {
+                    if reply.add(self.from_ino(child), next, k, OsStr::from_bytes(&name)) {
                         break;
                     }
                 }
@@ -594,11 +612,11 @@ impl Filesystem for FuseFs {
         let mode = libc::S_IFREG | (mode & 0o7777 & !umask);
         match self
             .fs
-            .create(to_ino(parent), name.as_bytes(), mode, 0, owner(req), None)
+            .create(self.to_ino(parent), name.as_bytes(), mode, 0, owner(req), None)
         {
             Ok(a) => {
                 self.fs.open(a.ino);
-                let attr = file_attr(&a);
+                let attr = self.file_attr(&a);
                 reply.created(&TTL, &attr, Generation(0), FileHandle(0), OPEN_FLAGS)
             }
             Err(e) => reply.error(err(e)),
@@ -616,21 +634,21 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         reply_empty(
-            self.fs.setxattr(to_ino(ino), name.as_bytes(), value, flags),
+            self.fs.setxattr(self.to_ino(ino), name.as_bytes(), value, flags),
             reply,
         );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        reply_xattr(self.fs.getxattr(to_ino(ino), name.as_bytes()), size, reply);
+        reply_xattr(self.fs.getxattr(self.to_ino(ino), name.as_bytes()), size, reply);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        reply_xattr(self.fs.listxattr(to_ino(ino)), size, reply);
+        reply_xattr(self.fs.listxattr(self.to_ino(ino)), size, reply);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(self.fs.removexattr(to_ino(ino), name.as_bytes()), reply);
+        reply_empty(self.fs.removexattr(self.to_ino(ino), name.as_bytes()), reply);
     }
 
     fn lseek(
@@ -656,7 +674,7 @@ impl Filesystem for FuseFs {
         let Ok(offset) = u64::try_from(offset) else {
             return reply.error(Errno::ENXIO);
         };
-        match self.fs.seek(to_ino(ino), offset, data) {
+        match self.fs.seek(self.to_ino(ino), offset, data) {
             Ok(at) => reply.offset(at as i64),
             Err(e) => reply.error(err(e)),
         }
@@ -710,8 +728,8 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         let done = self
-            .changed_by(&Caller::of(req), to_ino(ino), false)
-            .and_then(|()| self.fs.fallocate(to_ino(ino), offset, length, mode));
+            .changed_by(&Caller::of(req), self.to_ino(ino), false)
+            .and_then(|()| self.fs.fallocate(self.to_ino(ino), offset, length, mode));
         reply_empty(done, reply);
     }
 
@@ -729,10 +747,10 @@ impl Filesystem for FuseFs {
         reply: ReplyWrite,
     ) {
         let done = self
-            .changed_by(&Caller::of(req), to_ino(ino_out), false)
+            .changed_by(&Caller::of(req), self.to_ino(ino_out), false)
             .and_then(|()| {
                 self.fs
-                    .copy_range(to_ino(ino_in), offset_in, to_ino(ino_out), offset_out, len)
+                    .copy_range(self.to_ino(ino_in), offset_in, self.to_ino(ino_out), offset_out, len)
             });
         match done {
             Ok(n) => reply.written(n.min(u64::from(u32::MAX)) as u32),

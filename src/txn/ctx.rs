@@ -136,6 +136,19 @@ impl<'a> Reader<'a> {
         root_of(self.st, tree)
     }
 
+    pub fn tree_exists(&self, id: u64) -> bool {
+        self.st.roots.contains_key(&id)
+    }
+
+    /// The root item of tree `id` as the next commit will write it.
+    pub fn root_item(&self, id: u64) -> Result<RootItem> {
+        self.st
+            .roots
+            .get(&id)
+            .map(|rs| rs.item.clone())
+            .ok_or(Error::NotFound)
+    }
+
     pub fn read_data(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
         self.sh.dev.read_at(buf, bytenr)
     }
@@ -275,6 +288,16 @@ impl<'a> Txn<'a> {
             .get(&id)
             .ok_or_else(|| Error::Invalid(format!("tree {id} does not exist")))?;
         Ok(rs.item.clone())
+    }
+
+    /// Sets the flags of tree `id`'s root item (a subvolume's read-only
+    /// bit); the next commit writes them.
+    pub fn set_root_flags(&mut self, id: u64, flags: u64) -> Result<()> {
+        let rs = self.st.roots.get_mut(&id).ok_or(Error::NotFound)?;
+        rs.item.flags = flags;
+        rs.dirty = true;
+        self.st.changes += 1;
+        Ok(())
     }
 
     fn add_root(&mut self, id: u64, ptr: RootPtr, parent_id: u64, name: Vec<u8>) {

@@ -38,7 +38,7 @@
 mod replay;
 
 use super::rangeset::RangeSet;
-use super::{dir, file, load_inode_tx, Fs};
+use super::{dir, file, load_inode_tx, Subvol};
 use crate::error::{Error, Result};
 use crate::format::inode::{DirEntry, InodeItem, ROOT_DIR_INO};
 use crate::format::key_type::{
@@ -139,7 +139,7 @@ impl super::inodes::InodeTable {
     }
 }
 
-impl Fs {
+impl Subvol {
     /// The extents of `[start, end)` of `ino` changed.
     fn track_range(&self, transid: u64, ino: u64, start: u64, end: u64) {
         self.inodes
@@ -195,26 +195,39 @@ impl Batch {
         Need::items(tree, items as u64).payload(bytes)
     }
 
-    fn apply(self, tx: &mut Txn<'_>) -> Result<()> {
+    /// Makes the edits, with the keys of subvolume `tree`'s inodes turned
+    /// into the log's (see [`log_key`]).
+    fn apply(self, tx: &mut Txn<'_>, tree: u64) -> Result<()> {
         for (start, end) in self.clear {
+            let (start, end) = (log_key(tree, start), log_key(tree, end));
             for (k, _) in tx.range(LOG, &start, &end)? {
                 tx.delete(LOG, &k)?;
             }
         }
         for (ino, s, e) in self.punch {
-            file::punch(tx, LOG, ino, s, e)?;
+            file::punch(tx, LOG, super::node_id(tree, ino), s, e)?;
         }
         for (k, d) in self.puts {
-            tx.put(LOG, k, d)?;
+            tx.put(LOG, log_key(tree, k), d)?;
         }
         Ok(())
     }
 }
 
+/// The log is one tree for every subvolume: an inode's items are keyed by
+/// its node id there (the default subvolume's are unchanged). Checksum
+/// items keep their key.
+fn log_key(tree: u64, k: Key) -> Key {
+    if k.objectid == CSUM_OBJECTID {
+        return k;
+    }
+    Key::new(super::node_id(tree, k.objectid), k.ty, k.offset)
+}
+
 /// An item of the running transaction's log, if it has one.
-fn log_get(tx: &Txn<'_>, key: &Key) -> Result<Option<Vec<u8>>> {
+fn log_get(tx: &Txn<'_>, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
     if tx.has_log() {
-        tx.get(LOG, key)
+        tx.get(LOG, &log_key(tree, *key))
     } else {
         Ok(None)
     }
@@ -229,12 +242,12 @@ fn copy_items(tx: &Txn<'_>, tree: u64, start: Key, end: Key) -> Result<Vec<(Key,
     tx.range(tree, &start, &end)
 }
 
-impl Fs {
+impl Subvol {
     /// fsync(2) and fdatasync(2) of `ino`: its data and the log entries
     /// that make it (and the names that reach it) survive a crash.
     pub fn fsync(&self, ino: u64) -> Result<()> {
         if !self.log_enabled() {
-            return self.sync();
+            return self.core.sync();
         }
         self.flush_file(ino)?;
         self.flush_symlinks_in(ino)?;
@@ -249,7 +262,7 @@ impl Fs {
             // Unchanged since the last commit: durable once it is written.
             Ok(false) | Err(Error::NotFound) => self.engine.wait_prepared(),
             // No room for the log (or it is stale): a commit does it all.
-            Err(Error::NoSpace | Error::Invalid(_)) => self.sync(),
+            Err(Error::NoSpace | Error::Invalid(_)) => self.core.sync(),
             Err(e) => Err(e),
         }
     }
@@ -311,7 +324,7 @@ impl Fs {
         // Room first: ENOSPC must come before the log changes anything.
         tx.reserve(&batch.need(self.tree))?;
         tx.ensure_log()?;
-        batch.apply(tx)?;
+        batch.apply(tx, self.tree)?;
         // Only now: a failure above leaves the ranges noted for the next
         // fsync and marks nothing logged that is not.
         self.mark_logged(transid, Some(ino), &others);
@@ -385,7 +398,7 @@ impl Fs {
             batch.punch.push((ino, s, e));
             // Ranges may overlap; replay covers their union.
             let range_key = Key::new(ino, LOG_RANGE, s);
-            let logged_end = log_get(tx, &range_key)?
+            let logged_end = log_get(tx, self.tree, &range_key)?
                 .and_then(|d| d.try_into().ok().map(u64::from_le_bytes))
                 .unwrap_or(0);
             batch
@@ -443,7 +456,7 @@ impl Fs {
             // Symlinks and special files are tiny: log them whole.
             return self.plan_full(tx, ino, inode, batch);
         }
-        let logged = log_get(tx, &Key::new(ino, LOG_INODE, 0))?;
+        let logged = log_get(tx, self.tree, &Key::new(ino, LOG_INODE, 0))?;
         for ty in [INODE_REF, INODE_EXTREF] {
             batch.clear.push(keys_of(ino, ty));
             let (s, e) = keys_of(ino, ty);
@@ -453,7 +466,7 @@ impl Fs {
             Some([MODE_FULL]) => {
                 // Keep the logged item (its size goes with its logged
                 // data); only the link count follows the names.
-                if let Some(d) = log_get(tx, &super::inode_key(ino))? {
+                if let Some(d) = log_get(tx, self.tree, &super::inode_key(ino))? {
                     if let Ok(mut old) = InodeItem::decode(&d) {
                         old.nlink = inode.nlink;
                         batch.puts.push((super::inode_key(ino), old.encode()));
@@ -494,7 +507,7 @@ impl Fs {
         }
         let applied = tx
             .reserve(&batch.need(self.tree))
-            .and_then(|()| batch.apply(tx));
+            .and_then(|()| batch.apply(tx, self.tree));
         match applied {
             Err(Error::NoSpace) => {
                 self.tracking.set_stale(transid);
