@@ -3,13 +3,15 @@
 //! link counts equal the entries found (directories: 2 + subdirectories),
 //! every name has the child's back-reference (INODE_REF or INODE_EXTREF) and every
 //! back-reference a name, and inodes without links are orphans awaiting
-//! deletion.
+//! deletion. Subvolume links: every entry naming a subvolume has its
+//! ROOT_REF and ROOT_BACKREF with the same directory, name and index, and
+//! every subvolume has exactly one link.
 
 use super::Report;
 use crate::dev::Device;
 use crate::format::inode::{extref_hash, DirEntry, InodeItem, ROOT_DIR_INO};
 use crate::format::key_type::{
-    DIR_INDEX, DIR_ITEM, INODE_EXTREF, INODE_ITEM, INODE_REF, ORPHAN_ITEM,
+    DIR_INDEX, DIR_ITEM, INODE_EXTREF, INODE_ITEM, INODE_REF, ORPHAN_ITEM, ROOT_BACKREF, ROOT_REF,
 };
 use crate::format::{tree_id, Key};
 use crate::tree::Cursor;
@@ -38,14 +40,90 @@ pub(super) fn check_trees(dev: Arc<dyn Device>, report: &mut Report) {
         Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),
     };
     let ids = engine.read(|r| Ok(r.tree_ids())).unwrap_or_default();
-    for id in ids.into_iter().filter(|&i| tree_id::is_shareable(i)) {
-        if let Err(e) = check_tree(&engine, id, report) {
+    let mut links = Links::new();
+    for id in ids.iter().copied().filter(|&i| tree_id::is_shareable(i)) {
+        if let Err(e) = check_tree(&engine, id, &mut links, report) {
             report.problem(format!("tree {id}"), e.to_string());
         }
     }
+    if let Err(e) = check_links(&engine, &ids, &links, report) {
+        report.problem("root tree", e.to_string());
+    }
 }
 
-fn check_tree(engine: &Engine, tree: u64, report: &mut Report) -> crate::Result<()> {
+/// Subvolume links: (parent tree, subvolume, directory, name, index).
+type Links = BTreeSet<(u64, u64, u64, Vec<u8>, u64)>;
+
+/// Compares the subvolume entries found in fs trees with the root tree's
+/// ROOT_REF and ROOT_BACKREF items.
+fn check_links(
+    engine: &Engine,
+    ids: &[u64],
+    found: &Links,
+    report: &mut Report,
+) -> crate::Result<()> {
+    let (refs, backrefs) = engine.read(|r| {
+        let mut refs = Links::new();
+        let mut backrefs = Links::new();
+        let mut c = Cursor::seek(r, &r.root(tree_id::ROOT)?, &Key::MIN)?;
+        while let Some(it) = c.item() {
+            let k = it.key;
+            if k.ty == ROOT_REF || k.ty == ROOT_BACKREF {
+                match DirEntry::decode_all(&it.data).map_err(|e| e.to_string()) {
+                    Ok(v) if v.len() == 1 => {
+                        let e = &v[0];
+                        let (parent, sub, set) = if k.ty == ROOT_REF {
+                            (k.objectid, k.offset, &mut refs)
+                        } else {
+                            (k.offset, k.objectid, &mut backrefs)
+                        };
+                        set.insert((parent, sub, e.ino, e.name.clone(), e.index));
+                    }
+                    _ => report.problem(format!("root tree item {k}"), "bad root reference"),
+                }
+            }
+            c.next(r)?;
+        }
+        Ok((refs, backrefs))
+    })?;
+    let show = |l: &(u64, u64, u64, Vec<u8>, u64)| {
+        format!(
+            "subvolume {} as '{}' in directory {} of tree {}",
+            l.1,
+            String::from_utf8_lossy(&l.3),
+            l.2,
+            l.0
+        )
+    };
+    for l in found.difference(&refs) {
+        report.problem(show(l), "directory entry without its ROOT_REF");
+    }
+    for l in refs.difference(found) {
+        report.problem(show(l), "ROOT_REF without its directory entry");
+    }
+    for l in refs.symmetric_difference(&backrefs) {
+        report.problem(show(l), "ROOT_REF and ROOT_BACKREF disagree");
+    }
+    for &id in ids.iter().filter(|&&i| tree_id::is_subvolume(i)) {
+        let n = backrefs.iter().filter(|l| l.1 == id).count();
+        if n != 1 {
+            report.problem(format!("subvolume {id}"), format!("{n} links instead of one"));
+        }
+    }
+    for l in refs.iter().chain(&backrefs) {
+        if !ids.contains(&l.1) {
+            report.problem(show(l), "links a subvolume that does not exist");
+        }
+    }
+    Ok(())
+}
+
+fn check_tree(
+    engine: &Engine,
+    tree: u64,
+    links: &mut Links,
+    report: &mut Report,
+) -> crate::Result<()> {
     let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
     let mut orphans = BTreeSet::new();
     // (child, directory, name) as the directory lists it and as the child's
@@ -72,8 +150,12 @@ fn check_tree(engine: &Engine, tree: u64, report: &mut Report) -> crate::Result<
                             dir.indexes += entries.len() as u64;
                         }
                         for e in entries.iter().filter(|_| k.ty == DIR_ITEM) {
-                            if u32::from(e.kind) << 12 == libc::S_IFDIR {
+                            if u32::from(e.d_type()) << 12 == libc::S_IFDIR {
                                 inodes.entry(k.objectid).or_default().subdirs += 1;
+                            }
+                            if e.is_subvolume() {
+                                links.insert((tree, e.ino, k.objectid, e.name.clone(), e.index));
+                                continue;
                             }
                             inodes.entry(e.ino).or_default().names += 1;
                             named.insert((e.ino, k.objectid, e.name.clone()));
