@@ -77,11 +77,15 @@ fn a_snapshot_holds_what_was_written_before_it_and_nothing_after() {
     assert_eq!(read_all(&fs, g), b"new");
     assert!(fs.lookup(snap.ino, b"g").is_err(), "g came after");
     // Changing the snapshot leaves the source alone.
-    fs.write(sf, 100, b"snapwrite").expect("write to a writable snapshot");
+    fs.write(sf, 100, b"snapwrite")
+        .expect("write to a writable snapshot");
     assert_eq!(&read_all(&fs, f)[100..109], &[1u8; 9]);
 
     let fs = reopen(&dev, fs);
-    let (sf, f) = (at(&fs, "snap/f").expect("snap/f"), at(&fs, "sv/f").expect("sv/f"));
+    let (sf, f) = (
+        at(&fs, "snap/f").expect("snap/f"),
+        at(&fs, "sv/f").expect("sv/f"),
+    );
     assert_eq!(&read_all(&fs, sf)[..6], b"before");
     assert_eq!(&read_all(&fs, sf)[100..109], b"snapwrite");
     assert_eq!(&read_all(&fs, f)[..6], b"AFTER!");
@@ -100,7 +104,9 @@ fn a_read_only_snapshot_refuses_every_change() {
         .create(ROOT, b"d", libc::S_IFDIR | 0o755, 0, ME, None)
         .expect("mkdir");
     let f = file(&fs, d.ino, "f", b"data");
-    let snap = fs.snapshot(fs.root_node(), ROOT, b"ro", true).expect("snap");
+    let snap = fs
+        .snapshot(fs.root_node(), ROOT, b"ro", true)
+        .expect("snap");
     let sd = fs.lookup(snap.ino, b"d").expect("d").ino;
     let sf = fs.lookup(sd, b"f").expect("f").ino;
     let rofs = libc::EROFS;
@@ -108,17 +114,25 @@ fn a_read_only_snapshot_refuses_every_change() {
     let mk = fs.create(sd, b"n", libc::S_IFREG | 0o644, 0, ME, None);
     assert_eq!(errno(mk.unwrap_err()), rofs);
     assert_eq!(errno(fs.remove(sd, b"f", false).unwrap_err()), rofs);
-    assert_eq!(errno(fs.setxattr(sf, b"user.a", b"1", 0).unwrap_err()), rofs);
+    assert_eq!(
+        errno(fs.setxattr(sf, b"user.a", b"1", 0).unwrap_err()),
+        rofs
+    );
     assert_eq!(errno(fs.check_writable(sf).unwrap_err()), rofs);
     assert_eq!(read_all(&fs, sf), b"data");
     // The source stays writable; switching the flag makes the snapshot so.
     fs.write(f, 0, b"DATA").expect("source write");
-    fs.set_subvolume_read_only(snap.ino, false).expect("ro false");
+    fs.set_subvolume_read_only(snap.ino, false)
+        .expect("ro false");
     fs.write(sf, 0, b"snap").expect("now writable");
     fs.set_subvolume_read_only(snap.ino, true).expect("ro true");
     let fs = reopen(&dev, fs);
     let sf = at(&fs, "ro/d/f").expect("ro/d/f");
-    assert_eq!(errno(fs.write(sf, 0, b"x").unwrap_err()), rofs, "kept across mounts");
+    assert_eq!(
+        errno(fs.write(sf, 0, b"x").unwrap_err()),
+        rofs,
+        "kept across mounts"
+    );
     assert_eq!(read_all(&fs, sf), b"snap");
     assert_eq!(read_all(&fs, at(&fs, "d/f").expect("d/f")), b"DATA");
 }
@@ -139,34 +153,56 @@ fn links_between_subvolumes_and_their_limits() {
         .expect("g")
         .ino;
     let before = fs.statfs().free;
-    assert_eq!(fs.copy_range(f, 0, g, 0, 64 << 10).expect("reflink"), 64 << 10);
+    assert_eq!(
+        fs.copy_range(f, 0, g, 0, 64 << 10).expect("reflink"),
+        64 << 10
+    );
     fs.sync().expect("sync");
     assert_eq!(read_all(&fs, g), vec![7u8; 64 << 10]);
-    assert!(fs.statfs().free + 4 >= before, "the extent is shared, not copied");
+    assert!(
+        fs.statfs().free + 4 >= before,
+        "the extent is shared, not copied"
+    );
     // A subvolume is renamed within its parent, and into a directory.
-    fs.rename(ROOT, b"a", ROOT, b"a2", false, false).expect("rename");
+    fs.rename(ROOT, b"a", ROOT, b"a2", false, false)
+        .expect("rename");
     let d = fs
         .create(ROOT, b"d", libc::S_IFDIR | 0o755, 0, ME, None)
         .expect("d");
-    fs.rename(ROOT, b"b", d.ino, b"b", false, false).expect("move");
-    assert_eq!(fs.getattr(d.ino).expect("d").nlink, 3, "a subvolume counts as a subdirectory");
+    fs.rename(ROOT, b"b", d.ino, b"b", false, false)
+        .expect("move");
+    assert_eq!(
+        fs.getattr(d.ino).expect("d").nlink,
+        3,
+        "a subvolume counts as a subdirectory"
+    );
     let over = fs.rename(ROOT, b"a2", d.ino, b"b", false, false);
     assert_eq!(errno(over.unwrap_err()), libc::EEXIST, "never replaced");
     let ls = names(&fs, d.ino);
     assert_eq!(ls[2], ("b".into(), b.ino));
     assert_eq!(ls[1].1, ROOT, "..");
-    assert_eq!(names(&fs, b.ino)[1].1, d.ino, ".. of a subvolume is its directory");
+    assert_eq!(
+        names(&fs, b.ino)[1].1,
+        d.ino,
+        ".. of a subvolume is its directory"
+    );
     // unlink and rmdir of a subvolume link.
-    assert_eq!(errno(fs.remove(ROOT, b"a2", false).unwrap_err()), libc::EISDIR);
+    assert_eq!(
+        errno(fs.remove(ROOT, b"a2", false).unwrap_err()),
+        libc::EISDIR
+    );
     let full = fs.remove(ROOT, b"a2", true);
     assert_eq!(errno(full.unwrap_err()), libc::ENOTEMPTY);
     let fs = reopen(&dev, fs);
     let d = at(&fs, "d").expect("d");
     fs.remove(d, b"b", true).expect_err("b holds g");
-    fs.remove(at(&fs, "d/b").expect("b"), b"g", false).expect("rm g");
-    fs.remove(d, b"b", true).expect("rmdir of an empty subvolume");
+    fs.remove(at(&fs, "d/b").expect("b"), b"g", false)
+        .expect("rm g");
+    fs.remove(d, b"b", true)
+        .expect("rmdir of an empty subvolume");
     assert!(at(&fs, "d/b").is_err());
-    fs.delete_subvolume(fs.root_node(), b"a2").expect("delete a full one");
+    fs.delete_subvolume(fs.root_node(), b"a2")
+        .expect("delete a full one");
     assert!(fs.list_subvolumes().expect("list").is_empty());
     drop(reopen(&dev, fs));
 }
@@ -189,7 +225,11 @@ fn nested_subvolumes_default_and_mounting_one() {
     let outer_id = split_node(outer.ino).0;
     assert_eq!(info.parent, outer_id);
     let refused = fs.delete_subvolume(ROOT, b"outer");
-    assert_eq!(errno(refused.unwrap_err()), libc::ENOTEMPTY, "it holds inner");
+    assert_eq!(
+        errno(refused.unwrap_err()),
+        libc::ENOTEMPTY,
+        "it holds inner"
+    );
     fs.set_default_subvolume(outer_id).expect("set-default");
     let refused = fs.delete_subvolume(ROOT, b"outer");
     assert!(refused.is_err(), "the default cannot go");
@@ -197,8 +237,8 @@ fn nested_subvolumes_default_and_mounting_one() {
     drop(fs);
     common::assert_fs_clean(&dev);
     let open = |shown: Shown| {
-        let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default())
-            .expect("open");
+        let e =
+            Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
         Fs::with_root(Arc::new(e), &shown).expect("fs")
     };
     let fs = open(Shown::Default);

@@ -107,7 +107,10 @@ fn check_links(
     for &id in ids.iter().filter(|&&i| tree_id::is_subvolume(i)) {
         let n = backrefs.iter().filter(|l| l.1 == id).count();
         if n != 1 {
-            report.problem(format!("subvolume {id}"), format!("{n} links instead of one"));
+            report.problem(
+                format!("subvolume {id}"),
+                format!("{n} links instead of one"),
+            );
         }
     }
     for l in refs.iter().chain(&backrefs) {

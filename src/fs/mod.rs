@@ -24,11 +24,11 @@ mod file;
 mod ghost;
 mod inodes;
 pub(crate) mod log;
+mod node;
 pub(crate) mod ops;
 mod rangeset;
 mod readahead;
 pub mod setid;
-mod node;
 pub(crate) mod subvol;
 pub mod xattr;
 
@@ -169,9 +169,6 @@ impl Fs {
         node_id(self.root_tree, ROOT_DIR_INO)
     }
 
-
-
-
     /// Makes everything done so far durable: buffered file data gets its
     /// extents, then the transaction commits.
     pub fn sync(&self) -> Result<()> {
@@ -216,7 +213,6 @@ impl Fs {
             sv.inodes.forget(ino);
         }
     }
-
 }
 
 impl Core {
@@ -248,7 +244,7 @@ impl Core {
         }
         let item = self
             .engine
-            .read(|r| Ok(r.tree_exists(tree).then(|| r.root_item(tree)).transpose()?))?
+            .read(|r| r.tree_exists(tree).then(|| r.root_item(tree)).transpose())?
             .ok_or(Error::NotFound)?;
         let sv = Arc::new(Subvol {
             core: self.clone(),
@@ -282,7 +278,7 @@ impl Core {
                 all.push((bytes, sv.clone(), ino));
             }
         }
-        all.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        all.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         all.into_iter().map(|(_, sv, ino)| (sv, ino)).collect()
     }
 
@@ -341,7 +337,11 @@ impl Subvol {
     fn make_root_dir(&self) -> Result<()> {
         let tree = self.tree;
         self.engine.write(|tx| {
-            tx.insert(tree, inode_key(ROOT_DIR_INO), root_dir_item(tx.transid()).encode())
+            tx.insert(
+                tree,
+                inode_key(ROOT_DIR_INO),
+                root_dir_item(tx.transid()).encode(),
+            )
         })?;
         self.engine.commit().map(drop)
     }

@@ -32,10 +32,13 @@ pub fn node_id(tree: u64, ino: u64) -> u64 {
 /// The (subvolume, inode) a node id names.
 pub fn split_node(node: u64) -> (u64, u64) {
     let index = node >> INO_BITS;
-    let tree = if index == 0 { FS } else { index + FIRST_FREE - 1 };
+    let tree = if index == 0 {
+        FS
+    } else {
+        index + FIRST_FREE - 1
+    };
     (tree, node & LAST_LOCAL_INO)
 }
-
 
 impl Fs {
     pub fn getattr(&self, node: u64) -> Result<Attr> {
@@ -276,10 +279,7 @@ impl Fs {
     /// The subvolume a mount shows when asked for `shown`.
     pub(super) fn resolve_shown(&self, shown: &Shown) -> Result<u64> {
         match shown {
-            Shown::Default => self
-                .core
-                .engine
-                .read(|r| super::subvol::default_subvolume(r)),
+            Shown::Default => self.core.engine.read(super::subvol::default_subvolume),
             Shown::Id(id) => self.core.subvol(*id).map(|sv| sv.tree),
             Shown::Path(path) => {
                 let mut node = node_id(FS, ROOT_DIR_INO);

@@ -228,7 +228,8 @@ impl Subvol {
         self.check_writable()?;
         let _serial = crate::sync::lock(&self.subvol_lock);
         let tree = self.tree;
-        self.engine.read(|r| self.check_deletable(r, sub, only_empty))?;
+        self.engine
+            .read(|r| self.check_deletable(r, sub, only_empty))?;
         // Its buffered data would otherwise be flushed into a tree that
         // is gone.
         if let Ok(sv) = self.core_arc().subvol(sub) {
@@ -258,18 +259,20 @@ impl Subvol {
 
     fn check_deletable(&self, r: &Reader<'_>, sub: u64, only_empty: bool) -> Result<()> {
         if sub == default_subvolume(r)? {
-            return Err(errno(libc::EPERM, "the default subvolume cannot be deleted"));
+            return Err(errno(
+                libc::EPERM,
+                "the default subvolume cannot be deleted",
+            ));
         }
         if sub == self.shown.load(Ordering::Relaxed) {
             return Err(errno(libc::EBUSY, "the mount shows this subvolume"));
         }
-        let refs = r.range(
-            ROOT,
-            &root_ref_key(sub, 0),
-            &root_ref_key(sub, u64::MAX),
-        )?;
+        let refs = r.range(ROOT, &root_ref_key(sub, 0), &root_ref_key(sub, u64::MAX))?;
         if !refs.is_empty() {
-            return Err(errno(libc::ENOTEMPTY, "the subvolume holds other subvolumes"));
+            return Err(errno(
+                libc::ENOTEMPTY,
+                "the subvolume holds other subvolumes",
+            ));
         }
         if only_empty {
             let root = r.root(sub)?;

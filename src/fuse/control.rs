@@ -40,6 +40,41 @@ pub enum Request {
     /// Commit everything (`canopy sync`): fsync makes only its file
     /// durable, and syncfs does not reach FUSE daemons.
     Sync,
+    /// `canopy subvolume create`: `name` in directory `parent` (a node id,
+    /// the st_ino the command saw), owned by `uid`:`gid`.
+    SubvolCreate {
+        parent: u64,
+        name: Vec<u8>,
+        uid: u32,
+        gid: u32,
+    },
+    /// `canopy subvolume snapshot [-r]`: `source` is a subvolume's root.
+    SubvolSnapshot {
+        source: u64,
+        parent: u64,
+        name: Vec<u8>,
+        readonly: bool,
+    },
+    /// `canopy subvolume delete`.
+    SubvolDelete {
+        parent: u64,
+        name: Vec<u8>,
+    },
+    /// `canopy subvolume list`.
+    SubvolList,
+    /// `canopy subvolume show`: the subvolume whose root is `node`.
+    SubvolShow {
+        node: u64,
+    },
+    /// `canopy subvolume set-default`.
+    SubvolSetDefault {
+        id: u64,
+    },
+    /// `canopy property set PATH ro true|false`.
+    SubvolSetReadOnly {
+        node: u64,
+        readonly: bool,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -66,6 +101,28 @@ pub struct Response {
     pub ok: bool,
     pub error: Option<String>,
     pub scrub: Option<ScrubStatus>,
+    /// Subvolumes listed or shown.
+    #[serde(default)]
+    pub subvolumes: Option<Vec<crate::fs::SubvolInfo>>,
+}
+
+impl Response {
+    fn of(r: Result<Option<Vec<crate::fs::SubvolInfo>>>) -> Response {
+        match r {
+            Ok(subvolumes) => Response {
+                ok: true,
+                error: None,
+                scrub: None,
+                subvolumes,
+            },
+            Err(e) => Response {
+                ok: false,
+                error: Some(e.to_string()),
+                scrub: None,
+                subvolumes: None,
+            },
+        }
+    }
 }
 
 /// Sends one request to the daemon serving `mountpoint`.
@@ -196,7 +253,11 @@ pub struct Server {
 impl Server {
     /// Listens for the mount at `mountpoint`. A failure only loses the
     /// commands, not the mount, so the caller may go on without it.
-    pub fn start(mountpoint: &Path, fs: Arc<Fs>) -> Result<Server> {
+    pub fn start(
+        mountpoint: &Path,
+        fs: Arc<Fs>,
+        notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    ) -> Result<Server> {
         let path = socket_path(mountpoint);
         std::fs::create_dir_all(DIR).map_err(|e| Error::io(format!("creating {DIR}"), e))?;
         // A socket left by a daemon that died; a live one answers.
@@ -215,7 +276,7 @@ impl Server {
         let (st, sc) = (stop.clone(), scrub.clone());
         let thread = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || serve(listener, &st, &sc, &fs))
+            .spawn(move || serve(listener, &st, &sc, &Daemon { fs, notifier }))
             .map_err(|e| Error::io("starting the control thread", e))?;
         Ok(Server {
             path,
@@ -237,11 +298,96 @@ impl Drop for Server {
     }
 }
 
-fn serve(listener: UnixListener, stop: &AtomicBool, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) {
+/// What requests act on: the filesystem, and the kernel's caches of it.
+struct Daemon {
+    fs: Arc<Fs>,
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+}
+
+impl Daemon {
+    /// The kernel may hold `name` in `parent` (as absent or as what it
+    /// was) and the directory's attributes: a change made here, not
+    /// through it, must drop them.
+    fn changed_entry(&self, parent: u64, name: &[u8]) {
+        let Some(n) = self.notifier.get() else { return };
+        let node = fuser::INodeNo(if parent == self.fs.root_node() {
+            1
+        } else {
+            parent
+        });
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::OsStr::from_bytes(name);
+        if let Err(e) = n.inval_entry(node, name) {
+            tracing::debug!(parent, error = %e, "entry invalidation");
+        }
+        if let Err(e) = n.inval_inode(node, -1, 0) {
+            tracing::debug!(parent, error = %e, "attribute invalidation");
+        }
+    }
+
+    /// The node id `fs` knows for an inode number a command saw: the
+    /// mount's root shows as FUSE's root, 1.
+    fn node(&self, seen: u64) -> u64 {
+        if seen == 1 {
+            self.fs.root_node()
+        } else {
+            seen
+        }
+    }
+
+    fn subvolume(&self, req: Request) -> Result<Option<Vec<crate::fs::SubvolInfo>>> {
+        let fs = &self.fs;
+        match req {
+            Request::SubvolCreate {
+                parent,
+                name,
+                uid,
+                gid,
+            } => {
+                let parent = self.node(parent);
+                fs.create_subvolume(parent, &name, crate::fs::Owner { uid, gid })?;
+                self.changed_entry(parent, &name);
+                Ok(None)
+            }
+            Request::SubvolSnapshot {
+                source,
+                parent,
+                name,
+                readonly,
+            } => {
+                let parent = self.node(parent);
+                fs.snapshot(self.node(source), parent, &name, readonly)?;
+                self.changed_entry(parent, &name);
+                Ok(None)
+            }
+            Request::SubvolDelete { parent, name } => {
+                let parent = self.node(parent);
+                fs.delete_subvolume(parent, &name)?;
+                self.changed_entry(parent, &name);
+                Ok(None)
+            }
+            Request::SubvolList => fs.list_subvolumes().map(Some),
+            Request::SubvolShow { node } => {
+                let (id, ino) = crate::fs::split_node(self.node(node));
+                if ino != crate::format::inode::ROOT_DIR_INO {
+                    return Err(Error::Posix(libc::EINVAL, "not a subvolume"));
+                }
+                fs.subvolume_info(id).map(|i| Some(vec![i]))
+            }
+            Request::SubvolSetDefault { id } => fs.set_default_subvolume(id).map(|()| None),
+            Request::SubvolSetReadOnly { node, readonly } => fs
+                .set_subvolume_read_only(self.node(node), readonly)
+                .map(|()| None),
+            _ => Err(Error::Invalid("not a subvolume request".into())),
+        }
+    }
+}
+
+fn serve(listener: UnixListener, stop: &AtomicBool, scrub: &Mutex<ScrubJob>, d: &Daemon) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((s, _)) => {
-                if let Err(e) = answer(s, scrub, fs) {
+                if let Err(e) = answer(s, scrub, d) {
                     tracing::warn!(error = %e, "control request failed");
                 }
             }
@@ -256,26 +402,16 @@ fn serve(listener: UnixListener, stop: &AtomicBool, scrub: &Mutex<ScrubJob>, fs:
     }
 }
 
-fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) -> std::io::Result<()> {
+fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result<()> {
+    let fs = &d.fs;
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(&s).read_line(&mut line)?;
     let resp = match serde_json::from_str::<Request>(&line) {
-        Err(e) => Response {
-            ok: false,
-            error: Some(format!("bad request: {e}")),
-            scrub: None,
-        },
-        Ok(Request::Sync) => {
-            let r = fs.sync();
-            Response {
-                ok: r.is_ok(),
-                error: r.err().map(|e| e.to_string()),
-                scrub: None,
-            }
-        }
-        Ok(req) => {
+        Err(e) => Response::of(Err(Error::Invalid(format!("bad request: {e}")))),
+        Ok(Request::Sync) => Response::of(fs.sync().map(|()| None)),
+        Ok(req @ (Request::ScrubStart | Request::ScrubStatus | Request::ScrubCancel)) => {
             let mut job = crate::sync::lock(scrub);
             let r = match req {
                 Request::ScrubStart => job.start(fs),
@@ -283,14 +419,14 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) -> std::io::Resu
                     job.cancel();
                     Ok(())
                 }
-                Request::ScrubStatus | Request::Sync => Ok(()),
+                _ => Ok(()),
             };
             Response {
-                ok: r.is_ok(),
-                error: r.err().map(|e| e.to_string()),
                 scrub: Some(job.status()),
+                ..Response::of(r.map(|()| None))
             }
         }
+        Ok(req) => Response::of(d.subvolume(req)),
     };
     let mut out = serde_json::to_string(&resp).unwrap_or_else(|_| "{}".into());
     out.push('\n');

@@ -96,7 +96,7 @@ impl FuseFs {
             // Attributes only (offset -1): no page is touched, so this
             // cannot wait on the pages the request itself holds.
             if let Some(n) = self.notifier.get() {
-                if let Err(e) = n.inval_inode(self.from_ino(ino), -1, 0) {
+                if let Err(e) = n.inval_inode(self.kernel_node(ino), -1, 0) {
                     tracing::warn!(ino, error = %e, "could not tell the kernel of a mode change");
                 }
             }
@@ -114,13 +114,13 @@ impl FuseFs {
         }
     }
 
-    fn from_ino(&self, i: u64) -> INodeNo {
+    fn kernel_node(&self, i: u64) -> INodeNo {
         INodeNo(if i == self.root { 1 } else { i })
     }
 
     fn file_attr(&self, a: &Attr) -> FileAttr {
         FileAttr {
-            ino: self.from_ino(a.ino),
+            ino: self.kernel_node(a.ino),
             size: a.size,
             blocks: a.blocks,
             atime: time(a.atime),
@@ -158,7 +158,6 @@ impl FuseFs {
             .map(|_| ())
     }
 }
-
 
 fn err(e: crate::Error) -> Errno {
     if e.errno() == libc::EIO {
@@ -202,7 +201,6 @@ fn kind(mode: u32) -> FileType {
     }
 }
 
-
 /// The attributes of a negative entry: only the zero inode number counts.
 fn absent_entry() -> FileAttr {
     FileAttr {
@@ -223,7 +221,6 @@ fn absent_entry() -> FileAttr {
         blksize: 4096,
     }
 }
-
 
 fn reply_empty(r: crate::Result<()>, reply: ReplyEmpty) {
     match r {
@@ -383,8 +380,14 @@ impl Filesystem for FuseFs {
     ) {
         let mode = libc::S_IFDIR | (mode & 0o7777 & !umask);
         self.reply_entry(
-            self.fs
-                .create(self.to_ino(parent), name.as_bytes(), mode, 0, owner(req), None),
+            self.fs.create(
+                self.to_ino(parent),
+                name.as_bytes(),
+                mode,
+                0,
+                owner(req),
+                None,
+            ),
             reply,
         );
     }
@@ -397,7 +400,10 @@ impl Filesystem for FuseFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(self.fs.remove(self.to_ino(parent), name.as_bytes(), true), reply);
+        reply_empty(
+            self.fs.remove(self.to_ino(parent), name.as_bytes(), true),
+            reply,
+        );
     }
 
     fn symlink(
@@ -575,7 +581,7 @@ impl Filesystem for FuseFs {
             Ok(entries) => {
                 for (next, child, dtype, name) in entries {
                     let k = kind(u32::from(dtype) << 12);
-                    if reply.add(self.from_ino(child), next, k, OsStr::from_bytes(&name)) {
+                    if reply.add(self.kernel_node(child), next, k, OsStr::from_bytes(&name)) {
                         break;
                     }
                 }
@@ -610,10 +616,14 @@ impl Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         let mode = libc::S_IFREG | (mode & 0o7777 & !umask);
-        match self
-            .fs
-            .create(self.to_ino(parent), name.as_bytes(), mode, 0, owner(req), None)
-        {
+        match self.fs.create(
+            self.to_ino(parent),
+            name.as_bytes(),
+            mode,
+            0,
+            owner(req),
+            None,
+        ) {
             Ok(a) => {
                 self.fs.open(a.ino);
                 let attr = self.file_attr(&a);
@@ -634,13 +644,18 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         reply_empty(
-            self.fs.setxattr(self.to_ino(ino), name.as_bytes(), value, flags),
+            self.fs
+                .setxattr(self.to_ino(ino), name.as_bytes(), value, flags),
             reply,
         );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        reply_xattr(self.fs.getxattr(self.to_ino(ino), name.as_bytes()), size, reply);
+        reply_xattr(
+            self.fs.getxattr(self.to_ino(ino), name.as_bytes()),
+            size,
+            reply,
+        );
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
@@ -648,7 +663,10 @@ impl Filesystem for FuseFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(self.fs.removexattr(self.to_ino(ino), name.as_bytes()), reply);
+        reply_empty(
+            self.fs.removexattr(self.to_ino(ino), name.as_bytes()),
+            reply,
+        );
     }
 
     fn lseek(
@@ -749,8 +767,13 @@ impl Filesystem for FuseFs {
         let done = self
             .changed_by(&Caller::of(req), self.to_ino(ino_out), false)
             .and_then(|()| {
-                self.fs
-                    .copy_range(self.to_ino(ino_in), offset_in, self.to_ino(ino_out), offset_out, len)
+                self.fs.copy_range(
+                    self.to_ino(ino_in),
+                    offset_in,
+                    self.to_ino(ino_out),
+                    offset_out,
+                    len,
+                )
             });
         match done {
             Ok(n) => reply.written(n.min(u64::from(u32::MAX)) as u32),

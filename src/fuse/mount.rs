@@ -47,6 +47,8 @@ pub struct MountOptions {
     /// fsync writes the log tree (btrfs's `treelog`, the default); off
     /// (`notreelog`), every fsync commits the whole filesystem.
     pub treelog: bool,
+    /// The subvolume shown as the mount's root (`subvol=`, `subvolid=`).
+    pub subvolume: crate::fs::Shown,
 }
 
 /// Default for the `readahead=` option.
@@ -72,6 +74,7 @@ impl Default for MountOptions {
             writeback_cache: false,
             readahead: DEFAULT_READAHEAD,
             treelog: true,
+            subvolume: crate::fs::Shown::Default,
         }
     }
 }
@@ -111,6 +114,11 @@ impl MountOptions {
                 "treelog" => o.treelog = true,
                 "notreelog" => o.treelog = false,
                 "no_writeback_cache" => o.writeback_cache = false,
+                "subvol" => {
+                    let v = value.ok_or_else(|| Error::Invalid("subvol needs a path".into()))?;
+                    o.subvolume = crate::fs::Shown::Path(v.as_bytes().to_vec());
+                }
+                "subvolid" => o.subvolume = crate::fs::Shown::Id(num(value)?),
                 "commit" => o.commit_secs = num(value)?.max(1),
                 "cache_blocks" => o.cache_blocks = num(value)? as usize,
                 "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
@@ -218,14 +226,14 @@ pub fn serve(
             cache_blocks: opts.cache_blocks,
         },
     )?;
-    let fs = Arc::new(Fs::new(Arc::new(engine))?);
+    let fs = Arc::new(Fs::with_root(Arc::new(engine), &opts.subvolume)?);
     fs.set_dirty_limit(opts.dirty_limit);
     fs.set_log_enabled(opts.treelog);
     fs.set_atime_policy(opts.atime);
     install_signal_handlers();
     let source = image.to_string_lossy().into_owned();
     let config = opts.fuser_config(&source);
-    let (session, kernel_mounted) = if unsafe { libc::geteuid() } == 0 {
+    let (session, kernel_mounted, notifier) = if unsafe { libc::geteuid() } == 0 {
         let fd = mount_as_root(&source, mountpoint, opts)?;
         let fuse_fs = FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only);
         let slot = fuse_fs.notifier_slot();
@@ -234,7 +242,7 @@ pub fn serve(
             s.spawn()
         });
         match s {
-            Ok(s) => (s, true),
+            Ok(s) => (s, true, slot),
             Err(e) => {
                 unmount(mountpoint);
                 return Err(Error::io(
@@ -249,7 +257,7 @@ pub fn serve(
         let s = fuser::spawn_mount(fuse_fs, mountpoint, &config)
             .map_err(|e| Error::io(format!("mounting on {}", mountpoint.display()), e))?;
         let _ = slot.set(s.notifier());
-        (s, false)
+        (s, false, slot)
     };
     tracing::info!(image = %source, mountpoint = %mountpoint.display(), "mounted");
     let mount_path = mountpoint
@@ -260,7 +268,7 @@ pub fn serve(
     }
     // Commands (`canopy scrub MNT`) reach the daemon here; a mount works
     // without them.
-    let control = super::control::Server::start(&mount_path, fs.clone())
+    let control = super::control::Server::start(&mount_path, fs.clone(), notifier)
         .map_err(|e| tracing::warn!(error = %e, "no control socket: scrub and other commands cannot reach this mount"))
         .ok();
     ready();

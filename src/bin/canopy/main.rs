@@ -10,6 +10,7 @@ mod inspect;
 mod mkfs;
 mod mount;
 mod scrub;
+mod subvolume;
 mod sync;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +42,13 @@ enum Command {
     /// Make everything written to a mounted filesystem durable (sync(1)
     /// does not reach FUSE daemons).
     Sync(sync::Args),
+    /// Create, snapshot, delete and list subvolumes of a mounted
+    /// filesystem.
+    #[command(subcommand)]
+    Subvolume(subvolume::Command),
+    /// Read or set properties (`ro`) of a subvolume.
+    #[command(subcommand)]
+    Property(subvolume::PropertyCommand),
     /// Show internals of an unmounted image.
     #[command(subcommand)]
     Inspect(inspect::Command),
@@ -70,6 +78,8 @@ fn main() -> ExitCode {
         Command::Scrub(a) => return scrub::run(a),
         Command::Sync(a) => sync::run(a),
         Command::Inspect(c) => inspect::run(c),
+        Command::Subvolume(c) => subvolume::run(c),
+        Command::Property(c) => subvolume::run_property(c),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -80,7 +90,17 @@ fn main() -> ExitCode {
     }
 }
 
-const SUBCOMMANDS: [&str; 7] = ["mkfs", "mount", "check", "scrub", "sync", "inspect", "help"];
+const SUBCOMMANDS: [&str; 9] = [
+    "mkfs",
+    "mount",
+    "check",
+    "scrub",
+    "sync",
+    "inspect",
+    "subvolume",
+    "property",
+    "help",
+];
 
 /// Mount helpers: `mount -t fuse.canopy IMAGE DIR` runs
 /// `mount.fuse.canopy IMAGE DIR -o OPTS` (a link to this binary), and

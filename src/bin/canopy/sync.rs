@@ -35,7 +35,7 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 /// The mount point holding `path`: its highest ancestor on the same device.
-fn mount_point(path: &Path) -> Result<PathBuf> {
+pub fn mount_point(path: &Path) -> Result<PathBuf> {
     let dev = |p: &Path| {
         std::fs::metadata(p)
             .map(|m| m.dev())

@@ -1,0 +1,252 @@
+//! `canopy subvolume` and `canopy property`: subvolumes and snapshots of a
+//! mounted filesystem, after `btrfs subvolume` and `btrfs property`.
+//!
+//! Paths are resolved here: a path's directory is named to the daemon by
+//! its inode number (st_ino is the node id, unique across subvolumes) and
+//! the request goes over the mount's control socket.
+
+use anyhow::{bail, Context, Result};
+use canopy::fs::SubvolInfo;
+use canopy::fuse::control::{self, Request};
+use clap::Subcommand;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Create an empty subvolume at PATH.
+    Create {
+        /// Where the new subvolume appears (its parent directory must exist).
+        path: PathBuf,
+    },
+    /// Snapshot subvolume SOURCE as DEST: O(1), and atomic (everything
+    /// written to SOURCE before the command is in it, nothing after).
+    Snapshot {
+        /// Make the snapshot read-only.
+        #[arg(short = 'r')]
+        readonly: bool,
+        /// A subvolume (its root directory, e.g. the mount point).
+        source: PathBuf,
+        /// The snapshot's path, or an existing directory to put it in
+        /// under SOURCE's name.
+        dest: PathBuf,
+    },
+    /// Delete the subvolume at PATH and everything in it.
+    Delete {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// List the subvolumes of the filesystem mounted at PATH.
+    List {
+        /// One JSON array: id, generation, parent, path, readonly.
+        #[arg(long)]
+        json: bool,
+        path: PathBuf,
+    },
+    /// Show one subvolume.
+    Show {
+        #[arg(long)]
+        json: bool,
+        path: PathBuf,
+    },
+    /// Make subvolume ID the one mounts show when none is asked for
+    /// (5: the top level).
+    SetDefault { id: u64, path: PathBuf },
+}
+
+#[derive(Subcommand)]
+pub enum PropertyCommand {
+    /// Print a property (`ro`) of the subvolume at PATH.
+    Get { path: PathBuf, name: String },
+    /// Set a property: `ro true|false` of the subvolume at PATH.
+    Set {
+        path: PathBuf,
+        name: String,
+        value: String,
+    },
+}
+
+pub fn run(c: Command) -> Result<()> {
+    match c {
+        Command::Create { path } => {
+            let (mnt, parent, name) = parent_and_name(&path)?;
+            let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+            let req = Request::SubvolCreate {
+                parent,
+                name,
+                uid,
+                gid,
+            };
+            ask(&mnt, &req).with_context(|| format!("creating {}", path.display()))?;
+            println!("Create subvolume '{}'", path.display());
+        }
+        Command::Snapshot {
+            readonly,
+            source,
+            dest,
+        } => {
+            let dest = match dest.is_dir() {
+                true => dest.join(source.canonicalize()?.file_name().unwrap_or_default()),
+                false => dest,
+            };
+            let (mnt, parent, name) = parent_and_name(&dest)?;
+            let req = Request::SubvolSnapshot {
+                source: node_of(&source)?,
+                parent,
+                name,
+                readonly,
+            };
+            ask(&mnt, &req).with_context(|| format!("snapshotting {}", source.display()))?;
+            let ro = if readonly { "readonly " } else { "" };
+            println!(
+                "Create {ro}snapshot of '{}' in '{}'",
+                source.display(),
+                dest.display()
+            );
+        }
+        Command::Delete { paths } => {
+            for path in paths {
+                let (mnt, parent, name) = parent_and_name(&path)?;
+                let req = Request::SubvolDelete { parent, name };
+                ask(&mnt, &req).with_context(|| format!("deleting {}", path.display()))?;
+                println!("Delete subvolume '{}'", path.display());
+            }
+        }
+        Command::List { json, path } => {
+            let list = ask(&mount_of(&path)?, &Request::SubvolList)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                for s in list {
+                    println!(
+                        "ID {} gen {} parent {} top level {} path {}{}",
+                        s.id,
+                        s.generation,
+                        s.parent,
+                        s.parent,
+                        s.path,
+                        if s.readonly { " (readonly)" } else { "" }
+                    );
+                }
+            }
+        }
+        Command::Show { json, path } => {
+            let req = Request::SubvolShow {
+                node: node_of(&path)?,
+            };
+            let list = ask(&mount_of(&path)?, &req)
+                .with_context(|| format!("showing {}", path.display()))?;
+            let Some(s) = list.into_iter().next() else {
+                bail!("{}: no such subvolume", path.display());
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                show(&s);
+            }
+        }
+        Command::SetDefault { id, path } => {
+            ask(&mount_of(&path)?, &Request::SubvolSetDefault { id })
+                .with_context(|| format!("making subvolume {id} the default"))?;
+        }
+    }
+    Ok(())
+}
+
+pub fn run_property(c: PropertyCommand) -> Result<()> {
+    match c {
+        PropertyCommand::Get { path, name } => {
+            check_property(&name)?;
+            let req = Request::SubvolShow {
+                node: node_of(&path)?,
+            };
+            let list = ask(&mount_of(&path)?, &req)
+                .with_context(|| format!("reading {name} of {}", path.display()))?;
+            let ro = list.first().is_some_and(|s| s.readonly);
+            println!("ro={ro}");
+        }
+        PropertyCommand::Set { path, name, value } => {
+            check_property(&name)?;
+            let readonly = match value.as_str() {
+                "true" => true,
+                "false" => false,
+                v => bail!("ro takes true or false, not '{v}'"),
+            };
+            let req = Request::SubvolSetReadOnly {
+                node: node_of(&path)?,
+                readonly,
+            };
+            ask(&mount_of(&path)?, &req)
+                .with_context(|| format!("setting {name} of {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn check_property(name: &str) -> Result<()> {
+    if name != "ro" {
+        bail!("unknown property '{name}' (subvolumes have: ro)");
+    }
+    Ok(())
+}
+
+fn show(s: &SubvolInfo) {
+    println!(
+        "{}",
+        if s.path.is_empty() {
+            "<FS_TREE>"
+        } else {
+            &s.path
+        }
+    );
+    println!("\tName: \t\t\t{}", s.path.rsplit('/').next().unwrap_or(""));
+    println!("\tSubvolume ID: \t\t{}", s.id);
+    println!("\tGeneration: \t\t{}", s.generation);
+    println!("\tGen at creation: \t{}", s.created);
+    println!("\tParent ID: \t\t{}", s.parent);
+    let origin = s.snapshot_of.map_or("-".to_string(), |o| o.to_string());
+    println!("\tSnapshot of: \t\t{origin}");
+    println!(
+        "\tFlags: \t\t\t{}",
+        if s.readonly { "readonly" } else { "-" }
+    );
+}
+
+/// Sends `req` to the daemon of `mnt`; the subvolumes it answers with.
+fn ask(mnt: &Path, req: &Request) -> Result<Vec<SubvolInfo>> {
+    let r = control::request(mnt, req)?;
+    if !r.ok {
+        bail!("{}", r.error.unwrap_or_else(|| "failed".into()));
+    }
+    Ok(r.subvolumes.unwrap_or_default())
+}
+
+/// The node id (st_ino) of `path`.
+fn node_of(path: &Path) -> Result<u64> {
+    Ok(std::fs::metadata(path)
+        .with_context(|| format!("opening {}", path.display()))?
+        .ino())
+}
+
+fn mount_of(path: &Path) -> Result<PathBuf> {
+    let canon = path
+        .canonicalize()
+        .with_context(|| format!("opening {}", path.display()))?;
+    crate::sync::mount_point(&canon)
+}
+
+/// The mount, parent directory's node id and last name of `path`, which
+/// must not exist yet (or, to delete, be a subvolume link).
+fn parent_and_name(path: &Path) -> Result<(PathBuf, u64, Vec<u8>)> {
+    let name = path
+        .file_name()
+        .filter(|n| *n != "." && *n != "..")
+        .with_context(|| format!("{}: no name to give", path.display()))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mnt = mount_of(&parent)?;
+    Ok((mnt, node_of(&parent)?, name.as_bytes().to_vec()))
+}
