@@ -570,3 +570,34 @@ fn renames_of_unlogged_files_leave_the_log_alone() {
     drop(fs);
     common::assert_fs_clean(&dev);
 }
+
+/// The log is one tree for every subvolume: a file fsynced in a subvolume
+/// and one fsynced in the top level, with the same local inode numbers,
+/// each come back with exactly its own content.
+#[test]
+fn fsyncs_in_two_subvolumes_replay_into_their_own_trees() {
+    let a = pattern(11, 50_000);
+    let b = pattern(23, 70_000);
+    let (a2, b2) = (a.clone(), b.clone());
+    crash_every_prefix(
+        "subvolumes",
+        Box::new(|fs| {
+            fs.create_subvolume(ROOT, b"sv", ME).expect("subvolume");
+        }),
+        vec![
+            Box::new(move |fs| {
+                let sv = lookup(fs, "sv").expect("sv");
+                let f = file(fs, sv, "f", &a2);
+                fs.fsync(f).expect("fsync in the subvolume");
+            }),
+            Box::new(move |fs| {
+                let f = file(fs, ROOT, "f", &b2);
+                fs.fsync(f).expect("fsync in the top level");
+            }),
+        ],
+        Box::new(move |fs, done| {
+            expect_content(fs, "sv/f", (done >= 1).then_some(a.as_slice()))?;
+            expect_content(fs, "f", (done >= 2).then_some(b.as_slice()))
+        }),
+    );
+}

@@ -1035,3 +1035,88 @@ fn a_loop_device_over_a_mounted_image_is_refused() {
     );
     m.unmount();
 }
+
+fn canopy_ok(args: &[&str], cwd: &Path) -> String {
+    let out = canopy().args(args).current_dir(cwd).output().unwrap();
+    assert!(
+        out.status.success(),
+        "canopy {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn subvolumes_and_snapshots_through_the_mount() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mnt = m.mnt.clone();
+    canopy_ok(&["subvolume", "create", "home"], &mnt);
+    fs::write(m.p("home/f"), vec![5u8; 300_000]).unwrap();
+    fs::create_dir(m.p("snaps")).unwrap();
+    // Looked up while absent: the kernel caches that, and the snapshot
+    // made behind its back must still appear.
+    assert!(!m.p("snaps/s1").exists());
+    canopy_ok(&["subvolume", "snapshot", "-r", "home", "snaps/s1"], &mnt);
+    assert!(m.p("snaps/s1").is_dir());
+    fs::write(m.p("home/f"), b"changed").unwrap();
+    assert_eq!(fs::read(m.p("snaps/s1/f")).unwrap(), vec![5u8; 300_000]);
+    // Distinct inode numbers: tools must not take the copies for links.
+    let (a, b) = (
+        fs::metadata(m.p("home/f")).unwrap(),
+        fs::metadata(m.p("snaps/s1/f")).unwrap(),
+    );
+    assert_eq!(a.dev(), b.dev());
+    assert_ne!(a.ino(), b.ino());
+    assert_eq!(errno_of(fs::write(m.p("snaps/s1/f"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::write(m.p("snaps/s1/new"), b"x")), libc::EROFS);
+    assert_eq!(
+        errno_of(fs::hard_link(m.p("home/f"), m.p("f-link"))),
+        libc::EXDEV
+    );
+    let json = canopy_ok(&["subvolume", "list", "--json", "."], &mnt);
+    let list: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rows: Vec<(u64, String, bool)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_u64().unwrap(),
+                r["path"].as_str().unwrap().to_string(),
+                r["readonly"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![(256, "home".into(), false), (257, "snaps/s1".into(), true)]
+    );
+    assert!(canopy_ok(&["property", "get", "snaps/s1", "ro"], &mnt).contains("ro=true"));
+    canopy_ok(&["property", "set", "snaps/s1", "ro", "false"], &mnt);
+    fs::write(m.p("snaps/s1/new"), b"x").unwrap();
+    fs::rename(m.p("snaps/s1"), m.p("snaps/s2")).unwrap();
+    let show = canopy_ok(&["subvolume", "show", "snaps/s2"], &mnt);
+    assert!(show.contains("Subvolume ID: \t\t257"), "{show}");
+    m.unmount();
+    m.check();
+    // A mount of one subvolume.
+    m.mount("subvol=snaps/s2");
+    assert_eq!(fs::read(m.p("new")).unwrap(), b"x");
+    assert_eq!(fs::read(m.p("f")).unwrap(), vec![5u8; 300_000]);
+    m.unmount();
+    m.mount("");
+    canopy_ok(&["subvolume", "delete", "snaps/s2"], &mnt);
+    assert!(!m.p("snaps/s2").exists());
+    assert_eq!(fs::read(m.p("home/f")).unwrap(), b"changed");
+    let out = canopy()
+        .args(["subvolume", "delete", "snaps"])
+        .current_dir(&mnt)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a plain directory is no subvolume");
+    m.unmount();
+    m.check();
+}

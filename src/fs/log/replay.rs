@@ -45,8 +45,15 @@ pub(crate) fn replay(engine: &Engine) -> Result<()> {
         let (logged, csums) = read_log(tx)?;
         let count = logged.len();
         let mut by_tree: BTreeMap<u64, BTreeMap<u64, Logged>> = BTreeMap::new();
-        for (node, l) in logged {
+        for (node, mut l) in logged {
             let (tree, ino) = crate::fs::split_node(node);
+            // Items go back under the inode's own number in its tree.
+            for (k, _) in &mut l.xattrs {
+                k.objectid = ino;
+            }
+            for (k, _) in &mut l.extents {
+                k.objectid = ino;
+            }
             by_tree.entry(tree).or_default().insert(ino, l);
         }
         for (k, sums) in csums {
