@@ -160,6 +160,7 @@ impl Subvol {
         source.flush_own()?;
         self.link_new_subvolume(parent, name, |tx, id| {
             tx.clone_tree(source.tree, id, name)?;
+            stub_nested_links(tx, source.tree, id)?;
             if readonly {
                 tx.set_root_flags(id, ROOT_READONLY)?;
             }
@@ -322,6 +323,45 @@ impl Subvol {
     fn core_arc(&self) -> Arc<Core> {
         self.core.clone()
     }
+}
+
+/// The links to other subvolumes that snapshot `snap` copied from
+/// `source` become empty directories, as in btrfs: a snapshot does not
+/// reach into the subvolumes nested in its source (they have no root
+/// reference from it).
+fn stub_nested_links(tx: &mut Txn<'_>, source: u64, snap: u64) -> Result<()> {
+    let nested = tx.range(
+        ROOT,
+        &root_ref_key(source, 0),
+        &root_ref_key(source, u64::MAX),
+    )?;
+    if nested.is_empty() {
+        return Ok(());
+    }
+    tx.reserve(&Need::items(snap, 4 * nested.len() as u64))?;
+    let root = tx.root_of(snap)?;
+    let last = crate::tree::Cursor::seek_le(
+        tx,
+        &root,
+        &Key::new(super::LAST_LOCAL_INO, u8::MAX, u64::MAX),
+    )?
+    .and_then(|c| c.item().map(|i| i.key.objectid))
+    .unwrap_or(ROOT_DIR_INO);
+    let mut next = last.max(ROOT_DIR_INO) + 1;
+    for (k, d) in nested {
+        let Some(link) = DirEntry::decode_all(super::checked(tx, &k, &d)?)
+            .ok()
+            .and_then(|mut v| v.pop())
+        else {
+            continue;
+        };
+        dir::remove(tx, snap, link.ino, &link.name)?;
+        let stub = super::root_dir_item(tx.transid());
+        tx.insert(snap, super::inode_key(next), stub.encode())?;
+        dir::add(tx, snap, link.ino, &link.name, next, dtype(libc::S_IFDIR))?;
+        next += 1;
+    }
+    Ok(())
 }
 
 /// Writes both root references of subvolume `child` linked as `name`
