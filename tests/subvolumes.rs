@@ -274,7 +274,8 @@ fn snapshot_and_delete_survive_a_crash_at_any_point() {
     let fs = Fs::new(Arc::new(e)).expect("fs");
     let sv = at(&fs, "sv").expect("sv");
     let f = at(&fs, "sv/f").expect("f");
-    fs.write(f, 0, &vec![2u8; 100_000]).expect("buffered before");
+    fs.write(f, 0, &vec![2u8; 100_000])
+        .expect("buffered before");
     fs.snapshot(sv, ROOT, b"snap", true).expect("snapshot");
     let snapped = rec.op_count();
     fs.write(f, 0, &vec![3u8; 100_000]).expect("write after");

@@ -384,6 +384,19 @@ def qgroups(fs, scale):
 
 # -- stalls: listing a directory during a large fsync'd write -------------
 
+def list_while(d, busy, then=lambda: None):
+    """Latencies (ms) of listing `d` every 2 ms while `busy()`; `then()`
+    after each."""
+    lat = []
+    while busy():
+        t = time.perf_counter()
+        os.listdir(d)
+        lat.append((time.perf_counter() - t) * 1000)
+        time.sleep(0.002)
+        then()
+    return lat
+
+
 def stall(fs, scale):
     """`ls` of a 200-entry directory every 2 ms while `dd` writes a large
     file with conv=fsync (the issue: a long write or fsync in one process
@@ -398,12 +411,7 @@ def stall(fs, scale):
     t0 = time.perf_counter()
     dd = subprocess.Popen(["dd", "if=/dev/zero", f"of={fs.path('big')}", "bs=1M",
                            f"count={size_mib}", "conv=fsync", "status=none"])
-    lat = []
-    while dd.poll() is None:
-        t = time.perf_counter()
-        os.listdir(d)
-        lat.append((time.perf_counter() - t) * 1000)
-        time.sleep(0.002)
+    lat = list_while(d, lambda: dd.poll() is None)
     secs = time.perf_counter() - t0
     fs.umount()
     if dd.returncode != 0 or not lat:
@@ -502,6 +510,86 @@ def parallel(fs, scale):
     ]
 
 
+# -- subvolumes and snapshots (issue 14) -----------------------------------
+
+def subvol_cmds(fs):
+    """The subvolume commands of Canopy or btrfs (None for others)."""
+    if fs.name == "canopy":
+        return f"'{CANOPY}' subvolume", f"'{CANOPY}' sync '{fs.mnt}'"
+    if fs.name == "btrfs":
+        return "btrfs -q subvolume", "sync"
+    return None, None
+
+
+def make_files(d, count, start=0):
+    """`count` empty files in subdirectories of 1000."""
+    for i in range(start, start + count):
+        sub = os.path.join(d, f"d{i // 1000}")
+        if i % 1000 == 0:
+            os.makedirs(sub, exist_ok=True)
+        open(os.path.join(sub, f"f{i}"), "w").close()
+
+
+def snapshot(fs, scale):
+    """Canopy and btrfs: snapshot time of a subvolume of N files (100k at
+    scale 1) and of the same subvolume grown to 10 N (median of 5 each,
+    after a sync); then deleting a 10 N snapshot: the command's time, `ls`
+    latency while it and its cleaning run, and how long until df shows the
+    space back."""
+    cmd, sync = subvol_cmds(fs)
+    if cmd is None:
+        return []
+    n = max(1000, int(100_000 * scale))
+    fs.make()
+    sub = fs.path("sub")
+    sh(f"{cmd} create '{sub}'")
+    samples = []
+    made = 0
+    for size in (n, 10 * n):
+        make_files(sub, size - made, made)
+        made = size
+        # Each snapshot's files differ from the last, so none is free.
+        with open(os.path.join(sub, "stamp"), "w") as f:
+            f.write(str(size))
+        sh(sync)
+        times = []
+        for i in range(5):
+            t = timed(f"{cmd} snapshot '{sub}' '{fs.path(f's{size}-{i}')}'")
+            times.append(t * 1000)
+        times.sort()
+        samples.append((f"snapshot of {size} files, median (ms)", times[2], "ms", "lower"))
+    # Delete one of the big snapshots after changing every directory of
+    # the source, so the snapshot holds blocks of its own.
+    victim = fs.path(f"s{10 * n}-0")
+    for d in os.listdir(sub):
+        if d.startswith("d"):
+            open(os.path.join(sub, d, "new"), "w").close()
+    sh(sync)
+    free_before = os.statvfs(fs.mnt).f_bfree
+    lsdir = fs.path("lsdir")
+    os.makedirs(lsdir)
+    make_files(lsdir, 200)
+    t0 = time.perf_counter()
+    rm = subprocess.Popen(f"{cmd} delete '{victim}'", shell=True, stdout=subprocess.DEVNULL)
+    lat = list_while(lsdir, lambda: rm.poll() is None)
+    returned = time.perf_counter() - t0
+
+    def space_not_back():
+        return os.statvfs(fs.mnt).f_bfree <= free_before and time.perf_counter() - t0 < 120
+
+    # btrfs cleans in the background; its commits make the space visible.
+    flush = (lambda: sh(f"btrfs filesystem sync '{fs.mnt}'")) if fs.name == "btrfs" else None
+    lat += list_while(lsdir, space_not_back, flush or (lambda: None))
+    back = time.perf_counter() - t0
+    fs.umount()
+    lat.sort()
+    return samples + [
+        (f"delete snapshot of {10 * n} files, command (s)", returned, "s", "lower"),
+        ("ls during delete, p99 (ms)", lat[int(len(lat) * 0.99)] if lat else 0, "ms", "lower"),
+        ("space back after delete (s)", back, "s", "lower"),
+    ]
+
+
 def image_size(workload, scale):
     """Bytes of each filesystem's image for a workload (the same for all)."""
     if workload == "fsync-random":
@@ -526,6 +614,7 @@ WORKLOADS = {
     "fsync-isolated": fsync_isolated,
     "pgbench": pgbench,
     "parallel": parallel,
+    "snapshot": snapshot,
 }
 
 # Filesystems each workload runs on by default (tmpfs is the floor for the

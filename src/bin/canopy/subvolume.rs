@@ -53,6 +53,9 @@ pub enum Command {
     /// Make subvolume ID the one mounts show when none is asked for
     /// (5: the top level).
     SetDefault { id: u64, path: PathBuf },
+    /// Wait until deleted subvolumes are cleaned up. Deletion frees a
+    /// subvolume's blocks in the commit it makes, so this only commits.
+    Sync { path: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -144,6 +147,13 @@ pub fn run(c: Command) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
                 show(&s);
+            }
+        }
+        Command::Sync { path } => {
+            let mnt = mount_of(&path)?;
+            let r = control::request(&mnt, &Request::Sync)?;
+            if !r.ok {
+                bail!("{}", r.error.unwrap_or_else(|| "failed".into()));
             }
         }
         Command::SetDefault { id, path } => {
