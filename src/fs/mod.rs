@@ -92,6 +92,9 @@ pub(crate) struct Subvol {
     inodes: inodes::InodeTable,
     /// A read-only subvolume (snapshot): every change is EROFS.
     readonly: std::sync::atomic::AtomicBool,
+    /// Being deleted: changes are refused (ENOENT), so nothing is
+    /// buffered for a tree about to go.
+    deleting: std::sync::atomic::AtomicBool,
 }
 
 impl std::ops::Deref for Subvol {
@@ -252,6 +255,7 @@ impl Core {
             next_ino: AtomicU64::new(0),
             inodes: inodes::InodeTable::with_budget(self.budget.clone()),
             readonly: std::sync::atomic::AtomicBool::new(item.flags & subvol::ROOT_READONLY != 0),
+            deleting: std::sync::atomic::AtomicBool::new(false),
         });
         sv.next_ino
             .store(sv.last_ino()?.max(ROOT_DIR_INO) + 1, Ordering::Relaxed);
@@ -364,6 +368,9 @@ impl Subvol {
 
     /// EROFS in a read-only subvolume.
     pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.deleting.load(Ordering::Relaxed) {
+            return Err(Error::NotFound);
+        }
         if self.is_read_only() {
             return Err(errno(libc::EROFS, "read-only subvolume"));
         }

@@ -228,14 +228,27 @@ impl Subvol {
     ) -> Result<()> {
         self.check_writable()?;
         let _serial = crate::sync::lock(&self.subvol_lock);
-        let tree = self.tree;
         self.engine
             .read(|r| self.check_deletable(r, sub, only_empty))?;
-        // Its buffered data would otherwise be flushed into a tree that
-        // is gone.
-        if let Ok(sv) = self.core_arc().subvol(sub) {
-            sv.flush_own()?;
+        let doomed = self.core_arc().subvol(sub)?;
+        doomed.deleting.store(true, Ordering::Relaxed);
+        let deleted = self.unlink_subvolume(parent, name, &doomed);
+        if deleted.is_err() {
+            doomed.deleting.store(false, Ordering::Relaxed);
         }
+        deleted?;
+        crate::sync::write(&self.subvols).remove(&sub);
+        self.engine.commit().map(drop)
+    }
+
+    /// The transaction of [`Subvol::delete_subvolume`]: the link, both
+    /// root references and the tree go, and whatever `doomed` still
+    /// buffers is dropped with its reservation.
+    fn unlink_subvolume(&self, parent: u64, name: &[u8], doomed: &Subvol) -> Result<()> {
+        let (tree, sub) = (self.tree, doomed.tree);
+        // Flushed first: a flush still running when the tree goes would
+        // find it gone.
+        doomed.flush_own()?;
         self.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, LINK_ITEMS).deleting())?;
             let root = tx.root_of(tree)?;
@@ -252,10 +265,11 @@ impl Subvol {
             p.mtime = now;
             p.ctime = now;
             store_inode(tx, tree, parent, p)?;
+            for (_, ino) in doomed.inodes.dirty_inodes() {
+                doomed.discard_buffered(tx, ino);
+            }
             tx.drop_tree(sub)
-        })?;
-        crate::sync::write(&self.subvols).remove(&sub);
-        self.engine.commit().map(drop)
+        })
     }
 
     fn check_deletable(&self, r: &Reader<'_>, sub: u64, only_empty: bool) -> Result<()> {

@@ -81,7 +81,8 @@ fn root_of(st: &State, id: u64) -> Result<RootPtr> {
     st.roots
         .get(&id)
         .map(|r| r.ptr)
-        .ok_or_else(|| Error::Invalid(format!("tree {id} does not exist")))
+        // A subvolume deleted meanwhile: what named it is gone too.
+        .ok_or(Error::NotFound)
 }
 
 /// Items with `start <= key < end`, in order.
