@@ -559,11 +559,11 @@ def snapshot(fs, scale):
         times.sort()
         samples.append((f"snapshot of {size} files, median (ms)", times[2], "ms", "lower"))
     # Delete one of the big snapshots after changing every directory of
-    # the source, so the snapshot holds blocks of its own.
+    # it, so it holds blocks of its own that its deletion frees.
     victim = fs.path(f"s{10 * n}-0")
-    for d in os.listdir(sub):
+    for d in os.listdir(victim):
         if d.startswith("d"):
-            open(os.path.join(sub, d, "new"), "w").close()
+            open(os.path.join(victim, d, "new"), "w").close()
     sh(sync)
     free_before = os.statvfs(fs.mnt).f_bfree
     lsdir = fs.path("lsdir")

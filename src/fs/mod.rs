@@ -259,14 +259,16 @@ impl Core {
         });
         sv.next_ino
             .store(sv.last_ino()?.max(ROOT_DIR_INO) + 1, Ordering::Relaxed);
-        let sv = {
+        let opened = {
             let mut map = crate::sync::write(&self.subvols);
-            map.entry(tree).or_insert(sv).clone()
+            map.entry(tree).or_insert_with(|| sv.clone()).clone()
         };
-        if !sv.is_read_only() && !self.engine.is_read_only() {
+        // Only the thread whose subvolume went in cleans up its orphans.
+        let first = Arc::ptr_eq(&opened, &sv);
+        if first && !sv.is_read_only() && !self.engine.is_read_only() {
             sv.delete_orphans()?;
         }
-        Ok(sv)
+        Ok(opened)
     }
 
     /// The subvolumes in use.
