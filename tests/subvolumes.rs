@@ -335,6 +335,14 @@ fn deleting_a_busy_subvolume_gives_everything_back() {
     assert_eq!(fs.write(f, 0, b"x").unwrap_err().errno(), libc::ENOENT);
     assert_eq!(fs.getattr(f).unwrap_err().errno(), libc::ENOENT);
     let _ = fs.release(f);
+    let again = fs.create_subvolume(ROOT, b"sv", ME).expect("again");
+    assert_ne!(
+        split_node(again.ino).0,
+        split_node(sv.ino).0,
+        "a deleted subvolume's id is not reused while mounted: the kernel may hold its nodes"
+    );
+    assert_eq!(fs.getattr(f).unwrap_err().errno(), libc::ENOENT);
+    fs.delete_subvolume(ROOT, b"sv").expect("delete again");
     fs.sync().expect("sync");
     let back = fs.statfs().avail;
     assert!(back + 64 >= avail, "space back: {back} of {avail} blocks");

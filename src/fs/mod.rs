@@ -76,8 +76,9 @@ pub(crate) struct Core {
     /// Subvolumes in use, by tree id. Each holds the core (to flush the
     /// others when space runs short); [`Fs`]'s drop breaks the cycle.
     subvols: std::sync::RwLock<std::collections::BTreeMap<u64, Arc<Subvol>>>,
-    /// Serialises subvolume creation and deletion (ids, root refs).
-    subvol_lock: std::sync::Mutex<()>,
+    /// Serialises subvolume creation and deletion (ids, root refs), and
+    /// holds the highest subvolume id this mount handed out.
+    subvol_lock: std::sync::Mutex<u64>,
     /// The subvolume the mount shows as its root (it cannot be deleted).
     shown: AtomicU64,
 }
@@ -147,7 +148,7 @@ impl Fs {
             log_enabled: std::sync::atomic::AtomicBool::new(true),
             budget: Arc::new(inodes::Budget::default()),
             subvols: Default::default(),
-            subvol_lock: std::sync::Mutex::new(()),
+            subvol_lock: std::sync::Mutex::new(0),
             shown: AtomicU64::new(FS),
         });
         let top = core.subvol(FS)?;

@@ -178,9 +178,14 @@ impl Subvol {
     ) -> Result<Attr> {
         dir::check_name(name)?;
         self.check_writable()?;
-        let _serial = crate::sync::lock(&self.subvol_lock);
+        let mut highest = crate::sync::lock(&self.subvol_lock);
         let tree = self.tree;
-        let id = self.engine.read(|r| Ok(next_subvolume_id(r)))?;
+        // Never an id used before in this mount: the kernel may still
+        // hold node ids of a deleted subvolume.
+        let id = self
+            .engine
+            .read(|r| Ok(next_subvolume_id(r)))?
+            .max(*highest + 1);
         if !tree_id::is_subvolume(id) {
             return Err(errno(libc::ENOSPC, "every subvolume id is in use"));
         }
@@ -210,6 +215,8 @@ impl Subvol {
             p.ctime = now;
             store_inode(tx, tree, parent, p)
         })?;
+        *highest = id;
+        drop(highest);
         self.engine.commit()?;
         let i = self.engine.read(|r| load_inode_r(r, id, ROOT_DIR_INO))?;
         Ok(super::ops::attr_of(node_id(id, ROOT_DIR_INO), &i))
