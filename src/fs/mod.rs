@@ -246,10 +246,7 @@ impl Core {
         if tree != FS && !crate::format::tree_id::is_subvolume(tree) {
             return Err(Error::NotFound);
         }
-        let item = self
-            .engine
-            .read(|r| r.tree_exists(tree).then(|| r.root_item(tree)).transpose())?
-            .ok_or(Error::NotFound)?;
+        let item = self.engine.read(|r| r.root_item(tree))?;
         let sv = Arc::new(Subvol {
             core: self.clone(),
             tree,
@@ -258,8 +255,9 @@ impl Core {
             readonly: std::sync::atomic::AtomicBool::new(item.flags & subvol::ROOT_READONLY != 0),
             deleting: std::sync::atomic::AtomicBool::new(false),
         });
+        let last = self.engine.read(|r| last_ino(r, &r.root(tree)?))?;
         sv.next_ino
-            .store(sv.last_ino()?.max(ROOT_DIR_INO) + 1, Ordering::Relaxed);
+            .store(last.max(ROOT_DIR_INO) + 1, Ordering::Relaxed);
         let opened = {
             let mut map = crate::sync::write(&self.subvols);
             map.entry(tree).or_insert_with(|| sv.clone()).clone()
@@ -325,21 +323,6 @@ impl Subvol {
         })
     }
 
-    /// The highest inode number in use.
-    fn last_ino(&self) -> Result<u64> {
-        let tree = self.tree;
-        self.engine.read(|r| {
-            let root = r.root(tree)?;
-            let c = crate::tree::Cursor::seek_le(
-                r,
-                &root,
-                &Key::new(LAST_LOCAL_INO, u8::MAX, u64::MAX),
-            )?;
-            Ok(c.and_then(|c| c.item().map(|i| i.key.objectid))
-                .unwrap_or(0))
-        })
-    }
-
     /// Creates the root directory of an empty tree and commits.
     fn make_root_dir(&self) -> Result<()> {
         let tree = self.tree;
@@ -388,6 +371,17 @@ impl Subvol {
         }
         Ok(ino)
     }
+}
+
+/// The highest inode number in use in the tree at `root` (0 if none).
+pub(crate) fn last_ino<B: crate::tree::BlockRead + ?Sized>(
+    b: &B,
+    root: &crate::tree::RootPtr,
+) -> Result<u64> {
+    let at = Key::new(LAST_LOCAL_INO, u8::MAX, u64::MAX);
+    Ok(crate::tree::Cursor::seek_le(b, root, &at)?
+        .and_then(|c| c.item().map(|i| i.key.objectid))
+        .unwrap_or(0))
 }
 
 /// The inode item of a new subvolume's root directory.

@@ -247,11 +247,6 @@ impl Fs {
         }
     }
 
-    /// The subvolume `node` belongs to.
-    pub fn subvolume_of(&self, node: u64) -> u64 {
-        split_node(node).0
-    }
-
     /// Every subvolume but the top level.
     pub fn list_subvolumes(&self) -> Result<Vec<SubvolInfo>> {
         self.core.list_subvolumes()

@@ -198,8 +198,10 @@ impl Subvol {
                 let i = load_inode_r(r, e.ino, ROOT_DIR_INO)?;
                 return Ok(attr_of(super::node_id(e.ino, ROOT_DIR_INO), &i));
             }
-            self.node(e.ino)?;
-            Ok(self.attr(e.ino, &load_inode_r(r, self.tree, e.ino)?))
+            Ok(attr_of(
+                self.node(e.ino)?,
+                &load_inode_r(r, self.tree, e.ino)?,
+            ))
         })
     }
 
@@ -325,12 +327,17 @@ impl Subvol {
     /// Removes `name` from `parent`: a non-directory (`rmdir` false) or an
     /// empty directory (`rmdir` true).
     pub fn remove(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<()> {
-        if let Some(sub) = self.subvolume_named(parent, name)? {
-            if !rmdir {
-                return Err(errno(libc::EISDIR, "is a directory"));
-            }
-            return self.delete_subvolume(parent, name, sub, true);
+        match self.remove_entry(parent, name, rmdir)? {
+            Some(_) if !rmdir => Err(errno(libc::EISDIR, "is a directory")),
+            Some(sub) => self.delete_subvolume(parent, name, sub, true),
+            None => Ok(()),
         }
+    }
+
+    /// [`Subvol::remove`] of an entry naming an inode; one naming a
+    /// subvolume is left alone and its id returned (deleting a subvolume
+    /// is a transaction of its own).
+    fn remove_entry(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<Option<u64>> {
         let tree = self.tree;
         self.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)).deleting())?;
@@ -338,7 +345,7 @@ impl Subvol {
             let root = self.root_ptr_tx(tx)?;
             let e = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
             if e.is_subvolume() {
-                return Err(errno(libc::EBUSY, "a subvolume took the name meanwhile"));
+                return Ok(Some(e.ino));
             }
             let child = load_inode_tx(tx, tree, e.ino)?;
             match (rmdir, is_dir(child.mode)) {
@@ -362,7 +369,7 @@ impl Subvol {
             store_inode(tx, tree, parent, p)?;
             self.drop_link(tx, e.ino, child, now)?;
             self.note_name(tx, parent, e.ino);
-            self.log_name_changes(tx, &[e.ino])
+            self.log_name_changes(tx, &[e.ino]).map(|()| None)
         })
     }
 
@@ -598,7 +605,7 @@ impl Subvol {
 
     /// Moves directory link counts when directories change parents and
     /// updates both parents' times.
-    fn adjust_parents(
+    pub(super) fn adjust_parents(
         &self,
         tx: &mut Txn<'_>,
         from: u64,

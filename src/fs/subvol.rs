@@ -237,7 +237,7 @@ impl Subvol {
         let _serial = crate::sync::lock(&self.subvol_lock);
         self.engine
             .read(|r| self.check_deletable(r, sub, only_empty))?;
-        let doomed = self.core_arc().subvol(sub)?;
+        let doomed = self.core.subvol(sub)?;
         doomed.deleting.store(true, Ordering::Relaxed);
         let deleted = self.unlink_subvolume(parent, name, &doomed);
         if deleted.is_err() {
@@ -328,21 +328,8 @@ impl Subvol {
         dir::remove(tx, tree, parent, &src.name)?;
         let index = dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
         put_links(tx, tree, src.ino, newparent, index, newname)?;
-        let now = Timespec::now();
-        for (ino, delta) in [(parent, -1i64), (newparent, 1)] {
-            let mut p = load_inode_tx(tx, tree, ino)?;
-            if parent != newparent {
-                p.nlink = (i64::from(p.nlink) + delta).clamp(0, i64::from(u32::MAX)) as u32;
-            }
-            p.mtime = now;
-            p.ctime = now;
-            store_inode(tx, tree, ino, p)?;
-        }
-        Ok(())
-    }
-
-    fn core_arc(&self) -> Arc<Core> {
-        self.core.clone()
+        // The link counts as a subdirectory of its directory.
+        self.adjust_parents(tx, parent, newparent, (true, false), Timespec::now())
     }
 }
 
@@ -360,15 +347,7 @@ fn stub_nested_links(tx: &mut Txn<'_>, source: u64, snap: u64) -> Result<()> {
         return Ok(());
     }
     tx.reserve(&Need::items(snap, 4 * nested.len() as u64))?;
-    let root = tx.root_of(snap)?;
-    let last = crate::tree::Cursor::seek_le(
-        tx,
-        &root,
-        &Key::new(super::LAST_LOCAL_INO, u8::MAX, u64::MAX),
-    )?
-    .and_then(|c| c.item().map(|i| i.key.objectid))
-    .unwrap_or(ROOT_DIR_INO);
-    let mut next = last.max(ROOT_DIR_INO) + 1;
+    let mut next = super::last_ino(tx, &tx.root_of(snap)?)?.max(ROOT_DIR_INO) + 1;
     for (k, d) in nested {
         let Some(link) = DirEntry::decode_all(super::checked(tx, &k, &d)?)
             .ok()
