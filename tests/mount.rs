@@ -1120,3 +1120,68 @@ fn subvolumes_and_snapshots_through_the_mount() {
     m.unmount();
     m.check();
 }
+
+/// Free blocks of the mount as statfs reports them.
+fn free_blocks(path: &std::path::Path) -> u64 {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    s.f_bfree
+}
+
+/// A subvolume of `n` small files, each with its own data extent.
+fn many_files(m: &Mounted, name: &str, n: usize) {
+    canopy_ok(&["subvolume", "create", name], &m.mnt);
+    for i in 0..n {
+        fs::write(m.p(&format!("{name}/f{i}")), vec![(i % 200) as u8; 8192]).unwrap();
+    }
+    canopy_ok(&["sync", "."], &m.mnt);
+}
+
+/// Deleting returns at once; the daemon's cleaner gives the space back in
+/// the background, `canopy subvolume sync` waits for it, and a kill -9
+/// right after a deletion leaves an image that checks clean and that the
+/// next mount finishes freeing (the Fs-level tests in tests/cleaner.rs
+/// interrupt the cleaner at every point).
+#[test]
+fn deleted_subvolumes_are_freed_in_the_background() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mnt = m.mnt.clone();
+    let empty = free_blocks(&mnt);
+    many_files(&m, "a", 3000);
+    let full = free_blocks(&mnt);
+    assert!(full + 3000 * 2 < empty, "the files take space");
+    canopy_ok(&["subvolume", "delete", "a"], &mnt);
+    let started = std::time::Instant::now();
+    while free_blocks(&mnt) + 64 < empty {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "space came back within 30 s: {} of {empty} free",
+            free_blocks(&mnt)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    many_files(&m, "b", 3000);
+    canopy_ok(&["subvolume", "delete", "b"], &mnt);
+    canopy_ok(&["subvolume", "sync", "."], &mnt);
+    assert!(
+        free_blocks(&mnt) + 64 >= empty,
+        "subvolume sync waited for the cleaner: {} of {empty} free",
+        free_blocks(&mnt)
+    );
+    many_files(&m, "c", 3000);
+    canopy_ok(&["subvolume", "delete", "c"], &mnt);
+    m.kill9();
+    m.check();
+    m.mount("");
+    canopy_ok(&["subvolume", "sync", "."], &mnt);
+    assert!(
+        free_blocks(&mnt) + 64 >= empty,
+        "the next mount finished it"
+    );
+    m.unmount();
+    m.check();
+}

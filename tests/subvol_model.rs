@@ -58,6 +58,8 @@ enum Op {
         sv: u8,
     },
     Sync,
+    /// One bounded step of the cleaner that frees deleted subvolumes.
+    Clean,
     Reopen,
 }
 
@@ -75,6 +77,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Create),
         1 => any::<u8>().prop_map(|sv| Op::Delete { sv }),
         1 => Just(Op::Sync),
+        2 => Just(Op::Clean),
         1 => Just(Op::Reopen),
     ]
 }
@@ -276,6 +279,9 @@ impl World {
                 self.subvols.remove(sv);
             }
             Op::Sync => self.fs().sync().expect("sync"),
+            Op::Clean => {
+                self.fs().clean_step().expect("cleaner step");
+            }
             Op::Reopen => self.reopen(),
         }
     }
@@ -374,6 +380,8 @@ proptest! {
             w.apply(op);
             w.verify()?;
         }
+        w.fs().clean_deleted().expect("clean");
+        prop_assert_eq!(w.fs().queued_drops(), 0);
         w.reopen();
         w.verify()?;
     }

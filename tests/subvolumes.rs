@@ -6,36 +6,15 @@
 mod common;
 
 use canopy::dev::{Device, MemDevice};
-use canopy::fs::{split_node, Fs, Owner, Shown};
+use canopy::fs::{split_node, Fs, Shown};
 use canopy::{Engine, OpenOptions};
+use common::paths::{at, file, read_all, ME};
 use std::sync::Arc;
 
 const ROOT: u64 = 256;
-const ME: Owner = Owner { uid: 0, gid: 0 };
 
 fn errno(e: canopy::Error) -> i32 {
     e.errno()
-}
-
-fn file(fs: &Fs, parent: u64, name: &str, data: &[u8]) -> u64 {
-    let a = fs
-        .create(parent, name.as_bytes(), libc::S_IFREG | 0o644, 0, ME, None)
-        .expect("create");
-    fs.write(a.ino, 0, data).expect("write");
-    a.ino
-}
-
-fn read_all(fs: &Fs, node: u64) -> Vec<u8> {
-    let size = fs.getattr(node).expect("getattr").size;
-    fs.read(node, 0, size as u32).expect("read")
-}
-
-fn at(fs: &Fs, path: &str) -> canopy::Result<u64> {
-    let mut node = fs.root_node();
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        node = fs.lookup(node, part.as_bytes())?.ino;
-    }
-    Ok(node)
 }
 
 fn names(fs: &Fs, dir: u64) -> Vec<(String, u64)> {

@@ -19,6 +19,9 @@
 //! - then ([`check_all`]) every fs tree: directory entries name existing
 //!   inodes, both directory indexes agree, link counts match, unnamed
 //!   inodes are orphans;
+//! - the drop queue (`extent::drop`): each queued block is a sound tree
+//!   block that nothing else holds and that has no extent item; what it
+//!   points at counts it as a holder; its space counts as used;
 //! - every item of every leaf, by the item checker ([`crate::format::checker`]).
 
 mod posix;
@@ -44,6 +47,8 @@ pub struct Report {
     pub tree_blocks: u64,
     pub data_extents: u64,
     pub bytes_used: u64,
+    /// Blocks of deleted subvolumes the cleaner has still to free.
+    pub queued_blocks: u64,
     pub problems: Vec<Problem>,
     /// Not damage, but worth knowing (e.g. an older superblock copy).
     pub warnings: Vec<Problem>,

@@ -1,6 +1,6 @@
 //! Reference counts and space accounting against what the walk found.
 
-use super::walk::Found;
+use super::walk::{Found, QUEUE_HOLDER};
 use super::Report;
 use crate::alloc::{free_ranges_excluding_supers, GroupKind};
 use crate::extent::RefHolder;
@@ -105,11 +105,25 @@ fn compare_refs(report: &mut Report, loc: &str, rec: &Recorded, actual: &BTreeMa
     }
 }
 
+/// A queued block is held by the queue alone and has no extent item.
+fn check_queued(report: &mut Report, loc: &str, b: &super::walk::FoundBlock, recorded: bool) {
+    if b.holders.iter().any(|h| *h != QUEUE_HOLDER) {
+        report.problem(loc, "queued for release but still referenced");
+    }
+    if recorded {
+        report.problem(loc, "queued for release but has an extent item");
+    }
+}
+
 pub(super) fn check_extents(sb: &Superblock, found: &Found, report: &mut Report) {
     let recorded = recorded_extents(found, report);
     let ns = u64::from(sb.nodesize);
     for (&bytenr, b) in &found.blocks {
         let loc = format!("tree block {bytenr}");
+        if found.queued.contains(&bytenr) {
+            check_queued(report, &loc, b, recorded.contains_key(&bytenr));
+            continue;
+        }
         let mut actual = BTreeMap::new();
         for h in &b.holders {
             *actual.entry(*h).or_insert(0u32) += 1;
@@ -191,9 +205,11 @@ fn group_of(groups: &[Group], at: u64) -> Option<&Group> {
     groups[..i].last().filter(|g| at < g.start + g.len)
 }
 
-/// Used extents from the extent tree: (start, len, kind wanted).
-fn used_extents(found: &Found) -> Vec<(u64, u64, bool)> {
-    let mut out = Vec::new();
+/// Used extents from the extent tree and the drop queue, in address
+/// order: (start, len, kind wanted).
+fn used_extents(found: &Found, nodesize: u64) -> Vec<(u64, u64, bool)> {
+    let mut out: Vec<(u64, u64, bool)> =
+        found.queued.iter().map(|&b| (b, nodesize, true)).collect();
     for it in found.items.get(&tree_id::EXTENT).into_iter().flatten() {
         if it.key.ty == EXTENT_ITEM {
             if let Ok(e) = ExtentItem::decode(&it.data) {
@@ -201,6 +217,7 @@ fn used_extents(found: &Found) -> Vec<(u64, u64, bool)> {
             }
         }
     }
+    out.sort_unstable();
     out
 }
 
@@ -212,7 +229,7 @@ pub(super) fn check_space(device_bytes: u64, sb: &Superblock, found: &Found, rep
     let mut used_by_group: BTreeMap<u64, u64> = BTreeMap::new();
     let mut occupied: Vec<(u64, u64)> = Vec::new();
     let mut prev_end = 0;
-    for (start, len, tree_block) in used_extents(found) {
+    for (start, len, tree_block) in used_extents(found, u64::from(sb.nodesize)) {
         let loc = format!("extent {start}+{len}");
         if start.checked_add(len).is_none_or(|e| e > sb.total_bytes) || len == 0 {
             report.problem(&loc, "outside the filesystem or empty");

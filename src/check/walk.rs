@@ -3,12 +3,13 @@
 use super::Report;
 use crate::dev::Device;
 use crate::extent::RefHolder;
-use crate::format::items::{FileExtentItem, RootItem};
-use crate::format::key_type::{EXTENT_DATA, ROOT_ITEM};
+use crate::format::items::{DroppedBlock, FileExtentItem, RootItem};
+use crate::format::key_type::{DROPPED_BLOCK, EXTENT_DATA, ROOT_ITEM};
 use crate::format::node::{Body, Item, Node};
 use crate::format::superblock::Superblock;
-use crate::format::{tree_id, Key};
-use std::collections::{BTreeMap, HashMap};
+use crate::format::superblock::INCOMPAT_DROP_QUEUE;
+use crate::format::{tree_id, Key, DROP_QUEUE_OBJECTID};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A tree block as found by the walk.
 pub(super) struct FoundBlock {
@@ -30,7 +31,13 @@ pub(super) struct Found {
     pub data: BTreeMap<u64, FoundData>,
     /// Items of the trees the space checks read, by tree id.
     pub items: HashMap<u64, Vec<Item>>,
+    /// Blocks in the drop queue (`extent::drop`): allocated, holding
+    /// their children, held by nothing.
+    pub queued: BTreeSet<u64>,
 }
+
+/// The holder the walk records for a queued block: the queue itself.
+pub(super) const QUEUE_HOLDER: RefHolder = RefHolder::TreeRoot(DROP_QUEUE_OBJECTID);
 
 pub(super) fn check_super_copies(dev: &dyn Device, best: &Superblock, report: &mut Report) {
     for (off, r) in crate::txn::read_super_copies(dev) {
@@ -82,13 +89,18 @@ pub(super) fn walk_all(
     let root_tree = (sb.root, sb.root_generation, sb.root_level);
     w.walk_tree(tree_id::ROOT, root_tree, report);
     let mut trees = vec![];
+    let mut queue = vec![];
     for it in w.found.items.get(&tree_id::ROOT).into_iter().flatten() {
-        if it.key.ty != ROOT_ITEM {
-            continue;
-        }
-        match RootItem::decode(&it.data) {
-            Ok(ri) => trees.push((it.key.objectid, ri)),
-            Err(e) => report.problem(format!("root item of tree {}", it.key.objectid), e),
+        match it.key.ty {
+            ROOT_ITEM => match RootItem::decode(&it.data) {
+                Ok(ri) => trees.push((it.key.objectid, ri)),
+                Err(e) => report.problem(format!("root item of tree {}", it.key.objectid), e),
+            },
+            DROPPED_BLOCK => match DroppedBlock::decode(&it.data) {
+                Ok(d) => queue.push((it.key.offset, d)),
+                Err(e) => report.problem(format!("drop queue item {}", it.key), e),
+            },
+            _ => {}
         }
     }
     report.trees = trees.len() + 1;
@@ -100,6 +112,16 @@ pub(super) fn walk_all(
             );
         }
         w.walk_tree(id, (ri.bytenr, ri.generation, ri.level), report);
+    }
+    w.walk_queue(&queue, report);
+    if queue.is_empty() == (sb.incompat & INCOMPAT_DROP_QUEUE != 0) {
+        report.problem(
+            "superblock",
+            format!(
+                "drop queue feature bit disagrees with the {} queued blocks",
+                queue.len()
+            ),
+        );
     }
     report.tree_blocks = w.found.blocks.len() as u64;
     report.data_extents = w.found.data.len() as u64;
@@ -139,6 +161,35 @@ impl Walker<'_> {
             bounds,
             report,
         );
+    }
+
+    /// Walks every queued block as the top of what it still holds. The
+    /// queue's blocks belong to no tree; their items are not kept.
+    fn walk_queue(&mut self, queue: &[(u64, DroppedBlock)], report: &mut Report) {
+        for &(bytenr, d) in queue {
+            if self.found.blocks.contains_key(&bytenr) {
+                report.problem(
+                    format!("drop queue block {bytenr}"),
+                    "queued but still reachable from a tree",
+                );
+            }
+            self.found.queued.insert(bytenr);
+            let bounds = Bounds {
+                lo: None,
+                hi: None,
+                first: None,
+            };
+            self.visit(
+                DROP_QUEUE_OBJECTID,
+                bytenr,
+                d.generation,
+                d.level,
+                QUEUE_HOLDER,
+                bounds,
+                report,
+            );
+        }
+        report.queued_blocks = queue.len() as u64;
     }
 
     fn read_block(&mut self, bytenr: u64) -> crate::error::Result<Node> {

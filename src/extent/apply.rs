@@ -100,7 +100,11 @@ fn apply_one(tx: &mut Txn<'_>, bytenr: u64, p: PendingExtent) -> Result<()> {
         if existed {
             tx.delete(EXTENT, &key)?;
         }
-        return release(tx, bytenr, len, &item);
+        if item.is_tree_block() {
+            let from_drop = tx.drop_state().is_drop(&p.refs);
+            return super::drop::release_or_queue(tx, bytenr, &item, from_drop);
+        }
+        return release_data(tx, bytenr, len);
     }
     item.refs = total as u64;
     tx.put(EXTENT, key, item.encode())?;
@@ -145,26 +149,18 @@ fn update_backref(tx: &mut Txn<'_>, bytenr: u64, holder: RefHolder, delta: i64) 
     }
 }
 
-/// Frees an extent whose count reached zero; a tree block first releases
-/// everything it points at.
-fn release(tx: &mut Txn<'_>, bytenr: u64, len: u64, item: &ExtentItem) -> Result<()> {
-    // A data extent stays pinned even then: an unlocked read may still be
-    // reading it (see `txn::flight`).
-    let never_committed = item.generation == tx.transid() && item.is_tree_block();
-    if item.is_tree_block() {
-        let node = tx.read_node(bytenr, item.generation)?;
-        crate::tree::count_entry_refs(tx, &node.body, 0..node.nritems(), bytenr, -1);
-        tx.forget_block(bytenr, item.owner);
-    } else {
-        let csum_key = Key::new(
-            crate::format::CSUM_OBJECTID,
-            crate::format::key_type::EXTENT_CSUM,
-            bytenr,
-        );
-        match tx.delete(crate::format::tree_id::CSUM, &csum_key) {
-            Ok(_) | Err(Error::NotFound) => {}
-            Err(e) => return Err(e),
-        }
+/// Frees a data extent whose count reached zero, with its checksums.
+fn release_data(tx: &mut Txn<'_>, bytenr: u64, len: u64) -> Result<()> {
+    let csum_key = Key::new(
+        crate::format::CSUM_OBJECTID,
+        crate::format::key_type::EXTENT_CSUM,
+        bytenr,
+    );
+    match tx.delete(crate::format::tree_id::CSUM, &csum_key) {
+        Ok(_) | Err(Error::NotFound) => {}
+        Err(e) => return Err(e),
     }
-    tx.free_extent(bytenr, len, never_committed)
+    // A data extent stays pinned even when never committed: an unlocked
+    // read may still be reading it (see `txn::flight`).
+    tx.free_extent(bytenr, len, false)
 }

@@ -19,5 +19,6 @@
 
 pub mod apply;
 mod delayed;
+pub mod drop;
 
 pub use delayed::{DelayedRefs, ExtentKind, PendingExtent, RefHolder};

@@ -68,6 +68,7 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
             _ => fail("default subvolume that is not a subvolume id"),
         },
         EXTENT_ITEM => check_extent(key, data, limits),
+        DROPPED_BLOCK => check_dropped_block(key, data, limits),
         TREE_BLOCK_REF | SHARED_BLOCK_REF => check_empty(data),
         SHARED_DATA_REF => match decode_ref_count(data)? {
             0 => fail("data back-reference with count 0"),
@@ -87,6 +88,19 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         // checked by the code that will read them.
         _ => Ok(()),
     }
+}
+
+fn check_dropped_block(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
+    if key.objectid != super::DROP_QUEUE_OBJECTID {
+        return fail("dropped block outside the drop queue");
+    }
+    check_device_range(
+        key.offset,
+        u64::from(super::MIN_NODESIZE),
+        limits,
+        "dropped block",
+    )?;
+    super::items::DroppedBlock::decode(data).map(drop)
 }
 
 fn check_empty(data: &[u8]) -> Verdict {

@@ -116,6 +116,42 @@ impl ExtentItem {
     }
 }
 
+/// `(DROP_QUEUE_OBJECTID, DROPPED_BLOCK, bytenr)`: a queued tree block,
+/// with what its extent item said (the item itself is gone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DroppedBlock {
+    pub generation: u64,
+    pub owner: u64,
+    pub level: u8,
+}
+
+pub const DROPPED_BLOCK_SIZE: usize = 17;
+
+impl DroppedBlock {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; DROPPED_BLOCK_SIZE];
+        put_u64(&mut b, 0, self.generation);
+        put_u64(&mut b, 8, self.owner);
+        b[16] = self.level;
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> DecodeResult<DroppedBlock> {
+        if b.len() != DROPPED_BLOCK_SIZE {
+            return Err(format!("dropped block item of {} bytes", b.len()));
+        }
+        let level = b[16];
+        if level > super::node::MAX_LEVEL {
+            return Err(format!("dropped block of level {level}"));
+        }
+        Ok(DroppedBlock {
+            generation: le_u64(b, 0),
+            owner: le_u64(b, 8),
+            level,
+        })
+    }
+}
+
 /// Payload of a SHARED_DATA_REF: how many items of the leaf point here.
 pub fn encode_ref_count(count: u32) -> Vec<u8> {
     count.to_le_bytes().to_vec()

@@ -123,6 +123,11 @@ pub mod key_type {
     /// `(DEFAULT_DIR, DEFAULT_SUBVOL, 0)` in the root tree: the subvolume
     /// a mount shows when none is asked for (u64; absent: tree 5).
     pub const DEFAULT_SUBVOL: u8 = 230;
+    /// `(DROP_QUEUE_OBJECTID, DROPPED_BLOCK, bytenr)` in the root tree: a
+    /// tree block of a dropped tree that nothing references any more but
+    /// that still holds what it points at, waiting for the cleaner
+    /// (`extent::drop`). Payload: [`crate::format::items::DroppedBlock`].
+    pub const DROPPED_BLOCK: u8 = 234;
     pub const QGROUP_STATUS: u8 = 240;
     pub const QGROUP_INFO: u8 = 242;
     pub const QGROUP_LIMIT: u8 = 244;
@@ -131,6 +136,9 @@ pub mod key_type {
 
 /// Objectid under which checksum items are keyed in the checksum tree.
 pub const CSUM_OBJECTID: u64 = u64::MAX - 9;
+
+/// Objectid of the drop queue's items in the root tree.
+pub const DROP_QUEUE_OBJECTID: u64 = u64::MAX - 10;
 
 /// Checksum of a byte range as stored everywhere in the format.
 pub fn crc(data: &[u8]) -> u32 {

@@ -38,8 +38,11 @@ pub const INCOMPAT_MIXED_GROUPS: u64 = 1;
 /// The superblock names a log tree that must be replayed before the
 /// image is used; older code would ignore it and lose fsynced changes.
 pub const INCOMPAT_LOG_TREE: u64 = 2;
+/// Dropped trees are still being freed: the root tree holds queued
+/// blocks (`extent::drop`) whose space older code would never give back.
+pub const INCOMPAT_DROP_QUEUE: u64 = 4;
 /// Incompatible features this code understands.
-pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS | INCOMPAT_LOG_TREE;
+pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS | INCOMPAT_LOG_TREE | INCOMPAT_DROP_QUEUE;
 /// Read-only-compatible features this code understands.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;
 pub const CSUM_CRC32C: u16 = 0;

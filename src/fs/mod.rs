@@ -18,6 +18,7 @@
 //! Symlink targets are stored as the inline data of the link.
 
 mod atime;
+mod cleaner;
 pub mod delalloc;
 mod dir;
 mod file;
@@ -33,6 +34,7 @@ pub(crate) mod subvol;
 pub mod xattr;
 
 pub use atime::AtimePolicy;
+pub use cleaner::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
 pub use ops::{Attr, DirListing, Owner, SetAttr, StatFs};
 pub use subvol::SubvolInfo;
@@ -81,6 +83,8 @@ pub(crate) struct Core {
     subvol_lock: std::sync::Mutex<u64>,
     /// The subvolume the mount shows as its root (it cannot be deleted).
     shown: AtomicU64,
+    /// Wakes the daemon's cleaner thread, if one runs.
+    cleaner_wake: std::sync::Mutex<Option<std::sync::Weak<cleaner::Wake>>>,
 }
 
 /// One subvolume (fs tree) of a mount: the POSIX operations on its local
@@ -150,6 +154,7 @@ impl Fs {
             subvols: Default::default(),
             subvol_lock: std::sync::Mutex::new(0),
             shown: AtomicU64::new(FS),
+            cleaner_wake: std::sync::Mutex::new(None),
         });
         let top = core.subvol(FS)?;
         if top.is_empty_tree()? {

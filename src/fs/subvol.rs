@@ -223,7 +223,8 @@ impl Subvol {
     }
 
     /// Deletes subvolume `sub`, linked as `name` in `parent` (rmdir, or
-    /// `canopy subvolume delete`), and commits. Refused for the default
+    /// `canopy subvolume delete`), and commits; the cleaner frees its
+    /// blocks afterwards. Refused for the default
     /// subvolume, the one the mount shows, one holding other subvolumes,
     /// and (for rmdir, `only_empty`) one that is not empty.
     pub(crate) fn delete_subvolume(
@@ -245,7 +246,9 @@ impl Subvol {
         }
         deleted?;
         crate::sync::write(&self.subvols).remove(&sub);
-        self.engine.commit().map(drop)
+        self.engine.commit()?;
+        self.wake_cleaner();
+        Ok(())
     }
 
     /// The transaction of [`Subvol::delete_subvolume`]: the link, both

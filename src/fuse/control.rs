@@ -70,6 +70,9 @@ pub enum Request {
     SubvolSetDefault {
         id: u64,
     },
+    /// `canopy subvolume sync`: free everything deleted subvolumes still
+    /// hold, then commit.
+    SubvolSync,
     /// `canopy property set PATH ro true|false`.
     SubvolSetReadOnly {
         node: u64,
@@ -411,6 +414,7 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
     let resp = match serde_json::from_str::<Request>(&line) {
         Err(e) => Response::of(Err(Error::Invalid(format!("bad request: {e}")))),
         Ok(Request::Sync) => Response::of(fs.sync().map(|()| None)),
+        Ok(Request::SubvolSync) => Response::of(fs.clean_deleted().map(|()| None)),
         Ok(req @ (Request::ScrubStart | Request::ScrubStatus | Request::ScrubCancel)) => {
             let mut job = crate::sync::lock(scrub);
             let r = match req {

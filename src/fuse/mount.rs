@@ -271,6 +271,15 @@ pub fn serve(
     let control = super::control::Server::start(&mount_path, fs.clone(), notifier)
         .map_err(|e| tracing::warn!(error = %e, "no control socket: scrub and other commands cannot reach this mount"))
         .ok();
+    // Frees deleted subvolumes in the background, carrying on with what
+    // an earlier mount left.
+    let cleaner = if opts.read_only {
+        None
+    } else {
+        crate::fs::Cleaner::start(fs.clone())
+            .map_err(|e| tracing::warn!(error = %e, "no cleaner thread: deleted subvolumes are freed only by `canopy subvolume sync`"))
+            .ok()
+    };
     ready();
     let mut last_commit = Instant::now();
     let mut last_look = Instant::now();
@@ -300,6 +309,7 @@ pub fn serve(
         tracing::warn!(error = %e, "session ended with an error");
     }
     drop(control);
+    drop(cleaner);
     if let Some(why) = fs.engine().shutdown_reason() {
         // Logged as what it was: a shutdown while mounted, not a failure
         // to mount.

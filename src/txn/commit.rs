@@ -4,7 +4,7 @@
 use super::{persist, Engine, State, Txn};
 use crate::error::{Error, Result};
 use crate::format::node::Node;
-use crate::format::superblock::Superblock;
+use crate::format::superblock::{Superblock, INCOMPAT_DROP_QUEUE};
 use crate::format::{tree_id, SUPER_OFFSETS, SUPER_SIZE};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -164,8 +164,14 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     sb.root_generation = root.generation;
     sb.root_level = root.level;
     sb.bytes_used = st.alloc.bytes_used();
+    sb.incompat = if st.drop.queued() > 0 {
+        sb.incompat | INCOMPAT_DROP_QUEUE
+    } else {
+        sb.incompat & !INCOMPAT_DROP_QUEUE
+    };
     st.sb = sb.clone();
     st.transid += 1;
+    st.drop.start_transaction();
     let pinned = st.alloc.take_pinned();
     crate::sync::lock(&sh.inflight).extend(dirty.iter().map(|(&b, n)| (b, n.clone())));
     Ok(Some(Prepared {

@@ -371,13 +371,16 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
-    /// Drops tree `id`; at commit every block only it held is freed.
+    /// Drops tree `id`: its root item goes at commit, and every block only
+    /// it held is freed in bounded steps by the drop queue's cleaner
+    /// (`extent::drop`).
     pub fn drop_tree(&mut self, id: u64) -> Result<()> {
         if !(tree_id::is_shareable(id) || id == tree_id::QUOTA) {
             return Err(Error::Invalid(format!("tree {id} cannot be dropped")));
         }
         let rs = self.st.roots.remove(&id).ok_or(Error::NotFound)?;
         self.block_ref(rs.ptr.bytenr, Holder::Root(id), -1);
+        crate::extent::drop::note_tree_dropped(self, id);
         self.st.dropped.push(id);
         Ok(())
     }
@@ -455,6 +458,10 @@ impl<'a> Txn<'a> {
 
     pub fn nodesize_bytes(&self) -> usize {
         self.sh.nodesize
+    }
+
+    pub(crate) fn drop_state(&mut self) -> &mut crate::extent::drop::DropState {
+        &mut self.st.drop
     }
 
     pub(crate) fn take_delayed_refs(&mut self) -> BTreeMap<u64, PendingExtent> {

@@ -72,6 +72,9 @@ pub(crate) struct State {
     /// Trees dropped in this transaction whose root items go at commit.
     pub dropped: Vec<u64>,
     pub refs: DelayedRefs,
+    /// Drop work of this transaction and the queue's length
+    /// (`extent::drop`).
+    pub drop: crate::extent::drop::DropState,
     pub alloc: Allocator,
     /// Data bytes promised to buffered writes (see `space`).
     pub data_reserved: u64,
@@ -214,6 +217,12 @@ impl Engine {
     pub fn tree_block_counts(&self) -> Vec<(u64, u64)> {
         let st = crate::sync::read(&self.state);
         st.tree_blocks.iter().map(|(&k, &v)| (k, v)).collect()
+    }
+
+    /// Tree blocks of dropped trees still waiting for the cleaner
+    /// (`extent::drop`).
+    pub fn queued_drops(&self) -> u64 {
+        crate::sync::read(&self.state).drop.queued()
     }
 
     /// Why the engine shut down while open, if it did.

@@ -127,6 +127,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         roots: BTreeMap::new(),
         dropped: Vec::new(),
         refs: DelayedRefs::default(),
+        drop: Default::default(),
         alloc: Allocator::new(device_bytes, mixed),
         data_reserved: 0,
         flushing: 0,
@@ -227,6 +228,7 @@ impl Engine {
             load_roots(&mut st, &engine.shared, root)?;
             load_space(&mut st, &engine.shared)?;
             count_tree_blocks(&mut st, &engine.shared)?;
+            count_drop_queue(&mut st, &engine.shared)?;
             st.remember_committed_roots();
             super::log::load_pending(&mut st, &engine.shared)?;
         }
@@ -393,6 +395,18 @@ fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
             ));
         }
     }
+    Ok(())
+}
+
+/// Counts the blocks waiting in the drop queue (`extent::drop`).
+fn count_drop_queue(st: &mut State, sh: &Shared) -> Result<()> {
+    let root = st
+        .roots
+        .get(&tree_id::ROOT)
+        .ok_or_else(|| Error::corrupt(0, "root tree missing"))?
+        .ptr;
+    let n = crate::extent::drop::count_queued(&Loader { st, sh }, &root)?;
+    st.drop = crate::extent::drop::DropState::new(n);
     Ok(())
 }
 

@@ -113,6 +113,12 @@ impl Need {
     }
 }
 
+/// Most pointers or items one tree block of `ns` bytes can hold (a
+/// bound: every item costs at least its 17-byte key and an offset).
+fn max_entries_per_block(ns: u64) -> u64 {
+    ns / 16
+}
+
 impl State {
     fn level_of(&self, tree: u64) -> u64 {
         self.roots.get(&tree).map_or(0, |r| u64::from(r.ptr.level))
@@ -136,7 +142,10 @@ impl State {
         for t in COMMIT_TREES {
             copies += self.tree_blocks.get(&t).copied().unwrap_or(1) + self.path_blocks(t);
         }
-        let changed = self.refs.len() as u64 + self.dropped.len() as u64 + copies;
+        let changed = self.refs.len() as u64
+            + self.dropped.len() as u64
+            + copies
+            + self.drop.commit_work(max_entries_per_block(ns));
         let growth = Self::blocks_for_bytes(ns, changed * COMMIT_BYTES_PER_EXTENT);
         let root_tree = self.tree_blocks.get(&tree_id::ROOT).copied().unwrap_or(1)
             + self.path_blocks(tree_id::ROOT)

@@ -30,6 +30,7 @@ pub fn assert_fs_clean(dev: &canopy::dev::MemDevice) {
 }
 pub mod model;
 pub mod mounted;
+pub mod paths;
 
 /// Decides whether a test that needs something from the machine runs.
 /// If `available`, it does. If not, the test is recorded as skipped in

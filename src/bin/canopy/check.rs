@@ -60,6 +60,12 @@ pub fn run(a: Args) -> ExitCode {
         for w in &report.warnings {
             println!("warning {}: {}", w.location, w.message);
         }
+        if report.queued_blocks > 0 {
+            println!(
+                "{} tree blocks of deleted subvolumes wait for the cleaner (the next writable mount frees them)",
+                report.queued_blocks
+            );
+        }
         println!(
             "{}: generation {}, {} trees, {} tree blocks, {} data extents, {} bytes used: {}",
             a.image.display(),

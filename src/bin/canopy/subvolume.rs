@@ -53,8 +53,8 @@ pub enum Command {
     /// Make subvolume ID the one mounts show when none is asked for
     /// (5: the top level).
     SetDefault { id: u64, path: PathBuf },
-    /// Wait until deleted subvolumes are cleaned up. Deletion frees a
-    /// subvolume's blocks in the commit it makes, so this only commits.
+    /// Wait until the blocks of deleted subvolumes are freed (the cleaner
+    /// frees them in the background after `delete`), then commit.
     Sync { path: PathBuf },
 }
 
@@ -151,7 +151,7 @@ pub fn run(c: Command) -> Result<()> {
         }
         Command::Sync { path } => {
             let mnt = mount_of(&path)?;
-            let r = control::request(&mnt, &Request::Sync)?;
+            let r = control::request(&mnt, &Request::SubvolSync)?;
             if !r.ok {
                 bail!("{}", r.error.unwrap_or_else(|| "failed".into()));
             }

@@ -1,0 +1,239 @@
+//! Dropping trees in bounded steps: the drop queue and its cleaner.
+//!
+//! Dropping a tree takes away its root's reference. A block whose count
+//! falls to zero releases everything it points at, and so on down: for a
+//! large tree that owns its blocks that cascade visits the whole tree, far
+//! too much for one commit, which folds references while holding the state
+//! lock. So a cascade that a drop started has a *budget* per transaction.
+//! A block whose count falls to zero because a dropped tree or another
+//! released block of a drop let go of it is released only while the budget
+//! lasts; past it, the block is *queued*: its extent item goes, and a
+//! `(DROP_QUEUE_OBJECTID, DROPPED_BLOCK, bytenr)` item in the root tree
+//! keeps its space allocated while it still holds its children's
+//! references. [`clean_step`] releases queued blocks in later
+//! transactions, each with a fresh budget, until the queue is empty.
+//!
+//! Ordinary transactions have no budget: dropping a tree queues its root
+//! block and returns. Blocks a dropped tree shared with another tree only
+//! lose one reference, so deleting a snapshot costs what it owned alone.
+//! The queue is durable, so a drop interrupted by unmount or crash goes on
+//! after the next mount.
+
+use super::RefHolder;
+use crate::error::{Error, Result};
+use crate::format::items::{DroppedBlock, ExtentItem};
+use crate::format::key_type::DROPPED_BLOCK;
+use crate::format::tree_id::ROOT;
+use crate::format::{Key, DROP_QUEUE_OBJECTID};
+use crate::tree::{BlockRead, Cursor, RootPtr};
+use crate::txn::{Need, Txn};
+use std::collections::{BTreeMap, HashSet};
+
+/// Entries (pointers and file extent items of released blocks) one
+/// cleaner transaction may visit. Each costs a few extent-tree edits at
+/// commit, under the state lock: this keeps a commit's hold short.
+pub const STEP_BUDGET: u64 = 2048;
+
+/// The running transaction's share of drop work.
+#[derive(Default)]
+pub struct DropState {
+    /// Holders that let go of their references as part of a drop in this
+    /// transaction (a dropped tree's root, released blocks).
+    holders: HashSet<RefHolder>,
+    /// Entries the cascade may still visit in this transaction.
+    budget: u64,
+    /// Whether this transaction drops or cleans at all.
+    active: bool,
+    /// Blocks in the queue, as of the running transaction.
+    queued: u64,
+}
+
+impl DropState {
+    pub fn new(queued: u64) -> DropState {
+        DropState {
+            queued,
+            ..DropState::default()
+        }
+    }
+
+    /// A new transaction starts with no budget.
+    pub fn start_transaction(&mut self) {
+        self.holders.clear();
+        self.budget = 0;
+        self.active = false;
+    }
+
+    /// `holder` let go of its references because of a drop.
+    pub fn note_released(&mut self, holder: RefHolder) {
+        self.active = true;
+        self.holders.insert(holder);
+    }
+
+    /// Whether the reference changes `refs` of an extent include one a
+    /// drop made (so releasing the extent is part of the cascade).
+    pub fn is_drop(&self, refs: &BTreeMap<RefHolder, i64>) -> bool {
+        !self.holders.is_empty() && refs.iter().any(|(h, &d)| d < 0 && self.holders.contains(h))
+    }
+
+    pub fn queued(&self) -> u64 {
+        self.queued
+    }
+
+    /// Entries of reference changes the drop work of this transaction may
+    /// add at commit, beyond what is already pending (for reservations):
+    /// with a budget, the budget overshot by at most one block's entries,
+    /// and as many queue items; without, one queue item per holder.
+    pub fn commit_work(&self, max_entries_per_block: u64) -> u64 {
+        match (self.active, self.budget) {
+            (false, _) => 0,
+            (true, 0) => self.holders.len() as u64,
+            (true, b) => 2 * (b + max_entries_per_block),
+        }
+    }
+}
+
+/// Queue item key of the block at `bytenr`.
+fn queue_key(bytenr: u64) -> Key {
+    Key::new(DROP_QUEUE_OBJECTID, DROPPED_BLOCK, bytenr)
+}
+
+/// Drops tree `id`'s root reference as a drop: what the root block held
+/// alone is released by the cleaner, not by this transaction.
+pub(crate) fn note_tree_dropped(tx: &mut Txn<'_>, id: u64) {
+    tx.drop_state().note_released(RefHolder::TreeRoot(id));
+}
+
+/// A tree block whose count reached zero: released now, or queued when a
+/// drop's budget is spent. Blocks never committed are always released
+/// now (they are few, and nothing on disk holds them).
+pub(crate) fn release_or_queue(
+    tx: &mut Txn<'_>,
+    bytenr: u64,
+    item: &ExtentItem,
+    from_drop: bool,
+) -> Result<()> {
+    let never_committed = item.generation == tx.transid();
+    if from_drop && !never_committed && tx.drop_state().budget == 0 {
+        return enqueue(tx, bytenr, item);
+    }
+    release_block(tx, bytenr, item, from_drop)
+}
+
+fn enqueue(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem) -> Result<()> {
+    let queued = DroppedBlock {
+        generation: item.generation,
+        owner: item.owner,
+        level: item.level,
+    };
+    tx.insert(ROOT, queue_key(bytenr), queued.encode())
+        .map_err(|e| match e {
+            Error::Exists => Error::corrupt(bytenr, "tree block queued twice for release"),
+            e => e,
+        })?;
+    tx.drop_state().queued += 1;
+    Ok(())
+}
+
+/// Frees a tree block and lets go of everything it points at.
+fn release_block(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem, from_drop: bool) -> Result<()> {
+    let never_committed = item.generation == tx.transid();
+    let node = tx.read_node(bytenr, item.generation)?;
+    if node.level != item.level {
+        return Err(Error::corrupt(
+            bytenr,
+            format!(
+                "released as level {} but is level {}",
+                item.level, node.level
+            ),
+        ));
+    }
+    if from_drop {
+        let d = tx.drop_state();
+        d.budget = d.budget.saturating_sub(node.nritems() as u64);
+        d.note_released(RefHolder::TreeParent(bytenr));
+    }
+    crate::tree::count_entry_refs(tx, &node.body, 0..node.nritems(), bytenr, -1);
+    tx.forget_block(bytenr, item.owner);
+    let ns = tx.nodesize_bytes() as u64;
+    tx.free_extent(bytenr, ns, never_committed)
+}
+
+/// One cleaner transaction's work: gives it a budget of `budget` entries,
+/// reserves what that may cost at commit with `need` (nothing changes
+/// when that fails), and releases queued blocks with up to half of the
+/// budget (the other half lets the commit release their children rather
+/// than queue them). Returns the blocks released.
+pub(crate) fn clean_step(tx: &mut Txn<'_>, budget: u64, need: &Need) -> Result<u64> {
+    let budget = budget.max(1);
+    let before = (tx.drop_state().budget, tx.drop_state().active);
+    {
+        let d = tx.drop_state();
+        d.budget = d.budget.max(budget);
+        d.active = true;
+    }
+    if let Err(e) = tx.reserve(need) {
+        let d = tx.drop_state();
+        (d.budget, d.active) = before;
+        return Err(e);
+    }
+    let mut released = 0;
+    while tx.drop_state().queued > 0 && (released == 0 || tx.drop_state().budget > budget / 2) {
+        let Some((bytenr, queued)) = first_queued(tx)? else {
+            // The count was off (a damaged queue): trust the tree.
+            tx.drop_state().queued = 0;
+            break;
+        };
+        // A live block has an extent item; releasing it would free what a
+        // tree still uses. Only a damaged queue names one. Reported before
+        // this transaction changes anything (the next step's first block),
+        // so the engine stays up.
+        let extents = tx.root_of(crate::format::tree_id::EXTENT)?;
+        if super::apply::find_extent_item(tx, &extents, bytenr)?.is_some() {
+            if released > 0 {
+                break;
+            }
+            return Err(Error::corrupt(
+                bytenr,
+                "the drop queue names a block still in use",
+            ));
+        }
+        tx.delete(ROOT, &queue_key(bytenr))?;
+        tx.drop_state().queued -= 1;
+        let item = ExtentItem {
+            refs: 0,
+            generation: queued.generation,
+            flags: crate::format::items::EXTENT_FLAG_TREE_BLOCK,
+            owner: queued.owner,
+            level: queued.level,
+        };
+        release_block(tx, bytenr, &item, true)?;
+        released += 1;
+    }
+    Ok(released)
+}
+
+/// The queued block with the lowest address.
+fn first_queued(tx: &Txn<'_>) -> Result<Option<(u64, DroppedBlock)>> {
+    let root = tx.root_of(ROOT)?;
+    let c = Cursor::seek(tx, &root, &queue_key(0))?;
+    let Some(it) = c.item() else { return Ok(None) };
+    if it.key.objectid != DROP_QUEUE_OBJECTID || it.key.ty != DROPPED_BLOCK {
+        return Ok(None);
+    }
+    let queued = DroppedBlock::decode(&it.data).map_err(|e| Error::corrupt(it.key.offset, e))?;
+    Ok(Some((it.key.offset, queued)))
+}
+
+/// Blocks in the queue of the tree rooted at `root` (the root tree).
+pub(crate) fn count_queued<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<u64> {
+    let mut c = Cursor::seek(b, root, &queue_key(0))?;
+    let mut n = 0;
+    while let Some(it) = c.item() {
+        if it.key.objectid != DROP_QUEUE_OBJECTID || it.key.ty != DROPPED_BLOCK {
+            break;
+        }
+        n += 1;
+        c.next(b)?;
+    }
+    Ok(n)
+}

@@ -1,0 +1,174 @@
+//! The cleaner: frees the blocks of deleted subvolumes in the background.
+//!
+//! Deleting a subvolume removes its link and its root item in one short
+//! commit and queues its root block (`extent::drop`). The cleaner then
+//! releases queued blocks in bounded transactions, each committed, so
+//! space comes back as it goes while other work keeps running, and an
+//! unmount or crash leaves a queue the next mount carries on with.
+
+use super::{Core, Fs};
+use crate::error::{Error, Result};
+use crate::extent::drop::{clean_step, STEP_BUDGET};
+use crate::format::tree_id::ROOT;
+use crate::txn::Need;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How long an idle cleaner sleeps before it looks at the queue again
+/// (a deletion wakes it at once).
+const IDLE: Duration = Duration::from_millis(500);
+
+/// How long the cleaner waits after a failed step before it tries again.
+const AFTER_FAILURE: Duration = Duration::from_secs(2);
+
+impl Core {
+    /// One bounded cleaner transaction, committed. The budget shrinks when
+    /// free space is too short for it, down to one block; space held by
+    /// the last commit is waited for before that is given up. Returns the
+    /// blocks still queued.
+    pub(crate) fn clean_once(&self) -> Result<u64> {
+        if self.engine.queued_drops() == 0 {
+            return Ok(0);
+        }
+        let need = Need::items(ROOT, 1).deleting();
+        let mut budget = STEP_BUDGET;
+        let mut waited = false;
+        loop {
+            match self.engine.write(|tx| clean_step(tx, budget, &need)) {
+                Ok(_) => break,
+                Err(Error::NoSpace) if budget > 1 => budget /= 16,
+                Err(Error::NoSpace) if !waited => {
+                    self.engine.commit()?;
+                    self.engine.wait_for_freed_space();
+                    waited = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.engine.commit()?;
+        Ok(self.engine.queued_drops())
+    }
+
+    /// Runs the cleaner in this thread until the queue is empty.
+    pub(crate) fn clean_all(&self) -> Result<()> {
+        while self.clean_once()? > 0 {}
+        Ok(())
+    }
+}
+
+impl Fs {
+    /// Tree blocks of deleted subvolumes not yet freed.
+    pub fn queued_drops(&self) -> u64 {
+        self.core.engine.queued_drops()
+    }
+
+    /// Frees everything deleted subvolumes still hold, then commits
+    /// (`canopy subvolume sync`). Runs beside a [`Cleaner`] thread.
+    pub fn clean_deleted(&self) -> Result<()> {
+        self.core.clean_all()?;
+        self.core.sync()
+    }
+
+    /// One bounded cleaner step (for tests that interleave it with other
+    /// work). Returns the blocks still queued.
+    pub fn clean_step(&self) -> Result<u64> {
+        self.core.clean_once()
+    }
+}
+
+/// The daemon's cleaner thread; stops when dropped.
+pub struct Cleaner {
+    wake: Arc<Wake>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Wake {
+    stop: AtomicBool,
+    pending: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl Wake {
+    fn notify(&self) {
+        *crate::sync::lock(&self.pending) = true;
+        self.cond.notify_all();
+    }
+
+    /// Sleeps up to `d` unless notified meanwhile.
+    fn sleep(&self, d: Duration) {
+        let mut p = crate::sync::lock(&self.pending);
+        if !*p {
+            p = self
+                .cond
+                .wait_timeout(p, d)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        *p = false;
+    }
+}
+
+impl Cleaner {
+    /// Starts cleaning `fs` in the background: at once if an earlier
+    /// mount left work, and whenever a subvolume is deleted.
+    pub fn start(fs: Arc<Fs>) -> std::io::Result<Cleaner> {
+        let wake = Arc::new(Wake::default());
+        *crate::sync::lock(&fs.core.cleaner_wake) = Some(Arc::downgrade(&wake));
+        let w = wake.clone();
+        let thread = std::thread::Builder::new()
+            .name("canopy-cleaner".into())
+            .spawn(move || run(&fs, &w))?;
+        Ok(Cleaner {
+            wake,
+            thread: Some(thread),
+        })
+    }
+}
+
+fn run(fs: &Fs, wake: &Wake) {
+    while !wake.stop.load(Ordering::SeqCst) {
+        let core = &fs.core;
+        let can_write = !core.engine.is_read_only()
+            && !core.remounted_ro.load(Ordering::Relaxed)
+            && core.engine.shutdown_reason().is_none();
+        if !can_write || core.engine.queued_drops() == 0 {
+            wake.sleep(IDLE);
+            continue;
+        }
+        match core.clean_once() {
+            Ok(0) => tracing::info!("cleaner: deleted subvolumes are freed"),
+            Ok(_) => {}
+            Err(e @ Error::Corrupt { .. }) => {
+                tracing::error!(error = %e, "cleaner stopped: the drop queue is damaged; run canopy check");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cleaner step failed; trying again later");
+                wake.sleep(AFTER_FAILURE);
+            }
+        }
+    }
+}
+
+impl Drop for Cleaner {
+    fn drop(&mut self) {
+        self.wake.stop.store(true, Ordering::SeqCst);
+        self.wake.notify();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Core {
+    /// Tells a running cleaner there is work (a subvolume was deleted).
+    pub(crate) fn wake_cleaner(&self) {
+        let w = crate::sync::lock(&self.cleaner_wake).clone();
+        if let Some(w) = w.and_then(|w| w.upgrade()) {
+            w.notify();
+        }
+    }
+}
