@@ -533,9 +533,10 @@ def make_files(d, count, start=0):
 def snapshot(fs, scale):
     """Canopy and btrfs: snapshot time of a subvolume of N files (100k at
     scale 1) and of the same subvolume grown to 10 N (median of 5 each,
-    after a sync); then deleting a 10 N snapshot: the command's time, `ls`
-    latency while it and its cleaning run, and how long until df shows the
-    space back."""
+    after a sync); then deleting a 10 N snapshot that shares most of its
+    blocks, and one that owns all of them: the command's time, `ls`
+    latency while it and its cleaning run, and how long until the
+    cleaning is done (`subvolume sync` returns)."""
     cmd, sync = subvol_cmds(fs)
     if cmd is None:
         return []
@@ -565,29 +566,49 @@ def snapshot(fs, scale):
         if d.startswith("d"):
             open(os.path.join(victim, d, "new"), "w").close()
     sh(sync)
-    free_before = os.statvfs(fs.mnt).f_bfree
     lsdir = fs.path("lsdir")
     os.makedirs(lsdir)
     make_files(lsdir, 200)
+    shared = delete_and_clean(fs, cmd, victim, lsdir)
+    # Then make one snapshot the sole owner of all its blocks (delete the
+    # source and every other snapshot, and wait for that), and delete it:
+    # the cleaner now frees the whole tree.
+    last = fs.path(f"s{10 * n}-1")
+    for name in sorted(os.listdir(fs.mnt)):
+        if name == "sub" or (name.startswith("s") and fs.path(name) != last):
+            sh(f"{cmd} delete '{fs.path(name)}'")
+    sh(f"{cmd} sync '{fs.mnt}'")
+    sh(sync)
+    owned = delete_and_clean(fs, cmd, last, lsdir)
+    fs.umount()
+    rows = []
+    for what, (returned, lat, back) in ((f"snapshot of {10 * n} files", shared),
+                                        (f"sole owner of {10 * n} files", owned)):
+        rows += [
+            (f"delete {what}, command (s)", returned, "s", "lower"),
+            (f"ls while deleting {what}, p99 (ms)", lat[int(len(lat) * 0.99)] if lat else 0,
+             "ms", "lower"),
+            (f"delete {what}, until cleaned (s)", back, "s", "lower"),
+        ]
+    return samples + rows
+
+
+def delete_and_clean(fs, cmd, victim, lsdir):
+    """Deletes subvolume `victim` and waits for `subvolume sync` (the
+    cleaner done, the space back), listing `lsdir` every 2 ms throughout.
+    Returns (seconds until the delete command returned, sorted listing
+    latencies in ms, seconds until the cleaning finished)."""
     t0 = time.perf_counter()
     rm = subprocess.Popen(f"{cmd} delete '{victim}'", shell=True, stdout=subprocess.DEVNULL)
     lat = list_while(lsdir, lambda: rm.poll() is None)
     returned = time.perf_counter() - t0
-
-    def space_not_back():
-        return os.statvfs(fs.mnt).f_bfree <= free_before and time.perf_counter() - t0 < 120
-
-    # btrfs cleans in the background; its commits make the space visible.
-    flush = (lambda: sh(f"btrfs filesystem sync '{fs.mnt}'")) if fs.name == "btrfs" else None
-    lat += list_while(lsdir, space_not_back, flush or (lambda: None))
+    if rm.returncode != 0:
+        raise RuntimeError(f"{fs.name}: deleting {victim} failed")
+    waiter = subprocess.Popen(f"{cmd} sync '{fs.mnt}'", shell=True, stdout=subprocess.DEVNULL)
+    lat += list_while(lsdir, lambda: waiter.poll() is None)
     back = time.perf_counter() - t0
-    fs.umount()
     lat.sort()
-    return samples + [
-        (f"delete snapshot of {10 * n} files, command (s)", returned, "s", "lower"),
-        ("ls during delete, p99 (ms)", lat[int(len(lat) * 0.99)] if lat else 0, "ms", "lower"),
-        ("space back after delete (s)", back, "s", "lower"),
-    ]
+    return returned, lat, back
 
 
 def image_size(workload, scale):

@@ -386,6 +386,23 @@ impl Daemon {
     }
 }
 
+/// How often the control thread looks at its stop flag while idle.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// Waits until a connection is pending on `listener` or `timeout` passed:
+/// a command is answered at once, and the thread still notices a stop.
+fn wait_readable(listener: &UnixListener, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let mut fds = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut fds, 1, ms) };
+}
+
 fn serve(listener: UnixListener, stop: &AtomicBool, scrub: &Mutex<ScrubJob>, d: &Daemon) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
@@ -395,7 +412,7 @@ fn serve(listener: UnixListener, stop: &AtomicBool, scrub: &Mutex<ScrubJob>, d: 
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(50));
+                wait_readable(&listener, STOP_POLL);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "control socket");
