@@ -4,7 +4,10 @@
 //! nothing after it: periodic commits are switched off for this, and the
 //! mount uses `notreelog` so that an fsync commits everything, which this
 //! whole-state model needs; fsync through the log, which makes only the
-//! file durable, has its own crash tests in tests/fsync_log.rs).
+//! file durable, has its own crash tests in tests/fsync_log.rs). Now and
+//! then it takes a read-only snapshot of the top level with `canopy
+//! subvolume snapshot -r` (checked against a copy of the model, and after
+//! every remount) or deletes one.
 //!
 //! `CANOPY_EXERCISER_OPS` sets the number of operations (CI: a few
 //! thousand; see docs/testing.md for the long run) and
@@ -13,7 +16,7 @@
 
 mod common;
 
-use common::mounted::{can_mount, Mounted};
+use common::mounted::{can_mount, canopy, Mounted};
 use common::Rng;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -27,7 +30,20 @@ struct Model {
     names: BTreeMap<String, u64>,
     dirs: BTreeSet<String>,
     next_id: u64,
+    /// Read-only snapshots of the top level, by name: the state when each
+    /// was taken. Snapshots that existed then appear in it as empty
+    /// directories (`stubs`), as nested subvolumes do in btrfs.
+    snaps: BTreeMap<String, Snap>,
 }
+
+#[derive(Clone)]
+struct Snap {
+    files: Model,
+    stubs: Vec<String>,
+}
+
+/// Most snapshots alive at once.
+const MAX_SNAPS: usize = 3;
 
 const DIRS: [&str; 3] = ["", "a/", "a/b/"];
 
@@ -66,15 +82,42 @@ fn verify_file(mnt: &Mounted, m: &Model, name: &str) {
 }
 
 fn verify_all(mnt: &Mounted, m: &Model) {
+    let snaps: Vec<String> = m.snaps.keys().cloned().collect();
+    verify_tree(mnt, m, "", &snaps);
+    for (name, snap) in &m.snaps {
+        verify_tree(mnt, &snap.files, &format!("{name}/"), &snap.stubs);
+        for stub in &snap.stubs {
+            let stub_dir = mnt.p(&format!("{name}/{stub}"));
+            assert_eq!(
+                fs::read_dir(&stub_dir).map(|d| d.count()).ok(),
+                Some(0),
+                "{name}/{stub}: a snapshot inside a snapshot is an empty directory"
+            );
+        }
+    }
+}
+
+/// The files and directories of model `m` under `root` ("" or "sN/"),
+/// whose top directory also holds the links of `subvolumes`.
+fn verify_tree(mnt: &Mounted, m: &Model, root: &str, subvolumes: &[String]) {
     for name in m.names.keys() {
-        verify_file(mnt, m, name);
+        let want = &m.files[&m.names[name]];
+        let path = format!("{root}{name}");
+        let got = fs::read(mnt.p(&path)).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        assert!(
+            got == *want,
+            "{path}: {} bytes, model {}",
+            got.len(),
+            want.len()
+        );
     }
     for d in ["", "a", "a/b"] {
+        let at = format!("{root}{d}");
         if !d.is_empty() && !m.dirs.contains(d) {
-            assert!(!mnt.p(d).exists(), "{d} should not exist");
+            assert!(!mnt.p(&at).exists(), "{at} should not exist");
             continue;
         }
-        let mut got: Vec<String> = fs::read_dir(mnt.p(d))
+        let mut got: Vec<String> = fs::read_dir(mnt.p(&at))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
@@ -100,10 +143,11 @@ fn verify_all(mnt: &Mounted, m: &Model) {
             .collect();
         if d.is_empty() {
             want.extend(m.dirs.iter().filter(|x| !x.contains('/')).cloned());
+            want.extend(subvolumes.iter().cloned());
         }
         want.sort();
         want.dedup();
-        assert_eq!(got, want, "listing of '{d}'");
+        assert_eq!(got, want, "listing of '{at}'");
     }
 }
 
@@ -111,6 +155,13 @@ fn verify_all(mnt: &Mounted, m: &Model) {
 /// kill -9 steps (1 in `remount_div` of the draws that pick them is kept)
 /// so that long runs spend their time on file operations.
 fn step(mnt: &mut Mounted, m: &mut Model, durable: &mut Model, rng: &mut Rng, remount_div: u64) {
+    if rng.below(120) == 0 {
+        snapshot_step(mnt, m, rng);
+        // A snapshot of the top level flushes and commits everything;
+        // after a deletion the step syncs.
+        *durable = m.clone();
+        return;
+    }
     let names = m.file_names();
     let mut draw = rng.below(100);
     while draw >= 91 && rng.below(remount_div) != 0 {
@@ -338,6 +389,57 @@ fn step(mnt: &mut Mounted, m: &mut Model, durable: &mut Model, rng: &mut Rng, re
             *m = durable.clone();
             verify_all(mnt, m);
         }
+    }
+}
+
+/// `canopy subvolume` through the mount: a read-only snapshot of the top
+/// level (which must equal the model and refuse changes), or the deletion
+/// of one, sometimes waiting for the cleaner.
+fn snapshot_step(mnt: &Mounted, m: &mut Model, rng: &mut Rng) {
+    let run = |args: &[&str]| {
+        let out = canopy().args(args).current_dir(&mnt.mnt).output().unwrap();
+        assert!(
+            out.status.success(),
+            "canopy {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let names: Vec<String> = m.snaps.keys().cloned().collect();
+    if names.len() < MAX_SNAPS && (names.is_empty() || rng.below(2) == 0) {
+        let name = format!("s{}", rng.below(1000));
+        if m.snaps.contains_key(&name) {
+            return;
+        }
+        run(&["subvolume", "snapshot", "-r", ".", &name]);
+        let mut files = m.clone();
+        files.snaps.clear();
+        let snap = Snap {
+            files,
+            stubs: names,
+        };
+        verify_tree(mnt, &snap.files, &format!("{name}/"), &snap.stubs);
+        if let Some(f) = snap.files.names.keys().next() {
+            let r = fs::OpenOptions::new()
+                .write(true)
+                .open(mnt.p(&format!("{name}/{f}")));
+            assert_eq!(
+                r.err().and_then(|e| e.raw_os_error()),
+                Some(libc::EROFS),
+                "a read-only snapshot refuses writes"
+            );
+        }
+        m.snaps.insert(name, snap);
+    } else if let Some(name) = pick(rng, &names) {
+        run(&["subvolume", "delete", &name]);
+        m.snaps.remove(&name);
+        assert!(!mnt.p(&name).exists(), "{name} deleted");
+        if rng.below(2) == 0 {
+            run(&["subvolume", "sync", "."]);
+        }
+        // The deletion commits, but (as a periodic commit of btrfs) it
+        // does not flush other files' buffered data: make it all durable
+        // so the model's crash state is this one.
+        run(&["sync", "."]);
     }
 }
 

@@ -26,6 +26,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => tree.clone().prop_map(|tree| Op::Clone { tree }),
         1 => tree.prop_map(|tree| Op::Drop { tree }),
         2 => Just(Op::Commit),
+        1 => Just(Op::Clean),
         1 => Just(Op::Reopen),
     ]
 }

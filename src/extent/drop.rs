@@ -26,7 +26,7 @@ use crate::format::key_type::DROPPED_BLOCK;
 use crate::format::tree_id::ROOT;
 use crate::format::{Key, DROP_QUEUE_OBJECTID};
 use crate::tree::{BlockRead, Cursor, RootPtr};
-use crate::txn::{Need, Txn};
+use crate::txn::{Engine, Need, Txn};
 use std::collections::{BTreeMap, HashSet};
 
 /// Entries (pointers and file extent items of released blocks) one
@@ -210,6 +210,33 @@ pub(crate) fn clean_step(tx: &mut Txn<'_>, budget: u64, need: &Need) -> Result<u
         released += 1;
     }
     Ok(released)
+}
+
+/// One cleaner transaction on `engine`, committed: the budget shrinks
+/// when free space is too short for it, down to one block, and space the
+/// last commit holds is waited for before that is given up. Returns the
+/// blocks still queued.
+pub fn clean_dropped_step(engine: &Engine) -> Result<u64> {
+    if engine.queued_drops() == 0 {
+        return Ok(0);
+    }
+    let need = Need::items(ROOT, 1).deleting();
+    let mut budget = STEP_BUDGET;
+    let mut waited = false;
+    loop {
+        match engine.write(|tx| clean_step(tx, budget, &need)) {
+            Ok(_) => break,
+            Err(Error::NoSpace) if budget > 1 => budget /= 16,
+            Err(Error::NoSpace) if !waited => {
+                engine.commit()?;
+                engine.wait_for_freed_space();
+                waited = true;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    engine.commit()?;
+    Ok(engine.queued_drops())
 }
 
 /// The queued block with the lowest address.

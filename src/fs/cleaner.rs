@@ -8,9 +8,7 @@
 
 use super::{Core, Fs};
 use crate::error::{Error, Result};
-use crate::extent::drop::{clean_step, STEP_BUDGET};
-use crate::format::tree_id::ROOT;
-use crate::txn::Need;
+use crate::extent::drop::clean_dropped_step;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -24,31 +22,9 @@ const IDLE: Duration = Duration::from_millis(500);
 const AFTER_FAILURE: Duration = Duration::from_secs(2);
 
 impl Core {
-    /// One bounded cleaner transaction, committed. The budget shrinks when
-    /// free space is too short for it, down to one block; space held by
-    /// the last commit is waited for before that is given up. Returns the
-    /// blocks still queued.
+    /// One bounded cleaner transaction, committed; the blocks still queued.
     pub(crate) fn clean_once(&self) -> Result<u64> {
-        if self.engine.queued_drops() == 0 {
-            return Ok(0);
-        }
-        let need = Need::items(ROOT, 1).deleting();
-        let mut budget = STEP_BUDGET;
-        let mut waited = false;
-        loop {
-            match self.engine.write(|tx| clean_step(tx, budget, &need)) {
-                Ok(_) => break,
-                Err(Error::NoSpace) if budget > 1 => budget /= 16,
-                Err(Error::NoSpace) if !waited => {
-                    self.engine.commit()?;
-                    self.engine.wait_for_freed_space();
-                    waited = true;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        self.engine.commit()?;
-        Ok(self.engine.queued_drops())
+        clean_dropped_step(&self.engine)
     }
 
     /// Runs the cleaner in this thread until the queue is empty.

@@ -54,6 +54,8 @@ pub enum Op {
         tree: usize,
     },
     Commit,
+    /// One bounded step of the cleaner that frees dropped trees.
+    Clean,
     Reopen,
 }
 
@@ -201,6 +203,12 @@ impl Harness {
                     assert_clean(self.dev.as_ref());
                 }
             }
+            Op::Clean => {
+                canopy::extent::drop::clean_dropped_step(self.engine()).expect("clean");
+                if self.check_every_commit {
+                    assert_clean(self.dev.as_ref());
+                }
+            }
             Op::Reopen => self.reopen(),
         }
     }
@@ -315,8 +323,11 @@ impl Harness {
         }
     }
 
+    /// Verifies every tree, frees everything dropped, and checks that
+    /// no block leaked (`check` after the reopen).
     pub fn finish(mut self) {
         self.verify_all();
+        while canopy::extent::drop::clean_dropped_step(self.engine()).expect("clean") > 0 {}
         self.reopen();
     }
 }
