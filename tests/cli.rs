@@ -115,3 +115,69 @@ fn misuse_is_reported_precisely_and_failed_mkfs_cleans_up() {
     assert_eq!(code, 1);
     assert!(err.contains("is not a directory"), "{err}");
 }
+
+/// `canopy subvolume list` and `sync` on an unmounted image: an image left
+/// with deleted subvolumes still queued (as after a crash) is listed
+/// without them, `check` says what waits for the cleaner, and `sync`
+/// frees it all offline.
+#[test]
+fn subvolume_list_and_sync_on_an_image() {
+    use canopy::fs::{Fs, Owner};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let path = img.to_str().unwrap();
+    assert_eq!(canopy(&["mkfs", "-q", "-s", "256M", path]).0, 0);
+    let me = Owner { uid: 0, gid: 0 };
+    {
+        let dev = canopy::dev::FileDevice::open(&img, false, true).expect("open image");
+        let e = canopy::Engine::open(Arc::new(dev), &Default::default()).expect("engine");
+        let fs = Fs::new(Arc::new(e)).expect("fs");
+        let root = fs.root_node();
+        for name in ["keep", "gone"] {
+            let sv = fs
+                .create_subvolume(root, name.as_bytes(), me)
+                .expect("subvolume");
+            for i in 0..400 {
+                let a = fs
+                    .create(
+                        sv.ino,
+                        format!("f{i}").as_bytes(),
+                        libc::S_IFREG | 0o644,
+                        0,
+                        me,
+                        None,
+                    )
+                    .expect("create");
+                fs.write(a.ino, 0, &[i as u8; 5000]).expect("write");
+            }
+        }
+        fs.sync().expect("sync");
+        fs.delete_subvolume(root, b"gone").expect("delete");
+        assert!(fs.queued_drops() > 0);
+    }
+    let (code, out, err) = canopy(&["subvolume", "list", "--json", path]);
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let paths: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["keep"]);
+    let (code, out, _) = canopy(&["check", path]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("wait for the cleaner"), "{out}");
+    let (code, _, err) = canopy(&["subvolume", "sync", path]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = canopy(&["check", path]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("wait for the cleaner"), "{out}");
+    let (code, _, err) = canopy(&[
+        "subvolume",
+        "list",
+        dir.path().join("missing").to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0, "a missing path is an error: {err}");
+}

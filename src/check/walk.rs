@@ -56,6 +56,9 @@ pub(super) fn check_super_copies(dev: &dyn Device, best: &Superblock, report: &m
 }
 
 struct Walker<'a> {
+    /// Entries of the next block read whose references are already gone
+    /// (a queued block's progress); reset once used.
+    skip_entries: usize,
     dev: &'a dyn Device,
     sb: &'a Superblock,
     found: Found,
@@ -79,6 +82,7 @@ pub(super) fn walk_all(
     progress: &dyn Fn(u64, u64),
 ) -> Found {
     let mut w = Walker {
+        skip_entries: 0,
         dev,
         sb,
         found: Found::default(),
@@ -163,8 +167,9 @@ impl Walker<'_> {
         );
     }
 
-    /// Walks every queued block as the top of what it still holds. The
-    /// queue's blocks belong to no tree; their items are not kept.
+    /// Walks every queued block as the top of what it still holds (its
+    /// entries from the cleaner's progress on). The queue's blocks belong
+    /// to no tree; their items are not kept.
     fn walk_queue(&mut self, queue: &[(u64, DroppedBlock)], report: &mut Report) {
         for &(bytenr, d) in queue {
             if self.found.blocks.contains_key(&bytenr) {
@@ -179,6 +184,8 @@ impl Walker<'_> {
                 hi: None,
                 first: None,
             };
+            // The cleaner has given up the references before `next`.
+            self.skip_entries = d.next as usize;
             self.visit(
                 DROP_QUEUE_OBJECTID,
                 bytenr,
@@ -223,6 +230,7 @@ impl Walker<'_> {
         report: &mut Report,
     ) {
         let loc = format!("tree {tree} block {bytenr}");
+        let skip = std::mem::take(&mut self.skip_entries);
         if let Some(b) = self.found.blocks.get_mut(&bytenr) {
             b.holders.push(holder);
             if b.level != level {
@@ -250,9 +258,18 @@ impl Walker<'_> {
         );
         check_header(&node, generation, level, self.sb, &loc, report);
         check_keys(&node, &bounds, &loc, report);
+        if skip > node.nritems() {
+            report.problem(
+                &loc,
+                format!(
+                    "drop progress {skip} past the block's {} entries",
+                    node.nritems()
+                ),
+            );
+        }
         match &node.body {
             Body::Internal(ptrs) => {
-                for (i, p) in ptrs.iter().enumerate() {
+                for (i, p) in ptrs.iter().enumerate().skip(skip) {
                     let b = Bounds {
                         lo: Some(p.key),
                         hi: ptrs.get(i + 1).map(|n| n.key).or(bounds.hi),
@@ -270,7 +287,10 @@ impl Walker<'_> {
                     );
                 }
             }
-            Body::Leaf(items) => self.visit_leaf(tree, bytenr, items, report),
+            Body::Leaf(items) => {
+                let items = items.get(skip..).unwrap_or_default();
+                self.visit_leaf(tree, bytenr, items, report);
+            }
         }
     }
 

@@ -23,16 +23,18 @@ use super::RefHolder;
 use crate::error::{Error, Result};
 use crate::format::items::{DroppedBlock, ExtentItem};
 use crate::format::key_type::DROPPED_BLOCK;
+use crate::format::node::Node;
 use crate::format::tree_id::ROOT;
 use crate::format::{Key, DROP_QUEUE_OBJECTID};
 use crate::tree::{BlockRead, Cursor, RootPtr};
 use crate::txn::{Engine, Need, Txn};
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 /// Entries (pointers and file extent items of released blocks) one
 /// cleaner transaction may visit. Each costs a few extent-tree edits at
 /// commit, under the state lock: this keeps a commit's hold short.
-pub const STEP_BUDGET: u64 = 2048;
+pub const STEP_BUDGET: u64 = 512;
 
 /// The running transaction's share of drop work.
 #[derive(Default)]
@@ -103,9 +105,12 @@ pub(crate) fn note_tree_dropped(tx: &mut Txn<'_>, id: u64) {
     tx.drop_state().note_released(RefHolder::TreeRoot(id));
 }
 
-/// A tree block whose count reached zero: released now, or queued when a
-/// drop's budget is spent. Blocks never committed are always released
-/// now (they are few, and nothing on disk holds them).
+/// A tree block whose count reached zero: released now, or queued. In a
+/// drop's cascade, internal nodes are always queued (releasing one gives
+/// up hundreds of references: the cleaner does that in slices), and
+/// leaves are released while the budget lasts. Blocks never committed
+/// are always released now (they are few, and nothing on disk holds
+/// them).
 pub(crate) fn release_or_queue(
     tx: &mut Txn<'_>,
     bytenr: u64,
@@ -113,7 +118,7 @@ pub(crate) fn release_or_queue(
     from_drop: bool,
 ) -> Result<()> {
     let never_committed = item.generation == tx.transid();
-    if from_drop && !never_committed && tx.drop_state().budget == 0 {
+    if from_drop && !never_committed && (item.level > 0 || tx.drop_state().budget == 0) {
         return enqueue(tx, bytenr, item);
     }
     release_block(tx, bytenr, item, from_drop)
@@ -124,6 +129,7 @@ fn enqueue(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem) -> Result<()> {
         generation: item.generation,
         owner: item.owner,
         level: item.level,
+        next: 0,
     };
     tx.insert(ROOT, queue_key(bytenr), queued.encode())
         .map_err(|e| match e {
@@ -134,22 +140,27 @@ fn enqueue(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem) -> Result<()> {
     Ok(())
 }
 
+/// Reads the block released at `bytenr`, checking it is what was
+/// recorded.
+fn read_released(tx: &Txn<'_>, bytenr: u64, generation: u64, level: u8) -> Result<Arc<Node>> {
+    let node = tx.read_node(bytenr, generation)?;
+    if node.level != level {
+        return Err(Error::corrupt(
+            bytenr,
+            format!("released as level {level} but is level {}", node.level),
+        ));
+    }
+    Ok(node)
+}
+
 /// Frees a tree block and lets go of everything it points at.
 fn release_block(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem, from_drop: bool) -> Result<()> {
     let never_committed = item.generation == tx.transid();
-    let node = tx.read_node(bytenr, item.generation)?;
-    if node.level != item.level {
-        return Err(Error::corrupt(
-            bytenr,
-            format!(
-                "released as level {} but is level {}",
-                item.level, node.level
-            ),
-        ));
-    }
+    let node = read_released(tx, bytenr, item.generation, item.level)?;
     if from_drop {
+        let cost = BLOCK_COST + refs_in(&node, 0..node.nritems());
         let d = tx.drop_state();
-        d.budget = d.budget.saturating_sub(node.nritems() as u64);
+        d.budget = d.budget.saturating_sub(cost);
         d.note_released(RefHolder::TreeParent(bytenr));
     }
     crate::tree::count_entry_refs(tx, &node.body, 0..node.nritems(), bytenr, -1);
@@ -158,13 +169,16 @@ fn release_block(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem, from_drop: bo
     tx.free_extent(bytenr, ns, never_committed)
 }
 
-/// One cleaner transaction's work: gives it a budget of `budget` entries,
-/// reserves what that may cost at commit with `need` (nothing changes
-/// when that fails), and releases queued blocks with up to half of the
-/// budget (the other half lets the commit release their children rather
-/// than queue them). Returns the blocks released.
+/// One cleaner transaction's work: gives it a budget of `budget` units
+/// (a reference given up is one, a block freed [`BLOCK_COST`]), reserves
+/// what that may cost at commit with `need` (nothing changes when that
+/// fails), and works through queued blocks with up to half of the budget
+/// (the other half lets the commit release the leaves this frees rather
+/// than queue them). A block larger than what is left gives up a slice
+/// of its references, and its queue item records how far it got.
+/// Returns the references given up.
 pub(crate) fn clean_step(tx: &mut Txn<'_>, budget: u64, need: &Need) -> Result<u64> {
-    let budget = budget.max(1);
+    let budget = budget.max(2);
     let before = (tx.drop_state().budget, tx.drop_state().active);
     {
         let d = tx.drop_state();
@@ -176,8 +190,9 @@ pub(crate) fn clean_step(tx: &mut Txn<'_>, budget: u64, need: &Need) -> Result<u
         (d.budget, d.active) = before;
         return Err(e);
     }
-    let mut released = 0;
-    while tx.drop_state().queued > 0 && (released == 0 || tx.drop_state().budget > budget / 2) {
+    let stop_at = budget / 2;
+    let mut done = 0;
+    while tx.drop_state().queued > 0 && tx.drop_state().budget > stop_at {
         let Some((bytenr, queued)) = first_queued(tx)? else {
             // The count was off (a damaged queue): trust the tree.
             tx.drop_state().queued = 0;
@@ -189,7 +204,7 @@ pub(crate) fn clean_step(tx: &mut Txn<'_>, budget: u64, need: &Need) -> Result<u
         // so the engine stays up.
         let extents = tx.root_of(crate::format::tree_id::EXTENT)?;
         if super::apply::find_extent_item(tx, &extents, bytenr)?.is_some() {
-            if released > 0 {
+            if done > 0 {
                 break;
             }
             return Err(Error::corrupt(
@@ -197,19 +212,61 @@ pub(crate) fn clean_step(tx: &mut Txn<'_>, budget: u64, need: &Need) -> Result<u
                 "the drop queue names a block still in use",
             ));
         }
-        tx.delete(ROOT, &queue_key(bytenr))?;
-        tx.drop_state().queued -= 1;
-        let item = ExtentItem {
-            refs: 0,
-            generation: queued.generation,
-            flags: crate::format::items::EXTENT_FLAG_TREE_BLOCK,
-            owner: queued.owner,
-            level: queued.level,
-        };
-        release_block(tx, bytenr, &item, true)?;
-        released += 1;
+        let allowance = tx.drop_state().budget - stop_at;
+        done += release_slice(tx, bytenr, queued, allowance)?;
     }
-    Ok(released)
+    Ok(done)
+}
+
+/// Gives up the references of queued block `bytenr` from its recorded
+/// progress on, at most about `allowance` units' worth (at least one
+/// entry); frees the block when none are left, or records the progress.
+/// Returns the references given up.
+fn release_slice(
+    tx: &mut Txn<'_>,
+    bytenr: u64,
+    queued: DroppedBlock,
+    allowance: u64,
+) -> Result<u64> {
+    let node = read_released(tx, bytenr, queued.generation, queued.level)?;
+    let n = node.nritems();
+    let from = queued.next as usize;
+    if from > n {
+        return Err(Error::corrupt(
+            bytenr,
+            format!("drop progress {from} past the block's {n} entries"),
+        ));
+    }
+    let mut to = from;
+    let mut refs = 0;
+    while to < n {
+        let r = refs_in(&node, to..to + 1);
+        if to > from && refs + r > allowance {
+            break;
+        }
+        refs += r;
+        to += 1;
+    }
+    crate::tree::count_entry_refs(tx, &node.body, from..to, bytenr, -1);
+    let finished = to == n;
+    {
+        let d = tx.drop_state();
+        let cost = refs + if finished { BLOCK_COST } else { 0 };
+        d.budget = d.budget.saturating_sub(cost.max(1));
+        d.note_released(RefHolder::TreeParent(bytenr));
+    }
+    let key = queue_key(bytenr);
+    if finished {
+        tx.delete(ROOT, &key)?;
+        tx.drop_state().queued -= 1;
+        tx.forget_block(bytenr, queued.owner);
+        let ns = tx.nodesize_bytes() as u64;
+        tx.free_extent(bytenr, ns, false)?;
+    } else {
+        let next = u32::try_from(to).map_err(|_| Error::corrupt(bytenr, "entry index"))?;
+        tx.put(ROOT, key, DroppedBlock { next, ..queued }.encode())?;
+    }
+    Ok(refs)
 }
 
 /// One cleaner transaction on `engine`, committed: the budget shrinks
@@ -222,6 +279,7 @@ pub fn clean_dropped_step(engine: &Engine) -> Result<u64> {
     }
     let need = Need::items(ROOT, 1).deleting();
     let mut budget = STEP_BUDGET;
+    warm_step(engine, budget)?;
     let mut waited = false;
     loop {
         match engine.write(|tx| clean_step(tx, budget, &need)) {
@@ -237,6 +295,74 @@ pub fn clean_dropped_step(engine: &Engine) -> Result<u64> {
     }
     engine.commit()?;
     Ok(engine.queued_drops())
+}
+
+/// Reads what the next step will need into the block cache first,
+/// holding no lock while reading: the queued blocks it will take, and the
+/// leaves below them that only they hold (the commit releases those).
+/// Done under the state lock, those reads would stall every other
+/// operation.
+fn warm_step(engine: &Engine, budget: u64) -> Result<()> {
+    let queued = engine.read(|r| {
+        let root = r.root(ROOT)?;
+        let mut c = Cursor::seek(r, &root, &queue_key(0))?;
+        let mut out = Vec::new();
+        while let Some(it) = c.item() {
+            if it.key.objectid != DROP_QUEUE_OBJECTID
+                || it.key.ty != DROPPED_BLOCK
+                || out.len() as u64 >= budget / 2 / BLOCK_COST
+            {
+                break;
+            }
+            let d = DroppedBlock::decode(&it.data).map_err(|e| Error::corrupt(it.key.offset, e))?;
+            out.push((it.key.offset, d));
+            c.next(r)?;
+        }
+        Ok(out)
+    })?;
+    let blocks: Vec<(u64, u64)> = queued.iter().map(|(b, d)| (*b, d.generation)).collect();
+    engine.warm_blocks(&blocks);
+    let leaves = engine.read(|r| {
+        let extents = r.root(crate::format::tree_id::EXTENT)?;
+        let mut out = Vec::new();
+        for (bytenr, d) in queued.iter().filter(|(_, d)| d.level == 1) {
+            let node = r.read_node(*bytenr, d.generation)?;
+            let crate::format::node::Body::Internal(ptrs) = &node.body else {
+                continue;
+            };
+            for p in ptrs.iter().skip(d.next as usize) {
+                if out.len() as u64 >= budget / BLOCK_COST {
+                    return Ok(out);
+                }
+                let only_holder = super::apply::find_extent_item(r, &extents, p.bytenr)?
+                    .is_some_and(|(_, item)| item.refs == 1);
+                if only_holder {
+                    out.push((p.bytenr, p.generation));
+                }
+            }
+        }
+        Ok(out)
+    })?;
+    engine.warm_blocks(&leaves);
+    Ok(())
+}
+
+/// What freeing a block costs against the budget beyond its references:
+/// its queue item, its extent's free, its read.
+const BLOCK_COST: u64 = 4;
+
+/// What giving up the references of entries `range` of `node` costs
+/// against the budget: one unit per data extent, [`BLOCK_COST`] per tree
+/// block (whose extent item, back-reference and often queue item change).
+fn refs_in(node: &Node, range: std::ops::Range<usize>) -> u64 {
+    let mut cost = 0;
+    crate::tree::entry_refs(&node.body, range, |r| {
+        cost += match r {
+            crate::tree::EntryRef::Block(_) => BLOCK_COST,
+            crate::tree::EntryRef::Data(..) => 1,
+        }
+    });
+    cost
 }
 
 /// The queued block with the lowest address.

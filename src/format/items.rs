@@ -117,15 +117,17 @@ impl ExtentItem {
 }
 
 /// `(DROP_QUEUE_OBJECTID, DROPPED_BLOCK, bytenr)`: a queued tree block,
-/// with what its extent item said (the item itself is gone).
+/// with what its extent item said (the item itself is gone), and how far
+/// the cleaner got: entries before `next` have given up their references.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DroppedBlock {
     pub generation: u64,
     pub owner: u64,
     pub level: u8,
+    pub next: u32,
 }
 
-pub const DROPPED_BLOCK_SIZE: usize = 17;
+pub const DROPPED_BLOCK_SIZE: usize = 21;
 
 impl DroppedBlock {
     pub fn encode(&self) -> Vec<u8> {
@@ -133,6 +135,7 @@ impl DroppedBlock {
         put_u64(&mut b, 0, self.generation);
         put_u64(&mut b, 8, self.owner);
         b[16] = self.level;
+        b[17..21].copy_from_slice(&self.next.to_le_bytes());
         b
     }
 
@@ -148,6 +151,7 @@ impl DroppedBlock {
             generation: le_u64(b, 0),
             owner: le_u64(b, 8),
             level,
+            next: le_u32(b, 17),
         })
     }
 }

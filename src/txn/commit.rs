@@ -34,7 +34,15 @@ impl Engine {
             // Extents of an open flight are not referenced yet.
             let mut st = self.lock_without_flights();
             self.check_alive()?;
-            match prepare(&mut st, &self.shared) {
+            let started = std::time::Instant::now();
+            let prepared = prepare(&mut st, &self.shared);
+            // How long every other operation waited: what latency
+            // benchmarks trace back to.
+            tracing::debug!(
+                held_us = started.elapsed().as_micros() as u64,
+                "commit prepared under the state lock"
+            );
+            match prepared {
                 Ok(Some(p)) => p,
                 Ok(None) => {
                     // Nothing new, but the last prepared commit may still be

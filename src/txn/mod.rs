@@ -219,6 +219,35 @@ impl Engine {
         st.tree_blocks.iter().map(|(&k, &v)| (k, v)).collect()
     }
 
+    /// Reads committed tree blocks `(bytenr, generation)` into the block
+    /// cache without the state lock, so work that will need them under
+    /// the lock (the cleaner's) finds them in memory. Only for blocks no
+    /// one can free meanwhile; a block whose generation does not match is
+    /// left out.
+    pub(crate) fn warm_blocks(&self, blocks: &[(u64, u64)]) {
+        let sh = &self.shared;
+        let ns = sh.nodesize as u64;
+        let cold: Vec<(u64, u64)> = blocks
+            .iter()
+            .copied()
+            .filter(|&(b, _)| !sh.cache.contains(b))
+            .collect();
+        for &(b, _) in &cold {
+            sh.dev.prefetch(b, ns);
+        }
+        for (bytenr, generation) in cold {
+            let mut buf = vec![0u8; sh.nodesize];
+            if sh.dev.read_at(&mut buf, bytenr).is_err() {
+                continue;
+            }
+            if let Ok(n) = Node::decode(&buf, bytenr, &sh.fsid) {
+                if n.generation == generation {
+                    sh.cache.insert(Arc::new(n));
+                }
+            }
+        }
+    }
+
     /// Tree blocks of dropped trees still waiting for the cleaner
     /// (`extent::drop`).
     pub fn queued_drops(&self) -> u64 {

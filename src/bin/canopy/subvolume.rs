@@ -3,7 +3,8 @@
 //!
 //! Paths are resolved here: a path's directory is named to the daemon by
 //! its inode number (st_ino is the node id, unique across subvolumes) and
-//! the request goes over the mount's control socket.
+//! the request goes over the mount's control socket. `list` and `sync`
+//! also take an unmounted image, opened here (read-only for `list`).
 
 use anyhow::{bail, Context, Result};
 use canopy::fs::SubvolInfo;
@@ -37,7 +38,8 @@ pub enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
-    /// List the subvolumes of the filesystem mounted at PATH.
+    /// List the subvolumes of the filesystem mounted at PATH, or of an
+    /// unmounted image.
     List {
         /// One JSON array: id, generation, parent, path, readonly.
         #[arg(long)]
@@ -54,8 +56,12 @@ pub enum Command {
     /// (5: the top level).
     SetDefault { id: u64, path: PathBuf },
     /// Wait until the blocks of deleted subvolumes are freed (the cleaner
-    /// frees them in the background after `delete`), then commit.
-    Sync { path: PathBuf },
+    /// frees them in the background after `delete`), then commit. On an
+    /// unmounted image, free them here.
+    Sync {
+        /// A mount point, or an unmounted image.
+        path: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -117,7 +123,13 @@ pub fn run(c: Command) -> Result<()> {
             }
         }
         Command::List { json, path } => {
-            let list = ask(&mount_of(&path)?, &Request::SubvolList)?;
+            let list = if is_image(&path) {
+                let fs = open_image(&path, true)?;
+                fs.list_subvolumes()
+                    .with_context(|| format!("listing {}", path.display()))?
+            } else {
+                ask(&mount_of(&path)?, &Request::SubvolList)?
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
@@ -149,6 +161,7 @@ pub fn run(c: Command) -> Result<()> {
                 show(&s);
             }
         }
+        Command::Sync { path } if is_image(&path) => clean_image(&path)?,
         Command::Sync { path } => {
             let mnt = mount_of(&path)?;
             let r = control::request(&mnt, &Request::SubvolSync)?;
@@ -221,6 +234,48 @@ fn show(s: &SubvolInfo) {
         "\tFlags: \t\t\t{}",
         if s.readonly { "readonly" } else { "-" }
     );
+}
+
+/// Whether `path` names an image (a file or block device) rather than a
+/// place in a mounted filesystem.
+fn is_image(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| !m.is_dir())
+}
+
+/// The filesystem on the unmounted image at `path` (refused while the
+/// image is mounted).
+fn open_image(path: &Path, read_only: bool) -> Result<canopy::fs::Fs> {
+    let dev = canopy::dev::FileDevice::open(path, read_only, true)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let opts = canopy::OpenOptions {
+        read_only,
+        ..Default::default()
+    };
+    let engine = canopy::Engine::open(std::sync::Arc::new(dev), &opts)
+        .with_context(|| format!("opening {}", path.display()))?;
+    canopy::fs::Fs::new(std::sync::Arc::new(engine))
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// Runs the cleaner on an unmounted image until deleted subvolumes are
+/// freed. The queue's length is no measure of the work left (a released
+/// block queues its children), so progress is a spinner with the count.
+fn clean_image(path: &Path) -> Result<()> {
+    let fs = open_image(path, false)?;
+    let bar = indicatif::ProgressBar::new_spinner();
+    let mut left = fs.queued_drops();
+    while left > 0 {
+        bar.set_message(format!(
+            "freeing deleted subvolumes: {left} tree blocks queued"
+        ));
+        bar.tick();
+        left = fs
+            .clean_step()
+            .with_context(|| format!("freeing deleted subvolumes of {}", path.display()))?;
+    }
+    bar.finish_and_clear();
+    fs.sync()
+        .with_context(|| format!("committing {}", path.display()))
 }
 
 /// Sends `req` to the daemon of `mnt`; the subvolumes it answers with.
