@@ -5,13 +5,16 @@
 //! large tree that owns its blocks that cascade visits the whole tree, far
 //! too much for one commit, which folds references while holding the state
 //! lock. So a cascade that a drop started has a *budget* per transaction.
-//! A block whose count falls to zero because a dropped tree or another
+//! A leaf whose count falls to zero because a dropped tree or another
 //! released block of a drop let go of it is released only while the budget
-//! lasts; past it, the block is *queued*: its extent item goes, and a
+//! lasts; past it, and always for an internal node, the block is
+//! *queued*: its extent item goes, and a
 //! `(DROP_QUEUE_OBJECTID, DROPPED_BLOCK, bytenr)` item in the root tree
 //! keeps its space allocated while it still holds its children's
-//! references. [`clean_step`] releases queued blocks in later
-//! transactions, each with a fresh budget, until the queue is empty.
+//! references. [`clean_step`] works through queued blocks in later
+//! transactions, each with a fresh budget, until the queue is empty; a
+//! block with more references than a budget gives them up in slices, its
+//! queue item recording how far it got.
 //!
 //! Ordinary transactions have no budget: dropping a tree queues its root
 //! block and returns. Blocks a dropped tree shared with another tree only
@@ -31,10 +34,10 @@ use crate::txn::{Engine, Need, Txn};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-/// Entries (pointers and file extent items of released blocks) one
-/// cleaner transaction may visit. Each costs a few extent-tree edits at
-/// commit, under the state lock: this keeps a commit's hold short.
-pub const STEP_BUDGET: u64 = 512;
+/// Units of work one cleaner transaction may do (see [`refs_in`] and
+/// [`BLOCK_COST`]). Each is a few extent-tree or free-space edits at
+/// commit, under the state lock: this keeps a commit's hold to a few ms.
+pub const STEP_BUDGET: u64 = 256;
 
 /// The running transaction's share of drop work.
 #[derive(Default)]
@@ -42,7 +45,7 @@ pub struct DropState {
     /// Holders that let go of their references as part of a drop in this
     /// transaction (a dropped tree's root, released blocks).
     holders: HashSet<RefHolder>,
-    /// Entries the cascade may still visit in this transaction.
+    /// Units of work the drop may still do in this transaction.
     budget: u64,
     /// Whether this transaction drops or cleans at all.
     active: bool,

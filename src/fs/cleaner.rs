@@ -21,16 +21,14 @@ const IDLE: Duration = Duration::from_millis(500);
 /// How long the cleaner waits after a failed step before it tries again.
 const AFTER_FAILURE: Duration = Duration::from_secs(2);
 
+/// How long `subvolume sync` waits for a cleaner thread that frees
+/// nothing before it runs a step itself.
+const STUCK: Duration = Duration::from_secs(5);
+
 impl Core {
     /// One bounded cleaner transaction, committed; the blocks still queued.
     pub(crate) fn clean_once(&self) -> Result<u64> {
         clean_dropped_step(&self.engine)
-    }
-
-    /// Runs the cleaner in this thread until the queue is empty.
-    pub(crate) fn clean_all(&self) -> Result<()> {
-        while self.clean_once()? > 0 {}
-        Ok(())
     }
 }
 
@@ -41,9 +39,33 @@ impl Fs {
     }
 
     /// Frees everything deleted subvolumes still hold, then commits
-    /// (`canopy subvolume sync`). Runs beside a [`Cleaner`] thread.
+    /// (`canopy subvolume sync`). With a [`Cleaner`] thread running, waits
+    /// for it (two cleaners would only take turns at the state lock and
+    /// stall other work twice as often); without one, cleans here.
+    /// A thread that stops making progress (a step failing again and
+    /// again) is not waited for: the step runs here, and its error is the
+    /// answer.
     pub fn clean_deleted(&self) -> Result<()> {
-        self.core.clean_all()?;
+        if self.core.remounted_ro.load(Ordering::Relaxed) && self.queued_drops() > 0 {
+            return Err(Error::ReadOnly);
+        }
+        let mut last = (self.queued_drops(), std::time::Instant::now());
+        while self.queued_drops() > 0 {
+            let stuck = last.1.elapsed() > STUCK;
+            match self.core.running_cleaner() {
+                Some(w) if !stuck => {
+                    w.notify();
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => {
+                    self.core.clean_once()?;
+                }
+            }
+            let now = self.queued_drops();
+            if now != last.0 {
+                last = (now, std::time::Instant::now());
+            }
+        }
         self.core.sync()
     }
 
@@ -63,6 +85,9 @@ pub struct Cleaner {
 #[derive(Default)]
 pub(crate) struct Wake {
     stop: AtomicBool,
+    /// The thread is working (false once it stopped, also on a damaged
+    /// queue).
+    running: AtomicBool,
     pending: Mutex<bool>,
     cond: Condvar,
 }
@@ -92,6 +117,7 @@ impl Cleaner {
     /// mount left work, and whenever a subvolume is deleted.
     pub fn start(fs: Arc<Fs>) -> std::io::Result<Cleaner> {
         let wake = Arc::new(Wake::default());
+        wake.running.store(true, Ordering::SeqCst);
         *crate::sync::lock(&fs.core.cleaner_wake) = Some(Arc::downgrade(&wake));
         let w = wake.clone();
         let thread = std::thread::Builder::new()
@@ -105,6 +131,11 @@ impl Cleaner {
 }
 
 fn run(fs: &Fs, wake: &Wake) {
+    work(fs, wake);
+    wake.running.store(false, Ordering::SeqCst);
+}
+
+fn work(fs: &Fs, wake: &Wake) {
     while !wake.stop.load(Ordering::SeqCst) {
         let core = &fs.core;
         let can_write = !core.engine.is_read_only()
@@ -142,9 +173,16 @@ impl Drop for Cleaner {
 impl Core {
     /// Tells a running cleaner there is work (a subvolume was deleted).
     pub(crate) fn wake_cleaner(&self) {
-        let w = crate::sync::lock(&self.cleaner_wake).clone();
-        if let Some(w) = w.and_then(|w| w.upgrade()) {
+        if let Some(w) = self.running_cleaner() {
             w.notify();
         }
+    }
+
+    /// The cleaner thread, if one is working and can write (a read-only
+    /// remount idles it).
+    fn running_cleaner(&self) -> Option<Arc<Wake>> {
+        let w = crate::sync::lock(&self.cleaner_wake).clone()?.upgrade()?;
+        let idle = self.remounted_ro.load(Ordering::Relaxed);
+        (w.running.load(Ordering::SeqCst) && !idle).then_some(w)
     }
 }
