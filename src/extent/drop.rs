@@ -201,24 +201,45 @@ pub(crate) fn clean_step(tx: &mut Txn<'_>, budget: u64, need: &Need) -> Result<u
             tx.drop_state().queued = 0;
             break;
         };
-        // A live block has an extent item; releasing it would free what a
-        // tree still uses. Only a damaged queue names one. Reported before
-        // this transaction changes anything (the next step's first block),
-        // so the engine stays up.
-        let extents = tx.root_of(crate::format::tree_id::EXTENT)?;
-        if super::apply::find_extent_item(tx, &extents, bytenr)?.is_some() {
+        // A damaged queue item is reported before this transaction changes
+        // anything (it is the next step's first block), so the engine
+        // stays up and nothing is freed that a tree still uses.
+        if let Err(e) = check_queued(tx, bytenr, &queued) {
             if done > 0 {
                 break;
             }
-            return Err(Error::corrupt(
-                bytenr,
-                "the drop queue names a block still in use",
-            ));
+            return Err(e);
         }
         let allowance = tx.drop_state().budget - stop_at;
         done += release_slice(tx, bytenr, queued, allowance)?;
     }
     Ok(done)
+}
+
+/// Whether queue item `queued` at `bytenr` can be worked on: the block
+/// reads back as recorded, its progress lies within it, and it is not
+/// live (a live block has an extent item; releasing it would free what
+/// a tree still uses).
+fn check_queued(tx: &Txn<'_>, bytenr: u64, queued: &DroppedBlock) -> Result<()> {
+    let extents = tx.root_of(crate::format::tree_id::EXTENT)?;
+    if super::apply::find_extent_item(tx, &extents, bytenr)?.is_some() {
+        return Err(Error::corrupt(
+            bytenr,
+            "the drop queue names a block still in use",
+        ));
+    }
+    let node = read_released(tx, bytenr, queued.generation, queued.level)?;
+    if queued.next as usize > node.nritems() {
+        return Err(Error::corrupt(
+            bytenr,
+            format!(
+                "drop progress {} past the block's {} entries",
+                queued.next,
+                node.nritems()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Gives up the references of queued block `bytenr` from its recorded
@@ -233,13 +254,7 @@ fn release_slice(
 ) -> Result<u64> {
     let node = read_released(tx, bytenr, queued.generation, queued.level)?;
     let n = node.nritems();
-    let from = queued.next as usize;
-    if from > n {
-        return Err(Error::corrupt(
-            bytenr,
-            format!("drop progress {from} past the block's {n} entries"),
-        ));
-    }
+    let from = (queued.next as usize).min(n);
     let mut to = from;
     let mut refs = 0;
     while to < n {
