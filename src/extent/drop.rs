@@ -292,6 +292,7 @@ fn release_slice(
 /// last commit holds is waited for before that is given up. Returns the
 /// blocks still queued.
 pub fn clean_dropped_step(engine: &Engine) -> Result<u64> {
+    let _turn = engine.cleaner_turn();
     if engine.queued_drops() == 0 {
         return Ok(0);
     }

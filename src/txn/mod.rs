@@ -157,6 +157,10 @@ pub struct Engine {
     commit_turn: Condvar,
     failed: Mutex<Option<String>>,
     read_only: bool,
+    /// One cleaner step at a time (`extent::drop`): a step reads the
+    /// blocks it will release without the state lock, which is safe only
+    /// while no other step can free them.
+    cleaner_turn: Mutex<()>,
 }
 
 impl Engine {
@@ -246,6 +250,11 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Held for one cleaner step (see `cleaner_turn`).
+    pub(crate) fn cleaner_turn(&self) -> std::sync::MutexGuard<'_, ()> {
+        crate::sync::lock(&self.cleaner_turn)
     }
 
     /// Tree blocks of dropped trees still waiting for the cleaner

@@ -113,6 +113,7 @@ fn new_engine(
         commit_turn: Condvar::new(),
         state: RwLock::new(st),
         failed: Mutex::new(None),
+        cleaner_turn: Mutex::new(()),
         read_only: opts.read_only,
     }
 }
