@@ -204,23 +204,22 @@ pub(crate) fn clean_step(tx: &mut Txn<'_>, budget: u64, need: &Need) -> Result<u
         // A damaged queue item is reported before this transaction changes
         // anything (it is the next step's first block), so the engine
         // stays up and nothing is freed that a tree still uses.
-        if let Err(e) = check_queued(tx, bytenr, &queued) {
-            if done > 0 {
-                break;
-            }
-            return Err(e);
-        }
+        let node = match check_queued(tx, bytenr, &queued) {
+            Ok(node) => node,
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(e),
+        };
         let allowance = tx.drop_state().budget - stop_at;
-        done += release_slice(tx, bytenr, queued, allowance)?;
+        done += release_slice(tx, bytenr, queued, &node, allowance)?;
     }
     Ok(done)
 }
 
-/// Whether queue item `queued` at `bytenr` can be worked on: the block
-/// reads back as recorded, its progress lies within it, and it is not
+/// The block of queue item `queued` at `bytenr`, if it can be worked on:
+/// it reads back as recorded, its progress lies within it, and it is not
 /// live (a live block has an extent item; releasing it would free what
 /// a tree still uses).
-fn check_queued(tx: &Txn<'_>, bytenr: u64, queued: &DroppedBlock) -> Result<()> {
+fn check_queued(tx: &Txn<'_>, bytenr: u64, queued: &DroppedBlock) -> Result<Arc<Node>> {
     let extents = tx.root_of(crate::format::tree_id::EXTENT)?;
     if super::apply::find_extent_item(tx, &extents, bytenr)?.is_some() {
         return Err(Error::corrupt(
@@ -239,7 +238,7 @@ fn check_queued(tx: &Txn<'_>, bytenr: u64, queued: &DroppedBlock) -> Result<()> 
             ),
         ));
     }
-    Ok(())
+    Ok(node)
 }
 
 /// Gives up the references of queued block `bytenr` from its recorded
@@ -250,15 +249,15 @@ fn release_slice(
     tx: &mut Txn<'_>,
     bytenr: u64,
     queued: DroppedBlock,
+    node: &Node,
     allowance: u64,
 ) -> Result<u64> {
-    let node = read_released(tx, bytenr, queued.generation, queued.level)?;
     let n = node.nritems();
     let from = (queued.next as usize).min(n);
     let mut to = from;
     let mut refs = 0;
     while to < n {
-        let r = refs_in(&node, to..to + 1);
+        let r = refs_in(node, to..to + 1);
         if to > from && refs + r > allowance {
             break;
         }
@@ -322,23 +321,8 @@ pub fn clean_dropped_step(engine: &Engine) -> Result<u64> {
 /// Done under the state lock, those reads would stall every other
 /// operation.
 fn warm_step(engine: &Engine, budget: u64) -> Result<()> {
-    let queued = engine.read(|r| {
-        let root = r.root(ROOT)?;
-        let mut c = Cursor::seek(r, &root, &queue_key(0))?;
-        let mut out = Vec::new();
-        while let Some(it) = c.item() {
-            if it.key.objectid != DROP_QUEUE_OBJECTID
-                || it.key.ty != DROPPED_BLOCK
-                || out.len() as u64 >= budget / 2 / BLOCK_COST
-            {
-                break;
-            }
-            let d = DroppedBlock::decode(&it.data).map_err(|e| Error::corrupt(it.key.offset, e))?;
-            out.push((it.key.offset, d));
-            c.next(r)?;
-        }
-        Ok(out)
-    })?;
+    let max = usize::try_from(budget / 2 / BLOCK_COST).unwrap_or(usize::MAX);
+    let queued = engine.read(|r| read_queue(r, &r.root(ROOT)?, max))?;
     let blocks: Vec<(u64, u64)> = queued.iter().map(|(b, d)| (*b, d.generation)).collect();
     engine.warm_blocks(&blocks);
     let leaves = engine.read(|r| {
@@ -384,28 +368,33 @@ fn refs_in(node: &Node, range: std::ops::Range<usize>) -> u64 {
     cost
 }
 
+/// The first `max` queue items, in address order.
+fn read_queue<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    max: usize,
+) -> Result<Vec<(u64, DroppedBlock)>> {
+    let mut c = Cursor::seek(b, root, &queue_key(0))?;
+    let mut out = Vec::new();
+    while let Some(it) = c.item() {
+        if it.key.objectid != DROP_QUEUE_OBJECTID || it.key.ty != DROPPED_BLOCK || out.len() >= max
+        {
+            break;
+        }
+        let d = DroppedBlock::decode(&it.data).map_err(|e| Error::corrupt(it.key.offset, e))?;
+        out.push((it.key.offset, d));
+        c.next(b)?;
+    }
+    Ok(out)
+}
+
 /// The queued block with the lowest address.
 fn first_queued(tx: &Txn<'_>) -> Result<Option<(u64, DroppedBlock)>> {
     let root = tx.root_of(ROOT)?;
-    let c = Cursor::seek(tx, &root, &queue_key(0))?;
-    let Some(it) = c.item() else { return Ok(None) };
-    if it.key.objectid != DROP_QUEUE_OBJECTID || it.key.ty != DROPPED_BLOCK {
-        return Ok(None);
-    }
-    let queued = DroppedBlock::decode(&it.data).map_err(|e| Error::corrupt(it.key.offset, e))?;
-    Ok(Some((it.key.offset, queued)))
+    Ok(read_queue(tx, &root, 1)?.into_iter().next())
 }
 
 /// Blocks in the queue of the tree rooted at `root` (the root tree).
 pub(crate) fn count_queued<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<u64> {
-    let mut c = Cursor::seek(b, root, &queue_key(0))?;
-    let mut n = 0;
-    while let Some(it) = c.item() {
-        if it.key.objectid != DROP_QUEUE_OBJECTID || it.key.ty != DROPPED_BLOCK {
-            break;
-        }
-        n += 1;
-        c.next(b)?;
-    }
-    Ok(n)
+    Ok(read_queue(b, root, usize::MAX)?.len() as u64)
 }
