@@ -26,6 +26,7 @@ pub mod extent;
 pub mod format;
 pub mod fs;
 pub mod fuse;
+pub mod qgroup;
 pub mod scrub;
 pub(crate) mod sync;
 pub mod tree;

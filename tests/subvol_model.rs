@@ -100,6 +100,9 @@ struct World {
     /// Index 0 is the top level (tree 5).
     subvols: Vec<Model>,
     made: u32,
+    /// Quotas are on: after every sync the recorded qgroup numbers must
+    /// equal a count made from scratch.
+    quota: bool,
 }
 
 impl World {
@@ -278,12 +281,28 @@ impl World {
                     .expect("delete");
                 self.subvols.remove(sv);
             }
-            Op::Sync => self.fs().sync().expect("sync"),
+            Op::Sync => {
+                self.fs().sync().expect("sync");
+                self.assert_quota_exact();
+            }
             Op::Clean => {
                 self.fs().clean_step().expect("cleaner step");
             }
             Op::Reopen => self.reopen(),
         }
+    }
+
+    /// With quotas on, the numbers of the last commit equal a fresh count.
+    fn assert_quota_exact(&self) {
+        if !self.quota {
+            return;
+        }
+        let diff = self
+            .fs()
+            .engine()
+            .read(canopy::qgroup::differences)
+            .expect("count");
+        assert!(diff.is_empty(), "qgroup accounting differs: {diff:#?}");
     }
 
     /// Whether a change to subvolume `sv` must fail (and does, EROFS).
@@ -316,6 +335,7 @@ impl World {
         let e = Engine::open(self.dev.clone() as Arc<dyn Device>, &OpenOptions::default())
             .expect("open");
         self.fs = Some(Fs::new(Arc::new(e)).expect("fs"));
+        self.assert_quota_exact();
     }
 
     /// Every subvolume lists exactly its model's files, with their bytes,
@@ -371,11 +391,17 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
-    fn subvolumes_and_snapshots_match_a_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn subvolumes_and_snapshots_match_a_model(
+        ops in proptest::collection::vec(op(), 1..40),
+        quota in any::<bool>(),
+    ) {
         let (dev, e) = common::mem_engine(256 << 20, 4096);
         let fs = Fs::new(Arc::new(e)).expect("fs");
+        if quota {
+            fs.quota(canopy::fs::QuotaChange::Enable).expect("quota enable");
+        }
         let top = Model { name: String::new(), readonly: false, files: BTreeMap::new() };
-        let mut w = World { dev, fs: Some(fs), subvols: vec![top], made: 0 };
+        let mut w = World { dev, fs: Some(fs), subvols: vec![top], made: 0, quota };
         for op in &ops {
             w.apply(op);
             w.verify()?;

@@ -27,6 +27,9 @@ pub struct PendingExtent {
     /// extent item yet).
     pub new_kind: Option<ExtentKind>,
     pub refs: BTreeMap<RefHolder, i64>,
+    /// Some change came from something other than a block copy, so the
+    /// set of trees reaching the extent may have changed (see `qgroup`).
+    pub traced: bool,
 }
 
 impl PendingExtent {
@@ -39,6 +42,8 @@ impl PendingExtent {
 #[derive(Default)]
 pub struct DelayedRefs {
     map: BTreeMap<u64, PendingExtent>,
+    /// Changes reported now are a block copy's (`BlockWrite::copying_refs`).
+    copying: bool,
 }
 
 impl DelayedRefs {
@@ -47,6 +52,7 @@ impl DelayedRefs {
             len,
             new_kind: None,
             refs: BTreeMap::new(),
+            traced: false,
         })
     }
 
@@ -62,12 +68,19 @@ impl DelayedRefs {
     }
 
     pub fn add(&mut self, bytenr: u64, len: u64, holder: RefHolder, delta: i64) {
+        let copying = self.copying;
         let e = self.entry(bytenr, len);
+        e.traced |= !copying;
         let v = e.refs.entry(holder).or_insert(0);
         *v += delta;
         if *v == 0 {
             e.refs.remove(&holder);
         }
+    }
+
+    /// See `BlockWrite::copying_refs`.
+    pub fn set_copying(&mut self, on: bool) {
+        self.copying = on;
     }
 
     pub fn is_empty(&self) -> bool {

@@ -84,7 +84,10 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
             Ok(end) if end > key.offset => check_ino(key.objectid, "logged range's inode"),
             _ => fail("logged range that does not end after its start"),
         },
-        // Kinds this version does not write (log, quota, root refs) are
+        QGROUP_STATUS | QGROUP_INFO | QGROUP_LIMIT | QGROUP_RELATION => {
+            super::qgroup::check(key, data)
+        }
+        // Kinds this version does not write (log items) are
         // checked by the code that will read them.
         _ => Ok(()),
     }

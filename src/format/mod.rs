@@ -10,6 +10,7 @@ pub mod inode;
 pub mod items;
 pub mod key;
 pub mod node;
+pub mod qgroup;
 pub mod superblock;
 
 pub use key::Key;

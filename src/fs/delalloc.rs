@@ -71,11 +71,11 @@ fn ranges_footprint<'a>(it: impl Iterator<Item = (&'a u64, &'a Vec<u8>)>) -> u64
 
 /// Moves the engine's data reservation (the sum of every file's
 /// footprint) from `before` to `after` bytes.
-fn adjust(tx: &mut Txn<'_>, before: u64, after: u64) {
+fn adjust(tx: &mut Txn<'_>, tree: u64, before: u64, after: u64) {
     if after > before {
-        tx.hold_data(after - before);
+        tx.hold_data(tree, after - before);
     } else {
-        tx.release_data(before - after);
+        tx.release_data(tree, before - after);
     }
 }
 
@@ -131,7 +131,7 @@ impl super::Subvol {
             merged
         });
         self.inodes.add_buffered(merged.grown as i64);
-        adjust(tx, merged.span_before, merged.span_after);
+        adjust(tx, self.tree, merged.span_before, merged.span_after);
     }
 
     /// Buffered and in-flight bytes of `ino` over `[start, end)`, oldest
@@ -197,7 +197,7 @@ impl super::Subvol {
             cut
         });
         self.inodes.add_buffered(-(dropped as i64));
-        adjust(tx, before, after);
+        adjust(tx, self.tree, before, after);
     }
 
     /// Forgets `ino`'s buffered bytes (the inode is gone). A flush in
@@ -241,7 +241,7 @@ impl super::Subvol {
         inode: &Inode,
         budget: u64,
     ) -> Result<Started> {
-        let taken = take(tx, &mut crate::sync::lock(&inode.state), budget);
+        let taken = take(tx, self.tree, &mut crate::sync::lock(&inode.state), budget);
         if taken.is_empty() {
             return Ok(Started::Nothing);
         }
@@ -461,14 +461,14 @@ impl super::Subvol {
         drop(s);
         // The taken bytes left the count when they were taken.
         self.inodes.add_buffered(grown);
-        adjust(tx, before, after);
+        adjust(tx, self.tree, before, after);
     }
 }
 
 /// Takes whole ranges, lowest offsets first, until about `budget` bytes
 /// (at least one range), into the in-flight set, and gives back their
 /// space reservation for the flush that allocates them.
-fn take(tx: &mut Txn<'_>, s: &mut InodeState, budget: u64) -> Vec<(u64, Arc<Vec<u8>>)> {
+fn take(tx: &mut Txn<'_>, tree: u64, s: &mut InodeState, budget: u64) -> Vec<(u64, Arc<Vec<u8>>)> {
     let mut out = Vec::new();
     let mut taken = 0u64;
     let mut footprint = 0u64;
@@ -482,7 +482,7 @@ fn take(tx: &mut Txn<'_>, s: &mut InodeState, budget: u64) -> Vec<(u64, Arc<Vec<
         s.in_flight.insert(at, data.clone());
         out.push((at, data));
     }
-    adjust(tx, footprint, 0);
+    adjust(tx, tree, footprint, 0);
     out
 }
 

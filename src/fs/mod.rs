@@ -27,6 +27,7 @@ mod inodes;
 pub(crate) mod log;
 mod node;
 pub(crate) mod ops;
+pub mod quota;
 mod rangeset;
 mod readahead;
 pub mod setid;
@@ -37,6 +38,7 @@ pub use atime::AtimePolicy;
 pub use cleaner::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
 pub use ops::{Attr, DirListing, Owner, SetAttr, StatFs};
+pub use quota::{QgroupRow, QuotaChange};
 pub use subvol::SubvolInfo;
 
 use crate::error::{Error, Result};
@@ -305,7 +307,9 @@ impl Core {
         // commit another thread prepared may still be writing, and its
         // freed space comes back once it is durable (the commit waits).
         match self.engine.write(&mut f) {
-            Err(Error::NoSpace) => {
+            // A quota counts flushed data until a commit accounts it, and
+            // what an overwrite replaced until the commit frees it.
+            Err(Error::NoSpace | Error::Posix(libc::EDQUOT, _)) => {
                 // The caller may hold a file's flush lock: flush the rest.
                 self.flush_all_available()?;
                 self.engine.commit()?;

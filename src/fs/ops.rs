@@ -1124,7 +1124,8 @@ impl Subvol {
             let root = tx.root_of(tree)?;
             let items = file::count_items(tx, &src_root, src, src_off, src_off + len)?
                 + file::count_items(tx, &root, dst, dst_off, dst_off + len)?;
-            tx.reserve(&Need::items(tree, items + 4))?;
+            // The shared extents count against the destination's quota.
+            tx.reserve(&Need::items(tree, items + 4).shared(len))?;
             let mut d = load_inode_tx(tx, tree, dst)?;
             if d.mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(errno(libc::EINVAL, "not a regular file"));

@@ -190,7 +190,9 @@ impl Subvol {
             return Err(errno(libc::ENOSPC, "every subvolume id is in use"));
         }
         self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, LINK_ITEMS))?;
+            // The snapshot's group and the memberships it inherits.
+            let quota = crate::qgroup::ops::items_for_subvolume(tx.qgroups(), Some(tree));
+            tx.reserve(&Need::items(tree, LINK_ITEMS + quota))?;
             let mut p = load_inode_tx(tx, tree, parent)?;
             if !is_dir(p.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
@@ -260,7 +262,8 @@ impl Subvol {
         // find it gone.
         doomed.flush_own()?;
         self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, LINK_ITEMS).deleting())?;
+            let quota = crate::qgroup::ops::items_for_subvolume(tx.qgroups(), Some(sub));
+            tx.reserve(&Need::items(tree, LINK_ITEMS + quota).deleting())?;
             let root = tx.root_of(tree)?;
             match dir::lookup(tx, &root, parent, name)? {
                 Some(e) if e.is_subvolume() && e.ino == sub => {}

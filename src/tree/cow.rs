@@ -21,7 +21,9 @@ pub(crate) fn cow_block<B: BlockWrite + ?Sized>(
 ) -> Result<u64> {
     let old = b.read_node(bytenr, generation)?;
     let new = b.alloc_node(owner, old.level, bytenr)?;
+    b.copying_refs(true);
     count_entry_refs(b, &old.body, 0..old.nritems(), new, 1);
+    b.copying_refs(false);
     b.node_mut(new)?.body = old.body.clone();
     Ok(new)
 }

@@ -150,6 +150,10 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     st.drop_log(sh)?;
     let mut tx = Txn::new(st, sh);
     settle(&mut tx)?;
+    // Accounting writes quota items, which the indexes must follow.
+    if crate::qgroup::account::run(&mut tx)? {
+        settle(&mut tx)?;
+    }
     st.log_durable = false;
     st.log_replayed = false;
     st.remember_committed_roots();

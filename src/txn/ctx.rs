@@ -116,6 +116,11 @@ impl<'a> Reader<'a> {
         Reader { st, sh }
     }
 
+    /// The quota groups as the running transaction has them.
+    pub fn qgroups(&self) -> &crate::qgroup::Qgroups {
+        &self.st.qgroups
+    }
+
     pub fn get(&self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
         tree::get(self, &root_of(self.st, tree)?, key)
     }
@@ -336,7 +341,7 @@ impl<'a> Txn<'a> {
             .map_or(0, |r| r.ptr.bytenr);
         let ptr = tree::create(self, id, hint)?;
         self.add_root(id, ptr, 0, name.to_vec());
-        Ok(())
+        crate::qgroup::ops::tree_created(self, id)
     }
 
     /// Makes tree `dst` a clone of tree `src` in O(1): both share every
@@ -368,7 +373,7 @@ impl<'a> Txn<'a> {
             rs.dirty = true;
         }
         self.add_root(dst, ptr, src, name.to_vec());
-        Ok(())
+        crate::qgroup::ops::tree_cloned(self, src, dst)
     }
 
     /// Drops tree `id`: its root item goes at commit, and every block only
@@ -382,7 +387,7 @@ impl<'a> Txn<'a> {
         self.block_ref(rs.ptr.bytenr, Holder::Root(id), -1);
         crate::extent::drop::note_tree_dropped(self, id);
         self.st.dropped.push(id);
-        Ok(())
+        crate::qgroup::ops::tree_dropped(self, id)
     }
 
     /// Allocates a data extent of exactly `len` bytes (a multiple of the
@@ -411,6 +416,12 @@ impl<'a> Txn<'a> {
     /// `txn::space`). Call it before changing anything: its ENOSPC then
     /// leaves the filesystem as it was and running.
     pub fn reserve(&mut self, need: &Need) -> Result<()> {
+        if !need.deleting {
+            let new = need.data + need.buffer;
+            self.st
+                .qgroups
+                .check_limits(need.tree, new + need.shared, new)?;
+        }
         let ns = self.sh.nodesize as u64;
         if self.st.check_room(ns, need) {
             Ok(())
@@ -427,13 +438,15 @@ impl<'a> Txn<'a> {
 
     /// Holds `bytes` of data space for buffered writes until
     /// [`Txn::release_data`] (checked beforehand by [`Txn::reserve`]).
-    pub fn hold_data(&mut self, bytes: u64) {
+    pub fn hold_data(&mut self, tree: u64, bytes: u64) {
         self.st.data_reserved += bytes;
+        self.st.qgroups.hold(tree, bytes);
     }
 
     /// Gives back data space held for buffered writes (flushed or dropped).
-    pub fn release_data(&mut self, bytes: u64) {
+    pub fn release_data(&mut self, tree: u64, bytes: u64) {
         self.st.data_reserved = self.st.data_reserved.saturating_sub(bytes);
+        self.st.qgroups.release(tree, bytes);
     }
 
     /// Writes data into an extent allocated in this transaction. Data is
@@ -585,5 +598,9 @@ impl BlockWrite for Txn<'_> {
         self.st
             .refs
             .add(bytenr, len, RefHolder::DataLeaf(leaf), delta);
+    }
+
+    fn copying_refs(&mut self, on: bool) {
+        self.st.refs.set_copying(on);
     }
 }

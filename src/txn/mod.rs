@@ -99,6 +99,8 @@ pub(crate) struct State {
     /// A replay finished: the next commit must write a superblock
     /// without the log even if no tree changed.
     pub log_replayed: bool,
+    /// Quota groups and what this transaction did to them (`qgroup`).
+    pub qgroups: crate::qgroup::Qgroups,
 }
 
 /// What readers and the commit I/O share outside the state lock.

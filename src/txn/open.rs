@@ -139,6 +139,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         log_durable: false,
         log_replayed: false,
         committed: BTreeMap::new(),
+        qgroups: Default::default(),
     }
 }
 
@@ -230,6 +231,7 @@ impl Engine {
             load_space(&mut st, &engine.shared)?;
             count_tree_blocks(&mut st, &engine.shared)?;
             count_drop_queue(&mut st, &engine.shared)?;
+            load_qgroups(&mut st, &engine.shared)?;
             st.remember_committed_roots();
             super::log::load_pending(&mut st, &engine.shared)?;
         }
@@ -424,5 +426,15 @@ fn count_tree_blocks(st: &mut State, sh: &Shared) -> Result<()> {
         counts.insert(id, n);
     }
     st.tree_blocks = counts;
+    Ok(())
+}
+
+/// Reads the quota groups (`qgroup`).
+fn load_qgroups(st: &mut State, sh: &Shared) -> Result<()> {
+    let Some(root) = st.roots.get(&tree_id::QUOTA).map(|r| r.ptr) else {
+        return Ok(());
+    };
+    let q = crate::qgroup::Qgroups::load(&super::Reader::new(st, sh), &root)?;
+    st.qgroups = q;
     Ok(())
 }

@@ -81,6 +81,9 @@ pub struct Need {
     pub buffer: u64,
     /// A deletion: may use the margin kept from ordinary operations.
     pub deleting: bool,
+    /// Bytes of existing extents the operation makes the tree reach
+    /// (a reflink): they count against referenced-bytes limits only.
+    pub shared: u64,
 }
 
 impl Need {
@@ -104,6 +107,11 @@ impl Need {
 
     pub fn payload(mut self, bytes: u64) -> Need {
         self.payload = bytes;
+        self
+    }
+
+    pub fn shared(mut self, bytes: u64) -> Need {
+        self.shared = bytes;
         self
     }
 

@@ -1,0 +1,172 @@
+//! The commit's accounting: moving bytes between groups for what the
+//! transaction changed (see the module essay).
+//!
+//! Runs once the delayed references are folded, so the extent tree holds
+//! the new back-references; the last commit's extent tree (still on disk:
+//! nothing it reaches is reused before this commit is durable) holds the
+//! old ones.
+
+use super::roots::{compute_usage, Roots, RootsWalk};
+use super::{subvol_group, Qgroups};
+use crate::error::{Error, Result};
+use crate::format::tree_id::{self, EXTENT};
+use crate::txn::Txn;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One traced extent: its length, who reached it at the last commit, and
+/// who reaches it now.
+struct Change {
+    len: u64,
+    old: Roots,
+    new: Roots,
+}
+
+/// Notes that the extent at `bytenr` had reference changes other than a
+/// block copy's (called while folding delayed references). Only extents
+/// fs trees hold count: data, and tree blocks of fs trees.
+pub(crate) fn trace(q: &mut Qgroups, bytenr: u64, len: u64, data: bool, owner: u64) {
+    if q.enabled && (data || tree_id::is_shareable(owner)) {
+        q.traced.insert(bytenr, (len, data));
+    }
+}
+
+/// Brings every group's numbers up to the running transaction and writes
+/// those that changed. Returns whether it wrote anything.
+pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
+    let q = &mut tx.st.qgroups;
+    let traced = std::mem::take(&mut q.traced);
+    let clones = std::mem::take(&mut q.clones);
+    let created = std::mem::take(&mut q.created);
+    let full = std::mem::take(&mut q.full);
+    if !q.enabled {
+        return Ok(false);
+    }
+    q.forget_flushed();
+    // A clone of a tree that is itself new in this transaction has no
+    // last-commit numbers to start from.
+    let chained = clones
+        .iter()
+        .any(|(src, _)| created.contains(src) || clones.iter().any(|(_, d)| d == src));
+    if full || chained {
+        recount(tx)?;
+    } else if !traced.is_empty() || !clones.is_empty() {
+        let changes = walk(tx, &traced)?;
+        let q = &mut tx.st.qgroups;
+        give_clones_their_share(q, &clones, &changes);
+        apply(q, &changes)?;
+    }
+    super::write_dirty(tx)
+}
+
+/// Counts every group from scratch.
+fn recount(tx: &mut Txn<'_>) -> Result<()> {
+    let trees: Vec<_> = tx
+        .tree_ids()
+        .into_iter()
+        .filter(|&t| tree_id::is_shareable(t))
+        .map(|t| tx.root_of(t).map(|r| (t, r)))
+        .collect::<Result<_>>()?;
+    let usage = compute_usage(tx, &trees)?;
+    tx.st.qgroups.set_from_usage(&usage);
+    Ok(())
+}
+
+/// Who reached and who reaches each traced extent (all of them: a
+/// clone's share needs the unchanged ones too).
+fn walk(tx: &Txn<'_>, traced: &BTreeMap<u64, (u64, bool)>) -> Result<Vec<Change>> {
+    let old_root = *tx
+        .st
+        .committed
+        .get(&EXTENT)
+        .ok_or_else(|| Error::corrupt(0, "no committed extent tree"))?;
+    let mut old = RootsWalk::new(old_root);
+    let mut new = RootsWalk::new(tx.root_of(EXTENT)?);
+    let mut out = Vec::with_capacity(traced.len());
+    for (&bytenr, &(len, data)) in traced {
+        let (o, n) = if data {
+            (old.data_roots(tx, bytenr)?, new.data_roots(tx, bytenr)?)
+        } else {
+            (old.tree_roots(tx, bytenr)?, new.tree_roots(tx, bytenr)?)
+        };
+        out.push(Change {
+            len,
+            old: o,
+            new: n,
+        });
+    }
+    Ok(out)
+}
+
+/// A clone reaches every extent its source reached that was not traced:
+/// its referenced bytes are the source's less the traced ones the source
+/// reached, and the source's exclusive bytes less the traced ones it held
+/// alone are shared now. (Traced extents are moved by [`apply`].)
+fn give_clones_their_share(q: &mut Qgroups, clones: &[(u64, u64)], changes: &[Change]) {
+    let mut sources = BTreeSet::new();
+    for &(src, dst) in clones {
+        let reached: u64 = changes
+            .iter()
+            .filter(|c| c.old.contains(&src))
+            .map(|c| c.len)
+            .sum();
+        let src_ref = q.groups.get(&subvol_group(src)).map_or(0, |g| g.referenced);
+        if let Some(g) = q.groups.get_mut(&subvol_group(dst)) {
+            g.referenced += src_ref.saturating_sub(reached);
+            q.dirty.insert(subvol_group(dst));
+        }
+        sources.insert(src);
+    }
+    for src in sources {
+        let alone: u64 = changes
+            .iter()
+            .filter(|c| c.old.len() == 1 && c.old.contains(&src))
+            .map(|c| c.len)
+            .sum();
+        if let Some(g) = q.groups.get_mut(&subvol_group(src)) {
+            g.exclusive = alone.min(g.exclusive);
+            q.dirty.insert(subvol_group(src));
+        }
+    }
+}
+
+/// Moves each changed extent's bytes between the groups.
+fn apply(q: &mut Qgroups, changes: &[Change]) -> Result<()> {
+    let mut memo = BTreeMap::new();
+    let mut delta: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
+    for c in changes.iter().filter(|c| c.old != c.new) {
+        let len = c.len as i64;
+        for (g, (r, e)) in q.shares(&c.old, &mut memo) {
+            let d = delta.entry(g).or_insert((0, 0));
+            d.0 -= len * i64::from(r);
+            d.1 -= len * i64::from(e);
+        }
+        for (g, (r, e)) in q.shares(&c.new, &mut memo) {
+            let d = delta.entry(g).or_insert((0, 0));
+            d.0 += len * i64::from(r);
+            d.1 += len * i64::from(e);
+        }
+    }
+    for (g, (r, e)) in delta {
+        let Some(group) = q.groups.get_mut(&g) else {
+            continue;
+        };
+        let (Some(nr), Some(ne)) = (
+            group.referenced.checked_add_signed(r),
+            group.exclusive.checked_add_signed(e),
+        ) else {
+            return Err(Error::corrupt(
+                0,
+                format!(
+                    "qgroup {} would go below zero",
+                    crate::format::qgroup::display(g)
+                ),
+            ));
+        };
+        if (nr, ne) != (group.referenced, group.exclusive) {
+            group.referenced = nr;
+            group.exclusive = ne;
+            q.dirty.insert(g);
+        }
+    }
+    Ok(())
+}

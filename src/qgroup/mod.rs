@@ -1,0 +1,380 @@
+//! Quota groups: how many bytes each subvolume reaches, and limits on it.
+//!
+//! As in btrfs, every subvolume has a level-0 group (`0/ID`); groups of
+//! higher levels (`1/N`, ...) hold lower ones. A group's *referenced*
+//! bytes are those of every extent (tree block or data extent) that one of
+//! its subvolumes reaches; its *exclusive* bytes those that only its
+//! subvolumes reach. The numbers are exact after every commit.
+//!
+//! The seed mail (000) is the model of what not to do: btrfs once traced
+//! every extent below a modified block, and relocation redid accounting
+//! that relocation cannot change. Here the accounting costs what the
+//! transaction changed:
+//!
+//! - The set of subvolumes reaching an extent changes only when a pointer
+//!   to it is added or removed for some other reason than a block being
+//!   copied. A copy holds what its original held, so its children are
+//!   reached by the same trees as before; `BlockWrite::copying_refs`
+//!   marks those reference changes, and only the rest are *traced*.
+//! - At commit, for each traced extent, [`roots::RootsWalk`] finds who
+//!   reached it in the last commit and who reaches it now, by climbing
+//!   back-references (each block climbed once per commit), and the
+//!   difference moves bytes between groups (`account`).
+//! - A snapshot shares its source's whole tree with one reference on the
+//!   root: it does not trace the tree. For every extent not traced, the
+//!   source reaching it means the snapshot does too, so the snapshot's
+//!   referenced bytes are the source's, less the traced extents, and the
+//!   source loses its exclusive bytes the same way; a snapshot joins its
+//!   source's higher groups, so their numbers do not move.
+//! - What cannot be done by difference (deleting a subvolume, changing
+//!   which groups hold which) is recomputed from scratch in that commit
+//!   by [`roots::compute_usage`], the same count `canopy check` makes.
+//!
+//! Limits are checked where space is reserved (`Txn::reserve`): bytes a
+//! write buffers or allocates count against every group holding its
+//! subvolume until the commit that accounts them, and an operation that
+//! would pass a limit fails with EDQUOT before it changes anything.
+//! Deleting never checks.
+
+pub(crate) mod account;
+pub(crate) mod ops;
+pub mod roots;
+
+pub use roots::{compute_usage, Roots, Usage};
+
+use crate::error::{Error, Result};
+use crate::format::key_type::{QGROUP_INFO, QGROUP_LIMIT, QGROUP_RELATION, QGROUP_STATUS};
+use crate::format::qgroup::{level_of, qgroupid, QgroupInfo, QgroupLimit, QgroupStatus};
+use crate::format::tree_id::QUOTA;
+use crate::format::Key;
+use crate::tree::{BlockRead, Cursor, RootPtr};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One group's numbers and limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    pub referenced: u64,
+    pub exclusive: u64,
+    pub limit: QgroupLimit,
+}
+
+/// What `canopy qgroup show` lists for a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupInfo {
+    pub qgroupid: u64,
+    pub group: Group,
+    pub parents: Vec<u64>,
+    pub children: Vec<u64>,
+}
+
+/// The quota state of the running transaction (in the engine's state).
+#[derive(Default)]
+pub struct Qgroups {
+    pub(crate) enabled: bool,
+    pub(crate) groups: BTreeMap<u64, Group>,
+    /// Direct memberships: group -> the higher groups holding it.
+    pub(crate) parents: BTreeMap<u64, BTreeSet<u64>>,
+    /// Groups whose numbers the next commit writes.
+    pub(crate) dirty: BTreeSet<u64>,
+    /// Extents whose set of reaching subvolumes may have changed in this
+    /// transaction: bytenr -> (length, is data).
+    pub(crate) traced: BTreeMap<u64, (u64, bool)>,
+    /// Clones made in this transaction: (source, new tree).
+    pub(crate) clones: Vec<(u64, u64)>,
+    /// Trees created in this transaction.
+    pub(crate) created: BTreeSet<u64>,
+    /// The commit recomputes every number from scratch.
+    pub(crate) full: bool,
+    /// Bytes each subvolume holds buffered, and has flushed since the
+    /// last commit: (buffered, flushed), counted against limits until a
+    /// commit accounts them.
+    pub(crate) pending: BTreeMap<u64, (u64, u64)>,
+}
+
+/// The level-0 group of subvolume `tree`.
+pub fn subvol_group(tree: u64) -> u64 {
+    qgroupid(0, tree)
+}
+
+fn status_key() -> Key {
+    Key::new(0, QGROUP_STATUS, 0)
+}
+
+fn info_key(q: u64) -> Key {
+    Key::new(0, QGROUP_INFO, q)
+}
+
+fn limit_key(q: u64) -> Key {
+    Key::new(0, QGROUP_LIMIT, q)
+}
+
+fn relation_keys(child: u64, parent: u64) -> [Key; 2] {
+    [
+        Key::new(child, QGROUP_RELATION, parent),
+        Key::new(parent, QGROUP_RELATION, child),
+    ]
+}
+
+fn bad(key: &Key, why: String) -> Error {
+    Error::BadItem {
+        key: *key,
+        reason: why,
+    }
+}
+
+impl Qgroups {
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Reads the quota tree (at open).
+    pub fn load<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<Qgroups> {
+        let mut q = Qgroups::default();
+        let mut c = Cursor::seek(b, root, &Key::MIN)?;
+        let mut cur = c.item().map(|it| (it.key, it.data.clone()));
+        while let Some((key, data)) = cur {
+            crate::format::qgroup::check(&key, &data).map_err(|e| bad(&key, e))?;
+            match key.ty {
+                QGROUP_STATUS => {
+                    QgroupStatus::decode(&data).map_err(|e| bad(&key, e))?;
+                    q.enabled = true;
+                }
+                QGROUP_INFO => {
+                    let i = QgroupInfo::decode(&data).map_err(|e| bad(&key, e))?;
+                    let g = q.groups.entry(key.offset).or_default();
+                    g.referenced = i.referenced;
+                    g.exclusive = i.exclusive;
+                }
+                QGROUP_LIMIT => {
+                    let l = QgroupLimit::decode(&data).map_err(|e| bad(&key, e))?;
+                    q.groups.entry(key.offset).or_default().limit = l;
+                }
+                QGROUP_RELATION if level_of(key.objectid) < level_of(key.offset) => {
+                    q.parents
+                        .entry(key.objectid)
+                        .or_default()
+                        .insert(key.offset);
+                }
+                _ => {}
+            }
+            cur = c.next(b)?.map(|it| (it.key, it.data.clone()));
+        }
+        Ok(q)
+    }
+
+    /// Every group holding `q`, directly or through others (not `q`).
+    pub fn ancestors(&self, q: u64) -> BTreeSet<u64> {
+        let mut out = BTreeSet::new();
+        let mut todo = vec![q];
+        while let Some(g) = todo.pop() {
+            for &p in self.parents.get(&g).into_iter().flatten() {
+                if out.insert(p) {
+                    todo.push(p);
+                }
+            }
+        }
+        out
+    }
+
+    /// The groups subvolume `tree` counts in: its own and every one above.
+    pub fn groups_of(&self, tree: u64) -> BTreeSet<u64> {
+        let own = subvol_group(tree);
+        if !self.groups.contains_key(&own) {
+            return BTreeSet::new();
+        }
+        let mut out = self.ancestors(own);
+        out.insert(own);
+        out
+    }
+
+    /// Fails with EDQUOT when `referenced` more bytes referenced and
+    /// `exclusive` more held alone by subvolume `tree` would pass a limit
+    /// of a group it counts in.
+    pub fn check_limits(&self, tree: u64, referenced: u64, exclusive: u64) -> Result<()> {
+        if !self.enabled || (referenced == 0 && exclusive == 0) {
+            return Ok(());
+        }
+        for q in self.groups_of(tree) {
+            let Some(g) = self.groups.get(&q) else {
+                continue;
+            };
+            if g.limit.is_none() {
+                continue;
+            }
+            let pending = self.pending_in(q);
+            let over = |used: u64, more: u64, max: Option<u64>| {
+                max.is_some_and(|m| used.saturating_add(pending).saturating_add(more) > m)
+            };
+            if over(g.referenced, referenced, g.limit.max_referenced)
+                || over(g.exclusive, exclusive, g.limit.max_exclusive)
+            {
+                return Err(Error::Posix(libc::EDQUOT, "disk quota exceeded"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes not yet accounted of the subvolumes group `q` holds.
+    fn pending_in(&self, q: u64) -> u64 {
+        self.pending
+            .iter()
+            .filter(|(&t, _)| {
+                let own = subvol_group(t);
+                own == q || self.ancestors(own).contains(&q)
+            })
+            .map(|(_, &(b, f))| b + f)
+            .sum()
+    }
+
+    /// Subvolume `tree` buffered `bytes` more.
+    pub(crate) fn hold(&mut self, tree: u64, bytes: u64) {
+        self.pending.entry(tree).or_insert((0, 0)).0 += bytes;
+    }
+
+    /// Subvolume `tree` flushed or dropped `bytes` it buffered: they still
+    /// count until the commit has accounted what the flush wrote.
+    pub(crate) fn release(&mut self, tree: u64, bytes: u64) {
+        let p = self.pending.entry(tree).or_insert((0, 0));
+        p.0 = p.0.saturating_sub(bytes);
+        p.1 += bytes;
+    }
+
+    /// The commit accounted everything flushed before it.
+    pub(crate) fn forget_flushed(&mut self) {
+        self.pending.retain(|_, p| {
+            p.1 = 0;
+            p.0 > 0
+        });
+    }
+
+    /// What the groups say now.
+    pub fn list(&self) -> Vec<GroupInfo> {
+        let mut children: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (&c, ps) in &self.parents {
+            for &p in ps {
+                children.entry(p).or_default().push(c);
+            }
+        }
+        self.groups
+            .iter()
+            .map(|(&q, &g)| GroupInfo {
+                qgroupid: q,
+                group: g,
+                parents: self
+                    .parents
+                    .get(&q)
+                    .map(|s| s.iter().copied().collect())
+                    .unwrap_or_default(),
+                children: children.remove(&q).unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// Sets every group's numbers from a count made from scratch.
+    pub(crate) fn set_from_usage(&mut self, usage: &Usage) {
+        let fresh = self.tally(usage);
+        for (&q, g) in self.groups.iter_mut() {
+            let (r, e) = fresh.get(&q).copied().unwrap_or((0, 0));
+            if (g.referenced, g.exclusive) != (r, e) {
+                g.referenced = r;
+                g.exclusive = e;
+                self.dirty.insert(q);
+            }
+        }
+    }
+
+    /// Every group's (referenced, exclusive) bytes in `usage`.
+    pub fn tally(&self, usage: &Usage) -> BTreeMap<u64, (u64, u64)> {
+        let mut memo: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+        let mut out: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for (len, roots) in usage.extents.values() {
+            for (q, (r, e)) in self.shares(roots, &mut memo) {
+                let t = out.entry(q).or_insert((0, 0));
+                t.0 += len * u64::from(r);
+                t.1 += len * u64::from(e);
+            }
+        }
+        out
+    }
+
+    /// For each group some of `roots` count in: whether the group
+    /// references an extent these subvolumes reach, and whether it holds
+    /// it alone.
+    pub(crate) fn shares(
+        &self,
+        roots: &BTreeSet<u64>,
+        memo: &mut BTreeMap<u64, BTreeSet<u64>>,
+    ) -> BTreeMap<u64, (bool, bool)> {
+        let mut inside: BTreeMap<u64, usize> = BTreeMap::new();
+        for &r in roots {
+            let groups = memo.entry(r).or_insert_with(|| self.groups_of(r));
+            for &q in groups.iter() {
+                *inside.entry(q).or_insert(0) += 1;
+            }
+        }
+        inside
+            .into_iter()
+            .map(|(q, n)| (q, (true, n == roots.len())))
+            .collect()
+    }
+}
+
+/// Writes the numbers of every group that changed (at commit).
+pub(crate) fn write_dirty(tx: &mut crate::txn::Txn<'_>) -> Result<bool> {
+    let dirty = std::mem::take(&mut tx.st.qgroups.dirty);
+    let generation = tx.transid();
+    let mut did = false;
+    for q in dirty {
+        let Some(g) = tx.st.qgroups.groups.get(&q).copied() else {
+            continue;
+        };
+        let info = QgroupInfo {
+            generation,
+            referenced: g.referenced,
+            exclusive: g.exclusive,
+        };
+        tx.put(QUOTA, info_key(q), info.encode())?;
+        did = true;
+    }
+    Ok(did)
+}
+
+/// Where the stored numbers differ from a count made from scratch over
+/// the trees as `r` sees them, one line each (`canopy check`, and tests
+/// right after a commit).
+pub fn differences(r: &crate::txn::Reader<'_>) -> Result<Vec<String>> {
+    let q = r.qgroups();
+    if !q.enabled() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<u64> = r
+        .tree_ids()
+        .into_iter()
+        .filter(|&t| crate::format::tree_id::is_shareable(t))
+        .collect();
+    let mut trees = Vec::with_capacity(ids.len());
+    for &t in &ids {
+        trees.push((t, r.root(t)?));
+    }
+    let fresh = q.tally(&compute_usage(r, &trees)?);
+    let mut out = Vec::new();
+    for t in ids {
+        if !q.groups.contains_key(&subvol_group(t)) {
+            out.push(format!("subvolume {t} has no qgroup"));
+        }
+    }
+    for (&id, g) in &q.groups {
+        let (rf, ex) = fresh.get(&id).copied().unwrap_or((0, 0));
+        if (g.referenced, g.exclusive) != (rf, ex) {
+            out.push(format!(
+                "qgroup {}: referenced {} exclusive {} recorded, {} and {} counted",
+                crate::format::qgroup::display(id),
+                g.referenced,
+                g.exclusive,
+                rf,
+                ex
+            ));
+        }
+    }
+    Ok(out)
+}

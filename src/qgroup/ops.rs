@@ -1,0 +1,300 @@
+//! Changes to the set of groups, inside a transaction: enabling and
+//! disabling quotas, groups, memberships, limits, and what creating,
+//! cloning and dropping a subvolume's tree does to them. Each writes its
+//! items at once; the numbers follow at commit (`account`).
+
+use super::{info_key, limit_key, relation_keys, status_key, subvol_group, Group, Qgroups};
+use crate::error::{Error, Result};
+use crate::format::qgroup::{level_of, QgroupInfo, QgroupLimit, QgroupStatus, STATUS_ON};
+use crate::format::tree_id::{self, QUOTA};
+use crate::format::Key;
+use crate::txn::Txn;
+
+fn not_enabled() -> Error {
+    Error::Posix(libc::ENOTCONN, "quotas are not enabled")
+}
+
+impl Txn<'_> {
+    pub fn qgroups(&self) -> &Qgroups {
+        &self.st.qgroups
+    }
+
+    fn quota_on(&self) -> Result<()> {
+        if self.st.qgroups.enabled {
+            Ok(())
+        } else {
+            Err(not_enabled())
+        }
+    }
+
+    /// Turns quotas on: a group for every subvolume, counted from scratch
+    /// at the next commit.
+    pub fn quota_enable(&mut self) -> Result<()> {
+        if self.st.qgroups.enabled {
+            return Ok(());
+        }
+        let status = QgroupStatus {
+            version: 1,
+            generation: self.transid(),
+            flags: STATUS_ON,
+        };
+        self.put(QUOTA, status_key(), status.encode())?;
+        self.st.qgroups = Qgroups {
+            enabled: true,
+            full: true,
+            ..Qgroups::default()
+        };
+        let trees: Vec<u64> = self
+            .tree_ids()
+            .into_iter()
+            .filter(|&t| tree_id::is_shareable(t))
+            .collect();
+        for t in trees {
+            add_group(self, subvol_group(t))?;
+        }
+        Ok(())
+    }
+
+    /// Turns quotas off and removes every quota item.
+    pub fn quota_disable(&mut self) -> Result<()> {
+        let items = self.range(QUOTA, &Key::MIN, &Key::MAX)?;
+        for (k, _) in items {
+            self.delete(QUOTA, &k)?;
+        }
+        self.st.qgroups = Qgroups::default();
+        Ok(())
+    }
+
+    /// Has the next commit count every group from scratch.
+    pub fn quota_rescan(&mut self) -> Result<()> {
+        self.quota_on()?;
+        self.st.qgroups.full = true;
+        // A commit with nothing else to write still runs.
+        let status = self.get(QUOTA, &status_key())?.ok_or_else(not_enabled)?;
+        self.put(QUOTA, status_key(), status)?;
+        Ok(())
+    }
+
+    /// A new empty group of level 1 or higher.
+    pub fn qgroup_create(&mut self, q: u64) -> Result<()> {
+        self.quota_on()?;
+        if level_of(q) == 0 {
+            return Err(Error::Invalid(
+                "level-0 groups come and go with their subvolumes".into(),
+            ));
+        }
+        if self.st.qgroups.groups.contains_key(&q) {
+            return Err(Error::Exists);
+        }
+        add_group(self, q)
+    }
+
+    /// Removes a group of level 1 or higher that holds no other group.
+    pub fn qgroup_destroy(&mut self, q: u64) -> Result<()> {
+        self.quota_on()?;
+        if !self.st.qgroups.groups.contains_key(&q) {
+            return Err(Error::NotFound);
+        }
+        if level_of(q) == 0 && self.tree_exists(crate::format::qgroup::id_of(q)) {
+            return Err(Error::Posix(libc::EBUSY, "the subvolume still exists"));
+        }
+        if self.st.qgroups.parents.values().any(|ps| ps.contains(&q)) {
+            return Err(Error::Posix(
+                libc::ENOTEMPTY,
+                "the group holds other groups",
+            ));
+        }
+        remove_group(self, q)
+    }
+
+    /// Makes group `child` a member of the higher group `parent`.
+    pub fn qgroup_assign(&mut self, child: u64, parent: u64) -> Result<()> {
+        self.check_relation(child, parent)?;
+        if self.st.qgroups.ancestors(child).contains(&parent) {
+            // Directly or through another group: counted once either way.
+            return Err(Error::Exists);
+        }
+        add_relation(self, child, parent)?;
+        self.st.qgroups.full = true;
+        Ok(())
+    }
+
+    /// Takes group `child` out of `parent`.
+    pub fn qgroup_remove(&mut self, child: u64, parent: u64) -> Result<()> {
+        self.check_relation(child, parent)?;
+        let held = self
+            .st
+            .qgroups
+            .parents
+            .get(&child)
+            .is_some_and(|p| p.contains(&parent));
+        if !held {
+            return Err(Error::NotFound);
+        }
+        remove_relation(self, child, parent)?;
+        self.st.qgroups.full = true;
+        Ok(())
+    }
+
+    fn check_relation(&self, child: u64, parent: u64) -> Result<()> {
+        self.quota_on()?;
+        let groups = &self.st.qgroups.groups;
+        if !groups.contains_key(&child) || !groups.contains_key(&parent) {
+            return Err(Error::NotFound);
+        }
+        if level_of(child) >= level_of(parent) {
+            return Err(Error::Invalid(
+                "a group can only be held by a group of a higher level".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sets or clears group `q`'s limits.
+    pub fn qgroup_limit(&mut self, q: u64, limit: QgroupLimit) -> Result<()> {
+        self.quota_on()?;
+        let Some(g) = self.st.qgroups.groups.get_mut(&q) else {
+            return Err(Error::NotFound);
+        };
+        g.limit = limit;
+        if limit.is_none() {
+            match self.delete(QUOTA, &limit_key(q)) {
+                Ok(_) | Err(Error::NotFound) => Ok(()),
+                Err(e) => Err(e),
+            }
+        } else {
+            self.put(QUOTA, limit_key(q), limit.encode()).map(drop)
+        }
+    }
+
+    /// Checks limits for `referenced` and `exclusive` more bytes in
+    /// subvolume `tree` (reflinks: see `Need::shared`).
+    pub fn qgroup_check(&self, tree: u64, referenced: u64, exclusive: u64) -> Result<()> {
+        self.st.qgroups.check_limits(tree, referenced, exclusive)
+    }
+}
+
+fn add_group(tx: &mut Txn<'_>, q: u64) -> Result<()> {
+    tx.insert(QUOTA, info_key(q), QgroupInfo::default().encode())?;
+    tx.st.qgroups.groups.insert(q, Group::default());
+    Ok(())
+}
+
+fn remove_group(tx: &mut Txn<'_>, q: u64) -> Result<()> {
+    let parents: Vec<u64> = tx
+        .st
+        .qgroups
+        .parents
+        .get(&q)
+        .map(|p| p.iter().copied().collect())
+        .unwrap_or_default();
+    for p in parents {
+        remove_relation(tx, q, p)?;
+    }
+    tx.delete(QUOTA, &info_key(q))?;
+    if tx
+        .st
+        .qgroups
+        .groups
+        .get(&q)
+        .is_some_and(|g| !g.limit.is_none())
+    {
+        tx.delete(QUOTA, &limit_key(q))?;
+    }
+    tx.st.qgroups.groups.remove(&q);
+    tx.st.qgroups.dirty.remove(&q);
+    Ok(())
+}
+
+fn add_relation(tx: &mut Txn<'_>, child: u64, parent: u64) -> Result<()> {
+    for k in relation_keys(child, parent) {
+        tx.insert(QUOTA, k, Vec::new())?;
+    }
+    tx.st
+        .qgroups
+        .parents
+        .entry(child)
+        .or_default()
+        .insert(parent);
+    Ok(())
+}
+
+fn remove_relation(tx: &mut Txn<'_>, child: u64, parent: u64) -> Result<()> {
+    for k in relation_keys(child, parent) {
+        tx.delete(QUOTA, &k)?;
+    }
+    if let Some(ps) = tx.st.qgroups.parents.get_mut(&child) {
+        ps.remove(&parent);
+        if ps.is_empty() {
+            tx.st.qgroups.parents.remove(&child);
+        }
+    }
+    Ok(())
+}
+
+/// Quota items a subvolume's creation, snapshot or deletion may write
+/// (its group's info and limit, and two per membership it inherits or
+/// loses), for reservations.
+pub fn items_for_subvolume(q: &Qgroups, source: Option<u64>) -> u64 {
+    if !q.enabled {
+        return 0;
+    }
+    let inherited = source.map_or(0, |s| {
+        q.parents
+            .get(&subvol_group(s))
+            .map_or(0, |p| p.len() as u64)
+    });
+    2 + 2 * inherited
+}
+
+/// A new fs tree `id` (an empty subvolume) gets its group.
+pub(crate) fn tree_created(tx: &mut Txn<'_>, id: u64) -> Result<()> {
+    if !tx.st.qgroups.enabled || !tree_id::is_shareable(id) {
+        return Ok(());
+    }
+    tx.st.qgroups.created.insert(id);
+    let q = subvol_group(id);
+    if tx.st.qgroups.groups.contains_key(&q) {
+        // Left by a subvolume of that id whose group was kept.
+        return remove_group(tx, q).and_then(|()| add_group(tx, q));
+    }
+    add_group(tx, q)
+}
+
+/// Tree `dst` was cloned from `src`: its group joins the groups holding
+/// `src`'s, and the commit gives it `src`'s numbers (see the module
+/// essay).
+pub(crate) fn tree_cloned(tx: &mut Txn<'_>, src: u64, dst: u64) -> Result<()> {
+    if !tx.st.qgroups.enabled {
+        return Ok(());
+    }
+    tree_created(tx, dst)?;
+    tx.st.qgroups.created.remove(&dst);
+    let parents: Vec<u64> = tx
+        .st
+        .qgroups
+        .parents
+        .get(&subvol_group(src))
+        .map(|p| p.iter().copied().collect())
+        .unwrap_or_default();
+    for p in parents {
+        add_relation(tx, subvol_group(dst), p)?;
+    }
+    tx.st.qgroups.clones.push((src, dst));
+    Ok(())
+}
+
+/// Tree `id` was dropped: its group goes, and the commit counts every
+/// other group again (what it shared may now belong to one alone).
+pub(crate) fn tree_dropped(tx: &mut Txn<'_>, id: u64) -> Result<()> {
+    if !tx.st.qgroups.enabled {
+        return Ok(());
+    }
+    let q = subvol_group(id);
+    if tx.st.qgroups.groups.contains_key(&q) {
+        remove_group(tx, q)?;
+    }
+    tx.st.qgroups.pending.remove(&id);
+    tx.st.qgroups.full = true;
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! Quota groups below the mount: numbers after snapshots, overwrites,
+//! reflinks, deletions and group changes, each compared with a count
+//! made from scratch after every commit; limits (EDQUOT) and that
+//! deleting always works.
+
+mod common;
+
+use canopy::dev::{Device, MemDevice};
+use canopy::format::qgroup::qgroupid;
+use canopy::fs::{Fs, QgroupRow, QuotaChange};
+use canopy::{Engine, OpenOptions};
+use common::paths::{file, ME};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+const ROOT: u64 = 256;
+
+fn fresh() -> (Arc<MemDevice>, Fs) {
+    let (dev, e) = common::mem_engine(256 << 20, 4096);
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    fs.quota(QuotaChange::Enable).expect("enable");
+    (dev, fs)
+}
+
+/// Commits and requires the recorded numbers to equal a fresh count.
+fn assert_exact(fs: &Fs) {
+    fs.sync().expect("sync");
+    let diff = fs
+        .engine()
+        .read(canopy::qgroup::differences)
+        .expect("count");
+    assert!(diff.is_empty(), "accounting differs: {diff:#?}");
+}
+
+fn row(fs: &Fs, id: &str) -> QgroupRow {
+    fs.qgroup_show()
+        .expect("show")
+        .into_iter()
+        .find(|r| r.qgroupid == id)
+        .unwrap_or_else(|| panic!("no qgroup {id}"))
+}
+
+fn subvol_id(fs: &Fs, name: &str) -> u64 {
+    let node = fs.lookup(ROOT, name.as_bytes()).expect("subvolume").ino;
+    fs.qgroup_of_node(node).expect("qgroup")
+}
+
+#[test]
+fn numbers_follow_writes_snapshots_and_deletions() {
+    let (dev, fs) = fresh();
+    let home = fs.create_subvolume(ROOT, b"home", ME).expect("subvol").ino;
+    let big = vec![7u8; 4 * MIB as usize];
+    let f = file(&fs, home, "big", &big);
+    file(&fs, home, "small", b"hello");
+    assert_exact(&fs);
+    let h = row(&fs, "0/256");
+    assert!(h.referenced >= 4 * MIB, "{h:?}");
+    assert_eq!(h.referenced, h.exclusive, "nothing is shared yet");
+
+    fs.snapshot(home, ROOT, b"snap", true).expect("snapshot");
+    assert_exact(&fs);
+    let (h, s) = (row(&fs, "0/256"), row(&fs, "0/257"));
+    assert_eq!(
+        s.referenced, h.referenced,
+        "a snapshot references what its source does"
+    );
+    assert!(
+        h.exclusive < 64 << 10,
+        "the source's data is shared now: {h:?}"
+    );
+
+    // Overwriting half of the file in the source makes that half its own
+    // and the old half the snapshot's own.
+    fs.write(f, 0, &vec![9u8; 2 * MIB as usize])
+        .expect("overwrite");
+    assert_exact(&fs);
+    let (h, s) = (row(&fs, "0/256"), row(&fs, "0/257"));
+    assert!(
+        h.exclusive >= 2 * MIB && s.exclusive >= 2 * MIB,
+        "{h:?} {s:?}"
+    );
+
+    // A reflink into the top level shares the source's new data.
+    let copy = file(&fs, ROOT, "copy", b"");
+    fs.copy_range(f, 0, copy, 0, 2 * MIB).expect("reflink");
+    assert_exact(&fs);
+    assert!(row(&fs, "0/256").exclusive < 2 * MIB);
+
+    // Deleting the snapshot gives its half back to nobody, and the
+    // source's numbers are exact at once.
+    fs.delete_subvolume(ROOT, b"snap").expect("delete");
+    assert_exact(&fs);
+    assert!(fs
+        .qgroup_show()
+        .expect("show")
+        .iter()
+        .all(|r| r.qgroupid != "0/257"));
+    fs.clean_deleted().expect("clean");
+    assert_exact(&fs);
+    drop(fs);
+    common::assert_fs_clean(&dev);
+}
+
+#[test]
+fn higher_groups_hold_their_members_and_snapshots_join_them() {
+    let (_dev, fs) = fresh();
+    let a = fs.create_subvolume(ROOT, b"a", ME).expect("a").ino;
+    let b = fs.create_subvolume(ROOT, b"b", ME).expect("b").ino;
+    let fa = file(&fs, a, "x", &vec![1u8; MIB as usize]);
+    file(&fs, b, "y", &vec![2u8; MIB as usize]);
+    let group = qgroupid(1, 100);
+    fs.quota(QuotaChange::Create(group)).expect("create");
+    for sv in ["a", "b"] {
+        let child = subvol_id(&fs, sv);
+        fs.quota(QuotaChange::Assign {
+            child,
+            parent: group,
+        })
+        .expect("assign");
+    }
+    assert_exact(&fs);
+    let g = row(&fs, "1/100");
+    let (ra, rb) = (row(&fs, "0/256"), row(&fs, "0/257"));
+    assert_eq!(g.referenced, ra.referenced + rb.referenced);
+    assert_eq!(g.exclusive, g.referenced);
+
+    // A reflink from a to b shares within the group: still exclusive to it.
+    let fb = file(&fs, b, "z", b"");
+    fs.copy_range(fa, 0, fb, 0, MIB).expect("reflink");
+    assert_exact(&fs);
+    let g = row(&fs, "1/100");
+    assert_eq!(g.exclusive, g.referenced);
+
+    // A snapshot of a joins 1/100, so the group's numbers do not move.
+    fs.snapshot(a, ROOT, b"a-snap", false).expect("snapshot");
+    assert_exact(&fs);
+    assert_eq!(row(&fs, "0/258").parents, vec!["1/100".to_string()]);
+    assert_eq!(row(&fs, "1/100").exclusive, g.exclusive);
+
+    // Taking it out makes what it shares with a no longer the group's own.
+    let snap = subvol_id(&fs, "a-snap");
+    fs.quota(QuotaChange::Remove {
+        child: snap,
+        parent: group,
+    })
+    .expect("remove");
+    assert_exact(&fs);
+    assert!(row(&fs, "1/100").exclusive < g.exclusive);
+    assert_eq!(
+        fs.quota(QuotaChange::Destroy(group)).unwrap_err().errno(),
+        libc::ENOTEMPTY
+    );
+}
+
+#[test]
+fn limits_refuse_writes_with_edquot_and_deleting_still_works() {
+    let (dev, fs) = fresh();
+    let home = fs.create_subvolume(ROOT, b"home", ME).expect("subvol").ino;
+    let q = subvol_id(&fs, "home");
+    fs.quota(QuotaChange::Limit {
+        qgroupid: q,
+        bytes: Some(3 * MIB),
+        exclusive: false,
+    })
+    .expect("limit");
+    let f = file(&fs, home, "a", &vec![1u8; 2 * MIB as usize]);
+    let err = fs
+        .write(f, 2 * MIB, &vec![1u8; 2 * MIB as usize])
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::EDQUOT);
+    assert_eq!(
+        fs.getattr(f).expect("stat").size,
+        2 * MIB,
+        "nothing written"
+    );
+    // Other subvolumes are not limited.
+    file(&fs, ROOT, "free", &vec![1u8; 4 * MIB as usize]);
+    // Deleting works, and frees the quota.
+    fs.remove(home, b"a", false).expect("unlink");
+    assert_exact(&fs);
+    let f = file(&fs, home, "b", &vec![1u8; 2 * MIB as usize]);
+    assert_exact(&fs);
+    assert_eq!(row(&fs, "0/256").max_referenced, Some(3 * MIB));
+    // The limit survives a remount.
+    fs.sync().expect("sync");
+    drop(fs);
+    let e = Engine::open(dev as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    assert_eq!(
+        fs.write(f, 2 * MIB, &vec![1u8; 2 * MIB as usize])
+            .unwrap_err()
+            .errno(),
+        libc::EDQUOT
+    );
+    fs.quota(QuotaChange::Limit {
+        qgroupid: q,
+        bytes: None,
+        exclusive: false,
+    })
+    .expect("no limit");
+    fs.write(f, 2 * MIB, &vec![1u8; 2 * MIB as usize])
+        .expect("write without limit");
+    assert_exact(&fs);
+}
+
+#[test]
+fn disabled_quotas_answer_enotconn_and_enable_counts_what_exists() {
+    let (_dev, e) = common::mem_engine(64 << 20, 4096);
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    assert_eq!(fs.qgroup_show().unwrap_err().errno(), libc::ENOTCONN);
+    file(&fs, ROOT, "a", &vec![3u8; MIB as usize]);
+    fs.quota(QuotaChange::Enable).expect("enable");
+    assert_exact(&fs);
+    assert!(row(&fs, "0/5").referenced >= MIB);
+    fs.quota(QuotaChange::Disable).expect("disable");
+    assert_eq!(fs.qgroup_show().unwrap_err().errno(), libc::ENOTCONN);
+}
