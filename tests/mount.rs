@@ -10,7 +10,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
-use common::mounted::{can_mount, canopy, Mounted};
+use common::mounted::{can_mount, canopy, canopy_ok, Mounted};
 
 fn errno_of(r: std::io::Result<impl Sized>) -> i32 {
     r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
@@ -1034,16 +1034,6 @@ fn a_loop_device_over_a_mounted_image_is_refused() {
         b"synced through the first mount"
     );
     m.unmount();
-}
-
-fn canopy_ok(args: &[&str], cwd: &Path) -> String {
-    let out = canopy().args(args).current_dir(cwd).output().unwrap();
-    assert!(
-        out.status.success(),
-        "canopy {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]

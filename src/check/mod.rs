@@ -22,9 +22,12 @@
 //! - the drop queue (`extent::drop`): each queued block is a sound tree
 //!   block that nothing else holds and that has no extent item; what it
 //!   points at counts it as a holder; its space counts as used;
-//! - every item of every leaf, by the item checker ([`crate::format::checker`]).
+//! - every item of every leaf, by the item checker ([`crate::format::checker`]);
+//! - with quotas on, every quota group's numbers against a count made
+//!   from scratch, and memberships recorded both ways.
 
 mod posix;
+mod quota;
 mod space;
 mod walk;
 
@@ -84,12 +87,23 @@ pub fn check(dev: &dyn Device, progress: &dyn Fn(u64, u64)) -> Result<Report> {
     Ok(report)
 }
 
+/// The image opened read-only, for the checks that read trees through
+/// the engine once the structure is known to be sound.
+fn open_read_only(dev: Arc<dyn Device>) -> Result<crate::Engine> {
+    let opts = crate::OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    crate::Engine::open(dev, &opts)
+}
+
 /// [`check`], then, when the structure is sound, the POSIX-level checks of
 /// every fs tree (entries, link counts, orphans).
 pub fn check_all(dev: Arc<dyn Device>, progress: &dyn Fn(u64, u64)) -> Result<Report> {
     let mut report = check(dev.as_ref(), progress)?;
     if report.is_clean() {
-        posix::check_trees(dev, &mut report);
+        posix::check_trees(dev.clone(), &mut report);
+        quota::check_quota(dev, &mut report);
     }
     Ok(report)
 }

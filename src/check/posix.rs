@@ -15,7 +15,7 @@ use crate::format::key_type::{
 };
 use crate::format::{tree_id, Key};
 use crate::tree::Cursor;
-use crate::{Engine, OpenOptions};
+use crate::Engine;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -31,11 +31,7 @@ struct Inode {
 
 /// Reads every fs tree through a read-only engine.
 pub(super) fn check_trees(dev: Arc<dyn Device>, report: &mut Report) {
-    let opts = OpenOptions {
-        read_only: true,
-        ..Default::default()
-    };
-    let engine = match Engine::open(dev, &opts) {
+    let engine = match super::open_read_only(dev) {
         Ok(e) => e,
         Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),
     };

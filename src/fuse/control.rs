@@ -1,5 +1,5 @@
 //! The control socket: how `canopy` commands reach the daemon serving a
-//! mount (scrub today; subvolumes and quotas will use it too).
+//! mount: scrub, sync, subvolumes and quotas.
 //!
 //! Each daemon listens on a Unix socket under `/run/canopy`, named by a
 //! hash of its canonical mount point, so a command given the mount point
@@ -78,6 +78,20 @@ pub enum Request {
         node: u64,
         readonly: bool,
     },
+    /// `canopy quota enable|disable|rescan`, `canopy qgroup
+    /// create|destroy|assign|remove|limit`.
+    Quota {
+        change: crate::fs::QuotaChange,
+    },
+    /// `canopy qgroup limit SIZE|none PATH`: the limit of the group of the
+    /// subvolume whose root is `node`.
+    QgroupLimitNode {
+        node: u64,
+        bytes: Option<u64>,
+        exclusive: bool,
+    },
+    /// `canopy qgroup show`.
+    QgroupShow,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -107,6 +121,9 @@ pub struct Response {
     /// Subvolumes listed or shown.
     #[serde(default)]
     pub subvolumes: Option<Vec<crate::fs::SubvolInfo>>,
+    /// Quota groups shown.
+    #[serde(default)]
+    pub qgroups: Option<Vec<crate::fs::QgroupRow>>,
 }
 
 impl Response {
@@ -117,12 +134,14 @@ impl Response {
                 error: None,
                 scrub: None,
                 subvolumes,
+                qgroups: None,
             },
             Err(e) => Response {
                 ok: false,
                 error: Some(e.to_string()),
                 scrub: None,
                 subvolumes: None,
+                qgroups: None,
             },
         }
     }
@@ -338,6 +357,25 @@ impl Daemon {
         }
     }
 
+    fn quota(&self, req: Request) -> Result<()> {
+        match req {
+            Request::Quota { change } => self.fs.quota(change),
+            Request::QgroupLimitNode {
+                node,
+                bytes,
+                exclusive,
+            } => {
+                let qgroupid = self.fs.qgroup_of_node(self.node(node))?;
+                self.fs.quota(crate::fs::QuotaChange::Limit {
+                    qgroupid,
+                    bytes,
+                    exclusive,
+                })
+            }
+            _ => Err(Error::Invalid("not a quota request".into())),
+        }
+    }
+
     fn subvolume(&self, req: Request) -> Result<Option<Vec<crate::fs::SubvolInfo>>> {
         let fs = &self.fs;
         match req {
@@ -446,6 +484,16 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
                 scrub: Some(job.status()),
                 ..Response::of(r.map(|()| None))
             }
+        }
+        Ok(Request::QgroupShow) => match fs.qgroup_show() {
+            Ok(rows) => Response {
+                qgroups: Some(rows),
+                ..Response::of(Ok(None))
+            },
+            Err(e) => Response::of(Err(e)),
+        },
+        Ok(req @ (Request::Quota { .. } | Request::QgroupLimitNode { .. })) => {
+            Response::of(d.quota(req).map(|()| None))
         }
         Ok(req) => Response::of(d.subvolume(req)),
     };

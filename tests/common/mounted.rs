@@ -10,6 +10,17 @@ pub fn canopy() -> Command {
     Command::new(env!("CARGO_BIN_EXE_canopy"))
 }
 
+/// Runs `canopy ARGS` in `cwd`, requires success, returns its output.
+pub fn canopy_ok(args: &[&str], cwd: &Path) -> String {
+    let out = canopy().args(args).current_dir(cwd).output().unwrap();
+    assert!(
+        out.status.success(),
+        "canopy {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Whether FUSE mount tests can run here (root, /dev/fuse, fusermount3).
 /// When they cannot, the test is recorded as skipped (see
 /// [`super::skip`]), or fails where `CANOPY_REQUIRE_ALL=1` says it must run.

@@ -9,6 +9,7 @@ mod check;
 mod inspect;
 mod mkfs;
 mod mount;
+mod quota;
 mod scrub;
 mod subvolume;
 mod sync;
@@ -49,6 +50,12 @@ enum Command {
     /// Read or set properties (`ro`) of a subvolume.
     #[command(subcommand)]
     Property(subvolume::PropertyCommand),
+    /// Turn quota accounting on or off, or recount it.
+    #[command(subcommand)]
+    Quota(quota::QuotaCommand),
+    /// Show quota groups, make groups of groups, set limits.
+    #[command(subcommand)]
+    Qgroup(quota::QgroupCommand),
     /// Show internals of an unmounted image.
     #[command(subcommand)]
     Inspect(inspect::Command),
@@ -80,6 +87,8 @@ fn main() -> ExitCode {
         Command::Inspect(c) => inspect::run(c),
         Command::Subvolume(c) => subvolume::run(c),
         Command::Property(c) => subvolume::run_property(c),
+        Command::Quota(c) => quota::run_quota(c),
+        Command::Qgroup(c) => quota::run_qgroup(c),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -90,7 +99,7 @@ fn main() -> ExitCode {
     }
 }
 
-const SUBCOMMANDS: [&str; 9] = [
+const SUBCOMMANDS: [&str; 11] = [
     "mkfs",
     "mount",
     "check",
@@ -99,6 +108,8 @@ const SUBCOMMANDS: [&str; 9] = [
     "inspect",
     "subvolume",
     "property",
+    "quota",
+    "qgroup",
     "help",
 ];
 
