@@ -45,6 +45,15 @@ tail -n 1 "$MNT/projects/docs/architecture.md"
 diff -q "$MNT/projects/docs/architecture.md" "$MNT/projects-monday/docs/architecture.md" || true
 touch "$MNT/projects-monday/x" 2>&1 || echo "(the snapshot is read-only)"
 echo
+echo "== quota groups: what each subvolume references and holds alone, and a limit"
+$BIN quota enable "$MNT"
+$BIN qgroup limit 20M "$MNT/projects"
+$BIN qgroup show "$MNT"
+dd if=/dev/zero of="$MNT/projects/too-big" bs=1M count=40 status=none 2>&1 \
+    || echo "(a write past the 20M limit of projects fails with EDQUOT)"
+rm -f "$MNT/projects/too-big"
+$BIN qgroup limit none "$MNT/projects"
+echo
 echo "== every checksum read back by the daemon (canopy scrub)"
 $BIN sync "$MNT"
 $BIN scrub "$MNT"
@@ -53,4 +62,4 @@ echo "Canopy is mounted on $MNT (image $IMG). Try it, then unmount with:"
 echo "    umount $MNT"
 echo "and check the image with:"
 echo "    $BIN check $IMG"
-echo "Snapshots: canopy subvolume --help. Quota groups are not a user feature yet (issue 15)."
+echo "Snapshots: canopy subvolume --help. Quota groups: canopy quota --help, canopy qgroup --help."

@@ -66,6 +66,9 @@ pub struct Allocator {
     pinned: Vec<(u64, u64)>,
     dirty_groups: BTreeSet<u64>,
     claims: Claims,
+    /// Groups being emptied by balance: nothing new goes there, and
+    /// their free space counts for nobody.
+    readonly: BTreeSet<u64>,
 }
 
 impl Allocator {
@@ -78,6 +81,7 @@ impl Allocator {
             pinned: Vec::new(),
             dirty_groups: BTreeSet::new(),
             claims: Claims::default(),
+            readonly: BTreeSet::new(),
         }
     }
 
@@ -193,7 +197,7 @@ impl Allocator {
         hint: u64,
     ) -> Option<(u64, u64)> {
         // The hint's own group first, then the others nearest the hint first.
-        let mut order: Vec<&BlockGroup> = self.groups.values().filter(|g| g.kind == kind).collect();
+        let mut order: Vec<&BlockGroup> = self.writable_groups(kind).collect();
         order.sort_by_key(|g| {
             if hint >= g.start && hint < g.start + g.len {
                 0
@@ -304,6 +308,7 @@ impl Allocator {
             return None;
         }
         self.dirty_groups.remove(&start);
+        self.readonly.remove(&start);
         tracing::debug!(start, "block group emptied: back to unallocated space");
         self.groups.remove(&start)
     }
@@ -327,14 +332,32 @@ impl Allocator {
         in_groups + self.unallocated_bytes()
     }
 
-    /// Unpinned free bytes in the groups holding extents of `kind`.
+    /// Unpinned free bytes in the groups holding extents of `kind` that
+    /// take new extents.
     pub fn free_in(&self, kind: GroupKind) -> u64 {
+        self.writable_groups(kind).map(|g| g.free.total()).sum()
+    }
+
+    /// The groups of `kind` new extents may go to.
+    fn writable_groups(&self, kind: GroupKind) -> impl Iterator<Item = &BlockGroup> {
         let kind = self.group_kind(kind);
         self.groups
             .values()
-            .filter(|g| g.kind == kind)
-            .map(|g| g.free.total())
-            .sum()
+            .filter(move |g| g.kind == kind && !self.readonly.contains(&g.start))
+    }
+
+    /// Makes the group at `start` take no new extents (balance empties
+    /// it), or take them again. False when there is no such group.
+    pub fn set_readonly(&mut self, start: u64, readonly: bool) -> bool {
+        if !self.groups.contains_key(&start) {
+            return false;
+        }
+        if readonly {
+            self.readonly.insert(start);
+        } else {
+            self.readonly.remove(&start);
+        }
+        true
     }
 
     /// Device space not in any group.
@@ -385,11 +408,8 @@ impl Allocator {
     /// a hint splits it into), reaches `max_piece`, or ends the request.
     /// The worst case uses the smallest extents first.
     pub fn pieces_bound(&self, kind: GroupKind, len: u64, max_piece: u64) -> u64 {
-        let kind = self.group_kind(kind);
         let mut lens: Vec<u64> = self
-            .groups
-            .values()
-            .filter(|g| g.kind == kind)
+            .writable_groups(kind)
             .flat_map(|g| g.free.iter().map(|(_, l)| l))
             .collect();
         lens.sort_unstable();

@@ -1,6 +1,6 @@
 //! Reference changes collected during a transaction.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// Who holds a reference, as recorded in a back-reference item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,8 +42,11 @@ impl PendingExtent {
 #[derive(Default)]
 pub struct DelayedRefs {
     map: BTreeMap<u64, PendingExtent>,
-    /// Changes reported now are a block copy's (`BlockWrite::copying_refs`).
+    /// Changes reported now are a block copy's (`BlockWrite::begin_copy`).
     copying: bool,
+    /// Blocks copied in this transaction: when one is released, its
+    /// children only move from it to its copies.
+    copied: HashSet<u64>,
 }
 
 impl DelayedRefs {
@@ -78,9 +81,23 @@ impl DelayedRefs {
         }
     }
 
-    /// See `BlockWrite::copying_refs`.
+    /// See `BlockWrite::begin_copy`.
     pub fn set_copying(&mut self, on: bool) {
         self.copying = on;
+    }
+
+    pub fn note_copied(&mut self, original: u64) {
+        self.copied.insert(original);
+    }
+
+    /// Whether the block at `bytenr` was copied in this transaction.
+    pub fn was_copied(&self, bytenr: u64) -> bool {
+        self.copied.contains(&bytenr)
+    }
+
+    /// The transaction ended: its copies are history.
+    pub fn forget_copies(&mut self) {
+        self.copied.clear();
     }
 
     pub fn is_empty(&self) -> bool {

@@ -29,7 +29,7 @@ use crate::format::key_type::DROPPED_BLOCK;
 use crate::format::node::Node;
 use crate::format::tree_id::ROOT;
 use crate::format::{Key, DROP_QUEUE_OBJECTID};
-use crate::tree::{BlockRead, Cursor, RootPtr};
+use crate::tree::{BlockRead, BlockWrite, Cursor, RootPtr};
 use crate::txn::{Engine, Need, Txn};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -166,7 +166,16 @@ fn release_block(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem, from_drop: bo
         d.budget = d.budget.saturating_sub(cost);
         d.note_released(RefHolder::TreeParent(bytenr));
     }
+    // A block released because copies replaced it hands its children to
+    // them: no tree reaches them differently (see `qgroup`).
+    let replaced = !from_drop && tx.was_copied(bytenr);
+    if replaced {
+        tx.begin_copy(bytenr);
+    }
     crate::tree::count_entry_refs(tx, &node.body, 0..node.nritems(), bytenr, -1);
+    if replaced {
+        tx.end_copy();
+    }
     tx.forget_block(bytenr, item.owner);
     let ns = tx.nodesize_bytes() as u64;
     tx.free_extent(bytenr, ns, never_committed)

@@ -21,9 +21,9 @@ pub(crate) fn cow_block<B: BlockWrite + ?Sized>(
 ) -> Result<u64> {
     let old = b.read_node(bytenr, generation)?;
     let new = b.alloc_node(owner, old.level, bytenr)?;
-    b.copying_refs(true);
+    b.begin_copy(bytenr);
     count_entry_refs(b, &old.body, 0..old.nritems(), new, 1);
-    b.copying_refs(false);
+    b.end_copy();
     b.node_mut(new)?.body = old.body.clone();
     Ok(new)
 }

@@ -76,11 +76,12 @@ pub trait BlockWrite: BlockRead {
     fn block_ref(&mut self, child: u64, holder: Holder, delta: i64);
     /// Records that `leaf` gained or lost an item pointing at a data extent.
     fn data_ref(&mut self, bytenr: u64, len: u64, leaf: u64, delta: i64);
-    /// Marks the reference changes reported until the next call with
-    /// `false` as a block copy's: the copy holds what the original held,
-    /// so no tree gains or loses a way to reach those children (quota
-    /// accounting need not look at them).
-    fn copying_refs(&mut self, _on: bool) {}
+    /// Marks the reference changes reported until [`BlockWrite::end_copy`]
+    /// as those of a copy of block `original`: the copy holds what the
+    /// original held, so no tree gains or loses a way to reach those
+    /// children (quota accounting need not look at them).
+    fn begin_copy(&mut self, _original: u64) {}
+    fn end_copy(&mut self) {}
 }
 
 /// Largest item payload a leaf can hold.

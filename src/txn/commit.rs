@@ -154,6 +154,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     if crate::qgroup::account::run(&mut tx)? {
         settle(&mut tx)?;
     }
+    st.refs.forget_copies();
     st.log_durable = false;
     st.log_replayed = false;
     st.remember_committed_roots();

@@ -477,6 +477,10 @@ impl<'a> Txn<'a> {
         &mut self.st.drop
     }
 
+    pub(crate) fn was_copied(&self, bytenr: u64) -> bool {
+        self.st.refs.was_copied(bytenr)
+    }
+
     pub(crate) fn take_delayed_refs(&mut self) -> BTreeMap<u64, PendingExtent> {
         self.st.refs.take()
     }
@@ -600,7 +604,12 @@ impl BlockWrite for Txn<'_> {
             .add(bytenr, len, RefHolder::DataLeaf(leaf), delta);
     }
 
-    fn copying_refs(&mut self, on: bool) {
-        self.st.refs.set_copying(on);
+    fn begin_copy(&mut self, original: u64) {
+        self.st.refs.note_copied(original);
+        self.st.refs.set_copying(true);
+    }
+
+    fn end_copy(&mut self) {
+        self.st.refs.set_copying(false);
     }
 }
