@@ -18,6 +18,7 @@
 //! `docs/architecture.md` describes the format and the life of a commit.
 
 pub mod alloc;
+pub mod balance;
 pub mod cache;
 pub mod check;
 pub mod dev;

@@ -100,6 +100,11 @@ impl DelayedRefs {
         self.copied.clear();
     }
 
+    /// The pending changes of the extent at `bytenr`.
+    pub fn pending(&self, bytenr: u64) -> Option<&PendingExtent> {
+        self.map.get(&bytenr)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

@@ -84,6 +84,11 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
             Ok(end) if end > key.offset => check_ino(key.objectid, "logged range's inode"),
             _ => fail("logged range that does not end after its start"),
         },
+        BALANCE_ITEM if key.objectid == super::BALANCE_OBJECTID && key.offset == 0 => {
+            crate::balance::BalanceArgs::decode(data).map(drop)
+        }
+        BALANCE_GROUP if key.objectid == super::BALANCE_OBJECTID => check_empty(data),
+        BALANCE_ITEM | BALANCE_GROUP => fail("balance item outside the balance's key range"),
         QGROUP_STATUS | QGROUP_INFO | QGROUP_LIMIT | QGROUP_RELATION => {
             super::qgroup::check(key, data)
         }

@@ -129,6 +129,12 @@ pub mod key_type {
     /// that still holds what it points at, waiting for the cleaner
     /// (`extent::drop`). Payload: [`crate::format::items::DroppedBlock`].
     pub const DROPPED_BLOCK: u8 = 234;
+    /// `(BALANCE_OBJECTID, BALANCE_ITEM, 0)` in the root tree: a balance
+    /// in progress (`balance`).
+    pub const BALANCE_ITEM: u8 = 248;
+    /// `(BALANCE_OBJECTID, BALANCE_GROUP, start)`: a group it has still to
+    /// empty.
+    pub const BALANCE_GROUP: u8 = 249;
     pub const QGROUP_STATUS: u8 = 240;
     pub const QGROUP_INFO: u8 = 242;
     pub const QGROUP_LIMIT: u8 = 244;
@@ -137,6 +143,9 @@ pub mod key_type {
 
 /// Objectid under which checksum items are keyed in the checksum tree.
 pub const CSUM_OBJECTID: u64 = u64::MAX - 9;
+
+/// Objectid of a balance's items in the root tree.
+pub const BALANCE_OBJECTID: u64 = u64::MAX - 3;
 
 /// Objectid of the drop queue's items in the root tree.
 pub const DROP_QUEUE_OBJECTID: u64 = u64::MAX - 10;

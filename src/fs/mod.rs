@@ -18,6 +18,7 @@
 //! Symlink targets are stored as the inline data of the link.
 
 mod atime;
+pub mod balance;
 mod cleaner;
 pub mod delalloc;
 mod dir;
@@ -38,6 +39,7 @@ pub use atime::AtimePolicy;
 pub use cleaner::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
 pub use ops::{Attr, DirListing, Owner, SetAttr, StatFs};
+pub use balance::{BalanceState, BalanceStatus};
 pub use quota::{QgroupRow, QuotaChange};
 pub use subvol::SubvolInfo;
 
@@ -87,6 +89,9 @@ pub(crate) struct Core {
     shown: AtomicU64,
     /// Wakes the daemon's cleaner thread, if one runs.
     cleaner_wake: std::sync::Mutex<Option<std::sync::Weak<cleaner::Wake>>>,
+    /// The balance thread, if one runs, and what it reports.
+    balance_thread: std::sync::Mutex<balance::BalanceThread>,
+    balance_status: Arc<std::sync::Mutex<balance::BalanceStatus>>,
 }
 
 /// One subvolume (fs tree) of a mount: the POSIX operations on its local
@@ -157,6 +162,8 @@ impl Fs {
             subvol_lock: std::sync::Mutex::new(0),
             shown: AtomicU64::new(FS),
             cleaner_wake: std::sync::Mutex::new(None),
+            balance_thread: std::sync::Mutex::new(None),
+            balance_status: Default::default(),
         });
         let top = core.subvol(FS)?;
         if top.is_empty_tree()? {
@@ -411,6 +418,8 @@ pub(crate) fn root_dir_item(transid: u64) -> InodeItem {
 impl Drop for Fs {
     /// Buffered data reaches the tree before the engine's final commit.
     fn drop(&mut self) {
+        // The balance thread holds the core; it carries on at next mount.
+        self.core.stop_balance_thread();
         if self.core.budget.buffered() > 0 {
             if let Err(e) = self.core.flush_all() {
                 tracing::error!(error = %e, "flushing buffered data failed");

@@ -155,6 +155,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
         settle(&mut tx)?;
     }
     st.refs.forget_copies();
+    st.relocated.clear();
     st.log_durable = false;
     st.log_replayed = false;
     st.remember_committed_roots();

@@ -101,6 +101,9 @@ pub(crate) struct State {
     pub log_replayed: bool,
     /// Quota groups and what this transaction did to them (`qgroup`).
     pub qgroups: crate::qgroup::Qgroups,
+    /// Blocks balance copied in this transaction: it may change them in
+    /// place, though ordinary changes must copy them (they are frozen).
+    pub relocated: HashSet<u64>,
 }
 
 /// What readers and the commit I/O share outside the state lock.

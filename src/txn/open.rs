@@ -140,6 +140,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         log_replayed: false,
         committed: BTreeMap::new(),
         qgroups: Default::default(),
+        relocated: HashSet::new(),
     }
 }
 
@@ -232,6 +233,9 @@ impl Engine {
             count_tree_blocks(&mut st, &engine.shared)?;
             count_drop_queue(&mut st, &engine.shared)?;
             load_qgroups(&mut st, &engine.shared)?;
+            if !opts.read_only {
+                crate::balance::restore_readonly(&mut super::Txn::new(&mut st, &engine.shared))?;
+            }
             st.remember_committed_roots();
             super::log::load_pending(&mut st, &engine.shared)?;
         }

@@ -1,0 +1,258 @@
+//! Moving one extent to another place, inside a transaction, so that
+//! every holder follows and nothing shared is unshared.
+//!
+//! Every holder of a tree block or data extent is known by address (the
+//! back-references, plus what the running transaction changed), so
+//! relocation needs no relocation tree: the extent is copied to its new
+//! place, and each holder is made writable and repointed. A holder that
+//! is not writable in this transaction is itself copied and its own
+//! holders repointed, up to the roots: a block shared by many snapshots
+//! is copied once and the copy is shared by all of them.
+//!
+//! Reference changes are made as a block copy's
+//! (`BlockWrite::begin_copy`): no tree reaches anything it did not reach
+//! before, so quota accounting has nothing to do (seed 000).
+
+use crate::error::{Error, Result};
+use crate::extent::apply::find_extent_item;
+use crate::extent::RefHolder;
+use crate::format::items::{data_ref_of, FileExtentItem};
+use crate::format::key_type::{EXTENT_CSUM, SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF};
+use crate::format::node::{Body, Node};
+use crate::format::tree_id::{CSUM, EXTENT, LOG};
+use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
+use crate::tree::{BlockRead, BlockWrite, Cursor, Holder};
+use crate::txn::Txn;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Holders of the extent at `bytenr` now, each with its count (items
+/// of a leaf pointing at a data extent; 1 otherwise): the last commit's
+/// back-references from holders still alive, with this transaction's
+/// changes applied. A committed holder that a copy replaced in this
+/// transaction (ordinary copy-on-write, or relocation) is dead: its
+/// copy holds the extent now, as the pending changes say.
+pub(crate) fn holders(tx: &Txn<'_>, bytenr: u64) -> Result<BTreeMap<RefHolder, i64>> {
+    holders_at(tx, bytenr, 0)
+}
+
+fn holders_at(tx: &Txn<'_>, bytenr: u64, depth: usize) -> Result<BTreeMap<RefHolder, i64>> {
+    if depth > MAX_CLIMB {
+        return Err(Error::corrupt(
+            bytenr,
+            "back-references climb higher than any tree",
+        ));
+    }
+    let mut out: BTreeMap<RefHolder, i64> = BTreeMap::new();
+    for (h, n) in committed_holders(tx, bytenr)? {
+        let alive = match h {
+            RefHolder::TreeRoot(_) => true,
+            RefHolder::TreeParent(p) | RefHolder::DataLeaf(p) => {
+                writable_in_place(tx, p) || !holders_at(tx, p, depth + 1)?.is_empty()
+            }
+        };
+        if alive {
+            *out.entry(h).or_insert(0) += n;
+        }
+    }
+    if let Some(p) = tx.st.refs.pending(bytenr) {
+        for (&h, &d) in &p.refs {
+            *out.entry(h).or_insert(0) += d;
+        }
+    }
+    out.retain(|_, n| *n > 0);
+    Ok(out)
+}
+
+/// Tree levels a climb may pass before the extent tree is taken for
+/// corrupt (a cycle of back-references).
+const MAX_CLIMB: usize = 2 * crate::format::node::MAX_LEVEL as usize + 2;
+
+/// The back-references of the extent at `bytenr` in the extent tree.
+fn committed_holders(tx: &Txn<'_>, bytenr: u64) -> Result<Vec<(RefHolder, i64)>> {
+    let mut out = Vec::new();
+    let root = tx.root_of(EXTENT)?;
+    let mut c = Cursor::seek(tx, &root, &Key::new(bytenr, TREE_BLOCK_REF, 0))?;
+    while let Some(it) = c.item() {
+        let k = it.key;
+        if k.objectid != bytenr || k.ty > SHARED_DATA_REF {
+            break;
+        }
+        match k.ty {
+            TREE_BLOCK_REF => out.push((RefHolder::TreeRoot(k.offset), 1)),
+            SHARED_BLOCK_REF => out.push((RefHolder::TreeParent(k.offset), 1)),
+            SHARED_DATA_REF => {
+                let n = crate::format::items::decode_ref_count(&it.data)
+                    .map_err(|e| Error::corrupt(bytenr, e))?;
+                out.push((RefHolder::DataLeaf(k.offset), i64::from(n)));
+            }
+            _ => {}
+        }
+        if c.next(tx)?.is_none() {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// The block at `bytenr` as the running transaction has it.
+fn load(tx: &Txn<'_>, bytenr: u64) -> Result<Arc<Node>> {
+    if let Some(n) = tx.st.dirty.get(&bytenr) {
+        return Ok(n.clone());
+    }
+    let root = tx.root_of(EXTENT)?;
+    let (_, item) = find_extent_item(tx, &root, bytenr)?
+        .ok_or_else(|| Error::corrupt(bytenr, "relocating a block with no extent item"))?;
+    tx.read_node(bytenr, item.generation)
+}
+
+/// Whether relocation may change the block at `bytenr` in place: a
+/// copy it made in this transaction, or a block no other tree shares
+/// that this transaction already copied.
+fn writable_in_place(tx: &Txn<'_>, bytenr: u64) -> bool {
+    tx.st.relocated.contains(&bytenr) || tx.is_writable(bytenr)
+}
+
+/// Copies the block at `bytenr` to a new place (outside read-only
+/// groups) and repoints every holder. Returns the copy's address.
+pub(crate) fn move_block(tx: &mut Txn<'_>, bytenr: u64) -> Result<u64> {
+    let node = load(tx, bytenr)?;
+    let copy = tx.alloc_node(node.owner, node.level, bytenr)?;
+    tx.begin_copy(bytenr);
+    crate::tree::count_entry_refs(tx, &node.body, 0..node.nritems(), copy, 1);
+    tx.end_copy();
+    tx.node_mut(copy)?.body = node.body.clone();
+    // Possibly shared by several trees: ordinary changes must copy it.
+    tx.st.frozen.insert(copy);
+    tx.st.relocated.insert(copy);
+    tx.st.changes += 1;
+    repoint(tx, bytenr, copy, node.level)?;
+    Ok(copy)
+}
+
+/// The version of `bytenr` relocation may change: itself, or a copy
+/// every holder now points at.
+fn writable(tx: &mut Txn<'_>, bytenr: u64) -> Result<u64> {
+    if writable_in_place(tx, bytenr) {
+        return Ok(bytenr);
+    }
+    move_block(tx, bytenr)
+}
+
+/// Makes every holder of the tree block `old` point at `new` instead.
+fn repoint(tx: &mut Txn<'_>, old: u64, new: u64, level: u8) -> Result<()> {
+    let transid = tx.transid();
+    for (holder, _) in holders(tx, old)? {
+        match holder {
+            RefHolder::TreeRoot(t) if t != LOG => {
+                let Some(rs) = tx.st.roots.get_mut(&t) else {
+                    continue;
+                };
+                if rs.ptr.bytenr != old {
+                    continue;
+                }
+                rs.ptr.bytenr = new;
+                rs.ptr.generation = transid;
+                rs.ptr.level = level;
+                rs.dirty = true;
+                swap_ref(tx, old, new, Holder::Root(t));
+            }
+            RefHolder::TreeParent(p) => {
+                let pw = writable(tx, p)?;
+                let mut moved = 0;
+                if let Body::Internal(ptrs) = &mut tx.node_mut(pw)?.body {
+                    for ptr in ptrs.iter_mut().filter(|ptr| ptr.bytenr == old) {
+                        ptr.bytenr = new;
+                        ptr.generation = transid;
+                        moved += 1;
+                    }
+                }
+                for _ in 0..moved {
+                    swap_ref(tx, old, new, Holder::Parent(pw));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn swap_ref(tx: &mut Txn<'_>, old: u64, new: u64, holder: Holder) {
+    tx.st.refs.set_copying(true);
+    tx.block_ref(new, holder, 1);
+    tx.block_ref(old, holder, -1);
+    tx.st.refs.set_copying(false);
+}
+
+/// Copies the data extent `[bytenr, bytenr+len)` to a new place, with
+/// its checksums (verified on the way), and repoints every file extent
+/// item that references it. Returns the new address.
+pub(crate) fn move_data(tx: &mut Txn<'_>, bytenr: u64, len: u64) -> Result<u64> {
+    let leaves = holders(tx, bytenr)?;
+    let csum_key = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
+    let sums = tx.get(CSUM, &csum_key)?;
+    let mut buf = vec![0u8; usize::try_from(len).map_err(|_| Error::corrupt(bytenr, "huge"))?];
+    tx.read_data(bytenr, &mut buf)?;
+    if let Some(s) = &sums {
+        verify(bytenr, &buf, s)?;
+    }
+    let new = tx.alloc_data(len, bytenr)?;
+    tx.write_data(new, &buf)?;
+    if let Some(s) = sums {
+        tx.insert(CSUM, Key::new(CSUM_OBJECTID, EXTENT_CSUM, new), s)?;
+        tx.delete(CSUM, &csum_key)?;
+    }
+    for (holder, _) in leaves {
+        let RefHolder::DataLeaf(leaf) = holder else {
+            continue;
+        };
+        let lw = writable(tx, leaf)?;
+        let moved = repoint_items(tx.node_mut(lw)?, bytenr, len, new)?;
+        tx.st.refs.set_copying(true);
+        for _ in 0..moved {
+            tx.data_ref(bytenr, len, lw, -1);
+            tx.data_ref(new, len, lw, 1);
+        }
+        tx.st.refs.set_copying(false);
+    }
+    tx.st.changes += 1;
+    Ok(new)
+}
+
+/// Points the file extent items of `leaf` that reference `old` at `new`.
+fn repoint_items(leaf: &mut Node, old: u64, len: u64, new: u64) -> Result<u32> {
+    let mut moved = 0;
+    if let Body::Leaf(items) = &mut leaf.body {
+        for it in items.iter_mut() {
+            if data_ref_of(&it.key, &it.data) != Some((old, len)) {
+                continue;
+            }
+            let mut fe = FileExtentItem::decode(&it.data).map_err(|e| Error::BadItem {
+                key: it.key,
+                reason: e,
+            })?;
+            fe.disk_bytenr = new;
+            it.data = fe.encode();
+            moved += 1;
+        }
+    }
+    Ok(moved)
+}
+
+/// Refuses to move data whose checksums do not match: balance must not
+/// spread damage under fresh checksums.
+fn verify(bytenr: u64, data: &[u8], sums: &[u8]) -> Result<()> {
+    let sector = SECTORSIZE as usize;
+    for (i, chunk) in data.chunks(sector).enumerate() {
+        let Some(want) = sums.get(4 * i..4 * i + 4) else {
+            break;
+        };
+        if crate::format::crc(chunk).to_le_bytes() != want {
+            return Err(Error::io(
+                format!("relocating data at {}", bytenr + (i * sector) as u64),
+                std::io::Error::from_raw_os_error(libc::EIO),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,294 @@
+//! `canopy balance`: runs the engine's balance steps (`crate::balance`)
+//! in a thread of the daemon, committing as it goes, with status, pause,
+//! resume and cancel. A balance recorded by an earlier mount (unmounted
+//! or crashed mid-way) is carried on at mount unless it was paused.
+
+use super::{Core, Fs};
+use crate::balance::{self, BalanceArgs, Step};
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BalanceState {
+    #[default]
+    Idle,
+    Running,
+    Paused,
+    Finished,
+    Cancelled,
+    Failed,
+}
+
+/// What `canopy balance status` shows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalanceStatus {
+    pub state: BalanceState,
+    pub args: Option<BalanceArgs>,
+    /// Groups chosen when this run (or its resumption) began, and those
+    /// still to empty.
+    pub groups_total: u64,
+    pub groups_left: u64,
+    pub extents_moved: u64,
+    pub bytes_moved: u64,
+    pub error: Option<String>,
+}
+
+/// The daemon's balance thread, if one runs: its stop flag and handle.
+pub(crate) type BalanceThread = Option<(Arc<AtomicBool>, JoinHandle<()>)>;
+
+/// Steps between commits: each step holds the state lock briefly; a
+/// commit costs two barriers.
+const STEPS_PER_COMMIT: u32 = 8;
+
+/// Commits in a row that found a group still counting bytes it holds no
+/// extent for, before the balance gives up on it.
+const MAX_WAITS: u32 = 50;
+
+impl Fs {
+    /// Records a balance of the groups `args` chooses and starts moving
+    /// their extents in the background. Returns the number of groups.
+    pub fn balance_start(&self, args: BalanceArgs) -> Result<u64> {
+        self.core.check_balance_writable()?;
+        // Blocks of deleted subvolumes are not extents balance can move:
+        // free them first.
+        self.clean_deleted()?;
+        let n = self
+            .core
+            .write_retrying(|tx| balance::start(tx, args).map(|n| n as u64))?;
+        self.core.engine.commit()?;
+        {
+            let mut st = self.core.balance_status();
+            *st = BalanceStatus {
+                state: BalanceState::Running,
+                args: Some(args),
+                groups_total: n,
+                groups_left: n,
+                ..BalanceStatus::default()
+            };
+        }
+        self.spawn_balance()?;
+        Ok(n)
+    }
+
+    /// Carries on a paused balance, or one an earlier mount left.
+    pub fn balance_resume(&self) -> Result<()> {
+        self.core.check_balance_writable()?;
+        self.core.stop_balance_thread();
+        let rec = self
+            .core
+            .write_retrying(|tx| balance::set_paused(tx, false))?;
+        self.core.engine.commit()?;
+        {
+            let mut st = self.core.balance_status();
+            let n = rec.groups.len() as u64;
+            *st = BalanceStatus {
+                state: BalanceState::Running,
+                args: Some(rec.args),
+                groups_total: n,
+                groups_left: n,
+                ..BalanceStatus::default()
+            };
+        }
+        self.spawn_balance()
+    }
+
+    /// Stops moving extents; the balance stays recorded (even across
+    /// unmount) until resumed or cancelled.
+    pub fn balance_pause(&self) -> Result<()> {
+        self.core.stop_balance_thread();
+        self.core
+            .write_retrying(|tx| balance::set_paused(tx, true).map(drop))?;
+        self.core.engine.commit()?;
+        self.core.balance_status().state = BalanceState::Paused;
+        Ok(())
+    }
+
+    /// Stops and forgets the balance. Groups already emptied stay so.
+    pub fn balance_cancel(&self) -> Result<()> {
+        self.core.stop_balance_thread();
+        self.core.write_retrying(balance::cancel)?;
+        self.core.engine.commit()?;
+        self.core.balance_status().state = BalanceState::Cancelled;
+        Ok(())
+    }
+
+    pub fn balance_status(&self) -> BalanceStatus {
+        let mut st = self.core.balance_status().clone();
+        if st.state == BalanceState::Idle {
+            // Recorded by an earlier mount and paused: say so.
+            if let Ok(Some(rec)) = self.core.engine.read(balance::recorded) {
+                st.state = if rec.paused {
+                    BalanceState::Paused
+                } else {
+                    BalanceState::Running
+                };
+                st.args = Some(rec.args);
+                st.groups_left = rec.groups.len() as u64;
+                st.groups_total = st.groups_left;
+            }
+        }
+        st
+    }
+
+    /// At mount: carries on a balance an earlier mount left running.
+    pub fn balance_resume_if_recorded(&self) -> Result<()> {
+        let Some(rec) = self.core.engine.read(balance::recorded)? else {
+            return Ok(());
+        };
+        if rec.paused {
+            return Ok(());
+        }
+        tracing::info!(
+            groups = rec.groups.len(),
+            "carrying on the balance an earlier mount left"
+        );
+        {
+            let mut st = self.core.balance_status();
+            let n = rec.groups.len() as u64;
+            *st = BalanceStatus {
+                state: BalanceState::Running,
+                args: Some(rec.args),
+                groups_total: n,
+                groups_left: n,
+                ..BalanceStatus::default()
+            };
+        }
+        self.spawn_balance()
+    }
+
+    /// Waits for the balance thread to end; its final status.
+    pub fn balance_wait(&self) -> BalanceStatus {
+        let running = crate::sync::lock(&self.core.balance_thread).take();
+        if let Some((_, h)) = running {
+            let _ = h.join();
+        }
+        self.balance_status()
+    }
+
+    /// Stops the balance thread (unmount); the balance stays recorded.
+    pub fn balance_stop(&self) {
+        self.core.stop_balance_thread();
+    }
+
+    fn spawn_balance(&self) -> Result<()> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (core, flag) = (self.core.clone(), stop.clone());
+        let status = self.core.balance_status.clone();
+        let handle = std::thread::Builder::new()
+            .name("balance".into())
+            .spawn(move || {
+                let r = core.run_balance(&flag, &status);
+                let mut st = crate::sync::lock(&status);
+                match r {
+                    Ok(true) => st.state = BalanceState::Finished,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "balance stopped");
+                        st.state = BalanceState::Failed;
+                        st.error = Some(e.to_string());
+                    }
+                }
+            })
+            .map_err(|e| Error::io("starting the balance thread", e))?;
+        *crate::sync::lock(&self.core.balance_thread) = Some((stop, handle));
+        Ok(())
+    }
+}
+
+impl Core {
+    fn balance_status(&self) -> std::sync::MutexGuard<'_, BalanceStatus> {
+        crate::sync::lock(&self.balance_status)
+    }
+
+    fn check_balance_writable(&self) -> Result<()> {
+        if self.remounted_ro.load(Ordering::Relaxed) {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn stop_balance_thread(&self) {
+        let running = crate::sync::lock(&self.balance_thread).take();
+        if let Some((stop, h)) = running {
+            stop.store(true, Ordering::SeqCst);
+            let _ = h.join();
+        }
+    }
+
+    /// Runs a transaction; on ENOSPC flushes buffered data, commits and
+    /// tries once more (as ordinary operations do).
+    fn write_retrying<R>(
+        &self,
+        mut f: impl FnMut(&mut crate::txn::Txn<'_>) -> Result<R>,
+    ) -> Result<R> {
+        match self.engine.write(&mut f) {
+            Err(Error::NoSpace) => {
+                self.flush_all()?;
+                self.engine.commit()?;
+                self.engine.wait_for_freed_space();
+                self.engine.write(f)
+            }
+            r => r,
+        }
+    }
+
+    /// Steps until the balance ends (true) or `stop` is set (false).
+    fn run_balance(&self, stop: &AtomicBool, status: &Mutex<BalanceStatus>) -> Result<bool> {
+        let mut since_commit = 0;
+        let mut waits = 0;
+        loop {
+            if stop.load(Ordering::SeqCst) {
+                self.engine.commit()?;
+                return Ok(false);
+            }
+            let step = self.write_retrying(balance::step)?;
+            since_commit += 1;
+            match step {
+                Step::Moved { moved, .. } => {
+                    waits = 0;
+                    let mut st = crate::sync::lock(status);
+                    st.extents_moved += moved.extents;
+                    st.bytes_moved += moved.bytes;
+                }
+                Step::Emptied { .. } => {
+                    waits = 0;
+                    let mut st = crate::sync::lock(status);
+                    st.groups_left = st.groups_left.saturating_sub(1);
+                }
+                Step::Waiting { group, used } => {
+                    waits += 1;
+                    if waits > MAX_WAITS {
+                        return Err(Error::Invalid(format!(
+                            "block group at {group} still counts {used} bytes that balance cannot move"
+                        )));
+                    }
+                    // Unfinished flushes and freed space settle at a
+                    // commit; blocks of deleted subvolumes with the cleaner.
+                    self.flush_all()?;
+                    while self.engine.queued_drops() > 0 {
+                        self.clean_once()?;
+                    }
+                    self.engine.commit()?;
+                    since_commit = 0;
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                Step::Finished => {
+                    self.engine.commit()?;
+                    crate::sync::lock(status).groups_left = 0;
+                    return Ok(true);
+                }
+                Step::Idle => return Ok(false),
+            }
+            if since_commit >= STEPS_PER_COMMIT {
+                self.engine.commit()?;
+                since_commit = 0;
+            }
+        }
+    }
+}
