@@ -6,7 +6,7 @@
 
 mod common;
 
-use canopy::balance::BalanceArgs;
+use canopy::balance::{BalanceArgs, Filter};
 use canopy::dev::{Device, MemDevice};
 use canopy::fs::{BalanceState, Fs, QgroupRow, QuotaChange};
 use canopy::{Engine, FormatOptions, OpenOptions};
@@ -54,7 +54,8 @@ fn populate(fs: &Fs, files: usize) {
         let snap = at(fs, &name).expect("snapshot");
         for i in (s..files).step_by(40) {
             let node = fs.lookup(snap, format!("f{i}").as_bytes()).expect("f").ino;
-            fs.write(node, 0, b"changed in the snapshot").expect("write");
+            fs.write(node, 0, b"changed in the snapshot")
+                .expect("write");
         }
     }
     fs.sync().expect("sync");
@@ -166,8 +167,8 @@ fn a_paused_balance_survives_remount_and_cancel_forgets_it() {
     let files = contents(&fs);
     // Only data groups under 100% use: data and metadata filters apart.
     let args = BalanceArgs {
-        data: Some(Some(100)),
-        metadata: None,
+        data: Filter::UsageBelow(100),
+        metadata: Filter::Skip,
     };
     fs.balance_start(args).expect("start");
     fs.balance_pause().expect("pause");
@@ -209,10 +210,7 @@ fn an_unmounted_balance_carries_on_at_mount() {
     let fs = open(dev.clone() as Arc<dyn Device>);
     fs.balance_resume_if_recorded().expect("resume at mount");
     let st = fs.balance_wait();
-    assert!(
-        matches!(st.state, BalanceState::Finished),
-        "{st:?}"
-    );
+    assert!(matches!(st.state, BalanceState::Finished), "{st:?}");
     assert_eq!(contents(&fs), files);
     drop(fs);
     common::assert_fs_clean(&dev);

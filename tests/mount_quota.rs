@@ -109,3 +109,116 @@ fn quota_groups_and_limits_through_the_mount() {
     m.unmount();
     m.check();
 }
+
+/// Every file's path and content under `dir`.
+fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push((p.display().to_string(), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn balance_commands_move_everything_and_change_no_number() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mnt = m.mnt.clone();
+    let out = canopy()
+        .args(["balance", "start", "-dusage=101", "."])
+        .current_dir(&mnt)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "usage past 100% must be refused");
+    canopy_ok(&["quota", "enable", "."], &mnt);
+    canopy_ok(&["subvolume", "create", "home"], &mnt);
+    for i in 0..40u8 {
+        fs::write(
+            m.p(&format!("home/f{i}")),
+            vec![i; 64 * 1024 + usize::from(i)],
+        )
+        .unwrap();
+    }
+    // Enough extents that a balance runs longer than the commands
+    // that pause it.
+    fs::create_dir(m.p("home/small")).unwrap();
+    for i in 0..1500u32 {
+        fs::write(
+            m.p(&format!("home/small/{i}")),
+            i.to_le_bytes().repeat(1024),
+        )
+        .unwrap();
+    }
+    canopy_ok(&["subvolume", "snapshot", "home", "snap"], &mnt);
+    fs::write(m.p("home/f0"), b"changed after the snapshot").unwrap();
+    // Reading updates access times (relatime), which unshares inode
+    // leaves: read first, then take the numbers.
+    let files = contents(&mnt);
+    canopy_ok(&["sync", "."], &mnt);
+    let numbers = || canopy_ok(&["qgroup", "show", "--raw", "."], &mnt);
+    let before = numbers();
+
+    let done = canopy_ok(&["balance", "start", "-dusage=100", "-m", "."], &mnt);
+    assert!(done.contains("balance done"), "{done}");
+    let st: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["balance", "status", "--json", "."], &mnt)).unwrap();
+    assert_eq!(st["state"], "finished", "{st}");
+    assert!(st["groups_total"].as_u64().unwrap() > 0, "{st}");
+    assert!(st["extents_moved"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["args"]["data"]["usage_below"], 100, "{st}");
+    assert_eq!(numbers(), before, "balance changes no qgroup number");
+    assert_eq!(contents(&mnt), files);
+
+    // Paused in the background, it stays recorded across a remount;
+    // cancel forgets it; resumed, it runs to its end.
+    for then in ["cancel", "resume"] {
+        canopy_ok(&["balance", "start", "--bg", "."], &mnt);
+        let paused = canopy()
+            .args(["balance", "pause", "."])
+            .current_dir(&mnt)
+            .output()
+            .unwrap();
+        if !paused.status.success() {
+            // Done before the pause came: that must be all it says.
+            let st = canopy_ok(&["balance", "status", "."], &mnt);
+            assert!(st.contains("finished"), "{st}");
+            eprintln!("the balance finished before it could be paused");
+            continue;
+        }
+        m.unmount();
+        m.check();
+        m.mount("");
+        let st = canopy_ok(&["balance", "status", "."], &mnt);
+        assert!(st.contains("balance paused"), "{st}");
+        canopy_ok(&["balance", then, "."], &mnt);
+        let want = if then == "cancel" {
+            "cancelled"
+        } else {
+            "finished"
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let st = canopy_ok(&["balance", "status", "."], &mnt);
+            if st.contains(want) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{st}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    assert_eq!(numbers(), before);
+    assert_eq!(contents(&mnt), files);
+    m.unmount();
+    m.check();
+}

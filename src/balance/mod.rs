@@ -34,15 +34,52 @@ use crate::tree::Cursor;
 use crate::txn::{Need, Reader, Txn};
 use serde::{Deserialize, Serialize};
 
-/// Which groups a balance empties: each kind asked for, optionally only
-/// groups used below a percentage (`-dusage=N`).
+/// Which groups of one kind a balance empties.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Filter {
+    /// None (the kind was not asked for).
+    #[default]
+    Skip,
+    /// Every group of the kind (`-d`, `-m`).
+    All,
+    /// Groups used below this percentage (`-dusage=N`).
+    UsageBelow(u8),
+}
+
+impl Filter {
+    /// This filter, or `other` when this one skips.
+    fn or(self, other: Filter) -> Filter {
+        match self {
+            Filter::Skip => other,
+            f => f,
+        }
+    }
+
+    fn encode(self) -> (u8, u8) {
+        match self {
+            Filter::Skip => (0, NO_USAGE),
+            Filter::All => (1, NO_USAGE),
+            Filter::UsageBelow(u) => (1, u),
+        }
+    }
+
+    fn decode(on: u8, usage: u8) -> std::result::Result<Filter, String> {
+        match (on, usage) {
+            (0, _) => Ok(Filter::Skip),
+            (1, NO_USAGE) => Ok(Filter::All),
+            (1, u @ 0..=100) => Ok(Filter::UsageBelow(u)),
+            _ => Err(format!("balance filter {on}/{usage} is not valid")),
+        }
+    }
+}
+
+/// Which groups a balance empties: data groups, metadata and system
+/// groups (mixed groups by whichever filter is given, data's first).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BalanceArgs {
-    /// Data groups (mixed groups too): None = not asked for; Some(None)
-    /// = all; Some(Some(n)) = used below n percent.
-    pub data: Option<Option<u8>>,
-    /// Metadata and system groups (mixed groups too).
-    pub metadata: Option<Option<u8>>,
+    pub data: Filter,
+    pub metadata: Filter,
 }
 
 const ITEM_SIZE: usize = 5;
@@ -52,18 +89,14 @@ impl BalanceArgs {
     /// Everything (what `canopy balance start MNT` with no filter means).
     pub fn all() -> BalanceArgs {
         BalanceArgs {
-            data: Some(None),
-            metadata: Some(None),
+            data: Filter::All,
+            metadata: Filter::All,
         }
     }
 
     fn encode(&self, paused: bool) -> Vec<u8> {
-        let part = |f: Option<Option<u8>>| match f {
-            None => (0, NO_USAGE),
-            Some(u) => (1, u.unwrap_or(NO_USAGE)),
-        };
-        let (d, du) = part(self.data);
-        let (m, mu) = part(self.metadata);
+        let (d, du) = self.data.encode();
+        let (m, mu) = self.metadata.encode();
         vec![d, du, m, mu, u8::from(paused)]
     }
 
@@ -71,21 +104,13 @@ impl BalanceArgs {
     pub fn decode(b: &[u8]) -> std::result::Result<(BalanceArgs, bool), String> {
         let [d, du, m, mu, paused] = <[u8; ITEM_SIZE]>::try_from(b)
             .map_err(|_| format!("balance item of {} bytes", b.len()))?;
-        let part = |on: u8, usage: u8| -> std::result::Result<Option<Option<u8>>, String> {
-            match (on, usage) {
-                (0, _) => Ok(None),
-                (1, NO_USAGE) => Ok(Some(None)),
-                (1, u @ 0..=100) => Ok(Some(Some(u))),
-                _ => Err(format!("balance filter {on}/{usage} is not valid")),
-            }
-        };
         if paused > 1 {
             return Err("balance paused flag is not 0 or 1".into());
         }
         Ok((
             BalanceArgs {
-                data: part(d, du)?,
-                metadata: part(m, mu)?,
+                data: Filter::decode(d, du)?,
+                metadata: Filter::decode(m, mu)?,
             },
             paused == 1,
         ))
@@ -98,9 +123,11 @@ impl BalanceArgs {
             GroupKind::Mixed => self.data.or(self.metadata),
         };
         match filter {
-            None => false,
-            Some(None) => true,
-            Some(Some(pct)) => used.saturating_mul(100) < u64::from(pct).saturating_mul(len),
+            Filter::Skip => false,
+            Filter::All => true,
+            Filter::UsageBelow(pct) => {
+                used.saturating_mul(100) < u64::from(pct).saturating_mul(len)
+            }
         }
     }
 }
@@ -307,8 +334,7 @@ fn extents_in(tx: &Txn<'_>, start: u64, end: u64) -> Result<Vec<(u64, u64, Exten
     let mut c = Cursor::seek(tx, &root, &Key::new(start, EXTENT_ITEM, 0))?;
     let mut out = Vec::new();
     let mut data = 0;
-    loop {
-        let Some(it) = c.item() else { break };
+    while let Some(it) = c.item() {
         let k = it.key;
         if k.objectid >= end || out.len() >= STEP_EXTENTS || data >= STEP_DATA_BYTES {
             break;

@@ -36,10 +36,10 @@ pub(crate) mod subvol;
 pub mod xattr;
 
 pub use atime::AtimePolicy;
+pub use balance::{BalanceState, BalanceStatus};
 pub use cleaner::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
 pub use ops::{Attr, DirListing, Owner, SetAttr, StatFs};
-pub use balance::{BalanceState, BalanceStatus};
 pub use quota::{QgroupRow, QuotaChange};
 pub use subvol::SubvolInfo;
 

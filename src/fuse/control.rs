@@ -92,6 +92,15 @@ pub enum Request {
     },
     /// `canopy qgroup show`.
     QgroupShow,
+    /// `canopy balance start`: records a balance and starts it in the
+    /// daemon's balance thread.
+    BalanceStart {
+        args: crate::balance::BalanceArgs,
+    },
+    BalanceStatus,
+    BalancePause,
+    BalanceResume,
+    BalanceCancel,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -124,6 +133,9 @@ pub struct Response {
     /// Quota groups shown.
     #[serde(default)]
     pub qgroups: Option<Vec<crate::fs::QgroupRow>>,
+    /// The balance, after any balance request.
+    #[serde(default)]
+    pub balance: Option<crate::fs::BalanceStatus>,
 }
 
 impl Response {
@@ -135,6 +147,7 @@ impl Response {
                 scrub: None,
                 subvolumes,
                 qgroups: None,
+                balance: None,
             },
             Err(e) => Response {
                 ok: false,
@@ -142,6 +155,7 @@ impl Response {
                 scrub: None,
                 subvolumes: None,
                 qgroups: None,
+                balance: None,
             },
         }
     }
@@ -492,6 +506,25 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             },
             Err(e) => Response::of(Err(e)),
         },
+        Ok(
+            req @ (Request::BalanceStart { .. }
+            | Request::BalanceStatus
+            | Request::BalancePause
+            | Request::BalanceResume
+            | Request::BalanceCancel),
+        ) => {
+            let r = match req {
+                Request::BalanceStart { args } => fs.balance_start(args).map(drop),
+                Request::BalancePause => fs.balance_pause(),
+                Request::BalanceResume => fs.balance_resume(),
+                Request::BalanceCancel => fs.balance_cancel(),
+                _ => Ok(()),
+            };
+            Response {
+                balance: Some(fs.balance_status()),
+                ..Response::of(r.map(|()| None))
+            }
+        }
         Ok(req @ (Request::Quota { .. } | Request::QgroupLimitNode { .. })) => {
             Response::of(d.quota(req).map(|()| None))
         }

@@ -280,6 +280,12 @@ pub fn serve(
             .map_err(|e| tracing::warn!(error = %e, "no cleaner thread: deleted subvolumes are freed only by `canopy subvolume sync`"))
             .ok()
     };
+    // A balance an earlier mount left running carries on.
+    if !opts.read_only {
+        if let Err(e) = fs.balance_resume_if_recorded() {
+            tracing::warn!(error = %e, "could not carry on the recorded balance");
+        }
+    }
     ready();
     let mut last_commit = Instant::now();
     let mut last_look = Instant::now();
@@ -310,6 +316,8 @@ pub fn serve(
     }
     drop(control);
     drop(cleaner);
+    // It carries on at the next mount.
+    fs.balance_stop();
     if let Some(why) = fs.engine().shutdown_reason() {
         // Logged as what it was: a shutdown while mounted, not a failure
         // to mount.

@@ -5,6 +5,7 @@
 //! `scrub` follows btrfs-progs: 0 clean, 3 damage found, 1 could not scrub;
 //! other subcommands exit 0 on success and 1 on error; usage errors exit 2.
 
+mod balance;
 mod check;
 mod inspect;
 mod mkfs;
@@ -56,6 +57,9 @@ enum Command {
     /// Show quota groups, make groups of groups, set limits.
     #[command(subcommand)]
     Qgroup(quota::QgroupCommand),
+    /// Empty block groups by moving their extents into others, online.
+    #[command(subcommand)]
+    Balance(balance::Command),
     /// Show internals of an unmounted image.
     #[command(subcommand)]
     Inspect(inspect::Command),
@@ -76,7 +80,7 @@ fn main() -> ExitCode {
         .init();
     let cli = match mount_helper_args(std::env::args().collect()) {
         Some(args) => Cli::parse_from(args),
-        None => Cli::parse(),
+        None => Cli::parse_from(balance::glue_filters(std::env::args().collect())),
     };
     let r = match cli.command {
         Command::Mkfs(a) => mkfs::run(a),
@@ -89,6 +93,7 @@ fn main() -> ExitCode {
         Command::Property(c) => subvolume::run_property(c),
         Command::Quota(c) => quota::run_quota(c),
         Command::Qgroup(c) => quota::run_qgroup(c),
+        Command::Balance(c) => balance::run(c),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -99,7 +104,7 @@ fn main() -> ExitCode {
     }
 }
 
-const SUBCOMMANDS: [&str; 11] = [
+const SUBCOMMANDS: [&str; 12] = [
     "mkfs",
     "mount",
     "check",
@@ -110,6 +115,7 @@ const SUBCOMMANDS: [&str; 11] = [
     "property",
     "quota",
     "qgroup",
+    "balance",
     "help",
 ];
 

@@ -164,7 +164,7 @@ fn change_at(path: &Path, change: QuotaChange) -> Result<()> {
 }
 
 /// Sends `req` to the daemon serving the mount that holds `path`.
-fn ask(path: &Path, req: &Request) -> Result<Response> {
+pub(crate) fn ask(path: &Path, req: &Request) -> Result<Response> {
     let canon = path
         .canonicalize()
         .with_context(|| format!("opening {}", path.display()))?;
@@ -176,7 +176,8 @@ fn ask(path: &Path, req: &Request) -> Result<Response> {
     Ok(r)
 }
 
-fn size(bytes: u64, raw: bool) -> String {
+/// `bytes` with a binary unit (or as a plain number when `raw`).
+pub(crate) fn size(bytes: u64, raw: bool) -> String {
     if raw {
         return bytes.to_string();
     }

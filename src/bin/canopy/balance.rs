@@ -1,0 +1,204 @@
+//! `canopy balance`: empty block groups of a mounted filesystem by moving
+//! their extents into others, after `btrfs balance`. The daemon's balance
+//! thread does the work; these commands start, watch, pause, resume and
+//! cancel it over the control socket.
+
+use crate::quota::{ask, size};
+use anyhow::{bail, Result};
+use canopy::balance::{BalanceArgs, Filter};
+use canopy::fs::{BalanceState, BalanceStatus};
+use canopy::fuse::control::Request;
+use clap::Subcommand;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Move the extents of the chosen block groups into others, then free
+    /// the emptied groups. With neither -d nor -m, every group. Shared
+    /// extents move once: nothing is unshared and no qgroup number
+    /// changes. Waits with a progress bar unless --bg.
+    Start {
+        /// Data groups; `-dusage=N`: only those used below N percent.
+        #[arg(short = 'd', value_name = "usage=N", num_args = 0..=1,
+              require_equals = true, default_missing_value = "")]
+        data: Option<String>,
+        /// Metadata and system groups; `-musage=N` as for -d.
+        #[arg(short = 'm', value_name = "usage=N", num_args = 0..=1,
+              require_equals = true, default_missing_value = "")]
+        metadata: Option<String>,
+        /// Return once the balance has started; it runs in the daemon.
+        #[arg(long = "bg", alias = "background")]
+        background: bool,
+        path: PathBuf,
+    },
+    /// Show how far the running, paused or last balance got.
+    Status {
+        /// One JSON object: state, groups_total, groups_left,
+        /// extents_moved, bytes_moved, error.
+        #[arg(long)]
+        json: bool,
+        path: PathBuf,
+    },
+    /// Stop moving extents; the balance stays recorded, across unmounts,
+    /// until resumed or cancelled.
+    Pause { path: PathBuf },
+    /// Carry on a paused balance.
+    Resume { path: PathBuf },
+    /// Stop and forget the balance (groups already emptied stay so).
+    Cancel { path: PathBuf },
+}
+
+/// btrfs writes filters glued to their flag (`-dusage=50`), which clap
+/// would read as flags `-u`, `-s`...: after `balance start`, such an
+/// argument becomes `-d=usage=50`.
+pub fn glue_filters(mut argv: Vec<String>) -> Vec<String> {
+    let starts = argv
+        .windows(2)
+        .position(|w| w[0] == "balance" && w[1] == "start");
+    if let Some(at) = starts {
+        for a in argv.iter_mut().skip(at + 2) {
+            if a == "--" {
+                break;
+            }
+            let glued = (a.starts_with("-d") || a.starts_with("-m")) && a.len() > 2;
+            if glued && !a[2..].starts_with('=') {
+                *a = format!("{}={}", &a[..2], &a[2..]);
+            }
+        }
+    }
+    argv
+}
+
+pub fn run(c: Command) -> Result<()> {
+    match c {
+        Command::Start {
+            data,
+            metadata,
+            background,
+            path,
+        } => {
+            let args = balance_args(data.as_deref(), metadata.as_deref())?;
+            let r = ask(&path, &Request::BalanceStart { args })?;
+            let st = r.balance.unwrap_or_default();
+            if background {
+                println!("balance started: {} block groups", st.groups_total);
+                return Ok(());
+            }
+            watch(&path, st)
+        }
+        Command::Status { json, path } => {
+            let st = ask(&path, &Request::BalanceStatus)?
+                .balance
+                .unwrap_or_default();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+            } else {
+                print_status(&st);
+            }
+            Ok(())
+        }
+        Command::Pause { path } => ask(&path, &Request::BalancePause).map(drop),
+        Command::Resume { path } => ask(&path, &Request::BalanceResume).map(drop),
+        Command::Cancel { path } => ask(&path, &Request::BalanceCancel).map(drop),
+    }
+}
+
+/// `-d`/`-m` as btrfs takes them: absent, bare, or `usage=N` (0..=100).
+fn balance_args(data: Option<&str>, metadata: Option<&str>) -> Result<BalanceArgs> {
+    if data.is_none() && metadata.is_none() {
+        return Ok(BalanceArgs::all());
+    }
+    Ok(BalanceArgs {
+        data: data.map_or(Ok(Filter::Skip), |f| filter(f, "-d"))?,
+        metadata: metadata.map_or(Ok(Filter::Skip), |f| filter(f, "-m"))?,
+    })
+}
+
+fn filter(f: &str, flag: &str) -> Result<Filter> {
+    if f.is_empty() {
+        return Ok(Filter::All);
+    }
+    let Some(n) = f.strip_prefix("usage=") else {
+        bail!("{flag}{f}: the only filter is usage=N");
+    };
+    match n.parse::<u8>() {
+        Ok(p) if p <= 100 => Ok(Filter::UsageBelow(p)),
+        _ => bail!("{flag}usage={n}: N is a percentage, 0 to 100"),
+    }
+}
+
+/// Follows the balance with a progress bar until it ends; an error if it
+/// failed or was cancelled.
+fn watch(path: &Path, first: BalanceStatus) -> Result<()> {
+    let bar = indicatif::ProgressBar::new(first.groups_total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{bar:30}] {pos}/{len} groups emptied, {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let mut st = first;
+    loop {
+        bar.set_length(st.groups_total);
+        bar.set_position(st.groups_total.saturating_sub(st.groups_left));
+        bar.set_message(format!(
+            "{} extents ({}) moved",
+            st.extents_moved,
+            size(st.bytes_moved, false)
+        ));
+        if st.state != BalanceState::Running {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        st = ask(path, &Request::BalanceStatus)?
+            .balance
+            .unwrap_or_default();
+    }
+    bar.finish_and_clear();
+    match st.state {
+        BalanceState::Finished | BalanceState::Idle => {
+            println!(
+                "balance done: {} block groups emptied, {} extents ({}) moved",
+                st.groups_total,
+                st.extents_moved,
+                size(st.bytes_moved, false)
+            );
+            Ok(())
+        }
+        BalanceState::Paused => bail!("balance paused ({} groups left)", st.groups_left),
+        BalanceState::Cancelled => bail!("balance cancelled"),
+        BalanceState::Failed => bail!(
+            "balance failed: {}",
+            st.error.unwrap_or_else(|| "unknown error".into())
+        ),
+        BalanceState::Running => unreachable!("the loop ends only when not running"),
+    }
+}
+
+fn print_status(st: &BalanceStatus) {
+    let state = match st.state {
+        BalanceState::Idle => {
+            println!("no balance found");
+            return;
+        }
+        BalanceState::Running => "running",
+        BalanceState::Paused => "paused",
+        BalanceState::Finished => "finished",
+        BalanceState::Cancelled => "cancelled",
+        BalanceState::Failed => "failed",
+    };
+    println!("balance {state}");
+    println!(
+        "{} out of about {} block groups left, {} extents ({}) moved",
+        st.groups_left,
+        st.groups_total,
+        st.extents_moved,
+        size(st.bytes_moved, false)
+    );
+    if let Some(e) = &st.error {
+        println!("error: {e}");
+    }
+}
