@@ -54,6 +54,11 @@ dd if=/dev/zero of="$MNT/projects/too-big" bs=1M count=40 status=none 2>&1 \
 rm -f "$MNT/projects/too-big"
 $BIN qgroup limit none "$MNT/projects"
 echo
+echo "== balance: every block moves, shared blocks once; no qgroup number changes"
+BEFORE=$($BIN qgroup show --raw "$MNT")
+$BIN balance start "$MNT" | cat
+[ "$($BIN qgroup show --raw "$MNT")" = "$BEFORE" ] && echo "(qgroup numbers unchanged)"
+echo
 echo "== every checksum read back by the daemon (canopy scrub)"
 $BIN sync "$MNT"
 $BIN scrub "$MNT"
@@ -63,3 +68,4 @@ echo "    umount $MNT"
 echo "and check the image with:"
 echo "    $BIN check $IMG"
 echo "Snapshots: canopy subvolume --help. Quota groups: canopy quota --help, canopy qgroup --help."
+echo "Balance: canopy balance --help."

@@ -7,6 +7,7 @@
 
 mod common;
 
+use canopy::balance::{BalanceArgs, Step};
 use canopy::dev::{Device, MemDevice};
 use canopy::fs::{Fs, Owner, SetAttr};
 use canopy::{Engine, OpenOptions};
@@ -60,6 +61,10 @@ enum Op {
     Sync,
     /// One bounded step of the cleaner that frees deleted subvolumes.
     Clean,
+    /// One step of a balance of every group (started when none is
+    /// recorded), in the running transaction: relocation mixed with the
+    /// other changes of one commit.
+    Balance,
     Reopen,
 }
 
@@ -78,6 +83,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(|sv| Op::Delete { sv }),
         1 => Just(Op::Sync),
         2 => Just(Op::Clean),
+        2 => Just(Op::Balance),
         1 => Just(Op::Reopen),
     ]
 }
@@ -287,6 +293,16 @@ impl World {
             }
             Op::Clean => {
                 self.fs().clean_step().expect("cleaner step");
+            }
+            Op::Balance => {
+                let step = self
+                    .fs()
+                    .engine()
+                    .write(|tx| match canopy::balance::step(tx)? {
+                        Step::Idle => canopy::balance::start(tx, BalanceArgs::all()).map(drop),
+                        _ => Ok(()),
+                    });
+                step.expect("balance step");
             }
             Op::Reopen => self.reopen(),
         }

@@ -5,6 +5,7 @@ A workload returns samples: (metric, value, unit, better) where better is
 size of the mails where that is practical on these machines.
 """
 
+import hashlib
 import json
 import os
 import random
@@ -345,41 +346,112 @@ def everyday(fs, scale):
 # -- 7. quota groups and balance (000) ------------------------------------
 
 def qgroups(fs, scale):
-    """btrfs only until Canopy has snapshots, quotas and balance: a tree of
-    real files, 16 then 64 snapshots with 3 files changed in each, metadata
-    balance with quotas on and off; the qgroup numbers must not change."""
-    if fs.name != "btrfs":
+    """Canopy and btrfs, seed 000: a subvolume of real files (/usr/share,
+    /usr/include and /usr/bin: 1.1 GiB, 55k files at scale >= 0.5;
+    /usr/share/doc below), then snapshots of it with 3 files changed after
+    each, and a metadata balance at 16 and at 64 snapshots, once with
+    quotas on and once off. Qgroup numbers and a sample of file contents
+    must be the same after each balance; the change of used bytes is
+    reported. The commit of 3 changed files (median of 15) is timed with 1
+    and with 64 snapshots: accounting must not cost more as snapshots are
+    added."""
+    q = quota_cmds(fs)
+    if q is None:
         return []
-    rng = random.Random(0)
     samples = []
+    srcs = ("/usr/share /usr/include /usr/bin" if scale >= 0.5 else "/usr/share/doc")
     for quotas in ("on", "off"):
+        rng = random.Random(0)
         fs.make()
         sub = fs.path("sub")
-        sh(f"btrfs -q subvolume create '{sub}'")
-        # The mail copies /usr; quick runs take its documentation.
-        src = "/usr" if scale >= 0.5 else "/usr/share/doc"
-        sh(f"cp -a {src} '{sub}/tree'")
+        sh(f"{q['subvol']} create '{sub}'")
+        os.makedirs(os.path.join(sub, "tree"))
+        sh(f"cp -a {srcs} '{sub}/tree/'")
         files = out(f"find '{sub}' -type f").split("\n")[:-1]
+        sample = rng.sample(files, min(200, len(files)))
         if quotas == "on":
-            sh(f"btrfs quota enable '{fs.mnt}'")
-            sh(f"btrfs quota rescan -w '{fs.mnt}' >/dev/null")
-        for count in (16, 64):
-            for i in range(count):
-                snap = fs.path(f"snap-{count}-{i}")
-                sh(f"btrfs -q subvolume snapshot '{sub}' '{snap}'")
-                for f in rng.sample(files, 3):
-                    with open(f, "ab") as fh:
-                        fh.write(os.urandom(4096))
-            sh("sync")
-            before = out(f"btrfs qgroup show --raw '{fs.mnt}'") if quotas == "on" else ""
-            t = timed(f"btrfs balance start -m '{fs.mnt}'")
-            after = out(f"btrfs qgroup show --raw '{fs.mnt}'") if quotas == "on" else ""
-            if before != after:
-                raise RuntimeError("btrfs qgroup numbers changed across balance")
-            samples.append((f"{count} snapshots, metadata balance, quotas {quotas} (s)", t, "s",
-                            "lower"))
+            sh(f"{q['enable']} '{fs.mnt}'")
+        taken = []
+
+        def change():
+            append_to(rng.sample(files, 3))
+
+        for goal in (1, 16, 64):
+            while len(taken) < goal:
+                taken.append(fs.path(f"snap-{len(taken)}"))
+                sh(f"{q['subvol']} snapshot '{sub}' '{taken[-1]}'")
+                change()
+            if goal in (1, 64):
+                samples.append((f"commit of 3 changed files, {goal} snapshots, quotas {quotas}, "
+                                "median (ms)", commit_cost(q["sync"], change), "ms", "lower"))
+            if goal == 1:
+                continue
+            before = state(fs, q, quotas, sub, taken, sample)
+            t = timed(f"{q['balance']} '{fs.mnt}'")
+            after = state(fs, q, quotas, sub, taken, sample)
+            for what, b, a in (("qgroup numbers", before[0], after[0]),
+                               ("file contents", before[2], after[2])):
+                if b != a:
+                    raise RuntimeError(f"{fs.name}: {what} changed across balance:\n{b}\n{a}")
+            samples.append((f"{goal} snapshots, metadata balance, quotas {quotas} (s)",
+                            t, "s", "lower"))
+            samples.append((f"{goal} snapshots, used bytes change across balance, quotas "
+                            f"{quotas} (KiB)", (after[1] - before[1]) / 1024, "KiB", "lower"))
         fs.umount()
     return samples
+
+
+def quota_cmds(fs):
+    """Commands of Canopy or btrfs for the qgroups workload (None for
+    others)."""
+    if fs.name == "canopy":
+        c = f"'{CANOPY}'"
+        return {"subvol": f"{c} subvolume", "enable": f"{c} quota enable",
+                "show": f"{c} qgroup show --raw", "balance": f"{c} balance start -m",
+                "sync": f"{c} sync '{fs.mnt}'"}
+    if fs.name == "btrfs":
+        # Enabling starts a rescan; waiting for it makes the numbers exact.
+        return {"subvol": "btrfs -q subvolume",
+                "enable": "f() { btrfs quota enable \"$1\" && btrfs quota rescan -w \"$1\" "
+                          ">/dev/null; }; f",
+                "show": "btrfs qgroup show --raw", "balance": "btrfs balance start -m",
+                "sync": "sync"}
+    return None
+
+
+def append_to(paths):
+    for f in paths:
+        with open(f, "ab") as fh:
+            fh.write(os.urandom(4096))
+
+
+def commit_cost(sync, change, rounds=15):
+    """Median milliseconds of committing after `change()`."""
+    times = []
+    for _ in range(rounds):
+        change()
+        t0 = time.perf_counter()
+        sh(sync)
+        times.append((time.perf_counter() - t0) * 1000)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def state(fs, q, quotas, sub, snaps, sample):
+    """What a balance must not change: qgroup numbers, used bytes and the
+    contents of the sampled files in the source and in its first and last
+    snapshots (hashed). Read first: reading updates access times, which
+    a commit then writes; the numbers are taken after that commit."""
+    h = hashlib.sha256()
+    for root in (sub, snaps[0], snaps[-1]):
+        for f in sample:
+            with open(os.path.join(root, os.path.relpath(f, sub)), "rb") as fh:
+                h.update(fh.read())
+    sh(q["sync"])
+    numbers = out(f"{q['show']} '{fs.mnt}'") if quotas == "on" else ""
+    st = os.statvfs(fs.mnt)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return numbers, used, h.hexdigest()
 
 
 # -- stalls: listing a directory during a large fsync'd write -------------

@@ -34,101 +34,20 @@ use crate::tree::Cursor;
 use crate::txn::{Need, Reader, Txn};
 use serde::{Deserialize, Serialize};
 
-/// Which groups of one kind a balance empties.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Filter {
-    /// None (the kind was not asked for).
-    #[default]
-    Skip,
-    /// Every group of the kind (`-d`, `-m`).
-    All,
-    /// Groups used below this percentage (`-dusage=N`).
-    UsageBelow(u8),
-}
+pub use crate::format::balance::{BalanceArgs, Filter};
 
-impl Filter {
-    /// This filter, or `other` when this one skips.
-    fn or(self, other: Filter) -> Filter {
-        match self {
-            Filter::Skip => other,
-            f => f,
-        }
-    }
-
-    fn encode(self) -> (u8, u8) {
-        match self {
-            Filter::Skip => (0, NO_USAGE),
-            Filter::All => (1, NO_USAGE),
-            Filter::UsageBelow(u) => (1, u),
-        }
-    }
-
-    fn decode(on: u8, usage: u8) -> std::result::Result<Filter, String> {
-        match (on, usage) {
-            (0, _) => Ok(Filter::Skip),
-            (1, NO_USAGE) => Ok(Filter::All),
-            (1, u @ 0..=100) => Ok(Filter::UsageBelow(u)),
-            _ => Err(format!("balance filter {on}/{usage} is not valid")),
-        }
-    }
-}
-
-/// Which groups a balance empties: data groups, metadata and system
-/// groups (mixed groups by whichever filter is given, data's first).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BalanceArgs {
-    pub data: Filter,
-    pub metadata: Filter,
-}
-
-const ITEM_SIZE: usize = 5;
-const NO_USAGE: u8 = 255;
-
-impl BalanceArgs {
-    /// Everything (what `canopy balance start MNT` with no filter means).
-    pub fn all() -> BalanceArgs {
-        BalanceArgs {
-            data: Filter::All,
-            metadata: Filter::All,
-        }
-    }
-
-    fn encode(&self, paused: bool) -> Vec<u8> {
-        let (d, du) = self.data.encode();
-        let (m, mu) = self.metadata.encode();
-        vec![d, du, m, mu, u8::from(paused)]
-    }
-
-    /// The arguments and the paused flag of a balance item.
-    pub fn decode(b: &[u8]) -> std::result::Result<(BalanceArgs, bool), String> {
-        let [d, du, m, mu, paused] = <[u8; ITEM_SIZE]>::try_from(b)
-            .map_err(|_| format!("balance item of {} bytes", b.len()))?;
-        if paused > 1 {
-            return Err("balance paused flag is not 0 or 1".into());
-        }
-        Ok((
-            BalanceArgs {
-                data: Filter::decode(d, du)?,
-                metadata: Filter::decode(m, mu)?,
-            },
-            paused == 1,
-        ))
-    }
-
-    fn wants(&self, kind: GroupKind, used: u64, len: u64) -> bool {
-        let filter = match kind {
-            GroupKind::Data => self.data,
-            GroupKind::Metadata | GroupKind::System => self.metadata,
-            GroupKind::Mixed => self.data.or(self.metadata),
-        };
-        match filter {
-            Filter::Skip => false,
-            Filter::All => true,
-            Filter::UsageBelow(pct) => {
-                used.saturating_mul(100) < u64::from(pct).saturating_mul(len)
-            }
-        }
+/// Whether `args` chooses a group of `kind` with `used` of `len` bytes
+/// used.
+fn wants(args: &BalanceArgs, kind: GroupKind, used: u64, len: u64) -> bool {
+    let filter = match kind {
+        GroupKind::Data => args.data,
+        GroupKind::Metadata | GroupKind::System => args.metadata,
+        GroupKind::Mixed => args.data.or(args.metadata),
+    };
+    match filter {
+        Filter::Skip => false,
+        Filter::All => true,
+        Filter::UsageBelow(pct) => used.saturating_mul(100) < u64::from(pct).saturating_mul(len),
     }
 }
 
@@ -201,7 +120,7 @@ pub fn start(tx: &mut Txn<'_>, args: BalanceArgs) -> Result<usize> {
     let chosen: Vec<u64> = tx
         .allocator()
         .groups()
-        .filter(|g| g.used > 0 && args.wants(g.kind, g.used, g.len))
+        .filter(|g| g.used > 0 && wants(&args, g.kind, g.used, g.len))
         .map(|g| g.start)
         .collect();
     tx.reserve(&Need::items(ROOT, 1 + chosen.len() as u64))?;
@@ -291,24 +210,29 @@ pub fn step(tx: &mut Txn<'_>) -> Result<Step> {
         return forget_group(tx, group);
     };
     tx.allocator().set_readonly(group, true);
-    let extents = extents_in(tx, group, group + len)?;
-    if extents.is_empty() {
+    // Extents this transaction moved keep their items until the commit:
+    // carry on after them.
+    let from = tx.st.relocate_cursor.clamp(group, group + len);
+    let extents = extents_in(tx, from, group + len)?;
+    let Some(&(last, last_len, _)) = extents.last() else {
         if used == 0 {
             return forget_group(tx, group);
         }
         return Ok(Step::Waiting { group, used });
-    }
-    reserve_for(tx, &extents)?;
+    };
+    tx.st.relocate_cursor = last + last_len;
+    let mut climb = relocate::Climb::default();
+    reserve_for(tx, &mut climb, &extents)?;
     let mut moved = Moved::default();
     for (bytenr, len, item) in extents {
-        if relocate::holders(tx, bytenr)?.is_empty() {
+        if climb.holders(tx, bytenr)?.is_empty() {
             // Released at the next commit anyway.
             continue;
         }
         if item.is_tree_block() {
-            relocate::move_block(tx, bytenr)?;
+            relocate::move_block(tx, &mut climb, bytenr)?;
         } else {
-            relocate::move_data(tx, bytenr, len)?;
+            relocate::move_data(tx, &mut climb, bytenr, len)?;
         }
         moved.extents += 1;
         moved.bytes += len;
@@ -355,11 +279,15 @@ fn extents_in(tx: &Txn<'_>, start: u64, end: u64) -> Result<Vec<(u64, u64, Exten
 
 /// Reserves a step's worst case: for every extent, a copy of each
 /// holder's path up to the root, and the data it rewrites.
-fn reserve_for(tx: &mut Txn<'_>, extents: &[(u64, u64, ExtentItem)]) -> Result<()> {
+fn reserve_for(
+    tx: &mut Txn<'_>,
+    climb: &mut relocate::Climb,
+    extents: &[(u64, u64, ExtentItem)],
+) -> Result<()> {
     let mut paths = 0u64;
     let mut data = 0u64;
     for &(bytenr, len, ref item) in extents {
-        paths += 1 + relocate::holders(tx, bytenr)?.len() as u64;
+        paths += 1 + climb.holders(tx, bytenr)?.len() as u64;
         if !item.is_tree_block() {
             data += len;
         }

@@ -23,45 +23,95 @@ use crate::format::tree_id::{CSUM, EXTENT, LOG};
 use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
 use crate::tree::{BlockRead, BlockWrite, Cursor, Holder};
 use crate::txn::Txn;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-/// Holders of the extent at `bytenr` now, each with its count (items
-/// of a leaf pointing at a data extent; 1 otherwise): the last commit's
-/// back-references from holders still alive, with this transaction's
-/// changes applied. A committed holder that a copy replaced in this
-/// transaction (ordinary copy-on-write, or relocation) is dead: its
-/// copy holds the extent now, as the pending changes say.
-pub(crate) fn holders(tx: &Txn<'_>, bytenr: u64) -> Result<BTreeMap<RefHolder, i64>> {
-    holders_at(tx, bytenr, 0)
+/// What a step learns about holders while it climbs back-references,
+/// kept for the rest of its transaction: the last commit's
+/// back-references do not change until the commit, and a block found
+/// alive stays so unless relocation moves it (then its copy holds
+/// everything). Without it, every extent below blocks shared by many
+/// snapshots would climb every path to every root again.
+#[derive(Default)]
+pub(crate) struct Climb {
+    committed: HashMap<u64, Arc<Vec<(RefHolder, i64)>>>,
+    alive: HashMap<u64, bool>,
 }
 
-fn holders_at(tx: &Txn<'_>, bytenr: u64, depth: usize) -> Result<BTreeMap<RefHolder, i64>> {
-    if depth > MAX_CLIMB {
-        return Err(Error::corrupt(
-            bytenr,
-            "back-references climb higher than any tree",
-        ));
+impl Climb {
+    /// Holders of the extent at `bytenr` now, each with its count (items
+    /// of a leaf pointing at a data extent; 1 otherwise): the last
+    /// commit's back-references from holders still alive, with this
+    /// transaction's changes applied. A committed holder that a copy
+    /// replaced in this transaction (ordinary copy-on-write, or
+    /// relocation) is dead: its copy holds the extent now, as the pending
+    /// changes say.
+    pub(crate) fn holders(
+        &mut self,
+        tx: &Txn<'_>,
+        bytenr: u64,
+    ) -> Result<BTreeMap<RefHolder, i64>> {
+        self.holders_at(tx, bytenr, 0)
     }
-    let mut out: BTreeMap<RefHolder, i64> = BTreeMap::new();
-    for (h, n) in committed_holders(tx, bytenr)? {
-        let alive = match h {
-            RefHolder::TreeRoot(_) => true,
-            RefHolder::TreeParent(p) | RefHolder::DataLeaf(p) => {
-                writable_in_place(tx, p) || !holders_at(tx, p, depth + 1)?.is_empty()
+
+    fn holders_at(
+        &mut self,
+        tx: &Txn<'_>,
+        bytenr: u64,
+        depth: usize,
+    ) -> Result<BTreeMap<RefHolder, i64>> {
+        if depth > MAX_CLIMB {
+            return Err(Error::corrupt(
+                bytenr,
+                "back-references climb higher than any tree",
+            ));
+        }
+        let mut out: BTreeMap<RefHolder, i64> = BTreeMap::new();
+        for &(h, n) in self.committed(tx, bytenr)?.iter() {
+            let alive = match h {
+                RefHolder::TreeRoot(_) => true,
+                RefHolder::TreeParent(p) | RefHolder::DataLeaf(p) => {
+                    self.is_alive(tx, p, depth + 1)?
+                }
+            };
+            if alive {
+                *out.entry(h).or_insert(0) += n;
             }
-        };
-        if alive {
-            *out.entry(h).or_insert(0) += n;
         }
-    }
-    if let Some(p) = tx.st.refs.pending(bytenr) {
-        for (&h, &d) in &p.refs {
-            *out.entry(h).or_insert(0) += d;
+        if let Some(p) = tx.st.refs.pending(bytenr) {
+            for (&h, &d) in &p.refs {
+                *out.entry(h).or_insert(0) += d;
+            }
         }
+        out.retain(|_, n| *n > 0);
+        Ok(out)
     }
-    out.retain(|_, n| *n > 0);
-    Ok(out)
+
+    fn is_alive(&mut self, tx: &Txn<'_>, bytenr: u64, depth: usize) -> Result<bool> {
+        if writable_in_place(tx, bytenr) {
+            return Ok(true);
+        }
+        if let Some(&a) = self.alive.get(&bytenr) {
+            return Ok(a);
+        }
+        let a = !self.holders_at(tx, bytenr, depth)?.is_empty();
+        self.alive.insert(bytenr, a);
+        Ok(a)
+    }
+
+    fn committed(&mut self, tx: &Txn<'_>, bytenr: u64) -> Result<Arc<Vec<(RefHolder, i64)>>> {
+        if let Some(v) = self.committed.get(&bytenr) {
+            return Ok(v.clone());
+        }
+        let v = Arc::new(committed_holders(tx, bytenr)?);
+        self.committed.insert(bytenr, v.clone());
+        Ok(v)
+    }
+
+    /// The block at `bytenr` was moved: its copy holds what it held.
+    fn moved(&mut self, bytenr: u64) {
+        self.alive.insert(bytenr, false);
+    }
 }
 
 /// Tree levels a climb may pass before the extent tree is taken for
@@ -115,7 +165,7 @@ fn writable_in_place(tx: &Txn<'_>, bytenr: u64) -> bool {
 
 /// Copies the block at `bytenr` to a new place (outside read-only
 /// groups) and repoints every holder. Returns the copy's address.
-pub(crate) fn move_block(tx: &mut Txn<'_>, bytenr: u64) -> Result<u64> {
+pub(crate) fn move_block(tx: &mut Txn<'_>, climb: &mut Climb, bytenr: u64) -> Result<u64> {
     let node = load(tx, bytenr)?;
     let copy = tx.alloc_node(node.owner, node.level, bytenr)?;
     tx.begin_copy(bytenr);
@@ -126,23 +176,26 @@ pub(crate) fn move_block(tx: &mut Txn<'_>, bytenr: u64) -> Result<u64> {
     tx.st.frozen.insert(copy);
     tx.st.relocated.insert(copy);
     tx.st.changes += 1;
-    repoint(tx, bytenr, copy, node.level)?;
+    let ns = tx.nodesize_bytes() as u64;
+    tx.st.relocations.push((bytenr, copy, ns, false));
+    repoint(tx, climb, bytenr, copy, node.level)?;
+    climb.moved(bytenr);
     Ok(copy)
 }
 
 /// The version of `bytenr` relocation may change: itself, or a copy
 /// every holder now points at.
-fn writable(tx: &mut Txn<'_>, bytenr: u64) -> Result<u64> {
+fn writable(tx: &mut Txn<'_>, climb: &mut Climb, bytenr: u64) -> Result<u64> {
     if writable_in_place(tx, bytenr) {
         return Ok(bytenr);
     }
-    move_block(tx, bytenr)
+    move_block(tx, climb, bytenr)
 }
 
 /// Makes every holder of the tree block `old` point at `new` instead.
-fn repoint(tx: &mut Txn<'_>, old: u64, new: u64, level: u8) -> Result<()> {
+fn repoint(tx: &mut Txn<'_>, climb: &mut Climb, old: u64, new: u64, level: u8) -> Result<()> {
     let transid = tx.transid();
-    for (holder, _) in holders(tx, old)? {
+    for (holder, _) in climb.holders(tx, old)? {
         match holder {
             RefHolder::TreeRoot(t) if t != LOG => {
                 let Some(rs) = tx.st.roots.get_mut(&t) else {
@@ -158,7 +211,7 @@ fn repoint(tx: &mut Txn<'_>, old: u64, new: u64, level: u8) -> Result<()> {
                 swap_ref(tx, old, new, Holder::Root(t));
             }
             RefHolder::TreeParent(p) => {
-                let pw = writable(tx, p)?;
+                let pw = writable(tx, climb, p)?;
                 let mut moved = 0;
                 if let Body::Internal(ptrs) = &mut tx.node_mut(pw)?.body {
                     for ptr in ptrs.iter_mut().filter(|ptr| ptr.bytenr == old) {
@@ -187,8 +240,8 @@ fn swap_ref(tx: &mut Txn<'_>, old: u64, new: u64, holder: Holder) {
 /// Copies the data extent `[bytenr, bytenr+len)` to a new place, with
 /// its checksums (verified on the way), and repoints every file extent
 /// item that references it. Returns the new address.
-pub(crate) fn move_data(tx: &mut Txn<'_>, bytenr: u64, len: u64) -> Result<u64> {
-    let leaves = holders(tx, bytenr)?;
+pub(crate) fn move_data(tx: &mut Txn<'_>, climb: &mut Climb, bytenr: u64, len: u64) -> Result<u64> {
+    let leaves = climb.holders(tx, bytenr)?;
     let csum_key = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
     let sums = tx.get(CSUM, &csum_key)?;
     let mut buf = vec![0u8; usize::try_from(len).map_err(|_| Error::corrupt(bytenr, "huge"))?];
@@ -197,6 +250,7 @@ pub(crate) fn move_data(tx: &mut Txn<'_>, bytenr: u64, len: u64) -> Result<u64> 
         verify(bytenr, &buf, s)?;
     }
     let new = tx.alloc_data(len, bytenr)?;
+    tx.st.relocations.push((bytenr, new, len, true));
     tx.write_data(new, &buf)?;
     if let Some(s) = sums {
         tx.insert(CSUM, Key::new(CSUM_OBJECTID, EXTENT_CSUM, new), s)?;
@@ -206,7 +260,7 @@ pub(crate) fn move_data(tx: &mut Txn<'_>, bytenr: u64, len: u64) -> Result<u64> 
         let RefHolder::DataLeaf(leaf) = holder else {
             continue;
         };
-        let lw = writable(tx, leaf)?;
+        let lw = writable(tx, climb, leaf)?;
         let moved = repoint_items(tx.node_mut(lw)?, bytenr, len, new)?;
         tx.st.refs.set_copying(true);
         for _ in 0..moved {

@@ -85,7 +85,7 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
             _ => fail("logged range that does not end after its start"),
         },
         BALANCE_ITEM if key.objectid == super::BALANCE_OBJECTID && key.offset == 0 => {
-            crate::balance::BalanceArgs::decode(data).map(drop)
+            super::balance::BalanceArgs::decode(data).map(drop)
         }
         BALANCE_GROUP if key.objectid == super::BALANCE_OBJECTID => check_empty(data),
         BALANCE_ITEM | BALANCE_GROUP => fail("balance item outside the balance's key range"),

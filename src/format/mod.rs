@@ -5,6 +5,7 @@
 //! All integers are little-endian. `docs/architecture.md` describes the same
 //! format in prose; keep the two in step.
 
+pub mod balance;
 pub mod checker;
 pub mod inode;
 pub mod items;

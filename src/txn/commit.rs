@@ -156,6 +156,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     }
     st.refs.forget_copies();
     st.relocated.clear();
+    st.relocate_cursor = 0;
     st.log_durable = false;
     st.log_replayed = false;
     st.remember_committed_roots();

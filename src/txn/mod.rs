@@ -104,6 +104,14 @@ pub(crate) struct State {
     /// Blocks balance copied in this transaction: it may change them in
     /// place, though ordinary changes must copy them (they are frozen).
     pub relocated: HashSet<u64>,
+    /// Where balance's next step looks for extents: those below it in
+    /// its group were moved in this transaction (their extent items go at
+    /// the commit). 0: the group's start.
+    pub relocate_cursor: u64,
+    /// Extents balance moved in this transaction: (old, new, length, is
+    /// data). Their reference changes are a copy's and not traced, unless
+    /// something else changed one of the two (see `qgroup::account`).
+    pub relocations: Vec<(u64, u64, u64, bool)>,
 }
 
 /// What readers and the commit I/O share outside the state lock.

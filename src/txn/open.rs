@@ -141,6 +141,8 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         committed: BTreeMap::new(),
         qgroups: Default::default(),
         relocated: HashSet::new(),
+        relocate_cursor: 0,
+        relocations: Vec::new(),
     }
 }
 
