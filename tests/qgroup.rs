@@ -215,3 +215,65 @@ fn disabled_quotas_answer_enotconn_and_enable_counts_what_exists() {
     fs.quota(QuotaChange::Disable).expect("disable");
     assert_eq!(fs.qgroup_show().unwrap_err().errno(), libc::ENOTCONN);
 }
+
+/// Trees several levels deep shared by many snapshots, some of them
+/// changed too: the commit's accounting (which decides membership by
+/// searching only the trees a commit changed) equals a fresh count after
+/// every commit, through writes, overwrites, removals, renames and new
+/// snapshots in the same commits.
+#[test]
+fn deep_trees_under_many_snapshots_stay_exact() {
+    let (_dev, fs) = fresh();
+    let home = fs.create_subvolume(ROOT, b"home", ME).expect("subvol").ino;
+    let mut files = Vec::new();
+    for i in 0..600u32 {
+        let name = format!("f{i:04}");
+        let data = i.to_le_bytes().repeat(64 + (i as usize % 7) * 300);
+        files.push((name.clone(), file(&fs, home, &name, &data)));
+    }
+    assert_exact(&fs);
+    let mut snaps = Vec::new();
+    let mut rng = 0x2545_f491_u64;
+    let mut next = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    for round in 0..24u32 {
+        let name = format!("s{round}");
+        let snap = fs
+            .snapshot(home, ROOT, name.as_bytes(), round % 3 == 0)
+            .expect("snapshot");
+        snaps.push((snap.ino, round % 3 == 0));
+        for k in 0..3u32 {
+            let (_, ino) = &files[next(files.len())];
+            fs.write(*ino, u64::from(k) * 4096, &[round as u8; 5000])
+                .expect("overwrite");
+        }
+        // A writable snapshot changes too: its own copies of shared
+        // leaves.
+        let (s, ro) = snaps[next(snaps.len())];
+        if !ro {
+            let victim = &files[next(files.len())].0;
+            let a = fs.lookup(s, victim.as_bytes()).expect("lookup in snapshot");
+            fs.write(a.ino, 0, b"changed in a snapshot").expect("write");
+            if round % 4 == 1 {
+                fs.remove(s, victim.as_bytes(), false)
+                    .expect("unlink in snapshot");
+            }
+        }
+        if round % 5 == 2 {
+            let i = next(files.len());
+            let (old, ino) = files.remove(i);
+            let new = format!("r{round}-{old}");
+            fs.rename(home, old.as_bytes(), home, new.as_bytes(), false, false)
+                .expect("rename");
+            files.push((new, ino));
+        }
+        if round % 2 == 0 {
+            assert_exact(&fs);
+        }
+    }
+    assert_exact(&fs);
+}

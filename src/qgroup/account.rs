@@ -6,7 +6,7 @@
 //! nothing it reaches is reused before this commit is durable) holds the
 //! old ones.
 
-use super::roots::{compute_usage, Roots, RootsWalk};
+use super::roots::{compute_usage, Reach, Roots, RootsWalk};
 use super::{subvol_group, Qgroups};
 use crate::error::{Error, Result};
 use crate::format::tree_id::{self, EXTENT};
@@ -53,7 +53,11 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
     if full || chained {
         recount(tx)?;
     } else if !traced.is_empty() || !clones.is_empty() {
-        let changes = walk(tx, &traced)?;
+        let changes = if tx.st.qgroups.parents.is_empty() {
+            walk_level0(tx, &traced, &clones, &created)?
+        } else {
+            walk(tx, &traced)?
+        };
         let q = &mut tx.st.qgroups;
         give_clones_their_share(q, &clones, &changes);
         apply(q, &changes)?;
@@ -122,6 +126,53 @@ fn walk(tx: &Txn<'_>, traced: &BTreeMap<u64, (u64, bool)>) -> Result<Vec<Change>
             old: o,
             new: n,
         });
+    }
+    Ok(out)
+}
+
+/// The same as [`walk`] as far as level-0 groups can tell, at a cost
+/// that does not grow with the number of snapshots (see `roots::Reach`).
+fn walk_level0(
+    tx: &Txn<'_>,
+    traced: &BTreeMap<u64, (u64, bool)>,
+    clones: &[(u64, u64)],
+    created: &BTreeSet<u64>,
+) -> Result<Vec<Change>> {
+    let old_extents = *tx
+        .st
+        .committed
+        .get(&EXTENT)
+        .ok_or_else(|| Error::corrupt(0, "no committed extent tree"))?;
+    // Trees that may reach something differently from the last commit.
+    let mut changed: BTreeSet<u64> = created.clone();
+    for &(src, dst) in clones {
+        changed.insert(src);
+        changed.insert(dst);
+    }
+    let (mut old_roots, mut new_roots) = (BTreeMap::new(), BTreeMap::new());
+    for t in tx.tree_ids() {
+        if !tree_id::is_shareable(t) {
+            continue;
+        }
+        let now = tx.root_of(t)?;
+        let then = tx.st.committed.get(&t).copied();
+        if then != Some(now) || changed.contains(&t) {
+            changed.insert(t);
+            new_roots.insert(t, now);
+            if let Some(p) = then {
+                old_roots.insert(t, p);
+            }
+        }
+    }
+    let mut reach = Reach::new(
+        &changed,
+        (old_extents, old_roots),
+        (tx.root_of(EXTENT)?, new_roots),
+    );
+    let mut out = Vec::with_capacity(traced.len());
+    for (&bytenr, &(len, data)) in traced {
+        let (old, new) = reach.change(tx, bytenr, data)?;
+        out.push(Change { len, old, new });
     }
     Ok(out)
 }

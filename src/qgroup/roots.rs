@@ -17,7 +17,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::items::data_ref_of;
-use crate::format::key_type::{SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF};
+use crate::format::items::ExtentItem;
+use crate::format::key_type::{EXTENT_ITEM, SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF};
 use crate::format::tree_id;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
@@ -104,7 +105,11 @@ impl RootsWalk {
 
     /// (key type, holder) of every back-reference of the extent at
     /// `bytenr`.
-    fn backrefs<B: BlockRead + ?Sized>(&self, b: &B, bytenr: u64) -> Result<Vec<(u8, u64)>> {
+    pub(crate) fn backrefs<B: BlockRead + ?Sized>(
+        &self,
+        b: &B,
+        bytenr: u64,
+    ) -> Result<Vec<(u8, u64)>> {
         let mut out = Vec::new();
         let mut c = Cursor::seek(b, &self.extent_root, &Key::new(bytenr, TREE_BLOCK_REF, 0))?;
         let mut cur = c.item().map(|it| it.key);
@@ -116,6 +121,226 @@ impl RootsWalk {
             cur = c.next(b)?.map(|it| it.key);
         }
         Ok(out)
+    }
+}
+
+/// Who reaches a traced extent, as far as level-0 groups can tell, at a
+/// cost that does not grow with the number of snapshots sharing it.
+///
+/// Only the trees `changed` in this transaction (their root moved, or
+/// they were cloned or made) can reach an extent differently from the
+/// last commit; for them, membership is decided by searching the tree:
+/// a tree reaches a block exactly when the one path to the block's
+/// lowest key, at the block's level, ends at it (a data extent: one of
+/// the leaves holding it). Every other tree reached it then exactly when
+/// it reaches it now, so a level-0 group's numbers need to know about
+/// those only whether the extent is held by one tree or by several: up to
+/// two of them, found by climbing back-references with an early exit,
+/// stand for all (the same in both states). The sets returned give
+/// `Qgroups::shares` the same answers as the full sets for level-0
+/// groups; groups of groups need the full sets ([`RootsWalk`]).
+pub struct Reach<'a> {
+    changed: &'a BTreeSet<u64>,
+    old: State,
+    new: State,
+    witnesses: HashMap<u64, Roots>,
+}
+
+/// One state of the trees: the extent tree and the roots of the changed
+/// trees (absent: the tree did not exist).
+struct State {
+    extents: RootsWalk,
+    roots: BTreeMap<u64, RootPtr>,
+    /// Lowest key and level of blocks looked at (None: no such block).
+    shape: HashMap<u64, Option<(Key, u8)>>,
+}
+
+/// How many trees outside the changed ones stand for all of them.
+const WITNESSES: usize = 2;
+
+impl<'a> Reach<'a> {
+    /// `old_roots` and `new_roots`: every changed tree's root at the last
+    /// commit and now (absent where it did not exist).
+    pub fn new(
+        changed: &'a BTreeSet<u64>,
+        (old_extents, old_roots): (RootPtr, BTreeMap<u64, RootPtr>),
+        (new_extents, new_roots): (RootPtr, BTreeMap<u64, RootPtr>),
+    ) -> Reach<'a> {
+        let state = |extents, roots| State {
+            extents: RootsWalk::new(extents),
+            roots,
+            shape: HashMap::new(),
+        };
+        Reach {
+            changed,
+            old: state(old_extents, old_roots),
+            new: state(new_extents, new_roots),
+            witnesses: HashMap::new(),
+        }
+    }
+
+    /// Who reached the extent at `bytenr` at the last commit, and who
+    /// reaches it now, as level-0 groups need to know.
+    pub fn change<B: BlockRead + ?Sized>(
+        &mut self,
+        b: &B,
+        bytenr: u64,
+        data: bool,
+    ) -> Result<(Roots, Roots)> {
+        let w = if data {
+            let mut out = BTreeSet::new();
+            for (ty, leaf) in self.new.extents.backrefs(b, bytenr)? {
+                if ty == SHARED_DATA_REF && out.len() < WITNESSES {
+                    out.extend(self.witness(b, leaf, 0)?.iter().copied());
+                }
+            }
+            out.into_iter().take(WITNESSES).collect()
+        } else {
+            (*self.witness(b, bytenr, 0)?).clone()
+        };
+        let mut old = self.old.members(b, self.changed, bytenr, data)?;
+        let mut new = self.new.members(b, self.changed, bytenr, data)?;
+        old.extend(w.iter().copied());
+        new.extend(w.iter().copied());
+        Ok((Arc::new(old), Arc::new(new)))
+    }
+
+    /// Up to [`WITNESSES`] trees outside the changed ones that reach the
+    /// tree block at `bytenr` now.
+    fn witness<B: BlockRead + ?Sized>(
+        &mut self,
+        b: &B,
+        bytenr: u64,
+        depth: usize,
+    ) -> Result<Roots> {
+        if let Some(r) = self.witnesses.get(&bytenr) {
+            return Ok(r.clone());
+        }
+        if depth > MAX_CLIMB {
+            return Err(Error::corrupt(
+                bytenr,
+                "back-references climb higher than any tree",
+            ));
+        }
+        let mut out = BTreeSet::new();
+        for (ty, holder) in self.new.extents.backrefs(b, bytenr)? {
+            if out.len() >= WITNESSES {
+                break;
+            }
+            match ty {
+                TREE_BLOCK_REF
+                    if tree_id::is_shareable(holder) && !self.changed.contains(&holder) =>
+                {
+                    out.insert(holder);
+                }
+                SHARED_BLOCK_REF => {
+                    out.extend(self.witness(b, holder, depth + 1)?.iter().copied());
+                }
+                _ => {}
+            }
+        }
+        let r: Roots = Arc::new(out.into_iter().take(WITNESSES).collect());
+        self.witnesses.insert(bytenr, r.clone());
+        Ok(r)
+    }
+}
+
+impl State {
+    /// The changed trees reaching the extent at `bytenr` in this state.
+    fn members<B: BlockRead + ?Sized>(
+        &mut self,
+        b: &B,
+        changed: &BTreeSet<u64>,
+        bytenr: u64,
+        data: bool,
+    ) -> Result<BTreeSet<u64>> {
+        let blocks: Vec<u64> = if data {
+            self.extents
+                .backrefs(b, bytenr)?
+                .into_iter()
+                .filter(|&(ty, _)| ty == SHARED_DATA_REF)
+                .map(|(_, leaf)| leaf)
+                .collect()
+        } else {
+            vec![bytenr]
+        };
+        let mut out = BTreeSet::new();
+        for block in blocks {
+            let Some((key, level)) = self.shape_of(b, block)? else {
+                continue;
+            };
+            for &t in changed {
+                if out.contains(&t) {
+                    continue;
+                }
+                let Some(root) = self.roots.get(&t) else {
+                    continue;
+                };
+                if tree_reaches(b, root, &key, level, block)? {
+                    out.insert(t);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The lowest key and level of the tree block at `bytenr`, if this
+    /// state's extent tree has it.
+    fn shape_of<B: BlockRead + ?Sized>(&mut self, b: &B, bytenr: u64) -> Result<Option<(Key, u8)>> {
+        if let Some(s) = self.shape.get(&bytenr) {
+            return Ok(*s);
+        }
+        let c = Cursor::seek(
+            b,
+            &self.extents.extent_root,
+            &Key::new(bytenr, EXTENT_ITEM, 0),
+        )?;
+        let item = match c.item() {
+            Some(it) if it.key.objectid == bytenr && it.key.ty == EXTENT_ITEM => {
+                ExtentItem::decode(&it.data).map_err(|e| Error::corrupt(bytenr, e))?
+            }
+            _ => {
+                self.shape.insert(bytenr, None);
+                return Ok(None);
+            }
+        };
+        let node = b.read_node(bytenr, item.generation)?;
+        // An empty block can only be a root: its key is the lowest there is.
+        let s = Some((node.first_key().unwrap_or(Key::MIN), node.level));
+        self.shape.insert(bytenr, s);
+        Ok(s)
+    }
+}
+
+/// Whether the tree at `root` reaches the block `bytenr` of level `level`
+/// whose lowest key is `key`: a shared block sits at the same place in
+/// every tree holding it, so the one path by key decides.
+fn tree_reaches<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    key: &Key,
+    level: u8,
+    bytenr: u64,
+) -> Result<bool> {
+    if root.level <= level {
+        return Ok(root.level == level && root.bytenr == bytenr);
+    }
+    let mut ptr = *root;
+    loop {
+        let node = b.read_node(ptr.bytenr, ptr.generation)?;
+        let ptrs = node.ptrs();
+        let i = ptrs.partition_point(|p| p.key <= *key).saturating_sub(1);
+        let Some(p) = ptrs.get(i) else {
+            return Ok(false);
+        };
+        if node.level <= level + 1 {
+            return Ok(node.level == level + 1 && p.bytenr == bytenr);
+        }
+        ptr = RootPtr {
+            bytenr: p.bytenr,
+            generation: p.generation,
+            level: node.level - 1,
+        };
     }
 }
 
