@@ -98,7 +98,22 @@ fn quota_groups_and_limits_through_the_mount() {
     canopy_ok(&["qgroup", "limit", "none", "0/256", "."], &mnt);
     assert!(group(&mnt, "0/256").3["max_referenced"].is_null());
 
+    let before = canopy_ok(&["qgroup", "show", "--raw", "."], &mnt);
+    let done = canopy_ok(&["quota", "rescan", "-w", "."], &mnt);
+    assert!(done.contains("rescan done"), "{done}");
+    let st: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["quota", "rescan", "-s", "--json", "."], &mnt)).unwrap();
+    assert_eq!(st["running"], false, "{st}");
+    assert_eq!(
+        canopy_ok(&["qgroup", "show", "--raw", "."], &mnt),
+        before,
+        "a rescan counts what the commits counted"
+    );
+    // Started in the background, it carries on across a remount.
     canopy_ok(&["quota", "rescan", "."], &mnt);
+    m.unmount();
+    m.check();
+    m.mount("");
     let text = canopy_ok(&["qgroup", "show", "."], &mnt);
     assert!(text.contains("0/257") && text.contains("snap"), "{text}");
     m.unmount();

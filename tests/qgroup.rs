@@ -277,3 +277,67 @@ fn deep_trees_under_many_snapshots_stay_exact() {
     }
     assert_exact(&fs);
 }
+
+/// A rescan counts a batch of extents per commit: between its commits
+/// the numbers equal a fresh count of the extents below its cursor,
+/// while writes, overwrites and snapshots go on; it survives a reopen
+/// (the cursor is in the status item) and ends with every number exact.
+#[test]
+fn a_rescan_counts_in_batches_beside_other_work_and_survives_reopen() {
+    let (dev, fs) = fresh();
+    let home = fs.create_subvolume(ROOT, b"home", ME).expect("subvol").ino;
+    let mut files = Vec::new();
+    // Past the inline limit: each file has a data extent.
+    for i in 0..4500u32 {
+        files.push(file(
+            &fs,
+            home,
+            &format!("f{i}"),
+            &i.to_le_bytes().repeat(1250),
+        ));
+    }
+    fs.snapshot(home, ROOT, b"before", false).expect("snapshot");
+    assert_exact(&fs);
+    let exact = row(&fs, "0/256");
+
+    let partial = |fs: &Fs| {
+        let diff = fs
+            .engine()
+            .read(canopy::qgroup::differences)
+            .expect("count");
+        assert!(diff.is_empty(), "mid-rescan numbers differ: {diff:#?}");
+    };
+    let cursor = |fs: &Fs| fs.quota_rescan_status().expect("status");
+    // Driven by hand (no rescan thread): each commit counts a batch.
+    fs.engine().write(|tx| tx.quota_rescan()).expect("rescan");
+    fs.engine().commit().expect("commit");
+    let first = cursor(&fs);
+    assert!(first.running && first.cursor > 0, "{first:?}");
+    partial(&fs);
+    assert!(row(&fs, "0/256").referenced < exact.referenced);
+    // Work beside it: overwrites of files on both sides of the cursor,
+    // a new file and a snapshot, then more batches.
+    for (k, &f) in files.iter().enumerate().step_by(97) {
+        fs.write(f, 0, &[k as u8; 700]).expect("overwrite");
+    }
+    file(&fs, home, "new", &[9u8; 50_000]);
+    fs.snapshot(home, ROOT, b"during", true).expect("snapshot");
+    fs.engine().commit().expect("commit");
+    partial(&fs);
+    // Stop half-way: the next open carries on from the recorded cursor.
+    let at = cursor(&fs);
+    drop(fs);
+    let e = Engine::open(dev as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    let again = cursor(&fs);
+    assert!(at.running, "three batches at least: {at:?}");
+    assert_eq!(again, at);
+    partial(&fs);
+    fs.quota_rescan_wait().expect("wait");
+    assert!(!cursor(&fs).running);
+    assert_exact(&fs);
+    // Through Fs::quota the rescan runs in its own thread.
+    fs.quota(QuotaChange::Rescan).expect("rescan");
+    fs.quota_rescan_wait().expect("wait");
+    assert_exact(&fs);
+}

@@ -51,6 +51,9 @@ pub fn parse(s: &str) -> Option<u64> {
 
 /// Status flag: quotas are on (the status item exists only then).
 pub const STATUS_ON: u64 = 1;
+/// Status flag: a rescan is under way; the numbers count the extents
+/// below `rescan` only.
+pub const STATUS_RESCAN: u64 = 2;
 
 /// `(0, QGROUP_STATUS, 0)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,9 +63,11 @@ pub struct QgroupStatus {
     /// Generation of the commit that last wrote the numbers.
     pub generation: u64,
     pub flags: u64,
+    /// With [`STATUS_RESCAN`]: the address the rescan counts from next.
+    pub rescan: u64,
 }
 
-pub const QGROUP_STATUS_SIZE: usize = 24;
+pub const QGROUP_STATUS_SIZE: usize = 32;
 
 impl QgroupStatus {
     pub fn encode(&self) -> Vec<u8> {
@@ -70,7 +75,13 @@ impl QgroupStatus {
         put_u64(&mut b, 0, self.version);
         put_u64(&mut b, 8, self.generation);
         put_u64(&mut b, 16, self.flags);
+        put_u64(&mut b, 24, self.rescan);
         b
+    }
+
+    /// Where a rescan under way has got to.
+    pub fn rescan_cursor(&self) -> Option<u64> {
+        (self.flags & STATUS_RESCAN != 0).then_some(self.rescan)
     }
 
     pub fn decode(b: &[u8]) -> DecodeResult<QgroupStatus> {
@@ -81,11 +92,12 @@ impl QgroupStatus {
             version: le_u64(b, 0),
             generation: le_u64(b, 8),
             flags: le_u64(b, 16),
+            rescan: le_u64(b, 24),
         };
         if s.version != 1 {
             return Err(format!("qgroup status version {}", s.version));
         }
-        if s.flags & !STATUS_ON != 0 {
+        if s.flags & !(STATUS_ON | STATUS_RESCAN) != 0 || s.flags & STATUS_ON == 0 {
             return Err(format!("qgroup status flags {:#x}", s.flags));
         }
         Ok(s)

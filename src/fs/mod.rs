@@ -40,7 +40,7 @@ pub use balance::{BalanceState, BalanceStatus};
 pub use cleaner::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
 pub use ops::{Attr, DirListing, Owner, SetAttr, StatFs};
-pub use quota::{QgroupRow, QuotaChange};
+pub use quota::{QgroupRow, QuotaChange, RescanStatus};
 pub use subvol::SubvolInfo;
 
 use crate::error::{Error, Result};
@@ -92,6 +92,7 @@ pub(crate) struct Core {
     /// The balance thread, if one runs, and what it reports.
     balance_thread: std::sync::Mutex<balance::BalanceThread>,
     balance_status: Arc<std::sync::Mutex<balance::BalanceStatus>>,
+    rescan_thread: std::sync::Mutex<quota::RescanThread>,
 }
 
 /// One subvolume (fs tree) of a mount: the POSIX operations on its local
@@ -164,6 +165,7 @@ impl Fs {
             cleaner_wake: std::sync::Mutex::new(None),
             balance_thread: std::sync::Mutex::new(None),
             balance_status: Default::default(),
+            rescan_thread: std::sync::Mutex::new(None),
         });
         let top = core.subvol(FS)?;
         if top.is_empty_tree()? {
@@ -420,6 +422,7 @@ impl Drop for Fs {
     fn drop(&mut self) {
         // The balance thread holds the core; it carries on at next mount.
         self.core.stop_balance_thread();
+        self.core.stop_rescan_thread();
         if self.core.budget.buffered() > 0 {
             if let Err(e) = self.core.flush_all() {
                 tracing::error!(error = %e, "flushing buffered data failed");

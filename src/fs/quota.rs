@@ -9,6 +9,10 @@ use crate::format::qgroup::{display, level_of};
 use crate::format::tree_id::QUOTA;
 use crate::txn::{Need, Txn};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// A change to quotas or qgroups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,14 +56,67 @@ pub struct QgroupRow {
     pub children: Vec<String>,
 }
 
+/// How far a quota rescan has got (`canopy quota rescan -s`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RescanStatus {
+    /// A rescan is under way: the numbers count the extents below
+    /// `cursor` only.
+    pub running: bool,
+    /// The address the rescan counts from next, of `total` bytes.
+    pub cursor: u64,
+    pub total: u64,
+}
+
+/// The daemon's rescan thread, if one runs: its stop flag and handle.
+pub(crate) type RescanThread = Option<(Arc<AtomicBool>, JoinHandle<()>)>;
+
 /// Quota items one change may write (disabling deletes them all, which
 /// a deletion's reservation covers).
 const CHANGE_ITEMS: u64 = 4;
 
 impl Fs {
-    /// Applies `change` and commits.
+    /// Applies `change` and commits. A rescan goes on in the background
+    /// (one batch of extents per commit, driven by a thread): see
+    /// [`Fs::quota_rescan_status`] and [`Fs::quota_rescan_wait`].
     pub fn quota(&self, change: QuotaChange) -> Result<()> {
-        self.core.quota(change)
+        self.core.quota(change)?;
+        if change == QuotaChange::Rescan {
+            self.core.spawn_rescan()?;
+        }
+        Ok(())
+    }
+
+    pub fn quota_rescan_status(&self) -> Result<RescanStatus> {
+        let cursor = self.core.engine.read(|r| Ok(r.qgroups().rescan_cursor()))?;
+        Ok(RescanStatus {
+            running: cursor.is_some(),
+            cursor: cursor.unwrap_or(0),
+            total: self.core.engine.space_for_statfs().0,
+        })
+    }
+
+    /// Returns once no rescan is under way (counting on this thread if
+    /// no rescan thread runs).
+    pub fn quota_rescan_wait(&self) -> Result<()> {
+        let running = crate::sync::lock(&self.core.rescan_thread).take();
+        if let Some((_, h)) = running {
+            let _ = h.join();
+        }
+        self.core.rescan_until_done(&AtomicBool::new(false))
+    }
+
+    /// At mount: carries on a rescan an earlier mount left.
+    pub fn quota_rescan_resume_if_recorded(&self) -> Result<()> {
+        if self.quota_rescan_status()?.running {
+            tracing::info!("carrying on the quota rescan an earlier mount left");
+            self.core.spawn_rescan()?;
+        }
+        Ok(())
+    }
+
+    /// Stops the rescan thread (unmount); the rescan stays recorded.
+    pub fn quota_rescan_stop(&self) {
+        self.core.stop_rescan_thread();
     }
 
     /// The qgroup id of the subvolume whose root directory is `node`.
@@ -108,9 +165,60 @@ impl Fs {
     }
 }
 
+/// Pause between a rescan's commits, so other work gets the state lock.
+const RESCAN_PAUSE: Duration = Duration::from_millis(5);
+
 impl Core {
+    fn spawn_rescan(self: &Arc<Self>) -> Result<()> {
+        let mut slot = crate::sync::lock(&self.rescan_thread);
+        if slot.as_ref().is_some_and(|(_, h)| !h.is_finished()) {
+            return Ok(());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (core, flag) = (self.clone(), stop.clone());
+        let handle = std::thread::Builder::new()
+            .name("quota-rescan".into())
+            .spawn(move || {
+                if let Err(e) = core.rescan_until_done(&flag) {
+                    tracing::error!(error = %e, "quota rescan stopped");
+                }
+            })
+            .map_err(|e| Error::io("starting the quota rescan thread", e))?;
+        *slot = Some((stop, handle));
+        Ok(())
+    }
+
+    pub(crate) fn stop_rescan_thread(&self) {
+        let running = crate::sync::lock(&self.rescan_thread).take();
+        if let Some((stop, h)) = running {
+            stop.store(true, Ordering::SeqCst);
+            let _ = h.join();
+        }
+    }
+
+    /// Commits until the rescan is done (each commit counts a batch) or
+    /// `stop` is set.
+    fn rescan_until_done(&self, stop: &AtomicBool) -> Result<()> {
+        while !stop.load(Ordering::SeqCst) {
+            if self.remounted_ro.load(Ordering::Relaxed) {
+                return Err(Error::ReadOnly);
+            }
+            let running = self.engine.read(|r| Ok(r.qgroups().rescan_cursor()))?;
+            if running.is_none() {
+                return Ok(());
+            }
+            self.engine.write(|tx| {
+                tx.reserve(&Need::items(QUOTA, 1))?;
+                tx.quota_rescan_touch()
+            })?;
+            self.engine.commit()?;
+            std::thread::sleep(RESCAN_PAUSE);
+        }
+        Ok(())
+    }
+
     fn quota(&self, change: QuotaChange) -> Result<()> {
-        if self.remounted_ro.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.remounted_ro.load(Ordering::Relaxed) {
             return Err(Error::ReadOnly);
         }
         if change == QuotaChange::Rescan {

@@ -92,6 +92,8 @@ pub enum Request {
     },
     /// `canopy qgroup show`.
     QgroupShow,
+    /// `canopy quota rescan -s|-w`: how far the rescan has got.
+    QuotaRescanStatus,
     /// `canopy balance start`: records a balance and starts it in the
     /// daemon's balance thread.
     BalanceStart {
@@ -136,6 +138,9 @@ pub struct Response {
     /// The balance, after any balance request.
     #[serde(default)]
     pub balance: Option<crate::fs::BalanceStatus>,
+    /// The quota rescan, after a rescan status request.
+    #[serde(default)]
+    pub rescan: Option<crate::fs::RescanStatus>,
 }
 
 impl Response {
@@ -148,6 +153,7 @@ impl Response {
                 subvolumes,
                 qgroups: None,
                 balance: None,
+                rescan: None,
             },
             Err(e) => Response {
                 ok: false,
@@ -156,6 +162,7 @@ impl Response {
                 subvolumes: None,
                 qgroups: None,
                 balance: None,
+                rescan: None,
             },
         }
     }
@@ -525,6 +532,13 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
                 ..Response::of(r.map(|()| None))
             }
         }
+        Ok(Request::QuotaRescanStatus) => match fs.quota_rescan_status() {
+            Ok(st) => Response {
+                rescan: Some(st),
+                ..Response::of(Ok(None))
+            },
+            Err(e) => Response::of(Err(e)),
+        },
         Ok(req @ (Request::Quota { .. } | Request::QgroupLimitNode { .. })) => {
             Response::of(d.quota(req).map(|()| None))
         }

@@ -285,6 +285,9 @@ pub fn serve(
         if let Err(e) = fs.balance_resume_if_recorded() {
             tracing::warn!(error = %e, "could not carry on the recorded balance");
         }
+        if let Err(e) = fs.quota_rescan_resume_if_recorded() {
+            tracing::warn!(error = %e, "could not carry on the quota rescan");
+        }
     }
     ready();
     let mut last_commit = Instant::now();
@@ -318,6 +321,7 @@ pub fn serve(
     drop(cleaner);
     // It carries on at the next mount.
     fs.balance_stop();
+    fs.quota_rescan_stop();
     if let Some(why) = fs.engine().shutdown_reason() {
         // Logged as what it was: a shutdown while mounted, not a failure
         // to mount.

@@ -9,7 +9,11 @@
 use super::roots::{compute_usage, Reach, Roots, RootsWalk};
 use super::{subvol_group, Qgroups};
 use crate::error::{Error, Result};
+use crate::format::items::ExtentItem;
+use crate::format::key_type::EXTENT_ITEM;
 use crate::format::tree_id::{self, EXTENT};
+use crate::format::Key;
+use crate::tree::Cursor;
 use crate::txn::Txn;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,7 +46,13 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
     if !q.enabled {
         return Ok(false);
     }
-    let traced = trace_both_or_neither(traced, &relocations);
+    let mut traced = trace_both_or_neither(traced, &relocations);
+    let rescan = q.rescan;
+    if let Some(cursor) = rescan {
+        // Extents at or past a rescan's cursor are counted when it
+        // reaches them, as they are then.
+        traced.retain(|&bytenr, _| bytenr < cursor);
+    }
     q.forget_flushed();
     // A clone of a tree that is itself new in this transaction has no
     // last-commit numbers to start from.
@@ -50,8 +60,11 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
         .iter()
         .any(|(src, _)| created.contains(src) || clones.iter().any(|(_, d)| d == src));
     let t0 = std::time::Instant::now();
+    let mut status_changed = false;
     if full || chained {
         recount(tx)?;
+        // A count from scratch is what a rescan would have reached.
+        status_changed = tx.st.qgroups.rescan.take().is_some();
     } else if !traced.is_empty() || !clones.is_empty() {
         let changes = if tx.st.qgroups.parents.is_empty() {
             walk_level0(tx, &traced, &clones, &created)?
@@ -61,6 +74,15 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
         let q = &mut tx.st.qgroups;
         give_clones_their_share(q, &clones, &changes);
         apply(q, &changes)?;
+    }
+    if !(full || chained) {
+        if let Some(cursor) = rescan {
+            tx.st.qgroups.rescan = rescan_batch(tx, cursor)?;
+            status_changed = true;
+        }
+    }
+    if status_changed {
+        super::ops::write_status(tx)?;
     }
     // What `RUST_LOG=canopy=debug` shows to compare accounting costs.
     tracing::debug!(
@@ -89,6 +111,55 @@ fn trace_both_or_neither(
         }
     }
     traced
+}
+
+/// Extents a rescan counts per commit: enough to finish soon, few enough
+/// that the commit holds the state lock for milliseconds.
+const RESCAN_BATCH: usize = 2048;
+
+/// Counts the next batch of extents from `cursor` on, as the trees are
+/// now, into the groups. Returns where the next batch starts (None: the
+/// rescan is done).
+fn rescan_batch(tx: &mut Txn<'_>, cursor: u64) -> Result<Option<u64>> {
+    let root = tx.root_of(EXTENT)?;
+    let mut batch = Vec::with_capacity(RESCAN_BATCH);
+    let mut c = Cursor::seek(tx, &root, &Key::new(cursor, EXTENT_ITEM, 0))?;
+    let mut more = false;
+    while let Some(it) = c.item() {
+        if it.key.ty == EXTENT_ITEM && it.key.objectid >= cursor {
+            if batch.len() == RESCAN_BATCH {
+                more = true;
+                break;
+            }
+            let item =
+                ExtentItem::decode(&it.data).map_err(|e| Error::corrupt(it.key.objectid, e))?;
+            batch.push((it.key.objectid, it.key.offset, !item.is_tree_block()));
+        }
+        if c.next(tx)?.is_none() {
+            break;
+        }
+    }
+    let mut walk = RootsWalk::new(root);
+    let mut counted = Vec::with_capacity(batch.len());
+    for &(bytenr, len, data) in &batch {
+        let roots = if data {
+            walk.data_roots(tx, bytenr)?
+        } else {
+            walk.tree_roots(tx, bytenr)?
+        };
+        if !roots.is_empty() {
+            counted.push(Change {
+                len,
+                old: Roots::default(),
+                new: roots,
+            });
+        }
+    }
+    apply(&mut tx.st.qgroups, &counted)?;
+    Ok(match batch.last() {
+        Some(&(bytenr, _, _)) if more => Some(bytenr + 1),
+        _ => None,
+    })
 }
 
 /// Counts every group from scratch.

@@ -85,6 +85,9 @@ pub struct Qgroups {
     pub(crate) created: BTreeSet<u64>,
     /// The commit recomputes every number from scratch.
     pub(crate) full: bool,
+    /// A rescan is under way: the numbers count the extents below this
+    /// address (what each commit has counted so far, see `account`).
+    pub(crate) rescan: Option<u64>,
     /// Bytes each subvolume holds buffered, and has flushed since the
     /// last commit: (buffered, flushed), counted against limits until a
     /// commit accounts them.
@@ -127,6 +130,11 @@ impl Qgroups {
         self.enabled
     }
 
+    /// Where a rescan under way has got to (None: the numbers are whole).
+    pub fn rescan_cursor(&self) -> Option<u64> {
+        self.rescan
+    }
+
     /// Reads the quota tree (at open).
     pub fn load<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<Qgroups> {
         let mut q = Qgroups::default();
@@ -136,8 +144,9 @@ impl Qgroups {
             crate::format::qgroup::check(&key, &data).map_err(|e| bad(&key, e))?;
             match key.ty {
                 QGROUP_STATUS => {
-                    QgroupStatus::decode(&data).map_err(|e| bad(&key, e))?;
+                    let s = QgroupStatus::decode(&data).map_err(|e| bad(&key, e))?;
                     q.enabled = true;
+                    q.rescan = s.rescan_cursor();
                 }
                 QGROUP_INFO => {
                     let i = QgroupInfo::decode(&data).map_err(|e| bad(&key, e))?;
@@ -356,7 +365,12 @@ pub fn differences(r: &crate::txn::Reader<'_>) -> Result<Vec<String>> {
     for &t in &ids {
         trees.push((t, r.root(t)?));
     }
-    let fresh = q.tally(&compute_usage(r, &trees)?);
+    let mut usage = compute_usage(r, &trees)?;
+    if let Some(cursor) = q.rescan {
+        // Mid-rescan the numbers count what lies below the cursor.
+        usage.extents.retain(|&bytenr, _| bytenr < cursor);
+    }
+    let fresh = q.tally(&usage);
     let mut out = Vec::new();
     for t in ids {
         if !q.groups.contains_key(&subvol_group(t)) {

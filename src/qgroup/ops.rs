@@ -5,7 +5,9 @@
 
 use super::{info_key, limit_key, relation_keys, status_key, subvol_group, Group, Qgroups};
 use crate::error::{Error, Result};
-use crate::format::qgroup::{level_of, QgroupInfo, QgroupLimit, QgroupStatus, STATUS_ON};
+use crate::format::qgroup::{
+    level_of, QgroupInfo, QgroupLimit, QgroupStatus, STATUS_ON, STATUS_RESCAN,
+};
 use crate::format::tree_id::{self, QUOTA};
 use crate::format::Key;
 use crate::txn::Txn;
@@ -37,6 +39,7 @@ impl Txn<'_> {
             version: 1,
             generation: self.transid(),
             flags: STATUS_ON,
+            rescan: 0,
         };
         self.put(QUOTA, status_key(), status.encode())?;
         self.st.qgroups = Qgroups {
@@ -65,14 +68,27 @@ impl Txn<'_> {
         Ok(())
     }
 
-    /// Has the next commit count every group from scratch.
+    /// Starts counting every group again from nothing: each commit from
+    /// now on counts a batch of extents in address order (`account`),
+    /// so the count never holds the state lock for long. Until it is
+    /// done the numbers cover the extents below the rescan's cursor.
     pub fn quota_rescan(&mut self) -> Result<()> {
         self.quota_on()?;
-        self.st.qgroups.full = true;
-        // A commit with nothing else to write still runs.
-        let status = self.get(QUOTA, &status_key())?.ok_or_else(not_enabled)?;
-        self.put(QUOTA, status_key(), status)?;
-        Ok(())
+        let q = &mut self.st.qgroups;
+        for (&id, g) in q.groups.iter_mut() {
+            g.referenced = 0;
+            g.exclusive = 0;
+            q.dirty.insert(id);
+        }
+        q.rescan = Some(0);
+        write_status(self)
+    }
+
+    /// Makes the next commit run even with nothing else to write, so a
+    /// rescan under way counts its next batch.
+    pub fn quota_rescan_touch(&mut self) -> Result<()> {
+        self.quota_on()?;
+        write_status(self)
     }
 
     /// A new empty group of level 1 or higher.
@@ -297,4 +313,17 @@ pub(crate) fn tree_dropped(tx: &mut Txn<'_>, id: u64) -> Result<()> {
     tx.st.qgroups.pending.remove(&id);
     tx.st.qgroups.full = true;
     Ok(())
+}
+
+/// Writes the status item as the quota state has it (on, and where a
+/// rescan has got to).
+pub(crate) fn write_status(tx: &mut Txn<'_>) -> Result<()> {
+    let rescan = tx.st.qgroups.rescan;
+    let status = QgroupStatus {
+        version: 1,
+        generation: tx.transid(),
+        flags: STATUS_ON | if rescan.is_some() { STATUS_RESCAN } else { 0 },
+        rescan: rescan.unwrap_or(0),
+    };
+    tx.put(QUOTA, status_key(), status.encode()).map(drop)
 }

@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Context, Result};
 use canopy::format::qgroup;
-use canopy::fs::{QgroupRow, QuotaChange};
+use canopy::fs::{QgroupRow, QuotaChange, RescanStatus};
 use canopy::fuse::control::{self, Request, Response};
 use clap::Subcommand;
 use std::os::unix::fs::MetadataExt;
@@ -18,9 +18,22 @@ pub enum QuotaCommand {
     Enable { path: PathBuf },
     /// Turn quotas off and forget every group and limit.
     Disable { path: PathBuf },
-    /// Count every group again from scratch (the numbers are kept exact
-    /// at every commit; this is a repair and a check).
-    Rescan { path: PathBuf },
+    /// Count every group again from nothing, in the background: each
+    /// commit counts a batch of extents, so the filesystem stays usable
+    /// (the numbers are kept exact at every commit; this is a repair).
+    /// Until it is done, numbers and limits cover what it has counted.
+    Rescan {
+        /// Show how far a rescan has got instead of starting one.
+        #[arg(short = 's', long, conflicts_with = "wait")]
+        status: bool,
+        /// Start a rescan and wait for it, with a progress bar.
+        #[arg(short = 'w', long)]
+        wait: bool,
+        /// With -s: one JSON object (running, cursor, total).
+        #[arg(long, requires = "status")]
+        json: bool,
+        path: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -73,19 +86,74 @@ pub fn run_quota(c: QuotaCommand) -> Result<()> {
     let (change, path, what) = match c {
         QuotaCommand::Enable { path } => (QuotaChange::Enable, path, "enabling quotas"),
         QuotaCommand::Disable { path } => (QuotaChange::Disable, path, "disabling quotas"),
-        QuotaCommand::Rescan { path } => (QuotaChange::Rescan, path, "rescanning quotas"),
+        QuotaCommand::Rescan {
+            status,
+            wait,
+            json,
+            path,
+        } => return rescan(status, wait, json, &path),
     };
-    let spinner = (change == QuotaChange::Rescan).then(|| {
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.set_message("counting every extent of every subvolume");
-        bar.enable_steady_tick(std::time::Duration::from_millis(100));
-        bar
-    });
-    let r = change_at(&path, change).with_context(|| format!("{what} on {}", path.display()));
-    if let Some(bar) = spinner {
-        bar.finish_and_clear();
+    change_at(&path, change).with_context(|| format!("{what} on {}", path.display()))
+}
+
+fn rescan(status: bool, wait: bool, json: bool, path: &Path) -> Result<()> {
+    let ask_status = || -> Result<RescanStatus> {
+        Ok(ask(path, &Request::QuotaRescanStatus)?
+            .rescan
+            .unwrap_or_default())
+    };
+    if status {
+        let st = ask_status()?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&st)?);
+        } else if st.running {
+            println!(
+                "rescan running: {:.1}% ({} of {})",
+                percent(&st),
+                size(st.cursor, false),
+                size(st.total, false)
+            );
+        } else {
+            println!("no rescan operation in progress");
+        }
+        return Ok(());
     }
-    r
+    change_at(path, QuotaChange::Rescan)
+        .with_context(|| format!("rescanning quotas on {}", path.display()))?;
+    if !wait {
+        println!("quota rescan started");
+        return Ok(());
+    }
+    let bar = indicatif::ProgressBar::new(1000);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(100));
+    loop {
+        let st = ask_status()?;
+        if !st.running {
+            break;
+        }
+        bar.set_position((percent(&st) * 10.0) as u64);
+        bar.set_message(format!(
+            "counted up to {} of {}",
+            size(st.cursor, false),
+            size(st.total, false)
+        ));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    bar.finish_and_clear();
+    println!("quota rescan done");
+    Ok(())
+}
+
+fn percent(st: &RescanStatus) -> f64 {
+    if st.total == 0 {
+        return 100.0;
+    }
+    (st.cursor as f64 * 100.0 / st.total as f64).min(100.0)
 }
 
 pub fn run_qgroup(c: QgroupCommand) -> Result<()> {
