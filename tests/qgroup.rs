@@ -192,6 +192,30 @@ fn limits_refuse_writes_with_edquot_and_deleting_still_works() {
             .errno(),
         libc::EDQUOT
     );
+    // fallocate and a reflink from another subvolume count too, and
+    // change nothing when refused.
+    let g = fs
+        .create(home, b"g", libc::S_IFREG | 0o644, 0, ME, None)
+        .expect("create")
+        .ino;
+    assert_eq!(
+        fs.fallocate(g, 0, 2 * MIB, 0).unwrap_err().errno(),
+        libc::EDQUOT
+    );
+    assert_eq!(fs.getattr(g).expect("stat").size, 0);
+    let outside = file(&fs, ROOT, "outside", &vec![4u8; 2 * MIB as usize]);
+    assert_eq!(
+        fs.copy_range(outside, 0, g, 0, 2 * MIB)
+            .unwrap_err()
+            .errno(),
+        libc::EDQUOT
+    );
+    assert_eq!(fs.getattr(g).expect("stat").size, 0);
+    // Within the limit both work.
+    fs.fallocate(g, 0, 64 * 1024, 0).expect("small fallocate");
+    fs.copy_range(outside, 0, g, 64 * 1024, 64 * 1024)
+        .expect("small reflink");
+    assert_exact(&fs);
     fs.quota(QuotaChange::Limit {
         qgroupid: q,
         bytes: None,

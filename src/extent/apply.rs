@@ -112,6 +112,10 @@ fn apply_one(tx: &mut Txn<'_>, bytenr: u64, p: PendingExtent) -> Result<()> {
         }
         return release_data(tx, bytenr, len);
     }
+    if existed && item.refs == total as u64 {
+        // Holders swapped (a copy replaced one): the item stays as it is.
+        return Ok(());
+    }
     item.refs = total as u64;
     tx.put(EXTENT, key, item.encode())?;
     Ok(())
