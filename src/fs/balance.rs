@@ -41,9 +41,13 @@ pub struct BalanceStatus {
 /// The daemon's balance thread, if one runs: its stop flag and handle.
 pub(crate) type BalanceThread = Option<(Arc<AtomicBool>, JoinHandle<()>)>;
 
-/// Steps between commits: each step holds the state lock briefly; a
-/// commit costs two barriers.
-const STEPS_PER_COMMIT: u32 = 8;
+/// Steps between commits. Each commit folds the moves' reference changes
+/// under the state lock (about 100 ms for 16 steps under 64 snapshots),
+/// and copies again every parent and root whose children moved since
+/// the last one, so fewer commits are faster and longer: 8 steps took
+/// 1.8 s for 6k blocks under 64 snapshots, 16 took 1.3 s with holds
+/// about as long, 64 took 1.0 s with holds twice as long.
+const STEPS_PER_COMMIT: u32 = 16;
 
 /// Commits in a row that found a group still counting bytes it holds no
 /// extent for, before the balance gives up on it.
