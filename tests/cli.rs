@@ -181,3 +181,50 @@ fn subvolume_list_and_sync_on_an_image() {
     ]);
     assert_ne!(code, 0, "a missing path is an error: {err}");
 }
+
+#[test]
+fn arguments_that_are_not_utf8_are_paths_like_any_other() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"img-\xff\xfe"));
+    for args in [
+        vec![
+            "mkfs".as_ref(),
+            "-q".as_ref(),
+            "-s".as_ref(),
+            "64M".as_ref(),
+            img.as_os_str(),
+        ],
+        vec!["check".as_ref(), "-q".as_ref(), img.as_os_str()],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_canopy"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Missing: an error, not a panic (the mount helper and balance
+    // argument rewriting read every argument).
+    let missing = dir.path().join(std::ffi::OsStr::from_bytes(b"none-\xff"));
+    let out = Command::new(env!("CARGO_BIN_EXE_canopy"))
+        .args([
+            "balance".as_ref(),
+            "start".as_ref(),
+            "-dusage=5".as_ref(),
+            missing.as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

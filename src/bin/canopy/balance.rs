@@ -9,6 +9,7 @@ use canopy::balance::{BalanceArgs, Filter};
 use canopy::fs::{BalanceState, BalanceStatus};
 use canopy::fuse::control::Request;
 use clap::Subcommand;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -52,7 +53,7 @@ pub enum Command {
 /// btrfs writes filters glued to their flag (`-dusage=50`), which clap
 /// would read as flags `-u`, `-s`...: after `balance start`, such an
 /// argument becomes `-d=usage=50`.
-pub fn glue_filters(mut argv: Vec<String>) -> Vec<String> {
+pub fn glue_filters(mut argv: Vec<OsString>) -> Vec<OsString> {
     let starts = argv
         .windows(2)
         .position(|w| w[0] == "balance" && w[1] == "start");
@@ -61,9 +62,10 @@ pub fn glue_filters(mut argv: Vec<String>) -> Vec<String> {
             if a == "--" {
                 break;
             }
-            let glued = (a.starts_with("-d") || a.starts_with("-m")) && a.len() > 2;
-            if glued && !a[2..].starts_with('=') {
-                *a = format!("{}={}", &a[..2], &a[2..]);
+            let Some(s) = a.to_str() else { continue };
+            let glued = (s.starts_with("-d") || s.starts_with("-m")) && s.len() > 2;
+            if glued && !s[2..].starts_with('=') {
+                *a = format!("{}={}", &s[..2], &s[2..]).into();
             }
         }
     }

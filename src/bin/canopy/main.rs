@@ -16,6 +16,7 @@ mod subvolume;
 mod sync;
 
 use clap::{Parser, Subcommand};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -78,9 +79,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = match mount_helper_args(std::env::args().collect()) {
+    let cli = match mount_helper_args(std::env::args_os().collect()) {
         Some(args) => Cli::parse_from(args),
-        None => Cli::parse_from(balance::glue_filters(std::env::args().collect())),
+        None => Cli::parse_from(balance::glue_filters(std::env::args_os().collect())),
     };
     let r = match cli.command {
         Command::Mkfs(a) => mkfs::run(a),
@@ -123,13 +124,15 @@ const SUBCOMMANDS: [&str; 12] = [
 /// `mount.fuse.canopy IMAGE DIR -o OPTS` (a link to this binary), and
 /// fuse3's `mount.fuse3` runs `canopy IMAGE DIR -o OPTS`. Both become
 /// `canopy mount -o OPTS IMAGE DIR`.
-fn mount_helper_args(argv: Vec<String>) -> Option<Vec<String>> {
+/// Arguments stay `OsString`s: an image or mount point may have any
+/// bytes in its name.
+fn mount_helper_args(argv: Vec<OsString>) -> Option<Vec<OsString>> {
     let name = std::path::Path::new(argv.first()?)
         .file_name()?
         .to_string_lossy()
         .into_owned();
     let as_helper = name.starts_with("mount.");
-    let first = argv.get(1)?;
+    let first = argv.get(1)?.to_string_lossy().into_owned();
     let bare = !first.starts_with('-') && !SUBCOMMANDS.contains(&first.as_str()) && argv.len() >= 3;
     if !as_helper && !bare {
         return None;
@@ -138,21 +141,22 @@ fn mount_helper_args(argv: Vec<String>) -> Option<Vec<String>> {
     let mut opts = Vec::new();
     let mut it = argv.into_iter().skip(1);
     while let Some(a) = it.next() {
-        match a.as_str() {
-            "-o" => opts.extend(it.next()),
+        let text = a.to_string_lossy().into_owned();
+        match text.as_str() {
+            "-o" => opts.extend(it.next().map(|o| o.to_string_lossy().into_owned())),
             "-r" => opts.push("ro".into()),
             "-w" => opts.push("rw".into()),
             // mount(8) flags with no meaning here: no mtab, sloppy, fake, verbose.
             "-n" | "-s" | "-f" | "-v" => {}
-            _ if a.starts_with("-o") => opts.push(a[2..].to_string()),
+            _ if text.starts_with("-o") => opts.push(text[2..].to_string()),
             _ => positional.push(a),
         }
     }
-    let mut out = vec!["canopy".to_string(), "mount".to_string()];
+    let mut out: Vec<OsString> = vec!["canopy".into(), "mount".into()];
     let opts: Vec<String> = opts.into_iter().filter(|o| !o.is_empty()).collect();
     if !opts.is_empty() {
         out.push("-o".into());
-        out.push(opts.join(","));
+        out.push(opts.join(",").into());
     }
     out.extend(positional);
     Some(out)
