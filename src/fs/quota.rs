@@ -62,6 +62,10 @@ pub struct RescanStatus {
     /// A rescan is under way: the numbers count the extents below
     /// `cursor` only.
     pub running: bool,
+    /// A thread is committing to carry it on (false with `running`: it
+    /// stopped, see the daemon's log; starting a rescan again restarts it).
+    #[serde(default)]
+    pub thread: bool,
     /// The address the rescan counts from next, of `total` bytes.
     pub cursor: u64,
     pub total: u64,
@@ -88,8 +92,12 @@ impl Fs {
 
     pub fn quota_rescan_status(&self) -> Result<RescanStatus> {
         let cursor = self.core.engine.read(|r| Ok(r.qgroups().rescan_cursor()))?;
+        let thread = crate::sync::lock(&self.core.rescan_thread)
+            .as_ref()
+            .is_some_and(|(_, h)| !h.is_finished());
         Ok(RescanStatus {
             running: cursor.is_some(),
+            thread,
             cursor: cursor.unwrap_or(0),
             total: self.core.engine.space_for_statfs().0,
         })

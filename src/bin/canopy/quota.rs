@@ -29,7 +29,7 @@ pub enum QuotaCommand {
         /// Start a rescan and wait for it, with a progress bar.
         #[arg(short = 'w', long)]
         wait: bool,
-        /// With -s: one JSON object (running, cursor, total).
+        /// With -s: one JSON object (running, thread, cursor, total).
         #[arg(long, requires = "status")]
         json: bool,
         path: PathBuf,
@@ -108,7 +108,12 @@ fn rescan(status: bool, wait: bool, json: bool, path: &Path) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&st)?);
         } else if st.running {
             println!(
-                "rescan running: {:.1}% ({} of {})",
+                "rescan {}: {:.1}% ({} of {})",
+                if st.thread {
+                    "running"
+                } else {
+                    "stopped (see the daemon's log)"
+                },
                 percent(&st),
                 size(st.cursor, false),
                 size(st.total, false)
@@ -135,6 +140,13 @@ fn rescan(status: bool, wait: bool, json: bool, path: &Path) -> Result<()> {
         let st = ask_status()?;
         if !st.running {
             break;
+        }
+        if !st.thread {
+            bar.finish_and_clear();
+            bail!(
+                "the rescan stopped at {} (see the daemon's log); `canopy quota rescan` starts it again",
+                size(st.cursor, false)
+            );
         }
         bar.set_position((percent(&st) * 10.0) as u64);
         bar.set_message(format!(
