@@ -350,9 +350,9 @@ def qgroups(fs, scale):
     /usr/include and /usr/bin: 1.1 GiB, 55k files at scale >= 0.5;
     /usr/share/doc below), then snapshots of it with 3 files changed after
     each, and a metadata balance at 16 and at 64 snapshots, once with
-    quotas on and once off. Qgroup numbers and a sample of file contents
-    must be the same after each balance; the change of used bytes is
-    reported. The commit of 3 changed files (median of 15) is timed with 1
+    quotas on and once off, with `ls` of a 200-entry directory every 2 ms
+    while it runs. Qgroup numbers and a sample of file contents must be the
+    same after each balance; the change of used bytes is reported. The commit of 3 changed files (median of 15) is timed with 1
     and with 64 snapshots: accounting must not cost more as snapshots are
     added."""
     q = quota_cmds(fs)
@@ -367,6 +367,8 @@ def qgroups(fs, scale):
         sh(f"{q['subvol']} create '{sub}'")
         os.makedirs(os.path.join(sub, "tree"))
         sh(f"cp -a {srcs} '{sub}/tree/'")
+        lsdir = fs.path("lsdir")
+        make_files(lsdir, 200)
         files = out(f"find '{sub}' -type f").split("\n")[:-1]
         sample = rng.sample(files, min(200, len(files)))
         if quotas == "on":
@@ -387,7 +389,7 @@ def qgroups(fs, scale):
             if goal == 1:
                 continue
             before = state(fs, q, quotas, sub, taken, sample)
-            t = timed(f"{q['balance']} '{fs.mnt}'")
+            t, lat = balance_with_ls(f"{q['balance']} '{fs.mnt}'", lsdir)
             after = state(fs, q, quotas, sub, taken, sample)
             for what, b, a in (("qgroup numbers", before[0], after[0]),
                                ("file contents", before[2], after[2])):
@@ -395,6 +397,8 @@ def qgroups(fs, scale):
                     raise RuntimeError(f"{fs.name}: {what} changed across balance:\n{b}\n{a}")
             samples.append((f"{goal} snapshots, metadata balance, quotas {quotas} (s)",
                             t, "s", "lower"))
+            samples.append((f"{goal} snapshots, ls during balance, quotas {quotas}, p99 (ms)",
+                            lat[int(len(lat) * 0.99)] if lat else 0, "ms", "lower"))
             samples.append((f"{goal} snapshots, used bytes change across balance, quotas "
                             f"{quotas} (KiB)", (after[1] - before[1]) / 1024, "KiB", "lower"))
         fs.umount()
@@ -417,6 +421,19 @@ def quota_cmds(fs):
                 "show": "btrfs qgroup show --raw", "balance": "btrfs balance start -m",
                 "sync": "sync"}
     return None
+
+
+def balance_with_ls(cmd, lsdir):
+    """Runs a balance command; its seconds, and the latencies (ms) of
+    listing a 200-entry directory every 2 ms meanwhile, sorted."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, shell=True, executable="/bin/bash", stdout=subprocess.DEVNULL)
+    lat = list_while(lsdir, lambda: p.poll() is None)
+    t = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"balance failed: {cmd}")
+    lat.sort()
+    return t, lat
 
 
 def append_to(paths):
