@@ -69,43 +69,32 @@ pub struct Recorded {
 
 /// The balance recorded in the root tree, if any.
 pub fn recorded(r: &Reader<'_>) -> Result<Option<Recorded>> {
-    let Some(data) = r.get(ROOT, &item_key())? else {
+    let Some(item) = r.get(ROOT, &item_key())? else {
         return Ok(None);
     };
-    let (args, paused) = BalanceArgs::decode(&data).map_err(|e| Error::BadItem {
-        key: item_key(),
-        reason: e,
-    })?;
-    let groups = r
-        .range(ROOT, &group_key(0), &group_key(u64::MAX))?
-        .into_iter()
-        .map(|(k, _)| k.offset)
-        .collect();
-    Ok(Some(Recorded {
-        args,
-        paused,
-        groups,
-    }))
+    let groups = r.range(ROOT, &group_key(0), &group_key(u64::MAX))?;
+    decode_recorded(&item, groups).map(Some)
 }
 
 fn recorded_tx(tx: &Txn<'_>) -> Result<Option<Recorded>> {
-    let Some(data) = tx.get(ROOT, &item_key())? else {
+    let Some(item) = tx.get(ROOT, &item_key())? else {
         return Ok(None);
     };
-    let (args, paused) = BalanceArgs::decode(&data).map_err(|e| Error::BadItem {
+    let groups = tx.range(ROOT, &group_key(0), &group_key(u64::MAX))?;
+    decode_recorded(&item, groups).map(Some)
+}
+
+/// A balance from its item and its group items.
+fn decode_recorded(item: &[u8], groups: Vec<(Key, Vec<u8>)>) -> Result<Recorded> {
+    let (args, paused) = BalanceArgs::decode(item).map_err(|e| Error::BadItem {
         key: item_key(),
         reason: e,
     })?;
-    let groups = tx
-        .range(ROOT, &group_key(0), &group_key(u64::MAX))?
-        .into_iter()
-        .map(|(k, _)| k.offset)
-        .collect();
-    Ok(Some(Recorded {
+    Ok(Recorded {
         args,
         paused,
-        groups,
-    }))
+        groups: groups.into_iter().map(|(k, _)| k.offset).collect(),
+    })
 }
 
 /// Records a new balance and makes its groups read-only. Returns how

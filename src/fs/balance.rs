@@ -65,17 +65,7 @@ impl Fs {
             .core
             .write_retrying(|tx| balance::start(tx, args).map(|n| n as u64))?;
         self.core.engine.commit()?;
-        {
-            let mut st = self.core.balance_status();
-            *st = BalanceStatus {
-                state: BalanceState::Running,
-                args: Some(args),
-                groups_total: n,
-                groups_left: n,
-                ..BalanceStatus::default()
-            };
-        }
-        self.spawn_balance()?;
+        self.spawn_balance(args, n)?;
         Ok(n)
     }
 
@@ -87,18 +77,7 @@ impl Fs {
             .core
             .write_retrying(|tx| balance::set_paused(tx, false))?;
         self.core.engine.commit()?;
-        {
-            let mut st = self.core.balance_status();
-            let n = rec.groups.len() as u64;
-            *st = BalanceStatus {
-                state: BalanceState::Running,
-                args: Some(rec.args),
-                groups_total: n,
-                groups_left: n,
-                ..BalanceStatus::default()
-            };
-        }
-        self.spawn_balance()
+        self.spawn_balance(rec.args, rec.groups.len() as u64)
     }
 
     /// Stops moving extents; the balance stays recorded (even across
@@ -151,18 +130,7 @@ impl Fs {
             groups = rec.groups.len(),
             "carrying on the balance an earlier mount left"
         );
-        {
-            let mut st = self.core.balance_status();
-            let n = rec.groups.len() as u64;
-            *st = BalanceStatus {
-                state: BalanceState::Running,
-                args: Some(rec.args),
-                groups_total: n,
-                groups_left: n,
-                ..BalanceStatus::default()
-            };
-        }
-        self.spawn_balance()
+        self.spawn_balance(rec.args, rec.groups.len() as u64)
     }
 
     /// Waits for the balance thread to end; its final status.
@@ -179,7 +147,15 @@ impl Fs {
         self.core.stop_balance_thread();
     }
 
-    fn spawn_balance(&self) -> Result<()> {
+    /// Starts the balance thread on `groups` groups, the status saying so.
+    fn spawn_balance(&self, args: BalanceArgs, groups: u64) -> Result<()> {
+        *self.core.balance_status() = BalanceStatus {
+            state: BalanceState::Running,
+            args: Some(args),
+            groups_total: groups,
+            groups_left: groups,
+            ..BalanceStatus::default()
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let (core, flag) = (self.core.clone(), stop.clone());
         let status = self.core.balance_status.clone();
