@@ -17,11 +17,11 @@ use crate::error::{Error, Result};
 use crate::extent::apply::find_extent_item;
 use crate::extent::RefHolder;
 use crate::format::items::{data_ref_of, FileExtentItem};
-use crate::format::key_type::{EXTENT_CSUM, SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF};
+use crate::format::key_type::EXTENT_CSUM;
 use crate::format::node::{Body, Node};
 use crate::format::tree_id::{CSUM, EXTENT, LOG};
 use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
-use crate::tree::{BlockRead, BlockWrite, Cursor, Holder};
+use crate::tree::{BlockRead, BlockWrite, Holder};
 use crate::txn::Txn;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -60,12 +60,7 @@ impl Climb {
         bytenr: u64,
         depth: usize,
     ) -> Result<BTreeMap<RefHolder, i64>> {
-        if depth > MAX_CLIMB {
-            return Err(Error::corrupt(
-                bytenr,
-                "back-references climb higher than any tree",
-            ));
-        }
+        crate::extent::check_climb(bytenr, depth)?;
         let mut out: BTreeMap<RefHolder, i64> = BTreeMap::new();
         for &(h, n) in self.committed(tx, bytenr)?.iter() {
             let alive = match h {
@@ -103,7 +98,7 @@ impl Climb {
         if let Some(v) = self.committed.get(&bytenr) {
             return Ok(v.clone());
         }
-        let v = Arc::new(committed_holders(tx, bytenr)?);
+        let v = Arc::new(crate::extent::backrefs(tx, &tx.root_of(EXTENT)?, bytenr)?);
         self.committed.insert(bytenr, v.clone());
         Ok(v)
     }
@@ -112,37 +107,6 @@ impl Climb {
     fn moved(&mut self, bytenr: u64) {
         self.alive.insert(bytenr, false);
     }
-}
-
-/// Tree levels a climb may pass before the extent tree is taken for
-/// corrupt (a cycle of back-references).
-const MAX_CLIMB: usize = 2 * crate::format::node::MAX_LEVEL as usize + 2;
-
-/// The back-references of the extent at `bytenr` in the extent tree.
-fn committed_holders(tx: &Txn<'_>, bytenr: u64) -> Result<Vec<(RefHolder, i64)>> {
-    let mut out = Vec::new();
-    let root = tx.root_of(EXTENT)?;
-    let mut c = Cursor::seek(tx, &root, &Key::new(bytenr, TREE_BLOCK_REF, 0))?;
-    while let Some(it) = c.item() {
-        let k = it.key;
-        if k.objectid != bytenr || k.ty > SHARED_DATA_REF {
-            break;
-        }
-        match k.ty {
-            TREE_BLOCK_REF => out.push((RefHolder::TreeRoot(k.offset), 1)),
-            SHARED_BLOCK_REF => out.push((RefHolder::TreeParent(k.offset), 1)),
-            SHARED_DATA_REF => {
-                let n = crate::format::items::decode_ref_count(&it.data)
-                    .map_err(|e| Error::corrupt(bytenr, e))?;
-                out.push((RefHolder::DataLeaf(k.offset), i64::from(n)));
-            }
-            _ => {}
-        }
-        if c.next(tx)?.is_none() {
-            break;
-        }
-    }
-    Ok(out)
 }
 
 /// The block at `bytenr` as the running transaction has it.

@@ -18,7 +18,9 @@
 //! unshares its children.
 
 pub mod apply;
+mod backrefs;
 mod delayed;
 pub mod drop;
 
+pub use backrefs::{backrefs, check_climb};
 pub use delayed::{DelayedRefs, ExtentKind, PendingExtent, RefHolder};

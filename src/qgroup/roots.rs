@@ -16,9 +16,9 @@
 //! both walks alike.
 
 use crate::error::{Error, Result};
-use crate::format::items::data_ref_of;
-use crate::format::items::ExtentItem;
-use crate::format::key_type::{EXTENT_ITEM, SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF};
+use crate::extent::{backrefs, check_climb, RefHolder};
+use crate::format::items::{data_ref_of, ExtentItem};
+use crate::format::key_type::EXTENT_ITEM;
 use crate::format::tree_id;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
@@ -27,10 +27,6 @@ use std::sync::Arc;
 
 /// A set of subvolume ids, shared between the blocks that have the same.
 pub type Roots = Arc<BTreeSet<u64>>;
-
-/// Tree levels a walk may climb before the extent tree is taken for
-/// corrupt (a cycle of back-references).
-const MAX_CLIMB: usize = 2 * crate::format::node::MAX_LEVEL as usize + 2;
 
 /// Climbs back-references in one state of the extent tree.
 pub struct RootsWalk {
@@ -49,9 +45,9 @@ impl RootsWalk {
     /// The subvolumes reaching the data extent at `bytenr`.
     pub fn data_roots<B: BlockRead + ?Sized>(&mut self, b: &B, bytenr: u64) -> Result<Roots> {
         let mut out = BTreeSet::new();
-        for (ty, holder) in self.backrefs(b, bytenr)? {
-            if ty == SHARED_DATA_REF {
-                out.extend(self.block_roots(b, holder, 0)?.iter().copied());
+        for (holder, _) in self.backrefs(b, bytenr)? {
+            if let RefHolder::DataLeaf(leaf) = holder {
+                out.extend(self.block_roots(b, leaf, 0)?.iter().copied());
             }
         }
         Ok(Arc::new(out))
@@ -71,20 +67,15 @@ impl RootsWalk {
         if let Some(r) = self.memo.get(&bytenr) {
             return Ok(r.clone());
         }
-        if depth > MAX_CLIMB {
-            return Err(Error::corrupt(
-                bytenr,
-                "back-references climb higher than any tree",
-            ));
-        }
+        check_climb(bytenr, depth)?;
         let mut out = BTreeSet::new();
         let mut parents = Vec::new();
-        for (ty, holder) in self.backrefs(b, bytenr)? {
-            match ty {
-                TREE_BLOCK_REF if tree_id::is_shareable(holder) => {
-                    out.insert(holder);
+        for (holder, _) in self.backrefs(b, bytenr)? {
+            match holder {
+                RefHolder::TreeRoot(t) if tree_id::is_shareable(t) => {
+                    out.insert(t);
                 }
-                SHARED_BLOCK_REF => parents.push(holder),
+                RefHolder::TreeParent(p) => parents.push(p),
                 _ => {}
             }
         }
@@ -103,24 +94,13 @@ impl RootsWalk {
         Ok(roots)
     }
 
-    /// (key type, holder) of every back-reference of the extent at
-    /// `bytenr`.
+    /// Every holder of the extent at `bytenr` in this state.
     pub(crate) fn backrefs<B: BlockRead + ?Sized>(
         &self,
         b: &B,
         bytenr: u64,
-    ) -> Result<Vec<(u8, u64)>> {
-        let mut out = Vec::new();
-        let mut c = Cursor::seek(b, &self.extent_root, &Key::new(bytenr, TREE_BLOCK_REF, 0))?;
-        let mut cur = c.item().map(|it| it.key);
-        while let Some(k) = cur {
-            if k.objectid != bytenr || k.ty > SHARED_DATA_REF {
-                break;
-            }
-            out.push((k.ty, k.offset));
-            cur = c.next(b)?.map(|it| it.key);
-        }
-        Ok(out)
+    ) -> Result<Vec<(RefHolder, i64)>> {
+        backrefs(b, &self.extent_root, bytenr)
     }
 }
 
@@ -189,9 +169,11 @@ impl<'a> Reach<'a> {
     ) -> Result<(Roots, Roots)> {
         let w = if data {
             let mut out = BTreeSet::new();
-            for (ty, leaf) in self.new.extents.backrefs(b, bytenr)? {
-                if ty == SHARED_DATA_REF && out.len() < WITNESSES {
-                    out.extend(self.witness(b, leaf, 0)?.iter().copied());
+            for (holder, _) in self.new.extents.backrefs(b, bytenr)? {
+                if let RefHolder::DataLeaf(leaf) = holder {
+                    if out.len() < WITNESSES {
+                        out.extend(self.witness(b, leaf, 0)?.iter().copied());
+                    }
                 }
             }
             out.into_iter().take(WITNESSES).collect()
@@ -216,25 +198,20 @@ impl<'a> Reach<'a> {
         if let Some(r) = self.witnesses.get(&bytenr) {
             return Ok(r.clone());
         }
-        if depth > MAX_CLIMB {
-            return Err(Error::corrupt(
-                bytenr,
-                "back-references climb higher than any tree",
-            ));
-        }
+        check_climb(bytenr, depth)?;
         let mut out = BTreeSet::new();
-        for (ty, holder) in self.new.extents.backrefs(b, bytenr)? {
+        for (holder, _) in self.new.extents.backrefs(b, bytenr)? {
             if out.len() >= WITNESSES {
                 break;
             }
-            match ty {
-                TREE_BLOCK_REF
-                    if tree_id::is_shareable(holder) && !self.changed.contains(&holder) =>
+            match holder {
+                RefHolder::TreeRoot(t)
+                    if tree_id::is_shareable(t) && !self.changed.contains(&t) =>
                 {
-                    out.insert(holder);
+                    out.insert(t);
                 }
-                SHARED_BLOCK_REF => {
-                    out.extend(self.witness(b, holder, depth + 1)?.iter().copied());
+                RefHolder::TreeParent(p) => {
+                    out.extend(self.witness(b, p, depth + 1)?.iter().copied());
                 }
                 _ => {}
             }
@@ -258,8 +235,10 @@ impl State {
             self.extents
                 .backrefs(b, bytenr)?
                 .into_iter()
-                .filter(|&(ty, _)| ty == SHARED_DATA_REF)
-                .map(|(_, leaf)| leaf)
+                .filter_map(|(holder, _)| match holder {
+                    RefHolder::DataLeaf(leaf) => Some(leaf),
+                    _ => None,
+                })
                 .collect()
         } else {
             vec![bytenr]
