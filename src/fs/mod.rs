@@ -70,6 +70,8 @@ pub(crate) struct Core {
     engine: Arc<Engine>,
     /// An [`AtimePolicy`] as a number.
     atime_policy: std::sync::atomic::AtomicU8,
+    /// Listing a directory records an access (off with `nodiratime`).
+    dir_atime: std::sync::atomic::AtomicBool,
     /// Remounted read-only: the kernel refuses changes, and reads must not
     /// record access times either.
     remounted_ro: std::sync::atomic::AtomicBool,
@@ -155,6 +157,7 @@ impl Fs {
         let core = Arc::new(Core {
             engine,
             atime_policy: std::sync::atomic::AtomicU8::new(1),
+            dir_atime: std::sync::atomic::AtomicBool::new(true),
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
             tracking: log::Tracking::default(),
             log_enabled: std::sync::atomic::AtomicBool::new(true),
@@ -246,6 +249,10 @@ impl Core {
 
     pub(crate) fn atime_policy(&self) -> AtimePolicy {
         AtimePolicy::from_u8(self.atime_policy.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn dir_atime(&self) -> bool {
+        self.dir_atime.load(Ordering::Relaxed)
     }
 
     /// See [`Fs::sync`].

@@ -325,6 +325,13 @@ impl Fs {
     pub fn atime_policy(&self) -> AtimePolicy {
         self.core.atime_policy()
     }
+
+    /// Whether listing a directory updates its access time (`nodiratime`).
+    pub fn set_dir_atime(&self, on: bool) {
+        self.core
+            .dir_atime
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]

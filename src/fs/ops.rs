@@ -843,7 +843,7 @@ impl Subvol {
             Ok((out, i))
         })?;
         // Once per listing, at its start.
-        if offset == 0 {
+        if offset == 0 && self.dir_atime() {
             self.accessed(ino, &seen);
         }
         Ok(listing)

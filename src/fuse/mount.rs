@@ -30,6 +30,9 @@ pub struct MountOptions {
     pub dirty_limit: u64,
     /// When reads update access times.
     pub atime: crate::fs::AtimePolicy,
+    /// Whether listing a directory updates its access time (`nodiratime`
+    /// turns it off; the atime policy still applies when on).
+    pub dir_atime: bool,
     /// Change the options of a live mount (`mount -o remount,...`).
     pub remount: bool,
     /// Let the kernel buffer writes in its page cache and send them in
@@ -70,6 +73,7 @@ impl Default for MountOptions {
             threads: 4,
             dirty_limit: crate::fs::delalloc::DEFAULT_DIRTY_LIMIT,
             atime: crate::fs::AtimePolicy::Relative,
+            dir_atime: true,
             remount: false,
             writeback_cache: false,
             readahead: DEFAULT_READAHEAD,
@@ -101,11 +105,48 @@ impl MountOptions {
                     o.atime = crate::fs::AtimePolicy::Never;
                     o.kernel.push(name.to_string());
                 }
-                "strictatime" => o.atime = crate::fs::AtimePolicy::Strict,
-                "relatime" | "atime" => o.atime = crate::fs::AtimePolicy::Relative,
+                "strictatime" => {
+                    o.atime = crate::fs::AtimePolicy::Strict;
+                    o.kernel.push(name.to_string());
+                }
+                "relatime" | "atime" | "norelatime" | "nostrictatime" => {
+                    o.atime = crate::fs::AtimePolicy::Relative
+                }
+                "nodiratime" => {
+                    o.dir_atime = false;
+                    o.kernel.push(name.to_string());
+                }
+                "diratime" => o.dir_atime = true,
                 "nodev" | "dev" | "nosuid" | "suid" | "noexec" | "exec" | "sync" | "async"
-                | "dirsync" | "lazytime" | "nolazytime" => o.kernel.push(name.to_string()),
-                "defaults" | "auto" | "noauto" | "user" | "nouser" | "_netdev" | "nofail" => {}
+                | "dirsync" | "lazytime" | "nolazytime" | "nosymfollow" | "symfollow" => {
+                    o.kernel.push(name.to_string())
+                }
+                // Generic options with nothing to do here: Canopy keeps an
+                // inode version in every change anyway (iversion), mandatory
+                // locks are gone from Linux, and the rest are mount(8)'s or
+                // an LSM's.
+                "defaults"
+                | "auto"
+                | "noauto"
+                | "user"
+                | "nouser"
+                | "users"
+                | "owner"
+                | "group"
+                | "_netdev"
+                | "nofail"
+                | "iversion"
+                | "noiversion"
+                | "mand"
+                | "nomand"
+                | "silent"
+                | "loud"
+                | "context"
+                | "fscontext"
+                | "defcontext"
+                | "rootcontext"
+                | "x-systemd.automount" => {}
+                _ if name.starts_with("x-") || name.starts_with("comment") => {}
                 // FUSE's own, which Canopy sets itself; mount(8) passes them
                 // back from /proc/mounts on a remount.
                 "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fsname"
@@ -230,6 +271,7 @@ pub fn serve(
     fs.set_dirty_limit(opts.dirty_limit);
     fs.set_log_enabled(opts.treelog);
     fs.set_atime_policy(opts.atime);
+    fs.set_dir_atime(opts.dir_atime);
     install_signal_handlers();
     let source = image.to_string_lossy().into_owned();
     let config = opts.fuser_config(&source);
@@ -558,25 +600,43 @@ fn mount_as_root(
     Ok(dev.into())
 }
 
-/// The mount(2) flags `opts` ask for. Like kernel filesystems mounted by
-/// a user, devices and set-id bits are off unless `dev` / `suid` are given.
+/// The mount(2) flags `opts` ask for (a mount by root: device nodes and
+/// set-id bits work unless `nodev` / `nosuid` are given, as on kernel
+/// filesystems). The last of a pair given wins.
 fn kernel_flags(opts: &MountOptions) -> libc::c_ulong {
     let mut flags: libc::c_ulong = 0;
-    let has = |k: &str| opts.kernel.iter().any(|x| x == k);
-    if !has("dev") {
+    let last = |on: &str, off: &str| {
+        opts.kernel
+            .iter()
+            .rev()
+            .find(|x| *x == on || *x == off)
+            .is_some_and(|x| x == off)
+    };
+    if last("dev", "nodev") {
         flags |= libc::MS_NODEV;
     }
-    if !has("suid") {
+    if last("suid", "nosuid") {
         flags |= libc::MS_NOSUID;
     }
+    if last("exec", "noexec") {
+        flags |= libc::MS_NOEXEC;
+    }
+    if last("symfollow", "nosymfollow") {
+        flags |= libc::MS_NOSYMFOLLOW;
+    }
+    if last("async", "sync") {
+        flags |= libc::MS_SYNCHRONOUS;
+    }
+    if last("nolazytime", "lazytime") {
+        flags |= libc::MS_LAZYTIME;
+    }
+    let has = |k: &str| opts.kernel.iter().any(|x| x == k);
     for (name, flag) in [
-        ("noexec", libc::MS_NOEXEC),
         ("noatime", libc::MS_NOATIME),
         ("relatime", libc::MS_RELATIME),
         ("strictatime", libc::MS_STRICTATIME),
-        ("sync", libc::MS_SYNCHRONOUS),
         ("dirsync", libc::MS_DIRSYNC),
-        ("lazytime", libc::MS_LAZYTIME),
+        ("nodiratime", libc::MS_NODIRATIME),
     ] {
         if has(name) {
             flags |= flag;
@@ -625,5 +685,47 @@ mod tests {
         );
         assert_eq!(MountOptions::default().readahead, DEFAULT_READAHEAD);
         assert!(MountOptions::parse("readahead").is_err());
+    }
+
+    #[test]
+    fn generic_vfs_options_are_accepted() {
+        let o = MountOptions::parse(
+            "nodiratime,iversion,lazytime,sync,dirsync,noexec,nosymfollow,x-gvfs-show,users",
+        )
+        .unwrap();
+        assert!(!o.dir_atime);
+        let f = kernel_flags(&o);
+        for flag in [
+            libc::MS_NODIRATIME,
+            libc::MS_LAZYTIME,
+            libc::MS_SYNCHRONOUS,
+            libc::MS_DIRSYNC,
+            libc::MS_NOEXEC,
+            libc::MS_NOSYMFOLLOW,
+        ] {
+            assert_ne!(f & flag, 0, "flag {flag:#x}");
+        }
+        assert!(MountOptions::parse("diratime").unwrap().dir_atime);
+        assert_eq!(
+            MountOptions::parse("strictatime").unwrap().atime,
+            crate::fs::AtimePolicy::Strict
+        );
+    }
+
+    #[test]
+    fn devices_and_set_id_work_unless_turned_off() {
+        let f = kernel_flags(&MountOptions::default());
+        assert_eq!(f & (libc::MS_NODEV | libc::MS_NOSUID | libc::MS_NOEXEC), 0);
+        let f = kernel_flags(&MountOptions::parse("nodev,nosuid").unwrap());
+        assert_eq!(
+            f & (libc::MS_NODEV | libc::MS_NOSUID),
+            libc::MS_NODEV | libc::MS_NOSUID
+        );
+        let f = kernel_flags(&MountOptions::parse("nodev,dev,sync,async").unwrap());
+        assert_eq!(
+            f & (libc::MS_NODEV | libc::MS_SYNCHRONOUS),
+            0,
+            "the last one wins"
+        );
     }
 }

@@ -1,0 +1,104 @@
+//! POSIX corners through a real FUSE mount, as a program written for ext4
+//! or btrfs expects them: generic mount options, whiteouts, readdir that
+//! ends, set-id clearing, hole and data seeking, ACLs and file handles.
+//! They need root and /dev/fuse; elsewhere they say so and pass vacuously.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use common::mounted::{can_mount, Mounted};
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+fn set_times(p: &Path, atime: i64, mtime: i64) {
+    let ts = [
+        libc::timespec {
+            tv_sec: atime,
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: mtime,
+            tv_nsec: 0,
+        },
+    ];
+    // SAFETY: valid path and two timespecs.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, cpath(p).as_ptr(), ts.as_ptr(), 0) };
+    assert_eq!(r, 0, "utimensat {}", p.display());
+}
+
+/// The per-mount and superblock options of the mount on `mnt`.
+fn mount_options(mnt: &Path) -> String {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = mnt.to_str().unwrap();
+    info.lines()
+        .rev()
+        .find(|l| l.split(' ').nth(4) == Some(want))
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            format!("{} {}", f[5], l.rsplit(' ').next().unwrap_or(""))
+        })
+        .unwrap_or_default()
+}
+
+/// Generic VFS options are accepted and do what they say; a mount by root
+/// allows device nodes and set-id programs unless told otherwise.
+#[test]
+fn generic_mount_options() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let opts = mount_options(&m.mnt);
+    assert!(
+        !opts.contains("nodev") && !opts.contains("nosuid"),
+        "root's mount allows devices and set-id bits: {opts}"
+    );
+    // A device node works: a copy of /dev/null swallows writes.
+    let null = m.p("null");
+    // SAFETY: valid path; makedev(1, 3) is /dev/null's number.
+    let r = unsafe {
+        libc::mknod(
+            cpath(&null).as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(1, 3),
+        )
+    };
+    assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    fs::write(&null, b"gone").expect("writing to a device node on the mount");
+    fs::create_dir(m.p("d")).unwrap();
+    fs::write(m.p("d/f"), b"x").unwrap();
+    m.unmount();
+
+    m.mount("nodiratime,strictatime,iversion,lazytime,nodev,nosuid,dirsync");
+    let opts = mount_options(&m.mnt);
+    for want in ["nodev", "nosuid", "nodiratime"] {
+        assert!(opts.contains(want), "{want} missing from {opts}");
+    }
+    assert!(
+        fs::write(&null, b"x").is_err(),
+        "nodev refuses device nodes"
+    );
+    set_times(&m.p("d"), 1000, 1000);
+    set_times(&m.p("d/f"), 1000, 1000);
+    assert_eq!(fs::read_dir(m.p("d")).unwrap().count(), 1);
+    assert_eq!(fs::read(m.p("d/f")).unwrap(), b"x");
+    assert_eq!(
+        fs::metadata(m.p("d")).unwrap().atime(),
+        1000,
+        "nodiratime: listing leaves the directory's atime"
+    );
+    assert_ne!(
+        fs::metadata(m.p("d/f")).unwrap().atime(),
+        1000,
+        "strictatime: reading a file updates its atime"
+    );
+    m.unmount();
+    m.check();
+}
