@@ -107,7 +107,21 @@ impl Fs {
         exchange: bool,
     ) -> Result<()> {
         let (sv, p, np) = self.at_both(parent, newparent)?;
-        sv.rename(p, name, np, newname, noreplace, exchange)
+        sv.rename(p, name, np, newname, noreplace, exchange, None)
+    }
+
+    /// rename(2) with RENAME_WHITEOUT: the source name is left holding a
+    /// whiteout (a character device 0/0) owned by `owner`, in the same
+    /// transaction.
+    pub fn rename_whiteout(
+        &self,
+        (parent, name): (u64, &[u8]),
+        (newparent, newname): (u64, &[u8]),
+        noreplace: bool,
+        owner: Owner,
+    ) -> Result<()> {
+        let (sv, p, np) = self.at_both(parent, newparent)?;
+        sv.rename(p, name, np, newname, noreplace, false, Some(owner))
     }
 
     pub fn setattr(&self, node: u64, s: &SetAttr) -> Result<Attr> {

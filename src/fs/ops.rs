@@ -150,6 +150,29 @@ pub struct Owner {
     pub gid: u32,
 }
 
+/// The inode of a new file made by `owner` in directory `p`: a
+/// set-group-ID directory passes its group on (and, to directories, the
+/// bit itself).
+fn new_inode(p: &InodeItem, mode: u32, rdev: u64, owner: Owner, now: Timespec) -> InodeItem {
+    let sgid_dir = p.mode & libc::S_ISGID != 0;
+    let mut inode = InodeItem {
+        nlink: if is_dir(mode) { 2 } else { 1 },
+        uid: owner.uid,
+        gid: if sgid_dir { p.gid } else { owner.gid },
+        mode,
+        rdev,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        otime: now,
+        ..Default::default()
+    };
+    if is_dir(mode) && sgid_dir {
+        inode.mode |= libc::S_ISGID;
+    }
+    inode
+}
+
 impl Subvol {
     /// Attributes of local inode `ino`, under its node id.
     fn attr(&self, ino: u64, i: &InodeItem) -> Attr {
@@ -245,25 +268,7 @@ impl Subvol {
                 p.nlink
             };
             let now = Timespec::now();
-            let mut inode = InodeItem {
-                nlink: if is_dir(mode) { 2 } else { 1 },
-                uid: owner.uid,
-                gid: if p.mode & libc::S_ISGID != 0 {
-                    p.gid
-                } else {
-                    owner.gid
-                },
-                mode,
-                rdev,
-                atime: now,
-                mtime: now,
-                ctime: now,
-                otime: now,
-                ..Default::default()
-            };
-            if is_dir(mode) && p.mode & libc::S_ISGID != 0 {
-                inode.mode |= libc::S_ISGID;
-            }
+            let mut inode = new_inode(&p, mode, rdev, owner, now);
             store_inode(tx, tree, ino, inode.clone())?;
             match target {
                 Some(t) if long => self.buffer(tx, ino, 0, t),
@@ -287,6 +292,24 @@ impl Subvol {
             return self.getattr(ino);
         }
         Ok(created)
+    }
+
+    /// Leaves a whiteout (a character device 0/0, as overlayfs reads it)
+    /// named `name` in `parent`, in the transaction that renamed the name's
+    /// inode away.
+    fn add_whiteout(
+        &self,
+        tx: &mut Txn<'_>,
+        (parent, name): (u64, &[u8]),
+        (ino, owner): (u64, Owner),
+        now: Timespec,
+    ) -> Result<()> {
+        let p = self.parent_dir(tx, parent)?;
+        let inode = new_inode(&p, libc::S_IFCHR, 0, owner, now);
+        store_inode(tx, self.tree, ino, inode)?;
+        dir::add(tx, self.tree, parent, name, ino, dtype(libc::S_IFCHR))?;
+        self.note_name(tx, parent, ino);
+        Ok(())
     }
 
     fn parent_dir(&self, tx: &Txn<'_>, parent: u64) -> Result<InodeItem> {
@@ -503,7 +526,9 @@ impl Subvol {
         })
     }
 
-    /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE semantics.
+    /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE / RENAME_WHITEOUT
+    /// semantics (`whiteout`: who owns the whiteout left at the source).
+    #[allow(clippy::too_many_arguments)]
     pub fn rename(
         &self,
         parent: u64,
@@ -512,17 +537,29 @@ impl Subvol {
         newname: &[u8],
         noreplace: bool,
         exchange: bool,
+        whiteout: Option<Owner>,
     ) -> Result<()> {
         dir::check_name(newname)?;
+        if whiteout.is_some() && exchange {
+            return Err(errno(libc::EINVAL, "a whiteout cannot be exchanged"));
+        }
+        let whiteout = match whiteout {
+            Some(owner) => Some((self.alloc_ino()?, owner)),
+            None => None,
+        };
         let tree = self.tree;
+        let extra = if whiteout.is_some() { CREATE_ITEMS } else { 0 };
         self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, RENAME_ITEMS + 2 * log_items(tx)))?;
+            tx.reserve(&Need::items(tree, RENAME_ITEMS + extra + 2 * log_items(tx)))?;
             self.parent_dir(tx, parent)?;
             self.parent_dir(tx, newparent)?;
             let root = self.root_ptr_tx(tx)?;
             let src = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
             let dst = dir::lookup(tx, &root, newparent, newname)?;
             if src.is_subvolume() || dst.as_ref().is_some_and(|d| d.is_subvolume()) {
+                if whiteout.is_some() {
+                    return Err(errno(libc::EINVAL, "a subvolume leaves no whiteout"));
+                }
                 let to = (newparent, newname);
                 return self.rename_subvolume(tx, parent, &src, to, dst.as_ref(), exchange);
             }
@@ -594,6 +631,9 @@ impl Subvol {
             }
             dir::remove(tx, tree, parent, name)?;
             dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
+            if let Some(w) = whiteout {
+                self.add_whiteout(tx, (parent, name), w, now)?;
+            }
             self.adjust_parents(tx, parent, newparent, (is_dir(src_inode.mode), false), now)?;
             self.touch_ctime(tx, src.ino, now)?;
             self.note_name(tx, parent, src.ino);

@@ -431,7 +431,7 @@ impl Filesystem for FuseFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -441,6 +441,21 @@ impl Filesystem for FuseFs {
     ) {
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+        let known = RenameFlags::RENAME_NOREPLACE
+            | RenameFlags::RENAME_EXCHANGE
+            | RenameFlags::RENAME_WHITEOUT;
+        if !known.contains(flags) || (exchange && noreplace) {
+            return reply.error(Errno::EINVAL);
+        }
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            let r = self.fs.rename_whiteout(
+                (self.to_ino(parent), name.as_bytes()),
+                (self.to_ino(newparent), newname.as_bytes()),
+                noreplace,
+                owner(req),
+            );
+            return reply_empty(r, reply);
+        }
         let r = self.fs.rename(
             self.to_ino(parent),
             name.as_bytes(),
