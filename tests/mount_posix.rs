@@ -181,3 +181,65 @@ fn rename_whiteout_leaves_a_whiteout() {
     m.unmount();
     m.check();
 }
+
+/// Renaming every entry of a directory while listing it ends after one
+/// pass: the listing stops at the last index the directory had when it
+/// began (each rename gives a new index). After rewinddir the listing sees
+/// the directory as it is then.
+#[test]
+fn readdir_ends_while_its_entries_are_renamed() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let d = m.p("d");
+    fs::create_dir(&d).unwrap();
+    let n = 2000;
+    for i in 0..n {
+        fs::write(d.join(format!("f{i}")), b"").unwrap();
+    }
+    let c = cpath(&d);
+    // SAFETY: a valid path; the stream is closed below.
+    let dir = unsafe { libc::opendir(c.as_ptr()) };
+    assert!(!dir.is_null());
+    let mut seen = 0;
+    loop {
+        // SAFETY: dir is an open stream.
+        let e = unsafe { libc::readdir(dir) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: readdir returned a valid entry with a NUL-terminated name.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }
+            .to_str()
+            .unwrap()
+            .to_string();
+        if name == "." || name == ".." {
+            continue;
+        }
+        seen += 1;
+        assert!(seen <= n, "the listing does not end");
+        fs::rename(d.join(&name), d.join(format!("{name}.x"))).unwrap();
+    }
+    assert!(seen >= n / 2, "only {seen} entries listed");
+    fs::write(d.join("late"), b"").unwrap();
+    // SAFETY: dir is an open stream.
+    unsafe { libc::rewinddir(dir) };
+    let mut late = false;
+    loop {
+        // SAFETY: as above.
+        let e = unsafe { libc::readdir(dir) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: as above.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) };
+        late |= name.to_bytes() == b"late";
+    }
+    assert!(late, "rewinddir lists what was created since opendir");
+    // SAFETY: closes the stream opened above.
+    unsafe { libc::closedir(dir) };
+    assert_eq!(fs::read_dir(&d).unwrap().count(), n + 1);
+    m.unmount();
+    m.check();
+}

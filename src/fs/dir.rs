@@ -46,13 +46,23 @@ pub(crate) fn lookup<B: BlockRead + ?Sized>(
 /// The index the next entry of `dir` gets: one past the highest in use.
 fn next_index(tx: &Txn<'_>, tree: u64, dir: u64) -> Result<u64> {
     let root = tx.root_of(tree)?;
-    let c = Cursor::seek_le(tx, &root, &Key::new(dir, DIR_INDEX, u64::MAX))?;
+    Ok(last_index(tx, &root, dir)? + 1)
+}
+
+/// The highest index in use in `dir` (1 when it has no entries: indexes
+/// start at 2, after "." and "..").
+pub(crate) fn last_index<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &crate::tree::RootPtr,
+    dir: u64,
+) -> Result<u64> {
+    let c = Cursor::seek_le(b, root, &Key::new(dir, DIR_INDEX, u64::MAX))?;
     let last = c.and_then(|c| {
         c.item()
             .filter(|i| i.key.objectid == dir && i.key.ty == DIR_INDEX)
             .map(|i| i.key.offset)
     });
-    Ok(last.map_or(2, |l| l + 1))
+    Ok(last.unwrap_or(1))
 }
 
 /// The items adding one entry writes, worked out before anything changes:
@@ -316,19 +326,20 @@ pub(crate) fn is_empty<B: BlockRead + ?Sized>(
 }
 
 /// Entries of `dir` from readdir offset `offset` on (offset = index + 1 of
-/// the last entry returned; 0 at the start), at most `max`.
+/// the last entry returned; 0 at the start), at most `max`, none past index
+/// `last`.
 pub(crate) fn list<B: BlockRead + ?Sized>(
     b: &B,
     root: &crate::tree::RootPtr,
     dir: u64,
-    offset: u64,
+    (offset, last): (u64, u64),
     max: usize,
 ) -> Result<Vec<DirEntry>> {
     let mut out = Vec::new();
     let mut c = Cursor::seek(b, root, &Key::new(dir, DIR_INDEX, offset))?;
     while out.len() < max {
         let Some(it) = c.item() else { break };
-        if it.key.objectid != dir || it.key.ty != DIR_INDEX {
+        if it.key.objectid != dir || it.key.ty != DIR_INDEX || it.key.offset > last {
             break;
         }
         out.extend(decode(b, &it.key, &it.data)?);

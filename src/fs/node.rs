@@ -142,8 +142,27 @@ impl Fs {
     /// Directory entries after readdir offset `offset`: (next offset, node,
     /// d_type, name). Offsets 1 and 2 are "." and "..".
     pub fn readdir(&self, node: u64, offset: u64, max: usize) -> Result<Vec<DirListing>> {
+        self.readdir_to(node, offset, max, u64::MAX)
+    }
+
+    /// [`Fs::readdir`] that ends at entry index `last`, so that a listing
+    /// begun at [`Fs::dir_last_index`] ends even while its entries are
+    /// renamed within the directory (each rename gives a new index).
+    pub fn readdir_to(
+        &self,
+        node: u64,
+        offset: u64,
+        max: usize,
+        last: u64,
+    ) -> Result<Vec<DirListing>> {
         let (sv, ino) = self.at(node)?;
-        sv.readdir(ino, offset, max)
+        sv.readdir(ino, offset, max, last)
+    }
+
+    /// The highest entry index directory `node` has now.
+    pub fn dir_last_index(&self, node: u64) -> Result<u64> {
+        let (sv, ino) = self.at(node)?;
+        sv.dir_last_index(ino)
     }
 
     /// Space and inodes as statfs reports them (the whole pool), in 4 KiB

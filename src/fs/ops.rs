@@ -320,6 +320,17 @@ impl Subvol {
         Ok(p)
     }
 
+    /// The highest entry index of directory `ino` (see `dir::last_index`).
+    pub fn dir_last_index(&self, ino: u64) -> Result<u64> {
+        self.engine.read(|r| {
+            let i = load_inode_r(r, self.tree, ino)?;
+            if !is_dir(i.mode) {
+                return Err(errno(libc::ENOTDIR, "not a directory"));
+            }
+            dir::last_index(r, &r.root(self.tree)?, ino)
+        })
+    }
+
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         self.engine.read_unlocked(
             |r| {
@@ -852,9 +863,10 @@ impl Subvol {
         }
     }
 
-    /// Directory entries after readdir offset `offset`: (next offset, ino,
-    /// d_type, name). Offsets 1 and 2 are "." and "..".
-    pub fn readdir(&self, ino: u64, offset: u64, max: usize) -> Result<Vec<DirListing>> {
+    /// Directory entries after readdir offset `offset`, none past index
+    /// `last`: (next offset, ino, d_type, name). Offsets 1 and 2 are "."
+    /// and "..".
+    pub fn readdir(&self, ino: u64, offset: u64, max: usize, last: u64) -> Result<Vec<DirListing>> {
         let (listing, seen) = self.engine.read(|r| {
             let i = load_inode_r(r, self.tree, ino)?;
             if !is_dir(i.mode) {
@@ -873,7 +885,7 @@ impl Subvol {
                 };
                 out.push((2, parent, dt_dir, b"..".to_vec()));
             }
-            for e in dir::list(r, &root, ino, offset.max(2), max)? {
+            for e in dir::list(r, &root, ino, (offset.max(2), last), max)? {
                 let node = match e.is_subvolume() {
                     true => super::node_id(e.ino, ROOT_DIR_INO),
                     false => self.node(e.ino)?,

@@ -8,6 +8,7 @@
 
 mod caller;
 pub mod control;
+mod dirhandle;
 pub mod mount;
 
 use crate::format::inode::Timespec;
@@ -48,6 +49,8 @@ pub struct FuseFs {
     /// Tells the kernel of changes it did not ask for (set after the
     /// session starts).
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Where each open directory's listing ends.
+    dirs: dirhandle::DirHandles,
 }
 
 impl FuseFs {
@@ -58,6 +61,7 @@ impl FuseFs {
             writeback_cache,
             killpriv: false,
             notifier: Arc::default(),
+            dirs: dirhandle::DirHandles::default(),
         }
     }
 
@@ -583,16 +587,36 @@ impl Filesystem for FuseFs {
         reply_empty(self.fs.fsync(self.to_ino(ino)), reply);
     }
 
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(self.dirs.open()), FopenFlags::empty());
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.release(fh.0);
+        reply.ok();
+    }
+
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let dir = self.to_ino(ino);
-        match self.fs.readdir(dir, offset, 128) {
+        let listed = self
+            .dirs
+            .bound(fh.0, offset, || self.fs.dir_last_index(dir))
+            .and_then(|last| self.fs.readdir_to(dir, offset, 128, last));
+        match listed {
             Ok(entries) => {
                 for (next, child, dtype, name) in entries {
                     let k = kind(u32::from(dtype) << 12);

@@ -273,7 +273,7 @@ fn recount_links(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
         return crate::fs::ops::delete_inode(tx, tree, ino);
     }
     let nlink = if is_dir(inode.mode) {
-        let subdirs = dir::list(tx, &root, ino, 0, usize::MAX)?
+        let subdirs = dir::list(tx, &root, ino, (0, u64::MAX), usize::MAX)?
             .iter()
             .filter(|e| e.d_type() == crate::fs::dtype(libc::S_IFDIR))
             .count();
