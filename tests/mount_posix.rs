@@ -297,3 +297,159 @@ fn set_id_bits_cleared_by_data_changes() {
     m.unmount();
     m.check();
 }
+
+/// SEEK_DATA and SEEK_HOLE from `offset`: the offsets found, or -1 for
+/// ENXIO.
+fn seek_both(f: &fs::File, offset: i64) -> (i64, i64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: lseek on an open descriptor.
+    let at = |whence| unsafe { libc::lseek(f.as_raw_fd(), offset, whence) };
+    (at(libc::SEEK_DATA), at(libc::SEEK_HOLE))
+}
+
+fn fallocate(f: &fs::File, mode: i32, offset: i64, len: i64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate on an open descriptor.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset, len) };
+    assert_eq!(r, 0, "fallocate: {}", std::io::Error::last_os_error());
+}
+
+/// Hole and data seeking answer at sector granularity, the same for
+/// buffered data as after it is on disk; preallocated space is a hole;
+/// st_blocks counts what the file will hold, also before a flush (a write
+/// into preallocated space adds nothing), and a zeroed range stays
+/// allocated. The expected answers are kernel btrfs's on this machine.
+#[test]
+fn seek_and_st_blocks_at_sector_granularity() {
+    use std::os::unix::fs::FileExt;
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+    const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    type Setup = fn(&fs::File);
+    // (name, setup, st_blocks, [(offset, data, hole)])
+    let cases: [(&str, Setup, u64, &[(i64, i64, i64)]); 7] = [
+        (
+            "mid",
+            |f| {
+                f.set_len(65536).unwrap();
+                f.write_all_at(&[7; 100], 5000).unwrap();
+            },
+            8,
+            &[
+                (0, 4096, 0),
+                (4095, 4096, 4095),
+                (4096, 4096, 8192),
+                (5000, 5000, 8192),
+                (8192, -1, 8192),
+            ],
+        ),
+        (
+            "prealloc_past_eof",
+            |f| {
+                f.write_all_at(&[7; 4096], 0).unwrap();
+                fallocate(f, 0, 4096, 131072);
+            },
+            264,
+            &[
+                (0, 0, 4096),
+                (4095, 4095, 4096),
+                (4096, -1, 4096),
+                (100000, -1, 100000),
+            ],
+        ),
+        (
+            "prealloc_keep_size",
+            |f| {
+                f.write_all_at(&[7; 4096], 0).unwrap();
+                fallocate(f, KEEP, 4096, 131072);
+            },
+            264,
+            &[(0, 0, 4096), (4095, 4095, 4096)],
+        ),
+        (
+            "punch_inside_a_sector",
+            |f| {
+                f.write_all_at(&[7; 16384], 0).unwrap();
+                fallocate(f, PUNCH, 5000, 1000);
+            },
+            32,
+            &[(0, 0, 16384), (5000, 5000, 16384)],
+        ),
+        (
+            "punch_across_sectors",
+            |f| {
+                f.write_all_at(&[7; 16384], 0).unwrap();
+                fallocate(f, PUNCH, 1000, 9000);
+            },
+            24,
+            &[
+                (0, 0, 4096),
+                (4095, 4095, 4096),
+                (4096, 8192, 4096),
+                (8192, 8192, 16384),
+            ],
+        ),
+        (
+            "write_into_prealloc",
+            |f| {
+                fallocate(f, 0, 0, 131072);
+                f.write_all_at(b"ab", 65536).unwrap();
+            },
+            256,
+            &[(0, 65536, 0), (65536, 65536, 69632), (100000, -1, 100000)],
+        ),
+        (
+            "zero_range",
+            |f| {
+                f.write_all_at(&[7; 16384], 0).unwrap();
+                fallocate(f, libc::FALLOC_FL_ZERO_RANGE, 4096, 8192);
+            },
+            32,
+            &[
+                (0, 0, 4096),
+                (4096, 12288, 4096),
+                (8192, 12288, 8192),
+                (12288, 12288, 16384),
+            ],
+        ),
+    ];
+    let open = |name: &str| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .open(m.p(name))
+            .unwrap()
+    };
+    for (name, setup, blocks, seeks) in cases {
+        let mut f = open(name);
+        setup(&f);
+        for when in ["buffered", "on disk"] {
+            for &(offset, data, hole) in seeks {
+                assert_eq!(
+                    seek_both(&f, offset),
+                    (data, hole),
+                    "{name} {when}: SEEK_DATA/SEEK_HOLE from {offset}"
+                );
+            }
+            // A fresh stat, not the kernel's cached one.
+            let st = fs::metadata(m.p(name)).unwrap();
+            assert_eq!(st.blocks(), blocks, "{name} {when}: st_blocks");
+            f.sync_all().unwrap();
+            // The kernel forgets the attributes it cached before the flush.
+            drop(f);
+            fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+            f = open(name);
+        }
+    }
+    let f = fs::File::open(m.p("zero_range")).unwrap();
+    let mut buf = vec![1u8; 16384];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert!(buf[..4096].iter().all(|&b| b == 7) && buf[4096..12288].iter().all(|&b| b == 0));
+    drop(f);
+    m.unmount();
+    m.check();
+}

@@ -164,6 +164,27 @@ impl super::Subvol {
             .unwrap_or(0)
     }
 
+    /// The sectors `ino`'s in-memory ranges (buffered or in flight) touch,
+    /// merged, in order; None when there are more than `max` ranges
+    /// (the caller then estimates instead of walking them all).
+    pub(crate) fn memory_sectors(&self, ino: u64, max: usize) -> Option<Vec<(u64, u64)>> {
+        self.inodes
+            .peek(ino, |s| {
+                if s.buffered.len() + s.in_flight.len() > max {
+                    return None;
+                }
+                let mut set = RangeSet::default();
+                let b = s.buffered.iter().map(|(&at, d)| (at, d.len()));
+                let f = s.in_flight.iter().map(|(&at, d)| (at, d.len()));
+                for (at, len) in b.chain(f) {
+                    let end = (at + len as u64).div_ceil(SECTOR) * SECTOR;
+                    set.insert(at / SECTOR * SECTOR, end);
+                }
+                Some(set.to_vec())
+            })
+            .unwrap_or(Some(Vec::new()))
+    }
+
     /// The in-memory range containing `pos`, or else the first one after
     /// it: (start, end).
     pub(crate) fn buffered_at_or_after(&self, ino: u64, pos: u64) -> Option<(u64, u64)> {

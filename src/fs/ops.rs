@@ -185,16 +185,52 @@ impl Subvol {
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let found = self.engine.read(|r| {
-            let mut a = self.attr(ino, &load_inode_r(r, self.tree, ino)?);
+            let i = load_inode_r(r, self.tree, ino)?;
+            let mut a = self.attr(ino, &i);
             // Buffered data will take space when flushed; count it now, as
             // `du` right after a write expects.
-            a.blocks += self.buffered_bytes_of(ino).div_ceil(512);
+            a.blocks = (i.nbytes + self.pending_allocation(r, ino, &i)?).div_ceil(512);
             Ok(a)
         });
         match found {
             Err(Error::NotFound) => self.ghost_attr(ino, |_| {}),
             found => found,
         }
+    }
+
+    /// What a flush of `ino`'s in-memory data will add to its nbytes, so
+    /// that st_blocks is the same before and after it: the sectors it
+    /// touches that are holes on disk (a write over data or preallocated
+    /// space takes none the file does not count already); the growth of
+    /// a file that stays inline.
+    fn pending_allocation(
+        &self,
+        r: &crate::txn::Reader<'_>,
+        ino: u64,
+        i: &InodeItem,
+    ) -> Result<u64> {
+        /// Past this many ranges (a random writer), the bytes held stand
+        /// in for the walk over them.
+        const MAX_RANGES: usize = 256;
+        let held = self.buffered_bytes_of(ino);
+        if held == 0 {
+            return Ok(0);
+        }
+        let root = r.root(self.tree)?;
+        if file::stays_inline(r, &root, ino, i.size)? {
+            return Ok(i.size.saturating_sub(i.nbytes));
+        }
+        let Some(sectors) = self.memory_sectors(ino, MAX_RANGES) else {
+            return Ok(held);
+        };
+        let end = i.size.next_multiple_of(SECTOR);
+        let mut bytes = 0;
+        for (s, e) in sectors {
+            if s < e.min(end) {
+                bytes += file::hole_bytes(r, &root, ino, s, e.min(end))?;
+            }
+        }
+        Ok(bytes)
     }
 
     /// Attributes of the ghost of a deleted inode after `change`; NotFound
@@ -975,9 +1011,10 @@ impl Subvol {
         size: u64,
     ) -> Result<Option<u64>> {
         let on_disk = file::seek(r, root, ino, offset, size, true)?;
+        // Buffered data counts whole sectors, as it will on disk.
         let buffered = self
-            .buffered_at_or_after(ino, offset)
-            .map(|(s, _)| s.max(offset))
+            .buffered_at_or_after(ino, offset / SECTOR * SECTOR)
+            .map(|(s, _)| (s / SECTOR * SECTOR).max(offset))
             .filter(|&p| p < size);
         Ok(match (on_disk, buffered) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -998,7 +1035,11 @@ impl Subvol {
         let mut pos = offset;
         while pos < size {
             let hole = file::seek(r, root, ino, pos, size, false)?.unwrap_or(size);
-            match self.buffered_at_or_after(ino, hole) {
+            // Buffered data counts whole sectors, as it will on disk.
+            let sectors = self
+                .buffered_at_or_after(ino, hole)
+                .map(|(s, e)| (s / SECTOR * SECTOR, e.next_multiple_of(SECTOR)));
+            match sectors {
                 Some((s, e)) if s <= hole && hole < size => pos = e,
                 _ => return Ok(hole.min(size)),
             }
@@ -1039,9 +1080,11 @@ impl Subvol {
             // or changes nothing.
             let root = tx.root_of(tree)?;
             let items = file::count_items(tx, &root, ino, offset, end)?;
-            tx.reserve(&if punch || zero {
-                // Partial sectors at both edges are rewritten.
-                Need::items(tree, items + 4).buffer(2 * SECTOR).deleting()
+            // Partial sectors at both edges of a punch or a zeroed range
+            // are rewritten.
+            let edges = 2 * SECTOR;
+            tx.reserve(&if punch {
+                Need::items(tree, items + 4).buffer(edges).deleting()
             } else {
                 // Inline data moves to the buffer, its sector to a hole.
                 let inline = if file::is_inline(tx, &root, ino)? {
@@ -1049,24 +1092,30 @@ impl Subvol {
                 } else {
                     0
                 };
-                let holes = file::hole_bytes(tx, &root, ino, offset, end)? + inline;
+                // A zeroed range is preallocated whole once its data is
+                // dropped: later writes there cannot run out of space.
+                let holes = match zero {
+                    true => super::delalloc::span(offset, end - offset),
+                    false => file::hole_bytes(tx, &root, ino, offset, end)?,
+                } + inline;
                 // The new extent items lie side by side in the file's key
                 // range: they fill leaves rather than each copying a path.
                 let pieces = tx.data_pieces_bound(holes, file::EXTENT_MAX);
                 Need::items(tree, items + 4)
                     .payload(pieces * crate::txn::EXTENT_ITEMS_BYTES)
                     .data(holes)
-                    .buffer(inline)
+                    .buffer(inline + if zero { edges } else { 0 })
             })?;
             self.note_extents(tx, ino, i.size, offset, end);
-            let delta = if punch || zero {
-                self.zero_range(
-                    tx,
-                    ino,
-                    i.size,
-                    offset,
-                    end.min(if zero { end } else { i.size }),
-                )?
+            let delta = if punch {
+                self.zero_range(tx, ino, i.size, offset, end)?
+            } else if zero {
+                // As on ext4 and btrfs: zeros, then preallocated (unwritten)
+                // space where whole sectors were, and past the end.
+                // Inline data moves first, so the zeros land on top of it.
+                self.out_of_line(tx, ino)?
+                    + self.zero_range(tx, ino, i.size, offset, end)?
+                    + file::preallocate(tx, tree, ino, offset, end)?
             } else {
                 self.preallocate(tx, ino, offset, end)?
             };
@@ -1081,17 +1130,24 @@ impl Subvol {
         })
     }
 
-    /// Preallocates the holes of `[start, end)`. Inline data first moves
-    /// to the buffer, so its flush writes it into an extent.
+    /// Preallocates the holes of `[start, end)`, after [`Subvol::out_of_line`].
     fn preallocate(&self, tx: &mut Txn<'_>, ino: u64, start: u64, end: u64) -> Result<i64> {
+        let delta = self.out_of_line(tx, ino)?;
+        Ok(delta + file::preallocate(tx, self.tree, ino, start, end)?)
+    }
+
+    /// Moves inline data to the buffer, so that its flush writes it into
+    /// an extent and extents can be added beside it. Returns the change
+    /// of nbytes.
+    fn out_of_line(&self, tx: &mut Txn<'_>, ino: u64) -> Result<i64> {
         let tree = self.tree;
         let root = tx.root_of(tree)?;
-        let mut delta = 0;
-        if let Some(bytes) = file::inline_bytes(tx, &root, ino)? {
-            delta -= file::punch(tx, tree, ino, 0, bytes.len() as u64)? as i64;
-            self.buffer(tx, ino, 0, &bytes);
-        }
-        Ok(delta + file::preallocate(tx, tree, ino, start, end)?)
+        let Some(bytes) = file::inline_bytes(tx, &root, ino)? else {
+            return Ok(0);
+        };
+        let delta = -(file::punch(tx, tree, ino, 0, bytes.len() as u64)? as i64);
+        self.buffer(tx, ino, 0, &bytes);
+        Ok(delta)
     }
 
     /// Makes `[start, end)` read as zeros: whole sectors become holes, the
