@@ -329,8 +329,10 @@ fn seek_and_st_blocks_at_sector_granularity() {
     const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
     const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
     type Setup = fn(&fs::File);
-    // (name, setup, st_blocks, [(offset, data, hole)])
-    let cases: [(&str, Setup, u64, &[(i64, i64, i64)]); 7] = [
+    /// (offset, SEEK_DATA's answer, SEEK_HOLE's answer)
+    type Seeks = &'static [(i64, i64, i64)];
+    // (name, setup, st_blocks, seeks)
+    let cases: [(&str, Setup, u64, Seeks); 7] = [
         (
             "mid",
             |f| {
@@ -421,6 +423,7 @@ fn seek_and_st_blocks_at_sector_granularity() {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(false)
             .open(m.p(name))
             .unwrap()
     };
@@ -452,4 +455,178 @@ fn seek_and_st_blocks_at_sector_granularity() {
     drop(f);
     m.unmount();
     m.check();
+}
+
+/// An ACL in the kernel's xattr form: (tag, perm, id) entries.
+fn acl_bytes(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+fn set_xattr(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let n = CString::new(name).unwrap();
+    // SAFETY: valid path, name and value buffer.
+    let r = unsafe {
+        libc::setxattr(
+            cpath(p).as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid path and name; the buffer holds 4096 bytes.
+    let r = unsafe {
+        libc::getxattr(
+            cpath(p).as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    (r >= 0).then(|| {
+        buf.truncate(r as usize);
+        buf
+    })
+}
+
+/// POSIX ACLs: enforced by the kernel, the mode's group bits follow the
+/// mask, chmod rewrites the mask, an ACL the mode says all of is not
+/// kept, and default ACLs are inherited (replacing the umask) by files
+/// and directories, which also inherit the default itself.
+#[test]
+fn posix_acls_are_enforced_and_inherited() {
+    use std::os::unix::fs::PermissionsExt;
+    if !can_mount() {
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    const ACCESS: &str = "system.posix_acl_access";
+    const DEFAULT: &str = "system.posix_acl_default";
+    let (user_obj, user, group_obj, mask, other) = (1u16, 2u16, 4u16, 0x10u16, 0x20u16);
+    let none = u32::MAX;
+    let mut m = Mounted::new();
+    fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o755)).unwrap();
+    let f = m.p("f");
+    fs::write(&f, b"secret").unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o640)).unwrap();
+    let path = f.to_str().unwrap().to_string();
+    assert!(!as_nobody(&["cat", &path]), "0640 keeps others out");
+
+    let grant = acl_bytes(&[
+        (user_obj, 6, none),
+        (user, 4, NOBODY),
+        (group_obj, 0, none),
+        (mask, 4, none),
+        (other, 0, none),
+    ]);
+    set_xattr(&f, ACCESS, &grant).unwrap();
+    assert_eq!(
+        fs::metadata(&f).unwrap().mode() & 0o777,
+        0o640,
+        "group bits = mask"
+    );
+    assert!(
+        as_nobody(&["cat", &path]),
+        "the named entry lets nobody read"
+    );
+    assert!(
+        !as_nobody(&["sh", "-c", "echo x >> \"$0\"", &path]),
+        "but not write"
+    );
+
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(!as_nobody(&["cat", &path]), "chmod g-r empties the mask");
+    let after = get_xattr(&f, ACCESS).unwrap();
+    assert_eq!(
+        &after[4 + 3 * 8..4 + 3 * 8 + 4],
+        &[0x10, 0, 0, 0],
+        "mask entry now ---"
+    );
+
+    // An ACL of only the three base entries is the mode: not kept.
+    set_xattr(
+        &f,
+        ACCESS,
+        &acl_bytes(&[(user_obj, 7, none), (group_obj, 5, none), (other, 1, none)]),
+    )
+    .unwrap();
+    assert_eq!(fs::metadata(&f).unwrap().mode() & 0o777, 0o751);
+    assert_eq!(get_xattr(&f, ACCESS), None);
+    let bad = acl_bytes(&[
+        (user_obj, 7, none),
+        (user, 4, NOBODY),
+        (group_obj, 5, none),
+        (other, 1, none),
+    ]);
+    let e = set_xattr(&f, ACCESS, &bad).unwrap_err();
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::EINVAL),
+        "named entry without a mask"
+    );
+
+    let d = m.p("d");
+    fs::create_dir(&d).unwrap();
+    let default = acl_bytes(&[
+        (user_obj, 7, none),
+        (user, 7, NOBODY),
+        (group_obj, 5, none),
+        (mask, 7, none),
+        (other, 0, none),
+    ]);
+    set_xattr(&d, DEFAULT, &default).unwrap();
+    let script = format!(
+        "umask 077 && echo x > '{0}/file' && mkdir '{0}/sub' && echo y > '{0}/sub/deeper'",
+        d.display()
+    );
+    let st = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o777;
+    assert_eq!(mode(&d.join("file")), 0o660, "default ACL, not the umask");
+    assert_eq!(mode(&d.join("sub")), 0o770);
+    assert_eq!(mode(&d.join("sub/deeper")), 0o660, "inherited twice");
+    assert_eq!(get_xattr(&d.join("sub"), DEFAULT), Some(default.clone()));
+    assert!(get_xattr(&d.join("file"), DEFAULT).is_none());
+    assert!(get_xattr(&d.join("file"), ACCESS).is_some());
+    let file = d.join("file").to_str().unwrap().to_string();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(
+        as_nobody(&["sh", "-c", "echo more >> \"$0\"", &file]),
+        "the inherited named entry lets nobody write"
+    );
+    // Without a default ACL, the umask applies as before.
+    let st = std::process::Command::new("sh")
+        .args([
+            "-c",
+            &format!("umask 027 && echo z > '{}'", m.p("plain").display()),
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(mode(&m.p("plain")), 0o640);
+    m.unmount();
+    m.check();
+    m.mount("");
+    assert_eq!(get_xattr(&d.join("sub"), DEFAULT), Some(default));
+    assert!(as_nobody(&["cat", &file]));
+    m.unmount();
 }

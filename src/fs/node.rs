@@ -8,7 +8,9 @@
 //! on two nodes need them in one subvolume (EXDEV otherwise, as on btrfs),
 //! except copy_file_range: the pool is one, so extents are shared across.
 
-use super::{errno, AtimePolicy, Attr, DirListing, Fs, Owner, SetAttr, StatFs, Subvol, SubvolInfo};
+use super::{
+    errno, AtimePolicy, Attr, DirListing, Fs, NewNode, Owner, SetAttr, StatFs, Subvol, SubvolInfo,
+};
 use super::{Shown, FS};
 use crate::error::{Error, Result};
 use crate::format::inode::ROOT_DIR_INO;
@@ -62,8 +64,21 @@ impl Fs {
         owner: Owner,
         target: Option<&[u8]>,
     ) -> Result<Attr> {
+        let how = NewNode {
+            mode,
+            rdev,
+            owner,
+            target,
+            umask: 0,
+        };
+        self.make(parent, name, &how)
+    }
+
+    /// [`Fs::create`] as the kernel asks: the umask applies unless
+    /// `parent` has a default ACL, which the new inode then inherits.
+    pub fn make(&self, parent: u64, name: &[u8], how: &NewNode<'_>) -> Result<Attr> {
         let (sv, ino) = self.at_writable(parent)?;
-        sv.create(ino, name, mode, rdev, owner, target)
+        sv.create(ino, name, how)
     }
 
     pub fn readlink(&self, node: u64) -> Result<Vec<u8>> {
@@ -180,8 +195,21 @@ impl Fs {
     }
 
     pub fn setxattr(&self, node: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        self.setxattr_by(node, (name, value), flags, &|_| true)
+    }
+
+    /// setxattr(2) by a caller: setting an access ACL clears set-group-ID
+    /// unless `may_keep_sgid(file's gid)` (the caller is in the group or
+    /// holds CAP_FSETID).
+    pub fn setxattr_by(
+        &self,
+        node: u64,
+        (name, value): (&[u8], &[u8]),
+        flags: i32,
+        may_keep_sgid: &dyn Fn(u32) -> bool,
+    ) -> Result<()> {
         let (sv, ino) = self.at_writable(node)?;
-        sv.setxattr(ino, name, value, flags)
+        sv.setxattr(ino, (name, value), flags, may_keep_sgid)
     }
 
     pub fn getxattr(&self, node: u64, name: &[u8]) -> Result<Vec<u8>> {

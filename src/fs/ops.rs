@@ -1,6 +1,8 @@
 //! The POSIX operations.
 
-use super::{dir, dtype, errno, file, is_dir, load_inode_r, load_inode_tx, store_inode, Subvol};
+use super::{
+    acl, dir, dtype, errno, file, is_dir, load_inode_r, load_inode_tx, store_inode, Subvol,
+};
 use crate::error::{Error, Result};
 use crate::format::inode::{InodeItem, Timespec, ROOT_DIR_INO};
 use crate::format::items::FILE_EXTENT_INLINE;
@@ -150,6 +152,43 @@ pub struct Owner {
     pub gid: u32,
 }
 
+/// What a new inode is to be.
+pub struct NewNode<'a> {
+    /// Type and permission bits asked for.
+    pub mode: u32,
+    pub rdev: u64,
+    pub owner: Owner,
+    /// A symlink's target.
+    pub target: Option<&'a [u8]>,
+    /// The caller's umask: applied unless the parent has a default ACL.
+    pub umask: u32,
+}
+
+/// The ACLs a new inode gets from its parent's default ACL.
+#[derive(Default)]
+struct NewAcls {
+    access: Option<Vec<u8>>,
+    /// A directory's: its parent's default ACL, as it is.
+    default: Option<Vec<u8>>,
+}
+
+impl NewAcls {
+    fn bytes(&self) -> u64 {
+        let len = |v: &Option<Vec<u8>>| v.as_ref().map_or(0, |v| v.len() as u64 + 32);
+        len(&self.access) + len(&self.default)
+    }
+
+    fn store(&self, tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
+        if let Some(a) = &self.access {
+            super::xattr::set(tx, tree, ino, acl::ACCESS, a, 0)?;
+        }
+        if let Some(d) = &self.default {
+            super::xattr::set(tx, tree, ino, acl::DEFAULT, d, 0)?;
+        }
+        Ok(())
+    }
+}
+
 /// The inode of a new file made by `owner` in directory `p`: a
 /// set-group-ID directory passes its group on (and, to directories, the
 /// bit itself).
@@ -266,15 +305,14 @@ impl Subvol {
 
     /// Creates a file, directory, device node, FIFO, socket or symlink
     /// (`target` for symlinks) named `name` in `parent`.
-    pub fn create(
-        &self,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        rdev: u64,
-        owner: Owner,
-        target: Option<&[u8]>,
-    ) -> Result<Attr> {
+    pub fn create(&self, parent: u64, name: &[u8], how: &NewNode<'_>) -> Result<Attr> {
+        let NewNode {
+            rdev,
+            owner,
+            target,
+            umask,
+            ..
+        } = *how;
         dir::check_name(name)?;
         let target_len = target.map_or(0, |t| t.len() as u64);
         // A symlink target too long to live inline goes to a data extent,
@@ -294,6 +332,14 @@ impl Subvol {
             if dir::lookup(tx, &root, parent, name)?.is_some() {
                 return Err(Error::Exists);
             }
+            let (mode, acls) = self.inherit_acls(tx, parent, how.mode, umask)?;
+            if acls.bytes() > 0 {
+                tx.reserve(&Need {
+                    items: need.items + 2,
+                    payload: need.payload + acls.bytes(),
+                    ..need
+                })?;
+            }
             // Planned first, so a name that does not fit leaves no inode.
             let entry = dir::plan_add(tx, tree, parent, name, ino, dtype(mode))?;
             let parent_links = if is_dir(mode) {
@@ -306,6 +352,7 @@ impl Subvol {
             let now = Timespec::now();
             let mut inode = new_inode(&p, mode, rdev, owner, now);
             store_inode(tx, tree, ino, inode.clone())?;
+            acls.store(tx, tree, ino)?;
             match target {
                 Some(t) if long => self.buffer(tx, ino, 0, t),
                 Some(t) => inode.nbytes = file::write_inline(tx, tree, ino, 0, 0, t)? as u64,
@@ -346,6 +393,59 @@ impl Subvol {
         dir::add(tx, self.tree, parent, name, ino, dtype(libc::S_IFCHR))?;
         self.note_name(tx, parent, ino);
         Ok(())
+    }
+
+    /// The mode of a new inode asked for with `mode` in `parent`, and the
+    /// ACLs it gets: from the parent's default ACL if it has one (then the
+    /// umask does not apply), else none.
+    fn inherit_acls(
+        &self,
+        tx: &Txn<'_>,
+        parent: u64,
+        mode: u32,
+        umask: u32,
+    ) -> Result<(u32, NewAcls)> {
+        let masked = mode & !(umask & 0o777);
+        if mode & libc::S_IFMT == libc::S_IFLNK {
+            return Ok((masked, NewAcls::default()));
+        }
+        let root = tx.root_of(self.tree)?;
+        let default = match super::xattr::get(tx, &root, parent, acl::DEFAULT) {
+            Ok(v) => v,
+            Err(e) if e.errno() == libc::ENODATA => return Ok((masked, NewAcls::default())),
+            Err(e) => return Err(e),
+        };
+        let Ok(parsed) = acl::Acl::decode(&default) else {
+            tracing::warn!(
+                parent,
+                "a directory's default ACL does not parse; not inherited"
+            );
+            return Ok((masked, NewAcls::default()));
+        };
+        let (mode, access) = parsed.inherit(mode);
+        Ok((
+            mode,
+            NewAcls {
+                access: access.map(|a| a.encode()),
+                default: is_dir(mode).then_some(default),
+            },
+        ))
+    }
+
+    /// chmod of an inode with an access ACL: the ACL follows the mode.
+    fn chmod_acl(&self, tx: &mut Txn<'_>, ino: u64, mode: u32) -> Result<()> {
+        let root = tx.root_of(self.tree)?;
+        let v = match super::xattr::get(tx, &root, ino, acl::ACCESS) {
+            Ok(v) => v,
+            Err(e) if e.errno() == libc::ENODATA => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let Ok(mut a) = acl::Acl::decode(&v) else {
+            tracing::warn!(ino, "an access ACL does not parse; chmod leaves it");
+            return Ok(());
+        };
+        a.chmod(mode);
+        super::xattr::set(tx, self.tree, ino, acl::ACCESS, &a.encode(), 0)
     }
 
     fn parent_dir(&self, tx: &Txn<'_>, parent: u64) -> Result<InodeItem> {
@@ -774,7 +874,8 @@ impl Subvol {
                     let partial = if size % SECTOR != 0 { SECTOR } else { 0 };
                     Need::items(tree, 4).buffer(partial).deleting()
                 }
-                _ => Need::items(tree, 1),
+                // A chmod may rewrite the access ACL.
+                _ => Need::items(tree, 2),
             })?;
             if let Some(size) = s.size {
                 if is_dir(i.mode) {
@@ -794,6 +895,9 @@ impl Subvol {
                 i.mtime = now;
             }
             s.apply_to(&mut i, now);
+            if s.mode.is_some() {
+                self.chmod_acl(tx, ino, i.mode)?;
+            }
             store_inode(tx, tree, ino, i.clone())?;
             Ok(self.attr(ino, &i))
         });
@@ -948,14 +1052,51 @@ impl Subvol {
         }
     }
 
-    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+    /// setxattr(2); an ACL is checked, and an access ACL sets the mode
+    /// (see `acl`).
+    pub fn setxattr(
+        &self,
+        ino: u64,
+        (name, value): (&[u8], &[u8]),
+        flags: i32,
+        may_keep_sgid: &dyn Fn(u32) -> bool,
+    ) -> Result<()> {
         super::xattr::check_name(name)?;
+        let is_acl = name == acl::ACCESS || name == acl::DEFAULT;
+        let acl = if is_acl {
+            Some(acl::Acl::decode(value)?)
+        } else {
+            None
+        };
         let tree = self.tree;
         let need = Need::items(tree, 3).payload((name.len() + value.len()) as u64);
         self.write_reserved(|tx| {
             tx.reserve(&need)?;
-            super::xattr::set(tx, tree, ino, name, value, flags)?;
-            self.touch_ctime(tx, ino, Timespec::now())
+            let mut i = load_inode_tx(tx, tree, ino)?;
+            match &acl {
+                Some(a) if name == acl::ACCESS => {
+                    let (bits, plain) = a.mode_bits();
+                    i.mode = (i.mode & !0o777) | bits;
+                    if i.mode & libc::S_ISGID != 0 && !may_keep_sgid(i.gid) {
+                        i.mode &= !libc::S_ISGID;
+                    }
+                    // The mode says it all: nothing to keep beside it.
+                    if plain {
+                        match super::xattr::remove(tx, tree, ino, name) {
+                            Err(e) if e.errno() == libc::ENODATA => {}
+                            r => r?,
+                        }
+                    } else {
+                        super::xattr::set(tx, tree, ino, name, &a.encode(), flags)?;
+                    }
+                }
+                Some(_) if !is_dir(i.mode) => {
+                    return Err(errno(libc::EACCES, "a default ACL is for directories"))
+                }
+                _ => super::xattr::set(tx, tree, ino, name, value, flags)?,
+            }
+            i.ctime = Timespec::now();
+            store_inode(tx, tree, ino, i)
         })
     }
 

@@ -12,7 +12,7 @@ mod dirhandle;
 pub mod mount;
 
 use crate::format::inode::Timespec;
-use crate::fs::{setid, Attr, Fs, Owner, SetAttr};
+use crate::fs::{setid, Attr, Fs, NewNode, Owner, SetAttr};
 use caller::Caller;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -265,6 +265,13 @@ impl Filesystem for FuseFs {
         self.killpriv = config
             .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
             .is_ok();
+        // The kernel enforces and caches POSIX ACLs; Canopy keeps them in
+        // step with the mode (`fs::acl`). The umask comes with each create
+        // unapplied, since a default ACL replaces it.
+        if config.add_capabilities(InitFlags::FUSE_POSIX_ACL).is_err() {
+            tracing::warn!("the kernel does not enforce POSIX ACLs on FUSE; they are kept only");
+        }
+        let _ = config.add_capabilities(InitFlags::FUSE_DONT_MASK);
         Ok(())
     }
 
@@ -359,16 +366,15 @@ impl Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let mode = mode & !(umask & 0o777);
+        let how = NewNode {
+            mode,
+            rdev: u64::from(rdev),
+            owner: owner(req),
+            target: None,
+            umask,
+        };
         self.reply_entry(
-            self.fs.create(
-                self.to_ino(parent),
-                name.as_bytes(),
-                mode,
-                u64::from(rdev),
-                owner(req),
-                None,
-            ),
+            self.fs.make(self.to_ino(parent), name.as_bytes(), &how),
             reply,
         );
     }
@@ -382,16 +388,15 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let mode = libc::S_IFDIR | (mode & 0o7777 & !umask);
+        let how = NewNode {
+            mode: libc::S_IFDIR | (mode & 0o7777),
+            rdev: 0,
+            owner: owner(req),
+            target: None,
+            umask,
+        };
         self.reply_entry(
-            self.fs.create(
-                self.to_ino(parent),
-                name.as_bytes(),
-                mode,
-                0,
-                owner(req),
-                None,
-            ),
+            self.fs.make(self.to_ino(parent), name.as_bytes(), &how),
             reply,
         );
     }
@@ -654,15 +659,14 @@ impl Filesystem for FuseFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let mode = libc::S_IFREG | (mode & 0o7777 & !umask);
-        match self.fs.create(
-            self.to_ino(parent),
-            name.as_bytes(),
-            mode,
-            0,
-            owner(req),
-            None,
-        ) {
+        let how = NewNode {
+            mode: libc::S_IFREG | (mode & 0o7777),
+            rdev: 0,
+            owner: owner(req),
+            target: None,
+            umask,
+        };
+        match self.fs.make(self.to_ino(parent), name.as_bytes(), &how) {
             Ok(a) => {
                 self.fs.open(a.ino);
                 let attr = self.file_attr(&a);
@@ -674,7 +678,7 @@ impl Filesystem for FuseFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -682,9 +686,17 @@ impl Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let caller = Caller::of(req);
+        // An access ACL sets the mode; set-group-ID stays only for a
+        // caller in the file's group or holding CAP_FSETID.
+        let may_keep_sgid = |gid| caller.in_group(gid) || caller.may_keep_set_id();
         reply_empty(
-            self.fs
-                .setxattr(self.to_ino(ino), name.as_bytes(), value, flags),
+            self.fs.setxattr_by(
+                self.to_ino(ino),
+                (name.as_bytes(), value),
+                flags,
+                &may_keep_sgid,
+            ),
             reply,
         );
     }
