@@ -630,3 +630,105 @@ fn posix_acls_are_enforced_and_inherited() {
     assert!(as_nobody(&["cat", &file]));
     m.unmount();
 }
+
+/// A file handle of `p` (name_to_handle_at), as bytes to hand back.
+fn handle_of(p: &Path) -> Vec<u8> {
+    let mut buf = vec![0u8; 8 + 128];
+    buf[..4].copy_from_slice(&128u32.to_ne_bytes());
+    let mut mount_id = 0;
+    // SAFETY: the buffer is a file_handle with room for 128 bytes.
+    let r = unsafe {
+        libc::name_to_handle_at(
+            libc::AT_FDCWD,
+            cpath(p).as_ptr(),
+            buf.as_mut_ptr().cast(),
+            &mut mount_id,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at: {}",
+        std::io::Error::last_os_error()
+    );
+    buf
+}
+
+/// Opens the file `handle` names on the mount at `mnt` (open_by_handle_at).
+fn open_handle(mnt: &Path, handle: &mut [u8], flags: i32) -> std::io::Result<fs::File> {
+    use std::os::fd::FromRawFd;
+    let dir = fs::File::open(mnt).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: a file_handle filled by name_to_handle_at, an open directory.
+    let fd = unsafe { libc::open_by_handle_at(dir.as_raw_fd(), handle.as_mut_ptr().cast(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened and owned by nobody else.
+    Ok(unsafe { fs::File::from_raw_fd(fd) })
+}
+
+/// The kernel forgets every inode nobody holds.
+fn forget_inodes() {
+    fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+}
+
+/// File handles outlive the kernel's memory of the inode (export support):
+/// a file and a directory open by handle after the kernel dropped them; a
+/// deleted file's handle, and a handle of a file whose inode number was
+/// used again after a remount, are stale.
+#[test]
+fn file_handles_survive_forgetting_and_go_stale() {
+    use std::io::Read;
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::create_dir_all(m.p("a/b")).unwrap();
+    fs::write(m.p("a/b/f"), b"by handle").unwrap();
+    let mut file = handle_of(&m.p("a/b/f"));
+    let mut dir = handle_of(&m.p("a/b"));
+    forget_inodes();
+    let mut s = String::new();
+    open_handle(&m.mnt, &mut file, libc::O_RDONLY)
+        .expect("open_by_handle_at after the kernel forgot the file")
+        .read_to_string(&mut s)
+        .unwrap();
+    assert_eq!(s, "by handle");
+    let d = open_handle(&m.mnt, &mut dir, libc::O_RDONLY | libc::O_DIRECTORY)
+        .expect("a directory by handle (reconnected through \"..\")");
+    use std::os::fd::AsRawFd;
+    let link = fs::read_link(format!("/proc/self/fd/{}", d.as_raw_fd())).unwrap();
+    assert_eq!(link, m.p("a/b"), "the directory's path is known again");
+    drop(d);
+
+    fs::remove_file(m.p("a/b/f")).unwrap();
+    forget_inodes();
+    let e = open_handle(&m.mnt, &mut file, libc::O_RDONLY).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "deleted: {e}");
+
+    // The newest inode is deleted; after a remount its number is given
+    // again, to a different file.
+    fs::write(m.p("last"), b"old").unwrap();
+    let old_ino = fs::metadata(m.p("last")).unwrap().ino();
+    let mut old = handle_of(&m.p("last"));
+    fs::remove_file(m.p("last")).unwrap();
+    m.unmount();
+    m.mount("");
+    fs::write(m.p("new"), b"new").unwrap();
+    // The numbers of both deleted files are free again; "new" takes the
+    // lower one (the first file's), the same node id as its handle's.
+    assert_eq!(
+        fs::metadata(m.p("new")).unwrap().ino(),
+        old_ino - 1,
+        "the number is used again (else this part tests nothing)"
+    );
+    forget_inodes();
+    for h in [&mut file, &mut old] {
+        let e = open_handle(&m.mnt, h, libc::O_RDONLY).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    }
+    m.unmount();
+    m.check();
+}

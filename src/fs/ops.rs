@@ -77,6 +77,20 @@ pub struct Attr {
     pub rdev: u64,
 }
 
+impl Attr {
+    /// The generation a file handle carries with the node id: derived
+    /// from the birth time, so that an inode number used again (a new
+    /// file after the last one was deleted and the filesystem remounted)
+    /// gives stale handles of the old file ESTALE. 32 bits, as FUSE's
+    /// handles hold; never 0 (which means "any").
+    pub fn generation(&self) -> u64 {
+        let mut b = [0u8; 12];
+        b[..8].copy_from_slice(&self.crtime.sec.to_le_bytes());
+        b[8..].copy_from_slice(&self.crtime.nsec.to_le_bytes());
+        u64::from(crate::format::crc(&b).max(1))
+    }
+}
+
 /// Attributes of the inode whose node id is `node`.
 pub(crate) fn attr_of(node: u64, i: &InodeItem) -> Attr {
     Attr {
@@ -281,9 +295,17 @@ impl Subvol {
             .ok_or(Error::NotFound)
     }
 
+    /// The entry `name` of directory `parent`. "." and ".." are answered
+    /// too (of any inode, for "."): the kernel asks for them to open a
+    /// file handle whose inode it no longer holds.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         if name.len() > super::NAME_MAX {
             return Err(errno(libc::ENAMETOOLONG, "name longer than 255 bytes"));
+        }
+        match name {
+            b"." => return self.getattr(parent),
+            b".." => return self.lookup_parent(parent),
+            _ => {}
         }
         self.engine.read(|r| {
             let p = load_inode_r(r, self.tree, parent)?;
@@ -301,6 +323,27 @@ impl Subvol {
                 &load_inode_r(r, self.tree, e.ino)?,
             ))
         })
+    }
+
+    /// The parent directory of directory `dir` (of a subvolume's root:
+    /// the directory holding its link; the top level's root is its own).
+    fn lookup_parent(&self, dir: u64) -> Result<Attr> {
+        let node = self.engine.read(|r| {
+            let i = load_inode_r(r, self.tree, dir)?;
+            if !is_dir(i.mode) {
+                return Err(errno(libc::ENOTDIR, "not a directory"));
+            }
+            match dir {
+                ROOT_DIR_INO => self.parent_of_root(r),
+                _ => self.node(dir::parent_of(r, &r.root(self.tree)?, dir)?),
+            }
+        })?;
+        let (tree, ino) = super::split_node(node);
+        if tree == self.tree {
+            return self.getattr(ino);
+        }
+        self.engine
+            .read(|r| Ok(attr_of(node, &load_inode_r(r, tree, ino)?)))
     }
 
     /// Creates a file, directory, device node, FIFO, socket or symlink

@@ -144,7 +144,7 @@ impl FuseFs {
 
     fn reply_entry(&self, r: crate::Result<Attr>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&TTL, &self.file_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&TTL, &self.file_attr(&a), Generation(a.generation())),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -272,6 +272,9 @@ impl Filesystem for FuseFs {
             tracing::warn!("the kernel does not enforce POSIX ACLs on FUSE; they are kept only");
         }
         let _ = config.add_capabilities(InitFlags::FUSE_DONT_MASK);
+        // File handles (open_by_handle_at, NFS export): node ids stay valid
+        // after the kernel forgets them, and "." and ".." are looked up.
+        let _ = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT);
         Ok(())
     }
 
@@ -289,7 +292,13 @@ impl Filesystem for FuseFs {
     /// this mount, and the kernel drops the negative entry when it creates
     /// the name.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(self.to_ino(parent), name.as_bytes()) {
+        let parent = self.to_ino(parent);
+        // Nothing above the mount's root is shown (a subvolume mounted
+        // with subvol=).
+        if parent == self.root && name.as_bytes() == b".." {
+            return self.reply_entry(self.fs.getattr(parent), reply);
+        }
+        match self.fs.lookup(parent, name.as_bytes()) {
             Err(e) if e.errno() == libc::ENOENT => {
                 reply.entry(&TTL, &absent_entry(), Generation(0));
             }
@@ -670,7 +679,8 @@ impl Filesystem for FuseFs {
             Ok(a) => {
                 self.fs.open(a.ino);
                 let attr = self.file_attr(&a);
-                reply.created(&TTL, &attr, Generation(0), FileHandle(0), OPEN_FLAGS)
+                let generation = Generation(a.generation());
+                reply.created(&TTL, &attr, generation, FileHandle(0), OPEN_FLAGS)
             }
             Err(e) => reply.error(err(e)),
         }
