@@ -17,7 +17,7 @@ mkdir -p target/tmp && rm -f "$skipped"
 echo "== cargo test"
 cargo test --locked "$@"
 echo "== mount tests again, mounted with the kernel's writeback cache"
-CANOPY_TEST_MOUNT_OPTS=writeback_cache cargo test --locked --test mount --test exerciser "$@"
+CANOPY_TEST_MOUNT_OPTS=writeback_cache cargo test --locked --test mount --test mount_posix --test exerciser "$@"
 if [ -s "$skipped" ]; then
     echo "== SKIPPED: $(sort -u "$skipped" | wc -l) tests could not run on this machine:"
     sort -u "$skipped" | sed 's/^/   /'

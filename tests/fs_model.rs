@@ -395,8 +395,24 @@ fn xattrs_set_get_list_remove() {
     use canopy::fs::xattr::{XATTR_CREATE, XATTR_REPLACE};
     fs.setxattr(f, b"user.a", b"1", 0).unwrap();
     fs.setxattr(f, b"trusted.b", &[7; 1000], 0).unwrap();
-    fs.setxattr(f, b"system.posix_acl_access", b"acl", 0)
-        .unwrap();
+    // An ACL is checked (and sets the mode; see tests/mount_posix.rs).
+    assert_eq!(
+        errno(fs.setxattr(f, b"system.posix_acl_access", b"acl", 0)),
+        libc::EINVAL
+    );
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [(1u16, 6u16, u32::MAX), (2, 4, 1000), (4, 4, u32::MAX)] {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    for (tag, perm) in [(0x10u16, 4u16), (0x20, 4)] {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&u32::MAX.to_le_bytes());
+    }
+    fs.setxattr(f, b"system.posix_acl_access", &acl, 0).unwrap();
+    assert_eq!(fs.getxattr(f, b"system.posix_acl_access").unwrap(), acl);
     assert_eq!(
         errno(fs.setxattr(f, b"user.a", b"2", XATTR_CREATE)),
         libc::EEXIST

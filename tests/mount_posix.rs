@@ -325,6 +325,11 @@ fn seek_and_st_blocks_at_sector_granularity() {
     if !can_mount() {
         return;
     }
+    // Under the kernel's writeback cache the daemon cannot see unwritten
+    // pages: lseek is the kernel's (all data) and st_blocks lags.
+    if std::env::var("CANOPY_TEST_MOUNT_OPTS").is_ok_and(|o| o.contains("writeback_cache")) {
+        return;
+    }
     let mut m = Mounted::new();
     const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
     const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;

@@ -130,6 +130,7 @@ impl super::Subvol {
             s.held_bytes += merged.grown;
             merged
         });
+        self.inodes.mark_dirty(ino);
         self.inodes.add_buffered(merged.grown as i64);
         adjust(tx, self.tree, merged.span_before, merged.span_after);
     }
@@ -275,7 +276,7 @@ impl super::Subvol {
                 Ok(Started::Done)
             }
             Err(e) => {
-                self.restore(tx, inode, taken);
+                self.restore(tx, (ino, inode), taken);
                 Err(e)
             }
         }
@@ -360,7 +361,7 @@ impl super::Subvol {
         } = job;
         let sums = match written {
             Ok(sums) => sums,
-            Err(e) => return self.give_up(inode, ranges, flight, e),
+            Err(e) => return self.give_up((ino, inode), ranges, flight, e),
         };
         // Step 4 in batches, each a short hold of the state lock. The
         // commit waits for the flight, so all of them join the
@@ -375,7 +376,7 @@ impl super::Subvol {
                 Ok(true) => {}
                 // Deleted meanwhile: its extents go at the commit.
                 Ok(false) => break,
-                Err(e) => return self.give_up(inode, ranges, flight, e),
+                Err(e) => return self.give_up((ino, inode), ranges, flight, e),
             }
         }
         self.engine.write(|tx| {
@@ -389,13 +390,13 @@ impl super::Subvol {
     /// recorded already is written again then.
     fn give_up(
         &self,
-        inode: &Inode,
+        (ino, inode): (u64, &Inode),
         ranges: Vec<(u64, Arc<Vec<u8>>)>,
         flight: Flight,
         e: Error,
     ) -> Result<()> {
         let _ = self.engine.write(|tx| {
-            self.restore(tx, inode, ranges);
+            self.restore(tx, (ino, inode), ranges);
             tx.end_flight(flight)
         });
         Err(e)
@@ -462,7 +463,13 @@ impl super::Subvol {
     }
 
     /// Puts back ranges a failed flush took, under anything buffered since.
-    fn restore(&self, tx: &mut Txn<'_>, inode: &Inode, taken: Vec<(u64, Arc<Vec<u8>>)>) {
+    fn restore(
+        &self,
+        tx: &mut Txn<'_>,
+        (ino, inode): (u64, &Inode),
+        taken: Vec<(u64, Arc<Vec<u8>>)>,
+    ) {
+        self.inodes.mark_dirty(ino);
         let mut s = crate::sync::lock(&inode.state);
         landed(&mut s, &taken);
         let before_len = ranges_len(&s.buffered);

@@ -119,6 +119,10 @@ impl Budget {
 /// The table of one subvolume's inodes.
 pub(crate) struct InodeTable {
     map: Mutex<HashMap<u64, Arc<Inode>>>,
+    /// Inodes that may hold buffered data: each is added when its buffer
+    /// gains data and dropped when a look finds it empty, so finding the
+    /// dirty files costs what they are, not every live inode.
+    dirty: Mutex<std::collections::HashSet<u64>>,
     budget: Arc<Budget>,
     /// The newest transaction the log has seen: what entries noted about
     /// older ones is void.
@@ -150,6 +154,7 @@ impl InodeTable {
     pub fn with_budget(budget: Arc<Budget>) -> InodeTable {
         InodeTable {
             map: Mutex::new(HashMap::new()),
+            dirty: Mutex::default(),
             budget,
             transid: AtomicU64::new(0),
         }
@@ -246,15 +251,26 @@ impl InodeTable {
         })
     }
 
+    /// Notes that `ino`'s buffer just gained data (see `dirty`).
+    pub fn mark_dirty(&self, ino: u64) {
+        crate::sync::lock(&self.dirty).insert(ino);
+    }
+
     /// Inodes with buffered data and the bytes they hold.
     pub fn dirty_inodes(&self) -> Vec<(u64, u64)> {
-        let map = crate::sync::lock(&self.map);
-        map.iter()
-            .filter_map(|(&ino, inode)| {
-                let s = crate::sync::lock(&inode.state);
-                (!s.buffered.is_empty()).then_some((s.held_bytes, ino))
-            })
-            .collect()
+        let mut dirty = crate::sync::lock(&self.dirty);
+        let mut out = Vec::with_capacity(dirty.len());
+        dirty.retain(|&ino| {
+            let held = self.peek(ino, |s| (!s.buffered.is_empty()).then_some(s.held_bytes));
+            match held.flatten() {
+                Some(bytes) => {
+                    out.push((bytes, ino));
+                    true
+                }
+                None => false,
+            }
+        });
+        out
     }
 
     pub(crate) fn add_buffered(&self, grown: i64) {

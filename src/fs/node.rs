@@ -174,6 +174,19 @@ impl Fs {
         sv.readdir(ino, offset, max, last)
     }
 
+    /// [`Fs::readdir_to`] with each entry's attributes: (next offset,
+    /// attributes, name).
+    pub fn readdir_plus(
+        &self,
+        node: u64,
+        offset: u64,
+        max: usize,
+        last: u64,
+    ) -> Result<Vec<(u64, Attr, Vec<u8>)>> {
+        let (sv, ino) = self.at(node)?;
+        sv.readdir_plus(ino, offset, max, last)
+    }
+
     /// The highest entry index directory `node` has now.
     pub fn dir_last_index(&self, node: u64) -> Result<u64> {
         let (sv, ino) = self.at(node)?;

@@ -239,16 +239,51 @@ impl Subvol {
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let found = self.engine.read(|r| {
             let i = load_inode_r(r, self.tree, ino)?;
-            let mut a = self.attr(ino, &i);
-            // Buffered data will take space when flushed; count it now, as
-            // `du` right after a write expects.
-            a.blocks = (i.nbytes + self.pending_allocation(r, ino, &i)?).div_ceil(512);
-            Ok(a)
+            self.full_attr(r, ino, &i)
         });
         match found {
             Err(Error::NotFound) => self.ghost_attr(ino, |_| {}),
             found => found,
         }
+    }
+
+    /// The attributes of `ino`, whose item is `i`. Buffered data will
+    /// take space when flushed; st_blocks counts it now, as `du` right
+    /// after a write expects.
+    fn full_attr(&self, r: &crate::txn::Reader<'_>, ino: u64, i: &InodeItem) -> Result<Attr> {
+        let mut a = self.attr(ino, i);
+        a.blocks = (i.nbytes + self.pending_allocation(r, ino, i)?).div_ceil(512);
+        Ok(a)
+    }
+
+    /// [`Subvol::readdir`] with each entry's attributes (READDIRPLUS), so
+    /// that `ls -l`, find and du need no lookup per entry. An entry
+    /// deleted since it was listed is left out.
+    pub fn readdir_plus(
+        &self,
+        ino: u64,
+        offset: u64,
+        max: usize,
+        last: u64,
+    ) -> Result<Vec<(u64, Attr, Vec<u8>)>> {
+        let listing = self.readdir(ino, offset, max, last)?;
+        self.engine.read(|r| {
+            let mut out = Vec::with_capacity(listing.len());
+            for (next, node, _, name) in listing {
+                let (tree, local) = super::split_node(node);
+                let found = load_inode_r(r, tree, local).and_then(|i| match tree == self.tree {
+                    true => self.full_attr(r, local, &i),
+                    // A subvolume's root, or the directory above this one.
+                    false => Ok(attr_of(node, &i)),
+                });
+                match found {
+                    Ok(a) => out.push((next, a, name)),
+                    Err(Error::NotFound) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(out)
+        })
     }
 
     /// What a flush of `ino`'s in-memory data will add to its nbytes, so
