@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A/B of two Canopy builds in one run (a benchmark, not a test): sequential
 # 1 GiB write (dd conv=fsync), cold read after remount and dropped caches,
-# 10,000 creates of empty files (then sync), and dbench with 2 clients,
-# alternating the builds for ROUNDS rounds.
+# 10,000 creates of empty files (then sync), dbench with 2 clients, and the
+# metadata steps of bench/run.py's everyday workload (cp -a /usr/share;
+# find, du -s and tar cold; rm -rf), alternating the builds for ROUNDS
+# rounds.
 # Needs root. Build the older one with, for example,
 #   git worktree add /var/tmp/old REV && (cd /var/tmp/old && CARGO_TARGET_DIR=/var/tmp/old-target cargo build --release)
 # Usage: bash bench/ab.sh OLD_CANOPY NEW_CANOPY [ROUNDS]
@@ -30,6 +32,15 @@ for r in $(seq "$ROUNDS"); do
         echo -e "$v	10k creates/s	$(echo "10000/($e-$s)" | bc -l)"
         mkdir "$M/db"
         echo -e "$v\tdbench MB/s\t$(dbench -D "$M/db" -t 20 2 2>/dev/null | awk '/^Throughput/ {print $2}')"
+        s=$(secs); cp -a /usr/share "$M/tree"; e=$(secs)
+        echo -e "$v\tcp -a /usr/share s\t$(echo "$e-$s" | bc -l)"
+        for step in "find $M/tree" "du -s $M/tree" "tar cf - -C $M tree"; do
+            unmount; sync; echo 3 > /proc/sys/vm/drop_caches; "$C" mount "$W/ab.img" "$M"
+            s=$(secs); $step | cat > /dev/null; e=$(secs)
+            echo -e "$v\t${step%% *} cold s\t$(echo "$e-$s" | bc -l)"
+        done
+        s=$(secs); rm -rf "$M/tree"; "$C" sync "$M"; e=$(secs)
+        echo -e "$v\trm -rf s\t$(echo "$e-$s" | bc -l)"
         unmount
     done
 done

@@ -510,6 +510,40 @@ fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
     })
 }
 
+/// setxattr(2) as uid/gid 65534 with no supplementary groups, in a child
+/// process: 0 or the errno it failed with.
+fn setxattr_as_nobody(p: &Path, name: &str, value: &[u8]) -> i32 {
+    let (path, name) = (cpath(p), CString::new(name).unwrap());
+    // SAFETY: the child makes only system calls (no allocation, no locks)
+    // and leaves with _exit; the parent waits for it.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            let ok = libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(65534) == 0
+                && libc::setuid(65534) == 0;
+            let r = if !ok {
+                255
+            } else if libc::setxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            ) == 0
+            {
+                0
+            } else {
+                *libc::__errno_location()
+            };
+            libc::_exit(r);
+        }
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+        libc::WEXITSTATUS(status)
+    }
+}
+
 /// POSIX ACLs: enforced by the kernel, the mode's group bits follow the
 /// mask, chmod rewrites the mask, an ACL the mode says all of is not
 /// kept, and default ACLs are inherited (replacing the umask) by files
@@ -584,6 +618,23 @@ fn posix_acls_are_enforced_and_inherited() {
         e.raw_os_error(),
         Some(libc::EINVAL),
         "named entry without a mask"
+    );
+
+    // Setting an ACL as the owner outside the file's group clears
+    // set-group-ID, as chmod would.
+    let sg = m.p("sgid");
+    fs::write(&sg, b"").unwrap();
+    std::os::unix::fs::chown(&sg, Some(NOBODY), Some(0)).unwrap();
+    fs::set_permissions(&sg, fs::Permissions::from_mode(0o2775)).unwrap();
+    assert_eq!(
+        setxattr_as_nobody(&sg, ACCESS, &grant),
+        0,
+        "the owner sets an ACL"
+    );
+    let mode = fs::metadata(&sg).unwrap().mode() & 0o7777;
+    assert_eq!(
+        mode, 0o640,
+        "mode from the ACL, set-group-ID gone: {mode:o}"
     );
 
     let d = m.p("d");
