@@ -40,7 +40,7 @@ pub use atime::AtimePolicy;
 pub use balance::{BalanceState, BalanceStatus};
 pub use cleaner::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
-pub use ops::{Attr, DirListing, NewNode, Owner, SetAttr, StatFs};
+pub use ops::{Attr, DirListing, DirListingPlus, NewNode, Owner, SetAttr, StatFs};
 pub use quota::{QgroupRow, QuotaChange, RescanStatus};
 pub use subvol::SubvolInfo;
 

@@ -9,7 +9,8 @@
 //! except copy_file_range: the pool is one, so extents are shared across.
 
 use super::{
-    errno, AtimePolicy, Attr, DirListing, Fs, NewNode, Owner, SetAttr, StatFs, Subvol, SubvolInfo,
+    errno, AtimePolicy, Attr, DirListing, DirListingPlus, Fs, NewNode, Owner, SetAttr, StatFs,
+    Subvol, SubvolInfo,
 };
 use super::{Shown, FS};
 use crate::error::{Error, Result};
@@ -175,14 +176,14 @@ impl Fs {
     }
 
     /// [`Fs::readdir_to`] with each entry's attributes: (next offset,
-    /// attributes, name).
+    /// attributes (none for an entry deleted meanwhile), name).
     pub fn readdir_plus(
         &self,
         node: u64,
         offset: u64,
         max: usize,
         last: u64,
-    ) -> Result<Vec<(u64, Attr, Vec<u8>)>> {
+    ) -> Result<Vec<DirListingPlus>> {
         let (sv, ino) = self.at(node)?;
         sv.readdir_plus(ino, offset, max, last)
     }

@@ -112,6 +112,10 @@ pub(crate) fn attr_of(node: u64, i: &InodeItem) -> Attr {
 /// One readdir entry: (next offset, ino, d_type, name).
 pub type DirListing = (u64, u64, u8, Vec<u8>);
 
+/// One READDIRPLUS entry: (next offset, attributes (none for an entry
+/// deleted since it was listed), name).
+pub type DirListingPlus = (u64, Option<Attr>, Vec<u8>);
+
 /// What `setattr` may change.
 #[derive(Clone, Debug, Default)]
 pub struct SetAttr {
@@ -258,14 +262,15 @@ impl Subvol {
 
     /// [`Subvol::readdir`] with each entry's attributes (READDIRPLUS), so
     /// that `ls -l`, find and du need no lookup per entry. An entry
-    /// deleted since it was listed is left out.
+    /// deleted since it was listed has none (the listing goes on past
+    /// it).
     pub fn readdir_plus(
         &self,
         ino: u64,
         offset: u64,
         max: usize,
         last: u64,
-    ) -> Result<Vec<(u64, Attr, Vec<u8>)>> {
+    ) -> Result<Vec<DirListingPlus>> {
         let listing = self.readdir(ino, offset, max, last)?;
         self.engine.read(|r| {
             let mut out = Vec::with_capacity(listing.len());
@@ -277,8 +282,8 @@ impl Subvol {
                     false => Ok(attr_of(node, &i)),
                 });
                 match found {
-                    Ok(a) => out.push((next, a, name)),
-                    Err(Error::NotFound) => {}
+                    Ok(a) => out.push((next, Some(a), name)),
+                    Err(Error::NotFound) => out.push((next, None, name)),
                     Err(e) => return Err(e),
                 }
             }

@@ -33,6 +33,12 @@ const TTL: Duration = Duration::from_secs(60);
 /// from one open to the next; without KEEP_CACHE each open would throw it
 /// away and read everything again through the daemon.
 const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE;
+/// Entries read per directory listing request (the kernel's buffer
+/// takes a getdents' worth; what does not fit is read again next time).
+const CHUNK: usize = 512;
+/// Entries with attributes read at a time while filling a READDIRPLUS
+/// reply.
+const PLUS_CHUNK: usize = 48;
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE: u32 = 1 << 20;
 
@@ -290,10 +296,10 @@ impl Filesystem for FuseFs {
         self.zero_opendir = config
             .capabilities()
             .contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
-        // Listings carry attributes; the kernel picks plain or plus per
-        // listing (plus when the entries' attributes are being asked for).
-        let _ = config
-            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // Listings always carry attributes: find, du, tar and rm -rf then
+        // look nothing up, where the kernel's automatic choice would list
+        // all but the first chunk plainly and look up each subdirectory.
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         Ok(())
     }
 
@@ -646,7 +652,7 @@ impl Filesystem for FuseFs {
         let dir = self.to_ino(ino);
         let listed = self
             .listing_bound(dir, offset)
-            .and_then(|(last, from)| Ok((last, self.fs.readdir_to(dir, from, 128, last)?)));
+            .and_then(|(last, from)| Ok((last, self.fs.readdir_to(dir, from, CHUNK, last)?)));
         match listed {
             Ok((last, entries)) => {
                 for (next, child, dtype, name) in entries {
@@ -673,24 +679,35 @@ impl Filesystem for FuseFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let dir = self.to_ino(ino);
-        let listed = self
-            .listing_bound(dir, offset)
-            .and_then(|(last, from)| Ok((last, self.fs.readdir_plus(dir, from, 128, last)?)));
-        match listed {
-            Ok((last, entries)) => {
-                for (next, a, name) in entries {
-                    let attr = self.file_attr(&a);
-                    let generation = Generation(a.generation());
-                    let name = OsStr::from_bytes(&name);
-                    let at = dircookie::encode(last, next);
-                    if reply.add(attr.ino, at, name, &TTL, &attr, generation) {
-                        break;
-                    }
+        let (last, mut from) = match self.listing_bound(dir, offset) {
+            Ok(b) => b,
+            Err(e) => return reply.error(err(e)),
+        };
+        // The kernel's buffer holds a getdents' worth (up to ~200
+        // entries with attributes): filled chunk by chunk, so no more
+        // attributes are read than fit.
+        loop {
+            let entries = match self.fs.readdir_plus(dir, from, PLUS_CHUNK, last) {
+                Ok(e) => e,
+                Err(e) => return reply.error(err(e)),
+            };
+            let Some(&(end, _, _)) = entries.last() else {
+                break;
+            };
+            for (next, a, name) in entries {
+                // Deleted since it was listed: left out.
+                let Some(a) = a else { continue };
+                let attr = self.file_attr(&a);
+                let generation = Generation(a.generation());
+                let name = OsStr::from_bytes(&name);
+                let at = dircookie::encode(last, next);
+                if reply.add(attr.ino, at, name, &TTL, &attr, generation) {
+                    return reply.ok();
                 }
-                reply.ok();
             }
-            Err(e) => reply.error(err(e)),
+            from = end;
         }
+        reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
