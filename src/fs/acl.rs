@@ -138,9 +138,9 @@ impl Acl {
         (bits, self.0.len() == 3)
     }
 
-    /// chmod: the owner, group class and other entries take the mode's
-    /// bits; named entries stay (the mask limits them).
-    pub fn chmod(&mut self, mode: u32) {
+    /// Applies `f(entry's permissions, the mode's matching 3 bits)` to the
+    /// owner, group class and other entries (the ones the mode stands for).
+    fn with_mode_bits(&mut self, mode: u32, f: impl Fn(u16, u16) -> u16) {
         let class = self.group_class();
         for e in &mut self.0 {
             let shift = match e.tag {
@@ -149,8 +149,14 @@ impl Acl {
                 OTHER => 0,
                 _ => continue,
             };
-            e.perm = ((mode >> shift) & 7) as u16;
+            e.perm = f(e.perm, ((mode >> shift) & 7) as u16);
         }
+    }
+
+    /// chmod: the owner, group class and other entries take the mode's
+    /// bits; named entries stay (the mask limits them).
+    pub fn chmod(&mut self, mode: u32) {
+        self.with_mode_bits(mode, |_, bits| bits);
     }
 
     /// The access ACL and mode of a new inode asked for with `mode`, made
@@ -159,16 +165,7 @@ impl Acl {
     /// the ACL's. None when the result says no more than the mode.
     pub fn inherit(&self, mode: u32) -> (u32, Option<Acl>) {
         let mut acl = self.clone();
-        let class = acl.group_class();
-        for e in &mut acl.0 {
-            let shift = match e.tag {
-                USER_OBJ => 6,
-                t if t == class => 3,
-                OTHER => 0,
-                _ => continue,
-            };
-            e.perm &= ((mode >> shift) & 7) as u16;
-        }
+        acl.with_mode_bits(mode, |perm, bits| perm & bits);
         let (bits, plain) = acl.mode_bits();
         let mode = (mode & !0o777) | bits;
         (mode, (!plain).then_some(acl))

@@ -258,6 +258,18 @@ fn owner(req: &Request) -> Owner {
     }
 }
 
+/// A new inode of `mode` asked for by `req`'s caller, whose umask the
+/// kernel left unapplied (FUSE_DONT_MASK; see `fs::acl`).
+fn new_node(req: &Request, mode: u32, rdev: u64, umask: u32) -> NewNode<'static> {
+    NewNode {
+        mode,
+        rdev,
+        owner: owner(req),
+        target: None,
+        umask,
+    }
+}
+
 fn time_or_now(t: Option<TimeOrNow>) -> Option<Timespec> {
     t.map(|t| match t {
         TimeOrNow::SpecificTime(s) => timespec(s),
@@ -400,13 +412,7 @@ impl Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let how = NewNode {
-            mode,
-            rdev: u64::from(rdev),
-            owner: owner(req),
-            target: None,
-            umask,
-        };
+        let how = new_node(req, mode, u64::from(rdev), umask);
         self.reply_entry(
             self.fs.make(self.to_ino(parent), name.as_bytes(), &how),
             reply,
@@ -422,13 +428,7 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let how = NewNode {
-            mode: libc::S_IFDIR | (mode & 0o7777),
-            rdev: 0,
-            owner: owner(req),
-            target: None,
-            umask,
-        };
+        let how = new_node(req, libc::S_IFDIR | (mode & 0o7777), 0, umask);
         self.reply_entry(
             self.fs.make(self.to_ino(parent), name.as_bytes(), &how),
             reply,
@@ -734,13 +734,7 @@ impl Filesystem for FuseFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let how = NewNode {
-            mode: libc::S_IFREG | (mode & 0o7777),
-            rdev: 0,
-            owner: owner(req),
-            target: None,
-            umask,
-        };
+        let how = new_node(req, libc::S_IFREG | (mode & 0o7777), 0, umask);
         match self.fs.make(self.to_ino(parent), name.as_bytes(), &how) {
             Ok(a) => {
                 self.fs.open(a.ino);
