@@ -275,13 +275,7 @@ impl Subvol {
         self.engine.read(|r| {
             let mut out = Vec::with_capacity(listing.len());
             for (next, node, _, name) in listing {
-                let (tree, local) = super::split_node(node);
-                let found = load_inode_r(r, tree, local).and_then(|i| match tree == self.tree {
-                    true => self.full_attr(r, local, &i),
-                    // A subvolume's root, or the directory above this one.
-                    false => Ok(attr_of(node, &i)),
-                });
-                match found {
+                match self.node_attr(r, node) {
                     Ok(a) => out.push((next, Some(a), name)),
                     Err(Error::NotFound) => out.push((next, None, name)),
                     Err(e) => return Err(e),
@@ -289,6 +283,18 @@ impl Subvol {
             }
             Ok(out)
         })
+    }
+
+    /// The attributes of node `node`: an inode of this subvolume, or of
+    /// another one (a subvolume's root, or the directory holding this
+    /// subvolume's link), which holds no buffered data of ours.
+    fn node_attr(&self, r: &crate::txn::Reader<'_>, node: u64) -> Result<Attr> {
+        let (tree, ino) = super::split_node(node);
+        let i = load_inode_r(r, tree, ino)?;
+        match tree == self.tree {
+            true => self.full_attr(r, ino, &i),
+            false => Ok(attr_of(node, &i)),
+        }
     }
 
     /// What a flush of `ino`'s in-memory data will add to its nbytes, so
@@ -368,22 +374,17 @@ impl Subvol {
     /// The parent directory of directory `dir` (of a subvolume's root:
     /// the directory holding its link; the top level's root is its own).
     fn lookup_parent(&self, dir: u64) -> Result<Attr> {
-        let node = self.engine.read(|r| {
+        self.engine.read(|r| {
             let i = load_inode_r(r, self.tree, dir)?;
             if !is_dir(i.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
             }
-            match dir {
-                ROOT_DIR_INO => self.parent_of_root(r),
-                _ => self.node(dir::parent_of(r, &r.root(self.tree)?, dir)?),
-            }
-        })?;
-        let (tree, ino) = super::split_node(node);
-        if tree == self.tree {
-            return self.getattr(ino);
-        }
-        self.engine
-            .read(|r| Ok(attr_of(node, &load_inode_r(r, tree, ino)?)))
+            let parent = match dir {
+                ROOT_DIR_INO => self.parent_of_root(r)?,
+                _ => self.node(dir::parent_of(r, &r.root(self.tree)?, dir)?)?,
+            };
+            self.node_attr(r, parent)
+        })
     }
 
     /// Creates a file, directory, device node, FIFO, socket or symlink
@@ -493,10 +494,8 @@ impl Subvol {
             return Ok((masked, NewAcls::default()));
         }
         let root = tx.root_of(self.tree)?;
-        let default = match super::xattr::get(tx, &root, parent, acl::DEFAULT) {
-            Ok(v) => v,
-            Err(e) if e.errno() == libc::ENODATA => return Ok((masked, NewAcls::default())),
-            Err(e) => return Err(e),
+        let Some(default) = super::xattr::find(tx, &root, parent, acl::DEFAULT)? else {
+            return Ok((masked, NewAcls::default()));
         };
         let Ok(parsed) = acl::Acl::decode(&default) else {
             tracing::warn!(
@@ -518,10 +517,8 @@ impl Subvol {
     /// chmod of an inode with an access ACL: the ACL follows the mode.
     fn chmod_acl(&self, tx: &mut Txn<'_>, ino: u64, mode: u32) -> Result<()> {
         let root = tx.root_of(self.tree)?;
-        let v = match super::xattr::get(tx, &root, ino, acl::ACCESS) {
-            Ok(v) => v,
-            Err(e) if e.errno() == libc::ENODATA => return Ok(()),
-            Err(e) => return Err(e),
+        let Some(v) = super::xattr::find(tx, &root, ino, acl::ACCESS)? else {
+            return Ok(());
         };
         let Ok(mut a) = acl::Acl::decode(&v) else {
             tracing::warn!(ino, "an access ACL does not parse; chmod leaves it");

@@ -101,11 +101,20 @@ pub(crate) fn get<B: BlockRead + ?Sized>(
     ino: u64,
     name: &[u8],
 ) -> Result<Vec<u8>> {
-    load(b, root, ino, name)?
+    find(b, root, ino, name)?.ok_or(errno(libc::ENODATA, "no such attribute"))
+}
+
+/// The value of `name` if the inode has it.
+pub(crate) fn find<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    name: &[u8],
+) -> Result<Option<Vec<u8>>> {
+    Ok(load(b, root, ino, name)?
         .into_iter()
         .find(|(n, _)| n == name)
-        .map(|(_, v)| v)
-        .ok_or(errno(libc::ENODATA, "no such attribute"))
+        .map(|(_, v)| v))
 }
 
 /// Names, each followed by a NUL, as listxattr(2) returns them.

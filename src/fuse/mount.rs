@@ -605,35 +605,30 @@ fn mount_as_root(
 /// filesystems). The last of a pair given wins.
 fn kernel_flags(opts: &MountOptions) -> libc::c_ulong {
     let mut flags: libc::c_ulong = 0;
-    let last = |on: &str, off: &str| {
+    // Whether the later of the pair given is `on` (the one that sets
+    // the flag).
+    let last = |off: &str, on: &str| {
         opts.kernel
             .iter()
             .rev()
-            .find(|x| *x == on || *x == off)
-            .is_some_and(|x| x == off)
+            .find(|x| *x == off || *x == on)
+            .is_some_and(|x| x == on)
     };
-    if last("dev", "nodev") {
-        flags |= libc::MS_NODEV;
-    }
-    if last("suid", "nosuid") {
-        flags |= libc::MS_NOSUID;
-    }
-    if last("exec", "noexec") {
-        flags |= libc::MS_NOEXEC;
-    }
-    if last("symfollow", "nosymfollow") {
-        flags |= libc::MS_NOSYMFOLLOW;
-    }
-    if last("async", "sync") {
-        flags |= libc::MS_SYNCHRONOUS;
-    }
-    if last("nolazytime", "lazytime") {
-        flags |= libc::MS_LAZYTIME;
+    for (off, on, flag) in [
+        ("dev", "nodev", libc::MS_NODEV),
+        ("suid", "nosuid", libc::MS_NOSUID),
+        ("exec", "noexec", libc::MS_NOEXEC),
+        ("symfollow", "nosymfollow", libc::MS_NOSYMFOLLOW),
+        ("async", "sync", libc::MS_SYNCHRONOUS),
+        ("nolazytime", "lazytime", libc::MS_LAZYTIME),
+    ] {
+        if last(off, on) {
+            flags |= flag;
+        }
     }
     let has = |k: &str| opts.kernel.iter().any(|x| x == k);
     for (name, flag) in [
         ("noatime", libc::MS_NOATIME),
-        ("relatime", libc::MS_RELATIME),
         ("strictatime", libc::MS_STRICTATIME),
         ("dirsync", libc::MS_DIRSYNC),
         ("nodiratime", libc::MS_NODIRATIME),
