@@ -8,8 +8,7 @@ use crate::balance::{self, BalanceArgs, Step};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Mutex;
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,9 +36,6 @@ pub struct BalanceStatus {
     pub bytes_moved: u64,
     pub error: Option<String>,
 }
-
-/// The daemon's balance thread, if one runs: its stop flag and handle.
-pub(crate) type BalanceThread = Option<(Arc<AtomicBool>, JoinHandle<()>)>;
 
 /// Steps between commits. Each commit folds the moves' reference changes
 /// under the state lock (about 100 ms for 16 steps under 64 snapshots),
@@ -72,7 +68,7 @@ impl Fs {
     /// Carries on a paused balance, or one an earlier mount left.
     pub fn balance_resume(&self) -> Result<()> {
         self.core.check_balance_writable()?;
-        self.core.stop_balance_thread();
+        self.core.balance_thread.stop();
         let rec = self
             .core
             .write_retrying(|tx| balance::set_paused(tx, false))?;
@@ -83,7 +79,7 @@ impl Fs {
     /// Stops moving extents; the balance stays recorded (even across
     /// unmount) until resumed or cancelled.
     pub fn balance_pause(&self) -> Result<()> {
-        self.core.stop_balance_thread();
+        self.core.balance_thread.stop();
         self.core
             .write_retrying(|tx| balance::set_paused(tx, true).map(drop))?;
         self.core.engine.commit()?;
@@ -93,7 +89,7 @@ impl Fs {
 
     /// Stops and forgets the balance. Groups already emptied stay so.
     pub fn balance_cancel(&self) -> Result<()> {
-        self.core.stop_balance_thread();
+        self.core.balance_thread.stop();
         self.core.write_retrying(balance::cancel)?;
         self.core.engine.commit()?;
         self.core.balance_status().state = BalanceState::Cancelled;
@@ -135,16 +131,13 @@ impl Fs {
 
     /// Waits for the balance thread to end; its final status.
     pub fn balance_wait(&self) -> BalanceStatus {
-        let running = crate::sync::lock(&self.core.balance_thread).take();
-        if let Some((_, h)) = running {
-            let _ = h.join();
-        }
+        self.core.balance_thread.join();
         self.balance_status()
     }
 
     /// Stops the balance thread (unmount); the balance stays recorded.
     pub fn balance_stop(&self) {
-        self.core.stop_balance_thread();
+        self.core.balance_thread.stop();
     }
 
     /// Starts the balance thread on `groups` groups, the status saying so.
@@ -156,27 +149,21 @@ impl Fs {
             groups_left: groups,
             ..BalanceStatus::default()
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        let (core, flag) = (self.core.clone(), stop.clone());
+        let core = self.core.clone();
         let status = self.core.balance_status.clone();
-        let handle = std::thread::Builder::new()
-            .name("balance".into())
-            .spawn(move || {
-                let r = core.run_balance(&flag, &status);
-                let mut st = crate::sync::lock(&status);
-                match r {
-                    Ok(true) => st.state = BalanceState::Finished,
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::error!(error = %e, "balance stopped");
-                        st.state = BalanceState::Failed;
-                        st.error = Some(e.to_string());
-                    }
+        self.core.balance_thread.start("balance", move |stop| {
+            let r = core.run_balance(stop, &status);
+            let mut st = crate::sync::lock(&status);
+            match r {
+                Ok(true) => st.state = BalanceState::Finished,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "balance stopped");
+                    st.state = BalanceState::Failed;
+                    st.error = Some(e.to_string());
                 }
-            })
-            .map_err(|e| Error::io("starting the balance thread", e))?;
-        *crate::sync::lock(&self.core.balance_thread) = Some((stop, handle));
-        Ok(())
+            }
+        })
     }
 }
 
@@ -190,14 +177,6 @@ impl Core {
             return Err(Error::ReadOnly);
         }
         Ok(())
-    }
-
-    pub(crate) fn stop_balance_thread(&self) {
-        let running = crate::sync::lock(&self.balance_thread).take();
-        if let Some((stop, h)) = running {
-            stop.store(true, Ordering::SeqCst);
-            let _ = h.join();
-        }
     }
 
     /// Runs a transaction; on ENOSPC flushes buffered data, commits and

@@ -34,6 +34,7 @@ mod rangeset;
 mod readahead;
 pub mod setid;
 pub(crate) mod subvol;
+mod worker;
 pub mod xattr;
 
 pub use atime::AtimePolicy;
@@ -93,9 +94,9 @@ pub(crate) struct Core {
     /// Wakes the daemon's cleaner thread, if one runs.
     cleaner_wake: std::sync::Mutex<Option<std::sync::Weak<cleaner::Wake>>>,
     /// The balance thread, if one runs, and what it reports.
-    balance_thread: std::sync::Mutex<balance::BalanceThread>,
+    balance_thread: worker::Worker,
     balance_status: Arc<std::sync::Mutex<balance::BalanceStatus>>,
-    rescan_thread: std::sync::Mutex<quota::RescanThread>,
+    rescan_thread: worker::Worker,
 }
 
 /// One subvolume (fs tree) of a mount: the POSIX operations on its local
@@ -167,9 +168,9 @@ impl Fs {
             subvol_lock: std::sync::Mutex::new(0),
             shown: AtomicU64::new(FS),
             cleaner_wake: std::sync::Mutex::new(None),
-            balance_thread: std::sync::Mutex::new(None),
+            balance_thread: worker::Worker::default(),
             balance_status: Default::default(),
-            rescan_thread: std::sync::Mutex::new(None),
+            rescan_thread: worker::Worker::default(),
         });
         let top = core.subvol(FS)?;
         if top.is_empty_tree()? {
@@ -429,8 +430,8 @@ impl Drop for Fs {
     /// Buffered data reaches the tree before the engine's final commit.
     fn drop(&mut self) {
         // The balance thread holds the core; it carries on at next mount.
-        self.core.stop_balance_thread();
-        self.core.stop_rescan_thread();
+        self.core.balance_thread.stop();
+        self.core.rescan_thread.stop();
         if self.core.budget.buffered() > 0 {
             if let Err(e) = self.core.flush_all() {
                 tracing::error!(error = %e, "flushing buffered data failed");

@@ -11,7 +11,6 @@ use crate::txn::{Need, Txn};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// A change to quotas or qgroups.
@@ -71,9 +70,6 @@ pub struct RescanStatus {
     pub total: u64,
 }
 
-/// The daemon's rescan thread, if one runs: its stop flag and handle.
-pub(crate) type RescanThread = Option<(Arc<AtomicBool>, JoinHandle<()>)>;
-
 /// Quota items one change may write (disabling deletes them all, which
 /// a deletion's reservation covers).
 const CHANGE_ITEMS: u64 = 4;
@@ -92,9 +88,7 @@ impl Fs {
 
     pub fn quota_rescan_status(&self) -> Result<RescanStatus> {
         let cursor = self.core.engine.read(|r| Ok(r.qgroups().rescan_cursor()))?;
-        let thread = crate::sync::lock(&self.core.rescan_thread)
-            .as_ref()
-            .is_some_and(|(_, h)| !h.is_finished());
+        let thread = self.core.rescan_thread.is_running();
         Ok(RescanStatus {
             running: cursor.is_some(),
             thread,
@@ -106,10 +100,7 @@ impl Fs {
     /// Returns once no rescan is under way (counting on this thread if
     /// no rescan thread runs).
     pub fn quota_rescan_wait(&self) -> Result<()> {
-        let running = crate::sync::lock(&self.core.rescan_thread).take();
-        if let Some((_, h)) = running {
-            let _ = h.join();
-        }
+        self.core.rescan_thread.join();
         self.core.rescan_until_done(&AtomicBool::new(false))
     }
 
@@ -124,7 +115,7 @@ impl Fs {
 
     /// Stops the rescan thread (unmount); the rescan stays recorded.
     pub fn quota_rescan_stop(&self) {
-        self.core.stop_rescan_thread();
+        self.core.rescan_thread.stop();
     }
 
     /// The qgroup id of the subvolume whose root directory is `node`.
@@ -178,30 +169,13 @@ const RESCAN_PAUSE: Duration = Duration::from_millis(5);
 
 impl Core {
     fn spawn_rescan(self: &Arc<Self>) -> Result<()> {
-        let mut slot = crate::sync::lock(&self.rescan_thread);
-        if slot.as_ref().is_some_and(|(_, h)| !h.is_finished()) {
-            return Ok(());
-        }
-        let stop = Arc::new(AtomicBool::new(false));
-        let (core, flag) = (self.clone(), stop.clone());
-        let handle = std::thread::Builder::new()
-            .name("quota-rescan".into())
-            .spawn(move || {
-                if let Err(e) = core.rescan_until_done(&flag) {
+        let core = self.clone();
+        self.rescan_thread
+            .start_unless_running("quota-rescan", move |stop| {
+                if let Err(e) = core.rescan_until_done(stop) {
                     tracing::error!(error = %e, "quota rescan stopped");
                 }
             })
-            .map_err(|e| Error::io("starting the quota rescan thread", e))?;
-        *slot = Some((stop, handle));
-        Ok(())
-    }
-
-    pub(crate) fn stop_rescan_thread(&self) {
-        let running = crate::sync::lock(&self.rescan_thread).take();
-        if let Some((stop, h)) = running {
-            stop.store(true, Ordering::SeqCst);
-            let _ = h.join();
-        }
     }
 
     /// Commits until the rescan is done (each commit counts a batch) or
