@@ -190,3 +190,50 @@ fn leaf_by_leaf_walk() {
     })
     .unwrap();
 }
+
+/// Leaves of the tree `FS` as the last commit has it.
+fn committed_leaves(e: &canopy::Engine) -> usize {
+    use canopy::format::tree_id::FS;
+    use canopy::tree::Cursor;
+    use canopy::Key;
+    e.read(|r| {
+        let root = r.root(FS)?;
+        let mut c = Cursor::seek(r, &root, &Key::MIN)?;
+        let mut leaves = 1;
+        while c.next_leaf(r)?.is_some() {
+            leaves += 1;
+        }
+        Ok(leaves)
+    })
+    .unwrap()
+}
+
+/// Ascending inserts (new inodes, new extents, relocated extents) fill
+/// leaves: an overflowing leaf shifts entries into its neighbour instead of
+/// leaving a half-full leaf behind every split. Descending ones too.
+#[test]
+fn ascending_inserts_fill_leaves() {
+    use canopy::format::node::{HEADER_SIZE, ITEM_HEADER_SIZE};
+    use canopy::format::tree_id::FS;
+    use canopy::Key;
+    const ITEMS: u64 = 3000;
+    const LEN: usize = 60;
+    let fewest = (ITEMS as usize * (ITEM_HEADER_SIZE + LEN)).div_ceil(4096 - HEADER_SIZE);
+    for descending in [false, true] {
+        let (_dev, e) = common::mem_engine(64 << 20, 4096);
+        e.write(|tx| {
+            for i in 0..ITEMS {
+                let k = if descending { ITEMS - i } else { i };
+                tx.insert(FS, Key::new(k, TEST_ITEM, 0), vec![7; LEN])?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        e.commit().unwrap();
+        let leaves = committed_leaves(&e);
+        assert!(
+            leaves * 100 <= fewest * 110,
+            "descending {descending}: {leaves} leaves where {fewest} would do"
+        );
+    }
+}

@@ -18,6 +18,11 @@
 //! empty group back to unallocated space. Groups made after the start
 //! (where moved extents go) are never chosen, so a balance ends.
 //!
+//! Moving extents deletes and reinserts their back-references and
+//! checksums all over the extent and checksum trees, which leaves their
+//! leaves part-empty; once the groups are empty, [`repack_step`]s pack
+//! those trees' leaves again, so a balance never makes used space grow.
+//!
 //! The items survive unmount and crash: the next mount carries on, as
 //! btrfs does. Pausing keeps them (and makes the groups writable again);
 //! cancelling removes them.
@@ -28,7 +33,7 @@ use crate::alloc::GroupKind;
 use crate::error::{Error, Result};
 use crate::format::items::ExtentItem;
 use crate::format::key_type::{BALANCE_GROUP, BALANCE_ITEM, EXTENT_ITEM};
-use crate::format::tree_id::{EXTENT, FS, ROOT};
+use crate::format::tree_id::{CSUM, EXTENT, FS, ROOT};
 use crate::format::{Key, BALANCE_OBJECTID};
 use crate::tree::Cursor;
 use crate::txn::{Need, Reader, Txn};
@@ -287,6 +292,20 @@ fn reserve_for(
         .max_by_key(|&t| tx.root_of(t).map_or(0, |r| r.level))
         .unwrap_or(FS);
     tx.reserve(&Need::items(tallest, paths).data(data))
+}
+
+/// Trees whose leaves moving extents leaves part-empty: the extent tree
+/// (back-references) and the checksum tree (checksums of moved data).
+pub const REPACKED: [u64; 2] = [EXTENT, CSUM];
+
+/// Packs the leaves under one parent of `tree` (one of [`REPACKED`]) from
+/// where `from` belongs; where to carry on, None when done.
+pub fn repack_step(tx: &mut Txn<'_>, tree: u64, from: &Key) -> Result<Option<Key>> {
+    // Copies of the tree's own blocks come out of the commit's global
+    // reserve (each block is copied once per transaction); this is the
+    // path above them.
+    tx.reserve(&Need::items(tree, 1))?;
+    tx.repack_leaves(tree, from)
 }
 
 /// Makes the groups of a running (not paused) recorded balance read-only

@@ -45,6 +45,9 @@ pub struct BalanceStatus {
 /// about as long, 64 took 1.0 s with holds twice as long.
 const STEPS_PER_COMMIT: u32 = 16;
 
+/// Repack steps (one parent's leaves each) between commits.
+const REPACK_STEPS_PER_COMMIT: u32 = 16;
+
 /// Commits in a row that found a group still counting bytes it holds no
 /// extent for, before the balance gives up on it.
 const MAX_WAITS: u32 = 50;
@@ -196,6 +199,32 @@ impl Core {
         }
     }
 
+    /// Packs the leaves the balance left part-empty (`balance::REPACKED`),
+    /// in short transactions. Only an improvement: the balance item is gone
+    /// already, so an unmount or crash meanwhile just leaves it undone, and
+    /// a full disk ends it early.
+    fn repack_after_balance(&self, stop: &AtomicBool) -> Result<()> {
+        for tree in balance::REPACKED {
+            let mut from = Some(crate::format::Key::MIN);
+            let mut since_commit = 0;
+            while let Some(key) = from {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                from = match self.engine.write(|tx| balance::repack_step(tx, tree, &key)) {
+                    Err(Error::NoSpace) => None,
+                    r => r?,
+                };
+                since_commit += 1;
+                if since_commit >= REPACK_STEPS_PER_COMMIT {
+                    self.engine.commit()?;
+                    since_commit = 0;
+                }
+            }
+        }
+        self.engine.commit().map(drop)
+    }
+
     /// Steps until the balance ends (true) or `stop` is set (false).
     fn run_balance(&self, stop: &AtomicBool, status: &Mutex<BalanceStatus>) -> Result<bool> {
         let mut since_commit = 0;
@@ -240,6 +269,7 @@ impl Core {
                 Step::Finished => {
                     self.engine.commit()?;
                     crate::sync::lock(status).groups_left = 0;
+                    self.repack_after_balance(stop)?;
                     return Ok(true);
                 }
                 Step::Idle => return Ok(false),

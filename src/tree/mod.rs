@@ -26,9 +26,11 @@
 mod cow;
 mod mutate;
 mod rebalance;
+mod repack;
 mod search;
 
 pub use mutate::{delete, insert, put, update};
+pub use repack::repack_leaves;
 pub use search::{block_addresses, count_blocks, get, Cursor};
 
 use crate::error::{Error, Result};

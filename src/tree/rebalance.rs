@@ -1,8 +1,9 @@
 //! Keeping the tree balanced after a change.
 //!
 //! Invariants restored by [`fix_up`], bottom-up along the modified path:
-//! - no block's content exceeds the block (overflow: split into as many
-//!   roughly equal pieces as needed, so even several large items fit);
+//! - no block's content exceeds the block (overflow: first shift entries
+//!   into a neighbour with room, otherwise split into as many roughly equal
+//!   pieces as needed, so even several large items fit);
 //! - no non-root block is less than a quarter full while it has a sibling
 //!   (underflow: merge with the sibling if both fit in one block, otherwise
 //!   redistribute the two evenly);
@@ -18,7 +19,7 @@ use super::{count_entry_refs, BlockWrite, Holder, RootPtr};
 use crate::error::{Error, Result};
 use crate::format::node::{Body, Ptr, HEADER_SIZE, ITEM_HEADER_SIZE, PTR_SIZE};
 
-fn entry_sizes(body: &Body) -> Vec<usize> {
+pub(super) fn entry_sizes(body: &Body) -> Vec<usize> {
     match body {
         Body::Leaf(items) => items
             .iter()
@@ -28,7 +29,7 @@ fn entry_sizes(body: &Body) -> Vec<usize> {
     }
 }
 
-fn content_bytes(body: &Body) -> usize {
+pub(super) fn content_bytes(body: &Body) -> usize {
     match body {
         Body::Leaf(items) => items.iter().map(|i| ITEM_HEADER_SIZE + i.data.len()).sum(),
         Body::Internal(ptrs) => ptrs.len() * PTR_SIZE,
@@ -42,14 +43,14 @@ fn empty_like(body: &Body) -> Body {
     }
 }
 
-fn split_off(body: &mut Body, at: usize) -> Body {
+pub(super) fn split_off(body: &mut Body, at: usize) -> Body {
     match body {
         Body::Leaf(v) => Body::Leaf(v.split_off(at)),
         Body::Internal(v) => Body::Internal(v.split_off(at)),
     }
 }
 
-fn append(body: &mut Body, other: Body) {
+pub(super) fn append(body: &mut Body, other: Body) {
     match (body, other) {
         (Body::Leaf(a), Body::Leaf(b)) => a.extend(b),
         (Body::Internal(a), Body::Internal(b)) => a.extend(b),
@@ -57,7 +58,7 @@ fn append(body: &mut Body, other: Body) {
     }
 }
 
-fn len(body: &Body) -> usize {
+pub(super) fn len(body: &Body) -> usize {
     match body {
         Body::Leaf(v) => v.len(),
         Body::Internal(v) => v.len(),
@@ -109,7 +110,7 @@ fn best_two_way_cut(sizes: &[usize], cap: usize) -> Option<usize> {
     best.map(|(_, i)| i)
 }
 
-fn ptr_mut<B: BlockWrite + ?Sized>(b: &mut B, parent: u64) -> Result<&mut Vec<Ptr>> {
+pub(super) fn ptr_mut<B: BlockWrite + ?Sized>(b: &mut B, parent: u64) -> Result<&mut Vec<Ptr>> {
     match &mut b.node_mut(parent)?.body {
         Body::Internal(ptrs) => Ok(ptrs),
         Body::Leaf(_) => Err(Error::corrupt(parent, "parent is a leaf")),
@@ -117,7 +118,7 @@ fn ptr_mut<B: BlockWrite + ?Sized>(b: &mut B, parent: u64) -> Result<&mut Vec<Pt
 }
 
 /// Sets the key of pointer `slot` of `parent` to its child's first key.
-fn sync_key<B: BlockWrite + ?Sized>(b: &mut B, parent: u64, slot: usize) -> Result<()> {
+pub(super) fn sync_key<B: BlockWrite + ?Sized>(b: &mut B, parent: u64, slot: usize) -> Result<()> {
     let ptr = ptr_mut(b, parent)?[slot];
     let child = b.read_node(ptr.bytenr, ptr.generation)?;
     if let Some(k) = child.first_key() {
@@ -127,7 +128,7 @@ fn sync_key<B: BlockWrite + ?Sized>(b: &mut B, parent: u64, slot: usize) -> Resu
 }
 
 /// Moves entries `from_body[range]`'s references from holder `from` to `to`.
-fn move_refs<B: BlockWrite + ?Sized>(
+pub(super) fn move_refs<B: BlockWrite + ?Sized>(
     b: &mut B,
     moved: &Body,
     range: std::ops::Range<usize>,
@@ -225,6 +226,119 @@ fn merge_child<B: BlockWrite + ?Sized>(
     sync_key(b, parent, rs)
 }
 
+/// Free bytes of child `slot` of `parent`, if entries may be shifted into
+/// it: a block of a tree that snapshots may share only when this
+/// transaction already made it writable, so that keeping blocks full never
+/// unshares one.
+fn sibling_room<B: BlockWrite + ?Sized>(
+    b: &mut B,
+    owner: u64,
+    parent: u64,
+    slot: usize,
+) -> Result<Option<usize>> {
+    let ptr = ptr_mut(b, parent)?[slot];
+    if crate::format::tree_id::is_shareable(owner) && !b.is_writable(ptr.bytenr) {
+        return Ok(None);
+    }
+    let cap = b.nodesize() - HEADER_SIZE;
+    let level = b.node_mut(parent)?.level;
+    let node = super::read_child(b, &ptr, level)?;
+    Ok(Some(cap.saturating_sub(content_bytes(&node.body))))
+}
+
+/// How many entries, taken in order from `sizes`, to shift into a
+/// neighbour with `room` free bytes: at least `need` bytes (the overflow),
+/// and otherwise about half the difference in fill (`excess`), so both
+/// blocks keep room for later inserts; always leaving one entry behind.
+/// None when `room` cannot take enough.
+fn shift_count(
+    sizes: impl Iterator<Item = usize>,
+    count: usize,
+    room: usize,
+    need: usize,
+    excess: usize,
+) -> Option<usize> {
+    let want = need.max(excess / 2);
+    let mut taken = 0;
+    let mut k = 0;
+    for s in sizes.take(count.saturating_sub(1)) {
+        if taken >= want || taken + s > room {
+            break;
+        }
+        taken += s;
+        k += 1;
+    }
+    (k > 0 && taken >= need).then_some(k)
+}
+
+/// Moves the first `k` entries of block `from` to the end of its left
+/// neighbour `to` (both writable), references included. Returns how many
+/// entries `from` keeps.
+pub(super) fn move_leading<B: BlockWrite + ?Sized>(
+    b: &mut B,
+    from: u64,
+    to: u64,
+    k: usize,
+) -> Result<usize> {
+    let mut moved = std::mem::replace(&mut b.node_mut(from)?.body, Body::Leaf(Vec::new()));
+    let kept = split_off(&mut moved, k);
+    move_refs(b, &moved, 0..k, from, to);
+    append(&mut b.node_mut(to)?.body, moved);
+    let left = len(&kept);
+    b.node_mut(from)?.body = kept;
+    Ok(left)
+}
+
+/// Makes the overflowing child `slot` of `parent` fit by shifting its first
+/// entries into its left neighbour or its last ones into its right one,
+/// evening out the two. Ascending inserts (new extents, new inodes)
+/// then fill blocks instead of leaving a half-full block behind every
+/// split. Returns false when no neighbour has room for enough.
+fn shift_to_sibling<B: BlockWrite + ?Sized>(
+    b: &mut B,
+    owner: u64,
+    parent: u64,
+    slot: usize,
+) -> Result<bool> {
+    let cap = b.nodesize() - HEADER_SIZE;
+    let child = ptr_mut(b, parent)?[slot].bytenr;
+    let sizes = entry_sizes(&b.node_mut(child)?.body);
+    let total: usize = sizes.iter().sum();
+    let need = total.saturating_sub(cap);
+    let siblings = ptr_mut(b, parent)?.len();
+    if slot > 0 {
+        if let Some(room) = sibling_room(b, owner, parent, slot - 1)? {
+            let excess = (total + room).saturating_sub(cap);
+            if let Some(k) = shift_count(sizes.iter().copied(), sizes.len(), room, need, excess) {
+                let left = cow_child(b, owner, parent, slot - 1)?;
+                move_leading(b, child, left, k)?;
+                sync_key(b, parent, slot)?;
+                return Ok(true);
+            }
+        }
+    }
+    if slot + 1 < siblings {
+        if let Some(room) = sibling_room(b, owner, parent, slot + 1)? {
+            let excess = (total + room).saturating_sub(cap);
+            if let Some(k) =
+                shift_count(sizes.iter().rev().copied(), sizes.len(), room, need, excess)
+            {
+                let right = cow_child(b, owner, parent, slot + 1)?;
+                let moved = split_off(&mut b.node_mut(child)?.body, sizes.len() - k);
+                move_refs(b, &moved, 0..k, child, right);
+                let old = std::mem::replace(&mut b.node_mut(right)?.body, Body::Leaf(Vec::new()));
+                let mut all = moved;
+                append(&mut all, old);
+                b.node_mut(right)?.body = all;
+                sync_key(b, parent, slot + 1)?;
+                sync_key(b, parent, slot)?;
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// Restores the invariants along `path` (root first) after its leaf changed.
 pub(crate) fn fix_up<B: BlockWrite + ?Sized>(
     b: &mut B,
@@ -238,7 +352,9 @@ pub(crate) fn fix_up<B: BlockWrite + ?Sized>(
         let slot = path[d - 1].slot;
         let content = content_bytes(&b.node_mut(path[d].bytenr)?.body);
         if content > cap {
-            split_child(b, owner, parent, slot)?;
+            if !shift_to_sibling(b, owner, parent, slot)? {
+                split_child(b, owner, parent, slot)?;
+            }
         } else if content < cap / 4 {
             merge_child(b, owner, parent, slot)?;
         } else {

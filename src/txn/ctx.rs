@@ -279,6 +279,12 @@ impl<'a> Txn<'a> {
         self.with_root(tree, |tx, root| tree::delete(tx, tree, root, key))
     }
 
+    /// Packs the leaves under one parent of tree `tree`, from where `from`
+    /// belongs; where to carry on (see `tree::repack_leaves`).
+    pub fn repack_leaves(&mut self, tree: u64, from: &Key) -> Result<Option<Key>> {
+        self.with_root(tree, |tx, root| tree::repack_leaves(tx, tree, root, from))
+    }
+
     pub fn tree_ids(&self) -> Vec<u64> {
         self.st.roots.keys().copied().collect()
     }
