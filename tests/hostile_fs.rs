@@ -84,13 +84,7 @@ static GUARD: Guard = Guard;
 /// (one with many names, for extended back-references), xattrs, special
 /// files and a deep directory chain.
 fn sample_image() -> Vec<u8> {
-    let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
-    let opts = FormatOptions {
-        nodesize: NODESIZE,
-        ..Default::default()
-    };
-    let e = Engine::format(dev.clone() as Arc<dyn Device>, &opts).expect("format");
-    let fs = Fs::new(Arc::new(e)).expect("fs");
+    let (dev, fs) = fresh_fs();
     let root = 256;
     let mk = |parent, name: &str, mode, target: Option<&[u8]>| {
         fs.create(parent, name.as_bytes(), mode, 0, ME, target)
@@ -124,7 +118,7 @@ fn sample_image() -> Vec<u8> {
         mk(dir, "fifo", libc::S_IFIFO | 0o600, None);
     }
     let many = mk(root, "many-names", libc::S_IFREG | 0o600, None);
-    for n in 0..120 {
+    for n in 0..200 {
         let name = format!("alias-with-a-fairly-long-name-number-{n:04}");
         fs.link(many, dirs[n % dirs.len()], name.as_bytes())
             .expect("link");
@@ -132,6 +126,17 @@ fn sample_image() -> Vec<u8> {
     fs.sync().expect("sync");
     drop(fs);
     dev.snapshot()
+}
+
+/// A new filesystem on an image of `IMAGE_SIZE`.
+fn fresh_fs() -> (Arc<MemDevice>, Fs) {
+    let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
+    let opts = FormatOptions {
+        nodesize: NODESIZE,
+        ..Default::default()
+    };
+    let e = Engine::format(dev.clone() as Arc<dyn Device>, &opts).expect("format");
+    (dev, Fs::new(Arc::new(e)).expect("fs"))
 }
 
 /// Every tree block in the image that decodes (live or stale) and
@@ -655,4 +660,49 @@ fn make_corpus() {
         verdicts.push_str(&format!("{name}.img.zst\t{says}\t{path}\n"));
     }
     std::fs::write(dir.join("verdicts.txt"), verdicts).unwrap();
+}
+
+/// A directory whose highest index item is at the end of the index range
+/// (found by the fuzzer): adding an entry fails with an error instead of
+/// overflowing the next index.
+#[test]
+fn a_directory_index_at_the_end_of_its_range_fails_creates() {
+    let (dev, fs) = fresh_fs();
+    let dir = fs
+        .create(256, b"d", libc::S_IFDIR | 0o755, 0, ME, None)
+        .expect("mkdir")
+        .ino;
+    fs.create(dir, b"a", libc::S_IFREG | 0o644, 0, ME, None)
+        .expect("create");
+    fs.sync().expect("sync");
+    drop(fs);
+    let mut img = dev.snapshot();
+    let fsid = canopy::txn::read_best_superblock(&MemDevice::from_bytes(img.clone()))
+        .expect("superblock")
+        .fsid;
+    let ns = NODESIZE as usize;
+    let mut hits = 0;
+    for at in fs_leaves(&img, &fsid) {
+        let at = at as usize;
+        let mut node = Node::decode(&img[at..at + ns], at as u64, &fsid).expect("leaf");
+        let Body::Leaf(items) = &mut node.body else {
+            continue;
+        };
+        let index = canopy::Key::new(dir, DIR_INDEX, 2);
+        if let Some(it) = items.iter_mut().find(|i| i.key == index) {
+            it.key.offset = u64::MAX;
+            img[at..at + ns].copy_from_slice(&node.encode(&fsid, ns));
+            hits += 1;
+        }
+    }
+    assert!(hits > 0, "no leaf holds the entry's index");
+    let r = with_watchdog("create after the last index", move || {
+        let dev = Arc::new(MemDevice::from_bytes(img));
+        let e = Engine::open(dev as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+        let fs = Fs::new(Arc::new(e)).expect("fs");
+        fs.create(dir, b"b", libc::S_IFREG | 0o644, 0, ME, None)
+            .map(|a| a.ino)
+            .map_err(|e| e.to_string())
+    });
+    assert!(r.is_err(), "{r:?}");
 }

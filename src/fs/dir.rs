@@ -46,7 +46,9 @@ pub(crate) fn lookup<B: BlockRead + ?Sized>(
 /// The index the next entry of `dir` gets: one past the highest in use.
 fn next_index(tx: &Txn<'_>, tree: u64, dir: u64) -> Result<u64> {
     let root = tx.root_of(tree)?;
-    Ok(last_index(tx, &root, dir)? + 1)
+    last_index(tx, &root, dir)?
+        .checked_add(1)
+        .ok_or_else(|| Error::corrupt(dir, "directory index at the end of its range"))
 }
 
 /// The highest index in use in `dir` (1 when it has no entries: indexes
