@@ -13,20 +13,102 @@ use crate::format::key_type::{EXTENT_ITEM, SHARED_BLOCK_REF, SHARED_DATA_REF, TR
 use crate::format::tree_id::EXTENT;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor};
+use std::collections::{BTreeMap, HashSet};
 
 use crate::txn::Txn;
 
 /// Applies every delayed reference collected so far. Returns false when
 /// there was nothing to apply.
 pub fn run(tx: &mut Txn<'_>) -> Result<bool> {
-    let batch = tx.take_delayed_refs();
+    let mut batch = tx.take_delayed_refs();
     if batch.is_empty() {
         return Ok(false);
     }
+    let handed = hand_over_released(tx, &mut batch)?;
     for (bytenr, pending) in batch {
-        apply_one(tx, bytenr, pending)?;
+        let children_handed = handed.contains(&bytenr);
+        apply_one(tx, bytenr, pending, children_handed)?;
     }
     Ok(true)
+}
+
+/// Lets the tree blocks this batch releases give up their children's
+/// references inside the same batch, not one fold round later.
+///
+/// A copied block's children get +1 from the copy now and -1 from the
+/// original when the original's count reaches zero. Released in the fold
+/// (as `apply_one` would), the -1 arrives in the next round, so every
+/// child's extent item is found and rewritten twice and its count goes up
+/// and back down. Handed over first, the two meet: the count stays, only
+/// the back-reference changes. This is most of what a commit after many
+/// copies (balance moving blocks shared by snapshots, or a big rename)
+/// spends in the extent tree. Blocks a drop releases keep their own pace
+/// (the cleaner's budget).
+fn hand_over_released(
+    tx: &mut Txn<'_>,
+    batch: &mut BTreeMap<u64, PendingExtent>,
+) -> Result<HashSet<u64>> {
+    let mut handed = HashSet::new();
+    let mut work: Vec<u64> = batch
+        .iter()
+        .filter(|(_, p)| may_release_tree_block(p))
+        .map(|(&b, _)| b)
+        .collect();
+    while let Some(bytenr) = work.pop() {
+        let Some(p) = batch.get(&bytenr) else {
+            continue;
+        };
+        if handed.contains(&bytenr)
+            || !may_release_tree_block(p)
+            || tx.drop_state().is_drop(&p.refs)
+        {
+            continue;
+        }
+        let net = p.net();
+        let root = tx.root_of(EXTENT)?;
+        let Some((_, item)) = find_extent_item(tx, &root, bytenr)? else {
+            // apply_one reports it.
+            continue;
+        };
+        if !item.is_tree_block() || item.refs as i64 + net != 0 {
+            continue;
+        }
+        super::drop::give_up_children(tx, bytenr, &item)?;
+        handed.insert(bytenr);
+        for (child, changes) in tx.take_delayed_refs() {
+            if changes.net() < 0 {
+                work.push(child);
+            }
+            merge_into(batch, child, changes);
+        }
+    }
+    Ok(handed)
+}
+
+/// Whether `p` may bring an existing tree block's count to zero.
+fn may_release_tree_block(p: &PendingExtent) -> bool {
+    p.new_kind.is_none()
+        && p.net() < 0
+        && p.refs
+            .keys()
+            .all(|h| matches!(h, RefHolder::TreeParent(_) | RefHolder::TreeRoot(_)))
+}
+
+/// Adds `more` to the batch's pending changes of `bytenr`.
+fn merge_into(batch: &mut BTreeMap<u64, PendingExtent>, bytenr: u64, more: PendingExtent) {
+    let Some(have) = batch.get_mut(&bytenr) else {
+        batch.insert(bytenr, more);
+        return;
+    };
+    have.traced |= more.traced;
+    have.new_kind = have.new_kind.or(more.new_kind);
+    for (holder, delta) in more.refs {
+        let v = have.refs.entry(holder).or_insert(0);
+        *v += delta;
+        if *v == 0 {
+            have.refs.remove(&holder);
+        }
+    }
 }
 
 /// The extent item of the extent starting at `bytenr`: its key and content.
@@ -63,7 +145,7 @@ fn new_item(kind: ExtentKind, transid: u64) -> ExtentItem {
     }
 }
 
-fn apply_one(tx: &mut Txn<'_>, bytenr: u64, p: PendingExtent) -> Result<()> {
+fn apply_one(tx: &mut Txn<'_>, bytenr: u64, p: PendingExtent, children_handed: bool) -> Result<()> {
     let root = tx.root_of(EXTENT)?;
     let existing = find_extent_item(tx, &root, bytenr)?;
     let (mut item, len, existed) = match (existing, p.new_kind) {
@@ -108,6 +190,9 @@ fn apply_one(tx: &mut Txn<'_>, bytenr: u64, p: PendingExtent) -> Result<()> {
         }
         if item.is_tree_block() {
             let from_drop = tx.drop_state().is_drop(&p.refs);
+            if children_handed {
+                return super::drop::free_block(tx, bytenr, &item);
+            }
             return super::drop::release_or_queue(tx, bytenr, &item, from_drop);
         }
         return release_data(tx, bytenr, len);

@@ -158,7 +158,6 @@ fn read_released(tx: &Txn<'_>, bytenr: u64, generation: u64, level: u8) -> Resul
 
 /// Frees a tree block and lets go of everything it points at.
 fn release_block(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem, from_drop: bool) -> Result<()> {
-    let never_committed = item.generation == tx.transid();
     let node = read_released(tx, bytenr, item.generation, item.level)?;
     if from_drop {
         let cost = BLOCK_COST + refs_in(&node, 0..node.nritems());
@@ -166,9 +165,24 @@ fn release_block(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem, from_drop: bo
         d.budget = d.budget.saturating_sub(cost);
         d.note_released(RefHolder::TreeParent(bytenr));
     }
-    // A block released because copies replaced it hands its children to
-    // them: no tree reaches them differently (see `qgroup`).
-    let replaced = !from_drop && tx.was_copied(bytenr);
+    release_children(tx, bytenr, &node, !from_drop);
+    free_block(tx, bytenr, item)
+}
+
+/// Gives up the references of the block at `bytenr` to what it points
+/// at, before its own count is folded (see `apply::run`); the fold then
+/// only frees it ([`free_block`]).
+pub(crate) fn give_up_children(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem) -> Result<()> {
+    let node = read_released(tx, bytenr, item.generation, item.level)?;
+    release_children(tx, bytenr, &node, true);
+    Ok(())
+}
+
+/// -1 for everything `node` (at `bytenr`) points at. A block released
+/// because copies replaced it (not by a drop) hands its children to them:
+/// no tree reaches them differently (see `qgroup`).
+fn release_children(tx: &mut Txn<'_>, bytenr: u64, node: &Node, not_dropped: bool) {
+    let replaced = not_dropped && tx.was_copied(bytenr);
     if replaced {
         tx.begin_copy(bytenr);
     }
@@ -176,6 +190,11 @@ fn release_block(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem, from_drop: bo
     if replaced {
         tx.end_copy();
     }
+}
+
+/// Frees the tree block at `bytenr`, whose children were released.
+pub(crate) fn free_block(tx: &mut Txn<'_>, bytenr: u64, item: &ExtentItem) -> Result<()> {
+    let never_committed = item.generation == tx.transid();
     tx.forget_block(bytenr, item.owner);
     let ns = tx.nodesize_bytes() as u64;
     tx.free_extent(bytenr, ns, never_committed)
