@@ -13,7 +13,7 @@ use crate::format::key_type::{EXTENT_ITEM, SHARED_BLOCK_REF, SHARED_DATA_REF, TR
 use crate::format::tree_id::EXTENT;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::txn::Txn;
 
@@ -24,10 +24,10 @@ pub fn run(tx: &mut Txn<'_>) -> Result<bool> {
     if batch.is_empty() {
         return Ok(false);
     }
-    let handed = hand_over_released(tx, &mut batch)?;
+    let mut handed = hand_over_released(tx, &mut batch)?;
     for (bytenr, pending) in batch {
-        let children_handed = handed.contains(&bytenr);
-        apply_one(tx, bytenr, pending, children_handed)?;
+        let found = handed.remove(&bytenr);
+        apply_one(tx, bytenr, pending, found)?;
     }
     Ok(true)
 }
@@ -43,12 +43,13 @@ pub fn run(tx: &mut Txn<'_>) -> Result<bool> {
 /// the back-reference changes. This is most of what a commit after many
 /// copies (balance moving blocks shared by snapshots, or a big rename)
 /// spends in the extent tree. Blocks a drop releases keep their own pace
-/// (the cleaner's budget).
+/// (the cleaner's budget). Returns the blocks handed over with their
+/// extent items (only their own fold changes those).
 fn hand_over_released(
     tx: &mut Txn<'_>,
     batch: &mut BTreeMap<u64, PendingExtent>,
-) -> Result<HashSet<u64>> {
-    let mut handed = HashSet::new();
+) -> Result<HashMap<u64, (Key, ExtentItem)>> {
+    let mut handed = HashMap::new();
     let mut work: Vec<u64> = batch
         .iter()
         .filter(|(_, p)| may_release_tree_block(p))
@@ -58,7 +59,7 @@ fn hand_over_released(
         let Some(p) = batch.get(&bytenr) else {
             continue;
         };
-        if handed.contains(&bytenr)
+        if handed.contains_key(&bytenr)
             || !may_release_tree_block(p)
             || tx.drop_state().is_drop(&p.refs)
         {
@@ -66,7 +67,7 @@ fn hand_over_released(
         }
         let net = p.net();
         let root = tx.root_of(EXTENT)?;
-        let Some((_, item)) = find_extent_item(tx, &root, bytenr)? else {
+        let Some((key, item)) = find_extent_item(tx, &root, bytenr)? else {
             // apply_one reports it.
             continue;
         };
@@ -74,7 +75,7 @@ fn hand_over_released(
             continue;
         }
         super::drop::give_up_children(tx, bytenr, &item)?;
-        handed.insert(bytenr);
+        handed.insert(bytenr, (key, item));
         for (child, changes) in tx.take_delayed_refs() {
             if changes.net() < 0 {
                 work.push(child);
@@ -145,9 +146,19 @@ fn new_item(kind: ExtentKind, transid: u64) -> ExtentItem {
     }
 }
 
-fn apply_one(tx: &mut Txn<'_>, bytenr: u64, p: PendingExtent, children_handed: bool) -> Result<()> {
-    let root = tx.root_of(EXTENT)?;
-    let existing = find_extent_item(tx, &root, bytenr)?;
+/// Folds `p` into the extent at `bytenr`. `handed`: its extent item, when
+/// `hand_over_released` already found it and released its children.
+fn apply_one(
+    tx: &mut Txn<'_>,
+    bytenr: u64,
+    p: PendingExtent,
+    handed: Option<(Key, ExtentItem)>,
+) -> Result<()> {
+    let children_handed = handed.is_some();
+    let existing = match handed {
+        Some(found) => Some(found),
+        None => find_extent_item(tx, &tx.root_of(EXTENT)?, bytenr)?,
+    };
     let (mut item, len, existed) = match (existing, p.new_kind) {
         (Some((k, it)), None) => (it, k.offset, true),
         (None, Some(kind)) => (new_item(kind, tx.transid()), p.len, false),
@@ -189,10 +200,10 @@ fn apply_one(tx: &mut Txn<'_>, bytenr: u64, p: PendingExtent, children_handed: b
             tx.delete(EXTENT, &key)?;
         }
         if item.is_tree_block() {
-            let from_drop = tx.drop_state().is_drop(&p.refs);
             if children_handed {
                 return super::drop::free_block(tx, bytenr, &item);
             }
+            let from_drop = tx.drop_state().is_drop(&p.refs);
             return super::drop::release_or_queue(tx, bytenr, &item, from_drop);
         }
         return release_data(tx, bytenr, len);

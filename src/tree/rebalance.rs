@@ -43,14 +43,14 @@ fn empty_like(body: &Body) -> Body {
     }
 }
 
-pub(super) fn split_off(body: &mut Body, at: usize) -> Body {
+fn split_off(body: &mut Body, at: usize) -> Body {
     match body {
         Body::Leaf(v) => Body::Leaf(v.split_off(at)),
         Body::Internal(v) => Body::Internal(v.split_off(at)),
     }
 }
 
-pub(super) fn append(body: &mut Body, other: Body) {
+fn append(body: &mut Body, other: Body) {
     match (body, other) {
         (Body::Leaf(a), Body::Leaf(b)) => a.extend(b),
         (Body::Internal(a), Body::Internal(b)) => a.extend(b),
@@ -58,7 +58,7 @@ pub(super) fn append(body: &mut Body, other: Body) {
     }
 }
 
-pub(super) fn len(body: &Body) -> usize {
+fn len(body: &Body) -> usize {
     match body {
         Body::Leaf(v) => v.len(),
         Body::Internal(v) => v.len(),
@@ -128,7 +128,7 @@ pub(super) fn sync_key<B: BlockWrite + ?Sized>(b: &mut B, parent: u64, slot: usi
 }
 
 /// Moves entries `from_body[range]`'s references from holder `from` to `to`.
-pub(super) fn move_refs<B: BlockWrite + ?Sized>(
+fn move_refs<B: BlockWrite + ?Sized>(
     b: &mut B,
     moved: &Body,
     range: std::ops::Range<usize>,
