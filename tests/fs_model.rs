@@ -704,3 +704,28 @@ fn forge_crc32c(prefix: &[u8], target: u32) -> Option<Vec<u8>> {
     name.extend_from_slice(&bytes);
     (canopy::format::crc(&name) == target).then_some(name)
 }
+
+/// Looking up "." (what the kernel asks to open a file handle whose inode
+/// it dropped) answers a linked inode, and not one whose last name is gone:
+/// neither a deleted inode the daemon keeps until the kernel's FORGET
+/// arrives nor an unlinked one still open. Those handles are stale.
+#[test]
+fn dot_lookup_answers_only_linked_inodes() {
+    let (_dev, fs, f) = fs_with_file();
+    assert_eq!(fs.lookup(f, b".").expect("linked").ino, f);
+    let g = fs
+        .create(ROOT, b"g", libc::S_IFREG | 0o644, 0, ME, None)
+        .unwrap()
+        .ino;
+    fs.open(g);
+    fs.remove(ROOT, b"g", false).unwrap();
+    assert_eq!(fs.getattr(g).expect("open orphan").nlink, 0);
+    assert_eq!(errno(fs.lookup(g, b".")), libc::ENOENT, "open orphan");
+    fs.release(g).unwrap();
+    assert!(fs.getattr(g).is_ok(), "kept until FORGET");
+    assert_eq!(
+        errno(fs.lookup(g, b".")),
+        libc::ENOENT,
+        "deleted, not forgotten"
+    );
+}

@@ -343,13 +343,22 @@ impl Subvol {
 
     /// The entry `name` of directory `parent`. "." and ".." are answered
     /// too (of any inode, for "."): the kernel asks for them to open a
-    /// file handle whose inode it no longer holds.
+    /// file handle whose inode it no longer holds. A handle of a file
+    /// whose last name is gone is stale, even while the daemon still
+    /// keeps it for a FORGET the kernel has yet to send.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         if name.len() > super::NAME_MAX {
             return Err(errno(libc::ENAMETOOLONG, "name longer than 255 bytes"));
         }
         match name {
-            b"." => return self.getattr(parent),
+            b"." => {
+                let a = self.getattr(parent)?;
+                return if a.nlink == 0 {
+                    Err(Error::NotFound)
+                } else {
+                    Ok(a)
+                };
+            }
             b".." => return self.lookup_parent(parent),
             _ => {}
         }
