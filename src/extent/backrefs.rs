@@ -8,6 +8,7 @@ use crate::format::items::decode_ref_count;
 use crate::format::key_type::{SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF};
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
+use std::ops::ControlFlow;
 
 /// Tree levels a climb may pass before the extent tree is taken for
 /// corrupt (a cycle of back-references).
@@ -22,26 +23,48 @@ pub fn backrefs<B: BlockRead + ?Sized>(
     bytenr: u64,
 ) -> Result<Vec<(RefHolder, i64)>> {
     let mut out = Vec::new();
+    for_each_backref(b, extent_root, bytenr, |holder, count| {
+        out.push((holder, count));
+        Ok(ControlFlow::Continue(()))
+    })?;
+    Ok(out)
+}
+
+/// Calls `f` with the holders of the extent at `bytenr` in key order
+/// (roots, parent blocks, data leaves) until it breaks. A block under
+/// many snapshots has a holder per snapshot: a caller that needs only
+/// a few of them reads only those.
+pub fn for_each_backref<B: BlockRead + ?Sized>(
+    b: &B,
+    extent_root: &RootPtr,
+    bytenr: u64,
+    mut f: impl FnMut(RefHolder, i64) -> Result<ControlFlow<()>>,
+) -> Result<()> {
     let mut c = Cursor::seek(b, extent_root, &Key::new(bytenr, TREE_BLOCK_REF, 0))?;
     while let Some(it) = c.item() {
         let k = it.key;
         if k.objectid != bytenr || k.ty > SHARED_DATA_REF {
             break;
         }
-        match k.ty {
-            TREE_BLOCK_REF => out.push((RefHolder::TreeRoot(k.offset), 1)),
-            SHARED_BLOCK_REF => out.push((RefHolder::TreeParent(k.offset), 1)),
+        let holder = match k.ty {
+            TREE_BLOCK_REF => Some((RefHolder::TreeRoot(k.offset), 1)),
+            SHARED_BLOCK_REF => Some((RefHolder::TreeParent(k.offset), 1)),
             SHARED_DATA_REF => {
                 let n = decode_ref_count(&it.data).map_err(|e| Error::corrupt(bytenr, e))?;
-                out.push((RefHolder::DataLeaf(k.offset), i64::from(n)));
+                Some((RefHolder::DataLeaf(k.offset), i64::from(n)))
             }
-            _ => {}
+            _ => None,
+        };
+        if let Some((holder, count)) = holder {
+            if f(holder, count)?.is_break() {
+                break;
+            }
         }
         if c.next(b)?.is_none() {
             break;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Refuses a climb `depth` levels above its start at `bytenr`: no tree is

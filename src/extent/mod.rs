@@ -22,5 +22,5 @@ mod backrefs;
 mod delayed;
 pub mod drop;
 
-pub use backrefs::{backrefs, check_climb};
+pub use backrefs::{backrefs, check_climb, for_each_backref};
 pub use delayed::{DelayedRefs, ExtentKind, PendingExtent, RefHolder};

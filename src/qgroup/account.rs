@@ -221,17 +221,17 @@ fn walk_level0(
         changed.insert(dst);
     }
     let (mut old_roots, mut new_roots) = (BTreeMap::new(), BTreeMap::new());
-    for t in tx.tree_ids() {
-        if !tree_id::is_shareable(t) {
-            continue;
-        }
-        let now = tx.root_of(t)?;
-        let then = tx.st.committed.get(&t).copied();
-        if then != Some(now) || changed.contains(&t) {
-            changed.insert(t);
+    changed.extend(
+        tx.moved_roots()
+            .into_iter()
+            .filter(|&t| tree_id::is_shareable(t)),
+    );
+    for &t in &changed {
+        // A tree made and deleted in this transaction has neither.
+        if let Ok(now) = tx.root_of(t) {
             new_roots.insert(t, now);
-            if let Some(p) = then {
-                old_roots.insert(t, p);
+            if let Some(&then) = tx.st.committed.get(&t) {
+                old_roots.insert(t, then);
             }
         }
     }

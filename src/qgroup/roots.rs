@@ -16,13 +16,14 @@
 //! both walks alike.
 
 use crate::error::{Error, Result};
-use crate::extent::{backrefs, check_climb, RefHolder};
+use crate::extent::{backrefs, check_climb, for_each_backref, RefHolder};
 use crate::format::items::{data_ref_of, ExtentItem};
 use crate::format::key_type::EXTENT_ITEM;
 use crate::format::tree_id;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 /// A set of subvolume ids, shared between the blocks that have the same.
@@ -169,13 +170,13 @@ impl<'a> Reach<'a> {
     ) -> Result<(Roots, Roots)> {
         let w = if data {
             let mut out = BTreeSet::new();
-            for (holder, _) in self.new.extents.backrefs(b, bytenr)? {
+            let root = self.new.extents.extent_root;
+            for_each_backref(b, &root, bytenr, |holder, _| {
                 if let RefHolder::DataLeaf(leaf) = holder {
-                    if out.len() < WITNESSES {
-                        out.extend(self.witness(b, leaf, 0)?.iter().copied());
-                    }
+                    out.extend(self.witness(b, leaf, 0)?.iter().copied());
                 }
-            }
+                Ok(enough(&out))
+            })?;
             out.into_iter().take(WITNESSES).collect()
         } else {
             (*self.witness(b, bytenr, 0)?).clone()
@@ -200,14 +201,11 @@ impl<'a> Reach<'a> {
         }
         check_climb(bytenr, depth)?;
         let mut out = BTreeSet::new();
-        for (holder, _) in self.new.extents.backrefs(b, bytenr)? {
-            if out.len() >= WITNESSES {
-                break;
-            }
+        let root = self.new.extents.extent_root;
+        let changed = self.changed;
+        for_each_backref(b, &root, bytenr, |holder, _| {
             match holder {
-                RefHolder::TreeRoot(t)
-                    if tree_id::is_shareable(t) && !self.changed.contains(&t) =>
-                {
+                RefHolder::TreeRoot(t) if tree_id::is_shareable(t) && !changed.contains(&t) => {
                     out.insert(t);
                 }
                 RefHolder::TreeParent(p) => {
@@ -215,10 +213,20 @@ impl<'a> Reach<'a> {
                 }
                 _ => {}
             }
-        }
+            Ok(enough(&out))
+        })?;
         let r: Roots = Arc::new(out.into_iter().take(WITNESSES).collect());
         self.witnesses.insert(bytenr, r.clone());
         Ok(r)
+    }
+}
+
+/// Stops a climb once it has found enough witnesses.
+fn enough(found: &BTreeSet<u64>) -> ControlFlow<()> {
+    if found.len() >= WITNESSES {
+        ControlFlow::Break(())
+    } else {
+        ControlFlow::Continue(())
     }
 }
 

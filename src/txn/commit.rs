@@ -20,6 +20,8 @@ struct Prepared {
     nodes: HashMap<u64, Arc<Node>>,
     sb: Superblock,
     pinned: Vec<(u64, u64)>,
+    /// Freed blocks to drop from the cache before their space is reused.
+    retired: Vec<u64>,
 }
 
 impl Engine {
@@ -73,6 +75,9 @@ impl Engine {
         // would overwrite the newer one and a block freed by the newer one
         // could be reused while the older superblock still points at it.
         let mut io = self.wait_turn(generation - 1)?;
+        for &b in &prepared.retired {
+            self.shared.cache.remove(b);
+        }
         if let Err(e) = self.write_durably(&blocks, &prepared.sb) {
             self.fail(&e);
             io.generation = generation;
@@ -188,11 +193,13 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     st.transid += 1;
     st.drop.start_transaction();
     let pinned = st.alloc.take_pinned();
+    let retired = std::mem::take(&mut st.retired);
     crate::sync::lock(&sh.inflight).extend(dirty.iter().map(|(&b, n)| (b, n.clone())));
     Ok(Some(Prepared {
         nodes: dirty,
         sb,
         pinned,
+        retired,
     }))
 }
 

@@ -289,6 +289,22 @@ impl<'a> Txn<'a> {
         self.st.roots.keys().copied().collect()
     }
 
+    /// Every tree whose root is not the last commit's (or that is new).
+    /// One pass over both sorted maps, so that a commit does not look
+    /// each of many snapshots up.
+    pub(crate) fn moved_roots(&self) -> Vec<u64> {
+        let mut then = self.st.committed.iter().peekable();
+        let mut out = Vec::new();
+        for (&id, rs) in &self.st.roots {
+            while then.next_if(|&(&t, _)| t < id).is_some() {}
+            let old = then.next_if(|&(&t, _)| t == id).map(|(_, &p)| p);
+            if old != Some(rs.ptr) {
+                out.push(id);
+            }
+        }
+        out
+    }
+
     pub fn tree_exists(&self, id: u64) -> bool {
         self.st.roots.contains_key(&id)
     }
@@ -495,15 +511,16 @@ impl<'a> Txn<'a> {
         &mut self.st.alloc
     }
 
-    /// Forgets a freed tree block of tree `owner` everywhere it may be
-    /// held in memory.
+    /// Forgets a freed tree block of tree `owner`. A block of the last
+    /// commit stays cached until this commit is durable (`State::retired`).
     pub(crate) fn forget_block(&mut self, bytenr: u64, owner: u64) {
         if let Some(n) = self.st.tree_blocks.get_mut(&owner) {
             *n = n.saturating_sub(1);
         }
-        self.st.dirty.remove(&bytenr);
         self.st.frozen.remove(&bytenr);
-        self.sh.cache.remove(bytenr);
+        if self.st.dirty.remove(&bytenr).is_none() {
+            self.st.retired.push(bytenr);
+        }
     }
 
     pub(crate) fn free_extent(

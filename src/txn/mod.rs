@@ -112,6 +112,10 @@ pub(crate) struct State {
     /// data). Their reference changes are a copy's and not traced, unless
     /// something else changed one of the two (see `qgroup::account`).
     pub relocations: Vec<(u64, u64, u64, bool)>,
+    /// Committed tree blocks freed in this transaction. The cache keeps
+    /// them until the commit is durable: the accounting reads the last
+    /// commit's trees, and their space is pinned until then.
+    pub retired: Vec<u64>,
 }
 
 /// What readers and the commit I/O share outside the state lock.

@@ -138,6 +138,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         pending_log: None,
         log_durable: false,
         log_replayed: false,
+        retired: Vec::new(),
         committed: BTreeMap::new(),
         qgroups: Default::default(),
         relocated: HashSet::new(),
