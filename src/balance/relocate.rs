@@ -172,6 +172,7 @@ fn repoint(tx: &mut Txn<'_>, climb: &mut Climb, old: u64, new: u64, level: u8) -
                 rs.ptr.generation = transid;
                 rs.ptr.level = level;
                 rs.dirty = true;
+                tx.st.moved.insert(t);
                 swap_ref(tx, old, new, Holder::Root(t));
             }
             RefHolder::TreeParent(p) => {

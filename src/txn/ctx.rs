@@ -246,6 +246,7 @@ impl<'a> Txn<'a> {
             } else if let Some(rs) = self.st.roots.get_mut(&id) {
                 rs.ptr = ptr;
                 rs.dirty = true;
+                self.st.moved.insert(id);
             }
         }
         r
@@ -289,20 +290,16 @@ impl<'a> Txn<'a> {
         self.st.roots.keys().copied().collect()
     }
 
-    /// Every tree whose root is not the last commit's (or that is new).
-    /// One pass over both sorted maps, so that a commit does not look
-    /// each of many snapshots up.
+    /// Every tree whose root may not be the last commit's (or that is
+    /// new), without looking at each of many snapshots.
     pub(crate) fn moved_roots(&self) -> Vec<u64> {
-        let mut then = self.st.committed.iter().peekable();
-        let mut out = Vec::new();
-        for (&id, rs) in &self.st.roots {
-            while then.next_if(|&(&t, _)| t < id).is_some() {}
-            let old = then.next_if(|&(&t, _)| t == id).map(|(_, &p)| p);
-            if old != Some(rs.ptr) {
-                out.push(id);
-            }
-        }
-        out
+        debug_assert!(
+            self.st.roots.iter().all(|(id, rs)| {
+                self.st.committed.get(id) == Some(&rs.ptr) || self.st.moved.contains(id)
+            }),
+            "a root moved without being noted in State::moved"
+        );
+        self.st.moved.iter().copied().collect()
     }
 
     pub fn tree_exists(&self, id: u64) -> bool {
@@ -348,6 +345,7 @@ impl<'a> Txn<'a> {
                 dirty: true,
             },
         );
+        self.st.moved.insert(id);
         self.st.dropped.retain(|&d| d != id);
     }
 

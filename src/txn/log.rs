@@ -67,6 +67,7 @@ impl State {
     /// opened) has them; see [`State::committed`].
     pub(crate) fn remember_committed_roots(&mut self) {
         self.committed = self.roots.iter().map(|(&id, r)| (id, r.ptr)).collect();
+        self.moved.clear();
     }
 
     /// Whether `bytenr` is a block of the running transaction's log.

@@ -48,7 +48,7 @@ use crate::format::items::RootItem;
 use crate::format::node::Node;
 use crate::format::superblock::Superblock;
 use crate::tree::RootPtr;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 /// A tree's root as the running transaction sees it.
@@ -96,6 +96,9 @@ pub(crate) struct State {
     /// Tree roots as the last prepared commit has them: what a crash
     /// would find, before the log is replayed.
     pub committed: BTreeMap<u64, RootPtr>,
+    /// Trees whose root moved, or that were made, since the last prepared
+    /// commit: a superset of those differing from `committed`.
+    pub moved: BTreeSet<u64>,
     /// A replay finished: the next commit must write a superblock
     /// without the log even if no tree changed.
     pub log_replayed: bool,

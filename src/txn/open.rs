@@ -11,7 +11,7 @@ use crate::format::key_type::{BLOCK_GROUP_ITEM, FREE_EXTENT, ROOT_ITEM};
 use crate::format::superblock::{Superblock, INCOMPAT_MIXED_GROUPS};
 use crate::format::{self, tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
 use crate::tree::{BlockRead, Cursor, RootPtr};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 #[derive(Clone, Debug)]
@@ -140,6 +140,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         log_replayed: false,
         retired: Vec::new(),
         committed: BTreeMap::new(),
+        moved: BTreeSet::new(),
         qgroups: Default::default(),
         relocated: HashSet::new(),
         relocate_cursor: 0,
