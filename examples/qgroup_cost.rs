@@ -7,6 +7,10 @@
 //! engine's own timer (the `qgroup accounting` debug event), so the rest of
 //! the commit does not blur it. Run through `bench/qgroup_cost.sh`.
 //!
+//! Last, each scenario deletes its oldest snapshot and commits: that
+//! commit's accounting time is reported too (a deletion is counted from
+//! scratch, see `qgroup::account`).
+//!
 //! With `--same-history`, every scenario first changes 3 files and commits
 //! as often as the largest one takes snapshots, so that only the number
 //! of snapshots differs between them, not how often the trees were
@@ -178,6 +182,23 @@ impl Scenario {
         Ok(())
     }
 
+    /// Deletes the oldest snapshot and commits; the accounting's time (µs).
+    fn delete_oldest(&mut self, timings: &Timings) -> Res<u64> {
+        let Some(oldest) = (0..)
+            .map(|n| format!("s{n}"))
+            .take(1024)
+            .find(|name| self.fs.lookup(ROOT, name.as_bytes()).is_ok())
+        else {
+            return Ok(0);
+        };
+        // The deletion may commit by itself: time from before it.
+        timings.0.lock().map_err(|_| "poisoned")?.clear();
+        self.fs.delete_subvolume(ROOT, oldest.as_bytes())?;
+        self.fs.sync()?;
+        let t = timings.0.lock().map_err(|_| "poisoned")?;
+        Ok(t.iter().sum())
+    }
+
     /// The first, second and third quartile of the samples.
     fn quartiles(&mut self) -> [u64; 3] {
         self.samples.sort_unstable();
@@ -219,10 +240,12 @@ fn main() -> Res<()> {
     let mut rows = Vec::new();
     for s in &mut scenarios {
         let [q1, m, q3] = s.quartiles();
-        rows.push((s.snapshots, m));
+        let deletion = s.delete_oldest(&timings)?;
+        rows.push((s.snapshots, m, deletion));
         if !o.json {
             println!(
-                "{:>4} snapshots: accounting {q1} / {m} / {q3} µs per commit (quartiles of {})",
+                "{:>4} snapshots: accounting {q1} / {m} / {q3} µs per commit (quartiles of {}); \
+                 deleting a snapshot: {deletion} µs",
                 s.snapshots,
                 s.samples.len()
             );
@@ -231,7 +254,9 @@ fn main() -> Res<()> {
     if o.json {
         let rows: Vec<_> = rows
             .iter()
-            .map(|(s, m)| serde_json::json!({"snapshots": s, "median_micros": m}))
+            .map(|(s, m, d)| {
+                serde_json::json!({"snapshots": s, "median_micros": m, "deletion_micros": d})
+            })
             .collect();
         println!("{}", serde_json::Value::Array(rows));
     } else if let (Some(first), Some(last)) = (rows.first(), rows.last()) {

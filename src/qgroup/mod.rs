@@ -48,7 +48,8 @@ use crate::format::qgroup::{level_of, qgroupid, QgroupInfo, QgroupLimit, QgroupS
 use crate::format::tree_id::QUOTA;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// One group's numbers and limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -294,9 +295,20 @@ impl Qgroups {
 
     /// Every group's (referenced, exclusive) bytes in `usage`.
     pub fn tally(&self, usage: &Usage) -> BTreeMap<u64, (u64, u64)> {
+        // Extents reached by the same subvolumes mostly share one set
+        // (`compute_usage`): add up the bytes of each set first, then give
+        // each distinct set's bytes to its groups once.
+        let mut by_set: HashMap<*const BTreeSet<u64>, (&Roots, u64)> = HashMap::new();
+        for (len, roots) in usage.extents.values() {
+            by_set.entry(Arc::as_ptr(roots)).or_insert((roots, 0)).1 += len;
+        }
+        let mut by_content: BTreeMap<&BTreeSet<u64>, u64> = BTreeMap::new();
+        for (roots, len) in by_set.into_values() {
+            *by_content.entry(&**roots).or_insert(0) += len;
+        }
         let mut memo: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
         let mut out: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-        for (len, roots) in usage.extents.values() {
+        for (roots, len) in by_content {
             for (q, (r, e)) in self.shares(roots, &mut memo) {
                 let t = out.entry(q).or_insert((0, 0));
                 t.0 += len * u64::from(r);

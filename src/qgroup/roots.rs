@@ -22,7 +22,7 @@ use crate::format::key_type::EXTENT_ITEM;
 use crate::format::tree_id;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -339,48 +339,70 @@ pub struct Usage {
 
 /// Descends the trees `trees` (subvolume id, root) and finds, for every
 /// tree block and data extent below them, the set of subvolumes reaching
-/// it.
+/// it. A block or extent with one holder shares its holder's set; sets
+/// are merged only where paths join, so the cost follows the blocks and
+/// extents, not how many snapshots share them.
 pub fn compute_usage<B: BlockRead + ?Sized>(b: &B, trees: &[(u64, RootPtr)]) -> Result<Usage> {
     let top = crate::format::node::MAX_LEVEL as usize;
     // Per level: block -> (generation, roots so far).
-    let mut levels: Vec<BTreeMap<u64, (u64, BTreeSet<u64>)>> = vec![BTreeMap::new(); top + 1];
+    let mut levels: Vec<BTreeMap<u64, (u64, Roots)>> = vec![BTreeMap::new(); top + 1];
     for &(id, ptr) in trees {
         let level = usize::from(ptr.level).min(top);
-        let e = levels[level]
-            .entry(ptr.bytenr)
-            .or_insert((ptr.generation, BTreeSet::new()));
-        e.1.insert(id);
+        let alone = Arc::new(BTreeSet::from([id]));
+        reach(&mut levels[level], ptr.bytenr, ptr.generation, &alone);
     }
     let ns = b.nodesize() as u64;
     let mut usage = Usage::default();
-    let mut data: BTreeMap<u64, (u64, BTreeSet<u64>)> = BTreeMap::new();
+    // Data extent -> (length, roots so far).
+    let mut data: BTreeMap<u64, (u64, Roots)> = BTreeMap::new();
+    // One shared set per distinct content, so that what is below a block
+    // whose set is complete shares it, and later merges find equal sets
+    // by address.
+    let mut distinct: HashSet<Roots> = HashSet::new();
     for level in (0..=top).rev() {
         let blocks = std::mem::take(&mut levels[level]);
         for (bytenr, (generation, roots)) in blocks {
+            let roots = match distinct.get(&roots) {
+                Some(same) => same.clone(),
+                None => {
+                    distinct.insert(roots.clone());
+                    roots
+                }
+            };
             let node = b.read_node(bytenr, generation)?;
             if usize::from(node.level) != level {
                 return Err(Error::corrupt(bytenr, "block at the wrong level"));
             }
             if level > 0 {
                 for p in node.ptrs() {
-                    let e = levels[level - 1]
-                        .entry(p.bytenr)
-                        .or_insert((p.generation, BTreeSet::new()));
-                    e.1.extend(roots.iter().copied());
+                    reach(&mut levels[level - 1], p.bytenr, p.generation, &roots);
                 }
             } else {
                 for it in node.items() {
                     if let Some((d, len)) = data_ref_of(&it.key, &it.data) {
-                        let e = data.entry(d).or_insert((len, BTreeSet::new()));
-                        e.1.extend(roots.iter().copied());
+                        reach(&mut data, d, len, &roots);
                     }
                 }
             }
-            usage.extents.insert(bytenr, (ns, Arc::new(roots)));
+            usage.extents.insert(bytenr, (ns, roots));
         }
     }
-    for (d, (len, roots)) in data {
-        usage.extents.insert(d, (len, Arc::new(roots)));
-    }
+    usage.extents.extend(data);
     Ok(usage)
+}
+
+/// Adds `roots` to who reaches `at` (`meta`: its generation or length,
+/// the same from every holder).
+fn reach(map: &mut BTreeMap<u64, (u64, Roots)>, at: u64, meta: u64, roots: &Roots) {
+    match map.entry(at) {
+        std::collections::btree_map::Entry::Vacant(v) => {
+            v.insert((meta, roots.clone()));
+        }
+        std::collections::btree_map::Entry::Occupied(mut o) => {
+            let have = &mut o.get_mut().1;
+            if !Arc::ptr_eq(have, roots) && !roots.is_subset(have) {
+                Arc::make_mut(have).extend(roots.iter().copied());
+            }
+        }
+    }
 }
