@@ -13,7 +13,7 @@ use crate::format::items::ExtentItem;
 use crate::format::key_type::EXTENT_ITEM;
 use crate::format::tree_id::{self, EXTENT};
 use crate::format::Key;
-use crate::tree::Cursor;
+use crate::tree::{Cursor, RootPtr};
 use crate::txn::Txn;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,9 +42,18 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
     let traced = std::mem::take(&mut q.traced);
     let clones = std::mem::take(&mut q.clones);
     let created = std::mem::take(&mut q.created);
-    let full = std::mem::take(&mut q.full);
+    let dropped = std::mem::take(&mut q.dropped);
+    let mut full = std::mem::take(&mut q.full);
     if !q.enabled {
         return Ok(false);
+    }
+    // Tracing a deletion serves level-0 groups only, and neither a
+    // rescan's cursor nor balance's pairing of moves looks at what it
+    // adds: those commits count from scratch.
+    if !dropped.is_empty()
+        && (!q.parents.is_empty() || q.rescan.is_some() || !relocations.is_empty())
+    {
+        full = true;
     }
     let mut traced = trace_both_or_neither(traced, &relocations);
     let rescan = q.rescan;
@@ -61,21 +70,34 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
         .any(|(src, _)| created.contains(src) || clones.iter().any(|(_, d)| d == src));
     let t0 = std::time::Instant::now();
     let mut status_changed = false;
-    if full || chained {
+    let mut counted = full || chained;
+    if !counted && (!traced.is_empty() || !clones.is_empty() || !dropped.is_empty()) {
+        let changes = if tx.st.qgroups.parents.is_empty() {
+            let trees = Trees {
+                clones: &clones,
+                created: &created,
+                dropped: &dropped,
+            };
+            walk_level0(tx, &mut traced, &trees)?
+        } else {
+            Some(walk(tx, &traced)?)
+        };
+        match changes {
+            Some(changes) => {
+                let q = &mut tx.st.qgroups;
+                give_clones_their_share(q, &clones, &changes);
+                apply(q, &changes)?;
+            }
+            None => counted = true,
+        }
+    }
+    if counted {
         recount(tx)?;
+        tx.st.qgroups.recounts += 1;
         // A count from scratch is what a rescan would have reached.
         status_changed = tx.st.qgroups.rescan.take().is_some();
-    } else if !traced.is_empty() || !clones.is_empty() {
-        let changes = if tx.st.qgroups.parents.is_empty() {
-            walk_level0(tx, &traced, &clones, &created)?
-        } else {
-            walk(tx, &traced)?
-        };
-        let q = &mut tx.st.qgroups;
-        give_clones_their_share(q, &clones, &changes);
-        apply(q, &changes)?;
     }
-    if !(full || chained) {
+    if !counted {
         if let Some(cursor) = rescan {
             tx.st.qgroups.rescan = rescan_batch(tx, cursor)?;
             status_changed = true;
@@ -88,7 +110,7 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
     tracing::debug!(
         traced = traced.len(),
         clones = clones.len(),
-        recount = full || chained,
+        recount = counted,
         micros = t0.elapsed().as_micros() as u64,
         "qgroup accounting"
     );
@@ -201,14 +223,28 @@ fn walk(tx: &Txn<'_>, traced: &BTreeMap<u64, (u64, bool)>) -> Result<Vec<Change>
     Ok(out)
 }
 
+/// What the transaction did to whole trees.
+struct Trees<'a> {
+    clones: &'a [(u64, u64)],
+    created: &'a BTreeSet<u64>,
+    dropped: &'a [(u64, RootPtr)],
+}
+
+/// Entries a deletion may add to the traced extents before the commit
+/// counts from scratch instead (which then costs less: a deletion that
+/// traces this much shares its blocks with one other subvolume at most).
+const DROP_TRACE_BUDGET: usize = 8_192;
+
 /// The same as [`walk`] as far as level-0 groups can tell, at a cost
 /// that does not grow with the number of snapshots (see `roots::Reach`).
+/// Adds what deleted trees reached to `traced` first; None when that is
+/// past [`DROP_TRACE_BUDGET`].
 fn walk_level0(
     tx: &Txn<'_>,
-    traced: &BTreeMap<u64, (u64, bool)>,
-    clones: &[(u64, u64)],
-    created: &BTreeSet<u64>,
-) -> Result<Vec<Change>> {
+    traced: &mut BTreeMap<u64, (u64, bool)>,
+    trees: &Trees<'_>,
+) -> Result<Option<Vec<Change>>> {
+    let (clones, created) = (trees.clones, trees.created);
     let old_extents = *tx
         .st
         .committed
@@ -221,6 +257,10 @@ fn walk_level0(
         changed.insert(dst);
     }
     let (mut old_roots, mut new_roots) = (BTreeMap::new(), BTreeMap::new());
+    for &(t, then) in trees.dropped {
+        changed.insert(t);
+        old_roots.insert(t, then);
+    }
     changed.extend(
         tx.moved_roots()
             .into_iter()
@@ -240,12 +280,18 @@ fn walk_level0(
         (old_extents, old_roots),
         (tx.root_of(EXTENT)?, new_roots),
     );
+    let mut budget = DROP_TRACE_BUDGET;
+    for &(_, then) in trees.dropped {
+        if !reach.trace_dropped(tx, then, traced, &mut budget)? {
+            return Ok(None);
+        }
+    }
     let mut out = Vec::with_capacity(traced.len());
-    for (&bytenr, &(len, data)) in traced {
+    for (&bytenr, &(len, data)) in traced.iter() {
         let (old, new) = reach.change(tx, bytenr, data)?;
         out.push(Change { len, old, new });
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// A clone reaches every extent its source reached that was not traced:

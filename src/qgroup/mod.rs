@@ -26,9 +26,14 @@
 //!   referenced bytes are the source's, less the traced extents, and the
 //!   source loses its exclusive bytes the same way; a snapshot joins its
 //!   source's higher groups, so their numbers do not move.
-//! - What cannot be done by difference (deleting a subvolume, changing
-//!   which groups hold which) is recomputed from scratch in that commit
-//!   by [`roots::compute_usage`], the same count `canopy check` makes.
+//! - Deleting a subvolume traces, from its root at the last commit, the
+//!   blocks and extents it reached that fewer than two other subvolumes
+//!   reach (below a block two others reach, nobody's exclusive bytes
+//!   change); with groups of groups, or past a budget, the commit counts
+//!   from scratch instead.
+//! - What cannot be done by difference (changing which groups hold which,
+//!   enabling) is recomputed from scratch in that commit by
+//!   [`roots::compute_usage`], the same count `canopy check` makes.
 //!
 //! Limits are checked where space is reserved (`Txn::reserve`): bytes a
 //! write buffers or allocates count against every group holding its
@@ -84,8 +89,14 @@ pub struct Qgroups {
     pub(crate) clones: Vec<(u64, u64)>,
     /// Trees created in this transaction.
     pub(crate) created: BTreeSet<u64>,
+    /// Subvolumes deleted in this transaction, with their roots at the
+    /// last commit: the commit traces what they reached that some other
+    /// subvolume may now hold alone (`account`).
+    pub(crate) dropped: Vec<(u64, RootPtr)>,
     /// The commit recomputes every number from scratch.
     pub(crate) full: bool,
+    /// Commits since open that counted from scratch.
+    pub(crate) recounts: u64,
     /// A rescan is under way: the numbers count the extents below this
     /// address (what each commit has counted so far, see `account`).
     pub(crate) rescan: Option<u64>,
@@ -250,6 +261,12 @@ impl Qgroups {
     }
 
     /// The commit accounted everything flushed before it.
+    /// How many commits since open counted every number from scratch
+    /// (instead of by what changed).
+    pub fn recounts(&self) -> u64 {
+        self.recounts
+    }
+
     pub(crate) fn forget_flushed(&mut self) {
         self.pending.retain(|_, p| {
             p.1 = 0;

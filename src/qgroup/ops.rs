@@ -300,8 +300,10 @@ pub(crate) fn tree_cloned(tx: &mut Txn<'_>, src: u64, dst: u64) -> Result<()> {
     Ok(())
 }
 
-/// Tree `id` was dropped: its group goes, and the commit counts every
-/// other group again (what it shared may now belong to one alone).
+/// Tree `id` was dropped: its group goes, and the commit finds what it
+/// shared that may now belong to one subvolume alone (from its root at
+/// the last commit; one made or cloned in this transaction has none to
+/// start from, and the commit counts from scratch).
 pub(crate) fn tree_dropped(tx: &mut Txn<'_>, id: u64) -> Result<()> {
     if !tx.st.qgroups.enabled {
         return Ok(());
@@ -310,8 +312,14 @@ pub(crate) fn tree_dropped(tx: &mut Txn<'_>, id: u64) -> Result<()> {
     if tx.st.qgroups.groups.contains_key(&q) {
         remove_group(tx, q)?;
     }
-    tx.st.qgroups.pending.remove(&id);
-    tx.st.qgroups.full = true;
+    let then = tx.st.committed.get(&id).copied();
+    let qg = &mut tx.st.qgroups;
+    qg.pending.remove(&id);
+    let made_here = qg.created.contains(&id) || qg.clones.iter().any(|&(s, d)| s == id || d == id);
+    match then {
+        Some(root) if !made_here => qg.dropped.push((id, root)),
+        _ => qg.full = true,
+    }
     Ok(())
 }
 

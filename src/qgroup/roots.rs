@@ -188,6 +188,60 @@ impl<'a> Reach<'a> {
         Ok((Arc::new(old), Arc::new(new)))
     }
 
+    /// Adds to `traced` what a deleted tree reached (from `root`, its root
+    /// at the last commit) that fewer than two unchanged trees reach now:
+    /// below a block two of them reach, every extent keeps two holders
+    /// outside the changed trees, so no level-0 group's numbers move but
+    /// the deleted one's, which is gone. Each entry added costs one unit
+    /// of `budget`; false when it runs out.
+    pub fn trace_dropped<B: BlockRead + ?Sized>(
+        &mut self,
+        b: &B,
+        root: RootPtr,
+        traced: &mut BTreeMap<u64, (u64, bool)>,
+        budget: &mut usize,
+    ) -> Result<bool> {
+        let ns = b.nodesize() as u64;
+        let mut spend = |traced: &mut BTreeMap<u64, (u64, bool)>, at: u64, entry: (u64, bool)| {
+            if *budget == 0 {
+                return false;
+            }
+            *budget -= 1;
+            traced.insert(at, entry);
+            true
+        };
+        let mut seen = HashSet::new();
+        let mut stack = vec![root];
+        while let Some(ptr) = stack.pop() {
+            if !seen.insert(ptr.bytenr) || self.witness(b, ptr.bytenr, 0)?.len() >= WITNESSES {
+                continue;
+            }
+            if !spend(traced, ptr.bytenr, (ns, false)) {
+                return Ok(false);
+            }
+            let node = b.read_node(ptr.bytenr, ptr.generation)?;
+            if node.level != ptr.level {
+                return Err(Error::corrupt(ptr.bytenr, "block at the wrong level"));
+            }
+            if node.level > 0 {
+                stack.extend(node.ptrs().iter().map(|p| RootPtr {
+                    bytenr: p.bytenr,
+                    generation: p.generation,
+                    level: node.level - 1,
+                }));
+                continue;
+            }
+            for it in node.items() {
+                if let Some((d, len)) = data_ref_of(&it.key, &it.data) {
+                    if !spend(traced, d, (len, true)) {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// Up to [`WITNESSES`] trees outside the changed ones that reach the
     /// tree block at `bytenr` now.
     fn witness<B: BlockRead + ?Sized>(
