@@ -21,10 +21,11 @@
 use canopy::dev::{Device, MemDevice};
 use canopy::fs::{Fs, Owner, QuotaChange};
 use canopy::{Engine, FormatOptions};
-use std::sync::{Arc, Mutex};
-use tracing::field::{Field, Visit};
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::Layer;
+use std::sync::Arc;
+
+#[path = "support/events.rs"]
+mod events;
+use events::FieldLog;
 
 const ROOT: u64 = 256;
 const ME: Owner = Owner { uid: 0, gid: 0 };
@@ -68,32 +69,6 @@ fn parse() -> Opts {
 fn usage() -> ! {
     eprintln!("usage: qgroup_cost [--files N] [--commits C] [--snapshots S,S,...] [--same-history] [--json]");
     std::process::exit(2)
-}
-
-/// Collects the `micros` field of every `qgroup accounting` event.
-#[derive(Clone, Default)]
-struct Timings(Arc<Mutex<Vec<u64>>>);
-
-impl<S: tracing::Subscriber> Layer<S> for Timings {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        struct Micros(Option<u64>);
-        impl Visit for Micros {
-            fn record_u64(&mut self, f: &Field, v: u64) {
-                if f.name() == "micros" {
-                    self.0 = Some(v);
-                }
-            }
-            fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
-        }
-        if event.metadata().target() != "canopy::qgroup::account" {
-            return;
-        }
-        let mut m = Micros(None);
-        event.record(&mut m);
-        if let (Some(v), Ok(mut all)) = (m.0, self.0.lock()) {
-            all.push(v);
-        }
-    }
 }
 
 /// A small xorshift generator: the same files change in every run.
@@ -183,7 +158,7 @@ impl Scenario {
     }
 
     /// Deletes the oldest snapshot and commits; the accounting's time (µs).
-    fn delete_oldest(&mut self, timings: &Timings) -> Res<u64> {
+    fn delete_oldest(&mut self, timings: &FieldLog) -> Res<u64> {
         let Some(oldest) = (0..)
             .map(|n| format!("s{n}"))
             .take(1024)
@@ -192,11 +167,10 @@ impl Scenario {
             return Ok(0);
         };
         // The deletion may commit by itself: time from before it.
-        timings.0.lock().map_err(|_| "poisoned")?.clear();
+        timings.clear();
         self.fs.delete_subvolume(ROOT, oldest.as_bytes())?;
         self.fs.sync()?;
-        let t = timings.0.lock().map_err(|_| "poisoned")?;
-        Ok(t.iter().sum())
+        Ok(timings.take().iter().sum())
     }
 
     /// The first, second and third quartile of the samples.
@@ -209,14 +183,13 @@ impl Scenario {
 
 /// Commits of 3 changed files in every scenario in turn, so that a noisy
 /// moment of the machine falls on all of them alike.
-fn measure(o: &Opts, scenarios: &mut [Scenario], timings: &Timings) -> Res<()> {
+fn measure(o: &Opts, scenarios: &mut [Scenario], timings: &FieldLog) -> Res<()> {
     for round in 0..o.commits {
         for s in scenarios.iter_mut() {
             s.change(round)?;
-            timings.0.lock().map_err(|_| "poisoned")?.clear();
+            timings.clear();
             s.fs.sync()?;
-            let t = timings.0.lock().map_err(|_| "poisoned")?;
-            s.samples.extend(t.iter().copied());
+            s.samples.extend(timings.take());
         }
     }
     Ok(())
@@ -224,13 +197,7 @@ fn measure(o: &Opts, scenarios: &mut [Scenario], timings: &Timings) -> Res<()> {
 
 fn main() -> Res<()> {
     let o = parse();
-    let timings = Timings::default();
-    let subscriber = tracing_subscriber::registry().with(
-        timings
-            .clone()
-            .with_filter(tracing_subscriber::filter::LevelFilter::DEBUG),
-    );
-    tracing::subscriber::set_global_default(subscriber)?;
+    let timings = FieldLog::install("canopy::qgroup::account", "micros")?;
     let mut scenarios = o
         .snapshots
         .iter()
