@@ -18,8 +18,15 @@ struct Entry {
     used: u64,
 }
 
+/// A map keyed by block address (the dirty set, blocks in flight, the
+/// cache), hashed by [`AddressHasher`].
+pub type BlockMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
+
+/// A set of block addresses, hashed by [`AddressHasher`].
+pub type BlockSet = std::collections::HashSet<u64, BuildHasherDefault<AddressHasher>>;
+
 struct Inner {
-    map: HashMap<u64, Entry, BuildHasherDefault<AddressHasher>>,
+    map: BlockMap<Entry>,
     tick: u64,
 }
 

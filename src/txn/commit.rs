@@ -2,11 +2,11 @@
 //! barrier, write the superblocks, barrier.
 
 use super::{persist, Engine, State, Txn};
+use crate::cache::BlockMap;
 use crate::error::{Error, Result};
 use crate::format::node::Node;
 use crate::format::superblock::{Superblock, INCOMPAT_DROP_QUEUE};
 use crate::format::{tree_id, SUPER_OFFSETS, SUPER_SIZE};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Rounds after which a commit that keeps producing changes is a bug.
@@ -17,7 +17,7 @@ const MAX_WRITE_BYTES: usize = 4 << 20;
 
 /// What the I/O phase of a commit needs, taken from the state under lock.
 struct Prepared {
-    nodes: HashMap<u64, Arc<Node>>,
+    nodes: BlockMap<Arc<Node>>,
     sb: Superblock,
     pinned: Vec<(u64, u64)>,
     /// Freed blocks to drop from the cache before their space is reused.
@@ -204,7 +204,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
 }
 
 /// The blocks' bytes as they go to disk, in address order.
-fn encode(nodes: &HashMap<u64, Arc<Node>>, sh: &super::Shared) -> Vec<(u64, Vec<u8>)> {
+fn encode(nodes: &BlockMap<Arc<Node>>, sh: &super::Shared) -> Vec<(u64, Vec<u8>)> {
     let mut blocks: Vec<(u64, Vec<u8>)> = nodes
         .iter()
         .map(|(&bytenr, n)| (bytenr, n.encode(&sh.fsid, sh.nodesize)))

@@ -40,7 +40,7 @@ pub use open::{
 pub use space::{Need, DELETE_MARGIN_BLOCKS, EXTENT_ITEMS_BYTES};
 
 use crate::alloc::Allocator;
-use crate::cache::BlockCache;
+use crate::cache::{BlockCache, BlockMap, BlockSet};
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::extent::DelayedRefs;
@@ -48,7 +48,7 @@ use crate::format::items::RootItem;
 use crate::format::node::Node;
 use crate::format::superblock::Superblock;
 use crate::tree::RootPtr;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 /// A tree's root as the running transaction sees it.
@@ -64,10 +64,10 @@ pub(crate) struct RootState {
 pub(crate) struct State {
     pub transid: u64,
     pub sb: Superblock,
-    pub dirty: HashMap<u64, Arc<Node>>,
+    pub dirty: BlockMap<Arc<Node>>,
     /// Dirty blocks shared with a clone made in this transaction: they must
     /// be copied, not modified, like clean blocks.
-    pub frozen: HashSet<u64>,
+    pub frozen: BlockSet,
     pub roots: BTreeMap<u64, RootState>,
     /// Trees dropped in this transaction whose root items go at commit.
     pub dropped: Vec<u64>,
@@ -106,7 +106,7 @@ pub(crate) struct State {
     pub qgroups: crate::qgroup::Qgroups,
     /// Blocks balance copied in this transaction: it may change them in
     /// place, though ordinary changes must copy them (they are frozen).
-    pub relocated: HashSet<u64>,
+    pub relocated: BlockSet,
     /// Where balance's next step looks for extents: those below it in
     /// its group were moved in this transaction (their extent items go at
     /// the commit). 0: the group's start.
@@ -125,7 +125,7 @@ pub(crate) struct State {
 pub(crate) struct Shared {
     pub dev: Arc<dyn Device>,
     pub cache: BlockCache,
-    pub inflight: Mutex<HashMap<u64, Arc<Node>>>,
+    pub inflight: Mutex<BlockMap<Arc<Node>>>,
     pub fsid: [u8; 16],
     pub nodesize: usize,
     /// Items the checker rejected and the log has already named, so a

@@ -2,7 +2,7 @@
 
 use super::{Engine, RootState, Shared, State};
 use crate::alloc::Allocator;
-use crate::cache::BlockCache;
+use crate::cache::{BlockCache, BlockMap, BlockSet};
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::extent::DelayedRefs;
@@ -11,7 +11,7 @@ use crate::format::key_type::{BLOCK_GROUP_ITEM, FREE_EXTENT, ROOT_ITEM};
 use crate::format::superblock::{Superblock, INCOMPAT_MIXED_GROUPS};
 use crate::format::{self, tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
 use crate::tree::{BlockRead, Cursor, RootPtr};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 #[derive(Clone, Debug)]
@@ -98,7 +98,7 @@ fn new_engine(
         shared: Shared {
             dev,
             cache: BlockCache::new(opts.cache_blocks),
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(BlockMap::default()),
             fsid,
             nodesize,
             reported: Mutex::new(HashSet::new()),
@@ -123,8 +123,8 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
     State {
         transid,
         sb,
-        dirty: HashMap::new(),
-        frozen: HashSet::new(),
+        dirty: BlockMap::default(),
+        frozen: BlockSet::default(),
         roots: BTreeMap::new(),
         dropped: Vec::new(),
         refs: DelayedRefs::default(),
@@ -142,7 +142,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         committed: BTreeMap::new(),
         moved: BTreeSet::new(),
         qgroups: Default::default(),
-        relocated: HashSet::new(),
+        relocated: BlockSet::default(),
         relocate_cursor: 0,
         relocations: Vec::new(),
     }
