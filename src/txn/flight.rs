@@ -175,6 +175,13 @@ impl Txn<'_> {
         }
     }
 
+    /// Whether a flush has a flight open: its extents are allocated and
+    /// not referenced yet, so folding references now (as the commit does
+    /// once none is open) would free them.
+    pub fn flights_open(&self) -> bool {
+        crate::sync::lock(&self.sh.flights.count).open > 0
+    }
+
     /// Allocates a data extent of `min` to `max` bytes for `flight` (see
     /// [`Txn::alloc_data_range`]).
     pub fn alloc_flight_data(
