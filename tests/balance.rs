@@ -8,7 +8,7 @@ mod common;
 
 use canopy::balance::{BalanceArgs, Filter, Step};
 use canopy::dev::{Device, MemDevice};
-use canopy::format::items::{FileExtentItem, FILE_EXTENT_REG};
+use canopy::format::items::FileExtentItem;
 use canopy::format::{key_type, tree_id};
 use canopy::fs::{BalanceState, Fs, QgroupRow, QuotaChange};
 use canopy::{Engine, FormatOptions, Key, OpenOptions};
@@ -326,17 +326,7 @@ fn a_balance_step_leaves_an_open_flights_extents_alone() {
     assert!(matches!(step, Step::Moved { .. }), "{step:?}");
     engine
         .write(|tx| {
-            let item = FileExtentItem {
-                generation: tx.transid(),
-                ram_bytes: len,
-                compression: 0,
-                kind: FILE_EXTENT_REG,
-                disk_bytenr: bytenr,
-                disk_num_bytes: len,
-                offset: 0,
-                num_bytes: len,
-                inline_data: Vec::new(),
-            };
+            let item = FileExtentItem::whole(bytenr, len, tx.transid());
             let key = Key::new(1 << 40, key_type::EXTENT_DATA, 0);
             tx.insert(tree_id::FS, key, item.encode())?;
             tx.end_flight(flight)

@@ -11,7 +11,7 @@ use common::Rng;
 
 use canopy::dev::crash::{OverlayDevice, RecordingDevice, Replayer};
 use canopy::dev::Device;
-use canopy::format::items::{FileExtentItem, FILE_EXTENT_REG};
+use canopy::format::items::FileExtentItem;
 use canopy::format::key_type::EXTENT_DATA;
 use canopy::format::tree_id::{FIRST_FREE, FS};
 use canopy::{Engine, Key, OpenOptions};
@@ -51,17 +51,7 @@ fn random_change(e: &Engine, model: &mut Trees, rng: &mut Rng, next_tree: &mut u
                 .write(|tx| {
                     let b = tx.alloc_data(len, 0)?;
                     tx.write_data(b, &vec![data_pattern(b); len as usize])?;
-                    let fe = FileExtentItem {
-                        generation: tx.transid(),
-                        ram_bytes: len,
-                        compression: 0,
-                        kind: FILE_EXTENT_REG,
-                        disk_bytenr: b,
-                        disk_num_bytes: len,
-                        offset: 0,
-                        num_bytes: len,
-                        inline_data: vec![],
-                    };
+                    let fe = FileExtentItem::whole(b, len, tx.transid());
                     tx.put(id, dk, fe.encode())?;
                     Ok(fe.encode())
                 })

@@ -234,6 +234,22 @@ const FE_HEADER: usize = 21;
 const FE_REG_SIZE: usize = FE_HEADER + 32;
 
 impl FileExtentItem {
+    /// An uncompressed regular extent used whole: `len` bytes at `disk`,
+    /// written in transaction `generation`.
+    pub fn whole(disk: u64, len: u64, generation: u64) -> FileExtentItem {
+        FileExtentItem {
+            generation,
+            ram_bytes: len,
+            compression: 0,
+            kind: FILE_EXTENT_REG,
+            disk_bytenr: disk,
+            disk_num_bytes: len,
+            offset: 0,
+            num_bytes: len,
+            inline_data: Vec::new(),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let body = if self.kind == FILE_EXTENT_INLINE {
             self.inline_data.len()

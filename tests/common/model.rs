@@ -5,7 +5,7 @@
 
 use super::assert_clean;
 use canopy::dev::{Device, MemDevice};
-use canopy::format::items::{FileExtentItem, FILE_EXTENT_REG};
+use canopy::format::items::FileExtentItem;
 use canopy::format::key_type::EXTENT_DATA;
 use canopy::format::tree_id::{FIRST_FREE, FS};
 use canopy::tree::max_item_size;
@@ -224,17 +224,7 @@ impl Harness {
             .write(|tx| {
                 let bytenr = tx.alloc_data(len, 0)?;
                 tx.write_data(bytenr, &vec![stamp as u8; len as usize])?;
-                let fe = FileExtentItem {
-                    generation: tx.transid(),
-                    ram_bytes: len,
-                    compression: 0,
-                    kind: FILE_EXTENT_REG,
-                    disk_bytenr: bytenr,
-                    disk_num_bytes: len,
-                    offset: 0,
-                    num_bytes: len,
-                    inline_data: Vec::new(),
-                };
+                let fe = FileExtentItem::whole(bytenr, len, tx.transid());
                 tx.put(id, k, fe.encode())?;
                 Ok(fe.encode())
             })
