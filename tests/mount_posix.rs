@@ -760,8 +760,23 @@ fn file_handles_survive_forgetting_and_go_stale() {
     drop(d);
 
     fs::remove_file(m.p("a/b/f")).unwrap();
-    forget_inodes();
-    let e = open_handle(&m.mnt, &mut file, libc::O_RDONLY).unwrap_err();
+    // While the kernel still holds the deleted inode it answers the
+    // handle from its own cache (a disconnected "/"), without asking the
+    // daemon; drop_caches frees it only once nothing holds it any more,
+    // which may be a moment after the unlink. The daemon must then say
+    // the handle is stale.
+    let e = (0..40)
+        .find_map(|_| {
+            forget_inodes();
+            match open_handle(&m.mnt, &mut file, libc::O_RDONLY) {
+                Err(e) => Some(e),
+                Ok(_) => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    None
+                }
+            }
+        })
+        .expect("the deleted file's handle still opens after 2 s of dropping caches");
     assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "deleted: {e}");
 
     // The newest inode is deleted; after a remount its number is given
