@@ -40,6 +40,28 @@ fn row(fs: &Fs, id: &str) -> QgroupRow {
         .unwrap_or_else(|| panic!("no qgroup {id}"))
 }
 
+/// A subvolume "home" holding `n` files `f0000`, `f0001`, ... of
+/// `base + (i % cycle) * step` 4-byte words each: its node and the files'
+/// names and nodes.
+fn home_with_files(
+    fs: &Fs,
+    n: u32,
+    base: usize,
+    cycle: usize,
+    step: usize,
+) -> (u64, Vec<(String, u64)>) {
+    let home = fs.create_subvolume(ROOT, b"home", ME).expect("subvol").ino;
+    let files = (0..n)
+        .map(|i| {
+            let name = format!("f{i:04}");
+            let data = i.to_le_bytes().repeat(base + (i as usize % cycle) * step);
+            let node = file(fs, home, &name, &data);
+            (name, node)
+        })
+        .collect();
+    (home, files)
+}
+
 fn subvol_id(fs: &Fs, name: &str) -> u64 {
     let node = fs.lookup(ROOT, name.as_bytes()).expect("subvolume").ino;
     fs.qgroup_of_node(node).expect("qgroup")
@@ -248,13 +270,7 @@ fn disabled_quotas_answer_enotconn_and_enable_counts_what_exists() {
 #[test]
 fn deep_trees_under_many_snapshots_stay_exact() {
     let (_dev, fs) = fresh();
-    let home = fs.create_subvolume(ROOT, b"home", ME).expect("subvol").ino;
-    let mut files = Vec::new();
-    for i in 0..600u32 {
-        let name = format!("f{i:04}");
-        let data = i.to_le_bytes().repeat(64 + (i as usize % 7) * 300);
-        files.push((name.clone(), file(&fs, home, &name, &data)));
-    }
+    let (home, mut files) = home_with_files(&fs, 600, 64, 7, 300);
     assert_exact(&fs);
     let mut snaps = Vec::new();
     let mut rng = 0x2545_f491_u64;
@@ -382,25 +398,20 @@ fn recounts(fs: &Fs) -> u64 {
 #[test]
 fn deleting_snapshots_is_accounted_by_difference() {
     let (_dev, fs) = fresh();
-    let home = fs.create_subvolume(ROOT, b"home", ME).expect("subvol").ino;
-    let mut files = Vec::new();
-    for i in 0..400u32 {
-        let data = i.to_le_bytes().repeat(100 + (i as usize % 5) * 1500);
-        files.push(file(&fs, home, &format!("f{i:03}"), &data));
-    }
+    let (home, files) = home_with_files(&fs, 400, 100, 5, 1500);
     for s in 0..8u32 {
         let writable = s % 2 == 1;
         let snap = fs
             .snapshot(home, ROOT, format!("s{s}").as_bytes(), !writable)
             .expect("snapshot");
         for k in 0..3u32 {
-            let ino = files[((s * 7 + k * 13) % 400) as usize];
+            let ino = files[((s * 7 + k * 13) % 400) as usize].1;
             fs.write(ino, u64::from(k) * 4096, &[s as u8; 6000])
                 .expect("overwrite");
         }
         if writable {
             let a = fs
-                .lookup(snap.ino, format!("f{:03}", s * 11).as_bytes())
+                .lookup(snap.ino, files[(s * 11) as usize].0.as_bytes())
                 .expect("lookup in snapshot");
             fs.write(a.ino, 0, b"changed in the snapshot")
                 .expect("write");
@@ -410,7 +421,7 @@ fn deleting_snapshots_is_accounted_by_difference() {
     let before = recounts(&fs);
     for (name, change_source) in [("s0", false), ("s7", true), ("s4", false), ("s3", true)] {
         if change_source {
-            fs.write(files[5], 0, &[0xee; 9000]).expect("write");
+            fs.write(files[5].1, 0, &[0xee; 9000]).expect("write");
         }
         fs.delete_subvolume(ROOT, name.as_bytes()).expect("delete");
         assert_exact(&fs);
