@@ -21,7 +21,7 @@ use crate::format::key_type::EXTENT_CSUM;
 use crate::format::node::{Body, Node};
 use crate::format::tree_id::{CSUM, EXTENT, LOG};
 use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
-use crate::tree::{BlockRead, BlockWrite, Holder};
+use crate::tree::{BlockRead, BlockWrite, Holder, RootPtr};
 use crate::txn::Txn;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -162,17 +162,15 @@ fn repoint(tx: &mut Txn<'_>, climb: &mut Climb, old: u64, new: u64, level: u8) -
     for (holder, _) in climb.holders(tx, old)? {
         match holder {
             RefHolder::TreeRoot(t) if t != LOG => {
-                let Some(rs) = tx.st.roots.get_mut(&t) else {
-                    continue;
-                };
-                if rs.ptr.bytenr != old {
+                if tx.st.roots.get(&t).map(|rs| rs.ptr.bytenr) != Some(old) {
                     continue;
                 }
-                rs.ptr.bytenr = new;
-                rs.ptr.generation = transid;
-                rs.ptr.level = level;
-                rs.dirty = true;
-                tx.st.moved.insert(t);
+                let ptr = RootPtr {
+                    bytenr: new,
+                    generation: transid,
+                    level,
+                };
+                tx.st.set_root(t, ptr);
                 swap_ref(tx, old, new, Holder::Root(t));
             }
             RefHolder::TreeParent(p) => {

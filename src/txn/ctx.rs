@@ -243,10 +243,8 @@ impl<'a> Txn<'a> {
                 if let Some(l) = self.st.log.as_mut() {
                     l.ptr = ptr;
                 }
-            } else if let Some(rs) = self.st.roots.get_mut(&id) {
-                rs.ptr = ptr;
-                rs.dirty = true;
-                self.st.moved.insert(id);
+            } else {
+                self.st.set_root(id, ptr);
             }
         }
         r

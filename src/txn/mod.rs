@@ -121,6 +121,19 @@ pub(crate) struct State {
     pub retired: Vec<u64>,
 }
 
+impl State {
+    /// Points tree `id` at the block `ptr`: its root item is rewritten at
+    /// commit and the quota accounting looks at the tree (`moved`). Every
+    /// move of a root goes through here.
+    pub(crate) fn set_root(&mut self, id: u64, ptr: RootPtr) {
+        if let Some(rs) = self.roots.get_mut(&id) {
+            rs.ptr = ptr;
+            rs.dirty = true;
+            self.moved.insert(id);
+        }
+    }
+}
+
 /// What readers and the commit I/O share outside the state lock.
 pub(crate) struct Shared {
     pub dev: Arc<dyn Device>,
