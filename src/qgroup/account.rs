@@ -96,12 +96,9 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
         tx.st.qgroups.recounts += 1;
         // A count from scratch is what a rescan would have reached.
         status_changed = tx.st.qgroups.rescan.take().is_some();
-    }
-    if !counted {
-        if let Some(cursor) = rescan {
-            tx.st.qgroups.rescan = rescan_batch(tx, cursor)?;
-            status_changed = true;
-        }
+    } else if let Some(cursor) = rescan {
+        tx.st.qgroups.rescan = rescan_batch(tx, cursor)?;
+        status_changed = true;
     }
     if status_changed {
         super::ops::write_status(tx)?;
