@@ -260,13 +260,13 @@ impl Qgroups {
         p.1 += bytes;
     }
 
-    /// The commit accounted everything flushed before it.
     /// How many commits since open counted every number from scratch
     /// (instead of by what changed).
     pub fn recounts(&self) -> u64 {
         self.recounts
     }
 
+    /// The commit accounted everything flushed before it.
     pub(crate) fn forget_flushed(&mut self) {
         self.pending.retain(|_, p| {
             p.1 = 0;
