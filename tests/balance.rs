@@ -131,6 +131,50 @@ fn balance_empties_groups_and_keeps_sharing_split() {
     balance_everything(false);
 }
 
+/// Relocation changes no ownership, so subvolumes at their quota limits
+/// do not stop a balance (each step reserves its data rewrites, which
+/// must not count against limits); writes to them still fail.
+#[test]
+fn subvolumes_at_their_limits_do_not_stop_a_balance() {
+    let (dev, fs) = fresh(256, false);
+    populate(&fs, 300);
+    for name in ["data", "snap0", "snap1"] {
+        let qgroupid = fs
+            .qgroup_of_node(at(&fs, name).expect("subvolume"))
+            .expect("qgroup");
+        let row = qgroups(&fs)
+            .into_iter()
+            .find(|r| r.path.as_deref() == Some(name))
+            .expect("its group");
+        for (exclusive, bytes) in [(false, row.referenced), (true, row.exclusive)] {
+            fs.quota(QuotaChange::Limit {
+                qgroupid,
+                bytes: Some(bytes),
+                exclusive,
+            })
+            .expect("limit");
+        }
+    }
+    let data = at(&fs, "data").expect("data");
+    fs.sync().expect("sync");
+    let (files, groups) = (contents(&fs), qgroups(&fs));
+    fs.balance_start(BalanceArgs::all()).expect("start");
+    let st = fs.balance_wait();
+    assert_eq!(st.state, BalanceState::Finished, "{st:?}");
+    assert!(st.bytes_moved > 0, "{st:?}");
+    assert_eq!(contents(&fs), files);
+    assert_eq!(qgroups(&fs), groups, "quota numbers did not move");
+    assert_quota_exact(&fs);
+    let f = file(&fs, data, "small", b"");
+    assert_eq!(
+        fs.write(f, 0, &[1u8; 65536]).map_err(|e| e.errno()),
+        Err(libc::EDQUOT),
+        "the limit still holds"
+    );
+    drop(fs);
+    common::assert_fs_clean(&dev);
+}
+
 #[test]
 fn balance_under_concurrent_writes() {
     let (dev, fs) = fresh(256, false);

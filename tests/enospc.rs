@@ -6,8 +6,9 @@
 
 mod common;
 
+use canopy::balance::{BalanceArgs, Filter};
 use canopy::dev::{Device, MemDevice};
-use canopy::fs::{Fs, Owner};
+use canopy::fs::{BalanceState, Fs, Owner, QuotaChange};
 use canopy::{Engine, FormatOptions, OpenOptions};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -53,16 +54,21 @@ fn ok_or_full<T>(what: &str, r: canopy::Result<T>) -> Option<T> {
     }
 }
 
-fn file_ino(fs: &Fs, name: &[u8]) -> u64 {
-    fs.lookup(ROOT, name).expect("lookup").ino
+fn file_ino(fs: &Fs, dir: u64, name: &[u8]) -> u64 {
+    fs.lookup(dir, name).expect("lookup").ino
 }
 
 /// The root directory's files against the model.
 fn verify(fs: &Fs, model: &Model) {
+    verify_dir(fs, ROOT, model);
+}
+
+/// A directory's files against the model.
+fn verify_dir(fs: &Fs, dir: u64, model: &Model) {
     let mut names = Vec::new();
     let mut off = 0;
     loop {
-        let batch = fs.readdir(ROOT, off, 512).expect("readdir");
+        let batch = fs.readdir(dir, off, 512).expect("readdir");
         let Some(last) = batch.last() else { break };
         off = last.0;
         names.extend(
@@ -80,7 +86,7 @@ fn verify(fs: &Fs, model: &Model) {
         .collect();
     assert_eq!(got, want, "names after remount");
     for (name, (data, xattr)) in model {
-        let ino = file_ino(fs, name);
+        let ino = file_ino(fs, dir, name);
         let a = fs.getattr(ino).expect("getattr");
         assert_eq!(
             a.size,
@@ -126,6 +132,8 @@ enum Fill {
 
 struct Filler<'a> {
     fs: &'a Fs,
+    /// Where the files go.
+    dir: u64,
     model: &'a mut Model,
     next: u32,
     bytes: u64,
@@ -137,7 +145,7 @@ impl Filler<'_> {
         self.next += 1;
         let r = self
             .fs
-            .create(ROOT, &name, libc::S_IFREG | 0o644, 0, ME, None);
+            .create(self.dir, &name, libc::S_IFREG | 0o644, 0, ME, None);
         let a = ok_or_full("create", r)?;
         self.model.insert(name.clone(), (Vec::new(), None));
         Some((name, a.ino))
@@ -263,7 +271,7 @@ impl Filler<'_> {
         for _ in 0..3000 {
             let link = format!("f{:06}", self.next).into_bytes();
             self.next += 1;
-            if ok_or_full("link", self.fs.link(ino, ROOT, &link)).is_none() {
+            if ok_or_full("link", self.fs.link(ino, self.dir, &link)).is_none() {
                 return;
             }
             self.model.insert(link, (content.clone(), None));
@@ -290,8 +298,12 @@ impl Filler<'_> {
 
 /// Deletes every file; each delete must work, however full the disk.
 fn delete_all(fs: &Fs, model: &mut Model) {
+    delete_all_in(fs, ROOT, model);
+}
+
+fn delete_all_in(fs: &Fs, dir: u64, model: &mut Model) {
     for name in std::mem::take(model).into_keys() {
-        fs.remove(ROOT, &name, false)
+        fs.remove(dir, &name, false)
             .unwrap_or_else(|e| panic!("deleting on a full disk: {e}"));
     }
 }
@@ -307,6 +319,7 @@ fn torture(size: u64, nodesize: u32, mixed: bool, fill: Fill) {
     for round in 0..2 {
         let mut f = Filler {
             fs: &fs,
+            dir: ROOT,
             model: &mut model,
             next: round * 100_000,
             bytes: 0,
@@ -390,6 +403,7 @@ fn mass_delete_in_one_transaction() {
     let mut model = Model::new();
     let mut f = Filler {
         fs: &fs,
+        dir: ROOT,
         model: &mut model,
         next: 0,
         bytes: 0,
@@ -400,6 +414,121 @@ fn mass_delete_in_one_transaction() {
     delete_all(&fs, &mut model);
     let fs = reopen(&dev, fs);
     verify(&fs, &model);
+}
+
+/// Balance on a full disk, with a snapshot sharing most of the metadata
+/// and quotas on. Each step reserves its worst case and folds its own
+/// reference changes, so a step either moves its extents or fails with
+/// ENOSPC before changing anything: the balance finishes or stops as
+/// Failed with a space error, never shuts the engine down, and leaves
+/// every file, snapshot and quota number as it was. Once files are
+/// deleted, a balance finishes.
+fn balance_when_full(size: u64, mixed: bool, fill: u64) {
+    let what = format!("{} MiB, mixed {mixed}, filled to {fill}%", size >> 20);
+    let (dev, fs) = format(size, 4096, mixed);
+    fs.quota(QuotaChange::Enable).expect("quota enable");
+    let data = fs.create_subvolume(ROOT, b"data", ME).expect("subvolume");
+    let mut model = Model::new();
+    let mut f = Filler {
+        fs: &fs,
+        dir: data.ino,
+        model: &mut model,
+        next: 0,
+        bytes: 0,
+    };
+    f.small_files(size / 3);
+    let snap = ok_or_full("snapshot", fs.snapshot(data.ino, ROOT, b"snap", false))
+        .expect("a snapshot of a third-full disk");
+    let snapshotted = f.model.clone();
+    f.small_files(size * fill / 100);
+    // Changes in both, so the trees share some blocks and not others.
+    for name in snapshotted.keys().step_by(7) {
+        let ino = file_ino(&fs, data.ino, name);
+        if ok_or_full("overwrite", fs.write(ino, 0, b"changed")).is_some() {
+            model.get_mut(name).expect("in the model").0[..7].copy_from_slice(b"changed");
+        }
+    }
+    let fs = reopen(&dev, fs);
+    let quotas = fs.qgroup_show().expect("qgroup show");
+    let used = fs.engine().space().0;
+    let blocks = fs.engine().tree_block_counts();
+
+    match ok_or_full("balance start", fs.balance_start(BalanceArgs::all())) {
+        None => eprintln!("{what}: no room to record a balance"),
+        Some(_) => {
+            let st = fs.balance_wait();
+            eprintln!("{what}: balance {st:?}");
+            match st.state {
+                BalanceState::Finished => {}
+                BalanceState::Failed => {
+                    let error = st.error.unwrap_or_default();
+                    assert!(
+                        error.contains("space"),
+                        "{what}: balance failed with {error:?}, not for space"
+                    );
+                    // Groups without room are skipped, so the balance
+                    // ends; cancel in case one stayed recorded.
+                    match fs.balance_cancel() {
+                        Err(e) if e.errno() != libc::ENOTCONN => {
+                            panic!("{what}: cancel after a failed balance: {e}")
+                        }
+                        _ => {}
+                    }
+                }
+                other => panic!("{what}: balance ended {other:?}: {st:?}"),
+            }
+        }
+    }
+    fs.sync().expect("the engine is still up");
+    assert_quota_exact(&fs, &what);
+    assert_eq!(fs.qgroup_show().expect("qgroup show"), quotas, "{what}");
+    // Nothing is unshared (that would be MiBs of data and subvolume
+    // blocks); a balance that skipped groups half-moved leaves their free
+    // space in more pieces, so the free-space and extent trees may hold a
+    // few blocks more.
+    let after = fs.engine().space().0;
+    assert!(
+        after <= used + 16 * 4096,
+        "{what}: balance grew used space from {used} to {after}; trees {blocks:?} -> {:?}",
+        fs.engine().tree_block_counts()
+    );
+    let fs = reopen(&dev, fs);
+    verify_dir(&fs, data.ino, &model);
+    verify_dir(&fs, snap.ino, &snapshotted);
+
+    // Deleting works, and then a data balance has room to finish. (Not
+    // necessarily a metadata one: the fill may have left no unallocated
+    // space for a new system group, and the only one cannot empty.)
+    delete_all_in(&fs, data.ino, &mut model);
+    let fs = reopen(&dev, fs);
+    let data_only = BalanceArgs {
+        data: Filter::All,
+        metadata: Filter::Skip,
+    };
+    fs.balance_start(data_only)
+        .unwrap_or_else(|e| panic!("{what}: balance after deleting: {e}"));
+    let st = fs.balance_wait();
+    assert_eq!(st.state, BalanceState::Finished, "{what}: {st:?}");
+    assert_quota_exact(&fs, &what);
+    let fs = reopen(&dev, fs);
+    verify_dir(&fs, data.ino, &model);
+    verify_dir(&fs, snap.ino, &snapshotted);
+}
+
+fn assert_quota_exact(fs: &Fs, what: &str) {
+    let diff = fs
+        .engine()
+        .read(canopy::qgroup::differences)
+        .expect("count from scratch");
+    assert!(diff.is_empty(), "{what}: {diff:#?}");
+}
+
+#[test]
+fn balance_on_a_full_disk_finishes_or_stops_cleanly() {
+    for fill in [100, 90, 80, 70] {
+        balance_when_full(32 * MIB, true, fill);
+        balance_when_full(64 * MIB, false, fill);
+    }
 }
 
 /// Space freed by a delete is usable at once: the reservation commits and
@@ -462,7 +591,7 @@ fn fragmented_free_space_takes_large_writes() {
     fs.write(big.ino, 0, &data)
         .expect("a 4 MiB write into holes");
     let fs = reopen(&dev, fs);
-    let ino = file_ino(&fs, b"big");
+    let ino = file_ino(&fs, ROOT, b"big");
     assert!(fs.read(ino, 0, 4 * MIB as u32).expect("read") == data);
 }
 
@@ -508,7 +637,7 @@ fn apply(fs: &Fs, model: &mut Model, op: &Op, step: usize) {
             let data = vec![(step % 251) as u8 | 1; len as usize];
             if ok_or_full(
                 "write",
-                fs.write(file_ino(fs, &name(file)), u64::from(off), &data),
+                fs.write(file_ino(fs, ROOT, &name(file)), u64::from(off), &data),
             )
             .is_some()
             {
@@ -527,7 +656,12 @@ fn apply(fs: &Fs, model: &mut Model, op: &Op, step: usize) {
                 size: Some(u64::from(size)),
                 ..Default::default()
             };
-            if ok_or_full("truncate", fs.setattr(file_ino(fs, &name(file)), &set)).is_some() {
+            if ok_or_full(
+                "truncate",
+                fs.setattr(file_ino(fs, ROOT, &name(file)), &set),
+            )
+            .is_some()
+            {
                 entry.0.resize(size as usize, 0);
             }
         }
@@ -535,7 +669,7 @@ fn apply(fs: &Fs, model: &mut Model, op: &Op, step: usize) {
             let Some(entry) = model.get_mut(&name(file)) else {
                 return;
             };
-            let ino = file_ino(fs, &name(file));
+            let ino = file_ino(fs, ROOT, &name(file));
             if ok_or_full(
                 "fallocate",
                 fs.fallocate(ino, u64::from(off), u64::from(len), 0),

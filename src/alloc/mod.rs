@@ -66,9 +66,14 @@ pub struct Allocator {
     pinned: Vec<(u64, u64)>,
     dirty_groups: BTreeSet<u64>,
     claims: Claims,
-    /// Groups being emptied by balance: nothing new goes there, and
-    /// their free space counts for nobody.
+    /// The group balance is emptying: nothing new goes there, and its
+    /// free space counts for nobody.
     readonly: BTreeSet<u64>,
+    /// Groups a balance will empty later: new extents go elsewhere while
+    /// anything else (a new group included) can take them, so balance
+    /// does not move them twice, but their free space still counts, so a
+    /// balance never takes away space already promised.
+    pending: BTreeSet<u64>,
 }
 
 impl Allocator {
@@ -82,6 +87,7 @@ impl Allocator {
             dirty_groups: BTreeSet::new(),
             claims: Claims::default(),
             readonly: BTreeSet::new(),
+            pending: BTreeSet::new(),
         }
     }
 
@@ -157,23 +163,25 @@ impl Allocator {
     /// The whole `max` is looked for in the existing groups first, then in
     /// a new group; only when neither has it does a shorter piece (at least
     /// `min`) do, so fragmented free space still takes a write while a
-    /// clean device keeps its extents long.
+    /// clean device keeps its extents long. Groups a balance will empty
+    /// come last.
     pub fn alloc(&mut self, kind: GroupKind, min: u64, max: u64, hint: u64) -> Result<(u64, u64)> {
         if min == 0 || min > max {
             return Err(Error::Invalid(format!("allocation of {min}..{max} bytes")));
         }
         let kind = self.group_kind(kind);
         let found = self
-            .try_alloc_in_groups(kind, max, max, hint)
+            .try_alloc_in_groups(kind, max, max, hint, false)
             .or_else(|| {
                 self.add_group(kind, max).ok()?;
-                self.try_alloc_in_groups(kind, max, max, hint)
+                self.try_alloc_in_groups(kind, max, max, hint, false)
             })
-            .or_else(|| self.try_alloc_in_groups(kind, min, max, hint))
+            .or_else(|| self.try_alloc_in_groups(kind, min, max, hint, false))
             .or_else(|| {
                 self.add_group(kind, min).ok()?;
-                self.try_alloc_in_groups(kind, min, max, hint)
-            });
+                self.try_alloc_in_groups(kind, min, max, hint, false)
+            })
+            .or_else(|| self.try_alloc_in_groups(kind, min, max, hint, true));
         let (start, len) = found.ok_or(Error::NoSpace)?;
         self.take(start, len);
         Ok((start, len))
@@ -195,9 +203,13 @@ impl Allocator {
         min: u64,
         max: u64,
         hint: u64,
+        pending: bool,
     ) -> Option<(u64, u64)> {
         // The hint's own group first, then the others nearest the hint first.
-        let mut order: Vec<&BlockGroup> = self.writable_groups(kind).collect();
+        let mut order: Vec<&BlockGroup> = self
+            .writable_groups(kind)
+            .filter(|g| self.pending.contains(&g.start) == pending)
+            .collect();
         order.sort_by_key(|g| {
             if hint >= g.start && hint < g.start + g.len {
                 0
@@ -309,6 +321,7 @@ impl Allocator {
         }
         self.dirty_groups.remove(&start);
         self.readonly.remove(&start);
+        self.pending.remove(&start);
         tracing::debug!(start, "block group emptied: back to unallocated space");
         self.groups.remove(&start)
     }
@@ -347,7 +360,9 @@ impl Allocator {
     }
 
     /// Makes the group at `start` take no new extents (balance empties
-    /// it), or take them again. False when there is no such group.
+    /// it), or take them again. False when there is no such group. Its
+    /// free space stops counting toward what was promised: the caller
+    /// reserves after it and undoes it if the reservation fails.
     pub fn set_readonly(&mut self, start: u64, readonly: bool) -> bool {
         if !self.groups.contains_key(&start) {
             return false;
@@ -356,6 +371,24 @@ impl Allocator {
             self.readonly.insert(start);
         } else {
             self.readonly.remove(&start);
+        }
+        true
+    }
+
+    pub fn is_readonly(&self, start: u64) -> bool {
+        self.readonly.contains(&start)
+    }
+
+    /// Marks the group at `start` as one a balance will empty later (see
+    /// `pending` above), or not. False when there is no such group.
+    pub fn set_pending(&mut self, start: u64, pending: bool) -> bool {
+        if !self.groups.contains_key(&start) {
+            return false;
+        }
+        if pending {
+            self.pending.insert(start);
+        } else {
+            self.pending.remove(&start);
         }
         true
     }

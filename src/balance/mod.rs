@@ -6,8 +6,11 @@
 //! durably in the root tree: `(BALANCE_OBJECTID, BALANCE_ITEM, 0)` holds
 //! the arguments and whether it is paused, and one
 //! `(BALANCE_OBJECTID, BALANCE_GROUP, start)` item per group still to
-//! empty. The chosen groups become read-only in the allocator, so
-//! nothing new lands in them.
+//! empty. The chosen groups become *pending* in the allocator: new
+//! extents go elsewhere (a new group included) while anything else can
+//! take them. Only the group a step is emptying is read-only, and a step
+//! makes it so only if everything already promised (the commit's own
+//! reserve, buffered data) still fits without its free space.
 //!
 //! Then [`step`]s, each one short transaction, move a bounded number of
 //! extents out of the first group still listed (`relocate`). A shared
@@ -24,8 +27,15 @@
 //! those trees' leaves again, so a balance never makes used space grow.
 //!
 //! The items survive unmount and crash: the next mount carries on, as
-//! btrfs does. Pausing keeps them (and makes the groups writable again);
+//! btrfs does. Pausing keeps them (and makes the groups ordinary again);
 //! cancelling removes them.
+//!
+//! On a nearly full disk a step shrinks to what its reservation allows,
+//! and reads, verifies and places its data before it changes anything,
+//! so it moves something or fails with ENOSPC having changed nothing.
+//! A group no step can move anything out of, even after a commit, is
+//! skipped ([`skip_group`]) and the balance goes on with the others; it
+//! ends as failed, saying how many groups it could not empty.
 
 pub(crate) mod relocate;
 
@@ -102,8 +112,14 @@ fn decode_recorded(item: &[u8], groups: Vec<(Key, Vec<u8>)>) -> Result<Recorded>
     })
 }
 
-/// Records a new balance and makes its groups read-only. Returns how
-/// many groups it will empty; EINPROGRESS if one is recorded already.
+/// Records a new balance and marks its groups pending (new extents go
+/// elsewhere while they can). Returns how many groups it will empty;
+/// EINPROGRESS if one is recorded already.
+///
+/// Only the group a step is emptying is read-only: making all of them
+/// read-only at once took their free space from promises already made
+/// (the commit's own reserve), and on a small image where every group
+/// was chosen the next commit found no space at all.
 pub fn start(tx: &mut Txn<'_>, args: BalanceArgs) -> Result<usize> {
     if recorded_tx(tx)?.is_some() {
         return Err(Error::Posix(
@@ -121,19 +137,22 @@ pub fn start(tx: &mut Txn<'_>, args: BalanceArgs) -> Result<usize> {
     tx.insert(ROOT, item_key(), args.encode(false))?;
     for &g in &chosen {
         tx.insert(ROOT, group_key(g), Vec::new())?;
-        tx.allocator().set_readonly(g, true);
+        tx.allocator().set_pending(g, true);
     }
     Ok(chosen.len())
 }
 
-/// Marks a recorded balance paused (or running again) and sets its
-/// groups' read-only state to match.
+/// Marks a recorded balance paused (or running again): a paused
+/// balance's groups take new extents like any other.
 pub fn set_paused(tx: &mut Txn<'_>, paused: bool) -> Result<Recorded> {
     let mut rec = recorded_tx(tx)?.ok_or(Error::Posix(libc::ENOTCONN, "no balance is recorded"))?;
     tx.reserve(&Need::items(ROOT, 1).deleting())?;
     tx.put(ROOT, item_key(), rec.args.encode(paused))?;
     for &g in &rec.groups {
-        tx.allocator().set_readonly(g, !paused);
+        tx.allocator().set_pending(g, !paused);
+        if paused {
+            tx.allocator().set_readonly(g, false);
+        }
     }
     rec.paused = paused;
     Ok(rec)
@@ -146,6 +165,7 @@ pub fn cancel(tx: &mut Txn<'_>) -> Result<()> {
     for &g in &rec.groups {
         tx.delete(ROOT, &group_key(g))?;
         tx.allocator().set_readonly(g, false);
+        tx.allocator().set_pending(g, false);
     }
     tx.delete(ROOT, &item_key())?;
     Ok(())
@@ -203,33 +223,49 @@ pub fn step(tx: &mut Txn<'_>) -> Result<Step> {
         // Emptied and returned to unallocated space already.
         return forget_group(tx, group);
     };
-    tx.allocator().set_readonly(group, true);
+    let was_readonly = tx.allocator().is_readonly(group);
+    // Read-only takes the group's free space from what reservations may
+    // count: the reservation below checks everything promised still
+    // fits without it, and a failed step gives the space back.
+    let newly = tx.allocator().set_readonly(group, true) && !was_readonly;
+    let r = empty_some(tx, group, len, used);
+    if r.is_err() && newly {
+        tx.allocator().set_readonly(group, false);
+    }
+    r
+}
+
+/// One step's moves out of `group`, read-only already.
+fn empty_some(tx: &mut Txn<'_>, group: u64, len: u64, used: u64) -> Result<Step> {
+    tx.reserve(&Need::items(ROOT, 1))?;
     // Extents this transaction moved keep their items until the commit:
     // carry on after them.
     let from = tx.st.relocate_cursor.clamp(group, group + len);
-    let extents = extents_in(tx, from, group + len)?;
-    let Some(&(last, last_len, _)) = extents.last() else {
+    let mut extents = extents_in(tx, from, group + len)?;
+    if extents.is_empty() {
         if used == 0 {
             return forget_group(tx, group);
         }
         return Ok(Step::Waiting { group, used });
-    };
-    tx.st.relocate_cursor = last + last_len;
+    }
     let mut climb = relocate::Climb::default();
-    reserve_for(tx, &mut climb, &extents)?;
+    reserve_shrinking(tx, &mut climb, &mut extents)?;
+    let plan = plan(tx, &mut climb, extents)?;
+    tx.st.relocate_cursor = plan.end;
     let mut moved = Moved::default();
-    for (bytenr, len, item) in extents {
-        if climb.holders(tx, bytenr)?.is_empty() {
-            // Released at the next commit anyway.
+    for m in plan.moves {
+        // Moving an earlier extent can leave this one held by nothing
+        // alive (its last holder was a copy's old block): skip it. A
+        // place allocated for it is freed by the fold, unreferenced.
+        if climb.holders(tx, m.bytenr)?.is_empty() {
             continue;
         }
-        if item.is_tree_block() {
-            relocate::move_block(tx, &mut climb, bytenr)?;
-        } else {
-            relocate::move_data(tx, &mut climb, bytenr, len)?;
+        match m.data {
+            None => drop(relocate::move_block(tx, &mut climb, m.bytenr)?),
+            Some((copy, new)) => relocate::move_data(tx, &mut climb, copy, new)?,
         }
         moved.extents += 1;
-        moved.bytes += len;
+        moved.bytes += m.len;
     }
     if moved.extents == 0 {
         // Every extent left is held only by blocks about to go (copies
@@ -247,10 +283,26 @@ pub fn step(tx: &mut Txn<'_>) -> Result<Step> {
     Ok(Step::Moved { group, moved })
 }
 
+/// Gives up on the first group still listed, for want of room to move
+/// its extents (a step failed with ENOSPC even after a commit): it leaves
+/// the balance as it is, takes new extents again, and the balance goes on
+/// with the others, as btrfs's does. Its start, None if none is left.
+pub fn skip_group(tx: &mut Txn<'_>) -> Result<Option<u64>> {
+    let Some(rec) = recorded_tx(tx)? else {
+        return Ok(None);
+    };
+    let Some(&group) = rec.groups.first() else {
+        return Ok(None);
+    };
+    forget_group(tx, group)?;
+    Ok(Some(group))
+}
+
 fn forget_group(tx: &mut Txn<'_>, group: u64) -> Result<Step> {
     tx.reserve(&Need::items(ROOT, 1).deleting())?;
     tx.delete(ROOT, &group_key(group))?;
     tx.allocator().set_readonly(group, false);
+    tx.allocator().set_pending(group, false);
     Ok(Step::Emptied { group })
 }
 
@@ -270,13 +322,95 @@ fn extents_in(tx: &Txn<'_>, start: u64, end: u64) -> Result<Vec<(u64, u64, Exten
             if !item.is_tree_block() {
                 data += k.offset;
             }
-            out.push((k.objectid, k.offset, item));
+            // An extent this transaction allocated (a copy an earlier
+            // step moved into a group still to empty) moves after the
+            // commit: one move per extent per transaction.
+            if item.generation != tx.transid() {
+                out.push((k.objectid, k.offset, item));
+            }
         }
         if c.next(tx)?.is_none() {
             break;
         }
     }
     Ok(out)
+}
+
+/// What a step moves, and where the next step in this transaction
+/// starts.
+struct Plan {
+    moves: Vec<Move>,
+    end: u64,
+}
+
+/// A tree block, or a data extent read and verified with the place
+/// allocated for it.
+struct Move {
+    bytenr: u64,
+    len: u64,
+    data: Option<(relocate::DataCopy, u64)>,
+}
+
+/// Everything a step can fail on before it changes anything: each data
+/// extent is read and verified, and then given its new place, in order.
+/// Free space fragmented on a nearly full disk may hold the bytes the
+/// reservation counted but not an extent's length in one piece: the step
+/// then ends before the first extent without a place (ENOSPC if that is
+/// the first), instead of failing half-way through. Extents held by
+/// nothing alive are left out (released at the next commit anyway).
+fn plan(
+    tx: &mut Txn<'_>,
+    climb: &mut relocate::Climb,
+    extents: Vec<(u64, u64, ExtentItem)>,
+) -> Result<Plan> {
+    let mut end = 0;
+    let mut moves = Vec::with_capacity(extents.len());
+    let mut copies = Vec::new();
+    for (bytenr, len, item) in extents {
+        end = bytenr + len;
+        if climb.holders(tx, bytenr)?.is_empty() {
+            continue;
+        }
+        if !item.is_tree_block() {
+            copies.push((moves.len(), relocate::DataCopy::read(tx, bytenr, len)?));
+        }
+        moves.push(Move {
+            bytenr,
+            len,
+            data: None,
+        });
+    }
+    for (i, copy) in copies {
+        let m = &mut moves[i];
+        match tx.alloc_data(m.len, m.bytenr) {
+            Ok(new) => m.data = Some((copy, new)),
+            Err(Error::NoSpace) if i > 0 => {
+                end = m.bytenr;
+                moves.truncate(i);
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Plan { moves, end })
+}
+
+/// Reserves for as many of `extents` as fit, halving the step until its
+/// worst case does: on a nearly full disk the worst case of a whole step
+/// (a path per holder of 64 extents) can be more than is free although
+/// one extent at a time moves fine. ENOSPC only when one extent does not
+/// fit.
+fn reserve_shrinking(
+    tx: &mut Txn<'_>,
+    climb: &mut relocate::Climb,
+    extents: &mut Vec<(u64, u64, ExtentItem)>,
+) -> Result<()> {
+    loop {
+        match reserve_for(tx, climb, extents) {
+            Err(Error::NoSpace) if extents.len() > 1 => extents.truncate(extents.len() / 2),
+            r => return r,
+        }
+    }
 }
 
 /// Reserves a step's worst case: for every extent, a copy of each
@@ -299,7 +433,7 @@ fn reserve_for(
         .into_iter()
         .max_by_key(|&t| tx.root_of(t).map_or(0, |r| r.level))
         .unwrap_or(FS);
-    tx.reserve(&Need::items(tallest, paths).data(data))
+    tx.reserve(&Need::items(tallest, paths).data(data).moving())
 }
 
 /// Trees whose leaves moving extents leaves part-empty: the extent tree
@@ -316,12 +450,13 @@ pub fn repack_step(tx: &mut Txn<'_>, tree: u64, from: &Key) -> Result<Option<Key
     tx.repack_leaves(tree, from)
 }
 
-/// Makes the groups of a running (not paused) recorded balance read-only
-/// again (at open: the allocator does not keep that on disk).
-pub fn restore_readonly(tx: &mut Txn<'_>) -> Result<()> {
+/// Marks the groups of a running (not paused) recorded balance pending
+/// again (at open: the allocator does not keep that on disk). The next
+/// step makes its group read-only.
+pub fn restore_pending(tx: &mut Txn<'_>) -> Result<()> {
     if let Some(rec) = recorded_tx(tx)? {
         for &g in &rec.groups {
-            tx.allocator().set_readonly(g, !rec.paused);
+            tx.allocator().set_pending(g, !rec.paused);
         }
     }
     Ok(())

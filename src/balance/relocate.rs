@@ -200,24 +200,52 @@ fn swap_ref(tx: &mut Txn<'_>, old: u64, new: u64, holder: Holder) {
     tx.st.refs.set_copying(false);
 }
 
-/// Copies the data extent `[bytenr, bytenr+len)` to a new place, with
-/// its checksums (verified on the way), and repoints every file extent
-/// item that references it. Returns the new address.
-pub(crate) fn move_data(tx: &mut Txn<'_>, climb: &mut Climb, bytenr: u64, len: u64) -> Result<u64> {
-    let leaves = climb.holders(tx, bytenr)?;
-    let csum_key = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
-    let sums = tx.get(CSUM, &csum_key)?;
-    let mut buf = vec![0u8; usize::try_from(len).map_err(|_| Error::corrupt(bytenr, "huge"))?];
-    tx.read_data(bytenr, &mut buf)?;
-    if let Some(s) = &sums {
-        verify(bytenr, &buf, s)?;
+/// A data extent's bytes and checksums, read and verified before the
+/// step changes anything: a read error or a checksum mismatch then fails
+/// the step alone.
+pub(crate) struct DataCopy {
+    pub bytenr: u64,
+    buf: Vec<u8>,
+    sums: Option<Vec<u8>>,
+}
+
+impl DataCopy {
+    /// Reads the data extent `[bytenr, bytenr+len)` and its checksums,
+    /// and refuses data they do not match.
+    pub(crate) fn read(tx: &Txn<'_>, bytenr: u64, len: u64) -> Result<DataCopy> {
+        let sums = tx.get(CSUM, &csum_key(bytenr))?;
+        let mut buf = vec![0u8; usize::try_from(len).map_err(|_| Error::corrupt(bytenr, "huge"))?];
+        tx.read_data(bytenr, &mut buf)?;
+        if let Some(s) = &sums {
+            verify(bytenr, &buf, s)?;
+        }
+        Ok(DataCopy { bytenr, buf, sums })
     }
-    let new = tx.alloc_data(len, bytenr)?;
+
+    pub(crate) fn len(&self) -> u64 {
+        self.buf.len() as u64
+    }
+}
+
+fn csum_key(bytenr: u64) -> Key {
+    Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr)
+}
+
+/// Writes `copy` at `new` (allocated for it), moves its checksums, and
+/// repoints every file extent item that references the old place.
+pub(crate) fn move_data(
+    tx: &mut Txn<'_>,
+    climb: &mut Climb,
+    copy: DataCopy,
+    new: u64,
+) -> Result<()> {
+    let (bytenr, len) = (copy.bytenr, copy.len());
+    let leaves = climb.holders(tx, bytenr)?;
     tx.st.relocations.push((bytenr, new, len, true));
-    tx.write_data(new, &buf)?;
-    if let Some(s) = sums {
-        tx.insert(CSUM, Key::new(CSUM_OBJECTID, EXTENT_CSUM, new), s)?;
-        tx.delete(CSUM, &csum_key)?;
+    tx.write_data(new, &copy.buf)?;
+    if let Some(s) = copy.sums {
+        tx.insert(CSUM, csum_key(new), s)?;
+        tx.delete(CSUM, &csum_key(bytenr))?;
     }
     for (holder, _) in leaves {
         let RefHolder::DataLeaf(leaf) = holder else {
@@ -233,7 +261,7 @@ pub(crate) fn move_data(tx: &mut Txn<'_>, climb: &mut Climb, bytenr: u64, len: u
         tx.st.refs.set_copying(false);
     }
     tx.st.changes += 1;
-    Ok(new)
+    Ok(())
 }
 
 /// Points the file extent items of `leaf` that reference `old` at `new`.

@@ -34,6 +34,10 @@ pub struct BalanceStatus {
     pub groups_left: u64,
     pub extents_moved: u64,
     pub bytes_moved: u64,
+    /// Groups left as they were for want of room to move their extents
+    /// elsewhere; the balance ends as failed once the others are done.
+    #[serde(default)]
+    pub groups_no_space: u64,
     pub error: Option<String>,
 }
 
@@ -165,6 +169,15 @@ impl Fs {
             let r = core.run_balance(stop, &status);
             let mut st = crate::sync::lock(&status);
             match r {
+                Ok(true) if st.groups_no_space > 0 => {
+                    st.state = BalanceState::Failed;
+                    st.error = Some(format!(
+                        "{} of {} block groups could not be emptied: no space left on device \
+                         for their extents (free some space, or balance fewer groups \
+                         with a usage filter)",
+                        st.groups_no_space, st.groups_total
+                    ));
+                }
                 Ok(true) => st.state = BalanceState::Finished,
                 Ok(false) => {}
                 Err(e) => {
@@ -242,7 +255,19 @@ impl Core {
                 self.engine.commit()?;
                 return Ok(false);
             }
-            let step = self.write_retrying(balance::step)?;
+            let step = match self.write_retrying(balance::step) {
+                Err(Error::NoSpace) => {
+                    if let Some(group) = self.write_retrying(balance::skip_group)? {
+                        tracing::warn!(group, "no room to empty a block group: balance skips it");
+                        let mut st = crate::sync::lock(status);
+                        st.groups_no_space += 1;
+                        st.groups_left = st.groups_left.saturating_sub(1);
+                    }
+                    waits = 0;
+                    continue;
+                }
+                r => r?,
+            };
             std::thread::sleep(PAUSE_BETWEEN_STEPS);
             since_commit += 1;
             match step {

@@ -434,7 +434,7 @@ impl<'a> Txn<'a> {
     /// `txn::space`). Call it before changing anything: its ENOSPC then
     /// leaves the filesystem as it was and running.
     pub fn reserve(&mut self, need: &Need) -> Result<()> {
-        if !need.deleting {
+        if !need.deleting && !need.moving {
             let new = need.data + need.buffer;
             self.st
                 .qgroups

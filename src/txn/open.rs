@@ -238,7 +238,7 @@ impl Engine {
             count_drop_queue(&mut st, &engine.shared)?;
             load_qgroups(&mut st, &engine.shared)?;
             if !opts.read_only {
-                crate::balance::restore_readonly(&mut super::Txn::new(&mut st, &engine.shared))?;
+                crate::balance::restore_pending(&mut super::Txn::new(&mut st, &engine.shared))?;
             }
             st.remember_committed_roots();
             super::log::load_pending(&mut st, &engine.shared)?;

@@ -84,6 +84,9 @@ pub struct Need {
     /// Bytes of existing extents the operation makes the tree reach
     /// (a reflink): they count against referenced-bytes limits only.
     pub shared: u64,
+    /// Relocation (balance): it changes no ownership, so no quota limit
+    /// applies to what it allocates.
+    pub moving: bool,
 }
 
 impl Need {
@@ -117,6 +120,11 @@ impl Need {
 
     pub fn deleting(mut self) -> Need {
         self.deleting = true;
+        self
+    }
+
+    pub fn moving(mut self) -> Need {
+        self.moving = true;
         self
     }
 }

@@ -36,7 +36,7 @@ pub enum Command {
     /// Show how far the running, paused or last balance got.
     Status {
         /// One JSON object: state, groups_total, groups_left,
-        /// extents_moved, bytes_moved, error.
+        /// extents_moved, bytes_moved, groups_no_space, error.
         #[arg(long)]
         json: bool,
         path: PathBuf,
@@ -200,6 +200,12 @@ fn print_status(st: &BalanceStatus) {
         st.extents_moved,
         size(st.bytes_moved, false)
     );
+    if st.groups_no_space > 0 {
+        println!(
+            "{} block groups skipped: no space for their extents",
+            st.groups_no_space
+        );
+    }
     if let Some(e) = &st.error {
         println!("error: {e}");
     }
