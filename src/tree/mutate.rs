@@ -1,9 +1,9 @@
 //! Changing items: insert, replace, delete. Each copies the path to the
 //! leaf, changes the leaf, records data references, then lets
-//! `rebalance::fix_up` restore the size invariants and parent keys.
+//! `rebalance::fix_up_leaf` restore the size invariants and parent keys.
 
 use super::cow::{cow_path, Step};
-use super::rebalance::fix_up;
+use super::rebalance::fix_up_leaf;
 use super::{max_item_size, BlockWrite, RootPtr};
 use crate::error::{Error, Result};
 use crate::format::items::data_ref_of;
@@ -82,7 +82,7 @@ fn set_item<B: BlockWrite + ?Sized>(
     note_data_ref(b, leaf_step.bytenr, &key, &data, 1);
     let same_size = old.as_ref().is_some_and(|o| o.len() == data.len());
     if !same_size || slot == 0 {
-        fix_up(b, owner, root, &path)?;
+        fix_up_leaf(b, owner, root, &path)?;
     }
     Ok(old)
 }
@@ -135,6 +135,6 @@ pub fn delete<B: BlockWrite + ?Sized>(
     }
     let old = items.remove(leaf_step.slot);
     note_data_ref(b, leaf_step.bytenr, key, &old.data, -1);
-    fix_up(b, owner, root, &path)?;
+    fix_up_leaf(b, owner, root, &path)?;
     Ok(old.data)
 }

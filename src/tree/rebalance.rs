@@ -119,12 +119,20 @@ pub(super) fn ptr_mut<B: BlockWrite + ?Sized>(b: &mut B, parent: u64) -> Result<
 
 /// Sets the key of pointer `slot` of `parent` to its child's first key.
 pub(super) fn sync_key<B: BlockWrite + ?Sized>(b: &mut B, parent: u64, slot: usize) -> Result<()> {
+    sync_key_changed(b, parent, slot).map(drop)
+}
+
+/// [`sync_key`], telling whether the key changed.
+fn sync_key_changed<B: BlockWrite + ?Sized>(b: &mut B, parent: u64, slot: usize) -> Result<bool> {
     let ptr = ptr_mut(b, parent)?[slot];
     let child = b.read_node(ptr.bytenr, ptr.generation)?;
-    if let Some(k) = child.first_key() {
-        ptr_mut(b, parent)?[slot].key = k;
+    match child.first_key() {
+        Some(k) if k != ptr.key => {
+            ptr_mut(b, parent)?[slot].key = k;
+            Ok(true)
+        }
+        _ => Ok(false),
     }
-    Ok(())
 }
 
 /// Moves entries `from_body[range]`'s references from holder `from` to `to`.
@@ -339,12 +347,36 @@ fn shift_to_sibling<B: BlockWrite + ?Sized>(
     Ok(false)
 }
 
-/// Restores the invariants along `path` (root first) after its leaf changed.
+/// Restores the invariants along `path` (root first) after blocks on it
+/// changed: every level is checked.
 pub(crate) fn fix_up<B: BlockWrite + ?Sized>(
     b: &mut B,
     owner: u64,
     root: &mut RootPtr,
     path: &[Step],
+) -> Result<()> {
+    fix_path(b, owner, root, path, false)
+}
+
+/// Restores the invariants along `path` (root first) after a change to
+/// its leaf alone. Stops at the first level that neither split, shifted
+/// nor merged and whose first key stayed: nothing above it changed. Most
+/// edits end at the leaf's parent instead of walking up to the root.
+pub(crate) fn fix_up_leaf<B: BlockWrite + ?Sized>(
+    b: &mut B,
+    owner: u64,
+    root: &mut RootPtr,
+    path: &[Step],
+) -> Result<()> {
+    fix_path(b, owner, root, path, true)
+}
+
+fn fix_path<B: BlockWrite + ?Sized>(
+    b: &mut B,
+    owner: u64,
+    root: &mut RootPtr,
+    path: &[Step],
+    stop_early: bool,
 ) -> Result<()> {
     let cap = b.nodesize() - HEADER_SIZE;
     for d in (1..path.len()).rev() {
@@ -358,7 +390,12 @@ pub(crate) fn fix_up<B: BlockWrite + ?Sized>(
         } else if content < cap / 4 {
             merge_child(b, owner, parent, slot)?;
         } else {
-            sync_key(b, parent, slot)?;
+            let changed = sync_key_changed(b, parent, slot)?;
+            // The parent's size is the same, and its own first key moved
+            // only if this was its first child.
+            if stop_early && !(changed && slot == 0) {
+                break;
+            }
         }
     }
     fix_root(b, owner, root)
