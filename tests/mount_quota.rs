@@ -183,6 +183,28 @@ fn balance_commands_move_everything_and_change_no_number() {
     canopy_ok(&["sync", "."], &mnt);
     let numbers = || canopy_ok(&["qgroup", "show", "--raw", "."], &mnt);
     let before = numbers();
+    let usage = || -> (u64, u64, u64) {
+        let u: serde_json::Value =
+            serde_json::from_str(&canopy_ok(&["filesystem", "usage", "--json", "."], &mnt))
+                .unwrap();
+        let kinds = u["kinds"].as_array().unwrap();
+        let sum = |f: &str| kinds.iter().map(|k| k[f].as_u64().unwrap()).sum::<u64>();
+        let (size, used) = (sum("size"), sum("used"));
+        let unallocated = u["unallocated"].as_u64().unwrap();
+        assert!(
+            size + unallocated <= u["device_bytes"].as_u64().unwrap() && used <= size,
+            "{u}"
+        );
+        assert!(
+            kinds.iter().all(|k| k["groups"].as_u64().unwrap() > 0),
+            "{u}"
+        );
+        (size, used, unallocated)
+    };
+    let (size_before, used_before, _) = usage();
+    assert!(used_before > 0);
+    let text = canopy_ok(&["filesystem", "usage", "."], &mnt);
+    assert!(text.contains("Unallocated:"), "{text}");
 
     let done = canopy_ok(&["balance", "start", "-dusage=100", "-m", "."], &mnt);
     assert!(done.contains("balance done"), "{done}");
@@ -194,6 +216,13 @@ fn balance_commands_move_everything_and_change_no_number() {
     assert_eq!(st["args"]["data"]["usage_below"], 100, "{st}");
     assert_eq!(numbers(), before, "balance changes no qgroup number");
     assert_eq!(contents(&mnt), files);
+    canopy_ok(&["sync", "."], &mnt);
+    let (size_after, used_after, _) = usage();
+    assert!(
+        size_after <= size_before && used_after <= used_before,
+        "groups grew across a balance: {size_before} -> {size_after} bytes, \
+         {used_before} -> {used_after} used"
+    );
 
     // Paused in the background, it stays recorded across a remount;
     // cancel forgets it; resumed, it runs to its end.

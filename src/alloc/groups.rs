@@ -12,6 +12,18 @@ pub enum GroupKind {
     Mixed,
 }
 
+impl GroupKind {
+    /// Its name in `canopy filesystem usage`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupKind::Data => "data",
+            GroupKind::Metadata => "metadata",
+            GroupKind::System => "system",
+            GroupKind::Mixed => "mixed",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct BlockGroup {
     pub start: u64,

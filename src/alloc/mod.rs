@@ -34,7 +34,11 @@ pub use groups::{BlockGroup, GroupKind};
 use crate::error::{Error, Result};
 use crate::format::items::{BG_DATA, BG_METADATA, BG_MIXED, BG_SYSTEM};
 use crate::format::{RESERVED_START, SUPER_OFFSETS, SUPER_SIZE};
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// The order `SpaceUsage` lists kinds in, as btrfs does.
+const KIND_ORDER: [&str; 4] = ["data", "mixed", "metadata", "system"];
 
 /// A change of the persistent free space, replayed into the free-space trees
 /// at commit in the order it happened.
@@ -55,6 +59,29 @@ pub struct Claims {
     pub data: u64,
     pub metadata: u64,
     pub system: u64,
+}
+
+/// How the device is carved into groups, per kind (`canopy filesystem
+/// usage`, after `btrfs filesystem usage`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpaceUsage {
+    pub device_bytes: u64,
+    /// Device space in no group: new groups of any kind come from here,
+    /// and balance gives emptied groups back to it.
+    pub unallocated: u64,
+    pub kinds: Vec<KindUsage>,
+}
+
+/// The groups of one kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KindUsage {
+    /// `data`, `metadata`, `system` or `mixed`.
+    pub kind: String,
+    pub groups: u64,
+    /// Bytes of those groups.
+    pub size: u64,
+    /// Bytes their extents hold.
+    pub used: u64,
 }
 
 pub struct Allocator {
@@ -391,6 +418,33 @@ impl Allocator {
             self.pending.remove(&start);
         }
         true
+    }
+
+    /// Groups and bytes per kind, and the space in no group.
+    pub fn usage(&self) -> SpaceUsage {
+        let mut kinds: Vec<KindUsage> = Vec::new();
+        for g in self.groups.values() {
+            let name = g.kind.name();
+            let k = match kinds.iter().position(|k| k.kind == name) {
+                Some(i) => &mut kinds[i],
+                None => {
+                    kinds.push(KindUsage {
+                        kind: name.to_string(),
+                        ..KindUsage::default()
+                    });
+                    kinds.last_mut().expect("just pushed")
+                }
+            };
+            k.groups += 1;
+            k.size += g.len;
+            k.used += g.used;
+        }
+        kinds.sort_by_key(|k| KIND_ORDER.iter().position(|&n| n == k.kind));
+        SpaceUsage {
+            device_bytes: self.device_bytes,
+            unallocated: self.unallocated_bytes(),
+            kinds,
+        }
     }
 
     /// Device space not in any group.

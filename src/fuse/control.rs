@@ -40,6 +40,9 @@ pub enum Request {
     /// Commit everything (`canopy sync`): fsync makes only its file
     /// durable, and syncfs does not reach FUSE daemons.
     Sync,
+    /// How the device is carved into block groups (`canopy filesystem
+    /// usage`).
+    Usage,
     /// `canopy subvolume create`: `name` in directory `parent` (a node id,
     /// the st_ino the command saw), owned by `uid`:`gid`.
     SubvolCreate {
@@ -141,6 +144,9 @@ pub struct Response {
     /// The quota rescan, after a rescan status request.
     #[serde(default)]
     pub rescan: Option<crate::fs::RescanStatus>,
+    /// Block groups per kind, after a usage request.
+    #[serde(default)]
+    pub usage: Option<crate::alloc::SpaceUsage>,
 }
 
 impl Response {
@@ -154,6 +160,7 @@ impl Response {
                 qgroups: None,
                 balance: None,
                 rescan: None,
+                usage: None,
             },
             Err(e) => Response {
                 ok: false,
@@ -163,6 +170,7 @@ impl Response {
                 qgroups: None,
                 balance: None,
                 rescan: None,
+                usage: None,
             },
         }
     }
@@ -490,6 +498,10 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
     let resp = match serde_json::from_str::<Request>(&line) {
         Err(e) => Response::of(Err(Error::Invalid(format!("bad request: {e}")))),
         Ok(Request::Sync) => Response::of(fs.sync().map(|()| None)),
+        Ok(Request::Usage) => Response {
+            usage: Some(fs.engine().usage()),
+            ..Response::of(Ok(None))
+        },
         Ok(Request::SubvolSync) => Response::of(fs.clean_deleted().map(|()| None)),
         Ok(req @ (Request::ScrubStart | Request::ScrubStatus | Request::ScrubCancel)) => {
             let mut job = crate::sync::lock(scrub);

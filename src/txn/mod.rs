@@ -335,6 +335,11 @@ impl Engine {
         (st.alloc.bytes_used(), st.alloc.bytes_free())
     }
 
+    /// How the device is carved into groups (`canopy filesystem usage`).
+    pub fn usage(&self) -> crate::alloc::SpaceUsage {
+        crate::sync::read(&self.state).alloc.usage()
+    }
+
     /// Space for statfs: (total bytes, free bytes, bytes writers can
     /// still get). The last leaves out what is promised to buffered data,
     /// the commit, and the margin kept for deletions.

@@ -7,6 +7,7 @@
 
 mod balance;
 mod check;
+mod filesystem;
 mod inspect;
 mod mkfs;
 mod mount;
@@ -61,6 +62,9 @@ enum Command {
     /// Empty block groups by moving their extents into others, online.
     #[command(subcommand)]
     Balance(balance::Command),
+    /// Show how a mounted filesystem's device is carved into block groups.
+    #[command(subcommand)]
+    Filesystem(filesystem::Command),
     /// Show internals of an unmounted image.
     #[command(subcommand)]
     Inspect(inspect::Command),
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
         Command::Quota(c) => quota::run_quota(c),
         Command::Qgroup(c) => quota::run_qgroup(c),
         Command::Balance(c) => balance::run(c),
+        Command::Filesystem(c) => filesystem::run(c),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -105,20 +110,14 @@ fn main() -> ExitCode {
     }
 }
 
-const SUBCOMMANDS: [&str; 12] = [
-    "mkfs",
-    "mount",
-    "check",
-    "scrub",
-    "sync",
-    "inspect",
-    "subvolume",
-    "property",
-    "quota",
-    "qgroup",
-    "balance",
-    "help",
-];
+/// Whether `name` is one of the subcommands (clap's own list, so a new
+/// subcommand is never taken for an image to mount).
+fn is_subcommand(name: &str) -> bool {
+    name == "help"
+        || <Cli as clap::CommandFactory>::command()
+            .get_subcommands()
+            .any(|c| c.get_name() == name)
+}
 
 /// Mount helpers: `mount -t fuse.canopy IMAGE DIR` runs
 /// `mount.fuse.canopy IMAGE DIR -o OPTS` (a link to this binary), and
@@ -133,7 +132,7 @@ fn mount_helper_args(argv: Vec<OsString>) -> Option<Vec<OsString>> {
         .into_owned();
     let as_helper = name.starts_with("mount.");
     let first = argv.get(1)?.to_string_lossy().into_owned();
-    let bare = !first.starts_with('-') && !SUBCOMMANDS.contains(&first.as_str()) && argv.len() >= 3;
+    let bare = !first.starts_with('-') && !is_subcommand(&first) && argv.len() >= 3;
     if !as_helper && !bare {
         return None;
     }
