@@ -58,6 +58,8 @@ echo "== balance: every block moves, shared blocks once; no qgroup number change
 BEFORE=$($BIN qgroup show --raw "$MNT")
 $BIN balance start "$MNT" | cat
 [ "$($BIN qgroup show --raw "$MNT")" = "$BEFORE" ] && echo "(qgroup numbers unchanged)"
+$BIN sync "$MNT"
+$BIN filesystem usage "$MNT"
 echo
 echo "== every checksum read back by the daemon (canopy scrub)"
 $BIN sync "$MNT"
@@ -68,4 +70,4 @@ echo "    umount $MNT"
 echo "and check the image with:"
 echo "    $BIN check $IMG"
 echo "Snapshots: canopy subvolume --help. Quota groups: canopy quota --help, canopy qgroup --help."
-echo "Balance: canopy balance --help."
+echo "Balance: canopy balance --help. Block groups: canopy filesystem usage --help."
