@@ -649,3 +649,73 @@ pub fn super_bytes_in(start: u64, len: u64) -> u64 {
         .sum();
     len - free
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Two empty 4 MiB data groups covering the whole device after the
+    /// reserved start, so no new group can be made.
+    fn two_groups() -> (Allocator, u64, u64) {
+        let (a_start, b_start) = (RESERVED_START, RESERVED_START + 4 * MIB);
+        let mut a = Allocator::new(RESERVED_START + 8 * MIB, false);
+        for start in [a_start, b_start] {
+            a.load_group(start, 4 * MIB, BG_DATA, 0).expect("group");
+            a.load_free(start, 4 * MIB).expect("free");
+        }
+        assert_eq!(a.unallocated_bytes(), 0);
+        (a, a_start, b_start)
+    }
+
+    #[test]
+    fn pending_groups_take_extents_only_when_nothing_else_can() {
+        let (mut a, pending, other) = two_groups();
+        assert!(a.set_pending(pending, true));
+        // Near the pending group's start, yet placed in the other one.
+        let (x, _) = a.alloc(GroupKind::Data, MIB, MIB, pending).expect("alloc");
+        assert_eq!(a.group_containing(x).map(|g| g.start), Some(other));
+        // Their free space still counts for reservations.
+        assert_eq!(a.free_in(GroupKind::Data), 7 * MIB);
+        // Once the other group is full, the pending one takes extents.
+        a.alloc(GroupKind::Data, 3 * MIB, 3 * MIB, other)
+            .expect("fill");
+        let (y, _) = a.alloc(GroupKind::Data, MIB, MIB, other).expect("alloc");
+        assert_eq!(a.group_containing(y).map(|g| g.start), Some(pending));
+    }
+
+    #[test]
+    fn a_readonly_group_takes_nothing_and_its_space_counts_for_nobody() {
+        let (mut a, readonly, other) = two_groups();
+        assert!(a.set_readonly(readonly, true));
+        assert_eq!(a.free_in(GroupKind::Data), 4 * MIB);
+        a.alloc(GroupKind::Data, 4 * MIB, 4 * MIB, readonly)
+            .expect("fill");
+        assert!(matches!(
+            a.alloc(GroupKind::Data, MIB, MIB, readonly),
+            Err(Error::NoSpace)
+        ));
+        assert!(a.set_readonly(readonly, false));
+        let (x, _) = a.alloc(GroupKind::Data, MIB, MIB, other).expect("alloc");
+        assert_eq!(a.group_containing(x).map(|g| g.start), Some(readonly));
+    }
+
+    #[test]
+    fn usage_sums_groups_per_kind() {
+        let (mut a, first, _) = two_groups();
+        a.alloc(GroupKind::Data, MIB, MIB, first).expect("alloc");
+        let u = a.usage();
+        assert_eq!(u.device_bytes, RESERVED_START + 8 * MIB);
+        assert_eq!(u.unallocated, 0);
+        assert_eq!(
+            u.kinds,
+            vec![KindUsage {
+                kind: "data".into(),
+                groups: 2,
+                size: 8 * MIB,
+                used: MIB,
+            }]
+        );
+    }
+}
