@@ -257,12 +257,15 @@ impl Core {
             }
             let step = match self.write_retrying(balance::step) {
                 Err(Error::NoSpace) => {
-                    if let Some(group) = self.write_retrying(balance::skip_group)? {
-                        tracing::warn!(group, "no room to empty a block group: balance skips it");
-                        let mut st = crate::sync::lock(status);
-                        st.groups_no_space += 1;
-                        st.groups_left = st.groups_left.saturating_sub(1);
-                    }
+                    // No group left to skip: the step that failed was the
+                    // last one (removing the balance item).
+                    let group = self
+                        .write_retrying(balance::skip_group)?
+                        .ok_or(Error::NoSpace)?;
+                    tracing::warn!(group, "no room to empty a block group: balance skips it");
+                    let mut st = crate::sync::lock(status);
+                    st.groups_no_space += 1;
+                    st.groups_left = st.groups_left.saturating_sub(1);
                     waits = 0;
                     continue;
                 }
