@@ -391,15 +391,7 @@ impl Allocator {
     /// free space stops counting toward what was promised: the caller
     /// reserves after it and undoes it if the reservation fails.
     pub fn set_readonly(&mut self, start: u64, readonly: bool) -> bool {
-        if !self.groups.contains_key(&start) {
-            return false;
-        }
-        if readonly {
-            self.readonly.insert(start);
-        } else {
-            self.readonly.remove(&start);
-        }
-        true
+        mark_group(&self.groups, &mut self.readonly, start, readonly)
     }
 
     pub fn is_readonly(&self, start: u64) -> bool {
@@ -409,15 +401,7 @@ impl Allocator {
     /// Marks the group at `start` as one a balance will empty later (see
     /// `pending` above), or not. False when there is no such group.
     pub fn set_pending(&mut self, start: u64, pending: bool) -> bool {
-        if !self.groups.contains_key(&start) {
-            return false;
-        }
-        if pending {
-            self.pending.insert(start);
-        } else {
-            self.pending.remove(&start);
-        }
-        true
+        mark_group(&self.groups, &mut self.pending, start, pending)
     }
 
     /// Groups and bytes per kind, and the space in no group.
@@ -648,6 +632,25 @@ pub fn super_bytes_in(start: u64, len: u64) -> u64 {
         .map(|r| r.1)
         .sum();
     len - free
+}
+
+/// Puts the group at `start` into `set` or takes it out; false when there
+/// is no such group.
+fn mark_group(
+    groups: &BTreeMap<u64, BlockGroup>,
+    set: &mut BTreeSet<u64>,
+    start: u64,
+    on: bool,
+) -> bool {
+    if !groups.contains_key(&start) {
+        return false;
+    }
+    if on {
+        set.insert(start);
+    } else {
+        set.remove(&start);
+    }
+    true
 }
 
 #[cfg(test)]
