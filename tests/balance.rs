@@ -88,11 +88,7 @@ fn used(fs: &Fs) -> u64 {
 }
 
 fn assert_quota_exact(fs: &Fs) {
-    let diff = fs
-        .engine()
-        .read(canopy::qgroup::differences)
-        .expect("count");
-    assert!(diff.is_empty(), "{diff:#?}");
+    common::assert_quota_exact(fs, "after the balance");
 }
 
 fn balance_everything(mixed: bool) {

@@ -480,7 +480,7 @@ fn balance_when_full(size: u64, mixed: bool, fill: u64) {
         }
     }
     fs.sync().expect("the engine is still up");
-    assert_quota_exact(&fs, &what);
+    common::assert_quota_exact(&fs, &what);
     assert_eq!(fs.qgroup_show().expect("qgroup show"), quotas, "{what}");
     // Nothing is unshared (that would be MiBs of data and subvolume
     // blocks); a balance that skipped groups half-moved leaves their free
@@ -509,18 +509,10 @@ fn balance_when_full(size: u64, mixed: bool, fill: u64) {
         .unwrap_or_else(|e| panic!("{what}: balance after deleting: {e}"));
     let st = fs.balance_wait();
     assert_eq!(st.state, BalanceState::Finished, "{what}: {st:?}");
-    assert_quota_exact(&fs, &what);
+    common::assert_quota_exact(&fs, &what);
     let fs = reopen(&dev, fs);
     verify_dir(&fs, data.ino, &model);
     verify_dir(&fs, snap.ino, &snapshotted);
-}
-
-fn assert_quota_exact(fs: &Fs, what: &str) {
-    let diff = fs
-        .engine()
-        .read(canopy::qgroup::differences)
-        .expect("count from scratch");
-    assert!(diff.is_empty(), "{what}: {diff:#?}");
 }
 
 #[test]

@@ -25,11 +25,7 @@ fn fresh() -> (Arc<MemDevice>, Fs) {
 /// Commits and requires the recorded numbers to equal a fresh count.
 fn assert_exact(fs: &Fs) {
     fs.sync().expect("sync");
-    let diff = fs
-        .engine()
-        .read(canopy::qgroup::differences)
-        .expect("count");
-    assert!(diff.is_empty(), "accounting differs: {diff:#?}");
+    common::assert_quota_exact(fs, "after a commit");
 }
 
 fn row(fs: &Fs, id: &str) -> QgroupRow {
@@ -340,13 +336,7 @@ fn a_rescan_counts_in_batches_beside_other_work_and_survives_reopen() {
     assert_exact(&fs);
     let exact = row(&fs, "0/256");
 
-    let partial = |fs: &Fs| {
-        let diff = fs
-            .engine()
-            .read(canopy::qgroup::differences)
-            .expect("count");
-        assert!(diff.is_empty(), "mid-rescan numbers differ: {diff:#?}");
-    };
+    let partial = |fs: &Fs| common::assert_quota_exact(fs, "mid-rescan");
     let cursor = |fs: &Fs| fs.quota_rescan_status().expect("status");
     // Driven by hand (no rescan thread): each commit counts a batch.
     fs.engine().write(|tx| tx.quota_rescan()).expect("rescan");

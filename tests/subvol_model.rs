@@ -313,12 +313,7 @@ impl World {
         if !self.quota {
             return;
         }
-        let diff = self
-            .fs()
-            .engine()
-            .read(canopy::qgroup::differences)
-            .expect("count");
-        assert!(diff.is_empty(), "qgroup accounting differs: {diff:#?}");
+        common::assert_quota_exact(self.fs(), "qgroups");
     }
 
     /// Whether a change to subvolume `sv` must fail (and does, EROFS).

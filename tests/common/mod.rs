@@ -22,6 +22,16 @@ pub fn assert_clean(dev: &dyn Device) {
     assert!(r.is_clean(), "check found problems: {:#?}", r.problems);
 }
 
+/// Requires every quota group's recorded numbers to equal a count from
+/// scratch; `context` says where in the test.
+pub fn assert_quota_exact(fs: &canopy::fs::Fs, context: &str) {
+    let diff = fs
+        .engine()
+        .read(canopy::qgroup::differences)
+        .expect("quota count from scratch");
+    assert!(diff.is_empty(), "{context}: accounting differs: {diff:#?}");
+}
+
 /// Structural and POSIX-level check of an image in memory.
 pub fn assert_fs_clean(dev: &canopy::dev::MemDevice) {
     let copy = Arc::new(canopy::dev::MemDevice::from_bytes(dev.snapshot()));
