@@ -6,7 +6,7 @@
 //! nothing it reaches is reused before this commit is durable) holds the
 //! old ones.
 
-use super::roots::{compute_usage, Reach, Roots, RootsWalk};
+use super::roots::{compute_usage, KeptWitnesses, Reach, Roots, RootsWalk};
 use super::{subvol_group, Qgroups};
 use crate::error::{Error, Result};
 use crate::format::items::ExtentItem;
@@ -78,7 +78,10 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
                 created: &created,
                 dropped: &dropped,
             };
-            walk_level0(tx, &mut traced, &trees)?
+            let mut kept = std::mem::take(&mut tx.st.qgroups.kept);
+            let changes = walk_level0(tx, &mut traced, &trees, &mut kept);
+            tx.st.qgroups.kept = kept;
+            changes?
         } else {
             Some(walk(tx, &traced)?)
         };
@@ -240,6 +243,7 @@ fn walk_level0(
     tx: &Txn<'_>,
     traced: &mut BTreeMap<u64, (u64, bool)>,
     trees: &Trees<'_>,
+    kept: &mut KeptWitnesses,
 ) -> Result<Option<Vec<Change>>> {
     let (clones, created) = (trees.clones, trees.created);
     let old_extents = *tx
@@ -276,6 +280,9 @@ fn walk_level0(
         &changed,
         (old_extents, old_roots),
         (tx.root_of(EXTENT)?, new_roots),
+        &tx.st.committed,
+        kept,
+        tx.transid(),
     );
     let mut budget = DROP_TRACE_BUDGET;
     for &(_, then) in trees.dropped {

@@ -104,6 +104,8 @@ pub struct Qgroups {
     /// last commit: (buffered, flushed), counted against limits until a
     /// commit accounts them.
     pub(crate) pending: BTreeMap<u64, (u64, u64)>,
+    /// Witnesses earlier commits found (`roots::KeptWitnesses`).
+    pub(crate) kept: roots::KeptWitnesses,
 }
 
 /// The level-0 group of subvolume `tree`.

@@ -124,7 +124,11 @@ pub struct Reach<'a> {
     changed: &'a BTreeSet<u64>,
     old: State,
     new: State,
+    shapes: Shapes,
     witnesses: HashMap<u64, Roots>,
+    kept: &'a mut KeptWitnesses,
+    /// Every tree's root at the last commit: an unchanged tree's now.
+    committed: &'a BTreeMap<u64, RootPtr>,
 }
 
 /// One state of the trees: the extent tree and the roots of the changed
@@ -132,8 +136,87 @@ pub struct Reach<'a> {
 struct State {
     extents: RootsWalk,
     roots: BTreeMap<u64, RootPtr>,
-    /// Lowest key and level of blocks looked at (None: no such block).
-    shape: HashMap<u64, Option<(Key, u8)>>,
+    /// Whether this is the state of the last commit (else: now).
+    last_commit: bool,
+    /// Blocks looked for and not found in this state's extent tree.
+    absent: HashSet<u64>,
+}
+
+/// Where a tree block sits in every tree holding it (its lowest key and
+/// level), and whether the running transaction made it.
+#[derive(Clone, Copy)]
+struct Shape {
+    key: Key,
+    level: u8,
+    fresh: bool,
+}
+
+/// The shapes of the blocks looked at, in either state: a block of the
+/// last commit is not reused before this commit is durable, so an address
+/// names the same block in both, unless the block is fresh (its address
+/// was free at the last commit).
+struct Shapes {
+    transid: u64,
+    known: HashMap<u64, Shape>,
+}
+
+/// Full sets of witnesses found by earlier commits, each with the roots
+/// its trees had then, kept across commits (in the quota state).
+///
+/// A tree whose root is still the one it had reaches everything it
+/// reached: copy-on-write gives every changed tree a new root, and no
+/// block a tree reaches is freed or reused. So a kept pair stands as long
+/// as both its trees keep their roots and neither is changed in the
+/// running transaction. Without it, every commit climbs again from each
+/// old block to two roots, a climb that grows with the snapshots sharing
+/// the block; with it, the climb stops at the first block whose pair an
+/// earlier commit found. Sets with fewer than two trees are not kept: a
+/// new snapshot may add to them without changing any root they name.
+#[derive(Default)]
+pub struct KeptWitnesses {
+    pairs: HashMap<u64, (Roots, [RootPtr; WITNESSES])>,
+}
+
+/// How many blocks' witnesses are kept before they are all forgotten (a
+/// few MiB; each commit finds again what it needs).
+const KEPT_WITNESSES: usize = 1 << 15;
+
+impl KeptWitnesses {
+    /// The pair kept for `bytenr`, if it still stands.
+    fn get(
+        &mut self,
+        bytenr: u64,
+        changed: &BTreeSet<u64>,
+        committed: &BTreeMap<u64, RootPtr>,
+    ) -> Option<Roots> {
+        let (trees, roots) = self.pairs.get(&bytenr)?;
+        let stands = trees
+            .iter()
+            .zip(roots)
+            .all(|(t, root)| !changed.contains(t) && committed.get(t) == Some(root));
+        if stands {
+            Some(trees.clone())
+        } else {
+            self.pairs.remove(&bytenr);
+            None
+        }
+    }
+
+    /// Keeps `trees` as the witnesses of `bytenr` if they are a full pair
+    /// of unchanged trees.
+    fn keep(&mut self, bytenr: u64, trees: &Roots, committed: &BTreeMap<u64, RootPtr>) {
+        let roots: Vec<RootPtr> = trees
+            .iter()
+            .filter_map(|t| committed.get(t).copied())
+            .collect();
+        let Ok(roots) = <[RootPtr; WITNESSES]>::try_from(roots) else {
+            return;
+        };
+        if self.pairs.len() >= KEPT_WITNESSES {
+            self.pairs.clear();
+        }
+        self.pairs.insert(bytenr, (trees.clone(), roots));
+    }
 }
 
 /// How many trees outside the changed ones stand for all of them.
@@ -141,22 +224,33 @@ const WITNESSES: usize = 2;
 
 impl<'a> Reach<'a> {
     /// `old_roots` and `new_roots`: every changed tree's root at the last
-    /// commit and now (absent where it did not exist).
+    /// commit and now (absent where it did not exist); `committed`: every
+    /// tree's root at the last commit.
     pub fn new(
         changed: &'a BTreeSet<u64>,
         (old_extents, old_roots): (RootPtr, BTreeMap<u64, RootPtr>),
         (new_extents, new_roots): (RootPtr, BTreeMap<u64, RootPtr>),
+        committed: &'a BTreeMap<u64, RootPtr>,
+        kept: &'a mut KeptWitnesses,
+        transid: u64,
     ) -> Reach<'a> {
-        let state = |extents, roots| State {
+        let state = |extents, roots, last_commit| State {
             extents: RootsWalk::new(extents),
             roots,
-            shape: HashMap::new(),
+            last_commit,
+            absent: HashSet::new(),
         };
         Reach {
             changed,
-            old: state(old_extents, old_roots),
-            new: state(new_extents, new_roots),
+            old: state(old_extents, old_roots, true),
+            new: state(new_extents, new_roots, false),
+            shapes: Shapes {
+                transid,
+                known: HashMap::new(),
+            },
             witnesses: HashMap::new(),
+            kept,
+            committed,
         }
     }
 
@@ -168,23 +262,34 @@ impl<'a> Reach<'a> {
         bytenr: u64,
         data: bool,
     ) -> Result<(Roots, Roots)> {
-        let w = if data {
-            let mut out = BTreeSet::new();
-            let root = self.new.extents.extent_root;
-            for_each_backref(b, &root, bytenr, |holder, _| {
-                if let RefHolder::DataLeaf(leaf) = holder {
-                    out.extend(self.witness(b, leaf, 0)?.iter().copied());
-                }
-                Ok(enough(&out))
-            })?;
-            out.into_iter().take(WITNESSES).collect()
+        // The blocks holding the extent now: the extent itself, or the
+        // leaves pointing at the data.
+        let now = if data {
+            self.new.data_leaves(b, bytenr)?
         } else {
-            (*self.witness(b, bytenr, 0)?).clone()
+            vec![bytenr]
         };
-        let mut old = self.old.members(b, self.changed, bytenr, data)?;
-        let mut new = self.new.members(b, self.changed, bytenr, data)?;
-        old.extend(w.iter().copied());
-        new.extend(w.iter().copied());
+        let mut new = self.new.members(b, self.changed, &mut self.shapes, &now)?;
+        let mut w = BTreeSet::new();
+        for &block in &now {
+            // Only a changed tree can reach a block made in this
+            // transaction: nothing else points at it.
+            if self.shapes.known.get(&block).is_some_and(|s| s.fresh) {
+                continue;
+            }
+            w.extend(self.witness(b, block, 0)?.iter().copied());
+            if enough(&w).is_break() {
+                break;
+            }
+        }
+        let then = if data {
+            self.old.data_leaves(b, bytenr)?
+        } else {
+            vec![bytenr]
+        };
+        let mut old = self.old.members(b, self.changed, &mut self.shapes, &then)?;
+        old.extend(w.iter().copied().take(WITNESSES));
+        new.extend(w.iter().copied().take(WITNESSES));
         Ok((Arc::new(old), Arc::new(new)))
     }
 
@@ -253,6 +358,10 @@ impl<'a> Reach<'a> {
         if let Some(r) = self.witnesses.get(&bytenr) {
             return Ok(r.clone());
         }
+        if let Some(r) = self.kept.get(bytenr, self.changed, self.committed) {
+            self.witnesses.insert(bytenr, r.clone());
+            return Ok(r);
+        }
         check_climb(bytenr, depth)?;
         let mut out = BTreeSet::new();
         let root = self.new.extents.extent_root;
@@ -270,6 +379,7 @@ impl<'a> Reach<'a> {
             Ok(enough(&out))
         })?;
         let r: Roots = Arc::new(out.into_iter().take(WITNESSES).collect());
+        self.kept.keep(bytenr, &r, self.committed);
         self.witnesses.insert(bytenr, r.clone());
         Ok(r)
     }
@@ -290,24 +400,12 @@ impl State {
         &mut self,
         b: &B,
         changed: &BTreeSet<u64>,
-        bytenr: u64,
-        data: bool,
+        shapes: &mut Shapes,
+        blocks: &[u64],
     ) -> Result<BTreeSet<u64>> {
-        let blocks: Vec<u64> = if data {
-            self.extents
-                .backrefs(b, bytenr)?
-                .into_iter()
-                .filter_map(|(holder, _)| match holder {
-                    RefHolder::DataLeaf(leaf) => Some(leaf),
-                    _ => None,
-                })
-                .collect()
-        } else {
-            vec![bytenr]
-        };
         let mut out = BTreeSet::new();
-        for block in blocks {
-            let Some((key, level)) = self.shape_of(b, block)? else {
+        for &block in blocks {
+            let Some(Shape { key, level, .. }) = self.shape_of(b, shapes, block)? else {
                 continue;
             };
             for &t in changed {
@@ -325,11 +423,34 @@ impl State {
         Ok(out)
     }
 
-    /// The lowest key and level of the tree block at `bytenr`, if this
-    /// state's extent tree has it.
-    fn shape_of<B: BlockRead + ?Sized>(&mut self, b: &B, bytenr: u64) -> Result<Option<(Key, u8)>> {
-        if let Some(s) = self.shape.get(&bytenr) {
-            return Ok(*s);
+    /// The leaves holding the data extent at `bytenr` in this state.
+    fn data_leaves<B: BlockRead + ?Sized>(&self, b: &B, bytenr: u64) -> Result<Vec<u64>> {
+        Ok(self
+            .extents
+            .backrefs(b, bytenr)?
+            .into_iter()
+            .filter_map(|(holder, _)| match holder {
+                RefHolder::DataLeaf(leaf) => Some(leaf),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The shape of the tree block at `bytenr`, if this state's extent
+    /// tree has it, or if the other state's has it and it is not fresh:
+    /// then this state either has the same block or none at that address,
+    /// and a search for a freed block finds no tree reaching it either way.
+    fn shape_of<B: BlockRead + ?Sized>(
+        &mut self,
+        b: &B,
+        shapes: &mut Shapes,
+        bytenr: u64,
+    ) -> Result<Option<Shape>> {
+        if let Some(s) = shapes.known.get(&bytenr) {
+            return Ok((!(self.last_commit && s.fresh)).then_some(*s));
+        }
+        if self.absent.contains(&bytenr) {
+            return Ok(None);
         }
         let c = Cursor::seek(
             b,
@@ -341,15 +462,20 @@ impl State {
                 ExtentItem::decode(&it.data).map_err(|e| Error::corrupt(bytenr, e))?
             }
             _ => {
-                self.shape.insert(bytenr, None);
+                self.absent.insert(bytenr);
                 return Ok(None);
             }
         };
         let node = b.read_node(bytenr, item.generation)?;
-        // An empty block can only be a root: its key is the lowest there is.
-        let s = Some((node.first_key().unwrap_or(Key::MIN), node.level));
-        self.shape.insert(bytenr, s);
-        Ok(s)
+        let s = Shape {
+            // An empty block can only be a root: its key is the lowest
+            // there is.
+            key: node.first_key().unwrap_or(Key::MIN),
+            level: node.level,
+            fresh: item.generation == shapes.transid,
+        };
+        shapes.known.insert(bytenr, s);
+        Ok(Some(s))
     }
 }
 
@@ -458,5 +584,57 @@ fn reach(map: &mut BTreeMap<u64, (u64, Roots)>, at: u64, meta: u64, roots: &Root
                 Arc::make_mut(have).extend(roots.iter().copied());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(bytenr: u64, generation: u64) -> RootPtr {
+        RootPtr {
+            bytenr,
+            generation,
+            level: 1,
+        }
+    }
+
+    fn pair(a: u64, b: u64) -> Roots {
+        Arc::new(BTreeSet::from([a, b]))
+    }
+
+    #[test]
+    fn a_kept_pair_stands_while_both_trees_keep_their_roots() {
+        let mut committed = BTreeMap::from([(257, root(100, 5)), (258, root(200, 6))]);
+        let mut kept = KeptWitnesses::default();
+        kept.keep(7, &pair(257, 258), &committed);
+        let none = BTreeSet::new();
+        assert_eq!(kept.get(7, &none, &committed), Some(pair(257, 258)));
+        assert_eq!(kept.get(8, &none, &committed), None, "never kept");
+
+        // Changed in the running transaction: the pair may be wrong now.
+        assert_eq!(kept.get(7, &BTreeSet::from([258]), &committed), None);
+        assert_eq!(kept.get(7, &none, &committed), None, "forgotten");
+
+        // A root that moved at a commit since.
+        kept.keep(7, &pair(257, 258), &committed);
+        committed.insert(258, root(300, 9));
+        assert_eq!(kept.get(7, &none, &committed), None);
+
+        // A deleted tree.
+        kept.keep(7, &pair(257, 258), &committed);
+        committed.remove(&257);
+        assert_eq!(kept.get(7, &none, &committed), None);
+    }
+
+    #[test]
+    fn fewer_than_two_witnesses_are_not_kept() {
+        let committed = BTreeMap::from([(257, root(100, 5))]);
+        let mut kept = KeptWitnesses::default();
+        kept.keep(7, &Arc::new(BTreeSet::from([257])), &committed);
+        kept.keep(8, &Roots::default(), &committed);
+        // A tree with no committed root (made in this transaction).
+        kept.keep(9, &pair(257, 300), &committed);
+        assert!(kept.pairs.is_empty());
     }
 }
