@@ -336,15 +336,12 @@ fn apply(q: &mut Qgroups, changes: &[Change]) -> Result<()> {
     let mut delta: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
     for c in changes.iter().filter(|c| c.old != c.new) {
         let len = c.len as i64;
-        for (g, (r, e)) in q.shares(&c.old, &mut memo) {
-            let d = delta.entry(g).or_insert((0, 0));
-            d.0 -= len * i64::from(r);
-            d.1 -= len * i64::from(e);
-        }
-        for (g, (r, e)) in q.shares(&c.new, &mut memo) {
-            let d = delta.entry(g).or_insert((0, 0));
-            d.0 += len * i64::from(r);
-            d.1 += len * i64::from(e);
+        for (roots, sign) in [(&c.old, -1), (&c.new, 1)] {
+            for (g, alone) in q.shares(roots, &mut memo) {
+                let d = delta.entry(g).or_insert((0, 0));
+                d.0 += sign * len;
+                d.1 += sign * len * i64::from(alone);
+            }
         }
     }
     for (g, (r, e)) in delta {

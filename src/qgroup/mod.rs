@@ -325,36 +325,37 @@ impl Qgroups {
         for (roots, len) in by_set.into_values() {
             *by_content.entry(&**roots).or_insert(0) += len;
         }
-        let mut memo: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+        let mut memo = BTreeMap::new();
         let mut out: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
         for (roots, len) in by_content {
-            for (q, (r, e)) in self.shares(roots, &mut memo) {
+            for (q, alone) in self.shares(roots, &mut memo) {
                 let t = out.entry(q).or_insert((0, 0));
-                t.0 += len * u64::from(r);
-                t.1 += len * u64::from(e);
+                t.0 += len;
+                t.1 += len * u64::from(alone);
             }
         }
         out
     }
 
-    /// For each group some of `roots` count in: whether the group
-    /// references an extent these subvolumes reach, and whether it holds
-    /// it alone.
+    /// Each group some of `roots` count in (it references an extent these
+    /// subvolumes reach), with whether it holds it alone (exclusive).
+    /// `memo` keeps each subvolume's groups, for callers that ask about
+    /// many sets.
     pub(crate) fn shares(
         &self,
         roots: &BTreeSet<u64>,
-        memo: &mut BTreeMap<u64, BTreeSet<u64>>,
-    ) -> BTreeMap<u64, (bool, bool)> {
-        let mut inside: BTreeMap<u64, usize> = BTreeMap::new();
+        memo: &mut BTreeMap<u64, Vec<u64>>,
+    ) -> Vec<(u64, bool)> {
+        let mut all = Vec::new();
         for &r in roots {
-            let groups = memo.entry(r).or_insert_with(|| self.groups_of(r));
-            for &q in groups.iter() {
-                *inside.entry(q).or_insert(0) += 1;
-            }
+            let groups = memo
+                .entry(r)
+                .or_insert_with(|| self.groups_of(r).into_iter().collect());
+            all.extend_from_slice(groups);
         }
-        inside
-            .into_iter()
-            .map(|(q, n)| (q, (true, n == roots.len())))
+        all.sort_unstable();
+        all.chunk_by(|a, b| a == b)
+            .map(|run| (run[0], run.len() == roots.len()))
             .collect()
     }
 }

@@ -15,6 +15,7 @@
 //! root, so what only a deleted subvolume reaches belongs to nobody, in
 //! both walks alike.
 
+use crate::cache::{BlockMap, BlockSet};
 use crate::error::{Error, Result};
 use crate::extent::{backrefs, check_climb, for_each_backref, RefHolder};
 use crate::format::items::{data_ref_of, ExtentItem};
@@ -22,7 +23,7 @@ use crate::format::key_type::EXTENT_ITEM;
 use crate::format::tree_id;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -32,14 +33,14 @@ pub type Roots = Arc<BTreeSet<u64>>;
 /// Climbs back-references in one state of the extent tree.
 pub struct RootsWalk {
     extent_root: RootPtr,
-    memo: HashMap<u64, Roots>,
+    memo: BlockMap<Roots>,
 }
 
 impl RootsWalk {
     pub fn new(extent_root: RootPtr) -> RootsWalk {
         RootsWalk {
             extent_root,
-            memo: HashMap::new(),
+            memo: BlockMap::default(),
         }
     }
 
@@ -125,7 +126,7 @@ pub struct Reach<'a> {
     old: State,
     new: State,
     shapes: Shapes,
-    witnesses: HashMap<u64, Roots>,
+    witnesses: BlockMap<Roots>,
     kept: &'a mut KeptWitnesses,
     /// Every tree's root at the last commit: an unchanged tree's now.
     committed: &'a BTreeMap<u64, RootPtr>,
@@ -139,7 +140,7 @@ struct State {
     /// Whether this is the state of the last commit (else: now).
     last_commit: bool,
     /// Blocks looked for and not found in this state's extent tree.
-    absent: HashSet<u64>,
+    absent: BlockSet,
 }
 
 /// Where a tree block sits in every tree holding it (its lowest key and
@@ -157,7 +158,7 @@ struct Shape {
 /// was free at the last commit).
 struct Shapes {
     transid: u64,
-    known: HashMap<u64, Shape>,
+    known: BlockMap<Shape>,
 }
 
 /// Full sets of witnesses found by earlier commits, each with the roots
@@ -174,7 +175,10 @@ struct Shapes {
 /// new snapshot may add to them without changing any root they name.
 #[derive(Default)]
 pub struct KeptWitnesses {
-    pairs: HashMap<u64, (Roots, [RootPtr; WITNESSES])>,
+    /// Block -> each witness with its root then, and the same trees as a
+    /// set (what `Reach::witness` returns). The trees are kept beside the
+    /// set so that checking a pair reads only its own entry.
+    pairs: BlockMap<([(u64, RootPtr); WITNESSES], Roots)>,
 }
 
 /// How many blocks' witnesses are kept before they are all forgotten (a
@@ -189,10 +193,9 @@ impl KeptWitnesses {
         changed: &BTreeSet<u64>,
         committed: &BTreeMap<u64, RootPtr>,
     ) -> Option<Roots> {
-        let (trees, roots) = self.pairs.get(&bytenr)?;
-        let stands = trees
+        let (pair, trees) = self.pairs.get(&bytenr)?;
+        let stands = pair
             .iter()
-            .zip(roots)
             .all(|(t, root)| !changed.contains(t) && committed.get(t) == Some(root));
         if stands {
             Some(trees.clone())
@@ -205,17 +208,17 @@ impl KeptWitnesses {
     /// Keeps `trees` as the witnesses of `bytenr` if they are a full pair
     /// of unchanged trees.
     fn keep(&mut self, bytenr: u64, trees: &Roots, committed: &BTreeMap<u64, RootPtr>) {
-        let roots: Vec<RootPtr> = trees
+        let pair: Vec<(u64, RootPtr)> = trees
             .iter()
-            .filter_map(|t| committed.get(t).copied())
+            .filter_map(|&t| committed.get(&t).map(|&root| (t, root)))
             .collect();
-        let Ok(roots) = <[RootPtr; WITNESSES]>::try_from(roots) else {
+        let Ok(pair) = <[(u64, RootPtr); WITNESSES]>::try_from(pair) else {
             return;
         };
         if self.pairs.len() >= KEPT_WITNESSES {
             self.pairs.clear();
         }
-        self.pairs.insert(bytenr, (trees.clone(), roots));
+        self.pairs.insert(bytenr, (pair, trees.clone()));
     }
 }
 
@@ -238,7 +241,7 @@ impl<'a> Reach<'a> {
             extents: RootsWalk::new(extents),
             roots,
             last_commit,
-            absent: HashSet::new(),
+            absent: BlockSet::default(),
         };
         Reach {
             changed,
@@ -246,9 +249,9 @@ impl<'a> Reach<'a> {
             new: state(new_extents, new_roots, false),
             shapes: Shapes {
                 transid,
-                known: HashMap::new(),
+                known: BlockMap::default(),
             },
-            witnesses: HashMap::new(),
+            witnesses: BlockMap::default(),
             kept,
             committed,
         }
@@ -315,7 +318,7 @@ impl<'a> Reach<'a> {
             traced.insert(at, entry);
             true
         };
-        let mut seen = HashSet::new();
+        let mut seen = BlockSet::default();
         let mut stack = vec![root];
         while let Some(ptr) = stack.pop() {
             if !seen.insert(ptr.bytenr) || self.witness(b, ptr.bytenr, 0)?.len() >= WITNESSES {
