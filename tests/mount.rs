@@ -218,8 +218,7 @@ fn mount_errors_are_reported() {
         .unwrap();
     assert!(st.success());
     fs::write(m.p("after"), b"1").unwrap();
-    let st = Command::new("umount").arg(&m.mnt).status().unwrap();
-    assert!(st.success());
+    assert!(common::mounted::umount(&m.mnt), "umount failed");
     // The daemon commits and exits after the unmount: wait until it lets
     // go of the image lock.
     let img = fs::File::open(&m.img).unwrap();
@@ -468,11 +467,7 @@ fn mount_helper_invocations() {
             line.contains("fuse.canopy") && line.contains("noatime"),
             "{line}"
         );
-        assert!(Command::new("umount")
-            .arg(&m.mnt)
-            .status()
-            .unwrap()
-            .success());
+        assert!(common::mounted::umount(&m.mnt), "umount failed");
         let img = fs::File::open(&m.img).unwrap();
         for _ in 0..200 {
             if img.try_lock().is_ok() {

@@ -37,6 +37,32 @@ pub fn can_mount() -> bool {
     )
 }
 
+/// Unmounts `mnt`, trying again for a few seconds while it is busy: a
+/// test thread that forks a command while another test's file in the
+/// mount is open hands the child a copy of that descriptor until the
+/// child's exec, and an unmount in that moment fails with EBUSY. A mount
+/// still busy after that is detached (`umount -l`) so that no test leaves
+/// it behind, and the call returns false.
+pub fn umount(mnt: &Path) -> bool {
+    for _ in 0..50 {
+        let out = Command::new("umount").arg(mnt).output().unwrap();
+        if out.status.success() {
+            return true;
+        }
+        if !String::from_utf8_lossy(&out.stderr).contains("busy") {
+            eprintln!(
+                "umount {}: {}",
+                mnt.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = Command::new("umount").arg("-l").arg(mnt).status();
+    false
+}
+
 /// A mounted image; unmounts on drop.
 pub struct Mounted {
     pub _dir: tempfile::TempDir,
@@ -118,8 +144,7 @@ impl Mounted {
 
     /// Unmounts and waits for the daemon to exit cleanly.
     pub fn unmount(&mut self) {
-        let st = Command::new("umount").arg(&self.mnt).status().unwrap();
-        assert!(st.success(), "umount failed");
+        assert!(umount(&self.mnt), "umount failed");
         let st = self.daemon.take().unwrap().wait().unwrap();
         assert!(st.success(), "daemon exited with {st}");
     }
@@ -127,8 +152,7 @@ impl Mounted {
     /// Runs `umount` and returns the daemon without waiting for it: it may
     /// still be writing its last commit.
     pub fn umount_returning_daemon(&mut self) -> Child {
-        let st = Command::new("umount").arg(&self.mnt).status().unwrap();
-        assert!(st.success(), "umount failed");
+        assert!(umount(&self.mnt), "umount failed");
         self.daemon.take().unwrap()
     }
 
