@@ -30,7 +30,8 @@ from benchlib import report, workloads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = {"mkfs.btrfs": "btrfs-progs", "mkfs.xfs": "xfsprogs", "xfs_io": "xfsprogs",
-            "fuse2fs": "fuse2fs", "dbench": "dbench", "fusermount3": "fuse3"}
+            "fuse2fs": "fuse2fs", "dbench": "dbench", "fusermount3": "fuse3",
+            "fio": "fio"}
 
 
 def ensure_tools():
