@@ -104,6 +104,44 @@ struct FlushJob {
     segments: Vec<Segment>,
 }
 
+/// Extents laid end to end on the device, written with one call: where
+/// they start, their total length, and their bytes as (segment index,
+/// from, to) in the segments' contents, touching slices merged.
+#[derive(Default)]
+struct Run {
+    start: u64,
+    len: u64,
+    parts: Vec<(usize, usize, usize)>,
+}
+
+impl Run {
+    fn starting(bytenr: u64, part: (usize, usize, usize)) -> Run {
+        Run {
+            start: bytenr,
+            len: (part.2 - part.1) as u64,
+            parts: vec![part],
+        }
+    }
+
+    /// Adds `part`, to be written at `bytenr`, if that is where the run
+    /// ends; false otherwise (and for an empty run).
+    fn extend(&mut self, bytenr: u64, part: (usize, usize, usize)) -> bool {
+        let Some(last) = self.parts.last_mut() else {
+            return false;
+        };
+        if self.start + self.len != bytenr {
+            return false;
+        }
+        self.len += (part.2 - part.1) as u64;
+        if last.0 == part.0 && last.2 == part.1 {
+            last.2 = part.2;
+        } else {
+            self.parts.push(part);
+        }
+        true
+    }
+}
+
 /// What the first transaction of a flush did.
 enum Started {
     /// Nothing was buffered.
@@ -403,33 +441,69 @@ impl super::Subvol {
     }
 
     /// Step 3, with no engine lock: reads the old edge bytes, lays the
-    /// ranges over them, checksums and writes each extent. Returns the
-    /// checksums of each segment's pieces.
+    /// ranges over them, checksums each extent and writes them, one
+    /// device write per run of extents laid end to end (see [`allocate`]).
+    /// Returns the checksums of each segment's pieces.
     fn write_job(&self, job: &FlushJob) -> Result<Vec<Vec<Vec<u8>>>> {
+        let contents = job
+            .segments
+            .iter()
+            .map(|seg| self.segment_content(job, seg))
+            .collect::<Result<Vec<_>>>()?;
         let mut all = Vec::with_capacity(job.segments.len());
-        for seg in &job.segments {
-            let mut content = vec![0u8; (seg.last - seg.first) as usize];
-            for (at, plan) in &seg.old {
-                // The file's flush lock keeps these extents in place.
-                let bytes = self.engine.with_data_device(|dev| plan.execute(dev))?;
-                let from = (at - seg.first) as usize;
-                content[from..from + bytes.len()].copy_from_slice(&bytes);
-            }
-            for (s, d) in overlapping_vec(&job.ranges, seg.first, seg.last) {
-                let from = (s - seg.first) as usize;
-                content[from..from + d.len()].copy_from_slice(d);
-            }
+        let mut run = Run::default();
+        for (index, (seg, content)) in job.segments.iter().zip(&contents).enumerate() {
             let mut sums = Vec::with_capacity(seg.pieces.len());
             let mut at = 0usize;
             for &(bytenr, len) in &seg.pieces {
-                let piece = &content[at..at + len as usize];
-                sums.push(file::sector_sums(piece));
-                self.engine.write_flight(&job.flight, bytenr, piece)?;
+                let part = (index, at, at + len as usize);
+                sums.push(file::sector_sums(&content[part.1..part.2]));
+                if !run.extend(bytenr, part) {
+                    self.write_run(job, &contents, &run)?;
+                    run = Run::starting(bytenr, part);
+                }
                 at += len as usize;
             }
             all.push(sums);
         }
+        self.write_run(job, &contents, &run)?;
         Ok(all)
+    }
+
+    /// The sectors of `seg`: the old bytes it keeps, the taken ranges
+    /// laid over them.
+    fn segment_content(&self, job: &FlushJob, seg: &Segment) -> Result<Vec<u8>> {
+        let mut content = vec![0u8; (seg.last - seg.first) as usize];
+        for (at, plan) in &seg.old {
+            // The file's flush lock keeps these extents in place.
+            let bytes = self.engine.with_data_device(|dev| plan.execute(dev))?;
+            let from = (at - seg.first) as usize;
+            content[from..from + bytes.len()].copy_from_slice(&bytes);
+        }
+        for (s, d) in overlapping_vec(&job.ranges, seg.first, seg.last) {
+            let from = (s - seg.first) as usize;
+            content[from..from + d.len()].copy_from_slice(d);
+        }
+        Ok(content)
+    }
+
+    /// Writes `run` with one device write: straight from its segment's
+    /// bytes when it is one slice of them, else gathered into one buffer.
+    fn write_run(&self, job: &FlushJob, contents: &[Vec<u8>], run: &Run) -> Result<()> {
+        match run.parts.as_slice() {
+            [] => Ok(()),
+            [(index, from, to)] => {
+                self.engine
+                    .write_flight(&job.flight, run.start, &contents[*index][*from..*to])
+            }
+            parts => {
+                let mut buf = Vec::with_capacity(run.len as usize);
+                for &(index, from, to) in parts {
+                    buf.extend_from_slice(&contents[index][from..to]);
+                }
+                self.engine.write_flight(&job.flight, run.start, &buf)
+            }
+        }
     }
 
     /// Step 4 for some segments: the extents written replace what the
@@ -563,13 +637,21 @@ fn overlapping_vec(
     first: u64,
     last: u64,
 ) -> impl Iterator<Item = (u64, &[u8])> {
-    taken
+    // Sorted and disjoint, so their ends are sorted too: skip to the
+    // first that ends past `first` (a flush of many small ranges asks this
+    // once per segment).
+    let from = taken.partition_point(|(s, d)| s + d.len() as u64 <= first);
+    taken[from..]
         .iter()
-        .filter(move |(s, d)| *s < last && s + d.len() as u64 > first)
+        .take_while(move |(s, _)| *s < last)
         .map(|(s, d)| (*s, d.as_slice()))
 }
 
-/// Allocates each segment's extents, laid after the file's data before it.
+/// Allocates each segment's extents: the first laid after the file's data
+/// before it, each next one after the one before. So the segments of one
+/// flush lie end to end on the device whatever their offsets in the file
+/// (random writes become one sequential write, as on a log-structured
+/// device), and a sequential writer's extents still follow each other.
 fn allocate(
     tx: &mut Txn<'_>,
     tree: u64,
@@ -578,8 +660,11 @@ fn allocate(
     flight: &mut Flight,
 ) -> Result<()> {
     let root = tx.root_of(tree)?;
+    let mut hint = match segments.first() {
+        Some(seg) => file::hint_before(tx, &root, ino, seg.first)?,
+        None => return Ok(()),
+    };
     for seg in segments {
-        let mut hint = file::hint_before(tx, &root, ino, seg.first)?;
         let total = seg.last - seg.first;
         let mut at = 0;
         while at < total {
@@ -922,5 +1007,19 @@ mod tests {
             segment_spans(&[r(9000, 10)], true),
             vec![(0, 4096), (8192, 12288)]
         );
+    }
+
+    /// A run grows only by a part written where it ends, and merges parts
+    /// that continue each other in one segment's bytes.
+    #[test]
+    fn runs_gather_extents_laid_end_to_end() {
+        let mut run = Run::default();
+        assert!(!run.extend(0, (0, 0, 4096)), "an empty run takes nothing");
+        let mut run = Run::starting(8192, (0, 0, 4096));
+        assert!(run.extend(12288, (0, 4096, 8192)));
+        assert!(run.extend(16384, (1, 0, 4096)));
+        assert!(!run.extend(24576, (2, 0, 4096)), "a gap ends the run");
+        assert_eq!((run.start, run.len), (8192, 12288));
+        assert_eq!(run.parts, vec![(0, 0, 8192), (1, 0, 4096)]);
     }
 }

@@ -141,15 +141,40 @@ struct Counts {
 pub struct Flight {
     flights: Arc<Flights>,
     transid: u64,
-    extents: Vec<(u64, u64)>,
+    /// Its extents, start → end, touching ones merged: a write may then
+    /// cover several allocations laid end to end, and checking that it
+    /// stays inside them costs one lookup however many there are.
+    extents: BTreeMap<u64, u64>,
     /// Bytes of buffered data whose flush items are held (see `space`).
     held: u64,
 }
 
 impl Flight {
-    /// The extents allocated so far: (start, length).
-    pub fn extents(&self) -> &[(u64, u64)] {
-        &self.extents
+    /// The extents allocated so far, touching ones merged: (start, length).
+    pub fn extents(&self) -> Vec<(u64, u64)> {
+        self.extents.iter().map(|(&s, &e)| (s, e - s)).collect()
+    }
+
+    fn add_extent(&mut self, start: u64, len: u64) {
+        let mut start = start;
+        let mut end = start + len;
+        if let Some((&s, &e)) = self.extents.range(..=start).next_back() {
+            if e == start {
+                start = s;
+            }
+        }
+        if let Some(e) = self.extents.remove(&end) {
+            end = e;
+        }
+        self.extents.insert(start, end);
+    }
+
+    /// Whether `[start, end)` lies inside one run of its extents.
+    fn covers(&self, start: u64, end: u64) -> bool {
+        self.extents
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(_, &e)| end <= e)
     }
 }
 
@@ -170,7 +195,7 @@ impl Txn<'_> {
         Flight {
             flights: self.sh.flights.clone(),
             transid: self.st.transid,
-            extents: Vec::new(),
+            extents: BTreeMap::new(),
             held,
         }
     }
@@ -192,7 +217,7 @@ impl Txn<'_> {
         hint: u64,
     ) -> Result<(u64, u64)> {
         let got = self.alloc_data_range(min, max, hint)?;
-        flight.extents.push(got);
+        flight.add_extent(got.0, got.1);
         Ok(got)
     }
 
@@ -233,11 +258,7 @@ impl Engine {
     /// A failed write shuts the engine down, as any failed write does.
     pub fn write_flight(&self, flight: &Flight, bytenr: u64, data: &[u8]) -> Result<()> {
         self.check_alive()?;
-        let inside = flight
-            .extents
-            .iter()
-            .any(|&(s, l)| bytenr >= s && bytenr + data.len() as u64 <= s + l);
-        if !inside {
+        if !flight.covers(bytenr, bytenr + data.len() as u64) {
             return Err(Error::Invalid(format!(
                 "data write at {bytenr} outside the flight's extents"
             )));
@@ -335,5 +356,33 @@ impl Engine {
         if !extents.is_empty() {
             crate::sync::write(&self.state).alloc.unpin(extents);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Allocations laid end to end make one run, so a write across them
+    /// is inside the flight; a write over a gap or past the end is not.
+    #[test]
+    fn touching_extents_merge_and_bound_writes() {
+        let mut f = Flight {
+            flights: Arc::default(),
+            transid: 1,
+            extents: BTreeMap::new(),
+            held: 0,
+        };
+        f.add_extent(8192, 4096);
+        f.add_extent(0, 4096);
+        f.add_extent(4096, 4096);
+        f.add_extent(20480, 4096);
+        assert_eq!(f.extents(), vec![(0, 12288), (20480, 4096)]);
+        assert!(f.covers(0, 12288));
+        assert!(f.covers(4096, 8192));
+        assert!(!f.covers(4096, 12289));
+        assert!(!f.covers(8192, 24576));
+        assert!(f.covers(20480, 24576));
+        assert!(!f.covers(16384, 20480));
     }
 }
