@@ -343,8 +343,14 @@ impl World {
         fs.sync().expect("sync");
         drop(fs);
         common::assert_fs_clean(&self.dev);
-        let e = Engine::open(self.dev.clone() as Arc<dyn Device>, &OpenOptions::default())
-            .expect("open");
+        // Reopened, the engine folds reference changes before the commit
+        // after almost every operation, so the accounting (checked after
+        // every step) also meets extents folded early.
+        let early = OpenOptions {
+            settle_early_at: 16,
+            ..OpenOptions::default()
+        };
+        let e = Engine::open(self.dev.clone() as Arc<dyn Device>, &early).expect("open");
         self.fs = Some(Fs::new(Arc::new(e)).expect("fs"));
         self.assert_quota_exact();
     }

@@ -326,6 +326,11 @@ impl Allocator {
         self.pinned.iter().map(|p| p.1).sum()
     }
 
+    /// Changes in the journal, not yet taken.
+    pub fn journal_len(&self) -> usize {
+        self.journal.len()
+    }
+
     pub fn take_journal(&mut self) -> Vec<FreeOp> {
         std::mem::take(&mut self.journal)
     }

@@ -80,7 +80,7 @@ fn hand_over_released(
             if changes.net() < 0 {
                 work.push(child);
             }
-            merge_into(batch, child, changes);
+            super::delayed::merge_pending(batch, child, changes);
         }
     }
     Ok(handed)
@@ -93,23 +93,6 @@ fn may_release_tree_block(p: &PendingExtent) -> bool {
         && p.refs
             .keys()
             .all(|h| matches!(h, RefHolder::TreeParent(_) | RefHolder::TreeRoot(_)))
-}
-
-/// Adds `more` to the batch's pending changes of `bytenr`.
-fn merge_into(batch: &mut BTreeMap<u64, PendingExtent>, bytenr: u64, more: PendingExtent) {
-    let Some(have) = batch.get_mut(&bytenr) else {
-        batch.insert(bytenr, more);
-        return;
-    };
-    have.traced |= more.traced;
-    have.new_kind = have.new_kind.or(more.new_kind);
-    for (holder, delta) in more.refs {
-        let v = have.refs.entry(holder).or_insert(0);
-        *v += delta;
-        if *v == 0 {
-            have.refs.remove(&holder);
-        }
-    }
 }
 
 /// The extent item of the extent starting at `bytenr`: its key and content.

@@ -37,6 +37,29 @@ impl PendingExtent {
     pub fn net(&self) -> i64 {
         self.refs.values().sum()
     }
+
+    /// Adds the changes of `more`, collected later for the same extent.
+    pub fn absorb(&mut self, more: PendingExtent) {
+        self.traced |= more.traced;
+        self.new_kind = self.new_kind.or(more.new_kind);
+        for (holder, delta) in more.refs {
+            let v = self.refs.entry(holder).or_insert(0);
+            *v += delta;
+            if *v == 0 {
+                self.refs.remove(&holder);
+            }
+        }
+    }
+}
+
+/// Adds `more` to the pending changes of `bytenr` in `map`.
+pub fn merge_pending(map: &mut BTreeMap<u64, PendingExtent>, bytenr: u64, more: PendingExtent) {
+    match map.get_mut(&bytenr) {
+        Some(have) => have.absorb(more),
+        None => {
+            map.insert(bytenr, more);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -47,11 +70,21 @@ pub struct DelayedRefs {
     /// Blocks copied in this transaction: when one is released, its
     /// children only move from it to its copies.
     copied: HashSet<u64>,
+    /// Extents allocated in this transaction. Kept apart from the pending
+    /// changes, which a fold before the commit takes (`extent::apply`).
+    made: HashSet<u64>,
+    /// Pending changes of held extents (see [`DelayedRefs::hold`]).
+    held: BTreeMap<u64, PendingExtent>,
 }
 
 impl DelayedRefs {
     fn entry(&mut self, bytenr: u64, len: u64) -> &mut PendingExtent {
-        self.map.entry(bytenr).or_insert_with(|| PendingExtent {
+        let map = if self.held.contains_key(&bytenr) {
+            &mut self.held
+        } else {
+            &mut self.map
+        };
+        map.entry(bytenr).or_insert_with(|| PendingExtent {
             len,
             new_kind: None,
             refs: BTreeMap::new(),
@@ -62,12 +95,13 @@ impl DelayedRefs {
     /// Registers an extent allocated in this transaction.
     pub fn new_extent(&mut self, bytenr: u64, len: u64, kind: ExtentKind) {
         self.entry(bytenr, len).new_kind = Some(kind);
+        self.made.insert(bytenr);
     }
 
-    /// True when the extent was allocated in this transaction and its
-    /// allocation is still pending.
+    /// True when the extent was allocated in this transaction (whether or
+    /// not its extent item was folded in already).
     pub fn is_new(&self, bytenr: u64) -> bool {
-        self.map.get(&bytenr).is_some_and(|p| p.new_kind.is_some())
+        self.made.contains(&bytenr)
     }
 
     pub fn add(&mut self, bytenr: u64, len: u64, holder: RefHolder, delta: i64) {
@@ -95,27 +129,93 @@ impl DelayedRefs {
         self.copied.contains(&bytenr)
     }
 
-    /// The transaction ended: its copies are history.
-    pub fn forget_copies(&mut self) {
+    /// The transaction ended: its copies and the extents it made are
+    /// history.
+    pub fn end_transaction(&mut self) {
         self.copied.clear();
+        self.made.clear();
     }
 
     /// The pending changes of the extent at `bytenr`.
     pub fn pending(&self, bytenr: u64) -> Option<&PendingExtent> {
-        self.map.get(&bytenr)
+        self.map.get(&bytenr).or_else(|| self.held.get(&bytenr))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.map.is_empty() && self.held.is_empty()
     }
 
-    /// Number of extents with pending changes.
+    /// Number of extents with pending changes that [`DelayedRefs::take`]
+    /// would take.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
-    /// Takes everything collected so far.
+    /// Takes everything collected so far, except the held extents'.
     pub fn take(&mut self) -> BTreeMap<u64, PendingExtent> {
         std::mem::take(&mut self.map)
+    }
+
+    /// Holds back the changes of the new extent at `bytenr` from
+    /// [`DelayedRefs::take`] until [`DelayedRefs::release`]: a flush's
+    /// extent is allocated in one short transaction and referenced in a
+    /// later one, and folded in between it would be freed.
+    pub fn hold(&mut self, bytenr: u64) {
+        let p = self.map.remove(&bytenr).unwrap_or_else(|| PendingExtent {
+            len: 0,
+            new_kind: None,
+            refs: BTreeMap::new(),
+            traced: false,
+        });
+        self.held.insert(bytenr, p);
+    }
+
+    /// Ends [`DelayedRefs::hold`] of `bytenr`: its changes may be folded.
+    pub fn release(&mut self, bytenr: u64) {
+        if let Some(p) = self.held.remove(&bytenr) {
+            merge_pending(&mut self.map, bytenr, p);
+        }
+    }
+
+    /// Ends every hold (the commit folds everything).
+    pub fn release_all(&mut self) {
+        let held: Vec<u64> = self.held.keys().copied().collect();
+        for bytenr in held {
+            self.release(bytenr);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A held extent's changes, made before or during the hold, are not
+    /// taken until it is released, and stay new meanwhile and after.
+    #[test]
+    fn held_changes_wait_for_their_release() {
+        let mut r = DelayedRefs::default();
+        r.new_extent(4096, 4096, ExtentKind::Data);
+        r.hold(4096);
+        r.add(4096, 4096, RefHolder::DataLeaf(7), 1);
+        r.new_extent(8192, 4096, ExtentKind::Data);
+        assert_eq!(r.len(), 1);
+        assert!(r.pending(4096).is_some());
+        let taken = r.take();
+        assert_eq!(taken.keys().copied().collect::<Vec<_>>(), vec![8192]);
+        assert!(!r.is_empty(), "the held extent is still pending");
+        assert!(
+            r.is_new(4096) && r.is_new(8192),
+            "folded or not, both are new"
+        );
+        r.add(4096, 4096, RefHolder::DataLeaf(9), 1);
+        r.release(4096);
+        let taken = r.take();
+        let p = &taken[&4096];
+        assert_eq!(p.new_kind, Some(ExtentKind::Data));
+        assert_eq!(p.net(), 2);
+        assert!(r.is_empty());
+        r.end_transaction();
+        assert!(!r.is_new(4096));
     }
 }

@@ -265,6 +265,7 @@ pub fn serve(
         &OpenOptions {
             read_only: opts.read_only,
             cache_blocks: opts.cache_blocks,
+            ..OpenOptions::default()
         },
     )?;
     let fs = Arc::new(Fs::with_root(Arc::new(engine), &opts.subvolume)?);

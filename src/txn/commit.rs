@@ -153,13 +153,16 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     }
     // The log ends with the transaction it served.
     st.drop_log(sh)?;
+    // No flight is open (`lock_without_flights`): one dropped without
+    // ending left its extents unreferenced, and this fold frees them.
+    st.refs.release_all();
     let mut tx = Txn::new(st, sh);
     settle(&mut tx)?;
     // Accounting writes quota items, which the indexes must follow.
     if crate::qgroup::account::run(&mut tx)? {
         settle(&mut tx)?;
     }
-    st.refs.forget_copies();
+    st.refs.end_transaction();
     st.relocated.clear();
     st.relocate_cursor = 0;
     st.log_durable = false;

@@ -145,6 +145,8 @@ pub struct Flight {
     /// cover several allocations laid end to end, and checking that it
     /// stays inside them costs one lookup however many there are.
     extents: BTreeMap<u64, u64>,
+    /// Where each of its allocations starts (`DelayedRefs::hold`).
+    starts: Vec<u64>,
     /// Bytes of buffered data whose flush items are held (see `space`).
     held: u64,
 }
@@ -196,6 +198,7 @@ impl Txn<'_> {
             flights: self.sh.flights.clone(),
             transid: self.st.transid,
             extents: BTreeMap::new(),
+            starts: Vec::new(),
             held,
         }
     }
@@ -218,6 +221,8 @@ impl Txn<'_> {
     ) -> Result<(u64, u64)> {
         let got = self.alloc_data_range(min, max, hint)?;
         flight.add_extent(got.0, got.1);
+        flight.starts.push(got.0);
+        self.st.refs.hold(got.0);
         Ok(got)
     }
 
@@ -225,6 +230,9 @@ impl Txn<'_> {
     /// the tree by now, or are freed by the commit.
     pub fn end_flight(&mut self, flight: Flight) -> Result<()> {
         self.st.flushing = self.st.flushing.saturating_sub(flight.held);
+        for &start in &flight.starts {
+            self.st.refs.release(start);
+        }
         if flight.transid != self.st.transid {
             return Err(Error::corrupt(
                 0,
@@ -371,6 +379,7 @@ mod tests {
             flights: Arc::default(),
             transid: 1,
             extents: BTreeMap::new(),
+            starts: Vec::new(),
             held: 0,
         };
         f.add_extent(8192, 4096);

@@ -46,6 +46,9 @@ pub struct OpenOptions {
     pub read_only: bool,
     /// Capacity of the clean block cache, in blocks.
     pub cache_blocks: usize,
+    /// Pending reference changes (or free-space changes) past which an
+    /// operation applies them before the commit (see `Engine::write`).
+    pub settle_early_at: usize,
 }
 
 impl Default for OpenOptions {
@@ -53,6 +56,7 @@ impl Default for OpenOptions {
         OpenOptions {
             read_only: false,
             cache_blocks: 16384,
+            settle_early_at: super::SETTLE_EARLY_AT,
         }
     }
 }
@@ -115,6 +119,7 @@ fn new_engine(
         failed: Mutex::new(None),
         cleaner_turn: Mutex::new(()),
         read_only: opts.read_only,
+        settle_early_at: opts.settle_early_at.max(1),
     }
 }
 
