@@ -570,6 +570,7 @@ impl BlockWrite for Txn<'_> {
             // No extent item: the commit frees the log's blocks as a set.
             if let Some(l) = self.st.log.as_mut() {
                 l.blocks.insert(bytenr);
+                l.unwritten.push(bytenr);
             }
         } else if !tree_id::is_shareable(owner) {
             *self.st.tree_blocks.entry(owner).or_insert(0) += 1;

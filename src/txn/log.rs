@@ -39,6 +39,10 @@ pub(crate) struct LogTree {
     pub ptr: RootPtr,
     /// Every block allocated for it in this transaction.
     pub blocks: HashSet<u64>,
+    /// Blocks allocated since the last log write: the next one writes
+    /// those still dirty. (`blocks` keeps every copy an fsync made, so
+    /// looking through it cost each fsync the transaction's fsyncs so far.)
+    pub unwritten: Vec<u64>,
 }
 
 /// A log found at open and not replayed yet.
@@ -112,6 +116,7 @@ impl Txn<'_> {
                 level: 0,
             },
             blocks: HashSet::new(),
+            unwritten: Vec::new(),
         });
         let hint = self.st.sb.root;
         let ptr = crate::tree::create(self, tree_id::LOG, hint);
@@ -206,7 +211,7 @@ impl Engine {
         self.check_alive()?;
         let (transid, ptr, blocks, nodes) = {
             let mut st = crate::sync::write(&self.state);
-            let Some(log) = st.log.as_ref() else {
+            let Some(log) = st.log.as_mut() else {
                 // No log: the transaction was committed meanwhile (or is
                 // being); durable once that commit's I/O is done.
                 let last = st.sb.generation;
@@ -214,14 +219,10 @@ impl Engine {
                 return self.wait_written(last).map(drop);
             };
             let ptr = log.ptr;
-            let mine: Vec<u64> = log
-                .blocks
-                .iter()
-                .copied()
-                .filter(|b| st.dirty.contains_key(b))
-                .collect();
+            let mine = std::mem::take(&mut log.unwritten);
             let mut nodes = Vec::with_capacity(mine.len());
             for b in mine {
+                // Blocks freed since (a merge) are no longer dirty.
                 if let Some(n) = st.dirty.remove(&b) {
                     nodes.push(n);
                 }
