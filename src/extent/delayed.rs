@@ -179,9 +179,8 @@ impl DelayedRefs {
 
     /// Ends every hold (the commit folds everything).
     pub fn release_all(&mut self) {
-        let held: Vec<u64> = self.held.keys().copied().collect();
-        for bytenr in held {
-            self.release(bytenr);
+        for (bytenr, p) in std::mem::take(&mut self.held) {
+            merge_pending(&mut self.map, bytenr, p);
         }
     }
 }

@@ -152,11 +152,6 @@ pub struct Flight {
 }
 
 impl Flight {
-    /// The extents allocated so far, touching ones merged: (start, length).
-    pub fn extents(&self) -> Vec<(u64, u64)> {
-        self.extents.iter().map(|(&s, &e)| (s, e - s)).collect()
-    }
-
     fn add_extent(&mut self, start: u64, len: u64) {
         let mut start = start;
         let mut end = start + len;
@@ -386,7 +381,7 @@ mod tests {
         f.add_extent(0, 4096);
         f.add_extent(4096, 4096);
         f.add_extent(20480, 4096);
-        assert_eq!(f.extents(), vec![(0, 12288), (20480, 4096)]);
+        assert_eq!(f.extents, BTreeMap::from([(0, 12288), (20480, 24576)]));
         assert!(f.covers(0, 12288));
         assert!(f.covers(4096, 8192));
         assert!(!f.covers(4096, 12289));
