@@ -292,7 +292,8 @@ fn walk_level0(
     }
     let mut out = Vec::with_capacity(traced.len());
     for (&bytenr, &(len, data)) in traced.iter() {
-        let (old, new) = reach.change(tx, bytenr, data)?;
+        let made = tx.st.refs.is_new(bytenr);
+        let (old, new) = reach.change(tx, bytenr, data, made)?;
         out.push(Change { len, old, new });
     }
     Ok(Some(out))

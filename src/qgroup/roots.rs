@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::extent::{backrefs, check_climb, for_each_backref, RefHolder};
 use crate::format::items::{data_ref_of, ExtentItem};
 use crate::format::key_type::EXTENT_ITEM;
+use crate::format::node::Node;
 use crate::format::tree_id;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
@@ -222,6 +223,9 @@ impl KeptWitnesses {
     }
 }
 
+/// Blocks a commit of a few changed files looks at, about.
+const TYPICAL_BLOCKS: usize = 128;
+
 /// How many trees outside the changed ones stand for all of them.
 const WITNESSES: usize = 2;
 
@@ -247,23 +251,28 @@ impl<'a> Reach<'a> {
             changed,
             old: state(old_extents, old_roots, true),
             new: state(new_extents, new_roots, false),
+            // Sized for a commit of a few files, so that one does not
+            // grow them step by step.
             shapes: Shapes {
                 transid,
-                known: BlockMap::default(),
+                known: BlockMap::with_capacity_and_hasher(TYPICAL_BLOCKS, Default::default()),
             },
-            witnesses: BlockMap::default(),
+            witnesses: BlockMap::with_capacity_and_hasher(TYPICAL_BLOCKS, Default::default()),
             kept,
             committed,
         }
     }
 
     /// Who reached the extent at `bytenr` at the last commit, and who
-    /// reaches it now, as level-0 groups need to know.
+    /// reaches it now, as level-0 groups need to know. `made`: the
+    /// extent was allocated in this transaction, so nothing reached it
+    /// then (its address was free at the last commit).
     pub fn change<B: BlockRead + ?Sized>(
         &mut self,
         b: &B,
         bytenr: u64,
         data: bool,
+        made: bool,
     ) -> Result<(Roots, Roots)> {
         // The blocks holding the extent now: the extent itself, or the
         // leaves pointing at the data.
@@ -285,7 +294,9 @@ impl<'a> Reach<'a> {
                 break;
             }
         }
-        let then = if data {
+        let then = if made {
+            Vec::new()
+        } else if data {
             self.old.data_leaves(b, bytenr)?
         } else {
             vec![bytenr]
@@ -443,6 +454,12 @@ impl State {
     /// tree has it, or if the other state's has it and it is not fresh:
     /// then this state either has the same block or none at that address,
     /// and a search for a freed block finds no tree reaching it either way.
+    ///
+    /// A block in memory needs no search of the extent tree for its
+    /// generation: no address is reused before the commit freeing it is
+    /// durable, and freed blocks leave the cache before that, so the block
+    /// in memory at an address is the only one either state can have
+    /// there (a fresh one only now).
     fn shape_of<B: BlockRead + ?Sized>(
         &mut self,
         b: &B,
@@ -454,6 +471,10 @@ impl State {
         }
         if self.absent.contains(&bytenr) {
             return Ok(None);
+        }
+        if let Some(node) = b.node_in_memory(bytenr) {
+            let s = shapes.note(bytenr, &node);
+            return Ok((!(self.last_commit && s.fresh)).then_some(s));
         }
         let c = Cursor::seek(
             b,
@@ -470,15 +491,22 @@ impl State {
             }
         };
         let node = b.read_node(bytenr, item.generation)?;
+        Ok(Some(shapes.note(bytenr, &node)))
+    }
+}
+
+impl Shapes {
+    /// Remembers the shape of `node`, the block at `bytenr`.
+    fn note(&mut self, bytenr: u64, node: &Node) -> Shape {
         let s = Shape {
             // An empty block can only be a root: its key is the lowest
             // there is.
             key: node.first_key().unwrap_or(Key::MIN),
             level: node.level,
-            fresh: item.generation == shapes.transid,
+            fresh: node.generation == self.transid,
         };
-        shapes.known.insert(bytenr, s);
-        Ok(Some(s))
+        self.known.insert(bytenr, s);
+        s
     }
 }
 

@@ -64,6 +64,14 @@ pub trait BlockRead {
     /// Hints that these blocks will be read soon (readahead); may do
     /// nothing.
     fn prefetch(&self, _bytenrs: &[u64]) {}
+    /// The block at `bytenr` if it is in memory, without a generation to
+    /// check it against: for a caller that can tell which block an
+    /// address names without one (see `qgroup::roots`) and wants its
+    /// header without searching the extent tree for its generation.
+    /// May always answer `None`.
+    fn node_in_memory(&self, _bytenr: u64) -> Option<Arc<Node>> {
+        None
+    }
 }
 
 pub trait BlockWrite: BlockRead {

@@ -15,11 +15,7 @@ use std::sync::Arc;
 /// Finds a block: dirty in this transaction, being written by a commit, in
 /// the cache, or on disk (then checked and cached).
 fn read_block(st: &State, sh: &Shared, bytenr: u64, generation: u64) -> Result<Arc<Node>> {
-    let node = if let Some(n) = st.dirty.get(&bytenr) {
-        n.clone()
-    } else if let Some(n) = crate::sync::lock(&sh.inflight).get(&bytenr).cloned() {
-        n
-    } else if let Some(n) = sh.cache.get(bytenr) {
+    let node = if let Some(n) = block_in_memory(st, sh, bytenr) {
         n
     } else {
         let mut buf = vec![0u8; sh.nodesize];
@@ -41,6 +37,18 @@ fn read_block(st: &State, sh: &Shared, bytenr: u64, generation: u64) -> Result<A
         ));
     }
     Ok(node)
+}
+
+/// The block at `bytenr` if it is in memory: made or copied in this
+/// transaction, being written, or cached.
+fn block_in_memory(st: &State, sh: &Shared, bytenr: u64) -> Option<Arc<Node>> {
+    if let Some(n) = st.dirty.get(&bytenr) {
+        return Some(n.clone());
+    }
+    if let Some(n) = crate::sync::lock(&sh.inflight).get(&bytenr).cloned() {
+        return Some(n);
+    }
+    sh.cache.get(bytenr)
 }
 
 /// Starts reading the blocks not already in memory, merging adjacent ones
@@ -195,6 +203,10 @@ impl<'a> Reader<'a> {
 impl BlockRead for Reader<'_> {
     fn read_node(&self, bytenr: u64, generation: u64) -> Result<Arc<Node>> {
         read_block(self.st, self.sh, bytenr, generation)
+    }
+
+    fn node_in_memory(&self, bytenr: u64) -> Option<Arc<Node>> {
+        block_in_memory(self.st, self.sh, bytenr)
     }
 
     fn prefetch(&self, bytenrs: &[u64]) {
@@ -534,6 +546,10 @@ impl<'a> Txn<'a> {
 impl BlockRead for Txn<'_> {
     fn read_node(&self, bytenr: u64, generation: u64) -> Result<Arc<Node>> {
         read_block(self.st, self.sh, bytenr, generation)
+    }
+
+    fn node_in_memory(&self, bytenr: u64) -> Option<Arc<Node>> {
+        block_in_memory(self.st, self.sh, bytenr)
     }
 
     fn nodesize(&self) -> usize {
