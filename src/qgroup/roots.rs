@@ -138,6 +138,8 @@ pub struct Reach<'a> {
 struct State {
     extents: RootsWalk,
     roots: BTreeMap<u64, RootPtr>,
+    /// The last path searched in each of those trees.
+    paths: BTreeMap<u64, Vec<Step>>,
     /// Whether this is the state of the last commit (else: now).
     last_commit: bool,
     /// Blocks looked for and not found in this state's extent tree.
@@ -246,6 +248,7 @@ impl<'a> Reach<'a> {
             roots,
             last_commit,
             absent: BlockSet::default(),
+            paths: BTreeMap::new(),
         };
         Reach {
             changed,
@@ -429,7 +432,8 @@ impl State {
                 let Some(root) = self.roots.get(&t) else {
                     continue;
                 };
-                if tree_reaches(b, root, &key, level, block)? {
+                let path = self.paths.entry(t).or_default();
+                if tree_reaches(b, root, &key, level, block, path)? {
                     out.insert(t);
                 }
             }
@@ -510,36 +514,72 @@ impl Shapes {
     }
 }
 
+/// One node of the last path searched in a tree, with the keys it covers
+/// (`lo` up to, not including, `hi`; `None`: no end).
+struct Step {
+    node: Arc<Node>,
+    lo: Key,
+    hi: Option<Key>,
+}
+
+impl Step {
+    fn covers(&self, key: &Key) -> bool {
+        self.lo <= *key && self.hi.is_none_or(|hi| *key < hi)
+    }
+}
+
 /// Whether the tree at `root` reaches the block `bytenr` of level `level`
 /// whose lowest key is `key`: a shared block sits at the same place in
 /// every tree holding it, so the one path by key decides.
+///
+/// `path` is the path the last search of this tree took: a search starts
+/// from its lowest node that covers `key`, since a commit's blocks cluster
+/// in a few files and the upper nodes of one search are the next one's.
+/// (The trees do not change while the accounting runs.)
 fn tree_reaches<B: BlockRead + ?Sized>(
     b: &B,
     root: &RootPtr,
     key: &Key,
     level: u8,
     bytenr: u64,
+    path: &mut Vec<Step>,
 ) -> Result<bool> {
     if root.level <= level {
         return Ok(root.level == level && root.bytenr == bytenr);
     }
-    let mut ptr = *root;
-    loop {
-        let node = b.read_node(ptr.bytenr, ptr.generation)?;
-        let ptrs = node.ptrs();
+    if path.first().is_some_and(|s| s.node.bytenr != root.bytenr) {
+        path.clear();
+    }
+    while path
+        .last()
+        .is_some_and(|s| s.node.level <= level || !s.covers(key))
+    {
+        path.pop();
+    }
+    if path.is_empty() {
+        path.push(Step {
+            node: b.read_node(root.bytenr, root.generation)?,
+            lo: Key::MIN,
+            hi: None,
+        });
+    }
+    while let Some(step) = path.last() {
+        let ptrs = step.node.ptrs();
         let i = ptrs.partition_point(|p| p.key <= *key).saturating_sub(1);
         let Some(p) = ptrs.get(i) else {
             return Ok(false);
         };
-        if node.level <= level + 1 {
-            return Ok(node.level == level + 1 && p.bytenr == bytenr);
+        if step.node.level <= level + 1 {
+            return Ok(step.node.level == level + 1 && p.bytenr == bytenr);
         }
-        ptr = RootPtr {
-            bytenr: p.bytenr,
-            generation: p.generation,
-            level: node.level - 1,
+        let child = Step {
+            node: b.read_node(p.bytenr, p.generation)?,
+            lo: if i == 0 { step.lo } else { p.key },
+            hi: ptrs.get(i + 1).map(|next| next.key).or(step.hi),
         };
+        path.push(child);
     }
+    Ok(false)
 }
 
 /// Every extent reachable from a subvolume: its length and who reaches it.
