@@ -193,6 +193,24 @@ impl Allocator {
     /// clean device keeps its extents long. Groups a balance will empty
     /// come last.
     pub fn alloc(&mut self, kind: GroupKind, min: u64, max: u64, hint: u64) -> Result<(u64, u64)> {
+        let (start, len) = self.alloc_transient(kind, min, max, hint)?;
+        self.journal.push(FreeOp::Remove(start, len));
+        Ok((start, len))
+    }
+
+    /// Allocates like [`Allocator::alloc`] space that the running
+    /// transaction frees again before its commit (the log's blocks, see
+    /// `txn::log`), without telling the free-space tree: the space is
+    /// free there at every commit, and the log of a busy fsync workload
+    /// takes thousands of blocks per transaction, each of which would
+    /// otherwise cost the commit two edits of that tree.
+    pub fn alloc_transient(
+        &mut self,
+        kind: GroupKind,
+        min: u64,
+        max: u64,
+        hint: u64,
+    ) -> Result<(u64, u64)> {
         if min == 0 || min > max {
             return Err(Error::Invalid(format!("allocation of {min}..{max} bytes")));
         }
@@ -221,6 +239,7 @@ impl Allocator {
             return Err(Error::NoSpace);
         }
         self.take(start, len);
+        self.journal.push(FreeOp::Remove(start, len));
         Ok(())
     }
 
@@ -254,12 +273,23 @@ impl Allocator {
             let s = g.start;
             self.dirty_groups.insert(s);
         }
-        self.journal.push(FreeOp::Remove(start, len));
     }
 
     /// Frees an extent. Unless `never_committed`, the space stays pinned
     /// until [`Allocator::unpin`] after the commit.
     pub fn free(&mut self, start: u64, len: u64, never_committed: bool) -> Result<()> {
+        self.give_back(start, len, never_committed)?;
+        self.journal.push(FreeOp::Add(start, len));
+        Ok(())
+    }
+
+    /// Frees space taken by [`Allocator::alloc_transient`]: pinned until
+    /// the commit is durable, and not told to the free-space tree either.
+    pub fn free_transient(&mut self, start: u64, len: u64) -> Result<()> {
+        self.give_back(start, len, false)
+    }
+
+    fn give_back(&mut self, start: u64, len: u64, never_committed: bool) -> Result<()> {
         let g = self
             .group_mut_containing(start)
             .ok_or_else(|| Error::corrupt(start, "freeing space outside any block group"))?;
@@ -275,7 +305,6 @@ impl Allocator {
             self.pinned.push((start, len));
         }
         self.dirty_groups.insert(s);
-        self.journal.push(FreeOp::Add(start, len));
         Ok(())
     }
 

@@ -581,7 +581,12 @@ impl BlockWrite for Txn<'_> {
     fn alloc_node(&mut self, owner: u64, level: u8, hint: u64) -> Result<u64> {
         let ns = self.sh.nodesize as u64;
         let kind = Allocator::kind_for_tree(owner);
-        let (bytenr, _) = self.st.alloc.alloc(kind, ns, ns, hint)?;
+        let (bytenr, _) = if owner == tree_id::LOG {
+            // Freed at the commit (`State::drop_log`).
+            self.st.alloc.alloc_transient(kind, ns, ns, hint)?
+        } else {
+            self.st.alloc.alloc(kind, ns, ns, hint)?
+        };
         if owner == tree_id::LOG {
             // No extent item: the commit frees the log's blocks as a set.
             if let Some(l) = self.st.log.as_mut() {
@@ -621,6 +626,13 @@ impl BlockWrite for Txn<'_> {
             Holder::Parent(p) => self.st.is_log_block(p),
         };
         if from_log {
+            if delta < 0 {
+                // A log block another one replaced (or a child moving
+                // between parents, read again from the device if need
+                // be): no search reaches it again, so it leaves the
+                // cache now rather than all at the commit.
+                self.sh.cache.remove(child);
+            }
             return;
         }
         let h = match holder {

@@ -8,7 +8,10 @@
 //!   no data references; every block allocated for the log of a
 //!   transaction is listed, and the commit that ends the transaction frees
 //!   them all at once (pinned: the durable superblock still names the log
-//!   until the commit's own superblock replaces it).
+//!   until the commit's own superblock replaces it). They are taken and
+//!   given back without a word to the free-space tree
+//!   (`Allocator::alloc_transient`), which shows them free at every
+//!   commit, and a block another replaced leaves the cache at once.
 //! - **Written by fsync, not by the commit.** [`Engine::sync_log`] writes
 //!   the log's dirty blocks, a barrier, and every superblock copy of the
 //!   *last written commit* with the log's root added, and a barrier. A
@@ -92,7 +95,7 @@ impl State {
         for b in log.blocks {
             self.dirty.remove(&b);
             sh.cache.remove(b);
-            self.alloc.free(b, ns, false)?;
+            self.alloc.free_transient(b, ns)?;
         }
         Ok(())
     }
