@@ -646,3 +646,57 @@ fn scattered_overwrites_past_the_early_fold_survive_their_fsync() {
         }),
     );
 }
+
+/// The log's blocks are taken and given back without a word to the
+/// free-space tree (they are free there at every commit): after hundreds
+/// of fsyncs, with the allocator journal applied early and often in
+/// between, a commit leaves an image whose free space agrees with its
+/// extents, and the space the log used is free again after the next
+/// commit.
+#[test]
+fn the_log_leaves_the_free_space_as_it_found_it() {
+    let (dev, e) = common::mem_engine(64 << 20, 4096);
+    drop(e);
+    let early = OpenOptions {
+        settle_early_at: 16,
+        ..OpenOptions::default()
+    };
+    let open = |dev: &Arc<canopy::dev::MemDevice>| {
+        let e = Engine::open(dev.clone() as Arc<dyn Device>, &early).expect("open");
+        Fs::new(Arc::new(e)).expect("fs")
+    };
+    let fs = open(&dev);
+    let dir = mkdir(&fs, ROOT, "d");
+    fs.sync().expect("commit");
+    let free_before = fs.engine().space().1;
+    let commits = fs.engine().committed_generation();
+    let mut files = Vec::new();
+    for i in 0..300u32 {
+        let data = pattern(i as u8, 1000 + i as usize * 37);
+        let ino = file(&fs, dir, &format!("f{i}"), &data);
+        fs.fsync(ino).expect("fsync");
+        files.push((format!("d/f{i}"), data));
+    }
+    assert_eq!(
+        fs.engine().committed_generation(),
+        commits,
+        "fsync committed instead of logging"
+    );
+    fs.sync().expect("commit after the fsyncs");
+    fs.sync().expect("a second commit unpins the log's blocks");
+    drop(fs);
+    common::assert_clean(dev.as_ref());
+    let fs = open(&dev);
+    for (path, data) in &files {
+        assert_eq!(content(&fs, path).as_ref(), Some(data), "{path}");
+    }
+    // What the files hold is gone from the free space; the log's
+    // blocks (hundreds of them) are not.
+    let used_by_files: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    let free_after = fs.engine().space().1;
+    assert!(
+        free_before.saturating_sub(free_after) < used_by_files + (2 << 20),
+        "free space fell by {} for {used_by_files} bytes of files",
+        free_before - free_after
+    );
+}
