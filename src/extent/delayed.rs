@@ -38,6 +38,16 @@ impl PendingExtent {
         self.refs.values().sum()
     }
 
+    /// No changes yet, for an extent of `len` bytes.
+    fn empty(len: u64) -> PendingExtent {
+        PendingExtent {
+            len,
+            new_kind: None,
+            refs: BTreeMap::new(),
+            traced: false,
+        }
+    }
+
     /// Adds the changes of `more`, collected later for the same extent.
     pub fn absorb(&mut self, more: PendingExtent) {
         self.traced |= more.traced;
@@ -84,12 +94,8 @@ impl DelayedRefs {
         } else {
             &mut self.map
         };
-        map.entry(bytenr).or_insert_with(|| PendingExtent {
-            len,
-            new_kind: None,
-            refs: BTreeMap::new(),
-            traced: false,
-        })
+        map.entry(bytenr)
+            .or_insert_with(|| PendingExtent::empty(len))
     }
 
     /// Registers an extent allocated in this transaction.
@@ -160,13 +166,11 @@ impl DelayedRefs {
     /// [`DelayedRefs::take`] until [`DelayedRefs::release`]: a flush's
     /// extent is allocated in one short transaction and referenced in a
     /// later one, and folded in between it would be freed.
-    pub fn hold(&mut self, bytenr: u64) {
-        let p = self.map.remove(&bytenr).unwrap_or_else(|| PendingExtent {
-            len: 0,
-            new_kind: None,
-            refs: BTreeMap::new(),
-            traced: false,
-        });
+    pub fn hold(&mut self, bytenr: u64, len: u64) {
+        let p = self
+            .map
+            .remove(&bytenr)
+            .unwrap_or_else(|| PendingExtent::empty(len));
         self.held.insert(bytenr, p);
     }
 
@@ -195,7 +199,7 @@ mod tests {
     fn held_changes_wait_for_their_release() {
         let mut r = DelayedRefs::default();
         r.new_extent(4096, 4096, ExtentKind::Data);
-        r.hold(4096);
+        r.hold(4096, 4096);
         r.add(4096, 4096, RefHolder::DataLeaf(7), 1);
         r.new_extent(8192, 4096, ExtentKind::Data);
         assert_eq!(r.len(), 1);

@@ -581,26 +581,25 @@ impl BlockWrite for Txn<'_> {
     fn alloc_node(&mut self, owner: u64, level: u8, hint: u64) -> Result<u64> {
         let ns = self.sh.nodesize as u64;
         let kind = Allocator::kind_for_tree(owner);
-        let (bytenr, _) = if owner == tree_id::LOG {
-            // Freed at the commit (`State::drop_log`).
-            self.st.alloc.alloc_transient(kind, ns, ns, hint)?
-        } else {
-            self.st.alloc.alloc(kind, ns, ns, hint)?
-        };
-        if owner == tree_id::LOG {
-            // No extent item: the commit frees the log's blocks as a set.
+        let bytenr = if owner == tree_id::LOG {
+            // No extent item and no free-space change: the commit frees
+            // the log's blocks as a set (`State::drop_log`).
+            let (bytenr, _) = self.st.alloc.alloc_transient(kind, ns, ns, hint)?;
             if let Some(l) = self.st.log.as_mut() {
                 l.blocks.insert(bytenr);
                 l.unwritten.push(bytenr);
             }
-        } else if !tree_id::is_shareable(owner) {
-            *self.st.tree_blocks.entry(owner).or_insert(0) += 1;
-        }
-        if owner != tree_id::LOG {
+            bytenr
+        } else {
+            let (bytenr, _) = self.st.alloc.alloc(kind, ns, ns, hint)?;
+            if !tree_id::is_shareable(owner) {
+                *self.st.tree_blocks.entry(owner).or_insert(0) += 1;
+            }
             self.st
                 .refs
                 .new_extent(bytenr, ns, ExtentKind::Tree { owner, level });
-        }
+            bytenr
+        };
         let body = if level == 0 {
             Body::Leaf(Vec::new())
         } else {

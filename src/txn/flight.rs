@@ -217,7 +217,7 @@ impl Txn<'_> {
         let got = self.alloc_data_range(min, max, hint)?;
         flight.add_extent(got.0, got.1);
         flight.starts.push(got.0);
-        self.st.refs.hold(got.0);
+        self.st.refs.hold(got.0, got.1);
         Ok(got)
     }
 
