@@ -5,7 +5,7 @@
 //! That keeps "was this read since it changed?" answerable (mail readers,
 //! tmp cleaners) while a file read over and over costs one update a day.
 
-use super::{load_inode_tx, store_inode, Subvol};
+use super::Subvol;
 use crate::format::inode::{InodeItem, Timespec};
 
 /// When reads update atime.
@@ -71,9 +71,9 @@ impl Subvol {
         let r = self.engine.write(|tx| {
             // On a full disk the access time waits; the read does not.
             tx.reserve(&crate::txn::Need::items(tree, 1))?;
-            let mut i = load_inode_tx(tx, tree, ino)?;
+            let mut i = self.inode_tx(tx, ino)?;
             i.atime = now;
-            store_inode(tx, tree, ino, i)
+            self.save_inode(tx, ino, i)
         });
         if let Err(e) = r {
             tracing::debug!(ino, error = %e, "atime not updated");

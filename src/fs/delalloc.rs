@@ -35,12 +35,13 @@
 //! inside a read closure; the state lock is taken before an entry's.
 
 use super::file::{self, ReadPlan};
-use super::inodes::{Inode, InodeState};
+use super::inodes::{Inode, InodeState, PendingAttrs};
 use super::rangeset::RangeSet;
 use crate::error::{Error, Result};
+use crate::format::inode::Timespec;
 use crate::format::tree_id::CSUM;
 use crate::format::SECTORSIZE;
-use crate::txn::{Flight, Txn};
+use crate::txn::{Flight, Need, Txn};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -48,6 +49,11 @@ const SECTOR: u64 = SECTORSIZE as u64;
 
 /// Default limit of buffered bytes before writers flush.
 pub const DEFAULT_DIRTY_LIMIT: u64 = 64 << 20;
+
+/// Most data space a write that must reserve takes beyond its own, so
+/// that the next writes of the file need no state lock (see "Writes
+/// without the state lock" above).
+const CREDIT: u64 = 1 << 20;
 
 /// Length past which appends start a new range.
 const RANGE_MAX: u64 = 4 << 20;
@@ -173,6 +179,78 @@ impl super::Subvol {
         adjust(tx, self.tree, merged.span_before, merged.span_after);
     }
 
+    /// Buffers a write of `data` at `offset` of `ino` against the file's
+    /// credit, with no state lock. False when the credit does not cover
+    /// the write's [`span`] (the caller then reserves,
+    /// [`Subvol::buffer_with_credit`]).
+    pub(crate) fn buffer_on_credit(&self, ino: u64, offset: u64, data: &[u8]) -> bool {
+        let Some(inode) = self.inodes.get(ino) else {
+            return false;
+        };
+        let mut s = crate::sync::lock(&inode.state);
+        if s.credit < span(offset, data.len() as u64) {
+            return false;
+        }
+        let grown = buffer_in(&mut s, offset, data.to_vec());
+        drop(s);
+        self.inodes.mark_dirty(ino);
+        self.inodes.add_buffered(grown as i64);
+        true
+    }
+
+    /// Reserves data space for a write of `len` bytes at `offset` of
+    /// `ino` and credit for its next writes, or, when that much is not
+    /// available (a nearly full disk or quota), exactly the write's
+    /// [`span`]. Returns the bytes now held, for
+    /// [`Subvol::buffer_with_credit`].
+    ///
+    /// The credit is as large as the file's buffered bytes, up to
+    /// [`CREDIT`]: a file written once (most small files) gets none, so
+    /// credits never hold much more space than the buffers do. (Held
+    /// space counts as claimed when the allocator decides between data
+    /// and metadata groups.)
+    pub(crate) fn reserve_credit(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let need = span(offset, len);
+        let buffered = self.buffered_bytes_of(ino);
+        let credit = (buffered / SECTOR * SECTOR).min(CREDIT);
+        let items = Need::items(self.tree, 1);
+        let held = match tx.reserve(&items.buffer(need + credit)) {
+            Ok(()) => need + credit,
+            Err(Error::NoSpace | Error::Posix(libc::EDQUOT, _)) => {
+                tx.reserve(&items.buffer(need))?;
+                need
+            }
+            Err(e) => return Err(e),
+        };
+        tx.hold_data(self.tree, held);
+        Ok(held)
+    }
+
+    /// Adds `credit` (held by [`Subvol::reserve_credit`]) to `ino`'s and
+    /// buffers the write against it.
+    pub(crate) fn buffer_with_credit(&self, ino: u64, offset: u64, data: Vec<u8>, credit: u64) {
+        let grown = self.inodes.with(ino, |s| {
+            s.credit += credit;
+            buffer_in(s, offset, data)
+        });
+        self.inodes.mark_dirty(ino);
+        self.inodes.add_buffered(grown as i64);
+    }
+
+    /// Gives `ino`'s unused credit back to the engine.
+    fn release_credit(&self, tx: &mut Txn<'_>, s: &mut InodeState) {
+        let credit = std::mem::take(&mut s.credit);
+        if credit > 0 {
+            tx.release_data(self.tree, credit);
+        }
+    }
+
     /// Buffered and in-flight bytes of `ino` over `[start, end)`, oldest
     /// first, to lay over what the tree holds.
     pub(crate) fn overlay_of(&self, ino: u64, start: u64, end: u64) -> Vec<(u64, Vec<u8>)> {
@@ -243,6 +321,13 @@ impl super::Subvol {
     /// the file's flush lock: nothing is in flight).
     pub(crate) fn truncate_buffered(&self, tx: &mut Txn<'_>, ino: u64, size: u64) {
         self.cut_buffered(tx, ino, size, u64::MAX);
+        self.inodes.with(ino, |s| {
+            if let Some(p) = &mut s.pending {
+                // Writes that extended the file did so before the
+                // truncate (the cut took their bytes past `size`).
+                p.size = 0;
+            }
+        });
     }
 
     /// Drops `ino`'s buffered bytes in `[start, end)` (a punch, a zeroed
@@ -254,6 +339,11 @@ impl super::Subvol {
         let (dropped, before, after) = self.inodes.with(ino, |s| {
             let cut = cut(&mut s.buffered, start, end);
             s.held_bytes -= cut.0;
+            if start == 0 && end == u64::MAX {
+                // Gone: nothing will settle them.
+                s.pending = None;
+                self.release_credit(tx, s);
+            }
             cut
         });
         self.inodes.add_buffered(-(dropped as i64));
@@ -301,8 +391,15 @@ impl super::Subvol {
         inode: &Inode,
         budget: u64,
     ) -> Result<Started> {
-        let taken = take(tx, self.tree, &mut crate::sync::lock(&inode.state), budget);
+        let (taken, pending) = {
+            let mut s = crate::sync::lock(&inode.state);
+            self.release_credit(tx, &mut s);
+            (take(tx, self.tree, &mut s, budget), s.pending.is_some())
+        };
         if taken.is_empty() {
+            if pending {
+                self.settle_attrs(tx, ino)?;
+            }
             return Ok(Started::Nothing);
         }
         let bytes: u64 = taken.iter().map(|(_, d)| d.len() as u64).sum();
@@ -320,6 +417,19 @@ impl super::Subvol {
         }
     }
 
+    /// Stores the attributes buffered writes set into the tree (for a file
+    /// whose buffered bytes went some other way, a punch for instance).
+    fn settle_attrs(&self, tx: &mut Txn<'_>, ino: u64) -> Result<()> {
+        match self.inode_tx(tx, ino) {
+            Ok(i) => self.save_inode(tx, ino, i),
+            Err(Error::NotFound) => {
+                self.inodes.with(ino, |s| s.pending = None);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Writes an inline file's ranges now, or plans and allocates the
     /// segments of a file with extents. None: nothing left to do.
     fn plan_flush(
@@ -329,7 +439,7 @@ impl super::Subvol {
         taken: Vec<(u64, Arc<Vec<u8>>)>,
     ) -> Result<Option<FlushJob>> {
         let tree = self.tree;
-        let i = match super::load_inode_tx(tx, tree, ino) {
+        let i = match self.inode_tx(tx, ino) {
             // Deleted while its data waited: nothing to write.
             Err(Error::NotFound) => return Ok(None),
             r => r?,
@@ -386,7 +496,7 @@ impl super::Subvol {
             delta += file::write_inline(tx, self.tree, ino, i.size, *offset, &data[..keep])?;
         }
         i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
-        super::store_inode(tx, self.tree, ino, i)
+        self.save_inode(tx, ino, i)
     }
 
     /// Steps 3 and 4, then the end of the flight whatever happened.
@@ -516,7 +626,7 @@ impl super::Subvol {
         sums: Vec<Vec<Vec<u8>>>,
     ) -> Result<bool> {
         let tree = self.tree;
-        let mut i = match super::load_inode_tx(tx, tree, ino) {
+        let mut i = match self.inode_tx(tx, ino) {
             Err(Error::NotFound) => return Ok(false),
             r => r?,
         };
@@ -532,7 +642,7 @@ impl super::Subvol {
             }
         }
         i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
-        super::store_inode(tx, tree, ino, i)?;
+        self.save_inode(tx, ino, i)?;
         Ok(true)
     }
 
@@ -586,6 +696,19 @@ fn take(tx: &mut Txn<'_>, tree: u64, s: &mut InodeState, budget: u64) -> Vec<(u6
     }
     adjust(tx, tree, footprint, 0);
     out
+}
+
+/// Merges a write into `s`'s buffer, paid from its credit (which the
+/// caller made cover the write's [`span`]), and notes the size and times
+/// it sets. Returns the bytes the buffer grew by.
+fn buffer_in(s: &mut InodeState, offset: u64, data: Vec<u8>) -> u64 {
+    let end = offset + data.len() as u64;
+    let merged = insert_owned(&mut s.buffered, offset, data);
+    debug_assert!(merged.span_after <= s.credit + merged.span_before);
+    s.credit = (s.credit + merged.span_before).saturating_sub(merged.span_after);
+    s.held_bytes += merged.grown;
+    s.pending = Some(PendingAttrs::wrote(s.pending, end, Timespec::now()));
+    merged.grown
 }
 
 /// The flush of `ranges` ended: readers find their bytes in the tree now

@@ -20,7 +20,7 @@
 use super::delalloc::{Ranges, DEFAULT_DIRTY_LIMIT};
 use super::log::Changes;
 use super::readahead::Stream;
-use crate::format::inode::InodeItem;
+use crate::format::inode::{InodeItem, Timespec};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -51,6 +51,59 @@ pub(crate) struct InodeState {
     /// What the running transaction changed, and whether the inode was
     /// logged in it (see `log`).
     pub changes: Changes,
+    /// Size and times that buffered writes set and the tree's item does
+    /// not have yet: laid over the item whenever it is loaded (see
+    /// `delalloc`, "Writes without the state lock").
+    pub pending: Option<PendingAttrs>,
+    /// Data space the engine holds for this file's next buffered writes,
+    /// beyond its buffers' footprint: a write it covers needs no state
+    /// lock (see `delalloc`).
+    pub credit: u64,
+}
+
+/// What buffered writes changed in an inode's attributes. Each only ever
+/// grows (a write extends the size, and stamps the times with now), so
+/// laying them over the item takes the larger of each; an operation that
+/// lowers one (truncate, an explicit mtime) clears it here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PendingAttrs {
+    pub size: u64,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+}
+
+fn later(a: Timespec, b: Timespec) -> Timespec {
+    if (a.sec, a.nsec) >= (b.sec, b.nsec) {
+        a
+    } else {
+        b
+    }
+}
+
+impl PendingAttrs {
+    /// Notes a write that ends at `end` at time `now`.
+    pub fn wrote(p: Option<PendingAttrs>, end: u64, now: Timespec) -> PendingAttrs {
+        let p = p.unwrap_or_default();
+        PendingAttrs {
+            size: p.size.max(end),
+            mtime: later(p.mtime, now),
+            ctime: later(p.ctime, now),
+        }
+    }
+
+    /// Lays these attributes over the item `i` loaded from the tree.
+    pub fn lay_over(&self, i: &mut InodeItem) {
+        i.size = i.size.max(self.size);
+        i.mtime = later(i.mtime, self.mtime);
+        i.ctime = later(i.ctime, self.ctime);
+    }
+
+    /// Whether the item `i` already says everything these do.
+    pub fn within(&self, i: &InodeItem) -> bool {
+        let mut laid = i.clone();
+        self.lay_over(&mut laid);
+        laid == *i
+    }
 }
 
 impl InodeState {
@@ -62,6 +115,14 @@ impl InodeState {
             && self.ghost.is_none()
             && self.stream == Stream::default()
             && self.changes.is_empty_for(transid)
+            && self.pending.is_none()
+            && self.credit == 0
+    }
+
+    /// Whether a flush has something to do for it: buffered data, or
+    /// attributes or credit to settle.
+    pub fn needs_flush(&self) -> bool {
+        !self.buffered.is_empty() || self.pending.is_some() || self.credit > 0
     }
 }
 
@@ -251,17 +312,50 @@ impl InodeTable {
         })
     }
 
+    /// Drops `ino`'s pending attributes if the item `stored` in the tree
+    /// says everything they do.
+    pub fn settle_pending(&self, ino: u64, stored: &InodeItem) {
+        if let Some(inode) = self.get(ino) {
+            let mut s = crate::sync::lock(&inode.state);
+            if s.pending.is_some_and(|p| p.within(stored)) {
+                s.pending = None;
+            }
+            drop(s);
+            drop(inode);
+            self.tidy(ino);
+        }
+    }
+
+    /// Forgets the mtime and/or ctime earlier writes set on `ino` (a
+    /// setattr gave them explicitly).
+    pub fn forget_pending_times(&self, ino: u64, mtime: bool, ctime: bool) {
+        if self.get(ino).is_none() {
+            return;
+        }
+        self.with(ino, |s| {
+            if let Some(p) = &mut s.pending {
+                if mtime {
+                    p.mtime = Timespec::default();
+                }
+                if ctime {
+                    p.ctime = Timespec::default();
+                }
+            }
+        });
+    }
+
     /// Notes that `ino`'s buffer just gained data (see `dirty`).
     pub fn mark_dirty(&self, ino: u64) {
         crate::sync::lock(&self.dirty).insert(ino);
     }
 
-    /// Inodes with buffered data and the bytes they hold.
+    /// Inodes a flush has something to do for (see
+    /// [`InodeState::needs_flush`]) and the bytes they hold.
     pub fn dirty_inodes(&self) -> Vec<(u64, u64)> {
         let mut dirty = crate::sync::lock(&self.dirty);
         let mut out = Vec::with_capacity(dirty.len());
         dirty.retain(|&ino| {
-            let held = self.peek(ino, |s| (!s.buffered.is_empty()).then_some(s.held_bytes));
+            let held = self.peek(ino, |s| s.needs_flush().then_some(s.held_bytes));
             match held.flatten() {
                 Some(bytes) => {
                     out.push((bytes, ino));

@@ -340,6 +340,36 @@ impl Core {
 }
 
 impl Subvol {
+    /// The item of `ino` as the file is now: what the tree holds, with
+    /// the size and times buffered writes set laid over it (see
+    /// `delalloc`, "Writes without the state lock").
+    pub(crate) fn inode_tx(&self, tx: &Txn<'_>, ino: u64) -> Result<InodeItem> {
+        let mut i = load_inode_tx(tx, self.tree, ino)?;
+        self.lay_pending(ino, &mut i);
+        Ok(i)
+    }
+
+    /// [`Subvol::inode_tx`] for a reader.
+    pub(crate) fn inode_r(&self, r: &Reader<'_>, ino: u64) -> Result<InodeItem> {
+        let mut i = load_inode_r(r, self.tree, ino)?;
+        self.lay_pending(ino, &mut i);
+        Ok(i)
+    }
+
+    fn lay_pending(&self, ino: u64, i: &mut InodeItem) {
+        if let Some(Some(p)) = self.inodes.peek(ino, |s| s.pending) {
+            p.lay_over(i);
+        }
+    }
+
+    /// Stores `i` as the item of `ino`. Attributes buffered writes set
+    /// that it includes are then settled: the tree has them.
+    pub(crate) fn save_inode(&self, tx: &mut Txn<'_>, ino: u64, i: InodeItem) -> Result<()> {
+        store_inode(tx, self.tree, ino, i.clone())?;
+        self.inodes.settle_pending(ino, &i);
+        Ok(())
+    }
+
     /// Whether the tree holds no item at all (a freshly formatted image).
     fn is_empty_tree(&self) -> Result<bool> {
         self.engine.read(|r| {

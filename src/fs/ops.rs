@@ -1,8 +1,6 @@
 //! The POSIX operations.
 
-use super::{
-    acl, dir, dtype, errno, file, is_dir, load_inode_r, load_inode_tx, store_inode, Subvol,
-};
+use super::{acl, dir, dtype, errno, file, is_dir, load_inode_r, Subvol};
 use crate::error::{Error, Result};
 use crate::format::inode::{InodeItem, Timespec, ROOT_DIR_INO};
 use crate::format::items::FILE_EXTENT_INLINE;
@@ -242,7 +240,7 @@ impl Subvol {
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let found = self.engine.read(|r| {
-            let i = load_inode_r(r, self.tree, ino)?;
+            let i = self.inode_r(r, ino)?;
             self.full_attr(r, ino, &i)
         });
         match found {
@@ -290,7 +288,7 @@ impl Subvol {
     /// subvolume's link), which holds no buffered data of ours.
     fn node_attr(&self, r: &crate::txn::Reader<'_>, node: u64) -> Result<Attr> {
         let (tree, ino) = super::split_node(node);
-        let i = load_inode_r(r, tree, ino)?;
+        let i = self.inode_r(r, ino)?;
         match tree == self.tree {
             true => self.full_attr(r, ino, &i),
             false => Ok(attr_of(node, &i)),
@@ -363,7 +361,7 @@ impl Subvol {
             _ => {}
         }
         self.engine.read(|r| {
-            let p = load_inode_r(r, self.tree, parent)?;
+            let p = self.inode_r(r, parent)?;
             if !is_dir(p.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
             }
@@ -373,10 +371,7 @@ impl Subvol {
                 let i = load_inode_r(r, e.ino, ROOT_DIR_INO)?;
                 return Ok(attr_of(super::node_id(e.ino, ROOT_DIR_INO), &i));
             }
-            Ok(attr_of(
-                self.node(e.ino)?,
-                &load_inode_r(r, self.tree, e.ino)?,
-            ))
+            Ok(attr_of(self.node(e.ino)?, &self.inode_r(r, e.ino)?))
         })
     }
 
@@ -384,7 +379,7 @@ impl Subvol {
     /// the directory holding its link; the top level's root is its own).
     fn lookup_parent(&self, dir: u64) -> Result<Attr> {
         self.engine.read(|r| {
-            let i = load_inode_r(r, self.tree, dir)?;
+            let i = self.inode_r(r, dir)?;
             if !is_dir(i.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
             }
@@ -444,7 +439,7 @@ impl Subvol {
             };
             let now = Timespec::now();
             let mut inode = new_inode(&p, mode, rdev, owner, now);
-            store_inode(tx, tree, ino, inode.clone())?;
+            self.save_inode(tx, ino, inode.clone())?;
             acls.store(tx, tree, ino)?;
             match target {
                 Some(t) if long => self.buffer(tx, ino, 0, t),
@@ -453,14 +448,14 @@ impl Subvol {
             }
             if let Some(t) = target {
                 inode.size = t.len() as u64;
-                store_inode(tx, tree, ino, inode.clone())?;
+                self.save_inode(tx, ino, inode.clone())?;
             }
             dir::apply(tx, tree, entry)?;
             self.note_name(tx, parent, ino);
             p.nlink = parent_links;
             p.mtime = now;
             p.ctime = now;
-            store_inode(tx, tree, parent, p)?;
+            self.save_inode(tx, parent, p)?;
             Ok(self.attr(ino, &inode))
         })?;
         if long {
@@ -482,7 +477,7 @@ impl Subvol {
     ) -> Result<()> {
         let p = self.parent_dir(tx, parent)?;
         let inode = new_inode(&p, libc::S_IFCHR, 0, owner, now);
-        store_inode(tx, self.tree, ino, inode)?;
+        self.save_inode(tx, ino, inode)?;
         dir::add(tx, self.tree, parent, name, ino, dtype(libc::S_IFCHR))?;
         self.note_name(tx, parent, ino);
         Ok(())
@@ -538,7 +533,7 @@ impl Subvol {
     }
 
     fn parent_dir(&self, tx: &Txn<'_>, parent: u64) -> Result<InodeItem> {
-        let p = load_inode_tx(tx, self.tree, parent)?;
+        let p = self.inode_tx(tx, parent)?;
         if !is_dir(p.mode) {
             return Err(errno(libc::ENOTDIR, "not a directory"));
         }
@@ -548,7 +543,7 @@ impl Subvol {
     /// The highest entry index of directory `ino` (see `dir::last_index`).
     pub fn dir_last_index(&self, ino: u64) -> Result<u64> {
         self.engine.read(|r| {
-            let i = load_inode_r(r, self.tree, ino)?;
+            let i = self.inode_r(r, ino)?;
             if !is_dir(i.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
             }
@@ -559,7 +554,7 @@ impl Subvol {
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         self.engine.read_unlocked(
             |r| {
-                let i = load_inode_r(r, self.tree, ino)?;
+                let i = self.inode_r(r, ino)?;
                 if i.mode & libc::S_IFMT != libc::S_IFLNK {
                     return Err(errno(libc::EINVAL, "not a symlink"));
                 }
@@ -606,7 +601,7 @@ impl Subvol {
             if e.is_subvolume() {
                 return Ok(Some(e.ino));
             }
-            let child = load_inode_tx(tx, tree, e.ino)?;
+            let child = self.inode_tx(tx, e.ino)?;
             match (rmdir, is_dir(child.mode)) {
                 (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
                 (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
@@ -625,7 +620,7 @@ impl Subvol {
             }
             p.mtime = now;
             p.ctime = now;
-            store_inode(tx, tree, parent, p)?;
+            self.save_inode(tx, parent, p)?;
             self.drop_link(tx, e.ino, child, now)?;
             self.note_name(tx, parent, e.ino);
             self.log_name_changes(tx, &[e.ino]).map(|()| None)
@@ -650,11 +645,11 @@ impl Subvol {
         inode.nlink = links;
         inode.ctime = now;
         if links > 0 {
-            return store_inode(tx, tree, ino, inode);
+            return self.save_inode(tx, ino, inode);
         }
         if self.is_open(ino) {
             tx.put(tree, orphan_key(ino), Vec::new())?;
-            return store_inode(tx, tree, ino, inode);
+            return self.save_inode(tx, ino, inode);
         }
         self.discard_buffered(tx, ino);
         delete_inode(tx, tree, ino)?;
@@ -687,7 +682,7 @@ impl Subvol {
                 return Ok(());
             }
             tx.reserve(&Need::items(tree, 2 + log_items(tx)).deleting())?;
-            let inode = load_inode_tx(tx, tree, ino)?;
+            let inode = self.inode_tx(tx, ino)?;
             check_deletable(tx, tree, ino)?;
             tx.delete(tree, &orphan_key(ino))?;
             self.discard_buffered(tx, ino);
@@ -732,7 +727,7 @@ impl Subvol {
         self.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)))?;
             let mut p = self.parent_dir(tx, parent)?;
-            let mut i = load_inode_tx(tx, tree, ino)?;
+            let mut i = self.inode_tx(tx, ino)?;
             if is_dir(i.mode) {
                 return Err(errno(libc::EPERM, "hard link to a directory"));
             }
@@ -752,10 +747,10 @@ impl Subvol {
                 tx.delete(tree, &orphan_key(ino))?;
             }
             i.ctime = now;
-            store_inode(tx, tree, ino, i.clone())?;
+            self.save_inode(tx, ino, i.clone())?;
             p.mtime = now;
             p.ctime = now;
-            store_inode(tx, tree, parent, p)?;
+            self.save_inode(tx, parent, p)?;
             self.note_name(tx, parent, ino);
             self.log_name_changes(tx, &[ino])?;
             Ok(self.attr(ino, &i))
@@ -799,7 +794,7 @@ impl Subvol {
                 let to = (newparent, newname);
                 return self.rename_subvolume(tx, parent, &src, to, dst.as_ref(), exchange);
             }
-            let src_inode = load_inode_tx(tx, tree, src.ino)?;
+            let src_inode = self.inode_tx(tx, src.ino)?;
             if is_dir(src_inode.mode)
                 && parent != newparent
                 && self.is_ancestor(tx, src.ino, newparent)?
@@ -812,7 +807,7 @@ impl Subvol {
             let now = Timespec::now();
             if exchange {
                 let dst = dst.ok_or(Error::NotFound)?;
-                let dst_inode = load_inode_tx(tx, tree, dst.ino)?;
+                let dst_inode = self.inode_tx(tx, dst.ino)?;
                 if is_dir(dst_inode.mode)
                     && parent != newparent
                     && self.is_ancestor(tx, dst.ino, parent)?
@@ -844,7 +839,7 @@ impl Subvol {
             }
             dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
             if let Some(d) = &dst {
-                let d_inode = load_inode_tx(tx, tree, d.ino)?;
+                let d_inode = self.inode_tx(tx, d.ino)?;
                 match (is_dir(src_inode.mode), is_dir(d_inode.mode)) {
                     (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
                     (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
@@ -858,9 +853,9 @@ impl Subvol {
                 }
                 dir::remove(tx, tree, newparent, newname)?;
                 if is_dir(d_inode.mode) {
-                    let mut np = load_inode_tx(tx, tree, newparent)?;
+                    let mut np = self.inode_tx(tx, newparent)?;
                     np.nlink = np.nlink.saturating_sub(1);
-                    store_inode(tx, tree, newparent, np)?;
+                    self.save_inode(tx, newparent, np)?;
                 }
                 self.drop_link(tx, d.ino, d_inode, now)?;
                 self.note_name(tx, newparent, d.ino);
@@ -889,16 +884,15 @@ impl Subvol {
         dirs: (bool, bool),
         now: Timespec,
     ) -> Result<()> {
-        let tree = self.tree;
         let moved_out = i64::from(dirs.0) - i64::from(dirs.1);
         for (ino, delta) in [(from, -moved_out), (to, moved_out)] {
-            let mut p = load_inode_tx(tx, tree, ino)?;
+            let mut p = self.inode_tx(tx, ino)?;
             if from != to {
                 p.nlink = (i64::from(p.nlink) + delta).clamp(0, i64::from(u32::MAX)) as u32;
             }
             p.mtime = now;
             p.ctime = now;
-            store_inode(tx, tree, ino, p)?;
+            self.save_inode(tx, ino, p)?;
             if from == to {
                 break;
             }
@@ -907,9 +901,9 @@ impl Subvol {
     }
 
     fn touch_ctime(&self, tx: &mut Txn<'_>, ino: u64, now: Timespec) -> Result<()> {
-        let mut i = load_inode_tx(tx, self.tree, ino)?;
+        let mut i = self.inode_tx(tx, ino)?;
         i.ctime = now;
-        store_inode(tx, self.tree, ino, i)
+        self.save_inode(tx, ino, i)
     }
 
     /// True when `dir` is `ino` or lies below it: walks up from `dir`
@@ -955,7 +949,7 @@ impl Subvol {
             None => None,
         };
         let done = self.write_reserved(|tx| {
-            let mut i = load_inode_tx(tx, tree, ino)?;
+            let mut i = self.inode_tx(tx, ino)?;
             tx.reserve(&match s.size {
                 // Shrinking is a deletion; only a partial last sector is
                 // rewritten (zeroed past the new end).
@@ -987,7 +981,12 @@ impl Subvol {
             if s.mode.is_some() {
                 self.chmod_acl(tx, ino, i.mode)?;
             }
-            store_inode(tx, tree, ino, i.clone())?;
+            self.save_inode(tx, ino, i.clone())?;
+            if s.mtime.is_some() || s.ctime.is_some() {
+                // Times set explicitly win over those of earlier writes.
+                self.inodes
+                    .forget_pending_times(ino, s.mtime.is_some(), s.ctime.is_some());
+            }
             Ok(self.attr(ino, &i))
         });
         match done {
@@ -1008,7 +1007,7 @@ impl Subvol {
     pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
         let (data, seen) = self.engine.read_unlocked(
             |r| {
-                let i = load_inode_r(r, self.tree, ino)?;
+                let i = self.inode_r(r, ino)?;
                 if is_dir(i.mode) {
                     return Err(errno(libc::EISDIR, "is a directory"));
                 }
@@ -1060,26 +1059,20 @@ impl Subvol {
         if self.budget.over_limit() {
             self.flush_to_limit()?;
         }
-        let tree = self.tree;
-        // The sectors it touches, at most: partial ones are rewritten
-        // whole. The buffer then holds the exact growth of its footprint.
-        let need = Need::items(tree, 1).buffer(super::delalloc::span(offset, data.len() as u64));
+        self.engine.check_alive()?;
+        if self.buffer_on_credit(ino, offset, data) {
+            return Ok(data.len() as u32);
+        }
         // Copied before the state lock is taken (again on a retry).
         let mut owned = Some(data.to_vec());
         let done = self.write_reserved(|tx| {
-            tx.reserve(&need)?;
-            let mut i = load_inode_tx(tx, tree, ino)?;
+            let i = self.inode_tx(tx, ino)?;
             if is_dir(i.mode) {
                 return Err(errno(libc::EISDIR, "is a directory"));
             }
-            // Buffered together with the size it implies (see delalloc).
+            let credit = self.reserve_credit(tx, ino, offset, data.len() as u64)?;
             let bytes = owned.take().unwrap_or_else(|| data.to_vec());
-            self.buffer_owned(tx, ino, offset, bytes);
-            i.size = i.size.max(offset + data.len() as u64);
-            let now = Timespec::now();
-            i.mtime = now;
-            i.ctime = now;
-            store_inode(tx, tree, ino, i)?;
+            self.buffer_with_credit(ino, offset, bytes, credit);
             Ok(data.len() as u32)
         });
         match done {
@@ -1097,7 +1090,7 @@ impl Subvol {
     /// and "..".
     pub fn readdir(&self, ino: u64, offset: u64, max: usize, last: u64) -> Result<Vec<DirListing>> {
         let (listing, seen) = self.engine.read(|r| {
-            let i = load_inode_r(r, self.tree, ino)?;
+            let i = self.inode_r(r, ino)?;
             if !is_dir(i.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
             }
@@ -1161,7 +1154,7 @@ impl Subvol {
         let need = Need::items(tree, 3).payload((name.len() + value.len()) as u64);
         self.write_reserved(|tx| {
             tx.reserve(&need)?;
-            let mut i = load_inode_tx(tx, tree, ino)?;
+            let mut i = self.inode_tx(tx, ino)?;
             match &acl {
                 Some(a) if name == acl::ACCESS => {
                     let (bits, plain) = a.mode_bits();
@@ -1185,20 +1178,20 @@ impl Subvol {
                 _ => super::xattr::set(tx, tree, ino, name, value, flags)?,
             }
             i.ctime = Timespec::now();
-            store_inode(tx, tree, ino, i)
+            self.save_inode(tx, ino, i)
         })
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         self.engine.read(|r| {
-            load_inode_r(r, self.tree, ino)?;
+            self.inode_r(r, ino)?;
             super::xattr::get(r, &r.root(self.tree)?, ino, name)
         })
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
         self.engine.read(|r| {
-            load_inode_r(r, self.tree, ino)?;
+            self.inode_r(r, ino)?;
             super::xattr::list(r, &r.root(self.tree)?, ino)
         })
     }
@@ -1217,7 +1210,7 @@ impl Subvol {
     /// extent. ENXIO past the end (and for SEEK_DATA when only holes follow).
     pub fn seek(&self, ino: u64, offset: u64, data: bool) -> Result<u64> {
         self.engine.read(|r| {
-            let i = load_inode_r(r, self.tree, ino)?;
+            let i = self.inode_r(r, ino)?;
             if offset >= i.size {
                 return Err(errno(libc::ENXIO, "offset past the end of the file"));
             }
@@ -1302,7 +1295,7 @@ impl Subvol {
         let held = self.inodes.lock_flush(ino);
         self.flush_held(ino, &held.inode)?;
         self.write_reserved(|tx| {
-            let mut i = load_inode_tx(tx, tree, ino)?;
+            let mut i = self.inode_tx(tx, ino)?;
             if i.mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(errno(libc::ENODEV, "not a regular file"));
             }
@@ -1356,7 +1349,7 @@ impl Subvol {
             let now = Timespec::now();
             i.mtime = now;
             i.ctime = now;
-            store_inode(tx, tree, ino, i)
+            self.save_inode(tx, ino, i)
         })
     }
 
@@ -1464,7 +1457,7 @@ impl Subvol {
                 + file::count_items(tx, &root, dst, dst_off, dst_off + len)?;
             // The shared extents count against the destination's quota.
             tx.reserve(&Need::items(tree, items + 4).shared(len))?;
-            let mut d = load_inode_tx(tx, tree, dst)?;
+            let mut d = self.inode_tx(tx, dst)?;
             if d.mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(errno(libc::EINVAL, "not a regular file"));
             }
@@ -1477,7 +1470,7 @@ impl Subvol {
             let now = Timespec::now();
             d.mtime = now;
             d.ctime = now;
-            store_inode(tx, tree, dst, d)?;
+            self.save_inode(tx, dst, d)?;
             Ok(len)
         })
     }

@@ -9,7 +9,7 @@
 //! caller is outside the file's group. Who the caller is (capabilities,
 //! groups) is the FUSE layer's to know; it decides through `drop`.
 
-use super::{load_inode_tx, store_inode, Subvol};
+use super::Subvol;
 use crate::error::Result;
 use crate::format::inode::Timespec;
 use crate::txn::Need;
@@ -48,13 +48,13 @@ impl Subvol {
         let tree = self.tree;
         self.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, 1))?;
-            let mut i = load_inode_tx(tx, tree, ino)?;
+            let mut i = self.inode_tx(tx, ino)?;
             if i.mode & bits == 0 {
                 return Ok(false);
             }
             i.mode &= !bits;
             i.ctime = Timespec::now();
-            store_inode(tx, tree, ino, i).map(|()| true)
+            self.save_inode(tx, ino, i).map(|()| true)
         })
     }
 }

@@ -18,7 +18,7 @@
 //! and deleting commit at once, so the log tree never has to describe a
 //! subvolume link.
 
-use super::{dir, dtype, errno, is_dir, load_inode_r, load_inode_tx, store_inode, Attr, Core};
+use super::{dir, dtype, errno, is_dir, load_inode_r, Attr, Core};
 use super::{node_id, Owner, Subvol};
 use crate::error::{Error, Result};
 use crate::format::inode::{DirEntry, Timespec, ROOT_DIR_INO, SUBVOL_ENTRY};
@@ -193,7 +193,7 @@ impl Subvol {
             // The snapshot's group and the memberships it inherits.
             let quota = crate::qgroup::ops::items_for_subvolume(tx.qgroups(), Some(tree));
             tx.reserve(&Need::items(tree, LINK_ITEMS + quota))?;
-            let mut p = load_inode_tx(tx, tree, parent)?;
+            let mut p = self.inode_tx(tx, parent)?;
             if !is_dir(p.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
             }
@@ -215,7 +215,7 @@ impl Subvol {
             let now = Timespec::now();
             p.mtime = now;
             p.ctime = now;
-            store_inode(tx, tree, parent, p)
+            self.save_inode(tx, parent, p)
         })?;
         *highest = id;
         drop(highest);
@@ -272,12 +272,12 @@ impl Subvol {
             dir::remove(tx, tree, parent, name)?;
             tx.delete(ROOT, &root_ref_key(tree, sub))?;
             tx.delete(ROOT, &root_backref_key(sub, tree))?;
-            let mut p = load_inode_tx(tx, tree, parent)?;
+            let mut p = self.inode_tx(tx, parent)?;
             p.nlink = p.nlink.saturating_sub(1);
             let now = Timespec::now();
             p.mtime = now;
             p.ctime = now;
-            store_inode(tx, tree, parent, p)?;
+            self.save_inode(tx, parent, p)?;
             for (_, ino) in doomed.inodes.dirty_inodes() {
                 doomed.discard_buffered(tx, ino);
             }

@@ -222,7 +222,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    fn check_alive(&self) -> Result<()> {
+    pub(crate) fn check_alive(&self) -> Result<()> {
         match &*crate::sync::lock(&self.failed) {
             Some(why) => Err(Error::Aborted(why.clone())),
             None => Ok(()),
