@@ -140,6 +140,9 @@ fn apply_one(
     let children_handed = handed.is_some();
     let existing = match handed {
         Some(found) => Some(found),
+        // Made in this transaction: it has no item yet (the insert below
+        // reports one that is there anyway), and no search is needed.
+        None if p.new_kind.is_some() => None,
         None => find_extent_item(tx, &tx.root_of(EXTENT)?, bytenr)?,
     };
     let (mut item, len, existed) = match (existing, p.new_kind) {
@@ -168,7 +171,7 @@ fn apply_one(
         return Ok(());
     }
     for (&holder, &delta) in &p.refs {
-        update_backref(tx, bytenr, holder, delta)?;
+        update_backref(tx, bytenr, holder, delta, existed)?;
     }
     let total = item.refs as i64 + p.net();
     if total < 0 {
@@ -196,7 +199,14 @@ fn apply_one(
         return Ok(());
     }
     item.refs = total as u64;
-    tx.put(EXTENT, key, item.encode())?;
+    if existed {
+        tx.put(EXTENT, key, item.encode())?;
+    } else {
+        tx.insert(EXTENT, key, item.encode()).map_err(|e| match e {
+            Error::Exists => Error::corrupt(bytenr, "newly allocated extent already has an item"),
+            e => e,
+        })?;
+    }
     Ok(())
 }
 
@@ -208,20 +218,43 @@ fn backref_key(bytenr: u64, holder: RefHolder) -> Key {
     }
 }
 
-fn update_backref(tx: &mut Txn<'_>, bytenr: u64, holder: RefHolder, delta: i64) -> Result<()> {
+/// Applies `delta` to the back-reference of `holder` to the extent at
+/// `bytenr`. `existed`: the extent had an item before this fold (a new
+/// one has no back-references to look up).
+fn update_backref(
+    tx: &mut Txn<'_>,
+    bytenr: u64,
+    holder: RefHolder,
+    delta: i64,
+    existed: bool,
+) -> Result<()> {
     let key = backref_key(bytenr, holder);
     let bad = |why: &str| Error::corrupt(bytenr, format!("back-reference {key}: {why}"));
     if let RefHolder::DataLeaf(_) = holder {
-        let old = match tx.get(EXTENT, &key)? {
+        // Taken out and put back only if some count is left: the common
+        // changes (a new extent's first holder, the last holder of a
+        // freed one) cost one tree edit.
+        let old = match existed {
+            false => None,
+            true => match tx.delete(EXTENT, &key) {
+                Ok(d) => Some(d),
+                Err(Error::NotFound) => None,
+                Err(e) => return Err(e),
+            },
+        };
+        let old = match old {
             Some(d) => i64::from(decode_ref_count(&d).map_err(|e| bad(&e))?),
             None => 0,
         };
         let new = old + delta;
         return match new {
-            0 => tx.delete(EXTENT, &key).map(|_| ()),
+            0 => Ok(()),
             1..=0xffff_ffff => tx
-                .put(EXTENT, key, encode_ref_count(new as u32))
-                .map(|_| ()),
+                .insert(EXTENT, key, encode_ref_count(new as u32))
+                .map_err(|e| match e {
+                    Error::Exists => bad("recorded twice"),
+                    e => e,
+                }),
             _ => Err(bad("count out of range")),
         };
     }
