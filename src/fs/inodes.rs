@@ -138,6 +138,9 @@ pub(crate) struct Inode {
 /// flight), and how many may be before writers flush.
 pub(crate) struct Budget {
     buffered: AtomicU64,
+    /// Bytes flushes took and have not written yet: still in memory, so
+    /// writers wait for them too (a write needs no lock a flush holds).
+    in_flight: AtomicU64,
     limit: AtomicU64,
 }
 
@@ -145,6 +148,7 @@ impl Default for Budget {
     fn default() -> Budget {
         Budget {
             buffered: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
             limit: AtomicU64::new(DEFAULT_DIRTY_LIMIT),
         }
     }
@@ -156,12 +160,11 @@ impl Budget {
     }
 
     fn add(&self, grown: i64) {
-        if grown >= 0 {
-            self.buffered.fetch_add(grown as u64, Ordering::Relaxed);
-        } else {
-            self.buffered
-                .fetch_sub(grown.unsigned_abs(), Ordering::Relaxed);
-        }
+        add_signed(&self.buffered, grown);
+    }
+
+    pub fn add_in_flight(&self, grown: i64) {
+        add_signed(&self.in_flight, grown);
     }
 
     pub fn limit(&self) -> u64 {
@@ -173,7 +176,16 @@ impl Budget {
     }
 
     pub fn over_limit(&self) -> bool {
-        self.buffered() > self.limit()
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        self.buffered().saturating_add(in_flight) > self.limit()
+    }
+}
+
+fn add_signed(n: &AtomicU64, by: i64) {
+    if by >= 0 {
+        n.fetch_add(by as u64, Ordering::Relaxed);
+    } else {
+        n.fetch_sub(by.unsigned_abs(), Ordering::Relaxed);
     }
 }
 
