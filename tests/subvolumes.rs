@@ -327,3 +327,37 @@ fn deleting_a_busy_subvolume_gives_everything_back() {
     assert!(back + 64 >= avail, "space back: {back} of {avail} blocks");
     drop(reopen(&dev, fs));
 }
+
+/// A listing with attributes gives a subvolume's entry the attributes of
+/// that subvolume's root directory, and ".." of a subvolume's root those
+/// of the directory holding its link (both live in other trees than the
+/// listed directory).
+#[test]
+fn listing_with_attributes_reads_other_trees_inodes_from_their_trees() {
+    let (_dev, fs) = new_fs();
+    let sv = fs.create_subvolume(ROOT, b"sv", ME).expect("create");
+    for i in 0..3 {
+        let name = format!("d{i}");
+        fs.create(sv.ino, name.as_bytes(), libc::S_IFDIR | 0o755, 0, ME, None)
+            .expect("mkdir in the subvolume");
+    }
+    let plus = |dir: u64| -> Vec<(Vec<u8>, canopy::fs::Attr)> {
+        fs.readdir_plus(dir, 0, 100, u64::MAX)
+            .expect("readdir_plus")
+            .into_iter()
+            .filter_map(|(_, a, name)| a.map(|a| (name, a)))
+            .collect()
+    };
+    let top = plus(ROOT);
+    let (_, listed) = top.iter().find(|(n, _)| n == b"sv").expect("sv listed");
+    let real = fs.getattr(sv.ino).expect("getattr of the subvolume");
+    assert_eq!(
+        (listed.ino, listed.nlink, listed.mtime),
+        (real.ino, real.nlink, real.mtime)
+    );
+    assert_eq!(real.nlink, 5, "the subvolume root holds three directories");
+    let inside = plus(sv.ino);
+    let (_, up) = inside.iter().find(|(n, _)| n == b"..").expect(".. listed");
+    let top_attr = fs.getattr(ROOT).expect("getattr of the top");
+    assert_eq!((up.ino, up.nlink), (top_attr.ino, top_attr.nlink));
+}

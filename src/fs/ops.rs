@@ -288,10 +288,9 @@ impl Subvol {
     /// subvolume's link), which holds no buffered data of ours.
     fn node_attr(&self, r: &crate::txn::Reader<'_>, node: u64) -> Result<Attr> {
         let (tree, ino) = super::split_node(node);
-        let i = self.inode_r(r, ino)?;
         match tree == self.tree {
-            true => self.full_attr(r, ino, &i),
-            false => Ok(attr_of(node, &i)),
+            true => self.full_attr(r, ino, &self.inode_r(r, ino)?),
+            false => Ok(attr_of(node, &load_inode_r(r, tree, ino)?)),
         }
     }
 
