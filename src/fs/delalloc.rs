@@ -341,40 +341,52 @@ impl super::Subvol {
     /// Drops `ino`'s buffered bytes at and past `size` (a truncate, under
     /// the file's flush lock: nothing is in flight).
     pub(crate) fn truncate_buffered(&self, tx: &mut Txn<'_>, ino: u64, size: u64) {
-        self.cut_buffered(tx, ino, size, u64::MAX);
-        self.inodes.with(ino, |s| {
+        self.cut_buffered_then(tx, ino, (size, u64::MAX), |_, s| {
             if let Some(p) = &mut s.pending {
                 // Writes that extended the file did so before the
-                // truncate (the cut took their bytes past `size`).
+                // truncate: the cut took their bytes past `size` under
+                // the same lock.
                 p.size = 0;
             }
         });
     }
 
     /// Drops `ino`'s buffered bytes in `[start, end)` (a punch, a zeroed
-    /// range, a reflink's destination, a truncate).
+    /// range, a reflink's destination).
     pub(crate) fn cut_buffered(&self, tx: &mut Txn<'_>, ino: u64, start: u64, end: u64) {
+        self.cut_buffered_then(tx, ino, (start, end), |_, _| {});
+    }
+
+    /// Forgets `ino`'s buffered bytes (the inode is gone), its pending
+    /// attributes (nothing will settle them) and its credit. A flush in
+    /// flight finds the inode gone and drops its own.
+    pub(crate) fn discard_buffered(&self, tx: &mut Txn<'_>, ino: u64) {
+        self.cut_buffered_then(tx, ino, (0, u64::MAX), |tx, s| {
+            s.pending = None;
+            self.release_credit(tx, s);
+        });
+    }
+
+    /// Drops `ino`'s buffered bytes in `[start, end)`, then runs `then` on
+    /// its state under the same lock (so no write slips in between).
+    fn cut_buffered_then(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        (start, end): (u64, u64),
+        then: impl FnOnce(&mut Txn<'_>, &mut InodeState),
+    ) {
         if start >= end || self.inodes.get(ino).is_none() {
             return;
         }
         let (_, before, after) = self.inodes.with(ino, |s| {
             let cut = cut(&mut s.buffered, start, end);
             s.held_bytes -= cut.0;
-            if start == 0 && end == u64::MAX {
-                // Gone: nothing will settle them.
-                s.pending = None;
-                self.release_credit(tx, s);
-            }
             self.inodes.add_buffered(-(cut.0 as i64));
+            then(tx, s);
             cut
         });
         adjust(tx, self.tree, before, after);
-    }
-
-    /// Forgets `ino`'s buffered bytes (the inode is gone). A flush in
-    /// flight finds the inode gone and drops its own.
-    pub(crate) fn discard_buffered(&self, tx: &mut Txn<'_>, ino: u64) {
-        self.cut_buffered(tx, ino, 0, u64::MAX);
     }
 
     /// Flushes all of `ino`'s buffered data.
