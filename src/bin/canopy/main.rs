@@ -17,6 +17,30 @@ mod subvolume;
 mod sync;
 
 use clap::{Parser, Subcommand};
+
+/// mimalloc rather than glibc's malloc: the daemon allocates a buffer per
+/// write on one thread and frees it on another, and tree edits allocate
+/// an item at a time; glibc's malloc took an eighth of all CPU time under
+/// 4 random writers, and 4 writers ran about a fifth faster without it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// `mi_option_purge_delay` in the `mimalloc.h` (v3) that `libmimalloc-sys`
+/// 0.1.49 builds; the Rust crate names no constant for it.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Returns freed memory to the system after 1 ms instead of mimalloc's
+/// 10 ms. In runs of 16 rounds of the test `daemon_memory_stays_bounded`
+/// (1.3 GiB written in 1 MiB writes) the daemon's resident size ended at
+/// 91-105 MiB with 1 ms and at 109-193 MiB with the default, for the
+/// same random-write speed. The environment variable
+/// `MIMALLOC_PURGE_DELAY` still wins.
+fn tune_allocator() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets a plain integer option of the allocator.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1) };
+    }
+}
 use std::ffi::OsString;
 use std::process::ExitCode;
 
@@ -71,6 +95,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    tune_allocator();
     // Like other Unix tools, end quietly when the reader of our output
     // goes away (`canopy scrub status --json MNT | head`).
     // SAFETY: restoring the default disposition of one signal at start-up.
