@@ -49,6 +49,7 @@ use crate::format::node::Node;
 use crate::format::superblock::Superblock;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 /// A tree's root as the running transaction sees it.
@@ -211,7 +212,7 @@ pub struct Engine {
     /// last: commits write strictly in generation order (see commit.rs).
     commit_io: Mutex<log::IoState>,
     commit_turn: Condvar,
-    failed: Mutex<Option<String>>,
+    failed: Failure,
     read_only: bool,
     /// See [`OpenOptions::settle_early_at`].
     settle_early_at: usize,
@@ -221,19 +222,46 @@ pub struct Engine {
     cleaner_turn: Mutex<()>,
 }
 
+/// Why the engine shut down, once it has. Checked by every buffered
+/// write, which takes no other engine lock: a flag read is all it costs
+/// while the engine is alive.
+#[derive(Default)]
+pub(crate) struct Failure {
+    happened: AtomicBool,
+    why: Mutex<Option<String>>,
+}
+
+impl Failure {
+    /// Records the first reason; false if there was one already.
+    fn set(&self, why: String) -> bool {
+        let mut w = crate::sync::lock(&self.why);
+        if w.is_some() {
+            return false;
+        }
+        *w = Some(why);
+        self.happened.store(true, Ordering::Release);
+        true
+    }
+
+    fn reason(&self) -> Option<String> {
+        if !self.happened.load(Ordering::Acquire) {
+            return None;
+        }
+        crate::sync::lock(&self.why).clone()
+    }
+}
+
 impl Engine {
     pub(crate) fn check_alive(&self) -> Result<()> {
-        match &*crate::sync::lock(&self.failed) {
-            Some(why) => Err(Error::Aborted(why.clone())),
+        match self.failed.reason() {
+            Some(why) => Err(Error::Aborted(why)),
             None => Ok(()),
         }
     }
 
     fn fail(&self, e: &Error) {
-        let mut f = crate::sync::lock(&self.failed);
-        if f.is_none() {
+        if self.failed.set(e.to_string()) {
             tracing::error!(error = %e, "shutting the filesystem down");
-            *f = Some(e.to_string());
         }
     }
 
@@ -330,7 +358,7 @@ impl Engine {
 
     /// Why the engine shut down while open, if it did.
     pub fn shutdown_reason(&self) -> Option<String> {
-        crate::sync::lock(&self.failed).clone()
+        self.failed.reason()
     }
 
     /// Whether data and tree blocks share block groups.

@@ -1,6 +1,6 @@
 //! Creating a new image (mkfs) and opening an existing one.
 
-use super::{Engine, RootState, Shared, State};
+use super::{Engine, Failure, RootState, Shared, State};
 use crate::alloc::Allocator;
 use crate::cache::{BlockCache, BlockMap, BlockSet};
 use crate::dev::Device;
@@ -116,7 +116,7 @@ fn new_engine(
         }),
         commit_turn: Condvar::new(),
         state: RwLock::new(st),
-        failed: Mutex::new(None),
+        failed: Failure::default(),
         cleaner_turn: Mutex::new(()),
         read_only: opts.read_only,
         settle_early_at: opts.settle_early_at.max(1),
@@ -253,7 +253,7 @@ impl Engine {
 
     /// Drops the engine without the final commit, as a crash would.
     pub fn crash(self) {
-        *crate::sync::lock(&self.failed) = Some("simulated crash".into());
+        self.failed.set("simulated crash".into());
     }
 }
 
