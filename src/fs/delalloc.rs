@@ -407,8 +407,8 @@ impl super::Subvol {
 
     /// [`Subvol::flush_held`] for a writer past the dirty limit: the file
     /// keeps its credit, so its writer's next writes do not wait for the
-    /// state lock to reserve again (with 4 random writers, a fifth more
-    /// throughput). The next commit's flush gives it back.
+    /// state lock to reserve again (with 4 random writers, about a tenth
+    /// more throughput). The next commit's flush gives it back.
     fn flush_keeping_credit(&self, ino: u64, inode: &Inode) -> Result<()> {
         let sweep = Sweep {
             keep_credit: true,

@@ -122,14 +122,19 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
 /// transaction traced one of the two (a write to a leaf holding the moved
 /// data, a pointer moved to another parent), the other is traced too, so
 /// that what one gains the other loses.
+///
+/// A trace already there is kept as it is: a copy freed in the same
+/// transaction leaves its address free at once (it was never committed),
+/// and what took the address since (data where a tree block was, on an
+/// image whose groups mix both) was traced with its own length and kind.
 fn trace_both_or_neither(
     mut traced: BTreeMap<u64, (u64, bool)>,
     relocations: &[(u64, u64, u64, bool)],
 ) -> BTreeMap<u64, (u64, bool)> {
     for &(old, new, len, data) in relocations {
         if traced.contains_key(&old) || traced.contains_key(&new) {
-            traced.insert(old, (len, data));
-            traced.insert(new, (len, data));
+            traced.entry(old).or_insert((len, data));
+            traced.entry(new).or_insert((len, data));
         }
     }
     traced

@@ -494,6 +494,11 @@ impl State {
                 return Ok(None);
             }
         };
+        // Data at the address (groups that mix both): no tree block here.
+        if !item.is_tree_block() {
+            self.absent.insert(bytenr);
+            return Ok(None);
+        }
         let node = b.read_node(bytenr, item.generation)?;
         Ok(Some(shapes.note(bytenr, &node)))
     }

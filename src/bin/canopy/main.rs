@@ -17,11 +17,13 @@ mod subvolume;
 mod sync;
 
 use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+use std::process::ExitCode;
 
 /// mimalloc rather than glibc's malloc: the daemon allocates a buffer per
 /// write on one thread and frees it on another, and tree edits allocate
 /// an item at a time; glibc's malloc took an eighth of all CPU time under
-/// 4 random writers, and 4 writers ran about a fifth faster without it.
+/// 4 random writers, which ran 10-15% faster on mimalloc.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -41,8 +43,6 @@ fn tune_allocator() {
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1) };
     }
 }
-use std::ffi::OsString;
-use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
