@@ -8,8 +8,9 @@ type DecodeResult<T> = std::result::Result<T, String>;
 /// The inode number of a subvolume's root directory.
 pub const ROOT_DIR_INO: u64 = 256;
 
-/// A timestamp: seconds and nanoseconds since the epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// A timestamp: seconds and nanoseconds since the epoch (ordered by
+/// seconds, then nanoseconds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Timespec {
     pub sec: i64,
     pub nsec: u32,

@@ -37,19 +37,13 @@ impl AtimePolicy {
 
 const DAY_SECS: i64 = 24 * 3600;
 
-fn before_or_same(a: Timespec, b: Timespec) -> bool {
-    (a.sec, a.nsec) <= (b.sec, b.nsec)
-}
-
 /// Whether an access at `now` should update the inode's atime.
 pub(crate) fn needs_update(policy: AtimePolicy, i: &InodeItem, now: Timespec) -> bool {
     match policy {
         AtimePolicy::Never => false,
         AtimePolicy::Strict => true,
         AtimePolicy::Relative => {
-            before_or_same(i.atime, i.mtime)
-                || before_or_same(i.atime, i.ctime)
-                || now.sec - i.atime.sec >= DAY_SECS
+            i.atime <= i.mtime || i.atime <= i.ctime || now.sec - i.atime.sec >= DAY_SECS
         }
     }
 }

@@ -72,30 +72,22 @@ pub(crate) struct PendingAttrs {
     pub ctime: Timespec,
 }
 
-fn later(a: Timespec, b: Timespec) -> Timespec {
-    if (a.sec, a.nsec) >= (b.sec, b.nsec) {
-        a
-    } else {
-        b
-    }
-}
-
 impl PendingAttrs {
     /// Notes a write that ends at `end` at time `now`.
     pub fn wrote(p: Option<PendingAttrs>, end: u64, now: Timespec) -> PendingAttrs {
         let p = p.unwrap_or_default();
         PendingAttrs {
             size: p.size.max(end),
-            mtime: later(p.mtime, now),
-            ctime: later(p.ctime, now),
+            mtime: p.mtime.max(now),
+            ctime: p.ctime.max(now),
         }
     }
 
     /// Lays these attributes over the item `i` loaded from the tree.
     pub fn lay_over(&self, i: &mut InodeItem) {
         i.size = i.size.max(self.size);
-        i.mtime = later(i.mtime, self.mtime);
-        i.ctime = later(i.ctime, self.ctime);
+        i.mtime = i.mtime.max(self.mtime);
+        i.ctime = i.ctime.max(self.ctime);
     }
 
     /// Whether the item `i` already says everything these do.
