@@ -402,7 +402,7 @@ impl super::Subvol {
     /// lock. The file's unused credit goes back to the engine too, so
     /// after a sync or a commit no space stays held for writes not made.
     pub(crate) fn flush_held(&self, ino: u64, inode: &Inode) -> Result<()> {
-        self.flush_swept(ino, inode, Sweep::default())
+        self.flush_swept(ino, inode, false)
     }
 
     /// [`Subvol::flush_held`] for a writer past the dirty limit: the file
@@ -410,19 +410,16 @@ impl super::Subvol {
     /// state lock to reserve again (with 4 random writers, about a tenth
     /// more throughput). The next commit's flush gives it back.
     fn flush_keeping_credit(&self, ino: u64, inode: &Inode) -> Result<()> {
-        let sweep = Sweep {
-            keep_credit: true,
-            ..Sweep::default()
-        };
-        self.flush_swept(ino, inode, sweep)
+        self.flush_swept(ino, inode, true)
     }
 
-    fn flush_swept(&self, ino: u64, inode: &Inode, mut sweep: Sweep) -> Result<()> {
+    fn flush_swept(&self, ino: u64, inode: &Inode, keep_credit: bool) -> Result<()> {
+        let mut sweep = Sweep::default();
         loop {
             self.engine.wait_for_commits();
             let started = self
                 .engine
-                .write(|tx| self.start_flush(tx, (ino, inode), FLUSH_CHUNK, &mut sweep))?;
+                .write(|tx| self.start_flush(tx, (ino, inode), &mut sweep, keep_credit))?;
             match started {
                 Started::Nothing => return Ok(()),
                 Started::Done => {}
@@ -431,22 +428,23 @@ impl super::Subvol {
         }
     }
 
-    /// Steps 1 and 2: takes up to about `budget` bytes of `ino`'s ranges
-    /// and allocates their extents. An inline file is written here whole
+    /// Steps 1 and 2: takes up to about [`FLUSH_CHUNK`] bytes of `ino`'s
+    /// ranges and allocates their extents, giving the file's credit back
+    /// unless `keep_credit`. An inline file is written here whole
     /// (it needs no device I/O).
     fn start_flush(
         &self,
         tx: &mut Txn<'_>,
         (ino, inode): (u64, &Inode),
-        budget: u64,
         sweep: &mut Sweep,
+        keep_credit: bool,
     ) -> Result<Started> {
         let (taken, pending) = {
             let mut s = crate::sync::lock(&inode.state);
-            if !sweep.keep_credit {
+            if !keep_credit {
                 self.release_credit(tx, &mut s);
             }
-            let taken = take(tx, self.tree, &mut s, budget, sweep);
+            let taken = take(tx, self.tree, &mut s, FLUSH_CHUNK, sweep);
             let bytes: u64 = taken.iter().map(|(_, d)| d.len() as u64).sum();
             self.inodes.add_buffered(-(bytes as i64));
             self.budget.add_in_flight(bytes as i64);
@@ -746,8 +744,6 @@ struct Sweep {
     from: u64,
     /// Ranges starting at or past it were written after the flush began.
     until: Option<u64>,
-    /// The file's credit stays with it (see [`Subvol::flush_keeping_credit`]).
-    keep_credit: bool,
 }
 
 /// The first range of `ranges` that ends past `at`: its start.
