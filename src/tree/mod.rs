@@ -92,6 +92,15 @@ pub trait BlockWrite: BlockRead {
     /// children (quota accounting need not look at them).
     fn begin_copy(&mut self, _original: u64) {}
     fn end_copy(&mut self) {}
+    /// Whether the blocks of tree `owner` hold references to what they
+    /// point at (all but the log's, whose blocks the commit frees as a set).
+    fn holds_refs(&self, _owner: u64) -> bool {
+        true
+    }
+    /// Drops block `bytenr` of a tree whose blocks hold no references from
+    /// memory as it is being replaced by a copy: no search reaches it
+    /// again, so the copy may take its body rather than clone it.
+    fn forget_replaced(&mut self, _bytenr: u64) {}
 }
 
 /// Largest item payload a leaf can hold.

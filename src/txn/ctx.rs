@@ -659,4 +659,15 @@ impl BlockWrite for Txn<'_> {
     fn end_copy(&mut self) {
         self.st.refs.set_copying(false);
     }
+
+    fn holds_refs(&self, owner: u64) -> bool {
+        owner != tree_id::LOG
+    }
+
+    fn forget_replaced(&mut self, bytenr: u64) {
+        // Only a written log block is copied, and those live in the cache.
+        if !self.st.dirty.contains_key(&bytenr) {
+            self.sh.cache.remove(bytenr);
+        }
+    }
 }
