@@ -96,7 +96,11 @@ proptest! {
     fn mutated_superblocks(edits in proptest::collection::vec((32usize..4096, any::<u8>()), 1..8)) {
         let sb = Superblock {
             fsid: FSID, flags: 0, generation: 9, root: 1 << 20, root_generation: 9, root_level: 1,
-            log_root: 0, log_root_generation: 0, log_root_level: 0, total_bytes: 1 << 30,
+            log_root: 0, log_root_generation: 0, log_root_level: 0,
+            log_prev_root: 0,
+            log_prev_generation: 0,
+            log_prev_level: 0,
+            log_nonce: 0, total_bytes: 1 << 30,
             bytes_used: 1 << 20, nodesize: 16384, sectorsize: 4096, compat: 0, compat_ro: 0,
             incompat: 0, label: "x".into(),
         };

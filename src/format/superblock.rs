@@ -30,6 +30,10 @@ const OFF_LOG_ROOT_LEVEL: usize = 171;
 const OFF_VERSION: usize = 172;
 const OFF_LABEL: usize = 176;
 pub const LABEL_MAX: usize = 255;
+const OFF_LOG_PREV_ROOT: usize = 432;
+const OFF_LOG_PREV_GENERATION: usize = 440;
+const OFF_LOG_PREV_LEVEL: usize = 448;
+const OFF_LOG_NONCE: usize = 456;
 const SUPER_BYTES: usize = 4096;
 
 /// Every block group holds data and tree blocks alike (images under
@@ -41,8 +45,14 @@ pub const INCOMPAT_LOG_TREE: u64 = 2;
 /// Dropped trees are still being freed: the root tree holds queued
 /// blocks (`extent::drop`) whose space older code would never give back.
 pub const INCOMPAT_DROP_QUEUE: u64 = 4;
+/// The log was written with its superblock under one barrier, so the
+/// blocks (or data) it names may not all have reached the disk: replay
+/// checks it whole and otherwise falls back to the previous log root.
+/// Older code would replay a log that may be incomplete.
+pub const INCOMPAT_LOG_CHECKED: u64 = 8;
 /// Incompatible features this code understands.
-pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS | INCOMPAT_LOG_TREE | INCOMPAT_DROP_QUEUE;
+pub const INCOMPAT_SUPPORTED: u64 =
+    INCOMPAT_MIXED_GROUPS | INCOMPAT_LOG_TREE | INCOMPAT_DROP_QUEUE | INCOMPAT_LOG_CHECKED;
 /// Read-only-compatible features this code understands.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;
 pub const CSUM_CRC32C: u16 = 0;
@@ -59,6 +69,15 @@ pub struct Superblock {
     pub log_root: u64,
     pub log_root_generation: u64,
     pub log_root_level: u8,
+    /// The log root the previous fsync of the same log made durable (0
+    /// for none): where replay goes when `log_root` is not whole.
+    pub log_prev_root: u64,
+    pub log_prev_generation: u64,
+    pub log_prev_level: u8,
+    /// Stamped in the header flags of every block of the log, so a block
+    /// that a crashed run wrote for a log of the same generation is never
+    /// taken for one of this log.
+    pub log_nonce: u64,
     pub total_bytes: u64,
     pub bytes_used: u64,
     pub nodesize: u32,
@@ -70,6 +89,18 @@ pub struct Superblock {
 }
 
 impl Superblock {
+    /// Names no log tree.
+    pub fn clear_log(&mut self) {
+        self.log_root = 0;
+        self.log_root_generation = 0;
+        self.log_root_level = 0;
+        self.log_prev_root = 0;
+        self.log_prev_generation = 0;
+        self.log_prev_level = 0;
+        self.log_nonce = 0;
+        self.incompat &= !(INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED);
+    }
+
     /// Encodes the copy that lives at `bytenr`.
     pub fn encode(&self, bytenr: u64) -> Vec<u8> {
         let mut b = vec![0u8; SUPER_BYTES];
@@ -92,6 +123,10 @@ impl Superblock {
         put_u16(&mut b, OFF_CSUM_TYPE, CSUM_CRC32C);
         b[OFF_ROOT_LEVEL] = self.root_level;
         b[OFF_LOG_ROOT_LEVEL] = self.log_root_level;
+        put_u64(&mut b, OFF_LOG_PREV_ROOT, self.log_prev_root);
+        put_u64(&mut b, OFF_LOG_PREV_GENERATION, self.log_prev_generation);
+        b[OFF_LOG_PREV_LEVEL] = self.log_prev_level;
+        put_u64(&mut b, OFF_LOG_NONCE, self.log_nonce);
         put_u32(&mut b, OFF_VERSION, FORMAT_VERSION);
         let label = self.label.as_bytes();
         let n = label.len().min(LABEL_MAX);
@@ -135,6 +170,10 @@ impl Superblock {
             log_root: le_u64(b, OFF_LOG_ROOT),
             log_root_generation: le_u64(b, OFF_LOG_ROOT_GENERATION),
             log_root_level: b[OFF_LOG_ROOT_LEVEL],
+            log_prev_root: le_u64(b, OFF_LOG_PREV_ROOT),
+            log_prev_generation: le_u64(b, OFF_LOG_PREV_GENERATION),
+            log_prev_level: b[OFF_LOG_PREV_LEVEL],
+            log_nonce: le_u64(b, OFF_LOG_NONCE),
             total_bytes: le_u64(b, OFF_TOTAL_BYTES),
             bytes_used: le_u64(b, OFF_BYTES_USED),
             nodesize: le_u32(b, OFF_NODESIZE),
@@ -183,6 +222,24 @@ impl Superblock {
                 || self.log_root_generation > self.generation.saturating_add(1))
         {
             return Err(format!("log tree at bad address {}", self.log_root));
+        }
+        let checked = self.incompat & INCOMPAT_LOG_CHECKED != 0;
+        if checked && !has_log {
+            return Err("a checked log without a log tree".into());
+        }
+        if self.log_prev_root != 0
+            && (!checked
+                || !self
+                    .log_prev_root
+                    .is_multiple_of(u64::from(self.sectorsize))
+                || self.log_prev_root >= self.total_bytes
+                || self.log_prev_level > super::node::MAX_LEVEL
+                || self.log_prev_generation != self.log_root_generation)
+        {
+            return Err(format!(
+                "previous log root at bad address {}",
+                self.log_prev_root
+            ));
         }
         Ok(())
     }

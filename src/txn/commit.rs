@@ -138,6 +138,26 @@ impl Engine {
         }
         dev.barrier()
     }
+
+    /// Writes tree blocks and every superblock copy, then one barrier:
+    /// the superblock may land before the blocks, so only a log, which
+    /// replay checks, is written this way (`log.rs`).
+    pub(super) fn write_with_one_barrier(
+        &self,
+        blocks: &[(u64, Vec<u8>)],
+        sb: &Superblock,
+    ) -> Result<()> {
+        let dev = &self.shared.dev;
+        for (offset, bytes) in coalesce(blocks) {
+            dev.write_at(&bytes, offset)?;
+        }
+        for &off in SUPER_OFFSETS.iter() {
+            if off + SUPER_SIZE <= dev.size() {
+                dev.write_at(&sb.encode(off), off)?;
+            }
+        }
+        dev.barrier()
+    }
 }
 
 /// Settles the indexes and takes the dirty blocks out of the state; None

@@ -581,6 +581,7 @@ impl BlockWrite for Txn<'_> {
     fn alloc_node(&mut self, owner: u64, level: u8, hint: u64) -> Result<u64> {
         let ns = self.sh.nodesize as u64;
         let kind = Allocator::kind_for_tree(owner);
+        let mut flags = 0;
         let bytenr = if owner == tree_id::LOG {
             // No extent item and no free-space change: the commit frees
             // the log's blocks as a set (`State::drop_log`).
@@ -588,6 +589,7 @@ impl BlockWrite for Txn<'_> {
             if let Some(l) = self.st.log.as_mut() {
                 l.blocks.insert(bytenr);
                 l.unwritten.push(bytenr);
+                flags = l.nonce;
             }
             bytenr
         } else {
@@ -609,7 +611,7 @@ impl BlockWrite for Txn<'_> {
             bytenr,
             generation: self.st.transid,
             owner,
-            flags: 0,
+            flags,
             level,
             body,
         };

@@ -29,10 +29,10 @@
 
 use super::{Engine, State, Txn};
 use crate::error::{Error, Result};
-use crate::format::key_type::{EXTENT_DATA, EXTENT_ITEM};
-use crate::format::node::Node;
-use crate::format::superblock::{Superblock, INCOMPAT_LOG_TREE};
-use crate::format::{tree_id, Key};
+use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM};
+use crate::format::node::{Body, Node};
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED, INCOMPAT_LOG_TREE};
+use crate::format::{tree_id, Key, CSUM_OBJECTID};
 use crate::tree::{Cursor, RootPtr};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -46,6 +46,9 @@ pub(crate) struct LogTree {
     /// those still dirty. (`blocks` keeps every copy an fsync made, so
     /// looking through it cost each fsync the transaction's fsyncs so far.)
     pub unwritten: Vec<u64>,
+    /// In the header flags of each of its blocks (see
+    /// [`Superblock::log_nonce`]).
+    pub nonce: u64,
 }
 
 /// A log found at open and not replayed yet.
@@ -65,8 +68,8 @@ pub(crate) struct IoState {
     pub generation: u64,
     /// Its superblock, which a log write repeats with the log's root.
     pub sb: Superblock,
-    /// The last log root written: (transaction, address).
-    pub log: Option<(u64, u64)>,
+    /// The last log root written: (transaction, root).
+    pub log: Option<(u64, RootPtr)>,
 }
 
 impl State {
@@ -120,6 +123,7 @@ impl Txn<'_> {
             },
             blocks: HashSet::new(),
             unwritten: Vec::new(),
+            nonce: new_nonce(self.st.transid),
         });
         let hint = self.st.sb.root;
         let ptr = crate::tree::create(self, tree_id::LOG, hint);
@@ -195,10 +199,7 @@ impl Txn<'_> {
         for (b, l) in p.extents {
             self.st.alloc.release_excluded(b, l);
         }
-        self.st.sb.log_root = 0;
-        self.st.sb.log_root_generation = 0;
-        self.st.sb.log_root_level = 0;
-        self.st.sb.incompat &= !INCOMPAT_LOG_TREE;
+        self.st.sb.clear_log();
         self.st.changes += 1;
         // The commit must happen even if the replay changed no tree.
         self.st.log_replayed = true;
@@ -206,13 +207,13 @@ impl Txn<'_> {
 }
 
 impl Engine {
-    /// Makes the running transaction's log durable: its dirty blocks, a
-    /// barrier, the superblock of the last written commit naming the log,
-    /// a barrier. Concurrent callers share the I/O: one whose blocks
-    /// another caller already wrote only waits for it.
+    /// Makes the running transaction's log durable: its dirty blocks and
+    /// the superblock of the last written commit naming the log, then one
+    /// barrier (see [`Engine::write_log`]). Concurrent callers share the
+    /// I/O: one whose blocks another caller already wrote only waits for it.
     pub fn sync_log(&self) -> Result<()> {
         self.check_alive()?;
-        let (transid, ptr, blocks, nodes) = {
+        let (transid, ptr, nonce, blocks, nodes) = {
             let mut st = crate::sync::write(&self.state);
             let Some(log) = st.log.as_mut() else {
                 // No log: the transaction was committed meanwhile (or is
@@ -222,6 +223,7 @@ impl Engine {
                 return self.wait_written(last).map(drop);
             };
             let ptr = log.ptr;
+            let nonce = log.nonce;
             let mine = std::mem::take(&mut log.unwritten);
             let mut nodes = Vec::with_capacity(mine.len());
             for b in mine {
@@ -234,9 +236,9 @@ impl Engine {
             let blocks = encode(&self.shared, &nodes);
             crate::sync::lock(&self.shared.inflight)
                 .extend(nodes.iter().map(|n| (n.bytenr, n.clone())));
-            (st.transid, ptr, blocks, nodes)
+            (st.transid, ptr, nonce, blocks, nodes)
         };
-        let result = self.write_log(transid, ptr, &blocks);
+        let result = self.write_log(transid, ptr, nonce, &blocks);
         {
             let mut inflight = crate::sync::lock(&self.shared.inflight);
             for n in nodes {
@@ -250,22 +252,43 @@ impl Engine {
         result
     }
 
-    fn write_log(&self, transid: u64, ptr: RootPtr, blocks: &[(u64, Vec<u8>)]) -> Result<()> {
+    /// Writes the log's new blocks and a superblock naming its root with
+    /// one barrier for both, not one after each: the superblock may then
+    /// reach the disk before some block (or file data) it depends on, so
+    /// it also names the root the previous write of this log made durable,
+    /// and replay checks the newer root whole before using it
+    /// ([`load_pending`]).
+    fn write_log(
+        &self,
+        transid: u64,
+        ptr: RootPtr,
+        nonce: u64,
+        blocks: &[(u64, Vec<u8>)],
+    ) -> Result<()> {
         let mut io = self.wait_turn(transid - 1)?;
         if io.generation >= transid {
             // The transaction's commit is written: it holds everything.
             return Ok(());
         }
-        if blocks.is_empty() && io.log == Some((transid, ptr.bytenr)) {
+        let prev = match io.log {
+            Some((t, p)) if t == transid => Some(p),
+            _ => None,
+        };
+        if blocks.is_empty() && prev.is_some_and(|p| p.bytenr == ptr.bytenr) {
             return Ok(());
         }
         let mut sb = io.sb.clone();
         sb.log_root = ptr.bytenr;
         sb.log_root_generation = ptr.generation;
         sb.log_root_level = ptr.level;
-        sb.incompat |= INCOMPAT_LOG_TREE;
-        self.write_durably(blocks, &sb)?;
-        io.log = Some((transid, ptr.bytenr));
+        let prev = prev.filter(|p| p.bytenr != ptr.bytenr && p.generation == ptr.generation);
+        sb.log_prev_root = prev.map_or(0, |p| p.bytenr);
+        sb.log_prev_generation = prev.map_or(0, |p| p.generation);
+        sb.log_prev_level = prev.map_or(0, |p| p.level);
+        sb.log_nonce = nonce;
+        sb.incompat |= INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED;
+        self.write_with_one_barrier(blocks, &sb)?;
+        io.log = Some((transid, ptr));
         Ok(())
     }
 
@@ -303,18 +326,36 @@ fn encode(sh: &super::Shared, nodes: &[Arc<Node>]) -> Vec<(u64, Vec<u8>)> {
     blocks
 }
 
+/// A log root different from every other: a crash may leave blocks of a
+/// log of the same generation that never became durable, and the nonce
+/// tells them apart.
+fn new_nonce(transid: u64) -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new()
+        .hash_one((transid, now, std::process::id()))
+        .max(1)
+}
+
 /// Reads the log a superblock names and keeps its blocks, and the new data
 /// extents it names, out of the allocator (see [`PendingLog`]).
 pub(crate) fn load_pending(st: &mut State, sh: &super::Shared) -> Result<()> {
-    let sb = &st.sb;
-    if sb.log_root == 0 {
+    if st.sb.log_root == 0 {
         return Ok(());
     }
-    let ptr = RootPtr {
-        bytenr: sb.log_root,
-        generation: sb.log_root_generation,
-        level: sb.log_root_level,
+    let chosen = choose_root(st, sh)?;
+    // What is chosen is whole: commits carry it on as it is.
+    st.sb.clear_log();
+    let Some(ptr) = chosen else {
+        tracing::warn!("the log's only write did not reach the disk whole: nothing to replay");
+        return Ok(());
     };
+    st.sb.log_root = ptr.bytenr;
+    st.sb.log_root_generation = ptr.generation;
+    st.sb.log_root_level = ptr.level;
+    st.sb.incompat |= INCOMPAT_LOG_TREE;
     let (blocks, extents) = {
         let r = super::Reader::new(st, sh);
         let blocks = crate::tree::block_addresses(&r, &ptr)?;
@@ -351,6 +392,137 @@ pub(crate) fn load_pending(st: &mut State, sh: &super::Shared) -> Result<()> {
         extents,
     });
     Ok(())
+}
+
+/// The log root to replay: the last one written if it is whole (every
+/// block, and the data of every checksum item it adds to the previous
+/// root), else the previous one, which its own barrier made durable.
+fn choose_root(st: &State, sh: &super::Shared) -> Result<Option<RootPtr>> {
+    let sb = &st.sb;
+    let last = RootPtr {
+        bytenr: sb.log_root,
+        generation: sb.log_root_generation,
+        level: sb.log_root_level,
+    };
+    if sb.incompat & INCOMPAT_LOG_CHECKED == 0 {
+        return Ok(Some(last));
+    }
+    let prev = (sb.log_prev_root != 0).then_some(RootPtr {
+        bytenr: sb.log_prev_root,
+        generation: sb.log_prev_generation,
+        level: sb.log_prev_level,
+    });
+    let r = super::Reader::new(st, sh);
+    let known = match prev {
+        Some(p) => read_whole(&r, sh, &p, sb.log_nonce)?,
+        None => Some(Vec::new()),
+    };
+    if let Some(sums) = read_whole(&r, sh, &last, sb.log_nonce)? {
+        let known: std::collections::HashMap<u64, Vec<u8>> =
+            known.clone().unwrap_or_default().into_iter().collect();
+        if data_matches(&r, &sums, &known)? {
+            return Ok(Some(last));
+        }
+    }
+    tracing::warn!(
+        root = last.bytenr,
+        "the log's last write did not reach the disk whole; replaying the one before it"
+    );
+    Ok(prev.filter(|_| known.is_some()))
+}
+
+/// Checksum items of a log: (data extent address, its sector sums).
+type SumItems = Vec<(u64, Vec<u8>)>;
+
+/// Reads every block of the log at `ptr`. Returns its checksum items if
+/// each block is the one its parent names and belongs to this log
+/// (`nonce`); None if not (a write that never reached the disk).
+fn read_whole(
+    r: &super::Reader<'_>,
+    sh: &super::Shared,
+    ptr: &RootPtr,
+    nonce: u64,
+) -> Result<Option<SumItems>> {
+    let mut seen = Vec::new();
+    match walk_log(r, ptr, nonce, &mut seen) {
+        Ok(sums) => Ok(Some(sums)),
+        Err(Error::Corrupt { bytenr, reason }) => {
+            tracing::warn!(bytenr, reason, "log block not as written");
+            // What was read of a write that never landed must not be
+            // taken for the blocks later written there.
+            seen.into_iter().for_each(|b| sh.cache.remove(b));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn walk_log(
+    r: &super::Reader<'_>,
+    ptr: &RootPtr,
+    nonce: u64,
+    seen: &mut Vec<u64>,
+) -> Result<SumItems> {
+    use crate::tree::BlockRead;
+    seen.push(ptr.bytenr);
+    let root = r.read_node(ptr.bytenr, ptr.generation)?;
+    if root.level != ptr.level {
+        return Err(Error::corrupt(ptr.bytenr, "log root at another level"));
+    }
+    let mut sums = Vec::new();
+    let mut stack = vec![root];
+    while let Some(node) = stack.pop() {
+        if node.owner != tree_id::LOG || node.flags != nonce {
+            return Err(Error::corrupt(node.bytenr, "not a block of this log"));
+        }
+        match &node.body {
+            Body::Internal(ptrs) => {
+                for p in ptrs {
+                    seen.push(p.bytenr);
+                    stack.push(crate::tree::read_child(r, p, node.level)?);
+                }
+            }
+            Body::Leaf(items) => sums.extend(
+                items
+                    .iter()
+                    .filter(|it| it.key.objectid == CSUM_OBJECTID && it.key.ty == EXTENT_CSUM)
+                    .map(|it| (it.key.offset, it.data.clone())),
+            ),
+        }
+    }
+    Ok(sums)
+}
+
+/// Whether the data under each checksum item in `sums` that `known` does
+/// not hold alike is what the item says.
+fn data_matches(
+    r: &super::Reader<'_>,
+    sums: &[(u64, Vec<u8>)],
+    known: &std::collections::HashMap<u64, Vec<u8>>,
+) -> Result<bool> {
+    const SECTOR: usize = crate::format::SECTORSIZE as usize;
+    const CHUNK_SECTORS: usize = 256;
+    let mut buf = vec![0u8; SECTOR * CHUNK_SECTORS];
+    for (bytenr, item) in sums {
+        if known.get(bytenr) == Some(item) {
+            continue;
+        }
+        for (i, want) in item.chunks(4 * CHUNK_SECTORS).enumerate() {
+            let sectors = want.len() / 4;
+            let at = bytenr + (i * CHUNK_SECTORS * SECTOR) as u64;
+            let data = &mut buf[..sectors * SECTOR];
+            r.read_data(at, data)?;
+            let same = data
+                .chunks(SECTOR)
+                .zip(want.chunks(4))
+                .all(|(d, w)| crate::format::crc(d).to_le_bytes() == w);
+            if !same {
+                tracing::warn!(bytenr = at, "logged data not as written");
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 impl super::Reader<'_> {

@@ -53,6 +53,7 @@ pub fn run(c: Command) -> Result<()> {
                     "root": sb.root,
                     "root_level": sb.root_level,
                     "log_root": sb.log_root,
+                    "log_prev_root": sb.log_prev_root,
                     "total_bytes": sb.total_bytes,
                     "bytes_used": sb.bytes_used,
                     "nodesize": sb.nodesize,
@@ -65,6 +66,7 @@ pub fn run(c: Command) -> Result<()> {
                 println!("generation\t{}", sb.generation);
                 println!("root\t\t{} (level {})", sb.root, sb.root_level);
                 println!("log_root\t{}", sb.log_root);
+                println!("log_prev_root\t{}", sb.log_prev_root);
                 println!("total_bytes\t{}", sb.total_bytes);
                 println!("bytes_used\t{}", sb.bytes_used);
                 println!("nodesize\t{}", sb.nodesize);
