@@ -126,17 +126,10 @@ impl Engine {
     /// Writes tree blocks, barrier, every superblock copy, barrier: the
     /// write order of a commit and of a log (`log.rs`).
     pub(super) fn write_durably(&self, blocks: &[(u64, Vec<u8>)], sb: &Superblock) -> Result<()> {
-        let dev = &self.shared.dev;
-        for (offset, bytes) in coalesce(blocks) {
-            dev.write_at(&bytes, offset)?;
-        }
-        dev.barrier()?;
-        for &off in SUPER_OFFSETS.iter() {
-            if off + SUPER_SIZE <= dev.size() {
-                dev.write_at(&sb.encode(off), off)?;
-            }
-        }
-        dev.barrier()
+        self.write_blocks(blocks)?;
+        self.shared.dev.barrier()?;
+        self.write_superblocks(sb)?;
+        self.shared.dev.barrier()
     }
 
     /// Writes tree blocks and every superblock copy, then one barrier:
@@ -147,16 +140,26 @@ impl Engine {
         blocks: &[(u64, Vec<u8>)],
         sb: &Superblock,
     ) -> Result<()> {
-        let dev = &self.shared.dev;
+        self.write_blocks(blocks)?;
+        self.write_superblocks(sb)?;
+        self.shared.dev.barrier()
+    }
+
+    fn write_blocks(&self, blocks: &[(u64, Vec<u8>)]) -> Result<()> {
         for (offset, bytes) in coalesce(blocks) {
-            dev.write_at(&bytes, offset)?;
+            self.shared.dev.write_at(&bytes, offset)?;
         }
+        Ok(())
+    }
+
+    fn write_superblocks(&self, sb: &Superblock) -> Result<()> {
+        let dev = &self.shared.dev;
         for &off in SUPER_OFFSETS.iter() {
             if off + SUPER_SIZE <= dev.size() {
                 dev.write_at(&sb.encode(off), off)?;
             }
         }
-        dev.barrier()
+        Ok(())
     }
 }
 
