@@ -124,7 +124,7 @@ impl Engine {
     }
 
     /// Writes tree blocks, barrier, every superblock copy, barrier: the
-    /// write order of a commit and of a log (`log.rs`).
+    /// write order of a commit.
     pub(super) fn write_durably(&self, blocks: &[(u64, Vec<u8>)], sb: &Superblock) -> Result<()> {
         self.write_blocks(blocks)?;
         self.shared.dev.barrier()?;

@@ -70,6 +70,8 @@ pub(crate) struct IoState {
     pub sb: Superblock,
     /// The last log root written: (transaction, root).
     pub log: Option<(u64, RootPtr)>,
+    /// Log writes done, in ticket order (see [`State::log_tickets`]).
+    pub log_tickets_done: u64,
 }
 
 impl State {
@@ -213,7 +215,7 @@ impl Engine {
     /// I/O: one whose blocks another caller already wrote only waits for it.
     pub fn sync_log(&self) -> Result<()> {
         self.check_alive()?;
-        let (transid, ptr, nonce, blocks, nodes) = {
+        let (ticket, transid, ptr, nonce, blocks, nodes) = {
             let mut st = crate::sync::write(&self.state);
             let Some(log) = st.log.as_mut() else {
                 // No log: the transaction was committed meanwhile (or is
@@ -225,6 +227,8 @@ impl Engine {
             let ptr = log.ptr;
             let nonce = log.nonce;
             let mine = std::mem::take(&mut log.unwritten);
+            let ticket = st.log_tickets;
+            st.log_tickets += 1;
             let mut nodes = Vec::with_capacity(mine.len());
             for b in mine {
                 // Blocks freed since (a merge) are no longer dirty.
@@ -236,9 +240,9 @@ impl Engine {
             let blocks = encode(&self.shared, &nodes);
             crate::sync::lock(&self.shared.inflight)
                 .extend(nodes.iter().map(|n| (n.bytenr, n.clone())));
-            (st.transid, ptr, nonce, blocks, nodes)
+            (ticket, st.transid, ptr, nonce, blocks, nodes)
         };
-        let result = self.write_log(transid, ptr, nonce, &blocks);
+        let result = self.write_log_in_turn(ticket, transid, ptr, nonce, &blocks);
         {
             let mut inflight = crate::sync::lock(&self.shared.inflight);
             for n in nodes {
@@ -252,6 +256,37 @@ impl Engine {
         result
     }
 
+    /// Writes a log in the order its blocks were taken: a later root
+    /// reaches blocks an earlier caller took, so writing it first would
+    /// name blocks not yet on the disk, and the earlier superblock written
+    /// after it would name an older root.
+    fn write_log_in_turn(
+        &self,
+        ticket: u64,
+        transid: u64,
+        ptr: RootPtr,
+        nonce: u64,
+        blocks: &[(u64, Vec<u8>)],
+    ) -> Result<()> {
+        // A failed engine wakes the writers queued behind, which fail too.
+        let wake_all = |e| {
+            self.commit_turn.notify_all();
+            e
+        };
+        let mut io = self.wait_turn(transid - 1).map_err(wake_all)?;
+        while io.log_tickets_done < ticket {
+            self.check_alive().map_err(wake_all)?;
+            io = self
+                .commit_turn
+                .wait(io)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        let result = self.write_log(&mut io, transid, ptr, nonce, blocks);
+        io.log_tickets_done = ticket + 1;
+        self.commit_turn.notify_all();
+        result
+    }
+
     /// Writes the log's new blocks and a superblock naming its root with
     /// one barrier for both, not one after each: the superblock may then
     /// reach the disk before some block (or file data) it depends on, so
@@ -260,12 +295,12 @@ impl Engine {
     /// ([`load_pending`]).
     fn write_log(
         &self,
+        io: &mut IoState,
         transid: u64,
         ptr: RootPtr,
         nonce: u64,
         blocks: &[(u64, Vec<u8>)],
     ) -> Result<()> {
-        let mut io = self.wait_turn(transid - 1)?;
         if io.generation >= transid {
             // The transaction's commit is written: it holds everything.
             return Ok(());
