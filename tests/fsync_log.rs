@@ -731,37 +731,19 @@ fn a_log_write_that_landed_in_part_falls_back_to_the_one_before() {
     }
     let ops = rec.ops();
     drop(fs);
-    // The second fsync's writes: everything after the barrier before the
-    // last, which the prefix leaves out. Its data comes first, the
-    // superblock last.
-    use canopy::dev::crash::{Op, PAGE};
-    let last_barrier = ops.len() - 1;
-    assert!(
-        matches!(ops[last_barrier], Op::Barrier),
-        "a log write ends with a barrier"
-    );
-    let start = ops[..last_barrier]
-        .iter()
-        .rposition(|o| matches!(o, Op::Barrier))
-        .expect("the first fsync's barrier")
-        + 1;
-    let pages_of = |o: &Op| match o {
-        Op::Write { data, .. } => data.len().div_ceil(PAGE),
-        Op::Barrier => 0,
-    };
-    let total: usize = ops[start..last_barrier].iter().map(pages_of).sum();
-    let data_pages = pages_of(&ops[start]);
-    let only_superblock = move |i: usize| i + 1 == total;
-    let all_but_data = move |i: usize| i >= data_pages;
-    let mut rp = Replayer::new(base, ops);
+    // The second fsync's writes are those in flight before the last
+    // barrier: its data first, the superblock last.
+    let only_superblock = |i: usize, f: &InFlight| i + 1 == f.pages;
+    let all_but_data = |i: usize, f: &InFlight| i >= f.first_write;
     for (what, keep) in [
         (
             "only the superblock",
-            &only_superblock as &dyn Fn(usize) -> bool,
+            &only_superblock as &dyn Fn(usize, &InFlight) -> bool,
         ),
         ("all but the data", &all_but_data),
     ] {
-        let dev = Arc::new(rp.at(last_barrier, keep));
+        let disk = before_last_barrier(base.as_ref().clone(), ops.clone(), keep);
+        let dev = Arc::new(canopy::dev::MemDevice::from_bytes(disk));
         let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default())
             .unwrap_or_else(|err| panic!("{what}: open failed: {err}"));
         let fs = Fs::new(Arc::new(e)).unwrap_or_else(|err| panic!("{what}: replay failed: {err}"));
@@ -773,12 +755,20 @@ fn a_log_write_that_landed_in_part_falls_back_to_the_one_before() {
     }
 }
 
+/// The pages written between the last two barriers of a recording.
+struct InFlight {
+    /// How many in all.
+    pages: usize,
+    /// How many the first write has (in a log write, the file's data).
+    first_write: usize,
+}
+
 /// The disk after `ops` when the crash came just before their last
 /// barrier, keeping of the pages in flight those `keep` selects.
 fn before_last_barrier(
     base: Vec<u8>,
     ops: Vec<canopy::dev::crash::Op>,
-    keep: &dyn Fn(usize, usize) -> bool,
+    keep: &dyn Fn(usize, &InFlight) -> bool,
 ) -> Vec<u8> {
     use canopy::dev::crash::{Op, PAGE};
     let last = ops
@@ -789,15 +779,16 @@ fn before_last_barrier(
         .iter()
         .rposition(|o| matches!(o, Op::Barrier))
         .map_or(0, |i| i + 1);
-    let total: usize = ops[start..last]
-        .iter()
-        .map(|o| match o {
-            Op::Write { data, .. } => data.len().div_ceil(PAGE),
-            Op::Barrier => 0,
-        })
-        .sum();
+    let pages_of = |o: &Op| match o {
+        Op::Write { data, .. } => data.len().div_ceil(PAGE),
+        Op::Barrier => 0,
+    };
+    let in_flight = InFlight {
+        pages: ops[start..last].iter().map(pages_of).sum(),
+        first_write: ops[start..last].first().map_or(0, pages_of),
+    };
     let size = base.len();
-    let dev = Replayer::new(Arc::new(base), ops).at(last, &|i| keep(i, total));
+    let dev = Replayer::new(Arc::new(base), ops).at(last, &|i| keep(i, &in_flight));
     let mut out = vec![0u8; size];
     dev.read_at(&mut out, 0).expect("read the crashed disk");
     out
@@ -839,10 +830,10 @@ fn blocks_a_crashed_run_left_are_not_taken_for_the_next_runs_log() {
             canopy::dev::crash::Op::Barrier => None,
         })
         .collect();
-    let after_first = before_last_barrier(base, first_ops, &|i, total| i + 1 < total);
+    let after_first = before_last_barrier(base, first_ops, &|i, f| i + 1 < f.pages);
     // Second run: only its superblock lands.
     let second_ops = run(after_first.clone(), &pattern(83, 20_000));
-    let disk = before_last_barrier(after_first, second_ops, &|i, total| i + 1 == total);
+    let disk = before_last_barrier(after_first, second_ops, &|i, f| i + 1 == f.pages);
     let dev = Arc::new(canopy::dev::MemDevice::from_bytes(disk));
     let sb = canopy::txn::read_best_superblock(dev.as_ref()).expect("superblock");
     assert_ne!(sb.log_root, 0, "the second run's superblock names its log");
