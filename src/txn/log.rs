@@ -13,10 +13,12 @@
 //!   (`Allocator::alloc_transient`), which shows them free at every
 //!   commit, and a block another replaced leaves the cache at once.
 //! - **Written by fsync, not by the commit.** [`Engine::sync_log`] writes
-//!   the log's dirty blocks, a barrier, and every superblock copy of the
-//!   *last written commit* with the log's root added, and a barrier. A
-//!   written block is clean from then on, so a later edit copies it rather
-//!   than overwrite what the durable superblock reaches.
+//!   the log's dirty blocks and every superblock copy of the *last written
+//!   commit* with the log's root added, then one barrier; replay checks
+//!   that root whole and otherwise takes the previous one
+//!   ([`load_pending`]). A written block is clean from then on, so a later
+//!   edit copies it rather than overwrite what a durable superblock
+//!   reaches.
 //! - **Frees pinned while it is durable.** A commit that follows a durable
 //!   log keeps everything it frees pinned, so no data extent the log names
 //!   is reused before the log is gone from the disk.

@@ -2,7 +2,7 @@
 //!
 //! fsync of an inode writes its buffered data, then copies into the log
 //! tree (`txn::log` stores it) only that inode's state, and makes the log
-//! durable with one barrier pair and a superblock write: no commit.
+//! durable with its blocks, a superblock write and one barrier: no commit.
 //!
 //! An inode is logged in one of three modes (the `LOG_INODE` item):
 //!
