@@ -315,15 +315,13 @@ impl Engine {
             return Ok(());
         }
         let mut sb = io.sb.clone();
-        sb.log_root = ptr.bytenr;
-        sb.log_root_generation = ptr.generation;
-        sb.log_root_level = ptr.level;
+        name_log(&mut sb, &ptr);
         let prev = prev.filter(|p| p.bytenr != ptr.bytenr && p.generation == ptr.generation);
         sb.log_prev_root = prev.map_or(0, |p| p.bytenr);
         sb.log_prev_generation = prev.map_or(0, |p| p.generation);
         sb.log_prev_level = prev.map_or(0, |p| p.level);
         sb.log_nonce = nonce;
-        sb.incompat |= INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED;
+        sb.incompat |= INCOMPAT_LOG_CHECKED;
         self.write_with_one_barrier(blocks, &sb)?;
         io.log = Some((transid, ptr));
         Ok(())
@@ -363,6 +361,14 @@ fn encode(sh: &super::Shared, nodes: &[Arc<Node>]) -> Vec<(u64, Vec<u8>)> {
     blocks
 }
 
+/// Makes `sb` name the log at `ptr` (replay's feature bit included).
+fn name_log(sb: &mut Superblock, ptr: &RootPtr) {
+    sb.log_root = ptr.bytenr;
+    sb.log_root_generation = ptr.generation;
+    sb.log_root_level = ptr.level;
+    sb.incompat |= INCOMPAT_LOG_TREE;
+}
+
 /// A log root different from every other: a crash may leave blocks of a
 /// log of the same generation that never became durable, and the nonce
 /// tells them apart.
@@ -389,10 +395,7 @@ pub(crate) fn load_pending(st: &mut State, sh: &super::Shared) -> Result<()> {
         tracing::warn!("the log's only write did not reach the disk whole: nothing to replay");
         return Ok(());
     };
-    st.sb.log_root = ptr.bytenr;
-    st.sb.log_root_generation = ptr.generation;
-    st.sb.log_root_level = ptr.level;
-    st.sb.incompat |= INCOMPAT_LOG_TREE;
+    name_log(&mut st.sb, &ptr);
     let (blocks, extents) = {
         let r = super::Reader::new(st, sh);
         let blocks = crate::tree::block_addresses(&r, &ptr)?;
@@ -454,9 +457,10 @@ fn choose_root(st: &State, sh: &super::Shared) -> Result<Option<RootPtr>> {
         Some(p) => read_whole(&r, sh, &p, sb.log_nonce)?,
         None => Some(Vec::new()),
     };
+    let prev_whole = known.is_some();
+    let known: std::collections::HashMap<u64, Vec<u8>> =
+        known.unwrap_or_default().into_iter().collect();
     if let Some(sums) = read_whole(&r, sh, &last, sb.log_nonce)? {
-        let known: std::collections::HashMap<u64, Vec<u8>> =
-            known.clone().unwrap_or_default().into_iter().collect();
         if data_matches(&r, &sums, &known)? {
             return Ok(Some(last));
         }
@@ -465,7 +469,7 @@ fn choose_root(st: &State, sh: &super::Shared) -> Result<Option<RootPtr>> {
         root = last.bytenr,
         "the log's last write did not reach the disk whole; replaying the one before it"
     );
-    Ok(prev.filter(|_| known.is_some()))
+    Ok(prev.filter(|_| prev_whole))
 }
 
 /// Checksum items of a log: (data extent address, its sector sums).
