@@ -156,6 +156,16 @@ pub fn crc(data: &[u8]) -> u32 {
     crc32c::crc32c(data)
 }
 
+/// The first sector of `data` whose checksum differs from its entry in
+/// `sums` (4 bytes per sector, as a checksum item holds them) or has no
+/// entry there.
+pub fn first_bad_sector(data: &[u8], sums: &[u8]) -> Option<usize> {
+    data.chunks(SECTORSIZE as usize)
+        .enumerate()
+        .find(|(i, sector)| sums.get(i * 4..i * 4 + 4) != Some(&crc(sector).to_le_bytes()[..]))
+        .map(|(i, _)| i)
+}
+
 /// Little-endian field readers that never panic: callers check lengths first.
 pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
@@ -183,4 +193,26 @@ pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
 
 pub(crate) fn put_u16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{crc, first_bad_sector, SECTORSIZE};
+
+    /// A sector whose checksum differs, or that has none, is bad; the
+    /// first one is named.
+    #[test]
+    fn first_bad_sector_names_a_mismatch_or_a_missing_sum() {
+        let data: Vec<u8> = (0..3 * SECTORSIZE as usize)
+            .map(|i| (i / 97) as u8)
+            .collect();
+        let mut sums: Vec<u8> = data
+            .chunks(SECTORSIZE as usize)
+            .flat_map(|s| crc(s).to_le_bytes())
+            .collect();
+        assert_eq!(first_bad_sector(&data, &sums), None);
+        assert_eq!(first_bad_sector(&data, &sums[..8]), Some(2));
+        sums[5] ^= 1;
+        assert_eq!(first_bad_sector(&data, &sums), Some(1));
+    }
 }

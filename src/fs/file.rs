@@ -302,17 +302,14 @@ impl ReadPlan {
 
 /// Checks every sector of `buf`, read from `bytenr`, against `sums`.
 fn verify(bytenr: u64, buf: &[u8], sums: &[u8]) -> Result<()> {
-    for (i, sector) in buf.chunks(SECTOR as usize).enumerate() {
-        let want = sums
-            .get(i * 4..i * 4 + 4)
-            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
-        if want != Some(crate::format::crc(sector)) {
+    match crate::format::first_bad_sector(buf, sums) {
+        None => Ok(()),
+        Some(i) => {
             let at = bytenr + (i as u64) * SECTOR;
             tracing::error!(bytenr = at, "data checksum mismatch");
-            return Err(Error::corrupt(at, "data checksum mismatch"));
+            Err(Error::corrupt(at, "data checksum mismatch"))
         }
     }
-    Ok(())
 }
 
 /// The device ranges holding the data of `[start, end)` of the file, for
