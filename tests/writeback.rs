@@ -226,11 +226,16 @@ fn readers_racing_flushes_and_commits_see_whole_writes() {
         fs.write(f, 0, &vec![0u8; LEN]).unwrap();
     }
     let stop = Arc::new(AtomicBool::new(false));
+    // The writers start once every reader has read: on a loaded machine
+    // they could otherwise all finish before a reader ran at all.
+    const READERS: usize = 2;
+    let start = Arc::new(std::sync::Barrier::new(READERS + files.len()));
     let writers: Vec<_> = files
         .iter()
         .map(|&f| {
-            let fs = fs.clone();
+            let (fs, start) = (fs.clone(), start.clone());
             thread::spawn(move || {
+                start.wait();
                 for round in 1..=120u8 {
                     fs.write(f, 0, &vec![round; LEN]).unwrap();
                     if round % 17 == 0 {
@@ -249,19 +254,31 @@ fn readers_racing_flushes_and_commits_see_whole_writes() {
             }
         })
     };
-    let readers: Vec<_> = (0..2)
+    let readers: Vec<_> = (0..READERS)
         .map(|r| {
-            let (fs, stop, files) = (fs.clone(), stop.clone(), files.clone());
+            let (fs, stop, files, start) = (fs.clone(), stop.clone(), files.clone(), start.clone());
             thread::spawn(move || {
-                let mut reads = 0u64;
-                while !stop.load(Ordering::Relaxed) {
+                let read_whole = |reads: u64| -> Result<(), String> {
                     let f = files[(reads as usize + r) % files.len()];
-                    let got = fs.read(f, 0, LEN as u32).unwrap();
-                    assert_eq!(got.len(), LEN);
-                    assert!(
-                        got.iter().all(|&b| b == got[0]),
-                        "file {f} read half of one write and half of another"
-                    );
+                    let got = fs.read(f, 0, LEN as u32).map_err(|e| e.to_string())?;
+                    if got.len() != LEN {
+                        return Err(format!("file {f}: {} bytes read of {LEN}", got.len()));
+                    }
+                    if !got.iter().all(|&b| b == got[0]) {
+                        return Err(format!(
+                            "file {f} read half of one write and half of another"
+                        ));
+                    }
+                    Ok(())
+                };
+                // The first read lets the writers go whatever it found, so
+                // a failure fails the test rather than leaving them waiting.
+                let first = read_whole(0);
+                start.wait();
+                first.unwrap();
+                let mut reads = 1u64;
+                while !stop.load(Ordering::Relaxed) {
+                    read_whole(reads).unwrap();
                     reads += 1;
                 }
                 reads
