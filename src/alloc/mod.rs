@@ -101,6 +101,10 @@ pub struct Allocator {
     /// does not move them twice, but their free space still counts, so a
     /// balance never takes away space already promised.
     pending: BTreeSet<u64>,
+    /// Groups created since the last commit was prepared: no durable
+    /// superblock knows them yet, so a log must not name their space
+    /// (see `txn::log`).
+    added_since_commit: BTreeSet<u64>,
 }
 
 impl Allocator {
@@ -115,7 +119,18 @@ impl Allocator {
             claims: Claims::default(),
             readonly: BTreeSet::new(),
             pending: BTreeSet::new(),
+            added_since_commit: BTreeSet::new(),
         }
+    }
+
+    /// Whether a group was created since the last commit was prepared.
+    pub fn added_groups_since_commit(&self) -> bool {
+        !self.added_since_commit.is_empty()
+    }
+
+    /// The commit being prepared records every group there is.
+    pub fn groups_committed(&mut self) {
+        self.added_since_commit.clear();
     }
 
     /// Whether data and tree blocks share groups.
@@ -559,6 +574,7 @@ impl Allocator {
             self.journal.push(FreeOp::Add(s, l));
         }
         self.dirty_groups.insert(start);
+        self.added_since_commit.insert(start);
         tracing::debug!(start, len, ?kind, "new block group");
         self.groups.insert(start, g);
         Ok(())

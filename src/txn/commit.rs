@@ -217,6 +217,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     };
     st.sb = sb.clone();
     st.transid += 1;
+    st.alloc.groups_committed();
     st.drop.start_transaction();
     let pinned = st.alloc.take_pinned();
     let retired = std::mem::take(&mut st.retired);

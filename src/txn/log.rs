@@ -219,6 +219,7 @@ impl Engine {
         self.check_alive()?;
         let (ticket, transid, ptr, nonce, blocks, nodes) = {
             let mut st = crate::sync::write(&self.state);
+            let new_group = st.alloc.added_groups_since_commit();
             let Some(log) = st.log.as_mut() else {
                 // No log: the transaction was committed meanwhile (or is
                 // being); durable once that commit's I/O is done.
@@ -226,6 +227,15 @@ impl Engine {
                 drop(st);
                 return self.wait_written(last).map(drop);
             };
+            if new_group {
+                // No durable superblock knows the new group, and the log
+                // may name space in it (its own blocks, or data): replay
+                // could not place that space. A commit records the group;
+                // it is needed once per new group.
+                drop(st);
+                tracing::debug!("fsync commits: a block group is new in this transaction");
+                return self.commit().map(drop);
+            }
             let ptr = log.ptr;
             let nonce = log.nonce;
             let mine = std::mem::take(&mut log.unwritten);
