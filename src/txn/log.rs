@@ -35,7 +35,7 @@ use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM};
 use crate::format::node::{Body, Node};
 use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED, INCOMPAT_LOG_TREE};
 use crate::format::{tree_id, Key, CSUM_OBJECTID};
-use crate::tree::{Cursor, RootPtr};
+use crate::tree::RootPtr;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -171,13 +171,14 @@ impl Txn<'_> {
     /// Claims a data extent the pending log names and no extent item
     /// records: it becomes an extent of the running transaction, which
     /// the items the replay inserts then reference. Extents the extent
-    /// tree already has are left alone.
-    pub fn claim_logged_extent(&mut self, bytenr: u64, len: u64) -> Result<()> {
+    /// tree already has are left alone. Returns whether this call
+    /// claimed it (the replay then gives it the log's checksums).
+    pub fn claim_logged_extent(&mut self, bytenr: u64, len: u64) -> Result<bool> {
         let Some(p) = self.st.pending_log.as_mut() else {
-            return Ok(());
+            return Ok(false);
         };
         let Some(at) = p.extents.iter().position(|&e| e == (bytenr, len)) else {
-            return Ok(());
+            return Ok(false);
         };
         p.extents.swap_remove(at);
         self.st.alloc.include(bytenr, len);
@@ -186,7 +187,7 @@ impl Txn<'_> {
         self.st
             .refs
             .new_extent(bytenr, len, crate::extent::ExtentKind::Data);
-        Ok(())
+        Ok(true)
     }
 
     /// Ends the replay: the pending log's blocks, and the extents it named
@@ -401,175 +402,225 @@ pub(crate) fn load_pending(st: &mut State, sh: &super::Shared) -> Result<()> {
     let chosen = choose_root(st, sh)?;
     // What is chosen is whole: commits carry it on as it is.
     st.sb.clear_log();
-    let Some(ptr) = chosen else {
-        tracing::warn!("the log's only write did not reach the disk whole: nothing to replay");
+    let Some(log) = chosen else {
         return Ok(());
     };
-    name_log(&mut st.sb, &ptr);
-    let (blocks, extents) = {
-        let r = super::Reader::new(st, sh);
-        let blocks = crate::tree::block_addresses(&r, &ptr)?;
-        let mut extents = Vec::new();
-        let mut c = Cursor::seek(&r, &ptr, &Key::MIN)?;
-        while let Some(it) = c.item() {
-            if let Some((bytenr, len)) = crate::format::items::data_ref_of(&it.key, &it.data) {
-                if it.key.ty == EXTENT_DATA
-                    && !extents.contains(&(bytenr, len))
-                    && !r.extent_exists(bytenr)?
-                {
-                    extents.push((bytenr, len));
-                }
-            }
-            c.next(&r)?;
-        }
-        (blocks, extents)
-    };
+    name_log(&mut st.sb, &log.ptr);
+    // `examine` found all of it free in the last commit, without overlaps.
     let ns = sh.nodesize as u64;
-    for &b in &blocks {
+    for &b in &log.blocks {
         st.alloc.exclude(b, ns)?;
     }
-    for &(b, l) in &extents {
+    for &(b, l) in &log.extents {
         st.alloc.exclude(b, l)?;
     }
     tracing::info!(
-        blocks = blocks.len(),
-        extents = extents.len(),
+        blocks = log.blocks.len(),
+        extents = log.extents.len(),
         "found a log tree to replay"
     );
-    st.pending_log = Some(PendingLog {
-        ptr,
-        blocks,
-        extents,
-    });
+    st.pending_log = Some(log);
     Ok(())
 }
 
-/// The log root to replay: the last one written if it is whole (every
-/// block, and the data of every checksum item it adds to the previous
-/// root), else the previous one, which its own barrier made durable.
-fn choose_root(st: &State, sh: &super::Shared) -> Result<Option<RootPtr>> {
+/// The log root to replay, examined whole ([`examine`]): the last one
+/// written, else the previous one (which its own barrier made durable
+/// before the last write began), else none: the filesystem opens at its
+/// last commit. Each root passed over is named in an ERROR line.
+fn choose_root(st: &State, sh: &super::Shared) -> Result<Option<PendingLog>> {
     let sb = &st.sb;
     let last = RootPtr {
         bytenr: sb.log_root,
         generation: sb.log_root_generation,
         level: sb.log_root_level,
     };
-    if sb.incompat & INCOMPAT_LOG_CHECKED == 0 {
-        return Ok(Some(last));
-    }
-    let prev = (sb.log_prev_root != 0).then_some(RootPtr {
+    // Logs written before the nonce and the previous root existed carry
+    // neither (no feature bit).
+    let checked = sb.incompat & INCOMPAT_LOG_CHECKED != 0;
+    let nonce = checked.then_some(sb.log_nonce);
+    let prev = (checked && sb.log_prev_root != 0).then_some(RootPtr {
         bytenr: sb.log_prev_root,
         generation: sb.log_prev_generation,
         level: sb.log_prev_level,
     });
     let r = super::Reader::new(st, sh);
-    let known = match prev {
-        Some(p) => read_whole(&r, sh, &p, sb.log_nonce)?,
-        None => Some(Vec::new()),
-    };
-    let prev_whole = known.is_some();
-    let known: std::collections::HashMap<u64, Vec<u8>> =
-        known.unwrap_or_default().into_iter().collect();
-    if let Some(sums) = read_whole(&r, sh, &last, sb.log_nonce)? {
-        if data_matches(&r, &sums, &known)? {
-            return Ok(Some(last));
+    for (which, ptr) in [("last", Some(last)), ("previous", prev)] {
+        let Some(ptr) = ptr else { continue };
+        match examine(&r, st, sh, &ptr, nonce)? {
+            Ok(log) => return Ok(Some(log)),
+            Err(why) => tracing::error!(
+                root = ptr.bytenr,
+                generation = ptr.generation,
+                "dropping the {which} root of the fsync log: {why}"
+            ),
         }
     }
-    tracing::warn!(
-        root = last.bytenr,
-        "the log's last write did not reach the disk whole; replaying the one before it"
+    tracing::error!(
+        generation = sb.generation,
+        "no root of the fsync log can be replayed: opening at the last commit; \
+         what was fsynced after it is lost"
     );
-    Ok(prev.filter(|_| prev_whole))
+    Ok(None)
 }
 
-/// Checksum items of a log: (data extent address, its sector sums).
-type SumItems = Vec<(u64, Vec<u8>)>;
+/// Why a log root cannot be replayed.
+type Rejection = String;
 
-/// Reads every block of the log at `ptr`. Returns its checksum items if
-/// each block is the one its parent names and belongs to this log
-/// (`nonce`); None if not (a write that never reached the disk).
-fn read_whole(
+/// Reads every block of the log at `ptr` and everything it names, and
+/// says whether replaying it is safe:
+/// - every block is the one its parent names (checksum, address,
+///   generation, level) and belongs to this log (owner, `nonce`);
+/// - every item passes the item checker;
+/// - its blocks, and the data extents it names that the extent tree does
+///   not hold, lie in block groups of the last commit, in space free there
+///   and apart from each other (a log never names a group or space its
+///   own transaction created or reused; see `sync_log`);
+/// - the data under every checksum item it holds matches the item.
+fn examine(
     r: &super::Reader<'_>,
+    st: &State,
     sh: &super::Shared,
     ptr: &RootPtr,
-    nonce: u64,
-) -> Result<Option<SumItems>> {
+    nonce: Option<u64>,
+) -> Result<std::result::Result<PendingLog, Rejection>> {
     let mut seen = Vec::new();
-    match walk_log(r, ptr, nonce, &mut seen) {
-        Ok(sums) => Ok(Some(sums)),
+    let walked = walk_log(r, sh, ptr, nonce, &mut seen);
+    let items = match walked {
+        Ok(Ok(items)) => items,
+        Ok(Err(why)) => return Ok(Err(why)),
         Err(Error::Corrupt { bytenr, reason }) => {
-            tracing::warn!(bytenr, reason, "log block not as written");
             // What was read of a write that never landed must not be
             // taken for the blocks later written there.
             seen.into_iter().for_each(|b| sh.cache.remove(b));
-            Ok(None)
+            return Ok(Err(format!("block {bytenr}: {reason}")));
         }
-        Err(e) => Err(e),
+        Err(e) => return Err(e),
+    };
+    let mut extents = Vec::new();
+    let mut sums = Vec::new();
+    for (key, data) in &items {
+        if key.objectid == CSUM_OBJECTID && key.ty == EXTENT_CSUM {
+            sums.push((key.offset, data.as_slice()));
+        } else if let Some(e) = crate::format::items::data_ref_of(key, data) {
+            if key.ty == EXTENT_DATA && !extents.contains(&e) && !r.extent_exists(e.0)? {
+                extents.push(e);
+            }
+        }
     }
+    let ns = sh.nodesize as u64;
+    let mut ranges: Vec<(u64, u64)> = seen.iter().map(|&b| (b, ns)).collect();
+    ranges.extend(&extents);
+    if let Err(why) = free_in_last_commit(st, ranges) {
+        return Ok(Err(why));
+    }
+    if let Some(at) = first_bad_data(r, &sums)? {
+        return Ok(Err(format!(
+            "logged data at {at} does not match its checksum"
+        )));
+    }
+    Ok(Ok(PendingLog {
+        ptr: *ptr,
+        blocks: seen,
+        extents,
+    }))
 }
 
+/// Whether the ranges lie in block groups of the last commit, in space
+/// free there, and apart from each other.
+fn free_in_last_commit(
+    st: &State,
+    mut ranges: Vec<(u64, u64)>,
+) -> std::result::Result<(), Rejection> {
+    ranges.sort_unstable();
+    let mut end = 0;
+    for (start, len) in ranges {
+        if start < end {
+            return Err(format!("it names {start} twice"));
+        }
+        end = start.saturating_add(len);
+        let Some(g) = st.alloc.group_containing(start) else {
+            return Err(format!("it names {start}, outside any block group"));
+        };
+        if !g.free.contains(start, len) {
+            return Err(format!(
+                "it names {start}+{len}, not free in the last commit"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Leaf items of a log, in key order.
+type LogItems = Vec<(Key, Vec<u8>)>;
+
+/// Walks the log at `ptr`, noting every block address in `seen`. A block
+/// that is not as its parent names it is `Error::Corrupt` (a write that
+/// never reached the disk, or damage); a block of another log or an item
+/// the checker refuses is a rejection.
 fn walk_log(
     r: &super::Reader<'_>,
+    sh: &super::Shared,
     ptr: &RootPtr,
-    nonce: u64,
+    nonce: Option<u64>,
     seen: &mut Vec<u64>,
-) -> Result<SumItems> {
+) -> Result<std::result::Result<LogItems, Rejection>> {
     use crate::tree::BlockRead;
     seen.push(ptr.bytenr);
     let root = r.read_node(ptr.bytenr, ptr.generation)?;
     if root.level != ptr.level {
         return Err(Error::corrupt(ptr.bytenr, "log root at another level"));
     }
-    let mut sums = Vec::new();
+    let limits = sh.item_limits();
+    let mut items = Vec::new();
     let mut stack = vec![root];
     while let Some(node) = stack.pop() {
-        if node.owner != tree_id::LOG || node.flags != nonce {
+        if node.owner != tree_id::LOG || nonce.is_some_and(|n| node.flags != n) {
             return Err(Error::corrupt(node.bytenr, "not a block of this log"));
         }
         match &node.body {
             Body::Internal(ptrs) => {
-                for p in ptrs {
+                // Children in reverse, so leaves come off the stack in
+                // key order.
+                for p in ptrs.iter().rev() {
                     seen.push(p.bytenr);
                     stack.push(crate::tree::read_child(r, p, node.level)?);
                 }
             }
-            Body::Leaf(items) => sums.extend(
-                items
-                    .iter()
-                    .filter(|it| it.key.objectid == CSUM_OBJECTID && it.key.ty == EXTENT_CSUM)
-                    .map(|it| (it.key.offset, it.data.clone())),
-            ),
+            Body::Leaf(leaf) => {
+                for it in leaf {
+                    if let Err(why) = crate::format::checker::check_item(&it.key, &it.data, &limits)
+                    {
+                        return Ok(Err(format!(
+                            "item {} in block {}: {why}",
+                            it.key, node.bytenr
+                        )));
+                    }
+                    items.push((it.key, it.data.clone()));
+                }
+            }
         }
     }
-    Ok(sums)
+    Ok(Ok(items))
 }
 
-/// Whether the data under each checksum item in `sums` that `known` does
-/// not hold alike is what the item says.
-fn data_matches(
-    r: &super::Reader<'_>,
-    sums: &[(u64, Vec<u8>)],
-    known: &std::collections::HashMap<u64, Vec<u8>>,
-) -> Result<bool> {
+/// The first device address under a checksum item in `sums` whose data
+/// does not match it.
+fn first_bad_data(r: &super::Reader<'_>, sums: &[(u64, &[u8])]) -> Result<Option<u64>> {
     const SECTOR: usize = crate::format::SECTORSIZE as usize;
     const CHUNK_SECTORS: usize = 256;
     let mut buf = vec![0u8; SECTOR * CHUNK_SECTORS];
-    for (bytenr, item) in sums {
-        if known.get(bytenr) == Some(item) {
-            continue;
-        }
+    for &(bytenr, item) in sums {
         for (i, want) in item.chunks(4 * CHUNK_SECTORS).enumerate() {
             let sectors = want.len() / 4;
             let at = bytenr + (i * CHUNK_SECTORS * SECTOR) as u64;
             let data = &mut buf[..sectors * SECTOR];
             r.read_data(at, data)?;
-            if crate::format::first_bad_sector(data, want).is_some() {
-                tracing::warn!(bytenr = at, "logged data not as written");
-                return Ok(false);
+            if let Some(bad) = crate::format::first_bad_sector(data, want) {
+                return Ok(Some(at + (bad * SECTOR) as u64));
             }
         }
     }
-    Ok(true)
+    Ok(None)
 }
 
 impl super::Reader<'_> {

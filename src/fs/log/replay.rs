@@ -22,7 +22,7 @@ use crate::format::{Key, CSUM_OBJECTID};
 use crate::fs::{checked, dir, file, inode_key, is_dir, load_inode_tx, store_inode};
 use crate::txn::Txn;
 use crate::Engine;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What the log holds for one inode.
 #[derive(Default)]
@@ -56,17 +56,12 @@ pub(crate) fn replay(engine: &Engine) -> Result<()> {
             }
             by_tree.entry(tree).or_default().insert(ino, l);
         }
-        for (k, sums) in csums {
-            if tx.get(CSUM, &k)?.is_none() {
-                tx.put(CSUM, k, sums)?;
-            }
-        }
         for (tree, logged) in by_tree {
             if !tx.tree_exists(tree) {
                 tracing::error!(tree, "the log names a subvolume that does not exist");
                 continue;
             }
-            apply(tx, tree, logged)?;
+            apply(tx, tree, logged, &csums)?;
         }
         tx.finish_replay();
         tracing::info!(inodes = count, "replayed the log tree");
@@ -78,7 +73,8 @@ pub(crate) fn replay(engine: &Engine) -> Result<()> {
     Ok(())
 }
 
-type Csums = Vec<(Key, Vec<u8>)>;
+/// The log's checksum items: data extent address → its sector sums.
+type Csums = HashMap<u64, Vec<u8>>;
 
 fn bad(key: &Key, reason: impl Into<String>) -> Error {
     Error::BadItem {
@@ -90,11 +86,11 @@ fn bad(key: &Key, reason: impl Into<String>) -> Error {
 /// Every item of the log, checked and grouped by inode.
 fn read_log(tx: &Txn<'_>) -> Result<(BTreeMap<u64, Logged>, Csums)> {
     let mut by_ino: BTreeMap<u64, Logged> = BTreeMap::new();
-    let mut csums = Vec::new();
+    let mut csums = HashMap::new();
     for (k, d) in tx.range(LOG, &Key::MIN, &Key::MAX)? {
         let d = checked(tx, &k, &d)?;
         if k.objectid == CSUM_OBJECTID && k.ty == EXTENT_CSUM {
-            csums.push((k, d.to_vec()));
+            csums.insert(k.offset, d.to_vec());
             continue;
         }
         let l = by_ino.entry(k.objectid).or_default();
@@ -132,9 +128,9 @@ fn read_log(tx: &Txn<'_>) -> Result<(BTreeMap<u64, Logged>, Csums)> {
     Ok((by_ino, csums))
 }
 
-fn apply(tx: &mut Txn<'_>, tree: u64, logged: BTreeMap<u64, Logged>) -> Result<()> {
+fn apply(tx: &mut Txn<'_>, tree: u64, logged: BTreeMap<u64, Logged>, csums: &Csums) -> Result<()> {
     for (&ino, l) in &logged {
-        restore_inode(tx, tree, ino, l)?;
+        restore_inode(tx, tree, ino, l, csums)?;
     }
     let mut touched = BTreeSet::new();
     for (&ino, l) in &logged {
@@ -154,7 +150,7 @@ fn apply(tx: &mut Txn<'_>, tree: u64, logged: BTreeMap<u64, Logged>) -> Result<(
 }
 
 /// Pass 1 for one inode.
-fn restore_inode(tx: &mut Txn<'_>, tree: u64, ino: u64, l: &Logged) -> Result<()> {
+fn restore_inode(tx: &mut Txn<'_>, tree: u64, ino: u64, l: &Logged, csums: &Csums) -> Result<()> {
     let Some(item) = l.inode.clone() else {
         return Ok(());
     };
@@ -188,11 +184,30 @@ fn restore_inode(tx: &mut Txn<'_>, tree: u64, ino: u64, l: &Logged) -> Result<()
     }
     for (k, fe) in &l.extents {
         if let Some((bytenr, len)) = fe.disk_extent() {
-            tx.claim_logged_extent(bytenr, len)?;
+            if tx.claim_logged_extent(bytenr, len)? {
+                restore_sums(tx, bytenr, csums.get(&bytenr))?;
+            }
         }
         tx.put(tree, *k, fe.encode())?;
     }
     Ok(())
+}
+
+/// Gives an extent the replay claimed the checksums the log holds for
+/// it. Only claimed extents get them: a checksum item the log kept for an
+/// extent freed later in its transaction would otherwise be left behind
+/// in the checksum tree, and a later extent at that address, logged by a
+/// later run, would be checked against it. For the same reason an item
+/// already at this address is replaced, not kept.
+fn restore_sums(tx: &mut Txn<'_>, bytenr: u64, sums: Option<&Vec<u8>>) -> Result<()> {
+    let key = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
+    match sums {
+        Some(s) => tx.put(CSUM, key, s.clone()).map(drop),
+        None => match tx.delete(CSUM, &key) {
+            Ok(_) | Err(Error::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        },
+    }
 }
 
 /// Gives `ino` exactly the names `want`: (parent, name) pairs.
