@@ -24,8 +24,11 @@
 //!   points at counts it as a holder; its space counts as used;
 //! - every item of every leaf, by the item checker ([`crate::format::checker`]);
 //! - with quotas on, every quota group's numbers against a count made
-//!   from scratch, and memberships recorded both ways.
+//!   from scratch, and memberships recorded both ways;
+//! - a pending fsync log, examined as replay would before trusting it
+//!   (`log`): what it would replay, or why a root cannot be.
 
+mod log;
 mod posix;
 mod quota;
 mod space;
@@ -55,6 +58,8 @@ pub struct Report {
     pub problems: Vec<Problem>,
     /// Not damage, but worth knowing (e.g. an older superblock copy).
     pub warnings: Vec<Problem>,
+    /// The fsync log a crash left, and what replay would do with it.
+    pub log: Option<crate::txn::LogVerdict>,
 }
 
 impl Report {
@@ -64,6 +69,13 @@ impl Report {
 
     pub(crate) fn problem(&mut self, location: impl Into<String>, message: impl Into<String>) {
         self.problems.push(Problem {
+            location: location.into(),
+            message: message.into(),
+        });
+    }
+
+    pub(crate) fn warning(&mut self, location: impl Into<String>, message: impl Into<String>) {
+        self.warnings.push(Problem {
             location: location.into(),
             message: message.into(),
         });
@@ -101,6 +113,9 @@ fn open_read_only(dev: Arc<dyn Device>) -> Result<crate::Engine> {
 /// every fs tree (entries, link counts, orphans).
 pub fn check_all(dev: Arc<dyn Device>, progress: &dyn Fn(u64, u64)) -> Result<Report> {
     let mut report = check(dev.as_ref(), progress)?;
+    if report.is_clean() {
+        log::check_log(dev.clone(), &mut report);
+    }
     if report.is_clean() {
         posix::check_trees(dev.clone(), &mut report);
         quota::check_quota(dev, &mut report);

@@ -22,6 +22,15 @@
 //! - **Frees pinned while it is durable.** A commit that follows a durable
 //!   log keeps everything it frees pinned, so no data extent the log names
 //!   is reused before the log is gone from the disk.
+//! - **Only space the last commit knows.** Replay places the log on the
+//!   last commit's allocator, so a log must not name space in a block
+//!   group created since: while the running transaction has made one,
+//!   [`Engine::sync_log`] commits instead (once per new group).
+//!
+//! Replay trusts nothing it has not examined ([`load_pending`]): a root
+//! whose blocks, items, placement or logged data do not check out is
+//! dropped with an ERROR line for the one before it, or for the last
+//! commit, rather than refusing to mount.
 //!
 //! Each log belongs to one transaction: its superblock carries the root of
 //! the commit before it, and the commit of that transaction drops it. A
@@ -31,7 +40,7 @@
 
 use super::{Engine, State, Txn};
 use crate::error::{Error, Result};
-use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM};
+use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, LOG_INODE};
 use crate::format::node::{Body, Node};
 use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED, INCOMPAT_LOG_TREE};
 use crate::format::{tree_id, Key, CSUM_OBJECTID};
@@ -62,6 +71,35 @@ pub(crate) struct PendingLog {
     /// the last commit), kept out of the allocator until the replay
     /// claims them.
     pub extents: Vec<(u64, u64)>,
+    /// Inodes it holds (`LOG_INODE` items).
+    pub inodes: u64,
+}
+
+/// What the open found of a log: the roots it passed over and why, and
+/// what the chosen one would replay.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct LogVerdict {
+    /// The root the superblock names as written last.
+    pub last_root: u64,
+    /// `last` or `previous`; None when no root can be replayed.
+    pub chosen: Option<String>,
+    pub dropped: Vec<DroppedRoot>,
+    /// What the chosen root would replay.
+    pub inodes: u64,
+    pub new_extents: u64,
+    pub blocks: u64,
+}
+
+/// A log root the open would not replay.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DroppedRoot {
+    /// `last` or `previous`.
+    pub which: String,
+    pub root: u64,
+    pub reason: String,
+    /// A write that did not reach the disk whole (an fsync that never
+    /// returned, at a power loss): expected, not damage.
+    pub torn: bool,
 }
 
 /// What the commit I/O lock guards: how far the commits have written.
@@ -349,6 +387,11 @@ impl Engine {
         crate::sync::read(&self.state).pending_log.is_some()
     }
 
+    /// What the open found of a log, if the superblock named one.
+    pub fn log_found(&self) -> Option<LogVerdict> {
+        crate::sync::read(&self.state).log_found.clone()
+    }
+
     /// Runs the replay of a pending log, which must happen even on a
     /// read-only engine (its result then stays in memory).
     pub(crate) fn replay_write<R>(&self, f: impl FnOnce(&mut Txn<'_>) -> Result<R>) -> Result<R> {
@@ -399,12 +442,17 @@ pub(crate) fn load_pending(st: &mut State, sh: &super::Shared) -> Result<()> {
     if st.sb.log_root == 0 {
         return Ok(());
     }
-    let chosen = choose_root(st, sh)?;
+    let (chosen, mut verdict) = choose_root(st, sh)?;
     // What is chosen is whole: commits carry it on as it is.
     st.sb.clear_log();
     let Some(log) = chosen else {
+        st.log_found = Some(verdict);
         return Ok(());
     };
+    verdict.inodes = log.inodes;
+    verdict.new_extents = log.extents.len() as u64;
+    verdict.blocks = log.blocks.len() as u64;
+    st.log_found = Some(verdict);
     name_log(&mut st.sb, &log.ptr);
     // `examine` found all of it free in the last commit, without overlaps.
     let ns = sh.nodesize as u64;
@@ -427,7 +475,7 @@ pub(crate) fn load_pending(st: &mut State, sh: &super::Shared) -> Result<()> {
 /// written, else the previous one (which its own barrier made durable
 /// before the last write began), else none: the filesystem opens at its
 /// last commit. Each root passed over is named in an ERROR line.
-fn choose_root(st: &State, sh: &super::Shared) -> Result<Option<PendingLog>> {
+fn choose_root(st: &State, sh: &super::Shared) -> Result<(Option<PendingLog>, LogVerdict)> {
     let sb = &st.sb;
     let last = RootPtr {
         bytenr: sb.log_root,
@@ -444,15 +492,31 @@ fn choose_root(st: &State, sh: &super::Shared) -> Result<Option<PendingLog>> {
         level: sb.log_prev_level,
     });
     let r = super::Reader::new(st, sh);
+    let mut verdict = LogVerdict {
+        last_root: last.bytenr,
+        ..LogVerdict::default()
+    };
     for (which, ptr) in [("last", Some(last)), ("previous", prev)] {
         let Some(ptr) = ptr else { continue };
         match examine(&r, st, sh, &ptr, nonce)? {
-            Ok(log) => return Ok(Some(log)),
-            Err(why) => tracing::error!(
-                root = ptr.bytenr,
-                generation = ptr.generation,
-                "dropping the {which} root of the fsync log: {why}"
-            ),
+            Ok(log) => {
+                verdict.chosen = Some(which.into());
+                return Ok((Some(log), verdict));
+            }
+            Err(why) => {
+                tracing::error!(
+                    root = ptr.bytenr,
+                    generation = ptr.generation,
+                    "dropping the {which} root of the fsync log: {}",
+                    why.reason
+                );
+                verdict.dropped.push(DroppedRoot {
+                    which: which.into(),
+                    root: ptr.bytenr,
+                    reason: why.reason,
+                    torn: why.torn,
+                });
+            }
         }
     }
     tracing::error!(
@@ -460,11 +524,29 @@ fn choose_root(st: &State, sh: &super::Shared) -> Result<Option<PendingLog>> {
         "no root of the fsync log can be replayed: opening at the last commit; \
          what was fsynced after it is lost"
     );
-    Ok(None)
+    Ok((None, verdict))
 }
 
 /// Why a log root cannot be replayed.
-type Rejection = String;
+struct Rejection {
+    reason: String,
+    /// Blocks or data not as written: a write that did not reach the
+    /// disk whole. Otherwise what was written is wrong (damage or a bug).
+    torn: bool,
+}
+
+impl Rejection {
+    fn torn(reason: String) -> Rejection {
+        Rejection { reason, torn: true }
+    }
+
+    fn invalid(reason: String) -> Rejection {
+        Rejection {
+            reason,
+            torn: false,
+        }
+    }
+}
 
 /// Reads every block of the log at `ptr` and everything it names, and
 /// says whether replaying it is safe:
@@ -487,19 +569,22 @@ fn examine(
     let walked = walk_log(r, sh, ptr, nonce, &mut seen);
     let items = match walked {
         Ok(Ok(items)) => items,
-        Ok(Err(why)) => return Ok(Err(why)),
+        Ok(Err(why)) => return Ok(Err(Rejection::invalid(why))),
         Err(Error::Corrupt { bytenr, reason }) => {
             // What was read of a write that never landed must not be
             // taken for the blocks later written there.
             seen.into_iter().for_each(|b| sh.cache.remove(b));
-            return Ok(Err(format!("block {bytenr}: {reason}")));
+            return Ok(Err(Rejection::torn(format!("block {bytenr}: {reason}"))));
         }
         Err(e) => return Err(e),
     };
     let mut extents = Vec::new();
     let mut sums = Vec::new();
+    let mut inodes = 0;
     for (key, data) in &items {
-        if key.objectid == CSUM_OBJECTID && key.ty == EXTENT_CSUM {
+        if key.ty == LOG_INODE {
+            inodes += 1;
+        } else if key.objectid == CSUM_OBJECTID && key.ty == EXTENT_CSUM {
             sums.push((key.offset, data.as_slice()));
         } else if let Some(e) = crate::format::items::data_ref_of(key, data) {
             if key.ty == EXTENT_DATA && !extents.contains(&e) && !r.extent_exists(e.0)? {
@@ -511,26 +596,23 @@ fn examine(
     let mut ranges: Vec<(u64, u64)> = seen.iter().map(|&b| (b, ns)).collect();
     ranges.extend(&extents);
     if let Err(why) = free_in_last_commit(st, ranges) {
-        return Ok(Err(why));
+        return Ok(Err(Rejection::invalid(why)));
     }
     if let Some(at) = first_bad_data(r, &sums)? {
-        return Ok(Err(format!(
-            "logged data at {at} does not match its checksum"
-        )));
+        let why = format!("logged data at {at} does not match its checksum");
+        return Ok(Err(Rejection::torn(why)));
     }
     Ok(Ok(PendingLog {
         ptr: *ptr,
         blocks: seen,
         extents,
+        inodes,
     }))
 }
 
 /// Whether the ranges lie in block groups of the last commit, in space
 /// free there, and apart from each other.
-fn free_in_last_commit(
-    st: &State,
-    mut ranges: Vec<(u64, u64)>,
-) -> std::result::Result<(), Rejection> {
+fn free_in_last_commit(st: &State, mut ranges: Vec<(u64, u64)>) -> std::result::Result<(), String> {
     ranges.sort_unstable();
     let mut end = 0;
     for (start, len) in ranges {
@@ -563,7 +645,7 @@ fn walk_log(
     ptr: &RootPtr,
     nonce: Option<u64>,
     seen: &mut Vec<u64>,
-) -> Result<std::result::Result<LogItems, Rejection>> {
+) -> Result<std::result::Result<LogItems, String>> {
     use crate::tree::BlockRead;
     seen.push(ptr.bytenr);
     let root = r.read_node(ptr.bytenr, ptr.generation)?;

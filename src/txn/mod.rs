@@ -33,6 +33,7 @@ mod space;
 
 pub use ctx::{Reader, Txn};
 pub use flight::{DataDevice, Flight};
+pub use log::{DroppedRoot, LogVerdict};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
     MIN_DEVICE_BYTES,
@@ -91,6 +92,9 @@ pub(crate) struct State {
     pub log: Option<log::LogTree>,
     /// A log found at open, waiting for the fs layer to replay it.
     pub pending_log: Option<log::PendingLog>,
+    /// What the open found of a log and decided about it (`canopy check`
+    /// reports it).
+    pub log_found: Option<log::LogVerdict>,
     /// A log of this transaction reached the disk: frees stay pinned
     /// until the commit is durable.
     pub log_durable: bool,

@@ -142,6 +142,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         changes: 0,
         log: None,
         pending_log: None,
+        log_found: None,
         log_durable: false,
         log_tickets: 0,
         log_replayed: false,

@@ -60,6 +60,9 @@ pub fn run(a: Args) -> ExitCode {
         for w in &report.warnings {
             println!("warning {}: {}", w.location, w.message);
         }
+        if let Some(log) = &report.log {
+            print_log(log);
+        }
         if report.queued_blocks > 0 {
             println!(
                 "{} tree blocks of deleted subvolumes wait for the cleaner (the next writable mount frees them)",
@@ -85,6 +88,21 @@ pub fn run(a: Args) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_PROBLEMS)
+    }
+}
+
+/// What the next mount would replay of the fsync log a crash left.
+fn print_log(log: &canopy::txn::LogVerdict) {
+    match &log.chosen {
+        Some(which) => println!(
+            "fsync log pending: the next mount replays its {which} root \
+             ({} inodes, {} new data extents, {} log blocks)",
+            log.inodes, log.new_extents, log.blocks
+        ),
+        None => println!(
+            "fsync log pending, but no root of it can be replayed: the next mount \
+             opens at the last commit"
+        ),
     }
 }
 

@@ -1,0 +1,38 @@
+//! The fsync log a crash left: what replay would make of it.
+//!
+//! The examination is the one the engine makes at open before it trusts
+//! a log root (`txn::log`): every block as its parent names it, every item
+//! through the checker, everything it names inside block groups of the
+//! last commit and free there, the data under its checksums. `check`
+//! reports its verdict: a pending log and what it would replay, a root
+//! that did not reach the disk whole (a warning: an fsync that never
+//! returned), and a root that is wrong as written (a problem).
+
+use super::Report;
+use crate::dev::Device;
+use std::sync::Arc;
+
+/// Adds the verdict on the log `dev`'s superblock names, if any.
+pub(super) fn check_log(dev: Arc<dyn Device>, report: &mut Report) {
+    let engine = match super::open_read_only(dev) {
+        Ok(e) => e,
+        // The POSIX checks report an image that does not open.
+        Err(_) => return,
+    };
+    let Some(v) = engine.log_found() else {
+        return;
+    };
+    for d in &v.dropped {
+        let message = format!(
+            "the {} root of the fsync log cannot be replayed: {}",
+            d.which, d.reason
+        );
+        let location = format!("log root {}", d.root);
+        if d.torn {
+            report.warning(location, message);
+        } else {
+            report.problem(location, message);
+        }
+    }
+    report.log = Some(v);
+}
