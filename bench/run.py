@@ -9,7 +9,7 @@ docs/benchmarks.md. A benchmark, never a test. Needs root.
     python3 bench/run.py --fs canopy,btrfs --rounds 5 rename dbench
 
 Workloads: seek, rename, dbench, dirty, fsync-random, everyday, qgroups, stall,
-fsync-isolated, pgbench, parallel.
+fsync-isolated, fsync-stream, pgbench, parallel.
 """
 
 import argparse
