@@ -18,6 +18,30 @@ echo "== cargo test"
 cargo test --locked "$@"
 echo "== mount tests again, mounted with the kernel's writeback cache"
 CANOPY_TEST_MOUNT_OPTS=writeback_cache cargo test --locked --test mount --test mount_posix --test exerciser "$@"
+echo "== crash campaign: kill -9 of the daemon under PostgreSQL and SQLite, replay, every acknowledged commit there"
+# Each client: 4 GiB (split groups) and 512 MiB (mixed), fresh and 85%
+# full, two crashes per image. The soak (more rounds) is in docs/testing.md.
+if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; then
+    clients=(--client sqlite-rollback --client sqlite-wal)
+    if ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+        clients+=(--client postgres)
+    elif [ "${CANOPY_REQUIRE_ALL:-}" = 1 ]; then
+        echo "the crash campaign needs PostgreSQL (apt-get install postgresql)" >&2
+        exit 1
+    else
+        echo "crash_campaign postgres (PostgreSQL is not installed)" >> "$skipped"
+    fi
+    cargo build --release --locked
+    python3 scripts/crash_campaign.py "${clients[@]}" --rounds "${CANOPY_CRASH_ROUNDS:-1}" \
+        --size 4G --size 512M --fill 0 --fill 0.85 --cycles 2 \
+        --allow-rollback-tail --keep-dir target/tmp/crash-keep --json target/tmp/crash-campaign.json
+else
+    if [ "${CANOPY_REQUIRE_ALL:-}" = 1 ]; then
+        echo "the crash campaign needs root, /dev/fuse and fusermount3, and CANOPY_REQUIRE_ALL=1" >&2
+        exit 1
+    fi
+    echo "crash_campaign (needs root, /dev/fuse and fusermount3)" >> "$skipped"
+fi
 if [ -s "$skipped" ]; then
     echo "== SKIPPED: $(sort -u "$skipped" | wc -l) tests could not run on this machine:"
     sort -u "$skipped" | sed 's/^/   /'

@@ -1274,3 +1274,80 @@ fn check_says_what_a_pending_log_would_replay() {
     let fs = open_fs(&dev);
     expect_content(&fs, "f", Some(&pattern(60, 5000))).expect("the fsynced file");
 }
+
+/// SQLite's rollback journal with `synchronous=EXTRA`: the journal is
+/// created and fsynced in one transaction, and deleted, with a directory
+/// fsync, after the next commit. The deletion must survive a crash, or
+/// the journal comes back as a hot journal and rolls the commit back.
+#[test]
+fn a_committed_file_unlinked_then_its_directory_fsynced() {
+    crash_every_prefix(
+        "unlink after commit",
+        Box::new(|fs| {
+            let d = mkdir(fs, ROOT, "d");
+            file(fs, d, "journal", &pattern(44, 5000));
+            file(fs, ROOT, "j2", &pattern(45, 5000));
+        }),
+        vec![
+            Box::new(|fs| {
+                let d = lookup(fs, "d").expect("d");
+                fs.remove(d, b"journal", false).expect("unlink");
+                fs.fsync(d).expect("fsync d");
+            }),
+            Box::new(|fs| {
+                fs.remove(ROOT, b"j2", false).expect("unlink");
+                fs.fsync(ROOT).expect("fsync root");
+            }),
+        ],
+        Box::new(|fs, done| {
+            expect(done < 1 || lookup(fs, "d/journal").is_none(), || {
+                "d/journal back after its durable unlink".into()
+            })?;
+            expect(done < 2 || lookup(fs, "j2").is_none(), || {
+                "j2 back after its durable unlink".into()
+            })
+        }),
+    );
+}
+
+/// The same, with the file still open when it is unlinked (FUSE sends
+/// the release of a closed file after the unlink that follows it).
+#[test]
+fn an_open_committed_file_unlinked_then_its_directory_fsynced() {
+    crash_every_prefix(
+        "unlink while open",
+        Box::new(|fs| {
+            file(fs, ROOT, "journal", &pattern(46, 25136));
+        }),
+        vec![
+            Box::new(|fs| {
+                let j = lookup(fs, "journal").expect("journal");
+                fs.open(j);
+                fs.write(j, 0, &pattern(47, 512)).expect("write");
+                fs.fsync(j).expect("fsync journal");
+                fs.remove(ROOT, b"journal", false).expect("unlink");
+                fs.fsync(ROOT).expect("fsync root");
+            }),
+            Box::new(|fs| {
+                let j = file(fs, ROOT, "journal", &pattern(48, 25136));
+                fs.fsync(j).expect("fsync journal");
+                fs.fsync(ROOT).expect("fsync root");
+                fs.open(j);
+                fs.remove(ROOT, b"journal", false).expect("unlink");
+                fs.fsync(ROOT).expect("fsync root");
+            }),
+        ],
+        Box::new(|fs, done| {
+            let j = content(fs, "journal");
+            // Step 2's own journal may show while that step runs.
+            let ok = match done {
+                0 => true,
+                1 => j.is_none_or(|j| j == pattern(48, 25136)),
+                _ => j.is_none(),
+            };
+            expect(ok, || {
+                format!("journal back after its durable unlink ({done} steps)")
+            })
+        }),
+    );
+}
