@@ -1351,3 +1351,82 @@ fn an_open_committed_file_unlinked_then_its_directory_fsynced() {
         }),
     );
 }
+
+/// SQLite's commit in rollback-journal mode with `synchronous=EXTRA`, step
+/// by step: a new journal, fsynced with its directory; the database page
+/// written and fsynced; the journal closed and deleted, the directory
+/// fsynced. After a crash the database must hold every returned commit
+/// and no journal of a returned commit may be back (SQLite would roll the
+/// commit back). FUSE may deliver the close after the unlink, so every
+/// other commit deletes its journal while it is still open.
+#[test]
+fn sqlite_rollback_journal_commits() {
+    const STEPS: usize = 8;
+    fn page(i: usize) -> Vec<u8> {
+        pattern(100 + i as u8, 4096)
+    }
+    let db_after = |done: usize| {
+        let mut db = pattern(99, 64 << 10);
+        for i in 0..done {
+            let at = (i % 4) * 4096;
+            db[at..at + 4096].copy_from_slice(&page(i));
+        }
+        db
+    };
+    let steps: Vec<Step> = (0..STEPS)
+        .map(|i| {
+            Box::new(move |fs: &Fs| {
+                let db = lookup(fs, "db").expect("db");
+                let j = file(fs, ROOT, "db-journal", &pattern(120 + i as u8, 8192));
+                fs.open(j);
+                fs.fsync(j).expect("fsync journal");
+                fs.fsync(ROOT).expect("fsync dir");
+                if i % 3 == 1 {
+                    // The periodic commit, between the journal and its deletion.
+                    fs.sync().expect("commit");
+                }
+                let at = (i % 4) * 4096;
+                fs.write(db, at as u64, &page(i)).expect("write db");
+                fs.fsync(db).expect("fsync db");
+                if i % 3 == 2 {
+                    fs.sync().expect("commit");
+                }
+                if i % 2 == 0 {
+                    fs.release(j).expect("close");
+                    fs.remove(ROOT, b"db-journal", false).expect("unlink");
+                } else {
+                    fs.remove(ROOT, b"db-journal", false).expect("unlink");
+                    fs.release(j).expect("close");
+                }
+                fs.fsync(ROOT).expect("fsync dir");
+            }) as Step
+        })
+        .collect();
+    let with_commits = Layout {
+        may_commit: true,
+        ..SMALL_MIXED
+    };
+    crash_every_prefix_on(
+        with_commits,
+        "sqlite rollback journal",
+        Box::new(move |fs| {
+            file(fs, ROOT, "db", &pattern(99, 64 << 10));
+        }),
+        steps,
+        Box::new(move |fs, done| {
+            // The step in flight may have written its page, and its
+            // journal may be there (SQLite would roll that step back);
+            // never the journal of a returned step.
+            let db = content(fs, "db");
+            expect(
+                db == Some(db_after(done)) || db == Some(db_after(done + 1)),
+                || format!("db is neither after {done} nor after {} commits", done + 1),
+            )?;
+            let j = content(fs, "db-journal");
+            expect(
+                j.is_none_or(|j| j == pattern(120 + done as u8, 8192)),
+                || format!("the journal of a returned commit is back ({done} commits)"),
+            )
+        }),
+    );
+}
