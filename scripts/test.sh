@@ -34,7 +34,7 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     cargo build --release --locked
     python3 scripts/crash_campaign.py "${clients[@]}" --rounds "${CANOPY_CRASH_ROUNDS:-1}" \
         --size 4G --size 512M --fill 0 --fill 0.85 --cycles 2 \
-        --allow-rollback-tail --keep-dir target/tmp/crash-keep --json target/tmp/crash-campaign.json
+        --keep-dir target/tmp/crash-keep --json target/tmp/crash-campaign.json
 else
     if [ "${CANOPY_REQUIRE_ALL:-}" = 1 ]; then
         echo "the crash campaign needs root, /dev/fuse and fusermount3, and CANOPY_REQUIRE_ALL=1" >&2
