@@ -663,6 +663,49 @@ fn set_id_bits_are_cleared_as_the_kernel_clears_them() {
     m.check();
 }
 
+/// chown clears set-id bits of every kind of file but a directory: fifos
+/// and device nodes as regular files (the modes are ext4's).
+#[test]
+fn chown_clears_set_id_bits_of_fifos_and_devices() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let f = m.p("node");
+    let path = f.display().to_string();
+    let makers = ["mkfifo {f}", "mknod {f} c 1 3", "mknod {f} b 7 200"];
+    // (mode before, command as root, mode after)
+    let cases: &[(u32, &str, u32)] = &[
+        (0o6777, "chown 65534 {f}", 0o777),
+        (0o6767, "chown 65534 {f}", 0o2767),
+        (0o2777, "chgrp 65534 {f}", 0o777),
+        (0o6555, "chown 65534:65532 {f}", 0o555),
+    ];
+    for maker in makers {
+        for &(before, cmd, after) in cases {
+            let _ = fs::remove_file(&f);
+            let out = shell(&maker.replace("{f}", &path), false);
+            assert!(out.status.success(), "{maker}");
+            fs::set_permissions(&f, fs::Permissions::from_mode(before)).unwrap();
+            let out = shell(&cmd.replace("{f}", &path), false);
+            assert!(out.status.success(), "{maker}; {cmd}");
+            let out = Command::new("stat")
+                .args(["-c", "%a"])
+                .arg(&f)
+                .output()
+                .unwrap();
+            let shown = String::from_utf8_lossy(&out.stdout);
+            let mode = u32::from_str_radix(shown.trim(), 8).unwrap_or(u32::MAX);
+            assert_eq!(
+                mode, after,
+                "{maker}, {before:o} then `{cmd}`: got {mode:o}, want {after:o}"
+            );
+        }
+    }
+    m.unmount();
+    m.check();
+}
+
 fn remount(m: &Mounted, opts: &str) -> std::process::Output {
     canopy()
         .args(["mount", "-o", opts])

@@ -27,10 +27,13 @@ pub fn bits_to_clear(mode: u32, in_group: impl FnOnce() -> bool) -> u32 {
 }
 
 impl Subvol {
-    /// Clears the bits `drop(mode, gid)` names from regular file `ino`, if
-    /// it has set-id bits at all (`drop` is asked only then, so finding
-    /// out who the caller is costs nothing on ordinary files). True when
-    /// it cleared something.
+    /// Clears the bits `drop(mode, gid)` names from `ino`, a file of any
+    /// kind but a directory (whose set-group-ID bit means inheritance),
+    /// if it has set-id bits at all (`drop` is asked only then, so finding
+    /// out who the caller is costs nothing on ordinary files). Writes
+    /// reach only regular files; a chown clears the bits of fifos,
+    /// sockets and device nodes too, as Linux does. True when it cleared
+    /// something.
     pub fn clear_set_id(&self, ino: u64, drop: impl FnOnce(u32, u32) -> u32) -> Result<bool> {
         let set_id = libc::S_ISUID | libc::S_ISGID;
         let (mode, gid) = match self.getattr(ino) {
@@ -38,7 +41,7 @@ impl Subvol {
             Err(crate::Error::NotFound) => return Ok(false),
             Err(e) => return Err(e),
         };
-        if mode & set_id == 0 || mode & libc::S_IFMT != libc::S_IFREG {
+        if mode & set_id == 0 || mode & libc::S_IFMT == libc::S_IFDIR {
             return Ok(false);
         }
         let bits = drop(mode, gid) & set_id;
