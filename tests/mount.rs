@@ -603,6 +603,19 @@ fn permissions_apply_to_other_users() {
     m.check();
 }
 
+/// The permission bits `stat(1)` shows for `f`. stat asks statx for the
+/// mode only, so the kernel answers from its cache unless it was told the
+/// mode changed: this sees what a program would.
+fn shown_mode(f: &std::path::Path) -> u32 {
+    let out = Command::new("stat")
+        .args(["-c", "%a"])
+        .arg(f)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    u32::from_str_radix(shown.trim(), 8).unwrap_or(u32::MAX)
+}
+
 /// Set-user-ID and set-group-ID bits are cleared as on a local kernel
 /// filesystem (the daemon does it: FUSE's HANDLE_KILLPRIV_V2), and the
 /// mode the kernel shows right after is the new one. The expected modes
@@ -645,15 +658,7 @@ fn set_id_bits_are_cleared_as_the_kernel_clears_them() {
             "{cmd}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        // stat(1) asks statx for the mode only, so the kernel answers
-        // from its cache unless it was told the mode changed.
-        let out = Command::new("stat")
-            .args(["-c", "%a"])
-            .arg(&f)
-            .output()
-            .unwrap();
-        let shown = String::from_utf8_lossy(&out.stdout);
-        let mode = u32::from_str_radix(shown.trim(), 8).unwrap_or(u32::MAX);
+        let mode = shown_mode(&f);
         assert_eq!(
             mode, after,
             "{before:o} then `{cmd}` (as nobody: {nobody}): got {mode:o}, want {after:o}"
@@ -689,13 +694,7 @@ fn chown_clears_set_id_bits_of_fifos_and_devices() {
             fs::set_permissions(&f, fs::Permissions::from_mode(before)).unwrap();
             let out = shell(&cmd.replace("{f}", &path), false);
             assert!(out.status.success(), "{maker}; {cmd}");
-            let out = Command::new("stat")
-                .args(["-c", "%a"])
-                .arg(&f)
-                .output()
-                .unwrap();
-            let shown = String::from_utf8_lossy(&out.stdout);
-            let mode = u32::from_str_radix(shown.trim(), 8).unwrap_or(u32::MAX);
+            let mode = shown_mode(&f);
             assert_eq!(
                 mode, after,
                 "{maker}, {before:o} then `{cmd}`: got {mode:o}, want {after:o}"

@@ -567,8 +567,8 @@ fn examine(
 ) -> Result<std::result::Result<PendingLog, Rejection>> {
     let mut seen = Vec::new();
     let walked = walk_log(r, sh, ptr, nonce, &mut seen);
-    let items = match walked {
-        Ok(Ok(items)) => items,
+    let found = match walked {
+        Ok(Ok(found)) => found,
         Ok(Err(why)) => return Ok(Err(Rejection::invalid(why))),
         Err(Error::Corrupt { bytenr, reason }) => {
             // What was read of a write that never landed must not be
@@ -579,17 +579,9 @@ fn examine(
         Err(e) => return Err(e),
     };
     let mut extents = Vec::new();
-    let mut sums = Vec::new();
-    let mut inodes = 0;
-    for (key, data) in &items {
-        if key.ty == LOG_INODE {
-            inodes += 1;
-        } else if key.objectid == CSUM_OBJECTID && key.ty == EXTENT_CSUM {
-            sums.push((key.offset, data.as_slice()));
-        } else if let Some(e) = crate::format::items::data_ref_of(key, data) {
-            if key.ty == EXTENT_DATA && !extents.contains(&e) && !r.extent_exists(e.0)? {
-                extents.push(e);
-            }
+    for &e in &found.data_refs {
+        if !r.extent_exists(e.0)? {
+            extents.push(e);
         }
     }
     let ns = sh.nodesize as u64;
@@ -598,7 +590,7 @@ fn examine(
     if let Err(why) = free_in_last_commit(st, ranges) {
         return Ok(Err(Rejection::invalid(why)));
     }
-    if let Some(at) = first_bad_data(r, &sums)? {
+    if let Some(at) = first_bad_data(r, &found.sums)? {
         let why = format!("logged data at {at} does not match its checksum");
         return Ok(Err(Rejection::torn(why)));
     }
@@ -606,7 +598,7 @@ fn examine(
         ptr: *ptr,
         blocks: seen,
         extents,
-        inodes,
+        inodes: found.inodes,
     }))
 }
 
@@ -632,8 +624,30 @@ fn free_in_last_commit(st: &State, mut ranges: Vec<(u64, u64)>) -> std::result::
     Ok(())
 }
 
-/// Leaf items of a log, in key order.
-type LogItems = Vec<(Key, Vec<u8>)>;
+/// What a walk of a log found in its leaves.
+#[derive(Default)]
+struct LogContents {
+    /// `LOG_INODE` items.
+    inodes: u64,
+    /// Checksum items: (data extent address, its sector sums).
+    sums: Vec<(u64, Vec<u8>)>,
+    /// Data extents its file extent items name, each once.
+    data_refs: Vec<(u64, u64)>,
+}
+
+impl LogContents {
+    fn note(&mut self, key: &Key, data: &[u8]) {
+        if key.ty == LOG_INODE {
+            self.inodes += 1;
+        } else if key.objectid == CSUM_OBJECTID && key.ty == EXTENT_CSUM {
+            self.sums.push((key.offset, data.to_vec()));
+        } else if let Some(e) = crate::format::items::data_ref_of(key, data) {
+            if key.ty == EXTENT_DATA && !self.data_refs.contains(&e) {
+                self.data_refs.push(e);
+            }
+        }
+    }
+}
 
 /// Walks the log at `ptr`, noting every block address in `seen`. A block
 /// that is not as its parent names it is `Error::Corrupt` (a write that
@@ -645,7 +659,7 @@ fn walk_log(
     ptr: &RootPtr,
     nonce: Option<u64>,
     seen: &mut Vec<u64>,
-) -> Result<std::result::Result<LogItems, String>> {
+) -> Result<std::result::Result<LogContents, String>> {
     use crate::tree::BlockRead;
     seen.push(ptr.bytenr);
     let root = r.read_node(ptr.bytenr, ptr.generation)?;
@@ -653,7 +667,7 @@ fn walk_log(
         return Err(Error::corrupt(ptr.bytenr, "log root at another level"));
     }
     let limits = sh.item_limits();
-    let mut items = Vec::new();
+    let mut found = LogContents::default();
     let mut stack = vec![root];
     while let Some(node) = stack.pop() {
         if node.owner != tree_id::LOG || nonce.is_some_and(|n| node.flags != n) {
@@ -661,9 +675,7 @@ fn walk_log(
         }
         match &node.body {
             Body::Internal(ptrs) => {
-                // Children in reverse, so leaves come off the stack in
-                // key order.
-                for p in ptrs.iter().rev() {
+                for p in ptrs {
                     seen.push(p.bytenr);
                     stack.push(crate::tree::read_child(r, p, node.level)?);
                 }
@@ -677,21 +689,21 @@ fn walk_log(
                             it.key, node.bytenr
                         )));
                     }
-                    items.push((it.key, it.data.clone()));
+                    found.note(&it.key, &it.data);
                 }
             }
         }
     }
-    Ok(Ok(items))
+    Ok(Ok(found))
 }
 
 /// The first device address under a checksum item in `sums` whose data
 /// does not match it.
-fn first_bad_data(r: &super::Reader<'_>, sums: &[(u64, &[u8])]) -> Result<Option<u64>> {
+fn first_bad_data(r: &super::Reader<'_>, sums: &[(u64, Vec<u8>)]) -> Result<Option<u64>> {
     const SECTOR: usize = crate::format::SECTORSIZE as usize;
     const CHUNK_SECTORS: usize = 256;
     let mut buf = vec![0u8; SECTOR * CHUNK_SECTORS];
-    for &(bytenr, item) in sums {
+    for (bytenr, item) in sums {
         for (i, want) in item.chunks(4 * CHUNK_SECTORS).enumerate() {
             let sectors = want.len() / 4;
             let at = bytenr + (i * CHUNK_SECTORS * SECTOR) as u64;
