@@ -1,8 +1,10 @@
 //! `canopy check`: a read-only consistency check of an unmounted image.
 //!
-//! It trusts nothing: it reads blocks straight from the device, never opens
-//! an [`crate::Engine`], and turns every inconsistency into a [`Problem`]
-//! with its location instead of stopping. What it verifies:
+//! It trusts nothing: its structural pass reads blocks straight from the
+//! device without an [`crate::Engine`]; only once that pass is clean do the
+//! log, POSIX and quota passes ([`check_all`]) open one read-only. Every
+//! inconsistency becomes a [`Problem`] with its location instead of
+//! stopping. What it verifies:
 //!
 //! - every superblock copy, and the tree blocks reachable from the newest:
 //!   checksum, fsid, address, key order, levels, parent keys and key ranges,
