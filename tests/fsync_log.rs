@@ -1430,3 +1430,51 @@ fn sqlite_rollback_journal_commits() {
         }),
     );
 }
+
+/// Issue 36, item 3: fsync waits for its own file's data, never for
+/// another file's flush. Another file's flush stays in flight while a
+/// commit waits for it to end; an fsync of a small file must return
+/// meanwhile, through the log (a commit could not finish before the
+/// flight ends).
+#[test]
+fn fsync_goes_ahead_of_a_commit_waiting_for_another_flush() {
+    use std::time::{Duration, Instant};
+    let (_dev, e) = common::mem_engine(64 << 20, 4096);
+    let fs = Arc::new(Fs::new(Arc::new(e)).expect("fs"));
+    let small = file(&fs, ROOT, "small", &[]);
+    fs.sync().expect("commit");
+    let engine = fs.engine().clone();
+    let other_flush = engine.write(|tx| Ok(tx.start_flight(0))).expect("flight");
+    let committer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.sync())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !engine.commit_waits_for_flights() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let commit_waited = engine.commit_waits_for_flights();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let syncer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let r = fs
+                .write(small, 0, &pattern(5, 4096))
+                .and_then(|_| fs.fsync(small));
+            let _ = tx.send(r);
+        })
+    };
+    let fsynced = rx.recv_timeout(Duration::from_secs(10));
+    // End the other flush whatever happened, so nothing hangs.
+    engine
+        .write(|tx| tx.end_flight(other_flush))
+        .expect("end flight");
+    committer.join().expect("committer").expect("commit");
+    syncer.join().expect("fsync thread");
+    assert!(commit_waited, "the commit never waited for the open flight");
+    match fsynced {
+        Ok(r) => r.expect("fsync"),
+        Err(_) => panic!("fsync waited for another file's flush (a waiting commit)"),
+    }
+    assert_eq!(content(&fs, "small"), Some(pattern(5, 4096)));
+}

@@ -54,7 +54,7 @@ use crate::error::{Error, Result};
 use crate::format::inode::Timespec;
 use crate::format::tree_id::CSUM;
 use crate::format::SECTORSIZE;
-use crate::txn::{Flight, Need, Txn};
+use crate::txn::{Flight, Flusher, Need, Txn};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -398,11 +398,22 @@ impl super::Subvol {
         self.flush_held(ino, &held.inode)
     }
 
+    /// [`Subvol::flush_file`] for fsync(2): it goes ahead of a commit
+    /// waiting for other files' flushes, so it waits for its own data
+    /// only.
+    pub(crate) fn flush_file_for_fsync(&self, ino: u64) -> Result<()> {
+        if self.inodes.get(ino).is_none() {
+            return Ok(());
+        }
+        let held = self.inodes.lock_flush(ino);
+        self.flush_swept(ino, &held.inode, false, Flusher::Fsync)
+    }
+
     /// Flushes all of `ino`'s buffered data; the caller holds its flush
     /// lock. The file's unused credit goes back to the engine too, so
     /// after a sync or a commit no space stays held for writes not made.
     pub(crate) fn flush_held(&self, ino: u64, inode: &Inode) -> Result<()> {
-        self.flush_swept(ino, inode, false)
+        self.flush_swept(ino, inode, false, Flusher::Writeback)
     }
 
     /// [`Subvol::flush_held`] for a writer past the dirty limit: the file
@@ -410,13 +421,13 @@ impl super::Subvol {
     /// state lock to reserve again (with 4 random writers, about a tenth
     /// more throughput). The next commit's flush gives it back.
     fn flush_keeping_credit(&self, ino: u64, inode: &Inode) -> Result<()> {
-        self.flush_swept(ino, inode, true)
+        self.flush_swept(ino, inode, true, Flusher::Writeback)
     }
 
-    fn flush_swept(&self, ino: u64, inode: &Inode, keep_credit: bool) -> Result<()> {
+    fn flush_swept(&self, ino: u64, inode: &Inode, keep_credit: bool, who: Flusher) -> Result<()> {
         let mut sweep = Sweep::default();
         loop {
-            self.engine.wait_for_commits();
+            self.engine.wait_for_commits(who);
             let started = self
                 .engine
                 .write(|tx| self.start_flush(tx, (ino, inode), &mut sweep, keep_credit))?;

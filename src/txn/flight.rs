@@ -30,6 +30,15 @@ use super::{Engine, Shared, State, Txn};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a commit waiting for flights lets fsync's flushes open new
+/// ones ahead of it. Queued behind the commit, an fsync would wait for
+/// every other file's flush in flight (a streaming writer's 8 MiB chunk);
+/// ahead of it, only for its own. Its flush is one file's, so the commit
+/// waits little longer; the bound keeps a stream of fsyncs from starving
+/// the commit.
+const FSYNC_AHEAD_OF_COMMIT: Duration = Duration::from_millis(500);
 
 /// Unlocked reads in progress per epoch, and freed space waiting for the
 /// reads older than it to finish.
@@ -133,6 +142,34 @@ pub(crate) struct Flights {
 struct Counts {
     open: u64,
     commits_waiting: u64,
+    /// When the first of the waiting commits began to wait.
+    waiting_since: Option<Instant>,
+}
+
+impl Counts {
+    /// Whether a flush for `who` must wait for the waiting commits now.
+    fn flush_must_wait(&self, who: Flusher) -> bool {
+        if self.commits_waiting == 0 {
+            return false;
+        }
+        match who {
+            Flusher::Writeback => true,
+            Flusher::Fsync => self
+                .waiting_since
+                .is_none_or(|t| t.elapsed() >= FSYNC_AHEAD_OF_COMMIT),
+        }
+    }
+}
+
+/// Who a flush runs for, which decides whether it queues behind a
+/// waiting commit ([`Engine::wait_for_commits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flusher {
+    /// Writeback, a commit's flush, or a writer past the dirty limit.
+    Writeback,
+    /// fsync(2) of the file: it goes ahead of a waiting commit, within
+    /// [`FSYNC_AHEAD_OF_COMMIT`].
+    Fsync,
 }
 
 /// Data extents allocated by a flush whose items are not in the tree yet.
@@ -274,16 +311,27 @@ impl Engine {
     }
 
     /// Waits while a commit waits for flights to end: a flush calls it
-    /// before it opens one, so flushes cannot starve a commit.
-    pub fn wait_for_commits(&self) {
+    /// before it opens one, so flushes cannot starve a commit. An fsync's
+    /// flush goes ahead of a commit that began waiting less than
+    /// [`FSYNC_AHEAD_OF_COMMIT`] ago, so it never waits for other files'
+    /// flushes.
+    pub fn wait_for_commits(&self, who: Flusher) {
         let f = &self.shared.flights;
         let mut c = crate::sync::lock(&f.count);
-        while c.commits_waiting > 0 {
+        while c.flush_must_wait(who) {
+            let limit = FSYNC_AHEAD_OF_COMMIT;
             c = f
                 .changed
-                .wait(c)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                .wait_timeout(c, limit)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
         }
+    }
+
+    /// Whether a commit is waiting for open flights to end (for tests and
+    /// diagnostics).
+    pub fn commit_waits_for_flights(&self) -> bool {
+        crate::sync::lock(&self.shared.flights.count).commits_waiting > 0
     }
 
     /// Runs `plan` under the state lock (shared), then `io` with its result
@@ -324,6 +372,9 @@ impl Engine {
             if c.open == 0 {
                 return st;
             }
+            if c.commits_waiting == 0 {
+                c.waiting_since = Some(Instant::now());
+            }
             c.commits_waiting += 1;
             drop(st);
             while c.open > 0 && self.check_alive().is_ok() {
@@ -333,6 +384,9 @@ impl Engine {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
             c.commits_waiting -= 1;
+            if c.commits_waiting == 0 {
+                c.waiting_since = None;
+            }
             f.changed.notify_all();
             if self.check_alive().is_err() {
                 return crate::sync::write(&self.state);

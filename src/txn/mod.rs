@@ -32,7 +32,7 @@ mod persist;
 mod space;
 
 pub use ctx::{Reader, Txn};
-pub use flight::{DataDevice, Flight};
+pub use flight::{DataDevice, Flight, Flusher};
 pub use log::{DroppedRoot, LogVerdict};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,

@@ -249,7 +249,7 @@ impl Subvol {
         if !self.log_enabled() {
             return self.core.sync();
         }
-        self.flush_file(ino)?;
+        self.flush_file_for_fsync(ino)?;
         self.flush_symlinks_in(ino)?;
         let logged = self.engine.write(|tx| {
             if !tx.has_pending_log() && self.tracking.is_stale(tx.transid()) {
@@ -290,7 +290,9 @@ impl Subvol {
                 })
                 .collect::<Vec<u64>>())
         })?;
-        links.into_iter().try_for_each(|l| self.flush_file(l))
+        links
+            .into_iter()
+            .try_for_each(|l| self.flush_file_for_fsync(l))
     }
 
     /// Logs `ino` in full; false when it did not change in this
