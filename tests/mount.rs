@@ -1212,3 +1212,119 @@ fn deleted_subvolumes_are_freed_in_the_background() {
     m.unmount();
     m.check();
 }
+
+/// A directory listing read with readdir(3), each entry with the offset
+/// telldir(3) gives after it.
+struct Listing {
+    dir: *mut libc::DIR,
+}
+
+impl Listing {
+    fn open(path: &Path) -> Listing {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        let dir = unsafe { libc::opendir(c.as_ptr()) };
+        assert!(!dir.is_null(), "opendir {}", path.display());
+        Listing { dir }
+    }
+
+    /// The next name and the offset after it, or None at the end (an
+    /// error fails the test: readdir must not end a listing silently).
+    fn next(&mut self) -> Option<(String, i64)> {
+        unsafe { *libc::__errno_location() = 0 };
+        let e = unsafe { libc::readdir64(self.dir) };
+        if e.is_null() {
+            let errno = unsafe { *libc::__errno_location() };
+            assert_eq!(errno, 0, "readdir failed");
+            return None;
+        }
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) };
+        let at = unsafe { libc::telldir(self.dir) };
+        Some((name.to_string_lossy().into_owned(), at))
+    }
+
+    fn rest(&mut self) -> Vec<String> {
+        std::iter::from_fn(|| self.next()).map(|(n, _)| n).collect()
+    }
+
+    fn seek(&mut self, at: i64) {
+        unsafe { libc::seekdir(self.dir, at) };
+    }
+
+    /// lseek(2) on the directory's descriptor.
+    fn lseek(&mut self, at: i64) -> i64 {
+        unsafe { libc::lseek(libc::dirfd(self.dir), at, libc::SEEK_SET) }
+    }
+}
+
+impl Drop for Listing {
+    fn drop(&mut self) {
+        unsafe { libc::closedir(self.dir) };
+    }
+}
+
+/// Issue 41, item 1: every directory offset is a valid file offset
+/// (1..2^63-1), so seekdir(telldir()) and lseek resume a listing where it
+/// was, also after other entries were renamed and the kernel's cache of
+/// the directory was dropped.
+#[test]
+fn directory_offsets_resume_listings() {
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new();
+    fs::create_dir(m.p("d")).unwrap();
+    let names: Vec<String> = (0..1500).map(|i| format!("entry-{i:04}")).collect();
+    for n in &names {
+        fs::write(m.p(&format!("d/{n}")), b"").unwrap();
+    }
+    let mut l = Listing::open(&m.p("d"));
+    let listed: Vec<(String, i64)> = std::iter::from_fn(|| l.next()).collect();
+    assert_eq!(listed.len(), names.len() + 2, "listed each entry once");
+    for (name, at) in &listed {
+        assert!(*at > 0, "{name}: offset {at} is not a valid file offset");
+    }
+    // Resume after each of a spread of entries, by seekdir and by lseek.
+    for k in (0..listed.len() - 1).step_by(97) {
+        let after: Vec<String> = listed[k + 1..].iter().map(|(n, _)| n.clone()).collect();
+        l.seek(listed[k].1);
+        assert_eq!(l.rest(), after, "seekdir after {}", listed[k].0);
+        assert_eq!(
+            l.lseek(listed[k].1),
+            listed[k].1,
+            "lseek to {}",
+            listed[k].1
+        );
+        assert_eq!(l.rest(), after, "lseek after {}", listed[k].0);
+    }
+    // Entries renamed while the directory is open: a resumed listing
+    // shows each unrenamed entry after the offset exactly once, and each
+    // renamed one at most once under either name (POSIX leaves open
+    // whether it shows names added or removed since opendir; the
+    // listing's bound keeps it from meeting renamed entries forever).
+    let mid = 700;
+    let moved = &names[mid + 10..mid + 20];
+    for n in moved {
+        fs::rename(m.p(&format!("d/{n}")), m.p(&format!("d/{n}.moved"))).unwrap();
+    }
+    let _ = fs::write("/proc/sys/vm/drop_caches", b"3");
+    l.seek(listed[mid].1);
+    let rest = l.rest();
+    let count = |n: &str| rest.iter().filter(|r| *r == n).count();
+    for (n, _) in &listed[mid + 1..] {
+        let times = count(n) + count(&format!("{n}.moved"));
+        match moved.contains(n) {
+            false => assert_eq!(times, 1, "{n} after renames"),
+            true => assert!(times <= 1, "{n} listed twice after its rename"),
+        }
+    }
+    assert_eq!(
+        rest.len(),
+        rest.iter().collect::<std::collections::HashSet<_>>().len(),
+        "a resumed listing showed a name twice"
+    );
+    drop(l);
+    // A fresh listing sees the directory as it is now.
+    let now = Listing::open(&m.p("d")).rest();
+    assert_eq!(now.len(), names.len() + 2);
+    assert_eq!(now.iter().filter(|n| n.ends_with(".moved")).count(), 10);
+}
