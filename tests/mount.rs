@@ -1328,3 +1328,62 @@ fn directory_offsets_resume_listings() {
     assert_eq!(now.len(), names.len() + 2);
     assert_eq!(now.iter().filter(|n| n.ends_with(".moved")).count(), 10);
 }
+
+/// Issue 41, item 2: the fsync log a crash left can be passed over by a
+/// read-only mount (`-o ro,nologreplay`, as btrfs) and dropped for good
+/// (`canopy rescue zero-log`, as `btrfs rescue zero-log`).
+#[test]
+fn a_crash_log_can_be_passed_over_or_dropped() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    m.unmount();
+    m.mount("commit=3600");
+    fs::write(m.p("committed"), b"old").unwrap();
+    canopy_ok(&["sync", m.mnt.to_str().unwrap()], &m.mnt);
+    let mut f = fs::File::create(m.p("fsynced")).unwrap();
+    f.write_all(&[7u8; 5000]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    m.kill9();
+    let img = m.img.to_str().unwrap().to_string();
+    let here = m.img.parent().unwrap().to_path_buf();
+    let out = canopy_ok(&["check", &img], &here);
+    assert!(out.contains("fsync log pending"), "check: {out}");
+
+    let refused = canopy()
+        .args(["mount", "-f", "-o", "nologreplay", &img])
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "a writable nologreplay mount");
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("nologreplay needs ro"), "{why}");
+
+    m.mount("ro,nologreplay");
+    assert_eq!(fs::read(m.p("committed")).unwrap(), b"old");
+    assert!(!m.p("fsynced").exists(), "nologreplay replayed the log");
+    m.unmount();
+    m.mount("ro,rescue=nologreplay");
+    assert!(
+        !m.p("fsynced").exists(),
+        "rescue=nologreplay replayed the log"
+    );
+    m.unmount();
+    // Passed over, not dropped: a read-only mount replays it in memory.
+    m.mount("ro");
+    assert_eq!(fs::read(m.p("fsynced")).unwrap(), vec![7u8; 5000]);
+    m.unmount();
+
+    let out = canopy_ok(&["rescue", "zero-log", &img], &here);
+    assert!(out.contains("dropped the fsync log"), "zero-log: {out}");
+    assert!(out.contains("1 inode"), "zero-log says what it held: {out}");
+    let out = canopy_ok(&["rescue", "zero-log", &img], &here);
+    assert!(out.contains("no fsync log"), "zero-log twice: {out}");
+    m.mount("");
+    assert_eq!(fs::read(m.p("committed")).unwrap(), b"old");
+    assert!(!m.p("fsynced").exists(), "the dropped log was replayed");
+    m.unmount();
+    m.check();
+}

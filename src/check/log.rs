@@ -34,5 +34,14 @@ pub(super) fn check_log(dev: Arc<dyn Device>, report: &mut Report) {
             report.problem(location, message);
         }
     }
+    for s in &v.skipped {
+        report.problem(
+            format!("log inode {}", s.node),
+            format!(
+                "replay would leave this inode as the last commit has it: {}",
+                s.reason
+            ),
+        );
+    }
     report.log = Some(v);
 }

@@ -52,6 +52,9 @@ pub struct MountOptions {
     pub treelog: bool,
     /// The subvolume shown as the mount's root (`subvol=`, `subvolid=`).
     pub subvolume: crate::fs::Shown,
+    /// Replays the fsync log a crash left (off: `nologreplay`, read-only
+    /// mounts only, as btrfs: the last commit without the log).
+    pub log_replay: bool,
 }
 
 /// Default for the `readahead=` option.
@@ -79,6 +82,7 @@ impl Default for MountOptions {
             readahead: DEFAULT_READAHEAD,
             treelog: true,
             subvolume: crate::fs::Shown::Default,
+            log_replay: true,
         }
     }
 }
@@ -151,6 +155,15 @@ impl MountOptions {
                 // back from /proc/mounts on a remount.
                 "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fsname"
                 | "subtype" => {}
+                "nologreplay" => o.log_replay = false,
+                "rescue" => match value {
+                    Some("nologreplay") => o.log_replay = false,
+                    _ => {
+                        return Err(Error::Invalid(format!(
+                            "unknown rescue option in '{opt}' (Canopy has rescue=nologreplay)"
+                        )))
+                    }
+                },
                 "writeback_cache" => o.writeback_cache = true,
                 "treelog" => o.treelog = true,
                 "notreelog" => o.treelog = false,
@@ -176,6 +189,13 @@ impl MountOptions {
                 }
                 _ => return Err(Error::Invalid(format!("unknown mount option '{opt}'"))),
             }
+        }
+        if !o.log_replay && !o.read_only {
+            return Err(Error::Invalid(
+                "nologreplay needs ro: a writable mount would commit over the fsync log \
+                 (use 'canopy rescue zero-log' to drop it)"
+                    .into(),
+            ));
         }
         Ok(o)
     }
@@ -265,6 +285,7 @@ pub fn serve(
         &OpenOptions {
             read_only: opts.read_only,
             cache_blocks: opts.cache_blocks,
+            replay_log: opts.log_replay,
             ..OpenOptions::default()
         },
     )?;

@@ -45,7 +45,7 @@ use crate::format::node::{Body, Node};
 use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED, INCOMPAT_LOG_TREE};
 use crate::format::{tree_id, Key, CSUM_OBJECTID};
 use crate::tree::RootPtr;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// The log of the running transaction.
@@ -73,6 +73,9 @@ pub(crate) struct PendingLog {
     pub extents: Vec<(u64, u64)>,
     /// Inodes it holds (`LOG_INODE` items).
     pub inodes: u64,
+    /// Objects (inodes, as node ids) with an item the checker refuses,
+    /// each with why: replay leaves them as the last commit has them.
+    pub skipped: BTreeMap<u64, String>,
 }
 
 /// What the open found of a log: the roots it passed over and why, and
@@ -88,6 +91,17 @@ pub struct LogVerdict {
     pub inodes: u64,
     pub new_extents: u64,
     pub blocks: u64,
+    /// Inodes of the chosen root replay leaves out, each with why.
+    pub skipped: Vec<SkippedInode>,
+}
+
+/// An inode of a replayed log whose items the checker refuses: it keeps
+/// the state of the last commit, and the rest of the log replays.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SkippedInode {
+    /// As the log names it (a node id: subvolume and inode).
+    pub node: u64,
+    pub reason: String,
 }
 
 /// A log root the open would not replay.
@@ -204,6 +218,16 @@ impl Txn<'_> {
     /// Whether a log found at open waits for replay.
     pub fn has_pending_log(&self) -> bool {
         self.st.pending_log.is_some()
+    }
+
+    /// Inodes of the pending log whose items the examination at open
+    /// refused: replay leaves them out.
+    pub fn refused_log_inodes(&self) -> std::collections::BTreeSet<u64> {
+        self.st
+            .pending_log
+            .as_ref()
+            .map(|p| p.skipped.keys().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Claims a data extent the pending log names and no extent item
@@ -452,6 +476,22 @@ pub(crate) fn load_pending(st: &mut State, sh: &super::Shared) -> Result<()> {
     verdict.inodes = log.inodes;
     verdict.new_extents = log.extents.len() as u64;
     verdict.blocks = log.blocks.len() as u64;
+    verdict.skipped = log
+        .skipped
+        .iter()
+        .map(|(&node, reason)| SkippedInode {
+            node,
+            reason: reason.clone(),
+        })
+        .collect();
+    for s in &verdict.skipped {
+        tracing::error!(
+            node = s.node,
+            "the fsync log's items of this inode are refused, so replay leaves it \
+             as the last commit has it: {}",
+            s.reason
+        );
+    }
     st.log_found = Some(verdict);
     name_log(&mut st.sb, &log.ptr);
     // `examine` found all of it free in the last commit, without overlaps.
@@ -469,6 +509,20 @@ pub(crate) fn load_pending(st: &mut State, sh: &super::Shared) -> Result<()> {
     );
     st.pending_log = Some(log);
     Ok(())
+}
+
+/// Opens at the last commit as if the superblock named no log; the next
+/// commit (if the engine writes) drops it for good.
+pub(crate) fn ignore_pending(st: &mut State) {
+    if st.sb.log_root == 0 {
+        return;
+    }
+    tracing::warn!(
+        root = st.sb.log_root,
+        "not replaying the fsync log: what was fsynced after the last commit is not shown"
+    );
+    st.sb.clear_log();
+    st.log_replayed = true;
 }
 
 /// The log root to replay, examined whole ([`examine`]): the last one
@@ -578,16 +632,31 @@ fn examine(
         }
         Err(e) => return Err(e),
     };
-    let mut extents = Vec::new();
-    for &e in &found.data_refs {
-        if !r.extent_exists(e.0)? {
-            extents.push(e);
-        }
-    }
     let ns = sh.nodesize as u64;
-    let mut ranges: Vec<(u64, u64)> = seen.iter().map(|&b| (b, ns)).collect();
-    ranges.extend(&extents);
-    if let Err(why) = free_in_last_commit(st, ranges) {
+    let mut claimed = Claimed::default();
+    let blocks: Vec<(u64, u64)> = seen.iter().map(|&b| (b, ns)).collect();
+    if let Err(why) = claimed.add(st, &blocks) {
+        return Ok(Err(Rejection::invalid(why)));
+    }
+    let mut skipped = found.skipped;
+    let mut extents = Vec::new();
+    let mut inodes = 0;
+    for (node, notes) in found.inodes {
+        let mut new = Vec::new();
+        for &e in &notes.data_refs {
+            if !extents.contains(&e) && !new.contains(&e) && !r.extent_exists(e.0)? {
+                new.push(e);
+            }
+        }
+        // Space one inode names wrongly costs that inode only.
+        if let Err(why) = claimed.add(st, &new) {
+            skipped.insert(node, why);
+            continue;
+        }
+        extents.append(&mut new);
+        inodes += u64::from(notes.log_inode);
+    }
+    if let Err(why) = sums_cover_extents(&found.sums, &extents) {
         return Ok(Err(Rejection::invalid(why)));
     }
     if let Some(at) = first_bad_data(r, &found.sums)? {
@@ -598,61 +667,137 @@ fn examine(
         ptr: *ptr,
         blocks: seen,
         extents,
-        inodes: found.inodes,
+        inodes,
+        skipped,
     }))
 }
 
-/// Whether the ranges lie in block groups of the last commit, in space
-/// free there, and apart from each other.
-fn free_in_last_commit(st: &State, mut ranges: Vec<(u64, u64)>) -> std::result::Result<(), String> {
-    ranges.sort_unstable();
-    let mut end = 0;
-    for (start, len) in ranges {
-        if start < end {
-            return Err(format!("it names {start} twice"));
-        }
-        end = start.saturating_add(len);
-        let Some(g) = st.alloc.group_containing(start) else {
-            return Err(format!("it names {start}, outside any block group"));
-        };
-        if !g.free.contains(start, len) {
-            return Err(format!(
-                "it names {start}+{len}, not free in the last commit"
-            ));
+/// Whether each new extent's checksum item, if the log has one, covers
+/// exactly its sectors: replay gives the extent that item (and nothing
+/// else), so a short one would leave sectors unchecked or misread.
+fn sums_cover_extents(
+    sums: &[(u64, Vec<u8>)],
+    extents: &[(u64, u64)],
+) -> std::result::Result<(), String> {
+    let by_start: std::collections::HashMap<u64, usize> =
+        sums.iter().map(|(b, s)| (*b, s.len())).collect();
+    for &(bytenr, len) in extents {
+        let want = len / u64::from(crate::format::SECTORSIZE) * 4;
+        match by_start.get(&bytenr) {
+            Some(&have) if have as u64 != want => {
+                return Err(format!(
+                    "its checksum item at {bytenr} holds {have} bytes, \
+                     the {len}-byte extent there needs {want}"
+                ))
+            }
+            _ => {}
         }
     }
     Ok(())
 }
 
+/// Space a log names, accepted so far: in block groups of the last
+/// commit, free there, and each range apart from every other.
+#[derive(Default)]
+struct Claimed {
+    /// start → end.
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl Claimed {
+    /// Accepts all of `ranges`, or none of them and says why.
+    fn add(&mut self, st: &State, ranges: &[(u64, u64)]) -> std::result::Result<(), String> {
+        let mut sorted = ranges.to_vec();
+        sorted.sort_unstable();
+        let mut end = 0;
+        for &(start, len) in &sorted {
+            if start < end || self.overlaps(start, start.saturating_add(len)) {
+                return Err(format!("it names {start} twice"));
+            }
+            end = start.saturating_add(len);
+            let Some(g) = st.alloc.group_containing(start) else {
+                return Err(format!("it names {start}, outside any block group"));
+            };
+            if !g.free.contains(start, len) {
+                return Err(format!(
+                    "it names {start}+{len}, not free in the last commit"
+                ));
+            }
+        }
+        for (start, len) in sorted {
+            self.ranges.insert(start, start.saturating_add(len));
+        }
+        Ok(())
+    }
+
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        let before = self.ranges.range(..=start).next_back();
+        let after = self.ranges.range(start..end).next();
+        before.is_some_and(|(_, &e)| e > start) || after.is_some()
+    }
+}
+
 /// What a walk of a log found in its leaves.
 #[derive(Default)]
 struct LogContents {
-    /// `LOG_INODE` items.
-    inodes: u64,
     /// Checksum items: (data extent address, its sector sums).
     sums: Vec<(u64, Vec<u8>)>,
-    /// Data extents its file extent items name, each once.
+    /// Each inode with no refused item.
+    inodes: BTreeMap<u64, InodeNotes>,
+    /// Inodes with an item the checker refuses, and why (see
+    /// [`PendingLog::skipped`]).
+    skipped: BTreeMap<u64, String>,
+}
+
+/// What one inode's items in a log add up to, while the walk goes on: an
+/// inode's items may span leaves, and one refused item drops them all.
+#[derive(Default)]
+struct InodeNotes {
+    log_inode: bool,
     data_refs: Vec<(u64, u64)>,
 }
 
-impl LogContents {
+#[derive(Default)]
+struct LogWalk {
+    sums: Vec<(u64, Vec<u8>)>,
+    inodes: BTreeMap<u64, InodeNotes>,
+    skipped: BTreeMap<u64, String>,
+}
+
+impl LogWalk {
     fn note(&mut self, key: &Key, data: &[u8]) {
-        if key.ty == LOG_INODE {
-            self.inodes += 1;
-        } else if key.objectid == CSUM_OBJECTID && key.ty == EXTENT_CSUM {
+        if key.objectid == CSUM_OBJECTID && key.ty == EXTENT_CSUM {
             self.sums.push((key.offset, data.to_vec()));
+            return;
+        }
+        let notes = self.inodes.entry(key.objectid).or_default();
+        if key.ty == LOG_INODE {
+            notes.log_inode = true;
         } else if let Some(e) = crate::format::items::data_ref_of(key, data) {
-            if key.ty == EXTENT_DATA && !self.data_refs.contains(&e) {
-                self.data_refs.push(e);
+            if key.ty == EXTENT_DATA {
+                notes.data_refs.push(e);
             }
+        }
+    }
+
+    /// What replay would use: every inode with no refused item.
+    fn contents(mut self) -> LogContents {
+        self.inodes
+            .retain(|node, _| !self.skipped.contains_key(node));
+        LogContents {
+            sums: self.sums,
+            inodes: self.inodes,
+            skipped: self.skipped,
         }
     }
 }
 
 /// Walks the log at `ptr`, noting every block address in `seen`. A block
 /// that is not as its parent names it is `Error::Corrupt` (a write that
-/// never reached the disk, or damage); a block of another log or an item
-/// the checker refuses is a rejection.
+/// never reached the disk, or damage); a block of another log, or a
+/// checksum item the checker refuses, is a rejection. An inode's item the
+/// checker refuses leaves that inode out (`LogContents::skipped`): one
+/// damaged inode does not cost every other fsync.
 fn walk_log(
     r: &super::Reader<'_>,
     sh: &super::Shared,
@@ -667,7 +812,7 @@ fn walk_log(
         return Err(Error::corrupt(ptr.bytenr, "log root at another level"));
     }
     let limits = sh.item_limits();
-    let mut found = LogContents::default();
+    let mut found = LogWalk::default();
     let mut stack = vec![root];
     while let Some(node) = stack.pop() {
         if node.owner != tree_id::LOG || nonce.is_some_and(|n| node.flags != n) {
@@ -684,17 +829,19 @@ fn walk_log(
                 for it in leaf {
                     if let Err(why) = crate::format::checker::check_item(&it.key, &it.data, &limits)
                     {
-                        return Ok(Err(format!(
-                            "item {} in block {}: {why}",
-                            it.key, node.bytenr
-                        )));
+                        let why = format!("item {} in block {}: {why}", it.key, node.bytenr);
+                        if it.key.objectid == CSUM_OBJECTID {
+                            return Ok(Err(why));
+                        }
+                        found.skipped.entry(it.key.objectid).or_insert(why);
+                        continue;
                     }
                     found.note(&it.key, &it.data);
                 }
             }
         }
     }
-    Ok(Ok(found))
+    Ok(Ok(found.contents()))
 }
 
 /// The first device address under a checksum item in `sums` whose data

@@ -33,7 +33,7 @@ mod space;
 
 pub use ctx::{Reader, Txn};
 pub use flight::{DataDevice, Flight, Flusher};
-pub use log::{DroppedRoot, LogVerdict};
+pub use log::{DroppedRoot, LogVerdict, SkippedInode};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
     MIN_DEVICE_BYTES,

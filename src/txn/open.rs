@@ -49,6 +49,11 @@ pub struct OpenOptions {
     /// Pending reference changes (or free-space changes) past which an
     /// operation applies them before the commit (see `Engine::write`).
     pub settle_early_at: usize,
+    /// Whether a log a crash left is examined and replayed. Without,
+    /// the engine opens at the last commit as if there were no log
+    /// (`-o ro,nologreplay`), and a writable one drops the log at its
+    /// first commit (`canopy rescue zero-log`).
+    pub replay_log: bool,
 }
 
 impl Default for OpenOptions {
@@ -57,6 +62,7 @@ impl Default for OpenOptions {
             read_only: false,
             cache_blocks: 16384,
             settle_early_at: super::SETTLE_EARLY_AT,
+            replay_log: true,
         }
     }
 }
@@ -253,7 +259,10 @@ impl Engine {
                 crate::balance::restore_pending(&mut super::Txn::new(&mut st, &engine.shared))?;
             }
             st.remember_committed_roots();
-            super::log::load_pending(&mut st, &engine.shared)?;
+            match opts.replay_log {
+                true => super::log::load_pending(&mut st, &engine.shared)?,
+                false => super::log::ignore_pending(&mut st),
+            }
         }
         Ok(engine)
     }

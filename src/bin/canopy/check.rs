@@ -104,6 +104,13 @@ fn print_log(log: &canopy::txn::LogVerdict) {
              opens at the last commit"
         ),
     }
+    if !log.skipped.is_empty() {
+        println!(
+            "  and leaves out {} inode(s) whose logged items are refused (they keep \
+             their committed state)",
+            log.skipped.len()
+        );
+    }
 }
 
 fn fail(a: &Args, why: &str) -> ExitCode {

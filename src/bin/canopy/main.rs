@@ -12,6 +12,7 @@ mod inspect;
 mod mkfs;
 mod mount;
 mod quota;
+mod rescue;
 mod scrub;
 mod subvolume;
 mod sync;
@@ -92,6 +93,10 @@ enum Command {
     /// Show internals of an unmounted image.
     #[command(subcommand)]
     Inspect(inspect::Command),
+    /// Repairs of an unmounted image that give something up (as btrfs
+    /// rescue).
+    #[command(subcommand)]
+    Rescue(rescue::Command),
 }
 
 fn main() -> ExitCode {
@@ -119,6 +124,7 @@ fn main() -> ExitCode {
         Command::Scrub(a) => return scrub::run(a),
         Command::Sync(a) => sync::run(a),
         Command::Inspect(c) => inspect::run(c),
+        Command::Rescue(c) => rescue::run(c),
         Command::Subvolume(c) => subvolume::run(c),
         Command::Property(c) => subvolume::run_property(c),
         Command::Quota(c) => quota::run_quota(c),

@@ -83,49 +83,75 @@ fn bad(key: &Key, reason: impl Into<String>) -> Error {
     }
 }
 
-/// Every item of the log, checked and grouped by inode.
+/// Every item of the log, checked and grouped by inode. An inode whose
+/// items the examination at open refused, or that this layer cannot
+/// read (an item of a kind the log does not hold, no mode or inode item),
+/// is left out with an ERROR line: it keeps the last commit's state, and
+/// the rest of the log replays.
 fn read_log(tx: &Txn<'_>) -> Result<(BTreeMap<u64, Logged>, Csums)> {
+    let refused = tx.refused_log_inodes();
     let mut by_ino: BTreeMap<u64, Logged> = BTreeMap::new();
+    let mut unreadable: BTreeMap<u64, Error> = BTreeMap::new();
     let mut csums = HashMap::new();
     for (k, d) in tx.range(LOG, &Key::MIN, &Key::MAX)? {
+        if refused.contains(&k.objectid) || unreadable.contains_key(&k.objectid) {
+            continue;
+        }
         let d = checked(tx, &k, &d)?;
         if k.objectid == CSUM_OBJECTID && k.ty == EXTENT_CSUM {
             csums.insert(k.offset, d.to_vec());
             continue;
         }
         let l = by_ino.entry(k.objectid).or_default();
-        match k.ty {
-            LOG_INODE => l.mode = d.first().copied(),
-            INODE_ITEM => l.inode = Some(InodeItem::decode(d).map_err(|e| bad(&k, e))?),
-            INODE_REF | INODE_EXTREF => l
-                .refs
-                .extend(DirEntry::decode_all(d).map_err(|e| bad(&k, e))?),
-            XATTR_ITEM => l.xattrs.push((k, d.to_vec())),
-            LOG_RANGE => {
-                let end = d.try_into().map(u64::from_le_bytes).unwrap_or(k.offset);
-                l.ranges.push((k.offset, end));
-            }
-            EXTENT_DATA => {
-                let fe = FileExtentItem::decode(d).map_err(|e| bad(&k, e))?;
-                l.extents.push((k, fe));
-            }
-            _ => return Err(bad(&k, "item of a kind the log does not hold")),
+        if let Err(e) = add_item(l, &k, d) {
+            unreadable.insert(k.objectid, e);
         }
     }
     for (ino, l) in &by_ino {
-        let complete = match l.mode {
-            Some(MODE_GONE) => true,
-            Some(MODE_FULL | MODE_NAMES) => l.inode.is_some(),
-            _ => false,
-        };
-        if !complete {
-            return Err(bad(
+        if !unreadable.contains_key(ino) && !is_complete(l) {
+            let e = bad(
                 &Key::new(*ino, LOG_INODE, 0),
                 "logged inode without its mode or inode item",
-            ));
+            );
+            unreadable.insert(*ino, e);
         }
     }
+    for (node, e) in unreadable {
+        tracing::error!(node, "replay leaves out an inode of the fsync log: {e}");
+        by_ino.remove(&node);
+    }
     Ok((by_ino, csums))
+}
+
+/// Adds one log item to its inode's record.
+fn add_item(l: &mut Logged, k: &Key, d: &[u8]) -> Result<()> {
+    match k.ty {
+        LOG_INODE => l.mode = d.first().copied(),
+        INODE_ITEM => l.inode = Some(InodeItem::decode(d).map_err(|e| bad(k, e))?),
+        INODE_REF | INODE_EXTREF => l
+            .refs
+            .extend(DirEntry::decode_all(d).map_err(|e| bad(k, e))?),
+        XATTR_ITEM => l.xattrs.push((*k, d.to_vec())),
+        LOG_RANGE => {
+            let end = d.try_into().map(u64::from_le_bytes).unwrap_or(k.offset);
+            l.ranges.push((k.offset, end));
+        }
+        EXTENT_DATA => {
+            let fe = FileExtentItem::decode(d).map_err(|e| bad(k, e))?;
+            l.extents.push((*k, fe));
+        }
+        _ => return Err(bad(k, "item of a kind the log does not hold")),
+    }
+    Ok(())
+}
+
+/// Whether the log holds all replay needs of an inode.
+fn is_complete(l: &Logged) -> bool {
+    match l.mode {
+        Some(MODE_GONE) => true,
+        Some(MODE_FULL | MODE_NAMES) => l.inode.is_some(),
+        _ => false,
+    }
 }
 
 fn apply(tx: &mut Txn<'_>, tree: u64, logged: BTreeMap<u64, Logged>, csums: &Csums) -> Result<()> {
