@@ -1387,3 +1387,83 @@ fn a_crash_log_can_be_passed_over_or_dropped() {
     m.unmount();
     m.check();
 }
+
+/// atime of `f` as stat(2) shows it, in nanoseconds.
+fn atime_ns(f: &Path) -> i128 {
+    let md = fs::metadata(f).unwrap();
+    i128::from(md.atime()) * 1_000_000_000 + i128::from(md.atime_nsec())
+}
+
+/// Reads `f` whole through one open, `times` times over.
+fn read_through_one_open(f: &Path, times: usize) {
+    let mut file = fs::File::open(f).unwrap();
+    let mut buf = Vec::new();
+    for _ in 0..times {
+        file.seek(SeekFrom::Start(0)).unwrap();
+        buf.clear();
+        file.read_to_end(&mut buf).unwrap();
+        assert_eq!(buf, b"ccc\n");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Issue 41, item 4: under strictatime every read gives a new atime,
+/// also reads the kernel could serve from its page cache; under relatime
+/// a file read again after a change gets one, though its pages stayed
+/// cached.
+#[test]
+fn access_times_follow_the_mount_policy_through_the_cache() {
+    if !can_mount() {
+        return;
+    }
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(1100));
+    let mut m = Mounted::new();
+    m.unmount();
+    m.mount("strictatime");
+    let f = m.p("f");
+    fs::write(&f, b"ccc\n").unwrap();
+    pause();
+    read_through_one_open(&f, 1);
+    let first = atime_ns(&f);
+    pause();
+    read_through_one_open(&f, 1);
+    let second = atime_ns(&f);
+    assert!(
+        second > first,
+        "strictatime: a second open and read kept atime {first}"
+    );
+    // Within one open, each read again.
+    let before = atime_ns(&f);
+    read_through_one_open(&f, 3);
+    assert!(
+        atime_ns(&f) > before,
+        "strictatime: reads through one open kept atime"
+    );
+    m.unmount();
+
+    m.mount("relatime");
+    read_through_one_open(&f, 1);
+    let read = atime_ns(&f);
+    pause();
+    read_through_one_open(&f, 1);
+    assert_eq!(
+        atime_ns(&f),
+        read,
+        "relatime: a read since the last change updates nothing"
+    );
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .write_all_at(b"ccc\n", 0)
+        .unwrap();
+    let changed = fs::metadata(&f).unwrap().mtime();
+    pause();
+    read_through_one_open(&f, 1);
+    let after = atime_ns(&f);
+    assert!(
+        after > read && after / 1_000_000_000 >= i128::from(changed),
+        "relatime: the first read after a change (pages cached) kept atime"
+    );
+    m.unmount();
+}

@@ -101,6 +101,13 @@ impl Fs {
         }
     }
 
+    /// `node` was opened for reading: under `relatime`, an access time
+    /// that is due is recorded now (see [`Subvol::opened_to_read`]).
+    /// Returns whether it was.
+    pub fn opened_to_read(&self, node: u64) -> bool {
+        self.at(node).is_ok_and(|(sv, ino)| sv.opened_to_read(ino))
+    }
+
     /// Releases a handle; the last one of an orphan deletes it.
     pub fn release(&self, node: u64) -> Result<()> {
         let (sv, ino) = self.at(node)?;

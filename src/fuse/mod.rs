@@ -167,6 +167,18 @@ impl FuseFs {
         }
     }
 
+    /// How an open file is cached. Under `strictatime` every read must
+    /// reach the daemon, which records the access (the kernel does not
+    /// for FUSE, and serves cached pages itself): such files bypass the
+    /// page cache (shared mmap still works where the kernel allows it,
+    /// `FUSE_DIRECT_IO_ALLOW_MMAP`).
+    fn open_flags(&self) -> FopenFlags {
+        match self.fs.atime_policy() {
+            crate::fs::AtimePolicy::Strict => FopenFlags::FOPEN_DIRECT_IO,
+            _ => OPEN_FLAGS,
+        }
+    }
+
     /// `ino` was given a new owner or group by `caller`: its set-user-ID
     /// bit goes whoever the caller is.
     fn chowned_by(&self, caller: &Caller, ino: u64) -> crate::Result<()> {
@@ -290,6 +302,9 @@ impl Filesystem for FuseFs {
             tracing::warn!("the kernel has no FUSE writeback cache; writes go through");
             self.writeback_cache = false;
         }
+        // strictatime opens bypass the page cache (`open_flags`); this
+        // keeps shared mmap of such files working (Linux 6.6 and later).
+        let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         // Without it the kernel asks for security.capability before every
         // write: one more round trip per write.
         self.killpriv = config
@@ -536,7 +551,16 @@ impl Filesystem for FuseFs {
             }
         }
         self.fs.open(ino);
-        reply.opened(FileHandle(0), OPEN_FLAGS);
+        let reading = flags.0 & libc::O_ACCMODE != libc::O_WRONLY;
+        if reading && self.fs.opened_to_read(ino) {
+            // Attributes only (offset -1): no page is touched.
+            if let Some(n) = self.notifier.get() {
+                if let Err(e) = n.inval_inode(self.kernel_node(ino), -1, 0) {
+                    tracing::debug!(ino, error = %e, "could not tell the kernel of an atime");
+                }
+            }
+        }
+        reply.opened(FileHandle(0), self.open_flags());
     }
 
     fn release(
@@ -740,7 +764,7 @@ impl Filesystem for FuseFs {
                 self.fs.open(a.ino);
                 let attr = self.file_attr(&a);
                 let generation = Generation(a.generation());
-                reply.created(&TTL, &attr, generation, FileHandle(0), OPEN_FLAGS)
+                reply.created(&TTL, &attr, generation, FileHandle(0), self.open_flags())
             }
             Err(e) => reply.error(err(e)),
         }
