@@ -19,7 +19,8 @@ pub struct Args {
     /// default 64M), readahead=SIZE (how far the kernel reads ahead of a
     /// sequential reader; default 4M, 0 keeps the kernel's 128K),
     /// writeback_cache (the kernel buffers writes; ENOSPC then shows at
-    /// fsync or close, see README). With remount, changes the flags of the
+    /// fsync or close, see README), nologreplay (with ro: the last commit,
+    /// without replaying a crash's fsync log). With remount, changes the flags of the
     /// live mount on MOUNTPOINT (ro, nosuid, nodev, noexec, atime options; a read-only
     /// mount stays read-only). Unknown options are an error.
     #[arg(short = 'o', long, default_value = "")]
