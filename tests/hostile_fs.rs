@@ -706,3 +706,188 @@ fn a_directory_index_at_the_end_of_its_range_fails_creates() {
     });
     assert!(r.is_err(), "{r:?}");
 }
+
+/// The sample image as a crash left it after two fsyncs: `dir0/file1`
+/// rewritten, and `fsynced` created and written. Its fsync log is pending.
+fn sample_with_log() -> Vec<u8> {
+    let dev = Arc::new(MemDevice::from_bytes(sample_image()));
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    let f = resolve(&fs, "dir0/file1").expect("dir0/file1").ino;
+    fs.write(f, 0, &[0x5a; 3000]).expect("write");
+    fs.fsync(f).expect("fsync");
+    let n = fs
+        .create(256, b"fsynced", libc::S_IFREG | 0o644, 0, ME, None)
+        .expect("create")
+        .ino;
+    fs.write(n, 0, &[0x6b; 6000]).expect("write");
+    fs.fsync(n).expect("fsync");
+    let crashed = dev.snapshot();
+    drop(fs);
+    crashed
+}
+
+/// Rewrites the item `key` of the pending log's root leaf with `change`,
+/// re-encoding the leaf with a valid checksum.
+fn patch_log_item(img: &mut [u8], key: canopy::Key, change: &dyn Fn(&mut Vec<u8>)) {
+    let sb = canopy::txn::read_best_superblock(&MemDevice::from_bytes(img.to_vec()))
+        .expect("superblock");
+    assert_ne!(sb.log_root, 0, "the image has a pending log");
+    let (at, ns) = (sb.log_root as usize, NODESIZE as usize);
+    let mut node = Node::decode(&img[at..at + ns], at as u64, &sb.fsid).expect("log root");
+    let Body::Leaf(items) = &mut node.body else {
+        panic!("the sample's log is one leaf");
+    };
+    let it = items
+        .iter_mut()
+        .find(|i| i.key == key)
+        .expect("logged item");
+    change(&mut it.data);
+    img[at..at + ns].copy_from_slice(&node.encode(&sb.fsid, ns));
+}
+
+/// The content of `path`, None if it does not resolve.
+fn content_of(fs: &Fs, path: &str) -> Option<Vec<u8>> {
+    let a = resolve(fs, path).ok()?;
+    Some(fs.read(a.ino, 0, a.size as u32).expect("read"))
+}
+
+/// Images with a damaged pending log (`tests/images/log/`): check names
+/// the damage, the mount replays the log but for the damaged inode,
+/// which reads as the last commit has it (as `nologreplay` shows it), and
+/// the image is clean after the replay.
+#[test]
+fn log_corpus() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images/log");
+    let text = std::fs::read_to_string(dir.join("verdicts.txt")).expect("verdicts.txt");
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| l.split('\t').collect())
+        .collect();
+    assert!(lines.len() >= 3);
+    for f in lines {
+        let [file, says, kept, replayed] = f[..] else {
+            panic!("verdict {f:?}: file, check says, path kept, path replayed");
+        };
+        let packed = std::fs::read(dir.join(file)).expect("corpus image");
+        let img = zstd::decode_all(&packed[..]).expect("zstd");
+        let report =
+            canopy::check::check_all(Arc::new(MemDevice::from_bytes(img.clone())), &|_, _| {})
+                .expect("check ran");
+        assert!(
+            report.problems.iter().any(|p| p.message.contains(says)),
+            "{file}: check should report {says:?}, said {:#?}",
+            report.problems
+        );
+        let open = |replay_log: bool, dev: Arc<MemDevice>| {
+            let opts = OpenOptions {
+                read_only: !replay_log,
+                replay_log,
+                ..OpenOptions::default()
+            };
+            let e = Engine::open(dev as Arc<dyn Device>, &opts).expect("open");
+            Fs::new(Arc::new(e)).unwrap_or_else(|e| panic!("{file}: replay failed: {e}"))
+        };
+        let last_commit = open(false, Arc::new(MemDevice::from_bytes(img.clone())));
+        let dev = Arc::new(MemDevice::from_bytes(img.clone()));
+        let fs = open(true, dev.clone());
+        assert_eq!(
+            content_of(&fs, kept),
+            content_of(&last_commit, kept),
+            "{file}: {kept} must keep its committed state"
+        );
+        let now = content_of(&fs, replayed);
+        assert!(now.is_some(), "{file}: {replayed} is gone");
+        assert_ne!(
+            now,
+            content_of(&last_commit, replayed),
+            "{file}: {replayed} not replayed"
+        );
+        let mut out = Outcome::default();
+        walk(&fs, &mut out);
+        assert!(out.files > 100, "{file}: {out:?}");
+        drop(fs);
+        common::assert_clean(dev.as_ref());
+    }
+}
+
+/// Writes the log corpus
+/// (`cargo test --test hostile_fs make_log_corpus -- --ignored`).
+#[test]
+#[ignore]
+fn make_log_corpus() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images/log");
+    std::fs::create_dir_all(&dir).unwrap();
+    let crashed = sample_with_log();
+    let fs = Fs::new(Arc::new(
+        Engine::open(
+            Arc::new(MemDevice::from_bytes(crashed.clone())) as Arc<dyn Device>,
+            &OpenOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    ))
+    .unwrap();
+    let ino = |p: &str| resolve(&fs, p).unwrap().ino;
+    let (file1, fsynced) = (ino("dir0/file1"), ino("fsynced"));
+    let tree_root = canopy::txn::read_best_superblock(&MemDevice::from_bytes(crashed.clone()))
+        .unwrap()
+        .root;
+    let k = canopy::Key::new;
+    type Case<'a> = (
+        &'a str,
+        canopy::Key,
+        Box<dyn Fn(&mut Vec<u8>)>,
+        &'a str,
+        &'a str,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            // The issue's image: a logged symlink of 2^61 bytes.
+            "log-symlink-size-2e61",
+            k(file1, INODE_ITEM, 0),
+            Box::new(|d: &mut Vec<u8>| {
+                put(0, (1u64 << 61).to_le_bytes())(d);
+                put(28, (libc::S_IFLNK | 0o777).to_le_bytes())(d);
+            }),
+            "symlink of",
+            "dir0/file1",
+            "fsynced",
+        ),
+        (
+            // A logged file extent naming a committed tree block (the
+            // root tree's root).
+            "log-extent-at-tree-block",
+            k(fsynced, EXTENT_DATA, 0),
+            Box::new(move |d: &mut Vec<u8>| put(21, tree_root.to_le_bytes())(d)),
+            "not a data extent of the last commit",
+            "fsynced",
+            "dir0/file1",
+        ),
+        (
+            "log-mode-unknown",
+            k(file1, LOG_INODE, 0),
+            Box::new(put(0, [7u8])),
+            "log mode is not one byte",
+            "dir0/file1",
+            "fsynced",
+        ),
+    ];
+    let mut verdicts = String::from(
+        "# Images with a damaged pending fsync log (zstd): a problem `canopy check`\n\
+         # reports, a path that keeps its committed state, a path that replays.\n\
+         # Written by `cargo test --test hostile_fs make_log_corpus -- --ignored`.\n",
+    );
+    for (name, key, change, says, kept, replayed) in cases {
+        let mut img = crashed.clone();
+        patch_log_item(&mut img, key, &*change);
+        let packed = zstd::encode_all(&img[..], 19).unwrap();
+        std::fs::write(dir.join(format!("{name}.img.zst")), packed).unwrap();
+        verdicts.push_str(&format!("{name}.img.zst\t{says}\t{kept}\t{replayed}\n"));
+    }
+    std::fs::write(dir.join("verdicts.txt"), verdicts).unwrap();
+}

@@ -643,12 +643,22 @@ fn examine(
     let mut inodes = 0;
     for (node, notes) in found.inodes {
         let mut new = Vec::new();
+        let mut wrong = None;
         for &e in &notes.data_refs {
-            if !extents.contains(&e) && !new.contains(&e) && !r.extent_exists(e.0)? {
-                new.push(e);
+            match r.extent_at(e)? {
+                ExtentAt::Data => {}
+                ExtentAt::Absent if !extents.contains(&e) && !new.contains(&e) => new.push(e),
+                ExtentAt::Absent => {}
+                ExtentAt::Other => wrong = Some(e),
             }
         }
         // Space one inode names wrongly costs that inode only.
+        if let Some((bytenr, len)) = wrong {
+            let why =
+                format!("it names {bytenr}+{len}, which is not a data extent of the last commit");
+            skipped.insert(node, why);
+            continue;
+        }
         if let Err(why) = claimed.add(st, &new) {
             skipped.insert(node, why);
             continue;
@@ -864,12 +874,34 @@ fn first_bad_data(r: &super::Reader<'_>, sums: &[(u64, Vec<u8>)]) -> Result<Opti
     Ok(None)
 }
 
+/// What the extent tree of the last commit holds where a log names a
+/// data extent.
+enum ExtentAt {
+    /// Nothing: an extent written after the last commit.
+    Absent,
+    /// A data extent of exactly that length.
+    Data,
+    /// A tree block, or an extent of another length.
+    Other,
+}
+
 impl super::Reader<'_> {
-    /// Whether the extent tree records an extent at `bytenr` (it is keyed
+    /// What the extent tree records at `(bytenr, len)` (extents are keyed
     /// `(bytenr, EXTENT_ITEM, len)`).
-    fn extent_exists(&self, bytenr: u64) -> Result<bool> {
+    fn extent_at(&self, (bytenr, len): (u64, u64)) -> Result<ExtentAt> {
         let c = self.cursor(tree_id::EXTENT, &Key::new(bytenr, EXTENT_ITEM, 0))?;
-        Ok(c.item()
-            .is_some_and(|i| i.key.objectid == bytenr && i.key.ty == EXTENT_ITEM))
+        let Some(it) = c
+            .item()
+            .filter(|i| i.key.objectid == bytenr && i.key.ty == EXTENT_ITEM)
+        else {
+            return Ok(ExtentAt::Absent);
+        };
+        let data = crate::format::items::ExtentItem::decode(&it.data)
+            .is_ok_and(|e| !e.is_tree_block() && it.key.offset == len);
+        Ok(if data {
+            ExtentAt::Data
+        } else {
+            ExtentAt::Other
+        })
     }
 }
