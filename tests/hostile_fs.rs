@@ -559,6 +559,17 @@ fn put(at: usize, v: impl AsRef<[u8]>) -> impl Fn(&mut Vec<u8>) {
     move |d: &mut Vec<u8>| d[at..at + v.len()].copy_from_slice(&v)
 }
 
+/// `img` opened read-only (a pending log replays in memory).
+fn read_only_fs(img: &[u8]) -> Fs {
+    let dev = Arc::new(MemDevice::from_bytes(img.to_vec()));
+    let opts = OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let e = Engine::open(dev as Arc<dyn Device>, &opts).expect("open");
+    Fs::new(Arc::new(e)).expect("fs")
+}
+
 /// Writes the corpus (`cargo test --test hostile_fs make_corpus -- --ignored`).
 /// Each image is the sample with one targeted corruption.
 #[test]
@@ -567,17 +578,7 @@ fn make_corpus() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images");
     std::fs::create_dir_all(&dir).unwrap();
     let clean = sample_image();
-    let fs = Fs::new(Arc::new(
-        Engine::open(
-            Arc::new(MemDevice::from_bytes(clean.clone())) as Arc<dyn Device>,
-            &OpenOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    ))
-    .unwrap();
+    let fs = read_only_fs(&clean);
     let ino = |p: &str| resolve(&fs, p).unwrap().ino;
     let k = canopy::Key::new;
     let name5 = canopy::format::inode::name_hash(b"file5");
@@ -820,17 +821,7 @@ fn make_log_corpus() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images/log");
     std::fs::create_dir_all(&dir).unwrap();
     let crashed = sample_with_log();
-    let fs = Fs::new(Arc::new(
-        Engine::open(
-            Arc::new(MemDevice::from_bytes(crashed.clone())) as Arc<dyn Device>,
-            &OpenOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    ))
-    .unwrap();
+    let fs = read_only_fs(&crashed);
     let ino = |p: &str| resolve(&fs, p).unwrap().ino;
     let (file1, fsynced) = (ino("dir0/file1"), ino("fsynced"));
     let tree_root = canopy::txn::read_best_superblock(&MemDevice::from_bytes(crashed.clone()))
