@@ -18,11 +18,9 @@ pub enum Error {
     #[error("corrupt metadata at byte {bytenr}: {reason}")]
     Corrupt { bytenr: u64, reason: String },
     /// An item the item checker rejected: EIO for the inode it belongs to.
+    /// The key is shown as `Key` displays it (`Key::bad` makes one).
     #[error("bad item {key}: {reason}")]
-    BadItem {
-        key: crate::format::Key,
-        reason: String,
-    },
+    BadItem { key: String, reason: String },
     #[error("not a Canopy image: {0}")]
     NotCanopy(String),
     #[error("no space left on device")]
@@ -60,14 +58,13 @@ impl Error {
     /// The errno class this error maps to at the POSIX edge.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io { .. } | Error::Corrupt { .. } | Error::NotCanopy(_) => 5, // EIO
-            Error::BadItem { .. } => 5,
-            Error::Aborted(_) => 5,
-            Error::NoSpace => 28,    // ENOSPC
-            Error::NotFound => 2,    // ENOENT
-            Error::Exists => 17,     // EEXIST
-            Error::Invalid(_) => 22, // EINVAL
-            Error::ReadOnly => 30,   // EROFS
+            Error::Io { .. } | Error::Corrupt { .. } | Error::NotCanopy(_) => libc::EIO,
+            Error::BadItem { .. } | Error::Aborted(_) => libc::EIO,
+            Error::NoSpace => libc::ENOSPC,
+            Error::NotFound => libc::ENOENT,
+            Error::Exists => libc::EEXIST,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::ReadOnly => libc::EROFS,
             Error::Posix(errno, _) => *errno,
         }
     }

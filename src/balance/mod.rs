@@ -101,10 +101,7 @@ fn recorded_tx(tx: &Txn<'_>) -> Result<Option<Recorded>> {
 
 /// A balance from its item and its group items.
 fn decode_recorded(item: &[u8], groups: Vec<(Key, Vec<u8>)>) -> Result<Recorded> {
-    let (args, paused) = BalanceArgs::decode(item).map_err(|e| Error::BadItem {
-        key: item_key(),
-        reason: e,
-    })?;
+    let (args, paused) = BalanceArgs::decode(item).map_err(|e| item_key().bad(e))?;
     Ok(Recorded {
         args,
         paused,

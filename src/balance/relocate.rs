@@ -272,10 +272,7 @@ fn repoint_items(leaf: &mut Node, old: u64, len: u64, new: u64) -> Result<u32> {
             if data_ref_of(&it.key, &it.data) != Some((old, len)) {
                 continue;
             }
-            let mut fe = FileExtentItem::decode(&it.data).map_err(|e| Error::BadItem {
-                key: it.key,
-                reason: e,
-            })?;
+            let mut fe = FileExtentItem::decode(&it.data).map_err(|e| it.key.bad(e))?;
             fe.disk_bytenr = new;
             it.data = fe.encode();
             moved += 1;

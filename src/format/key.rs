@@ -64,6 +64,17 @@ impl fmt::Debug for Key {
     }
 }
 
+impl Key {
+    /// The error for an item under this key that the checker (or a
+    /// decoder) refuses.
+    pub fn bad(&self, reason: impl Into<String>) -> crate::error::Error {
+        crate::error::Error::BadItem {
+            key: self.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)

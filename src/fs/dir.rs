@@ -25,8 +25,7 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 }
 
 fn decode<B: BlockRead + ?Sized>(b: &B, key: &Key, data: &[u8]) -> Result<Vec<DirEntry>> {
-    DirEntry::decode_all(super::checked(b, key, data)?)
-        .map_err(|reason| Error::BadItem { key: *key, reason })
+    DirEntry::decode_all(super::checked(b, key, data)?).map_err(|reason| key.bad(reason))
 }
 
 /// The entry `name` of `dir`, if any.

@@ -28,8 +28,7 @@ fn data_key(ino: u64, offset: u64) -> Key {
 }
 
 fn decode<B: BlockRead + ?Sized>(b: &B, key: &Key, data: &[u8]) -> Result<FileExtentItem> {
-    FileExtentItem::decode(super::checked(b, key, data)?)
-        .map_err(|reason| Error::BadItem { key: *key, reason })
+    FileExtentItem::decode(super::checked(b, key, data)?).map_err(|reason| key.bad(reason))
 }
 
 /// Length of file data an extent item covers.

@@ -397,10 +397,7 @@ impl Subvol {
     /// a damaged tree has it) is a bad item.
     pub(crate) fn node(&self, ino: u64) -> Result<u64> {
         if ino > LAST_LOCAL_INO {
-            return Err(Error::BadItem {
-                key: inode_key(ino),
-                reason: format!("inode number above {LAST_LOCAL_INO}"),
-            });
+            return Err(inode_key(ino).bad(format!("inode number above {LAST_LOCAL_INO}")));
         }
         Ok(node_id(self.tree, ino))
     }
@@ -485,7 +482,7 @@ pub(crate) fn checked<'d, B: crate::tree::BlockRead + ?Sized>(
 ) -> Result<&'d [u8]> {
     match crate::format::checker::check_item(key, data, &b.item_limits()) {
         Ok(()) => Ok(data),
-        Err(reason) => Err(Error::BadItem { key: *key, reason }),
+        Err(reason) => Err(key.bad(reason)),
     }
 }
 
@@ -495,7 +492,7 @@ fn decode_inode<B: crate::tree::BlockRead + ?Sized>(
     data: &[u8],
 ) -> Result<InodeItem> {
     let key = inode_key(ino);
-    InodeItem::decode(checked(b, &key, data)?).map_err(|reason| Error::BadItem { key, reason })
+    InodeItem::decode(checked(b, &key, data)?).map_err(|reason| key.bad(reason))
 }
 
 pub(crate) fn load_inode_tx(tx: &Txn<'_>, tree: u64, ino: u64) -> Result<InodeItem> {

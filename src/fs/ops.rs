@@ -567,10 +567,8 @@ impl Subvol {
             |(plan, whole, size), dev| {
                 let target = plan.execute(dev)?;
                 if !whole || target.contains(&0) {
-                    return Err(Error::BadItem {
-                        key: super::inode_key(ino),
-                        reason: format!("symlink of {size} bytes whose data does not match"),
-                    });
+                    return Err(super::inode_key(ino)
+                        .bad(format!("symlink of {size} bytes whose data does not match")));
                 }
                 Ok(target)
             },

@@ -82,10 +82,7 @@ where
     let entry = DirEntry::decode_all(super::checked(b, &k, &d)?)
         .ok()
         .and_then(|mut v| v.pop())
-        .ok_or_else(|| Error::BadItem {
-            key: k,
-            reason: "root back-reference without an entry".into(),
-        })?;
+        .ok_or_else(|| k.bad("root back-reference without an entry"))?;
     Ok(Some((k.offset, entry)))
 }
 

@@ -133,10 +133,7 @@ fn relation_keys(child: u64, parent: u64) -> [Key; 2] {
 }
 
 fn bad(key: &Key, why: String) -> Error {
-    Error::BadItem {
-        key: *key,
-        reason: why,
-    }
+    key.bad(why)
 }
 
 impl Qgroups {

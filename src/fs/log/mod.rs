@@ -52,6 +52,19 @@ use std::sync::Mutex;
 
 pub(crate) use replay::replay;
 
+/// What an fsync's step in the log found to do.
+enum LogStep {
+    /// The inode's state is in the log: write it.
+    Logged,
+    /// Nothing changed since the last commit: wait for that commit.
+    Unchanged,
+    /// The log cannot be trusted with it (it is stale: a log update
+    /// failed after its operation had changed the trees, so the log may
+    /// disagree with them; or the log found at open is not replayed
+    /// yet): commit instead.
+    NeedsCommit,
+}
+
 /// `LOG_INODE` values.
 pub(crate) const MODE_FULL: u8 = 0;
 pub(crate) const MODE_NAMES: u8 = 1;
@@ -251,18 +264,21 @@ impl Subvol {
         }
         self.flush_file_for_fsync(ino)?;
         self.flush_symlinks_in(ino)?;
-        let logged = self.engine.write(|tx| {
-            if !tx.has_pending_log() && self.tracking.is_stale(tx.transid()) {
-                return Err(Error::NoSpace);
+        let step = self.engine.write(|tx| {
+            if tx.has_pending_log() || self.tracking.is_stale(tx.transid()) {
+                return Ok(LogStep::NeedsCommit);
             }
-            self.log_inode(tx, ino)
+            Ok(match self.log_inode(tx, ino)? {
+                true => LogStep::Logged,
+                false => LogStep::Unchanged,
+            })
         });
-        match logged {
-            Ok(true) => self.engine.sync_log(),
+        match step {
+            Ok(LogStep::Logged) => self.engine.sync_log(),
             // Unchanged since the last commit: durable once it is written.
-            Ok(false) | Err(Error::NotFound) => self.engine.wait_prepared(),
-            // No room for the log (or it is stale): a commit does it all.
-            Err(Error::NoSpace | Error::Invalid(_)) => self.core.sync(),
+            Ok(LogStep::Unchanged) | Err(Error::NotFound) => self.engine.wait_prepared(),
+            // No room for the log: a commit does it all.
+            Ok(LogStep::NeedsCommit) | Err(Error::NoSpace) => self.core.sync(),
             Err(e) => Err(e),
         }
     }

@@ -77,10 +77,7 @@ pub(crate) fn replay(engine: &Engine) -> Result<()> {
 type Csums = HashMap<u64, Vec<u8>>;
 
 fn bad(key: &Key, reason: impl Into<String>) -> Error {
-    Error::BadItem {
-        key: *key,
-        reason: reason.into(),
-    }
+    key.bad(reason)
 }
 
 /// Every item of the log, checked and grouped by inode. An inode whose
