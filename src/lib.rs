@@ -1,19 +1,23 @@
 //! Canopy: a copy-on-write filesystem in user space.
 //!
-//! Layers, top to bottom (each calls only those below it):
+//! Layers, top to bottom (each uses only those below it; `tests/layers.rs`
+//! holds the order and the few upward uses left):
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`fs`] | POSIX semantics: inodes, directories, files |
-//! | [`check`] | the read-only consistency checker (`canopy check`) |
-//! | [`scrub`] | reading back every block and checksum (`canopy scrub`) |
-//! | [`txn`] | the engine: transactions, commit, open and format |
+//! | [`fuse`] | the FUSE adapter, mount options, the control socket |
+//! | [`fs`] | POSIX semantics: inodes, directories, files, subvolumes |
+//! | [`check`], [`scrub`] | the consistency checker; reading back every checksum |
+//! | [`balance`] | emptying block groups while mounted |
+//! | [`qgroup`] | quota groups and their accounting |
 //! | [`extent`] | reference counts and back-references, delayed refs |
+//! | [`txn`] | the engine: transactions, commit, open and format, the log's storage |
 //! | [`tree`] | the copy-on-write B+tree |
 //! | [`alloc`] | block groups and free space (by start and by length) |
 //! | [`cache`] | the bounded cache of clean tree blocks |
 //! | [`format`] | the on-disk format: keys, blocks, superblock, items |
 //! | [`dev`] | devices: image files, memory, crash recording |
+//! | [`error`], `sync`, [`units`] | errors, lock helpers, sizes |
 //!
 //! `docs/architecture.md` describes the format and the life of a commit.
 
