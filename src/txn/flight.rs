@@ -215,6 +215,7 @@ impl Flight {
 impl Drop for Flight {
     fn drop(&mut self) {
         let mut c = crate::sync::lock(&self.flights.count);
+        debug_assert!(c.open > 0, "a flight ended that was never counted open");
         c.open = c.open.saturating_sub(1);
         self.flights.changed.notify_all();
     }
@@ -261,6 +262,11 @@ impl Txn<'_> {
     /// Ends `flight`, giving back the items it held. Its extents are in
     /// the tree by now, or are freed by the commit.
     pub fn end_flight(&mut self, flight: Flight) -> Result<()> {
+        // The items a flight holds were added to `flushing` when it opened.
+        debug_assert!(
+            self.st.flushing >= flight.held,
+            "flushing reservations would go negative"
+        );
         self.st.flushing = self.st.flushing.saturating_sub(flight.held);
         for &start in &flight.starts {
             self.st.refs.release(start);
