@@ -29,15 +29,9 @@ const LAYERS: &[&[&str]] = &[
 ];
 
 /// Upward uses that remain, (from, to): the commit in `txn` folds
-/// delayed references (`extent`) and accounts quota groups (`qgroup`), and
-/// open restores a recorded balance; `extent` traces quota groups as it
-/// folds.
-const DEBTS: &[(&str, &str)] = &[
-    ("txn", "extent"),
-    ("txn", "qgroup"),
-    ("txn", "balance"),
-    ("extent", "qgroup"),
-];
+/// delayed references (`extent`) and accounts quota groups (`qgroup`);
+/// `extent` traces quota groups as it folds.
+const DEBTS: &[(&str, &str)] = &[("txn", "extent"), ("txn", "qgroup"), ("extent", "qgroup")];
 
 /// Names lib.rs re-exports at the crate root, and their modules.
 const REEXPORTS: &[(&str, &str)] = &[

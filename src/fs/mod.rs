@@ -153,6 +153,12 @@ impl Fs {
 
     /// Opens the pool with `shown` as the mount's root.
     pub fn with_root(engine: Arc<Engine>, shown: &Shown) -> Result<Fs> {
+        // Before anything allocates: the groups of a running balance are
+        // kept from new allocations (the allocator does not keep that on
+        // disk).
+        if !engine.is_read_only() {
+            engine.write(crate::balance::restore_pending)?;
+        }
         // Before anything reads a tree: the log may hold fsynced changes
         // the last commit lacks.
         log::replay(&engine)?;

@@ -255,9 +255,6 @@ impl Engine {
             count_tree_blocks(&mut st, &engine.shared)?;
             count_drop_queue(&mut st, &engine.shared)?;
             load_qgroups(&mut st, &engine.shared)?;
-            if !opts.read_only {
-                crate::balance::restore_pending(&mut super::Txn::new(&mut st, &engine.shared))?;
-            }
             st.remember_committed_roots();
             match opts.replay_log {
                 true => super::log::load_pending(&mut st, &engine.shared)?,
