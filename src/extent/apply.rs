@@ -165,7 +165,7 @@ fn apply_one(
         // Even when the changes cancel out: a pointer that moved from
         // one leaf to another may now be reached by other trees.
         let data = !item.is_tree_block();
-        crate::qgroup::account::trace(&mut tx.st.qgroups, bytenr, len, data, item.owner);
+        tx.trace_for_quota(bytenr, len, data, item.owner);
     }
     if existed && p.refs.is_empty() {
         return Ok(());

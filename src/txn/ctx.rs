@@ -503,6 +503,13 @@ impl<'a> Txn<'a> {
         self.sh.nodesize
     }
 
+    /// Notes, for the commit's quota accounting, that the extent at
+    /// `bytenr` had reference changes other than a block copy's (called
+    /// while folding delayed references).
+    pub(crate) fn trace_for_quota(&mut self, bytenr: u64, len: u64, data: bool, owner: u64) {
+        crate::qgroup::account::trace(&mut self.st.qgroups, bytenr, len, data, owner);
+    }
+
     pub(crate) fn drop_state(&mut self) -> &mut crate::extent::drop::DropState {
         &mut self.st.drop
     }
