@@ -1,0 +1,462 @@
+//! A log found at open, examined whole before anything trusts it: its
+//! blocks as their parents name them, every item through the checker, the
+//! space it names free in the last commit, the data under its checksums.
+//! A root that fails is passed over for the one before it, or for the
+//! last commit; an inode whose items fail is left out while the rest
+//! replays. `canopy check` reads the verdict (`Engine::log_found`).
+
+use super::{name_log, DroppedRoot, LogVerdict, PendingLog, SkippedInode};
+use crate::error::{Error, Result};
+use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, LOG_INODE};
+use crate::format::node::Body;
+use crate::format::superblock::INCOMPAT_LOG_CHECKED;
+use crate::format::{tree_id, Key, CSUM_OBJECTID};
+use crate::tree::RootPtr;
+use crate::txn::{Reader, Shared, State};
+use std::collections::BTreeMap;
+
+/// Reads the log a superblock names and keeps its blocks, and the new data
+/// extents it names, out of the allocator (see [`PendingLog`]).
+pub(crate) fn load_pending(st: &mut State, sh: &Shared) -> Result<()> {
+    if st.sb.log_root == 0 {
+        return Ok(());
+    }
+    let (chosen, mut verdict) = choose_root(st, sh)?;
+    // What is chosen is whole: commits carry it on as it is.
+    st.sb.clear_log();
+    let Some(log) = chosen else {
+        st.log_found = Some(verdict);
+        return Ok(());
+    };
+    verdict.inodes = log.inodes;
+    verdict.new_extents = log.extents.len() as u64;
+    verdict.blocks = log.blocks.len() as u64;
+    verdict.skipped = log
+        .skipped
+        .iter()
+        .map(|(&node, reason)| SkippedInode {
+            node,
+            reason: reason.clone(),
+        })
+        .collect();
+    for s in &verdict.skipped {
+        tracing::error!(
+            node = s.node,
+            "the fsync log's items of this inode are refused, so replay leaves it \
+             as the last commit has it: {}",
+            s.reason
+        );
+    }
+    st.log_found = Some(verdict);
+    name_log(&mut st.sb, &log.ptr);
+    // `examine` found all of it free in the last commit, without overlaps.
+    let ns = sh.nodesize as u64;
+    for &b in &log.blocks {
+        st.alloc.exclude(b, ns)?;
+    }
+    for &(b, l) in &log.extents {
+        st.alloc.exclude(b, l)?;
+    }
+    tracing::info!(
+        blocks = log.blocks.len(),
+        extents = log.extents.len(),
+        "found a log tree to replay"
+    );
+    st.pending_log = Some(log);
+    Ok(())
+}
+
+/// Opens at the last commit as if the superblock named no log; the next
+/// commit (if the engine writes) drops it for good.
+pub(crate) fn ignore_pending(st: &mut State) {
+    if st.sb.log_root == 0 {
+        return;
+    }
+    tracing::warn!(
+        root = st.sb.log_root,
+        "not replaying the fsync log: what was fsynced after the last commit is not shown"
+    );
+    st.sb.clear_log();
+    st.log_replayed = true;
+}
+
+/// The log root to replay, examined whole ([`examine`]): the last one
+/// written, else the previous one (which its own barrier made durable
+/// before the last write began), else none: the filesystem opens at its
+/// last commit. Each root passed over is named in an ERROR line.
+fn choose_root(st: &State, sh: &Shared) -> Result<(Option<PendingLog>, LogVerdict)> {
+    let sb = &st.sb;
+    let last = RootPtr {
+        bytenr: sb.log_root,
+        generation: sb.log_root_generation,
+        level: sb.log_root_level,
+    };
+    // Logs written before the nonce and the previous root existed carry
+    // neither (no feature bit).
+    let checked = sb.incompat & INCOMPAT_LOG_CHECKED != 0;
+    let nonce = checked.then_some(sb.log_nonce);
+    let prev = (checked && sb.log_prev_root != 0).then_some(RootPtr {
+        bytenr: sb.log_prev_root,
+        generation: sb.log_prev_generation,
+        level: sb.log_prev_level,
+    });
+    let r = Reader::new(st, sh);
+    let mut verdict = LogVerdict {
+        last_root: last.bytenr,
+        ..LogVerdict::default()
+    };
+    for (which, ptr) in [("last", Some(last)), ("previous", prev)] {
+        let Some(ptr) = ptr else { continue };
+        match examine(&r, st, sh, &ptr, nonce)? {
+            Ok(log) => {
+                verdict.chosen = Some(which.into());
+                return Ok((Some(log), verdict));
+            }
+            Err(why) => {
+                tracing::error!(
+                    root = ptr.bytenr,
+                    generation = ptr.generation,
+                    "dropping the {which} root of the fsync log: {}",
+                    why.reason
+                );
+                verdict.dropped.push(DroppedRoot {
+                    which: which.into(),
+                    root: ptr.bytenr,
+                    reason: why.reason,
+                    torn: why.torn,
+                });
+            }
+        }
+    }
+    tracing::error!(
+        generation = sb.generation,
+        "no root of the fsync log can be replayed: opening at the last commit; \
+         what was fsynced after it is lost"
+    );
+    Ok((None, verdict))
+}
+
+/// Why a log root cannot be replayed.
+struct Rejection {
+    reason: String,
+    /// Blocks or data not as written: a write that did not reach the
+    /// disk whole. Otherwise what was written is wrong (damage or a bug).
+    torn: bool,
+}
+
+impl Rejection {
+    fn torn(reason: String) -> Rejection {
+        Rejection { reason, torn: true }
+    }
+
+    fn invalid(reason: String) -> Rejection {
+        Rejection {
+            reason,
+            torn: false,
+        }
+    }
+}
+
+/// Reads every block of the log at `ptr` and everything it names, and
+/// says whether replaying it is safe:
+/// - every block is the one its parent names (checksum, address,
+///   generation, level) and belongs to this log (owner, `nonce`);
+/// - every item passes the item checker;
+/// - its blocks, and the data extents it names that the extent tree does
+///   not hold, lie in block groups of the last commit, in space free there
+///   and apart from each other (a log never names a group or space its
+///   own transaction created or reused; see `sync_log`);
+/// - the data under every checksum item it holds matches the item.
+fn examine(
+    r: &Reader<'_>,
+    st: &State,
+    sh: &Shared,
+    ptr: &RootPtr,
+    nonce: Option<u64>,
+) -> Result<std::result::Result<PendingLog, Rejection>> {
+    let mut seen = Vec::new();
+    let walked = walk_log(r, sh, ptr, nonce, &mut seen);
+    let found = match walked {
+        Ok(Ok(found)) => found,
+        Ok(Err(why)) => return Ok(Err(Rejection::invalid(why))),
+        Err(Error::Corrupt { bytenr, reason }) => {
+            // What was read of a write that never landed must not be
+            // taken for the blocks later written there.
+            seen.into_iter().for_each(|b| sh.cache.remove(b));
+            return Ok(Err(Rejection::torn(format!("block {bytenr}: {reason}"))));
+        }
+        Err(e) => return Err(e),
+    };
+    let ns = sh.nodesize as u64;
+    let mut claimed = Claimed::default();
+    let blocks: Vec<(u64, u64)> = seen.iter().map(|&b| (b, ns)).collect();
+    if let Err(why) = claimed.add(st, &blocks) {
+        return Ok(Err(Rejection::invalid(why)));
+    }
+    let mut skipped = found.skipped;
+    let mut extents = Vec::new();
+    let mut inodes = 0;
+    for (node, notes) in found.inodes {
+        let mut new = Vec::new();
+        let mut wrong = None;
+        for &e in &notes.data_refs {
+            match r.extent_at(e)? {
+                ExtentAt::Data => {}
+                ExtentAt::Absent if !extents.contains(&e) && !new.contains(&e) => new.push(e),
+                ExtentAt::Absent => {}
+                ExtentAt::Other => wrong = Some(e),
+            }
+        }
+        // Space one inode names wrongly costs that inode only.
+        if let Some((bytenr, len)) = wrong {
+            let why =
+                format!("it names {bytenr}+{len}, which is not a data extent of the last commit");
+            skipped.insert(node, why);
+            continue;
+        }
+        if let Err(why) = claimed.add(st, &new) {
+            skipped.insert(node, why);
+            continue;
+        }
+        extents.append(&mut new);
+        inodes += u64::from(notes.log_inode);
+    }
+    if let Err(why) = sums_cover_extents(&found.sums, &extents) {
+        return Ok(Err(Rejection::invalid(why)));
+    }
+    if let Some(at) = first_bad_data(r, &found.sums)? {
+        let why = format!("logged data at {at} does not match its checksum");
+        return Ok(Err(Rejection::torn(why)));
+    }
+    Ok(Ok(PendingLog {
+        ptr: *ptr,
+        blocks: seen,
+        extents,
+        inodes,
+        skipped,
+    }))
+}
+
+/// Whether each new extent's checksum item, if the log has one, covers
+/// exactly its sectors: replay gives the extent that item (and nothing
+/// else), so a short one would leave sectors unchecked or misread.
+fn sums_cover_extents(
+    sums: &[(u64, Vec<u8>)],
+    extents: &[(u64, u64)],
+) -> std::result::Result<(), String> {
+    let by_start: std::collections::HashMap<u64, usize> =
+        sums.iter().map(|(b, s)| (*b, s.len())).collect();
+    for &(bytenr, len) in extents {
+        let want = len / u64::from(crate::format::SECTORSIZE) * 4;
+        match by_start.get(&bytenr) {
+            Some(&have) if have as u64 != want => {
+                return Err(format!(
+                    "its checksum item at {bytenr} holds {have} bytes, \
+                     the {len}-byte extent there needs {want}"
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Space a log names, accepted so far: in block groups of the last
+/// commit, free there, and each range apart from every other.
+#[derive(Default)]
+struct Claimed {
+    /// start → end.
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl Claimed {
+    /// Accepts all of `ranges`, or none of them and says why.
+    fn add(&mut self, st: &State, ranges: &[(u64, u64)]) -> std::result::Result<(), String> {
+        let mut sorted = ranges.to_vec();
+        sorted.sort_unstable();
+        let mut end = 0;
+        for &(start, len) in &sorted {
+            if start < end || self.overlaps(start, start.saturating_add(len)) {
+                return Err(format!("it names {start} twice"));
+            }
+            end = start.saturating_add(len);
+            let Some(g) = st.alloc.group_containing(start) else {
+                return Err(format!("it names {start}, outside any block group"));
+            };
+            if !g.free.contains(start, len) {
+                return Err(format!(
+                    "it names {start}+{len}, not free in the last commit"
+                ));
+            }
+        }
+        for (start, len) in sorted {
+            self.ranges.insert(start, start.saturating_add(len));
+        }
+        Ok(())
+    }
+
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        let before = self.ranges.range(..=start).next_back();
+        let after = self.ranges.range(start..end).next();
+        before.is_some_and(|(_, &e)| e > start) || after.is_some()
+    }
+}
+
+/// What a walk of a log found in its leaves.
+#[derive(Default)]
+struct LogContents {
+    /// Checksum items: (data extent address, its sector sums).
+    sums: Vec<(u64, Vec<u8>)>,
+    /// Each inode with no refused item.
+    inodes: BTreeMap<u64, InodeNotes>,
+    /// Inodes with an item the checker refuses, and why (see
+    /// [`PendingLog::skipped`]).
+    skipped: BTreeMap<u64, String>,
+}
+
+/// What one inode's items in a log add up to, while the walk goes on: an
+/// inode's items may span leaves, and one refused item drops them all.
+#[derive(Default)]
+struct InodeNotes {
+    log_inode: bool,
+    data_refs: Vec<(u64, u64)>,
+}
+
+#[derive(Default)]
+struct LogWalk {
+    sums: Vec<(u64, Vec<u8>)>,
+    inodes: BTreeMap<u64, InodeNotes>,
+    skipped: BTreeMap<u64, String>,
+}
+
+impl LogWalk {
+    fn note(&mut self, key: &Key, data: &[u8]) {
+        if key.objectid == CSUM_OBJECTID && key.ty == EXTENT_CSUM {
+            self.sums.push((key.offset, data.to_vec()));
+            return;
+        }
+        let notes = self.inodes.entry(key.objectid).or_default();
+        if key.ty == LOG_INODE {
+            notes.log_inode = true;
+        } else if let Some(e) = crate::format::items::data_ref_of(key, data) {
+            if key.ty == EXTENT_DATA {
+                notes.data_refs.push(e);
+            }
+        }
+    }
+
+    /// What replay would use: every inode with no refused item.
+    fn contents(mut self) -> LogContents {
+        self.inodes
+            .retain(|node, _| !self.skipped.contains_key(node));
+        LogContents {
+            sums: self.sums,
+            inodes: self.inodes,
+            skipped: self.skipped,
+        }
+    }
+}
+
+/// Walks the log at `ptr`, noting every block address in `seen`. A block
+/// that is not as its parent names it is `Error::Corrupt` (a write that
+/// never reached the disk, or damage); a block of another log, or a
+/// checksum item the checker refuses, is a rejection. An inode's item the
+/// checker refuses leaves that inode out (`LogContents::skipped`): one
+/// damaged inode does not cost every other fsync.
+fn walk_log(
+    r: &Reader<'_>,
+    sh: &Shared,
+    ptr: &RootPtr,
+    nonce: Option<u64>,
+    seen: &mut Vec<u64>,
+) -> Result<std::result::Result<LogContents, String>> {
+    use crate::tree::BlockRead;
+    seen.push(ptr.bytenr);
+    let root = r.read_node(ptr.bytenr, ptr.generation)?;
+    if root.level != ptr.level {
+        return Err(Error::corrupt(ptr.bytenr, "log root at another level"));
+    }
+    let limits = sh.item_limits();
+    let mut found = LogWalk::default();
+    let mut stack = vec![root];
+    while let Some(node) = stack.pop() {
+        if node.owner != tree_id::LOG || nonce.is_some_and(|n| node.flags != n) {
+            return Err(Error::corrupt(node.bytenr, "not a block of this log"));
+        }
+        match &node.body {
+            Body::Internal(ptrs) => {
+                for p in ptrs {
+                    seen.push(p.bytenr);
+                    stack.push(crate::tree::read_child(r, p, node.level)?);
+                }
+            }
+            Body::Leaf(leaf) => {
+                for it in leaf {
+                    if let Err(why) = crate::format::checker::check_item(&it.key, &it.data, &limits)
+                    {
+                        let why = format!("item {} in block {}: {why}", it.key, node.bytenr);
+                        if it.key.objectid == CSUM_OBJECTID {
+                            return Ok(Err(why));
+                        }
+                        found.skipped.entry(it.key.objectid).or_insert(why);
+                        continue;
+                    }
+                    found.note(&it.key, &it.data);
+                }
+            }
+        }
+    }
+    Ok(Ok(found.contents()))
+}
+
+/// The first device address under a checksum item in `sums` whose data
+/// does not match it.
+fn first_bad_data(r: &Reader<'_>, sums: &[(u64, Vec<u8>)]) -> Result<Option<u64>> {
+    const SECTOR: usize = crate::format::SECTORSIZE as usize;
+    const CHUNK_SECTORS: usize = 256;
+    let mut buf = vec![0u8; SECTOR * CHUNK_SECTORS];
+    for (bytenr, item) in sums {
+        for (i, want) in item.chunks(4 * CHUNK_SECTORS).enumerate() {
+            let sectors = want.len() / 4;
+            let at = bytenr + (i * CHUNK_SECTORS * SECTOR) as u64;
+            let data = &mut buf[..sectors * SECTOR];
+            r.read_data(at, data)?;
+            if let Some(bad) = crate::format::first_bad_sector(data, want) {
+                return Ok(Some(at + (bad * SECTOR) as u64));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// What the extent tree of the last commit holds where a log names a
+/// data extent.
+enum ExtentAt {
+    /// Nothing: an extent written after the last commit.
+    Absent,
+    /// A data extent of exactly that length.
+    Data,
+    /// A tree block, or an extent of another length.
+    Other,
+}
+
+impl Reader<'_> {
+    /// What the extent tree records at `(bytenr, len)` (extents are keyed
+    /// `(bytenr, EXTENT_ITEM, len)`).
+    fn extent_at(&self, (bytenr, len): (u64, u64)) -> Result<ExtentAt> {
+        let c = self.cursor(tree_id::EXTENT, &Key::new(bytenr, EXTENT_ITEM, 0))?;
+        let Some(it) = c
+            .item()
+            .filter(|i| i.key.objectid == bytenr && i.key.ty == EXTENT_ITEM)
+        else {
+            return Ok(ExtentAt::Absent);
+        };
+        let data = crate::format::items::ExtentItem::decode(&it.data)
+            .is_ok_and(|e| !e.is_tree_block() && it.key.offset == len);
+        Ok(if data {
+            ExtentAt::Data
+        } else {
+            ExtentAt::Other
+        })
+    }
+}
