@@ -95,99 +95,8 @@ impl MountOptions {
             let (name, value) = opt
                 .split_once('=')
                 .map_or((opt, None), |(n, v)| (n, Some(v)));
-            let num = |v: Option<&str>| -> Result<u64> {
-                v.and_then(|v| v.parse().ok())
-                    .ok_or_else(|| Error::Invalid(format!("option {name} needs a number")))
-            };
-            match name {
-                "ro" => o.read_only = true,
-                "remount" => o.remount = true,
-                "rw" => o.read_only = false,
-                "allow_other" => o.allow_other = true,
-                "default_permissions" => o.default_permissions = true,
-                "noatime" => {
-                    o.atime = crate::fs::AtimePolicy::Never;
-                    o.kernel.push(name.to_string());
-                }
-                "strictatime" => {
-                    o.atime = crate::fs::AtimePolicy::Strict;
-                    o.kernel.push(name.to_string());
-                }
-                "relatime" | "atime" | "norelatime" | "nostrictatime" => {
-                    o.atime = crate::fs::AtimePolicy::Relative
-                }
-                "nodiratime" => {
-                    o.dir_atime = false;
-                    o.kernel.push(name.to_string());
-                }
-                "diratime" => o.dir_atime = true,
-                "nodev" | "dev" | "nosuid" | "suid" | "noexec" | "exec" | "sync" | "async"
-                | "dirsync" | "lazytime" | "nolazytime" | "nosymfollow" | "symfollow" => {
-                    o.kernel.push(name.to_string())
-                }
-                // Generic options with nothing to do here: Canopy keeps an
-                // inode version in every change anyway (iversion), mandatory
-                // locks are gone from Linux, and the rest are mount(8)'s or
-                // an LSM's.
-                "defaults"
-                | "auto"
-                | "noauto"
-                | "user"
-                | "nouser"
-                | "users"
-                | "owner"
-                | "group"
-                | "_netdev"
-                | "nofail"
-                | "iversion"
-                | "noiversion"
-                | "mand"
-                | "nomand"
-                | "silent"
-                | "loud"
-                | "context"
-                | "fscontext"
-                | "defcontext"
-                | "rootcontext"
-                | "x-systemd.automount" => {}
-                _ if name.starts_with("x-") || name.starts_with("comment") => {}
-                // FUSE's own, which Canopy sets itself; mount(8) passes them
-                // back from /proc/mounts on a remount.
-                "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fsname"
-                | "subtype" => {}
-                "nologreplay" => o.log_replay = false,
-                "rescue" => match value {
-                    Some("nologreplay") => o.log_replay = false,
-                    _ => {
-                        return Err(Error::Invalid(format!(
-                            "unknown rescue option in '{opt}' (Canopy has rescue=nologreplay)"
-                        )))
-                    }
-                },
-                "writeback_cache" => o.writeback_cache = true,
-                "treelog" => o.treelog = true,
-                "notreelog" => o.treelog = false,
-                "no_writeback_cache" => o.writeback_cache = false,
-                "subvol" => {
-                    let v = value.ok_or_else(|| Error::Invalid("subvol needs a path".into()))?;
-                    o.subvolume = crate::fs::Shown::Path(v.as_bytes().to_vec());
-                }
-                "subvolid" => o.subvolume = crate::fs::Shown::Id(num(value)?),
-                "commit" => o.commit_secs = num(value)?.max(1),
-                "cache_blocks" => o.cache_blocks = num(value)? as usize,
-                "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
-                "readahead" => {
-                    let v = value.ok_or_else(|| Error::Invalid("readahead needs a size".into()))?;
-                    o.readahead = crate::units::parse_size(v).map_err(Error::Invalid)?;
-                }
-                "dirty_limit" => {
-                    let v =
-                        value.ok_or_else(|| Error::Invalid("dirty_limit needs a size".into()))?;
-                    o.dirty_limit = crate::units::parse_size(v)
-                        .map_err(Error::Invalid)?
-                        .max(4096);
-                }
-                _ => return Err(Error::Invalid(format!("unknown mount option '{opt}'"))),
+            if !o.generic_option(name) && !o.canopy_option(opt, name, value)? {
+                return Err(Error::Invalid(format!("unknown mount option '{opt}'")));
             }
         }
         if !o.log_replay && !o.read_only {
@@ -198,6 +107,116 @@ impl MountOptions {
             ));
         }
         Ok(o)
+    }
+
+    /// Applies one of mount(8)'s generic options, or one FUSE or an LSM
+    /// passes; false if `name` is none of them.
+    fn generic_option(&mut self, name: &str) -> bool {
+        let o = self;
+        match name {
+            "ro" => o.read_only = true,
+            "remount" => o.remount = true,
+            "rw" => o.read_only = false,
+            "allow_other" => o.allow_other = true,
+            "default_permissions" => o.default_permissions = true,
+            "noatime" => {
+                o.atime = crate::fs::AtimePolicy::Never;
+                o.kernel.push(name.to_string());
+            }
+            "strictatime" => {
+                o.atime = crate::fs::AtimePolicy::Strict;
+                o.kernel.push(name.to_string());
+            }
+            "relatime" | "atime" | "norelatime" | "nostrictatime" => {
+                o.atime = crate::fs::AtimePolicy::Relative
+            }
+            "nodiratime" => {
+                o.dir_atime = false;
+                o.kernel.push(name.to_string());
+            }
+            "diratime" => o.dir_atime = true,
+            "nodev" | "dev" | "nosuid" | "suid" | "noexec" | "exec" | "sync" | "async"
+            | "dirsync" | "lazytime" | "nolazytime" | "nosymfollow" | "symfollow" => {
+                o.kernel.push(name.to_string())
+            }
+            // Generic options with nothing to do here: Canopy keeps an
+            // inode version in every change anyway (iversion), mandatory
+            // locks are gone from Linux, and the rest are mount(8)'s or
+            // an LSM's.
+            "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "nouser"
+            | "users"
+            | "owner"
+            | "group"
+            | "_netdev"
+            | "nofail"
+            | "iversion"
+            | "noiversion"
+            | "mand"
+            | "nomand"
+            | "silent"
+            | "loud"
+            | "context"
+            | "fscontext"
+            | "defcontext"
+            | "rootcontext"
+            | "x-systemd.automount" => {}
+            _ if name.starts_with("x-") || name.starts_with("comment") => {}
+            // FUSE's own, which Canopy sets itself; mount(8) passes them
+            // back from /proc/mounts on a remount.
+            "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fsname" | "subtype" => {
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Applies one of Canopy's own options; false if `name` is none of
+    /// them, an error if its value is wrong.
+    fn canopy_option(&mut self, opt: &str, name: &str, value: Option<&str>) -> Result<bool> {
+        let o = self;
+        let num = |v: Option<&str>| -> Result<u64> {
+            v.and_then(|v| v.parse().ok())
+                .ok_or_else(|| Error::Invalid(format!("option {name} needs a number")))
+        };
+        match name {
+            "nologreplay" => o.log_replay = false,
+            "rescue" => match value {
+                Some("nologreplay") => o.log_replay = false,
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "unknown rescue option in '{opt}' (Canopy has rescue=nologreplay)"
+                    )))
+                }
+            },
+            "writeback_cache" => o.writeback_cache = true,
+            "treelog" => o.treelog = true,
+            "notreelog" => o.treelog = false,
+            "no_writeback_cache" => o.writeback_cache = false,
+            "subvol" => {
+                let v = value.ok_or_else(|| Error::Invalid("subvol needs a path".into()))?;
+                o.subvolume = crate::fs::Shown::Path(v.as_bytes().to_vec());
+            }
+            "subvolid" => o.subvolume = crate::fs::Shown::Id(num(value)?),
+            "commit" => o.commit_secs = num(value)?.max(1),
+            "cache_blocks" => o.cache_blocks = num(value)? as usize,
+            "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
+            "readahead" => {
+                let v = value.ok_or_else(|| Error::Invalid("readahead needs a size".into()))?;
+                o.readahead = crate::units::parse_size(v).map_err(Error::Invalid)?;
+            }
+            "dirty_limit" => {
+                let v = value.ok_or_else(|| Error::Invalid("dirty_limit needs a size".into()))?;
+                o.dirty_limit = crate::units::parse_size(v)
+                    .map_err(Error::Invalid)?
+                    .max(4096);
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 
     fn fuser_config(&self, source: &str) -> Config {
