@@ -282,22 +282,54 @@ pub fn serve(
     opts: &MountOptions,
     ready: impl FnOnce(),
 ) -> Result<()> {
-    match std::fs::metadata(mountpoint) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Error::Invalid(format!(
-                "mount point {} does not exist",
-                mountpoint.display()
-            )))
-        }
-        Err(e) => return Err(Error::io(format!("looking at {}", mountpoint.display()), e)),
-        Ok(m) if !m.is_dir() => {
-            return Err(Error::Invalid(format!(
-                "mount point {} is not a directory",
-                mountpoint.display()
-            )))
-        }
-        Ok(_) => {}
+    check_mountpoint(mountpoint)?;
+    let fs = open_fs(image, opts)?;
+    install_signal_handlers();
+    let source = image.to_string_lossy().into_owned();
+    let (session, kernel_mounted, notifier) = start_session(&fs, &source, mountpoint, opts)?;
+    tracing::info!(image = %source, mountpoint = %mountpoint.display(), "mounted");
+    let mount_path = mountpoint
+        .canonicalize()
+        .unwrap_or(mountpoint.to_path_buf());
+    if kernel_mounted && opts.readahead > 0 {
+        set_readahead(&mount_path, opts.readahead);
     }
+    let helpers = Helpers::start(&fs, &mount_path, notifier, opts);
+    ready();
+    run_until_unmounted(&fs, &session, &mount_path, opts);
+    end_session(session, kernel_mounted, mountpoint);
+    helpers.stop(&fs);
+    if let Some(why) = fs.engine().shutdown_reason() {
+        // Logged as what it was: a shutdown while mounted, not a failure
+        // to mount.
+        tracing::error!(reason = %why, "unmounted a filesystem that had shut down while mounted; the image keeps its last commit");
+        return Err(Error::Aborted(why));
+    }
+    if !opts.read_only {
+        fs.sync()?;
+    }
+    tracing::info!("unmounted cleanly");
+    Ok(())
+}
+
+fn check_mountpoint(mountpoint: &Path) -> Result<()> {
+    match std::fs::metadata(mountpoint) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Invalid(format!(
+            "mount point {} does not exist",
+            mountpoint.display()
+        ))),
+        Err(e) => Err(Error::io(format!("looking at {}", mountpoint.display()), e)),
+        Ok(m) if !m.is_dir() => Err(Error::Invalid(format!(
+            "mount point {} is not a directory",
+            mountpoint.display()
+        ))),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Opens the image (replaying a crash's log unless `nologreplay`) with
+/// the mount's settings.
+fn open_fs(image: &Path, opts: &MountOptions) -> Result<Arc<Fs>> {
     let dev: Arc<dyn Device> = Arc::new(FileDevice::open(image, opts.read_only, true)?);
     let engine = Engine::open(
         dev,
@@ -313,72 +345,103 @@ pub fn serve(
     fs.set_log_enabled(opts.treelog);
     fs.set_atime_policy(opts.atime);
     fs.set_dir_atime(opts.dir_atime);
-    install_signal_handlers();
-    let source = image.to_string_lossy().into_owned();
-    let config = opts.fuser_config(&source);
-    let (session, kernel_mounted, notifier) = if unsafe { libc::geteuid() } == 0 {
-        let fd = mount_as_root(&source, mountpoint, opts)?;
-        let fuse_fs = FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only);
-        let slot = fuse_fs.notifier_slot();
-        let s = fuser::Session::from_fd(fuse_fs, fd, config.acl, config).and_then(|s| {
-            let _ = slot.set(s.notifier());
-            s.spawn()
-        });
-        match s {
-            Ok(s) => (s, true, slot),
-            Err(e) => {
-                unmount(mountpoint);
-                return Err(Error::io(
-                    format!("starting FUSE on {}", mountpoint.display()),
-                    e,
-                ));
-            }
-        }
-    } else {
-        let fuse_fs = FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only);
-        let slot = fuse_fs.notifier_slot();
+    Ok(fs)
+}
+
+type Notifier = Arc<std::sync::OnceLock<fuser::Notifier>>;
+
+/// Mounts and starts serving FUSE requests: (session, whether Canopy
+/// mounted it itself as root, the notifier's slot).
+fn start_session(
+    fs: &Arc<Fs>,
+    source: &str,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<(fuser::BackgroundSession, bool, Notifier)> {
+    let config = opts.fuser_config(source);
+    let fuse_fs = FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only);
+    let slot = fuse_fs.notifier_slot();
+    if unsafe { libc::geteuid() } != 0 {
         let s = fuser::spawn_mount(fuse_fs, mountpoint, &config)
             .map_err(|e| Error::io(format!("mounting on {}", mountpoint.display()), e))?;
         let _ = slot.set(s.notifier());
-        (s, false, slot)
-    };
-    tracing::info!(image = %source, mountpoint = %mountpoint.display(), "mounted");
-    let mount_path = mountpoint
-        .canonicalize()
-        .unwrap_or(mountpoint.to_path_buf());
-    if kernel_mounted && opts.readahead > 0 {
-        set_readahead(&mount_path, opts.readahead);
+        return Ok((s, false, slot));
     }
-    // Commands (`canopy scrub MNT`) reach the daemon here; a mount works
-    // without them.
-    let control = super::control::Server::start(&mount_path, fs.clone(), notifier)
-        .map_err(|e| tracing::warn!(error = %e, "no control socket: scrub and other commands cannot reach this mount"))
-        .ok();
-    // Frees deleted subvolumes in the background, carrying on with what
-    // an earlier mount left.
-    let cleaner = if opts.read_only {
-        None
-    } else {
-        crate::fs::Cleaner::start(fs.clone())
+    let fd = mount_as_root(source, mountpoint, opts)?;
+    let s = fuser::Session::from_fd(fuse_fs, fd, config.acl, config).and_then(|s| {
+        let _ = slot.set(s.notifier());
+        s.spawn()
+    });
+    match s {
+        Ok(s) => Ok((s, true, slot)),
+        Err(e) => {
+            unmount(mountpoint);
+            Err(Error::io(
+                format!("starting FUSE on {}", mountpoint.display()),
+                e,
+            ))
+        }
+    }
+}
+
+/// The daemon's helpers beside the FUSE session: the control socket, the
+/// cleaner, and a balance or quota rescan an earlier mount left running.
+struct Helpers {
+    control: Option<super::control::Server>,
+    cleaner: Option<crate::fs::Cleaner>,
+}
+
+impl Helpers {
+    fn start(fs: &Arc<Fs>, mount_path: &Path, notifier: Notifier, opts: &MountOptions) -> Helpers {
+        // Commands (`canopy scrub MNT`) reach the daemon here; a mount works
+        // without them.
+        let control = super::control::Server::start(mount_path, fs.clone(), notifier)
+            .map_err(|e| tracing::warn!(error = %e, "no control socket: scrub and other commands cannot reach this mount"))
+            .ok();
+        if opts.read_only {
+            return Helpers {
+                control,
+                cleaner: None,
+            };
+        }
+        // Frees deleted subvolumes in the background, carrying on with what
+        // an earlier mount left.
+        let cleaner = crate::fs::Cleaner::start(fs.clone())
             .map_err(|e| tracing::warn!(error = %e, "no cleaner thread: deleted subvolumes are freed only by `canopy subvolume sync`"))
-            .ok()
-    };
-    // A balance an earlier mount left running carries on.
-    if !opts.read_only {
+            .ok();
+        // A balance an earlier mount left running carries on.
         if let Err(e) = fs.balance_resume_if_recorded() {
             tracing::warn!(error = %e, "could not carry on the recorded balance");
         }
         if let Err(e) = fs.quota_rescan_resume_if_recorded() {
             tracing::warn!(error = %e, "could not carry on the quota rescan");
         }
+        Helpers { control, cleaner }
     }
-    ready();
+
+    fn stop(self, fs: &Fs) {
+        drop(self.control);
+        drop(self.cleaner);
+        // It carries on at the next mount.
+        fs.balance_stop();
+        fs.quota_rescan_stop();
+    }
+}
+
+/// Commits every `commit=` seconds and follows remounts until a signal
+/// or an unmount ends the session.
+fn run_until_unmounted(
+    fs: &Fs,
+    session: &fuser::BackgroundSession,
+    mount_path: &Path,
+    opts: &MountOptions,
+) {
     let mut last_commit = Instant::now();
     let mut last_look = Instant::now();
     while !STOP.load(Ordering::SeqCst) && !session.guard.is_finished() {
         std::thread::sleep(Duration::from_millis(100));
         if !opts.read_only && last_look.elapsed() >= Duration::from_secs(1) {
-            follow_remount(&fs, &mount_path);
+            follow_remount(fs, mount_path);
             last_look = Instant::now();
         }
         let writable = !opts.read_only && !fs.is_remounted_read_only();
@@ -389,33 +452,22 @@ pub fn serve(
             last_commit = Instant::now();
         }
     }
-    if STOP.load(Ordering::SeqCst) {
-        tracing::info!("signal received: unmounting");
-        if kernel_mounted {
-            unmount(mountpoint);
-            let _ = session.join();
-        } else if let Err(e) = session.umount_and_join() {
-            tracing::warn!(error = %e, "unmount");
+}
+
+fn end_session(session: fuser::BackgroundSession, kernel_mounted: bool, mountpoint: &Path) {
+    if !STOP.load(Ordering::SeqCst) {
+        if let Err(e) = session.join() {
+            tracing::warn!(error = %e, "session ended with an error");
         }
-    } else if let Err(e) = session.join() {
-        tracing::warn!(error = %e, "session ended with an error");
+        return;
     }
-    drop(control);
-    drop(cleaner);
-    // It carries on at the next mount.
-    fs.balance_stop();
-    fs.quota_rescan_stop();
-    if let Some(why) = fs.engine().shutdown_reason() {
-        // Logged as what it was: a shutdown while mounted, not a failure
-        // to mount.
-        tracing::error!(reason = %why, "unmounted a filesystem that had shut down while mounted; the image keeps its last commit");
-        return Err(Error::Aborted(why));
+    tracing::info!("signal received: unmounting");
+    if kernel_mounted {
+        unmount(mountpoint);
+        let _ = session.join();
+    } else if let Err(e) = session.umount_and_join() {
+        tracing::warn!(error = %e, "unmount");
     }
-    if !opts.read_only {
-        fs.sync()?;
-    }
-    tracing::info!("unmounted cleanly");
-    Ok(())
 }
 
 /// Notices a `mount -o remount,ro` (or back to rw) of our mount: the
