@@ -78,101 +78,114 @@ pub enum PropertyCommand {
 
 pub fn run(c: Command) -> Result<()> {
     match c {
-        Command::Create { path } => {
-            let (mnt, parent, name) = parent_and_name(&path)?;
-            let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-            let req = Request::SubvolCreate {
-                parent,
-                name,
-                uid,
-                gid,
-            };
-            ask(&mnt, &req).with_context(|| format!("creating {}", path.display()))?;
-            println!("Create subvolume '{}'", path.display());
-        }
+        Command::Create { path } => create(&path),
         Command::Snapshot {
             readonly,
             source,
             dest,
-        } => {
-            let dest = match dest.is_dir() {
-                true => dest.join(source.canonicalize()?.file_name().unwrap_or_default()),
-                false => dest,
-            };
-            let (mnt, parent, name) = parent_and_name(&dest)?;
-            let req = Request::SubvolSnapshot {
-                source: node_of(&source)?,
-                parent,
-                name,
-                readonly,
-            };
-            ask(&mnt, &req).with_context(|| format!("snapshotting {}", source.display()))?;
-            let ro = if readonly { "readonly " } else { "" };
-            println!(
-                "Create {ro}snapshot of '{}' in '{}'",
-                source.display(),
-                dest.display()
-            );
-        }
-        Command::Delete { paths } => {
-            for path in paths {
-                let (mnt, parent, name) = parent_and_name(&path)?;
-                let req = Request::SubvolDelete { parent, name };
-                ask(&mnt, &req).with_context(|| format!("deleting {}", path.display()))?;
-                println!("Delete subvolume '{}'", path.display());
-            }
-        }
-        Command::List { json, path } => {
-            let list = if is_image(&path) {
-                let fs = open_image(&path, true)?;
-                fs.list_subvolumes()
-                    .with_context(|| format!("listing {}", path.display()))?
-            } else {
-                ask(&mount_of(&path)?, &Request::SubvolList)?
-            };
-            if json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                for s in list {
-                    println!(
-                        "ID {} gen {} parent {} top level {} path {}{}",
-                        s.id,
-                        s.generation,
-                        s.parent,
-                        s.parent,
-                        s.path,
-                        if s.readonly { " (readonly)" } else { "" }
-                    );
-                }
-            }
-        }
-        Command::Show { json, path } => {
-            let req = Request::SubvolShow {
-                node: node_of(&path)?,
-            };
-            let list = ask(&mount_of(&path)?, &req)
-                .with_context(|| format!("showing {}", path.display()))?;
-            let Some(s) = list.into_iter().next() else {
-                bail!("{}: no such subvolume", path.display());
-            };
-            if json {
-                println!("{}", serde_json::to_string_pretty(&s)?);
-            } else {
-                show(&s);
-            }
-        }
-        Command::Sync { path } if is_image(&path) => clean_image(&path)?,
+        } => snapshot(&source, dest, readonly),
+        Command::Delete { paths } => paths.iter().try_for_each(|p| delete(p)),
+        Command::List { json, path } => list(&path, json),
+        Command::Show { json, path } => show_one(&path, json),
+        Command::Sync { path } if is_image(&path) => clean_image(&path),
         Command::Sync { path } => {
-            let mnt = mount_of(&path)?;
-            let r = control::request(&mnt, &Request::SubvolSync)?;
+            let r = control::request(&mount_of(&path)?, &Request::SubvolSync)?;
             if !r.ok {
                 bail!("{}", r.error.unwrap_or_else(|| "failed".into()));
             }
+            Ok(())
         }
         Command::SetDefault { id, path } => {
             ask(&mount_of(&path)?, &Request::SubvolSetDefault { id })
                 .with_context(|| format!("making subvolume {id} the default"))?;
+            Ok(())
         }
+    }
+}
+
+fn create(path: &Path) -> Result<()> {
+    let (mnt, parent, name) = parent_and_name(path)?;
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let req = Request::SubvolCreate {
+        parent,
+        name,
+        uid,
+        gid,
+    };
+    ask(&mnt, &req).with_context(|| format!("creating {}", path.display()))?;
+    println!("Create subvolume '{}'", path.display());
+    Ok(())
+}
+
+fn snapshot(source: &Path, dest: PathBuf, readonly: bool) -> Result<()> {
+    let dest = match dest.is_dir() {
+        true => dest.join(source.canonicalize()?.file_name().unwrap_or_default()),
+        false => dest,
+    };
+    let (mnt, parent, name) = parent_and_name(&dest)?;
+    let req = Request::SubvolSnapshot {
+        source: node_of(source)?,
+        parent,
+        name,
+        readonly,
+    };
+    ask(&mnt, &req).with_context(|| format!("snapshotting {}", source.display()))?;
+    let ro = if readonly { "readonly " } else { "" };
+    println!(
+        "Create {ro}snapshot of '{}' in '{}'",
+        source.display(),
+        dest.display()
+    );
+    Ok(())
+}
+
+fn delete(path: &Path) -> Result<()> {
+    let (mnt, parent, name) = parent_and_name(path)?;
+    let req = Request::SubvolDelete { parent, name };
+    ask(&mnt, &req).with_context(|| format!("deleting {}", path.display()))?;
+    println!("Delete subvolume '{}'", path.display());
+    Ok(())
+}
+
+fn list(path: &Path, json: bool) -> Result<()> {
+    let list = if is_image(path) {
+        let fs = open_image(path, true)?;
+        fs.list_subvolumes()
+            .with_context(|| format!("listing {}", path.display()))?
+    } else {
+        ask(&mount_of(path)?, &Request::SubvolList)?
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    for s in list {
+        println!(
+            "ID {} gen {} parent {} top level {} path {}{}",
+            s.id,
+            s.generation,
+            s.parent,
+            s.parent,
+            s.path,
+            if s.readonly { " (readonly)" } else { "" }
+        );
+    }
+    Ok(())
+}
+
+fn show_one(path: &Path, json: bool) -> Result<()> {
+    let req = Request::SubvolShow {
+        node: node_of(path)?,
+    };
+    let list =
+        ask(&mount_of(path)?, &req).with_context(|| format!("showing {}", path.display()))?;
+    let Some(s) = list.into_iter().next() else {
+        bail!("{}: no such subvolume", path.display());
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        show(&s);
     }
     Ok(())
 }
