@@ -32,40 +32,11 @@ impl Engine {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let prepared = {
-            // Extents of an open flight are not referenced yet.
-            let mut st = self.lock_without_flights();
-            self.check_alive()?;
-            let started = std::time::Instant::now();
-            let prepared = prepare(&mut st, &self.shared);
-            // How long every other operation waited: what latency
-            // benchmarks trace back to.
-            tracing::debug!(
-                held_us = started.elapsed().as_micros() as u64,
-                "commit prepared under the state lock"
-            );
-            match prepared {
-                Ok(Some(p)) => p,
-                Ok(None) => {
-                    // Nothing new, but the last prepared commit may still be
-                    // writing: durable means its I/O has finished.
-                    let last = st.sb.generation;
-                    drop(st);
-                    return self.wait_written(last);
-                }
-                Err(Error::NoSpace) => {
-                    // The reservations promise this cannot happen.
-                    let e = Error::Aborted(
-                        "the commit ran out of space (a reservation accounting bug)".into(),
-                    );
-                    self.fail(&e);
-                    return Err(e);
-                }
-                Err(e) => {
-                    self.fail(&e);
-                    return Err(e);
-                }
-            }
+        let prepared = match self.prepare_under_lock()? {
+            Ok(p) => p,
+            // Nothing new, but the last prepared commit may still be
+            // writing: durable means its I/O has finished.
+            Err(last) => return self.wait_written(last),
         };
         let generation = prepared.sb.generation;
         // Encoded (checksummed) without any lock: the nodes are frozen now.
@@ -98,6 +69,38 @@ impl Engine {
         drop(io);
         tracing::debug!(generation, "committed");
         Ok(generation)
+    }
+
+    /// Phase 1 under the state lock, taken once no flight is open (their
+    /// extents are not referenced yet): the commit to write, or (Err) the
+    /// last generation when nothing changed. A failure shuts the engine
+    /// down.
+    fn prepare_under_lock(&self) -> Result<std::result::Result<Prepared, u64>> {
+        let mut st = self.lock_without_flights();
+        self.check_alive()?;
+        let started = std::time::Instant::now();
+        let prepared = prepare(&mut st, &self.shared);
+        // How long every other operation waited: what latency benchmarks
+        // trace back to.
+        tracing::debug!(
+            held_us = started.elapsed().as_micros() as u64,
+            "commit prepared under the state lock"
+        );
+        match prepared {
+            Ok(Some(p)) => Ok(Ok(p)),
+            Ok(None) => Ok(Err(st.sb.generation)),
+            Err(e) => {
+                let e = match e {
+                    // The reservations promise this cannot happen.
+                    Error::NoSpace => Error::Aborted(
+                        "the commit ran out of space (a reservation accounting bug)".into(),
+                    ),
+                    e => e,
+                };
+                self.fail(&e);
+                Err(e)
+            }
+        }
     }
 
     /// Waits until the I/O of generation `generation` (and every earlier
