@@ -489,6 +489,38 @@ fn serve(listener: UnixListener, stop: &AtomicBool, scrub: &Mutex<ScrubJob>, d: 
     }
 }
 
+/// A scrub command: the job's status after it.
+fn scrub_request(req: Request, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) -> Response {
+    let mut job = crate::sync::lock(scrub);
+    let r = match req {
+        Request::ScrubStart => job.start(fs),
+        Request::ScrubCancel => {
+            job.cancel();
+            Ok(())
+        }
+        _ => Ok(()),
+    };
+    Response {
+        scrub: Some(job.status()),
+        ..Response::of(r.map(|()| None))
+    }
+}
+
+/// A balance command: the balance's status after it.
+fn balance_request(req: Request, fs: &Fs) -> Response {
+    let r = match req {
+        Request::BalanceStart { args } => fs.balance_start(args).map(drop),
+        Request::BalancePause => fs.balance_pause(),
+        Request::BalanceResume => fs.balance_resume(),
+        Request::BalanceCancel => fs.balance_cancel(),
+        _ => Ok(()),
+    };
+    Response {
+        balance: Some(fs.balance_status()),
+        ..Response::of(r.map(|()| None))
+    }
+}
+
 fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result<()> {
     let fs = &d.fs;
     s.set_nonblocking(false)?;
@@ -504,19 +536,7 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         },
         Ok(Request::SubvolSync) => Response::of(fs.clean_deleted().map(|()| None)),
         Ok(req @ (Request::ScrubStart | Request::ScrubStatus | Request::ScrubCancel)) => {
-            let mut job = crate::sync::lock(scrub);
-            let r = match req {
-                Request::ScrubStart => job.start(fs),
-                Request::ScrubCancel => {
-                    job.cancel();
-                    Ok(())
-                }
-                _ => Ok(()),
-            };
-            Response {
-                scrub: Some(job.status()),
-                ..Response::of(r.map(|()| None))
-            }
+            scrub_request(req, scrub, fs)
         }
         Ok(Request::QgroupShow) => match fs.qgroup_show() {
             Ok(rows) => Response {
@@ -531,19 +551,7 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             | Request::BalancePause
             | Request::BalanceResume
             | Request::BalanceCancel),
-        ) => {
-            let r = match req {
-                Request::BalanceStart { args } => fs.balance_start(args).map(drop),
-                Request::BalancePause => fs.balance_pause(),
-                Request::BalanceResume => fs.balance_resume(),
-                Request::BalanceCancel => fs.balance_cancel(),
-                _ => Ok(()),
-            };
-            Response {
-                balance: Some(fs.balance_status()),
-                ..Response::of(r.map(|()| None))
-            }
-        }
+        ) => balance_request(req, fs),
         Ok(Request::QuotaRescanStatus) => match fs.quota_rescan_status() {
             Ok(st) => Response {
                 rescan: Some(st),
