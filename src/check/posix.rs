@@ -123,119 +123,148 @@ fn check_tree(
     links: &mut Links,
     report: &mut Report,
 ) -> crate::Result<()> {
-    let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
-    let mut orphans = BTreeSet::new();
-    // (child, directory, name) as the directory lists it and as the child's
-    // back-references do.
-    let mut named = BTreeSet::new();
-    let mut referenced = BTreeSet::new();
+    let mut scan = TreeScan::new(tree);
     engine.read(|r| {
         let root = r.root(tree)?;
         let mut c = Cursor::seek(r, &root, &Key::MIN)?;
         while let Some(it) = c.item() {
-            let k = it.key;
-            let loc = || format!("tree {tree} item {k}");
-            match k.ty {
-                INODE_ITEM => match InodeItem::decode(&it.data) {
-                    Ok(i) => inodes.entry(k.objectid).or_default().item = Some(i),
-                    Err(e) => report.problem(loc(), e),
-                },
-                DIR_ITEM | DIR_INDEX => match DirEntry::decode_all(&it.data) {
-                    Ok(entries) => {
-                        let dir = inodes.entry(k.objectid).or_default();
-                        if k.ty == DIR_ITEM {
-                            dir.entries += entries.len() as u64;
-                        } else {
-                            dir.indexes += entries.len() as u64;
-                        }
-                        for e in entries.iter().filter(|_| k.ty == DIR_ITEM) {
-                            if u32::from(e.d_type()) << 12 == libc::S_IFDIR {
-                                inodes.entry(k.objectid).or_default().subdirs += 1;
-                            }
-                            if e.is_subvolume() {
-                                links.insert((tree, e.ino, k.objectid, e.name.clone(), e.index));
-                                continue;
-                            }
-                            inodes.entry(e.ino).or_default().names += 1;
-                            named.insert((e.ino, k.objectid, e.name.clone()));
-                        }
-                    }
-                    Err(e) => report.problem(loc(), e),
-                },
-                INODE_REF => match DirEntry::decode_all(&it.data) {
-                    Ok(refs) => {
-                        for e in refs {
-                            referenced.insert((k.objectid, k.offset, e.name));
-                        }
-                    }
-                    Err(e) => report.problem(loc(), e),
-                },
-                INODE_EXTREF => match DirEntry::decode_all(&it.data) {
-                    Ok(refs) => {
-                        for e in refs {
-                            if extref_hash(e.ino, &e.name) != k.offset {
-                                report
-                                    .problem(loc(), "extended back-reference under the wrong hash");
-                            }
-                            referenced.insert((k.objectid, e.ino, e.name));
-                        }
-                    }
-                    Err(e) => report.problem(loc(), e),
-                },
-                ORPHAN_ITEM => {
-                    orphans.insert(k.offset);
-                }
-                _ => {}
-            }
+            scan.note(it.key, &it.data, links, report);
             c.next(r)?;
         }
         Ok(())
     })?;
-    for (ino, dir, name) in named.difference(&referenced) {
-        let name = String::from_utf8_lossy(name);
-        report.problem(
-            format!("tree {tree} inode {ino}"),
-            format!("named '{name}' in directory {dir} without a back-reference"),
-        );
-    }
-    for (ino, dir, name) in referenced.difference(&named) {
-        let name = String::from_utf8_lossy(name);
-        report.problem(
-            format!("tree {tree} inode {ino}"),
-            format!("back-reference to '{name}' in directory {dir}, which has no such entry"),
-        );
-    }
-    for (&ino, i) in &inodes {
-        let loc = format!("tree {tree} inode {ino}");
-        let Some(item) = &i.item else {
-            if i.names > 0 {
-                report.problem(loc, "directory entries name a missing inode");
-            } else {
-                report.problem(loc, "items of an inode that does not exist");
-            }
-            continue;
-        };
-        if i.entries != i.indexes {
-            report.problem(
-                &loc,
-                format!("{} entries by name but {} by index", i.entries, i.indexes),
-            );
-        }
-        let is_dir = item.mode & libc::S_IFMT == libc::S_IFDIR;
-        let expected = if is_dir { 2 + i.subdirs } else { i.names };
-        if item.nlink != expected {
-            report.problem(
-                &loc,
-                format!("link count {} but {expected} found", item.nlink),
-            );
-        }
-        let unreachable = i.names == 0 && ino != ROOT_DIR_INO;
-        if unreachable && !orphans.contains(&ino) {
-            report.problem(&loc, "inode with no name and no orphan item (leaked)");
-        }
-        if is_dir && i.names > 1 {
-            report.problem(&loc, "directory with more than one name");
-        }
-    }
+    scan.report_names(report);
+    scan.report_inodes(report);
     Ok(())
+}
+
+/// What one fs tree's items say about its inodes and names, gathered in
+/// one pass and compared afterwards.
+struct TreeScan {
+    tree: u64,
+    inodes: BTreeMap<u64, Inode>,
+    orphans: BTreeSet<u64>,
+    /// (child, directory, name) as the directory lists it and as the
+    /// child's back-references do.
+    named: BTreeSet<(u64, u64, Vec<u8>)>,
+    referenced: BTreeSet<(u64, u64, Vec<u8>)>,
+}
+
+impl TreeScan {
+    fn new(tree: u64) -> TreeScan {
+        TreeScan {
+            tree,
+            inodes: BTreeMap::new(),
+            orphans: BTreeSet::new(),
+            named: BTreeSet::new(),
+            referenced: BTreeSet::new(),
+        }
+    }
+
+    fn note(&mut self, k: Key, data: &[u8], links: &mut Links, report: &mut Report) {
+        let loc = || format!("tree {} item {k}", self.tree);
+        match k.ty {
+            INODE_ITEM => match InodeItem::decode(data) {
+                Ok(i) => self.inodes.entry(k.objectid).or_default().item = Some(i),
+                Err(e) => report.problem(loc(), e),
+            },
+            DIR_ITEM | DIR_INDEX => match DirEntry::decode_all(data) {
+                Ok(entries) => {
+                    let dir = self.inodes.entry(k.objectid).or_default();
+                    if k.ty == DIR_ITEM {
+                        dir.entries += entries.len() as u64;
+                    } else {
+                        dir.indexes += entries.len() as u64;
+                    }
+                    for e in entries.iter().filter(|_| k.ty == DIR_ITEM) {
+                        if u32::from(e.d_type()) << 12 == libc::S_IFDIR {
+                            self.inodes.entry(k.objectid).or_default().subdirs += 1;
+                        }
+                        if e.is_subvolume() {
+                            links.insert((self.tree, e.ino, k.objectid, e.name.clone(), e.index));
+                            continue;
+                        }
+                        self.inodes.entry(e.ino).or_default().names += 1;
+                        self.named.insert((e.ino, k.objectid, e.name.clone()));
+                    }
+                }
+                Err(e) => report.problem(loc(), e),
+            },
+            INODE_REF => match DirEntry::decode_all(data) {
+                Ok(refs) => {
+                    for e in refs {
+                        self.referenced.insert((k.objectid, k.offset, e.name));
+                    }
+                }
+                Err(e) => report.problem(loc(), e),
+            },
+            INODE_EXTREF => match DirEntry::decode_all(data) {
+                Ok(refs) => {
+                    for e in refs {
+                        if extref_hash(e.ino, &e.name) != k.offset {
+                            report.problem(loc(), "extended back-reference under the wrong hash");
+                        }
+                        self.referenced.insert((k.objectid, e.ino, e.name));
+                    }
+                }
+                Err(e) => report.problem(loc(), e),
+            },
+            ORPHAN_ITEM => {
+                self.orphans.insert(k.offset);
+            }
+            _ => {}
+        }
+    }
+
+    fn report_names(&self, report: &mut Report) {
+        for (ino, dir, name) in self.named.difference(&self.referenced) {
+            let name = String::from_utf8_lossy(name);
+            report.problem(
+                format!("tree {} inode {ino}", self.tree),
+                format!("named '{name}' in directory {dir} without a back-reference"),
+            );
+        }
+        for (ino, dir, name) in self.referenced.difference(&self.named) {
+            let name = String::from_utf8_lossy(name);
+            report.problem(
+                format!("tree {} inode {ino}", self.tree),
+                format!("back-reference to '{name}' in directory {dir}, which has no such entry"),
+            );
+        }
+    }
+
+    fn report_inodes(&self, report: &mut Report) {
+        for (&ino, i) in &self.inodes {
+            let loc = format!("tree {} inode {ino}", self.tree);
+            let Some(item) = &i.item else {
+                if i.names > 0 {
+                    report.problem(loc, "directory entries name a missing inode");
+                } else {
+                    report.problem(loc, "items of an inode that does not exist");
+                }
+                continue;
+            };
+            if i.entries != i.indexes {
+                report.problem(
+                    &loc,
+                    format!("{} entries by name but {} by index", i.entries, i.indexes),
+                );
+            }
+            let is_dir = item.mode & libc::S_IFMT == libc::S_IFDIR;
+            let expected = if is_dir { 2 + i.subdirs } else { i.names };
+            if item.nlink != expected {
+                report.problem(
+                    &loc,
+                    format!("link count {} but {expected} found", item.nlink),
+                );
+            }
+            let unreachable = i.names == 0 && ino != ROOT_DIR_INO;
+            if unreachable && !self.orphans.contains(&ino) {
+                report.problem(&loc, "inode with no name and no orphan item (leaked)");
+            }
+            if is_dir && i.names > 1 {
+                report.problem(&loc, "directory with more than one name");
+            }
+        }
+    }
 }
