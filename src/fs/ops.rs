@@ -1,18 +1,21 @@
-//! The POSIX operations.
+//! The POSIX operations of a subvolume on inodes: attributes, lookup,
+//! create (every file type, with inherited ACLs), readlink, open and
+//! release with the orphans an unlinked open file leaves, setattr,
+//! readdir and statfs. The namespace changes are in `names.rs`, file data
+//! in `data.rs`, extended attributes in `xattr.rs`.
 
 use super::{acl, dir, dtype, errno, file, is_dir, load_inode_r, Subvol};
 use crate::error::{Error, Result};
 use crate::format::inode::{InodeItem, Timespec, ROOT_DIR_INO};
-use crate::format::items::FILE_EXTENT_INLINE;
 use crate::format::tree_id::CSUM;
 use crate::txn::{Need, Txn};
 
-const SECTOR: u64 = crate::format::SECTORSIZE as u64;
+pub(super) const SECTOR: u64 = crate::format::SECTORSIZE as u64;
 
 /// Items a create, link or rename changes at most: the inode, its
 /// reference, the two directory items, the parent; a rename twice over.
-const CREATE_ITEMS: u64 = 6;
-const RENAME_ITEMS: u64 = 14;
+pub(super) const CREATE_ITEMS: u64 = 6;
+pub(super) const RENAME_ITEMS: u64 = 14;
 
 pub(crate) fn orphan_key(ino: u64) -> crate::format::Key {
     crate::format::Key::new(
@@ -24,7 +27,7 @@ pub(crate) fn orphan_key(ino: u64) -> crate::format::Key {
 
 /// Extra items an operation reserves for updating the log's copy of the
 /// names it changes (seed 003: only when a log exists at all).
-fn log_items(tx: &Txn<'_>) -> u64 {
+pub(super) fn log_items(tx: &Txn<'_>) -> u64 {
     if tx.has_log() {
         super::log::NAME_LOG_ITEMS
     } else {
@@ -35,7 +38,7 @@ fn log_items(tx: &Txn<'_>) -> u64 {
 /// Reads (and so checks) every item deleting `ino` will decode, before the
 /// operation changes anything: a corrupt file is then EIO for the unlink,
 /// not a failure half-way that shuts the filesystem down.
-fn check_deletable(tx: &Txn<'_>, tree: u64, ino: u64) -> Result<()> {
+pub(super) fn check_deletable(tx: &Txn<'_>, tree: u64, ino: u64) -> Result<()> {
     let root = tx.root_of(tree)?;
     file::count_items(tx, &root, ino, 0, u64::MAX).map(drop)
 }
@@ -230,11 +233,11 @@ fn new_inode(p: &InodeItem, mode: u32, rdev: u64, owner: Owner, now: Timespec) -
 
 impl Subvol {
     /// Attributes of local inode `ino`, under its node id.
-    fn attr(&self, ino: u64, i: &InodeItem) -> Attr {
+    pub(super) fn attr(&self, ino: u64, i: &InodeItem) -> Attr {
         attr_of(super::node_id(self.tree, ino), i)
     }
 
-    fn root_ptr_tx(&self, tx: &Txn<'_>) -> Result<crate::tree::RootPtr> {
+    pub(super) fn root_ptr_tx(&self, tx: &Txn<'_>) -> Result<crate::tree::RootPtr> {
         tx.root_of(self.tree)
     }
 
@@ -467,7 +470,7 @@ impl Subvol {
     /// Leaves a whiteout (a character device 0/0, as overlayfs reads it)
     /// named `name` in `parent`, in the transaction that renamed the name's
     /// inode away.
-    fn add_whiteout(
+    pub(super) fn add_whiteout(
         &self,
         tx: &mut Txn<'_>,
         (parent, name): (u64, &[u8]),
@@ -531,7 +534,7 @@ impl Subvol {
         super::xattr::set(tx, self.tree, ino, acl::ACCESS, &a.encode(), 0)
     }
 
-    fn parent_dir(&self, tx: &Txn<'_>, parent: u64) -> Result<InodeItem> {
+    pub(super) fn parent_dir(&self, tx: &Txn<'_>, parent: u64) -> Result<InodeItem> {
         let p = self.inode_tx(tx, parent)?;
         if !is_dir(p.mode) {
             return Err(errno(libc::ENOTDIR, "not a directory"));
@@ -575,91 +578,12 @@ impl Subvol {
         )
     }
 
-    /// Removes `name` from `parent`: a non-directory (`rmdir` false) or an
-    /// empty directory (`rmdir` true).
-    pub fn remove(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<()> {
-        match self.remove_entry(parent, name, rmdir)? {
-            Some(_) if !rmdir => Err(errno(libc::EISDIR, "is a directory")),
-            Some(sub) => self.delete_subvolume(parent, name, sub, true),
-            None => Ok(()),
-        }
-    }
-
-    /// [`Subvol::remove`] of an entry naming an inode; one naming a
-    /// subvolume is left alone and its id returned (deleting a subvolume
-    /// is a transaction of its own).
-    fn remove_entry(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<Option<u64>> {
-        let tree = self.tree;
-        self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)).deleting())?;
-            let mut p = self.parent_dir(tx, parent)?;
-            let root = self.root_ptr_tx(tx)?;
-            let e = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
-            if e.is_subvolume() {
-                return Ok(Some(e.ino));
-            }
-            let child = self.inode_tx(tx, e.ino)?;
-            match (rmdir, is_dir(child.mode)) {
-                (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
-                (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
-                (true, true) if !dir::is_empty(tx, &root, e.ino)? => {
-                    return Err(errno(libc::ENOTEMPTY, "directory not empty"))
-                }
-                _ => {}
-            }
-            if self.last_link(e.ino, &child) {
-                check_deletable(tx, tree, e.ino)?;
-            }
-            dir::remove(tx, tree, parent, name)?;
-            let now = Timespec::now();
-            if rmdir {
-                p.nlink = p.nlink.saturating_sub(1);
-            }
-            p.mtime = now;
-            p.ctime = now;
-            self.save_inode(tx, parent, p)?;
-            self.drop_link(tx, e.ino, child, now)?;
-            self.note_name(tx, parent, e.ino);
-            self.log_name_changes(tx, &[e.ino]).map(|()| None)
-        })
-    }
-
-    /// One link fewer; at zero the inode and its data go, or, while it is
-    /// open, it becomes an orphan that goes at its last release.
-    fn drop_link(
-        &self,
-        tx: &mut Txn<'_>,
-        ino: u64,
-        mut inode: InodeItem,
-        now: Timespec,
-    ) -> Result<()> {
-        let tree = self.tree;
-        let links = if is_dir(inode.mode) {
-            0
-        } else {
-            inode.nlink.saturating_sub(1)
-        };
-        inode.nlink = links;
-        inode.ctime = now;
-        if links > 0 {
-            return self.save_inode(tx, ino, inode);
-        }
-        if self.is_open(ino) {
-            tx.put(tree, orphan_key(ino), Vec::new())?;
-            return self.save_inode(tx, ino, inode);
-        }
-        self.discard_buffered(tx, ino);
-        delete_inode(tx, tree, ino)?;
-        self.inodes.bury(ino, inode);
-        Ok(())
-    }
-
     /// Whether dropping one link of `ino` deletes it now.
-    fn last_link(&self, ino: u64, inode: &InodeItem) -> bool {
+    pub(super) fn last_link(&self, ino: u64, inode: &InodeItem) -> bool {
         (is_dir(inode.mode) || inode.nlink <= 1) && !self.is_open(ino)
     }
 
-    fn is_open(&self, ino: u64) -> bool {
+    pub(super) fn is_open(&self, ino: u64) -> bool {
         self.inodes.is_open(ino)
     }
 
@@ -718,159 +642,6 @@ impl Subvol {
         self.engine.commit().map(|_| ())
     }
 
-    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
-        dir::check_name(name)?;
-        let tree = self.tree;
-        self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)))?;
-            let mut p = self.parent_dir(tx, parent)?;
-            let mut i = self.inode_tx(tx, ino)?;
-            if is_dir(i.mode) {
-                return Err(errno(libc::EPERM, "hard link to a directory"));
-            }
-            let root = self.root_ptr_tx(tx)?;
-            if dir::lookup(tx, &root, parent, name)?.is_some() {
-                return Err(Error::Exists);
-            }
-            i.nlink = i
-                .nlink
-                .checked_add(1)
-                .ok_or(errno(libc::EMLINK, "too many links"))?;
-            let now = Timespec::now();
-            dir::add(tx, tree, parent, name, ino, dtype(i.mode))?;
-            // An unnamed open file (O_TMPFILE) given a name is no longer
-            // an orphan: its last close must not delete it.
-            if i.nlink == 1 && tx.get(tree, &orphan_key(ino))?.is_some() {
-                tx.delete(tree, &orphan_key(ino))?;
-            }
-            i.ctime = now;
-            self.save_inode(tx, ino, i.clone())?;
-            p.mtime = now;
-            p.ctime = now;
-            self.save_inode(tx, parent, p)?;
-            self.note_name(tx, parent, ino);
-            self.log_name_changes(tx, &[ino])?;
-            Ok(self.attr(ino, &i))
-        })
-    }
-
-    /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE / RENAME_WHITEOUT
-    /// semantics (`whiteout`: who owns the whiteout left at the source).
-    #[allow(clippy::too_many_arguments)]
-    pub fn rename(
-        &self,
-        parent: u64,
-        name: &[u8],
-        newparent: u64,
-        newname: &[u8],
-        noreplace: bool,
-        exchange: bool,
-        whiteout: Option<Owner>,
-    ) -> Result<()> {
-        dir::check_name(newname)?;
-        if whiteout.is_some() && exchange {
-            return Err(errno(libc::EINVAL, "a whiteout cannot be exchanged"));
-        }
-        let whiteout = match whiteout {
-            Some(owner) => Some((self.alloc_ino()?, owner)),
-            None => None,
-        };
-        let tree = self.tree;
-        let extra = if whiteout.is_some() { CREATE_ITEMS } else { 0 };
-        self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, RENAME_ITEMS + extra + 2 * log_items(tx)))?;
-            self.parent_dir(tx, parent)?;
-            self.parent_dir(tx, newparent)?;
-            let root = self.root_ptr_tx(tx)?;
-            let src = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
-            let dst = dir::lookup(tx, &root, newparent, newname)?;
-            if src.is_subvolume() || dst.as_ref().is_some_and(|d| d.is_subvolume()) {
-                if whiteout.is_some() {
-                    return Err(errno(libc::EINVAL, "a subvolume leaves no whiteout"));
-                }
-                let to = (newparent, newname);
-                return self.rename_subvolume(tx, parent, &src, to, dst.as_ref(), exchange);
-            }
-            let src_inode = self.inode_tx(tx, src.ino)?;
-            if is_dir(src_inode.mode)
-                && parent != newparent
-                && self.is_ancestor(tx, src.ino, newparent)?
-            {
-                return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
-            }
-            if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
-                return Ok(());
-            }
-            let now = Timespec::now();
-            if exchange {
-                let dst = dst.ok_or(Error::NotFound)?;
-                let dst_inode = self.inode_tx(tx, dst.ino)?;
-                if is_dir(dst_inode.mode)
-                    && parent != newparent
-                    && self.is_ancestor(tx, dst.ino, parent)?
-                {
-                    return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
-                }
-                dir::check_room(tx, tree, parent, name, dst.ino, dst.kind)?;
-                dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
-                dir::remove(tx, tree, parent, name)?;
-                dir::remove(tx, tree, newparent, newname)?;
-                dir::add(tx, tree, parent, name, dst.ino, dst.kind)?;
-                dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
-                let dirs = (is_dir(src_inode.mode), is_dir(dst_inode.mode));
-                self.adjust_parents(tx, parent, newparent, dirs, now)?;
-                self.touch_ctime(tx, src.ino, now)?;
-                self.touch_ctime(tx, dst.ino, now)?;
-                for (dir, child) in [
-                    (parent, src.ino),
-                    (parent, dst.ino),
-                    (newparent, src.ino),
-                    (newparent, dst.ino),
-                ] {
-                    self.note_name(tx, dir, child);
-                }
-                return self.log_name_changes(tx, &[src.ino, dst.ino]);
-            }
-            if noreplace && dst.is_some() {
-                return Err(Error::Exists);
-            }
-            dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
-            if let Some(d) = &dst {
-                let d_inode = self.inode_tx(tx, d.ino)?;
-                match (is_dir(src_inode.mode), is_dir(d_inode.mode)) {
-                    (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
-                    (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
-                    (true, true) if !dir::is_empty(tx, &root, d.ino)? => {
-                        return Err(errno(libc::ENOTEMPTY, "directory not empty"))
-                    }
-                    _ => {}
-                }
-                if self.last_link(d.ino, &d_inode) {
-                    check_deletable(tx, tree, d.ino)?;
-                }
-                dir::remove(tx, tree, newparent, newname)?;
-                if is_dir(d_inode.mode) {
-                    let mut np = self.inode_tx(tx, newparent)?;
-                    np.nlink = np.nlink.saturating_sub(1);
-                    self.save_inode(tx, newparent, np)?;
-                }
-                self.drop_link(tx, d.ino, d_inode, now)?;
-                self.note_name(tx, newparent, d.ino);
-            }
-            dir::remove(tx, tree, parent, name)?;
-            dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
-            if let Some(w) = whiteout {
-                self.add_whiteout(tx, (parent, name), w, now)?;
-            }
-            self.adjust_parents(tx, parent, newparent, (is_dir(src_inode.mode), false), now)?;
-            self.touch_ctime(tx, src.ino, now)?;
-            self.note_name(tx, parent, src.ino);
-            self.note_name(tx, newparent, src.ino);
-            let replaced = dst.map_or(src.ino, |d| d.ino);
-            self.log_name_changes(tx, &[src.ino, replaced])
-        })
-    }
-
     /// Moves directory link counts when directories change parents and
     /// updates both parents' times.
     pub(super) fn adjust_parents(
@@ -895,41 +666,6 @@ impl Subvol {
             }
         }
         Ok(())
-    }
-
-    fn touch_ctime(&self, tx: &mut Txn<'_>, ino: u64, now: Timespec) -> Result<()> {
-        let mut i = self.inode_tx(tx, ino)?;
-        i.ctime = now;
-        self.save_inode(tx, ino, i)
-    }
-
-    /// True when `dir` is `ino` or lies below it: walks up from `dir`
-    /// through the parent back-references, O(depth).
-    ///
-    /// A corrupt image can make the parents loop. Brent's cycle detection
-    /// notices within twice the loop's length plus its distance from
-    /// `dir`, so the walk is bounded by the real depth, not by a counter
-    /// read from disk.
-    fn is_ancestor(&self, tx: &Txn<'_>, ino: u64, dir: u64) -> Result<bool> {
-        let root = self.root_ptr_tx(tx)?;
-        let (mut at, mut mark) = (dir, dir);
-        let (mut steps, mut lap) = (0u64, 1u64);
-        loop {
-            if at == ino {
-                return Ok(true);
-            }
-            if at == ROOT_DIR_INO {
-                return Ok(false);
-            }
-            at = dir::parent_of(tx, &root, at)?;
-            if at == mark {
-                return Err(Error::corrupt(dir, "loop in directory parents"));
-            }
-            steps += 1;
-            if steps == lap {
-                (mark, steps, lap) = (at, 0, lap.saturating_mul(2));
-            }
-        }
     }
 
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
@@ -998,90 +734,6 @@ impl Subvol {
         }
     }
 
-    /// Reads file data: what to read is found under the engine lock (with
-    /// the buffered and in-flight bytes that lie over it), the device is
-    /// read after letting go.
-    pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-        let (data, seen) = self.engine.read_unlocked(
-            |r| {
-                let i = self.inode_r(r, ino)?;
-                if is_dir(i.mode) {
-                    return Err(errno(libc::EISDIR, "is a directory"));
-                }
-                let end = offset.saturating_add(u64::from(len)).min(i.size);
-                if offset >= end {
-                    return Ok((None, Vec::new(), Vec::new(), i));
-                }
-                let root = r.root(self.tree)?;
-                let plan = file::plan_read(r, &root, &r.root(CSUM)?, ino, offset, end - offset)?;
-                let over = self.overlay_of(ino, offset, end);
-                // A read to the end of a file nobody follows yet starts no
-                // stream (a small file read whole, as tar and cp do).
-                let follow = end < i.size || self.inodes.get(ino).is_some();
-                let ahead = if follow {
-                    self.inodes
-                        .with(ino, |s| s.stream.plan(offset, end - offset, i.size))
-                } else {
-                    None
-                };
-                let prefetch = match ahead {
-                    Some((from, to)) => file::device_ranges(r, &root, ino, from, to)?,
-                    None => Vec::new(),
-                };
-                Ok((Some(plan), over, prefetch, i))
-            },
-            |(plan, over, prefetch, i), dev| {
-                for (at, n) in prefetch {
-                    dev.prefetch_data(at, n);
-                }
-                let Some(plan) = plan else {
-                    return Ok((Vec::new(), i));
-                };
-                let mut data = plan.execute(dev)?;
-                super::delalloc::lay_over(&mut data, offset, &over);
-                Ok((data, i))
-            },
-        )?;
-        self.accessed(ino, &seen);
-        Ok(data)
-    }
-
-    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        if offset
-            .checked_add(data.len() as u64)
-            .is_none_or(|e| e > crate::fs::MAX_FILE_SIZE)
-        {
-            return Err(errno(libc::EFBIG, "file too large"));
-        }
-        if self.budget.over_limit() {
-            self.flush_to_limit()?;
-        }
-        self.engine.check_alive()?;
-        if self.buffer_on_credit(ino, offset, data) {
-            return Ok(data.len() as u32);
-        }
-        // Copied before the state lock is taken (again on a retry).
-        let mut owned = Some(data.to_vec());
-        let done = self.write_reserved(|tx| {
-            let i = self.inode_tx(tx, ino)?;
-            if is_dir(i.mode) {
-                return Err(errno(libc::EISDIR, "is a directory"));
-            }
-            let credit = self.reserve_credit(tx, ino, offset, data.len() as u64)?;
-            let bytes = owned.take().unwrap_or_else(|| data.to_vec());
-            self.buffer_with_credit(ino, offset, bytes, credit);
-            Ok(data.len() as u32)
-        });
-        match done {
-            // Cached pages of a file deleted meanwhile: nobody can read
-            // them back, so they are dropped as written.
-            Err(Error::NotFound) if self.inodes.haunt(ino, |_| {}).is_some() => {
-                Ok(data.len() as u32)
-            }
-            done => done,
-        }
-    }
-
     /// Directory entries after readdir offset `offset`, none past index
     /// `last`: (next offset, ino, d_type, name). Offsets 1 and 2 are "."
     /// and "..".
@@ -1130,375 +782,4 @@ impl Subvol {
             files: self.next_ino.load(std::sync::atomic::Ordering::Relaxed) - ROOT_DIR_INO,
         }
     }
-
-    /// setxattr(2); an ACL is checked, and an access ACL sets the mode
-    /// (see `acl`).
-    pub fn setxattr(
-        &self,
-        ino: u64,
-        (name, value): (&[u8], &[u8]),
-        flags: i32,
-        may_keep_sgid: &dyn Fn(u32) -> bool,
-    ) -> Result<()> {
-        super::xattr::check_name(name)?;
-        let is_acl = name == acl::ACCESS || name == acl::DEFAULT;
-        let acl = if is_acl {
-            Some(acl::Acl::decode(value)?)
-        } else {
-            None
-        };
-        let tree = self.tree;
-        let need = Need::items(tree, 3).payload((name.len() + value.len()) as u64);
-        self.write_reserved(|tx| {
-            tx.reserve(&need)?;
-            let mut i = self.inode_tx(tx, ino)?;
-            match &acl {
-                Some(a) if name == acl::ACCESS => {
-                    let (bits, plain) = a.mode_bits();
-                    i.mode = (i.mode & !0o777) | bits;
-                    if i.mode & libc::S_ISGID != 0 && !may_keep_sgid(i.gid) {
-                        i.mode &= !libc::S_ISGID;
-                    }
-                    // The mode says it all: nothing to keep beside it.
-                    if plain {
-                        match super::xattr::remove(tx, tree, ino, name) {
-                            Err(e) if e.errno() == libc::ENODATA => {}
-                            r => r?,
-                        }
-                    } else {
-                        super::xattr::set(tx, tree, ino, name, &a.encode(), flags)?;
-                    }
-                }
-                Some(_) if !is_dir(i.mode) => {
-                    return Err(errno(libc::EACCES, "a default ACL is for directories"))
-                }
-                _ => super::xattr::set(tx, tree, ino, name, value, flags)?,
-            }
-            i.ctime = Timespec::now();
-            self.save_inode(tx, ino, i)
-        })
-    }
-
-    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        self.engine.read(|r| {
-            self.inode_r(r, ino)?;
-            super::xattr::get(r, &r.root(self.tree)?, ino, name)
-        })
-    }
-
-    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
-        self.engine.read(|r| {
-            self.inode_r(r, ino)?;
-            super::xattr::list(r, &r.root(self.tree)?, ino)
-        })
-    }
-
-    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        let tree = self.tree;
-        self.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, 3).deleting())?;
-            super::xattr::remove(tx, tree, ino, name)?;
-            self.touch_ctime(tx, ino, Timespec::now())
-        })
-    }
-
-    /// SEEK_DATA (`data` true) or SEEK_HOLE from `offset`: walks the file's
-    /// extent items leaf by leaf, each leaf once, allocating nothing per
-    /// extent. ENXIO past the end (and for SEEK_DATA when only holes follow).
-    pub fn seek(&self, ino: u64, offset: u64, data: bool) -> Result<u64> {
-        self.engine.read(|r| {
-            let i = self.inode_r(r, ino)?;
-            if offset >= i.size {
-                return Err(errno(libc::ENXIO, "offset past the end of the file"));
-            }
-            let root = r.root(self.tree)?;
-            let found = if data {
-                self.seek_data(r, &root, ino, offset, i.size)?
-            } else {
-                Some(self.seek_hole(r, &root, ino, offset, i.size)?)
-            };
-            found.ok_or(errno(libc::ENXIO, "no data past the offset"))
-        })
-    }
-
-    /// First data at or after `offset`: on disk or buffered.
-    fn seek_data(
-        &self,
-        r: &crate::txn::Reader<'_>,
-        root: &crate::tree::RootPtr,
-        ino: u64,
-        offset: u64,
-        size: u64,
-    ) -> Result<Option<u64>> {
-        let on_disk = file::seek(r, root, ino, offset, size, true)?;
-        // Buffered data counts whole sectors, as it will on disk.
-        let buffered = self
-            .buffered_at_or_after(ino, offset / SECTOR * SECTOR)
-            .map(|(s, _)| (s / SECTOR * SECTOR).max(offset))
-            .filter(|&p| p < size);
-        Ok(match (on_disk, buffered) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
-    }
-
-    /// First hole at or after `offset` (the end of the file counts as one):
-    /// a place that is neither data on disk nor buffered.
-    fn seek_hole(
-        &self,
-        r: &crate::txn::Reader<'_>,
-        root: &crate::tree::RootPtr,
-        ino: u64,
-        offset: u64,
-        size: u64,
-    ) -> Result<u64> {
-        let mut pos = offset;
-        while pos < size {
-            let hole = file::seek(r, root, ino, pos, size, false)?.unwrap_or(size);
-            // Buffered data counts whole sectors, as it will on disk.
-            let sectors = self
-                .buffered_at_or_after(ino, hole)
-                .map(|(s, e)| (s / SECTOR * SECTOR, e.next_multiple_of(SECTOR)));
-            match sectors {
-                Some((s, e)) if s <= hole && hole < size => pos = e,
-                _ => return Ok(hole.min(size)),
-            }
-        }
-        Ok(size)
-    }
-
-    /// fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE preallocate,
-    /// PUNCH_HOLE (with KEEP_SIZE) deallocates, ZERO_RANGE zeroes.
-    pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
-        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
-        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
-        if mode
-            & !(libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE)
-            != 0
-        {
-            return Err(errno(libc::EOPNOTSUPP, "fallocate mode not supported"));
-        }
-        if len == 0 || (punch && !keep) || (punch && zero) {
-            return Err(errno(libc::EINVAL, "invalid fallocate arguments"));
-        }
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= super::MAX_FILE_SIZE);
-        let end = end.ok_or(errno(libc::EFBIG, "file too large"))?;
-        let tree = self.tree;
-        // It rewrites the file's extents: no flush of it may run meanwhile,
-        // and its buffered data goes first.
-        let held = self.inodes.lock_flush(ino);
-        self.flush_held(ino, &held.inode)?;
-        self.write_reserved(|tx| {
-            let mut i = self.inode_tx(tx, ino)?;
-            if i.mode & libc::S_IFMT != libc::S_IFREG {
-                return Err(errno(libc::ENODEV, "not a regular file"));
-            }
-            // Everything up front: fallocate either gets its whole range
-            // or changes nothing.
-            let root = tx.root_of(tree)?;
-            let items = file::count_items(tx, &root, ino, offset, end)?;
-            // Partial sectors at both edges of a punch or a zeroed range
-            // are rewritten.
-            let edges = 2 * SECTOR;
-            tx.reserve(&if punch {
-                Need::items(tree, items + 4).buffer(edges).deleting()
-            } else {
-                // Inline data moves to the buffer, its sector to a hole.
-                let inline = if file::is_inline(tx, &root, ino)? {
-                    SECTOR
-                } else {
-                    0
-                };
-                // A zeroed range is preallocated whole once its data is
-                // dropped: later writes there cannot run out of space.
-                let holes = match zero {
-                    true => super::delalloc::span(offset, end - offset),
-                    false => file::hole_bytes(tx, &root, ino, offset, end)?,
-                } + inline;
-                // The new extent items lie side by side in the file's key
-                // range: they fill leaves rather than each copying a path.
-                let pieces = tx.data_pieces_bound(holes, file::EXTENT_MAX);
-                Need::items(tree, items + 4)
-                    .payload(pieces * crate::txn::EXTENT_ITEMS_BYTES)
-                    .data(holes)
-                    .buffer(inline + if zero { edges } else { 0 })
-            })?;
-            self.note_extents(tx, ino, i.size, offset, end);
-            let delta = if punch {
-                self.zero_range(tx, ino, i.size, offset, end)?
-            } else if zero {
-                // As on ext4 and btrfs: zeros, then preallocated (unwritten)
-                // space where whole sectors were, and past the end.
-                // Inline data moves first, so the zeros land on top of it.
-                self.out_of_line(tx, ino)?
-                    + self.zero_range(tx, ino, i.size, offset, end)?
-                    + file::preallocate(tx, tree, ino, offset, end)?
-            } else {
-                self.preallocate(tx, ino, offset, end)?
-            };
-            i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
-            if !keep {
-                i.size = i.size.max(end);
-            }
-            let now = Timespec::now();
-            i.mtime = now;
-            i.ctime = now;
-            self.save_inode(tx, ino, i)
-        })
-    }
-
-    /// Preallocates the holes of `[start, end)`, after [`Subvol::out_of_line`].
-    fn preallocate(&self, tx: &mut Txn<'_>, ino: u64, start: u64, end: u64) -> Result<i64> {
-        let delta = self.out_of_line(tx, ino)?;
-        Ok(delta + file::preallocate(tx, self.tree, ino, start, end)?)
-    }
-
-    /// Moves inline data to the buffer, so that its flush writes it into
-    /// an extent and extents can be added beside it. Returns the change
-    /// of nbytes.
-    fn out_of_line(&self, tx: &mut Txn<'_>, ino: u64) -> Result<i64> {
-        let tree = self.tree;
-        let root = tx.root_of(tree)?;
-        let Some(bytes) = file::inline_bytes(tx, &root, ino)? else {
-            return Ok(0);
-        };
-        let delta = -(file::punch(tx, tree, ino, 0, bytes.len() as u64)? as i64);
-        self.buffer(tx, ino, 0, &bytes);
-        Ok(delta)
-    }
-
-    /// Makes `[start, end)` read as zeros: whole sectors become holes, the
-    /// partial sectors at the edges get buffered zeros (their flush
-    /// rewrites them). Returns the change of nbytes.
-    fn zero_range(
-        &self,
-        tx: &mut Txn<'_>,
-        ino: u64,
-        size: u64,
-        start: u64,
-        end: u64,
-    ) -> Result<i64> {
-        let end = end.min(size);
-        if start >= end {
-            return Ok(0);
-        }
-        // Bytes buffered there were written before the zeros.
-        self.cut_buffered(tx, ino, start, end);
-        let zeros = |from: u64, to: u64| vec![0u8; (to - from) as usize];
-        let (a, b) = (start.next_multiple_of(SECTOR), end / SECTOR * SECTOR);
-        if a >= b {
-            self.buffer(tx, ino, start, &zeros(start, end));
-            return Ok(0);
-        }
-        if start < a {
-            self.buffer(tx, ino, start, &zeros(start, a));
-        }
-        if b < end {
-            self.buffer(tx, ino, b, &zeros(b, end));
-        }
-        Ok(-(file::punch(tx, self.tree, ino, a, b)? as i64))
-    }
-
-    /// copy_file_range(2) from file `src` of subvolume `from` (this one or
-    /// another: the pool is one) to file `dst` of this one: shares extents
-    /// where the ranges are sector-aligned (a reflink), copies bytes
-    /// otherwise. Returns bytes copied.
-    pub fn copy_range(
-        &self,
-        from: &Subvol,
-        src: u64,
-        src_off: u64,
-        dst: u64,
-        dst_off: u64,
-        len: u64,
-    ) -> Result<u64> {
-        let tree = self.tree;
-        // Sharing extents needs the data in the tree.
-        from.flush_file(src)?;
-        self.flush_file(dst)?;
-        let src_size = from.getattr(src)?.size;
-        let len = len.min(src_size.saturating_sub(src_off));
-        if len == 0 {
-            return Ok(0);
-        }
-        const S: u64 = crate::format::SECTORSIZE as u64;
-        let whole_tail = src_off + len == src_size;
-        let aligned =
-            src_off.is_multiple_of(S) && dst_off.is_multiple_of(S) && (len % S == 0 || whole_tail);
-        let inline = self.engine.read(|r| {
-            Ok(file::is_inline(r, &r.root(from.tree)?, src)?
-                || file::is_inline(r, &r.root(tree)?, dst)?)
-        })?;
-        let dst_size = self.getattr(dst)?.size;
-        let same = from.tree == tree && src == dst;
-        let overlap = same && src_off < dst_off + len && dst_off < src_off + len;
-        // The destination's bytes past a copied tail up to its old size must
-        // survive, so a partial last sector is shared only at its EOF too.
-        let tail_ok = len % S == 0 || dst_off + len >= dst_size;
-        if !aligned || inline || overlap || !tail_ok {
-            // A byte copy, in bounded pieces (a short count is allowed).
-            let data = from.read(src, src_off, len.min(64 << 20) as u32)?;
-            return self.write(dst, dst_off, &data).map(u64::from);
-        }
-        // Both files' extents change or are shared: no flush of either may
-        // run meanwhile (locks taken in node order), and what was written
-        // since the flushes above goes first.
-        let _held = lock_flushed(from, src, self, dst)?;
-        self.write_reserved(|tx| {
-            let src_root = tx.root_of(from.tree)?;
-            let root = tx.root_of(tree)?;
-            let items = file::count_items(tx, &src_root, src, src_off, src_off + len)?
-                + file::count_items(tx, &root, dst, dst_off, dst_off + len)?;
-            // The shared extents count against the destination's quota.
-            tx.reserve(&Need::items(tree, items + 4).shared(len))?;
-            let mut d = self.inode_tx(tx, dst)?;
-            if d.mode & libc::S_IFMT != libc::S_IFREG {
-                return Err(errno(libc::EINVAL, "not a regular file"));
-            }
-            let span = len.div_ceil(S) * S;
-            self.note_extents(tx, dst, d.size, dst_off, dst_off + span);
-            let delta =
-                file::clone_range(tx, (from.tree, src, src_off), (tree, dst, dst_off), span)?;
-            d.nbytes = (d.nbytes as i64 + delta).max(0) as u64;
-            d.size = d.size.max(dst_off + len);
-            let now = Timespec::now();
-            d.mtime = now;
-            d.ctime = now;
-            self.save_inode(tx, dst, d)?;
-            Ok(len)
-        })
-    }
-
-    /// Whether the file's data is inline (for tests and inspection).
-    pub fn is_inline(&self, ino: u64) -> Result<bool> {
-        self.engine.read(|r| {
-            let key = crate::format::Key::new(ino, crate::format::key_type::EXTENT_DATA, 0);
-            Ok(r.get(self.tree, &key)?
-                .and_then(|d| crate::format::items::FileExtentItem::decode(&d).ok())
-                .is_some_and(|fe| fe.kind == FILE_EXTENT_INLINE))
-        })
-    }
-}
-
-/// Takes the flush locks of file `a` of `sa` and file `b` of `sb` (in
-/// node order, so two callers cannot deadlock) and flushes both files.
-fn lock_flushed<'s>(
-    sa: &'s Subvol,
-    a: u64,
-    sb: &'s Subvol,
-    b: u64,
-) -> Result<Vec<super::inodes::FlushLock<'s>>> {
-    let mut files = vec![(sa.node(a)?, sa, a), (sb.node(b)?, sb, b)];
-    files.sort_by_key(|f| f.0);
-    files.dedup_by_key(|f| f.0);
-    files
-        .into_iter()
-        .map(|(_, sv, ino)| {
-            let held = sv.inodes.lock_flush(ino);
-            sv.flush_held(ino, &held.inode).map(|()| held)
-        })
-        .collect()
 }

@@ -2,12 +2,13 @@
 //! of (name length u16, value length u32, name, value) so that names whose
 //! hashes collide share an item.
 
-use super::{errno, inode_key};
+use super::{acl, errno, inode_key, is_dir};
 use crate::error::{Error, Result};
+use crate::format::inode::Timespec;
 use crate::format::key_type::XATTR_ITEM;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
-use crate::txn::Txn;
+use crate::txn::{Need, Txn};
 
 pub const XATTR_CREATE: i32 = 1;
 pub const XATTR_REPLACE: i32 = 2;
@@ -145,5 +146,79 @@ pub(crate) fn remove(tx: &mut Txn<'_>, tree: u64, ino: u64, name: &[u8]) -> Resu
         tx.delete(tree, &key(ino, name)).map(|_| ())
     } else {
         tx.put(tree, key(ino, name), encode(&pairs)).map(|_| ())
+    }
+}
+
+/// xattr(7) calls of a subvolume.
+impl super::Subvol {
+    /// setxattr(2); an ACL is checked, and an access ACL sets the mode
+    /// (see `acl`).
+    pub fn setxattr(
+        &self,
+        ino: u64,
+        (name, value): (&[u8], &[u8]),
+        flags: i32,
+        may_keep_sgid: &dyn Fn(u32) -> bool,
+    ) -> Result<()> {
+        super::xattr::check_name(name)?;
+        let is_acl = name == acl::ACCESS || name == acl::DEFAULT;
+        let acl = if is_acl {
+            Some(acl::Acl::decode(value)?)
+        } else {
+            None
+        };
+        let tree = self.tree;
+        let need = Need::items(tree, 3).payload((name.len() + value.len()) as u64);
+        self.write_reserved(|tx| {
+            tx.reserve(&need)?;
+            let mut i = self.inode_tx(tx, ino)?;
+            match &acl {
+                Some(a) if name == acl::ACCESS => {
+                    let (bits, plain) = a.mode_bits();
+                    i.mode = (i.mode & !0o777) | bits;
+                    if i.mode & libc::S_ISGID != 0 && !may_keep_sgid(i.gid) {
+                        i.mode &= !libc::S_ISGID;
+                    }
+                    // The mode says it all: nothing to keep beside it.
+                    if plain {
+                        match super::xattr::remove(tx, tree, ino, name) {
+                            Err(e) if e.errno() == libc::ENODATA => {}
+                            r => r?,
+                        }
+                    } else {
+                        super::xattr::set(tx, tree, ino, name, &a.encode(), flags)?;
+                    }
+                }
+                Some(_) if !is_dir(i.mode) => {
+                    return Err(errno(libc::EACCES, "a default ACL is for directories"))
+                }
+                _ => super::xattr::set(tx, tree, ino, name, value, flags)?,
+            }
+            i.ctime = Timespec::now();
+            self.save_inode(tx, ino, i)
+        })
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.engine.read(|r| {
+            self.inode_r(r, ino)?;
+            super::xattr::get(r, &r.root(self.tree)?, ino, name)
+        })
+    }
+
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        self.engine.read(|r| {
+            self.inode_r(r, ino)?;
+            super::xattr::list(r, &r.root(self.tree)?, ino)
+        })
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let tree = self.tree;
+        self.write_reserved(|tx| {
+            tx.reserve(&Need::items(tree, 3).deleting())?;
+            super::xattr::remove(tx, tree, ino, name)?;
+            self.touch_ctime(tx, ino, Timespec::now())
+        })
     }
 }

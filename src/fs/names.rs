@@ -1,0 +1,278 @@
+//! The namespace operations of a subvolume: unlink and rmdir, link,
+//! and rename (with its flags and the orphan an unlinked open file
+//! becomes).
+
+use super::ops::*;
+use super::{dir, dtype, errno, is_dir, Subvol};
+use crate::error::{Error, Result};
+use crate::format::inode::{InodeItem, Timespec, ROOT_DIR_INO};
+use crate::txn::{Need, Txn};
+
+impl Subvol {
+    /// Removes `name` from `parent`: a non-directory (`rmdir` false) or an
+    /// empty directory (`rmdir` true).
+    pub fn remove(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<()> {
+        match self.remove_entry(parent, name, rmdir)? {
+            Some(_) if !rmdir => Err(errno(libc::EISDIR, "is a directory")),
+            Some(sub) => self.delete_subvolume(parent, name, sub, true),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Subvol::remove`] of an entry naming an inode; one naming a
+    /// subvolume is left alone and its id returned (deleting a subvolume
+    /// is a transaction of its own).
+    fn remove_entry(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<Option<u64>> {
+        let tree = self.tree;
+        self.write_reserved(|tx| {
+            tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)).deleting())?;
+            let mut p = self.parent_dir(tx, parent)?;
+            let root = self.root_ptr_tx(tx)?;
+            let e = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
+            if e.is_subvolume() {
+                return Ok(Some(e.ino));
+            }
+            let child = self.inode_tx(tx, e.ino)?;
+            match (rmdir, is_dir(child.mode)) {
+                (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
+                (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
+                (true, true) if !dir::is_empty(tx, &root, e.ino)? => {
+                    return Err(errno(libc::ENOTEMPTY, "directory not empty"))
+                }
+                _ => {}
+            }
+            if self.last_link(e.ino, &child) {
+                check_deletable(tx, tree, e.ino)?;
+            }
+            dir::remove(tx, tree, parent, name)?;
+            let now = Timespec::now();
+            if rmdir {
+                p.nlink = p.nlink.saturating_sub(1);
+            }
+            p.mtime = now;
+            p.ctime = now;
+            self.save_inode(tx, parent, p)?;
+            self.drop_link(tx, e.ino, child, now)?;
+            self.note_name(tx, parent, e.ino);
+            self.log_name_changes(tx, &[e.ino]).map(|()| None)
+        })
+    }
+
+    /// One link fewer; at zero the inode and its data go, or, while it is
+    /// open, it becomes an orphan that goes at its last release.
+    fn drop_link(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        mut inode: InodeItem,
+        now: Timespec,
+    ) -> Result<()> {
+        let tree = self.tree;
+        let links = if is_dir(inode.mode) {
+            0
+        } else {
+            inode.nlink.saturating_sub(1)
+        };
+        inode.nlink = links;
+        inode.ctime = now;
+        if links > 0 {
+            return self.save_inode(tx, ino, inode);
+        }
+        if self.is_open(ino) {
+            tx.put(tree, orphan_key(ino), Vec::new())?;
+            return self.save_inode(tx, ino, inode);
+        }
+        self.discard_buffered(tx, ino);
+        delete_inode(tx, tree, ino)?;
+        self.inodes.bury(ino, inode);
+        Ok(())
+    }
+
+    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
+        dir::check_name(name)?;
+        let tree = self.tree;
+        self.write_reserved(|tx| {
+            tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)))?;
+            let mut p = self.parent_dir(tx, parent)?;
+            let mut i = self.inode_tx(tx, ino)?;
+            if is_dir(i.mode) {
+                return Err(errno(libc::EPERM, "hard link to a directory"));
+            }
+            let root = self.root_ptr_tx(tx)?;
+            if dir::lookup(tx, &root, parent, name)?.is_some() {
+                return Err(Error::Exists);
+            }
+            i.nlink = i
+                .nlink
+                .checked_add(1)
+                .ok_or(errno(libc::EMLINK, "too many links"))?;
+            let now = Timespec::now();
+            dir::add(tx, tree, parent, name, ino, dtype(i.mode))?;
+            // An unnamed open file (O_TMPFILE) given a name is no longer
+            // an orphan: its last close must not delete it.
+            if i.nlink == 1 && tx.get(tree, &orphan_key(ino))?.is_some() {
+                tx.delete(tree, &orphan_key(ino))?;
+            }
+            i.ctime = now;
+            self.save_inode(tx, ino, i.clone())?;
+            p.mtime = now;
+            p.ctime = now;
+            self.save_inode(tx, parent, p)?;
+            self.note_name(tx, parent, ino);
+            self.log_name_changes(tx, &[ino])?;
+            Ok(self.attr(ino, &i))
+        })
+    }
+
+    /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE / RENAME_WHITEOUT
+    /// semantics (`whiteout`: who owns the whiteout left at the source).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        noreplace: bool,
+        exchange: bool,
+        whiteout: Option<Owner>,
+    ) -> Result<()> {
+        dir::check_name(newname)?;
+        if whiteout.is_some() && exchange {
+            return Err(errno(libc::EINVAL, "a whiteout cannot be exchanged"));
+        }
+        let whiteout = match whiteout {
+            Some(owner) => Some((self.alloc_ino()?, owner)),
+            None => None,
+        };
+        let tree = self.tree;
+        let extra = if whiteout.is_some() { CREATE_ITEMS } else { 0 };
+        self.write_reserved(|tx| {
+            tx.reserve(&Need::items(tree, RENAME_ITEMS + extra + 2 * log_items(tx)))?;
+            self.parent_dir(tx, parent)?;
+            self.parent_dir(tx, newparent)?;
+            let root = self.root_ptr_tx(tx)?;
+            let src = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
+            let dst = dir::lookup(tx, &root, newparent, newname)?;
+            if src.is_subvolume() || dst.as_ref().is_some_and(|d| d.is_subvolume()) {
+                if whiteout.is_some() {
+                    return Err(errno(libc::EINVAL, "a subvolume leaves no whiteout"));
+                }
+                let to = (newparent, newname);
+                return self.rename_subvolume(tx, parent, &src, to, dst.as_ref(), exchange);
+            }
+            let src_inode = self.inode_tx(tx, src.ino)?;
+            if is_dir(src_inode.mode)
+                && parent != newparent
+                && self.is_ancestor(tx, src.ino, newparent)?
+            {
+                return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
+            }
+            if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+                return Ok(());
+            }
+            let now = Timespec::now();
+            if exchange {
+                let dst = dst.ok_or(Error::NotFound)?;
+                let dst_inode = self.inode_tx(tx, dst.ino)?;
+                if is_dir(dst_inode.mode)
+                    && parent != newparent
+                    && self.is_ancestor(tx, dst.ino, parent)?
+                {
+                    return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
+                }
+                dir::check_room(tx, tree, parent, name, dst.ino, dst.kind)?;
+                dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
+                dir::remove(tx, tree, parent, name)?;
+                dir::remove(tx, tree, newparent, newname)?;
+                dir::add(tx, tree, parent, name, dst.ino, dst.kind)?;
+                dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
+                let dirs = (is_dir(src_inode.mode), is_dir(dst_inode.mode));
+                self.adjust_parents(tx, parent, newparent, dirs, now)?;
+                self.touch_ctime(tx, src.ino, now)?;
+                self.touch_ctime(tx, dst.ino, now)?;
+                for (dir, child) in [
+                    (parent, src.ino),
+                    (parent, dst.ino),
+                    (newparent, src.ino),
+                    (newparent, dst.ino),
+                ] {
+                    self.note_name(tx, dir, child);
+                }
+                return self.log_name_changes(tx, &[src.ino, dst.ino]);
+            }
+            if noreplace && dst.is_some() {
+                return Err(Error::Exists);
+            }
+            dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
+            if let Some(d) = &dst {
+                let d_inode = self.inode_tx(tx, d.ino)?;
+                match (is_dir(src_inode.mode), is_dir(d_inode.mode)) {
+                    (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
+                    (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
+                    (true, true) if !dir::is_empty(tx, &root, d.ino)? => {
+                        return Err(errno(libc::ENOTEMPTY, "directory not empty"))
+                    }
+                    _ => {}
+                }
+                if self.last_link(d.ino, &d_inode) {
+                    check_deletable(tx, tree, d.ino)?;
+                }
+                dir::remove(tx, tree, newparent, newname)?;
+                if is_dir(d_inode.mode) {
+                    let mut np = self.inode_tx(tx, newparent)?;
+                    np.nlink = np.nlink.saturating_sub(1);
+                    self.save_inode(tx, newparent, np)?;
+                }
+                self.drop_link(tx, d.ino, d_inode, now)?;
+                self.note_name(tx, newparent, d.ino);
+            }
+            dir::remove(tx, tree, parent, name)?;
+            dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
+            if let Some(w) = whiteout {
+                self.add_whiteout(tx, (parent, name), w, now)?;
+            }
+            self.adjust_parents(tx, parent, newparent, (is_dir(src_inode.mode), false), now)?;
+            self.touch_ctime(tx, src.ino, now)?;
+            self.note_name(tx, parent, src.ino);
+            self.note_name(tx, newparent, src.ino);
+            let replaced = dst.map_or(src.ino, |d| d.ino);
+            self.log_name_changes(tx, &[src.ino, replaced])
+        })
+    }
+
+    pub(super) fn touch_ctime(&self, tx: &mut Txn<'_>, ino: u64, now: Timespec) -> Result<()> {
+        let mut i = self.inode_tx(tx, ino)?;
+        i.ctime = now;
+        self.save_inode(tx, ino, i)
+    }
+
+    /// True when `dir` is `ino` or lies below it: walks up from `dir`
+    /// through the parent back-references, O(depth).
+    ///
+    /// A corrupt image can make the parents loop. Brent's cycle detection
+    /// notices within twice the loop's length plus its distance from
+    /// `dir`, so the walk is bounded by the real depth, not by a counter
+    /// read from disk.
+    fn is_ancestor(&self, tx: &Txn<'_>, ino: u64, dir: u64) -> Result<bool> {
+        let root = self.root_ptr_tx(tx)?;
+        let (mut at, mut mark) = (dir, dir);
+        let (mut steps, mut lap) = (0u64, 1u64);
+        loop {
+            if at == ino {
+                return Ok(true);
+            }
+            if at == ROOT_DIR_INO {
+                return Ok(false);
+            }
+            at = dir::parent_of(tx, &root, at)?;
+            if at == mark {
+                return Err(Error::corrupt(dir, "loop in directory parents"));
+            }
+            steps += 1;
+            if steps == lap {
+                (mark, steps, lap) = (at, 0, lap.saturating_mul(2));
+            }
+        }
+    }
+}
