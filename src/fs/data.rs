@@ -1,5 +1,5 @@
 //! File data operations of a subvolume: read and write (through the
-//! writeback pipeline, `delalloc`), SEEK_DATA/SEEK_HOLE, fallocate and
+//! writeback pipeline, `writeback`), SEEK_DATA/SEEK_HOLE, fallocate and
 //! its modes, and copy_file_range (shared extents or copies).
 
 use super::ops::*;
@@ -51,7 +51,7 @@ impl Subvol {
                     return Ok((Vec::new(), i));
                 };
                 let mut data = plan.execute(dev)?;
-                super::delalloc::lay_over(&mut data, offset, &over);
+                super::writeback::lay_over(&mut data, offset, &over);
                 Ok((data, i))
             },
         )?;
@@ -208,7 +208,7 @@ impl Subvol {
                 // A zeroed range is preallocated whole once its data is
                 // dropped: later writes there cannot run out of space.
                 let holes = match zero {
-                    true => super::delalloc::span(offset, end - offset),
+                    true => super::writeback::span(offset, end - offset),
                     false => file::hole_bytes(tx, &root, ino, offset, end)?,
                 } + inline;
                 // The new extent items lie side by side in the file's key

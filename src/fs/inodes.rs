@@ -13,13 +13,13 @@
 //! device I/O or while waiting for the engine.
 //!
 //! Each entry also has a *flush lock*, held for a whole flush of the file
-//! (its writeback pipeline, see `delalloc`) and by the operations that
+//! (its writeback pipeline, see `writeback`) and by the operations that
 //! rewrite the file's extents (truncate, fallocate, reflink), so those
 //! never interleave with a flush of the same file.
 
-use super::delalloc::{Ranges, DEFAULT_DIRTY_LIMIT};
 use super::log::Changes;
 use super::readahead::Stream;
+use super::writeback::{Ranges, DEFAULT_DIRTY_LIMIT};
 use crate::format::inode::{InodeItem, Timespec};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +31,7 @@ pub(crate) type InFlight = BTreeMap<u64, Arc<Vec<u8>>>;
 /// What Canopy holds in memory for one inode.
 #[derive(Default)]
 pub(crate) struct InodeState {
-    /// Written data waiting for extents (see `delalloc`).
+    /// Written data waiting for extents (see `writeback`).
     pub buffered: Ranges,
     /// Data a running flush took: readers still see it until its extents
     /// are in the tree.
@@ -53,11 +53,11 @@ pub(crate) struct InodeState {
     pub changes: Changes,
     /// Size and times that buffered writes set and the tree's item does
     /// not have yet: laid over the item whenever it is loaded (see
-    /// `delalloc`, "Writes without the state lock").
+    /// `writeback`, "Writes without the state lock").
     pub pending: Option<PendingAttrs>,
     /// Data space the engine holds for this file's next buffered writes,
     /// beyond its buffers' footprint: a write it covers needs no state
-    /// lock (see `delalloc`).
+    /// lock (see `writeback`).
     pub credit: u64,
 }
 

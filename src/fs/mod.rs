@@ -22,7 +22,6 @@ mod atime;
 pub mod balance;
 mod cleaner;
 mod data;
-pub mod delalloc;
 mod dir;
 mod file;
 mod ghost;
@@ -37,6 +36,7 @@ mod readahead;
 pub mod setid;
 pub(crate) mod subvol;
 mod worker;
+pub mod writeback;
 pub mod xattr;
 
 pub use atime::AtimePolicy;
@@ -350,7 +350,7 @@ impl Core {
 impl Subvol {
     /// The item of `ino` as the file is now: what the tree holds, with
     /// the size and times buffered writes set laid over it (see
-    /// `delalloc`, "Writes without the state lock").
+    /// `writeback`, "Writes without the state lock").
     pub(crate) fn inode_tx(&self, tx: &Txn<'_>, ino: u64) -> Result<InodeItem> {
         let mut i = load_inode_tx(tx, self.tree, ino)?;
         self.lay_pending(ino, &mut i);

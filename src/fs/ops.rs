@@ -409,7 +409,7 @@ impl Subvol {
         // written by a flush like file data.
         let long = target_len > file::INLINE_MAX;
         let need = if long {
-            Need::items(self.tree, CREATE_ITEMS).buffer(super::delalloc::span(0, target_len))
+            Need::items(self.tree, CREATE_ITEMS).buffer(super::writeback::span(0, target_len))
         } else {
             Need::items(self.tree, CREATE_ITEMS).payload(target_len)
         };

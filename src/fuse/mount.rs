@@ -74,7 +74,7 @@ impl Default for MountOptions {
             commit_secs: 5,
             cache_blocks: 16384,
             threads: 4,
-            dirty_limit: crate::fs::delalloc::DEFAULT_DIRTY_LIMIT,
+            dirty_limit: crate::fs::writeback::DEFAULT_DIRTY_LIMIT,
             atime: crate::fs::AtimePolicy::Relative,
             dir_atime: true,
             remount: false,
