@@ -8,14 +8,18 @@
 
 mod caller;
 pub mod control;
+mod convert;
 mod dircookie;
+mod listing;
 pub mod mount;
 
-use crate::format::inode::Timespec;
-use crate::fs::{setid, Attr, Fs, NewNode, Owner, SetAttr};
+use crate::fs::{setid, Attr, Fs, SetAttr};
 use caller::Caller;
+use convert::{
+    absent_entry, err, kind, new_node, owner, reply_empty, reply_xattr, time, time_or_now, timespec,
+};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
@@ -23,7 +27,7 @@ use fuser::{
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// Canopy is the only writer of its image, so the kernel may cache long.
 const TTL: Duration = Duration::from_secs(60);
@@ -156,17 +160,6 @@ impl FuseFs {
         }
     }
 
-    /// Where a listing of `dir` from kernel offset `offset` ends, and the
-    /// index it goes on from: a listing from 0 ends at the directory's
-    /// highest index now (see `dircookie`).
-    fn listing_bound(&self, dir: u64, offset: u64) -> crate::Result<(u64, u64)> {
-        match dircookie::decode(offset) {
-            (Some(last), from) => Ok((last, from)),
-            (None, 0) => Ok((self.fs.dir_last_index(dir)?, 0)),
-            (None, from) => Ok((u64::MAX, from)),
-        }
-    }
-
     /// How an open file is cached. Under `strictatime` every read must
     /// reach the daemon, which records the access (the kernel does not
     /// for FUSE, and serves cached pages itself): such files bypass the
@@ -191,102 +184,6 @@ impl FuseFs {
             })
             .map(|_| ())
     }
-}
-
-fn err(e: crate::Error) -> Errno {
-    if e.errno() == libc::EIO {
-        tracing::error!(error = %e, "I/O error");
-    } else {
-        tracing::debug!(error = %e, "request failed");
-    }
-    Errno::from_i32(e.errno())
-}
-
-fn time(t: Timespec) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
-    }
-}
-
-fn timespec(t: SystemTime) -> Timespec {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timespec {
-            sec: d.as_secs() as i64,
-            nsec: d.subsec_nanos(),
-        },
-        Err(e) => Timespec {
-            sec: -(e.duration().as_secs() as i64),
-            nsec: 0,
-        },
-    }
-}
-
-fn kind(mode: u32) -> FileType {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => FileType::Directory,
-        libc::S_IFLNK => FileType::Symlink,
-        libc::S_IFCHR => FileType::CharDevice,
-        libc::S_IFBLK => FileType::BlockDevice,
-        libc::S_IFIFO => FileType::NamedPipe,
-        libc::S_IFSOCK => FileType::Socket,
-        _ => FileType::RegularFile,
-    }
-}
-
-/// The attributes of a negative entry: only the zero inode number counts.
-fn absent_entry() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        flags: 0,
-        blksize: 4096,
-    }
-}
-
-fn reply_empty(r: crate::Result<()>, reply: ReplyEmpty) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(err(e)),
-    }
-}
-
-fn owner(req: &Request) -> Owner {
-    Owner {
-        uid: req.uid(),
-        gid: req.gid(),
-    }
-}
-
-/// A new inode of `mode` asked for by `req`'s caller, whose umask the
-/// kernel left unapplied (FUSE_DONT_MASK; see `fs::acl`).
-fn new_node(req: &Request, mode: u32, rdev: u64, umask: u32) -> NewNode<'static> {
-    NewNode {
-        mode,
-        rdev,
-        owner: owner(req),
-        target: None,
-        umask,
-    }
-}
-
-fn time_or_now(t: Option<TimeOrNow>) -> Option<Timespec> {
-    t.map(|t| match t {
-        TimeOrNow::SpecificTime(s) => timespec(s),
-        TimeOrNow::Now => Timespec::now(),
-    })
 }
 
 impl Filesystem for FuseFs {
@@ -671,25 +568,9 @@ impl Filesystem for FuseFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        let dir = self.to_ino(ino);
-        let listed = self
-            .listing_bound(dir, offset)
-            .and_then(|(last, from)| Ok((last, self.fs.readdir_to(dir, from, CHUNK, last)?)));
-        match listed {
-            Ok((last, entries)) => {
-                for (next, child, dtype, name) in entries {
-                    let k = kind(u32::from(dtype) << 12);
-                    let at = dircookie::encode(last, next);
-                    if reply.add(self.kernel_node(child), at, k, OsStr::from_bytes(&name)) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
-            Err(e) => reply.error(err(e)),
-        }
+        self.list(self.to_ino(ino), offset, reply);
     }
 
     /// Entries with their attributes: the kernel caches both, so `ls -l`,
@@ -700,38 +581,9 @@ impl Filesystem for FuseFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        let dir = self.to_ino(ino);
-        let (last, mut from) = match self.listing_bound(dir, offset) {
-            Ok(b) => b,
-            Err(e) => return reply.error(err(e)),
-        };
-        // The kernel's buffer holds a getdents' worth (up to ~200
-        // entries with attributes): filled chunk by chunk, so no more
-        // attributes are read than fit.
-        loop {
-            let entries = match self.fs.readdir_plus(dir, from, PLUS_CHUNK, last) {
-                Ok(e) => e,
-                Err(e) => return reply.error(err(e)),
-            };
-            let Some(&(end, _, _)) = entries.last() else {
-                break;
-            };
-            for (next, a, name) in entries {
-                // Deleted since it was listed: left out.
-                let Some(a) = a else { continue };
-                let attr = self.file_attr(&a);
-                let generation = Generation(a.generation());
-                let name = OsStr::from_bytes(&name);
-                let at = dircookie::encode(last, next);
-                if reply.add(attr.ino, at, name, &TTL, &attr, generation) {
-                    return reply.ok();
-                }
-            }
-            from = end;
-        }
-        reply.ok();
+        self.list_plus(self.to_ino(ino), offset, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -924,16 +776,5 @@ impl Filesystem for FuseFs {
             Ok(n) => reply.written(n.min(u64::from(u32::MAX)) as u32),
             Err(e) => reply.error(err(e)),
         }
-    }
-}
-
-/// getxattr/listxattr protocol: size 0 asks for the length; a buffer too
-/// small is ERANGE.
-fn reply_xattr(r: crate::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
-    match r {
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
-        Ok(v) => reply.data(&v),
-        Err(e) => reply.error(err(e)),
     }
 }

@@ -1,0 +1,74 @@
+//! Directory listings for the kernel: READDIR and READDIRPLUS, each
+//! offset carrying where its listing ends (`dircookie`).
+
+use super::convert::{err, kind};
+use super::{dircookie, FuseFs, CHUNK, PLUS_CHUNK, TTL};
+use fuser::{Generation, ReplyDirectory, ReplyDirectoryPlus};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+impl FuseFs {
+    /// Where a listing of `dir` from kernel offset `offset` ends, and the
+    /// index it goes on from: a listing from 0 ends at the directory's
+    /// highest index now (see `dircookie`).
+    fn listing_bound(&self, dir: u64, offset: u64) -> crate::Result<(u64, u64)> {
+        match dircookie::decode(offset) {
+            (Some(last), from) => Ok((last, from)),
+            (None, 0) => Ok((self.fs.dir_last_index(dir)?, 0)),
+            (None, from) => Ok((u64::MAX, from)),
+        }
+    }
+
+    /// READDIR of `dir` from kernel offset `offset`.
+    pub(super) fn list(&self, dir: u64, offset: u64, mut reply: ReplyDirectory) {
+        let listed = self
+            .listing_bound(dir, offset)
+            .and_then(|(last, from)| Ok((last, self.fs.readdir_to(dir, from, CHUNK, last)?)));
+        match listed {
+            Ok((last, entries)) => {
+                for (next, child, dtype, name) in entries {
+                    let k = kind(u32::from(dtype) << 12);
+                    let at = dircookie::encode(last, next);
+                    if reply.add(self.kernel_node(child), at, k, OsStr::from_bytes(&name)) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    /// READDIRPLUS of `dir` from kernel offset `offset`.
+    pub(super) fn list_plus(&self, dir: u64, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let (last, mut from) = match self.listing_bound(dir, offset) {
+            Ok(b) => b,
+            Err(e) => return reply.error(err(e)),
+        };
+        // The kernel's buffer holds a getdents' worth (up to ~200
+        // entries with attributes): filled chunk by chunk, so no more
+        // attributes are read than fit.
+        loop {
+            let entries = match self.fs.readdir_plus(dir, from, PLUS_CHUNK, last) {
+                Ok(e) => e,
+                Err(e) => return reply.error(err(e)),
+            };
+            let Some(&(end, _, _)) = entries.last() else {
+                break;
+            };
+            for (next, a, name) in entries {
+                // Deleted since it was listed: left out.
+                let Some(a) = a else { continue };
+                let attr = self.file_attr(&a);
+                let generation = Generation(a.generation());
+                let name = OsStr::from_bytes(&name);
+                let at = dircookie::encode(last, next);
+                if reply.add(attr.ino, at, name, &TTL, &attr, generation) {
+                    return reply.ok();
+                }
+            }
+            from = end;
+        }
+        reply.ok();
+    }
+}
