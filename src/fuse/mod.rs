@@ -12,6 +12,7 @@ mod convert;
 mod dircookie;
 mod listing;
 pub mod mount;
+mod options;
 
 use crate::fs::{setid, Attr, Fs, SetAttr};
 use caller::Caller;

@@ -1,0 +1,251 @@
+//! `canopy mount -o` options: mount(8)'s generic ones, FUSE's, and
+//! Canopy's own, and the FUSE mount options they become.
+
+use crate::error::{Error, Result};
+use fuser::{Config, MountOption};
+
+/// Options accepted by `canopy mount -o`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountOptions {
+    pub read_only: bool,
+    pub allow_other: bool,
+    pub default_permissions: bool,
+    /// Flags passed through to the kernel (nodev, nosuid, noexec, atime...).
+    pub kernel: Vec<String>,
+    /// Seconds between automatic commits.
+    pub commit_secs: u64,
+    /// Clean block cache size in blocks.
+    pub cache_blocks: usize,
+    /// Request-serving threads.
+    pub threads: usize,
+    /// Bytes of written file data buffered before writers flush.
+    pub dirty_limit: u64,
+    /// When reads update access times.
+    pub atime: crate::fs::AtimePolicy,
+    /// Whether listing a directory updates its access time (`nodiratime`
+    /// turns it off; the atime policy still applies when on).
+    pub dir_atime: bool,
+    /// Change the options of a live mount (`mount -o remount,...`).
+    pub remount: bool,
+    /// Let the kernel buffer writes in its page cache and send them in
+    /// large batches (FUSE's writeback cache). Off unless asked for: the
+    /// daemon then sees writes only at writeback, so a full disk or quota
+    /// shows at fsync or close rather than at write, st_blocks lags, and
+    /// SEEK_DATA/SEEK_HOLE cannot see unflushed data (so they report no
+    /// holes).
+    pub writeback_cache: bool,
+    /// How far ahead the kernel reads a file sequentially read, in bytes
+    /// (the mount's read_ahead_kb); 0 leaves the kernel's default. FUSE
+    /// mounts start at 128 KiB, which keeps a cold read waiting on small
+    /// requests; like btrfs, Canopy asks for at least 4 MiB.
+    pub readahead: u64,
+    /// fsync writes the log tree (btrfs's `treelog`, the default); off
+    /// (`notreelog`), every fsync commits the whole filesystem.
+    pub treelog: bool,
+    /// The subvolume shown as the mount's root (`subvol=`, `subvolid=`).
+    pub subvolume: crate::fs::Shown,
+    /// Replays the fsync log a crash left (off: `nologreplay`, read-only
+    /// mounts only, as btrfs: the last commit without the log).
+    pub log_replay: bool,
+}
+
+/// Default for the `readahead=` option.
+pub const DEFAULT_READAHEAD: u64 = 4 << 20;
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            read_only: false,
+            // Mounted by root, Canopy serves every user as a kernel
+            // filesystem would; the kernel still checks permissions
+            // (default_permissions). Others need user_allow_other in
+            // /etc/fuse.conf to ask for it.
+            allow_other: unsafe { libc::geteuid() } == 0,
+            default_permissions: true,
+            kernel: Vec::new(),
+            commit_secs: 5,
+            cache_blocks: 16384,
+            threads: 4,
+            dirty_limit: crate::fs::writeback::DEFAULT_DIRTY_LIMIT,
+            atime: crate::fs::AtimePolicy::Relative,
+            dir_atime: true,
+            remount: false,
+            writeback_cache: false,
+            readahead: DEFAULT_READAHEAD,
+            treelog: true,
+            subvolume: crate::fs::Shown::Default,
+            log_replay: true,
+        }
+    }
+}
+
+impl MountOptions {
+    /// Parses a comma-separated list; an unknown option is an error.
+    pub fn parse(s: &str) -> Result<MountOptions> {
+        let mut o = MountOptions::default();
+        for opt in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            let (name, value) = opt
+                .split_once('=')
+                .map_or((opt, None), |(n, v)| (n, Some(v)));
+            if !o.generic_option(name) && !o.canopy_option(opt, name, value)? {
+                return Err(Error::Invalid(format!("unknown mount option '{opt}'")));
+            }
+        }
+        if !o.log_replay && !o.read_only {
+            return Err(Error::Invalid(
+                "nologreplay needs ro: a writable mount would commit over the fsync log \
+                 (use 'canopy rescue zero-log' to drop it)"
+                    .into(),
+            ));
+        }
+        Ok(o)
+    }
+
+    /// Applies one of mount(8)'s generic options, or one FUSE or an LSM
+    /// passes; false if `name` is none of them.
+    fn generic_option(&mut self, name: &str) -> bool {
+        let o = self;
+        match name {
+            "ro" => o.read_only = true,
+            "remount" => o.remount = true,
+            "rw" => o.read_only = false,
+            "allow_other" => o.allow_other = true,
+            "default_permissions" => o.default_permissions = true,
+            "noatime" => {
+                o.atime = crate::fs::AtimePolicy::Never;
+                o.kernel.push(name.to_string());
+            }
+            "strictatime" => {
+                o.atime = crate::fs::AtimePolicy::Strict;
+                o.kernel.push(name.to_string());
+            }
+            "relatime" | "atime" | "norelatime" | "nostrictatime" => {
+                o.atime = crate::fs::AtimePolicy::Relative
+            }
+            "nodiratime" => {
+                o.dir_atime = false;
+                o.kernel.push(name.to_string());
+            }
+            "diratime" => o.dir_atime = true,
+            "nodev" | "dev" | "nosuid" | "suid" | "noexec" | "exec" | "sync" | "async"
+            | "dirsync" | "lazytime" | "nolazytime" | "nosymfollow" | "symfollow" => {
+                o.kernel.push(name.to_string())
+            }
+            // Generic options with nothing to do here: Canopy keeps an
+            // inode version in every change anyway (iversion), mandatory
+            // locks are gone from Linux, and the rest are mount(8)'s or
+            // an LSM's.
+            "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "nouser"
+            | "users"
+            | "owner"
+            | "group"
+            | "_netdev"
+            | "nofail"
+            | "iversion"
+            | "noiversion"
+            | "mand"
+            | "nomand"
+            | "silent"
+            | "loud"
+            | "context"
+            | "fscontext"
+            | "defcontext"
+            | "rootcontext"
+            | "x-systemd.automount" => {}
+            _ if name.starts_with("x-") || name.starts_with("comment") => {}
+            // FUSE's own, which Canopy sets itself; mount(8) passes them
+            // back from /proc/mounts on a remount.
+            "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fsname" | "subtype" => {
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Applies one of Canopy's own options; false if `name` is none of
+    /// them, an error if its value is wrong.
+    fn canopy_option(&mut self, opt: &str, name: &str, value: Option<&str>) -> Result<bool> {
+        let o = self;
+        let num = |v: Option<&str>| -> Result<u64> {
+            v.and_then(|v| v.parse().ok())
+                .ok_or_else(|| Error::Invalid(format!("option {name} needs a number")))
+        };
+        match name {
+            "nologreplay" => o.log_replay = false,
+            "rescue" => match value {
+                Some("nologreplay") => o.log_replay = false,
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "unknown rescue option in '{opt}' (Canopy has rescue=nologreplay)"
+                    )))
+                }
+            },
+            "writeback_cache" => o.writeback_cache = true,
+            "treelog" => o.treelog = true,
+            "notreelog" => o.treelog = false,
+            "no_writeback_cache" => o.writeback_cache = false,
+            "subvol" => {
+                let v = value.ok_or_else(|| Error::Invalid("subvol needs a path".into()))?;
+                o.subvolume = crate::fs::Shown::Path(v.as_bytes().to_vec());
+            }
+            "subvolid" => o.subvolume = crate::fs::Shown::Id(num(value)?),
+            "commit" => o.commit_secs = num(value)?.max(1),
+            "cache_blocks" => o.cache_blocks = num(value)? as usize,
+            "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
+            "readahead" => {
+                let v = value.ok_or_else(|| Error::Invalid("readahead needs a size".into()))?;
+                o.readahead = crate::units::parse_size(v).map_err(Error::Invalid)?;
+            }
+            "dirty_limit" => {
+                let v = value.ok_or_else(|| Error::Invalid("dirty_limit needs a size".into()))?;
+                o.dirty_limit = crate::units::parse_size(v)
+                    .map_err(Error::Invalid)?
+                    .max(4096);
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    pub(super) fn fuser_config(&self, source: &str) -> Config {
+        let mut c = Config::default();
+        c.mount_options = vec![
+            MountOption::FSName(source.to_string()),
+            MountOption::Subtype("canopy".into()),
+            if self.read_only {
+                MountOption::RO
+            } else {
+                MountOption::RW
+            },
+        ];
+        if self.default_permissions {
+            c.mount_options.push(MountOption::DefaultPermissions);
+        }
+        for k in &self.kernel {
+            c.mount_options.push(match k.as_str() {
+                "nodev" => MountOption::NoDev,
+                "dev" => MountOption::Dev,
+                "nosuid" => MountOption::NoSuid,
+                "suid" => MountOption::Suid,
+                "noexec" => MountOption::NoExec,
+                "exec" => MountOption::Exec,
+                "noatime" => MountOption::NoAtime,
+                "atime" => MountOption::Atime,
+                "sync" => MountOption::Sync,
+                "async" => MountOption::Async,
+                "dirsync" => MountOption::DirSync,
+                other => MountOption::CUSTOM(other.to_string()),
+            });
+        }
+        if self.allow_other {
+            c.acl = fuser::SessionACL::All;
+        }
+        c.n_threads = Some(self.threads);
+        c.clone_fd = true;
+        c
+    }
+}
