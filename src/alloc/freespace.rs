@@ -18,11 +18,40 @@ pub struct FreeIndex {
     by_start: BTreeMap<u64, u64>,
     by_len: BTreeSet<(u64, u64)>,
     total: u64,
+    /// For each tree block size (4 KiB << i), the bytes of whole blocks
+    /// the free extents hold: a tree block fits in no hole smaller than
+    /// itself, however many free bytes there are.
+    whole: [u64; BLOCK_SIZES],
 }
+
+/// Tree block sizes tracked by [`FreeIndex::whole_blocks`]: 4 KiB to 64 KiB.
+const BLOCK_SIZES: usize = 5;
+const SMALLEST_BLOCK: u64 = 4096;
 
 impl FreeIndex {
     pub fn total(&self) -> u64 {
         self.total
+    }
+
+    /// Free bytes in whole `block`-sized pieces (`block` a power of two
+    /// from 4 KiB to 64 KiB; any other size counts every extent).
+    pub fn whole_blocks(&self, block: u64) -> u64 {
+        match Self::size_index(block) {
+            Some(i) => self.whole[i],
+            None => self.iter().map(|(_, l)| l / block.max(1) * block).sum(),
+        }
+    }
+
+    fn size_index(block: u64) -> Option<usize> {
+        (0..BLOCK_SIZES).find(|&i| SMALLEST_BLOCK << i == block)
+    }
+
+    fn count_whole(&mut self, len: u64, add: bool) {
+        for (i, w) in self.whole.iter_mut().enumerate() {
+            let b = SMALLEST_BLOCK << i;
+            let bytes = len / b * b;
+            *w = if add { *w + bytes } else { *w - bytes };
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -41,12 +70,14 @@ impl FreeIndex {
         self.by_start.insert(start, len);
         self.by_len.insert((len, start));
         self.total += len;
+        self.count_whole(len, true);
     }
 
     fn remove_raw(&mut self, start: u64, len: u64) {
         self.by_start.remove(&start);
         self.by_len.remove(&(len, start));
         self.total -= len;
+        self.count_whole(len, false);
     }
 
     /// The free extent containing `at`, if any.

@@ -59,6 +59,10 @@ pub struct Claims {
     pub data: u64,
     pub metadata: u64,
     pub system: u64,
+    /// The tree block size metadata and system claims are made of (0:
+    /// count bytes only). In mixed groups only whole blocks of it count
+    /// toward them: holes data left smaller than a tree block hold none.
+    pub block: u64,
 }
 
 /// How the device is carved into groups, per kind (`canopy filesystem
@@ -500,7 +504,14 @@ impl Allocator {
     fn shortfalls(&self, c: &Claims) -> [(GroupKind, u64); 3] {
         if self.mixed {
             let want = c.data + c.metadata + c.system;
-            let short = want.saturating_sub(self.free_in(GroupKind::Mixed));
+            let mut short = want.saturating_sub(self.free_in(GroupKind::Mixed));
+            if c.block > u64::from(crate::format::SECTORSIZE) {
+                let room: u64 = self
+                    .writable_groups(GroupKind::Mixed)
+                    .map(|g| g.free.whole_blocks(c.block))
+                    .sum();
+                short = short.max((c.metadata + c.system).saturating_sub(room));
+            }
             return [
                 (GroupKind::Mixed, short),
                 (GroupKind::Data, 0),

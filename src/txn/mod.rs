@@ -36,7 +36,7 @@ pub use flight::{DataDevice, Flight, Flusher};
 pub use log::{DroppedRoot, LogVerdict, SkippedInode};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
-    MIN_DEVICE_BYTES,
+    MIN_DEVICE_BYTES, MIXED_BELOW_BYTES,
 };
 pub use space::{Need, DELETE_MARGIN_BLOCKS, EXTENT_ITEMS_BYTES};
 

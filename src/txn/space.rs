@@ -191,6 +191,7 @@ impl State {
             data: buffered + need.data,
             metadata: (commit_meta + op + margin) * ns,
             system: commit_sys * ns,
+            block: ns,
         }
     }
 

@@ -13,9 +13,10 @@ pub struct Args {
     /// grown (sparsely).
     #[arg(short = 's', long, value_parser = crate::parse_size)]
     size: Option<u64>,
-    /// Tree block size in bytes: a power of two from 4096 to 65536.
-    #[arg(short = 'n', long, default_value_t = canopy::format::DEFAULT_NODESIZE)]
-    nodesize: u32,
+    /// Tree block size in bytes: a power of two from 4096 to 65536
+    /// (default 16384; 4096 with mixed groups, which need it).
+    #[arg(short = 'n', long)]
+    nodesize: Option<u32>,
     /// Filesystem label (up to 255 bytes).
     #[arg(short = 'L', long, default_value = "")]
     label: String,
@@ -79,6 +80,24 @@ pub fn run(a: Args) -> Result<()> {
     r
 }
 
+/// The tree block size: as asked, or the default. Mixed groups need tree
+/// blocks of one sector (as btrfs requires): data is allocated sector by
+/// sector there, and on a nearly full image the holes it leaves between
+/// extents would hold no larger tree block although the free bytes add
+/// up, so a commit could find no room that the reservations promised.
+fn nodesize_for(asked: Option<u32>, mixed: bool) -> Result<u32> {
+    let sector = canopy::format::SECTORSIZE;
+    match (asked, mixed) {
+        (Some(n), true) if n != sector => bail!(
+            "mixed block groups (the default below 1 GiB) need --nodesize {sector}; \
+             use --no-mixed for larger tree blocks"
+        ),
+        (Some(n), _) => Ok(n),
+        (None, true) => Ok(sector),
+        (None, false) => Ok(canopy::format::DEFAULT_NODESIZE),
+    }
+}
+
 fn format_image(a: &Args, exists: bool) -> Result<()> {
     let dev = FileDevice::open(&a.image, false, true)?;
     if let Some(size) = a.size {
@@ -94,15 +113,16 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
             );
         }
     }
+    let mixed = match (a.mixed, a.no_mixed) {
+        (true, _) => true,
+        (_, true) => false,
+        _ => dev.size() < canopy::txn::MIXED_BELOW_BYTES,
+    };
     let opts = FormatOptions {
-        nodesize: a.nodesize,
+        nodesize: nodesize_for(a.nodesize, mixed)?,
         label: a.label.clone(),
         fsid: None,
-        mixed: match (a.mixed, a.no_mixed) {
-            (true, _) => Some(true),
-            (_, true) => Some(false),
-            _ => None,
-        },
+        mixed: Some(mixed),
     };
     let dev: Arc<dyn Device> = Arc::new(dev);
     let engine = Arc::new(
@@ -127,7 +147,7 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
         );
         println!("  uuid:      {}", format_uuid(&fsid));
         println!("  size:      {} bytes", dev.size());
-        println!("  nodesize:  {}", a.nodesize);
+        println!("  nodesize:  {}", opts.nodesize);
         println!(
             "  groups:    {}",
             if mixed {
