@@ -395,6 +395,10 @@ impl Engine {
             }
             f.changed.notify_all();
             if self.check_alive().is_err() {
+                // The state lock comes before the count everywhere else:
+                // let go of the count first, or a flush holding the state
+                // lock and asking for the count would wait on us forever.
+                drop(c);
                 return crate::sync::write(&self.state);
             }
         }
