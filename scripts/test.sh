@@ -34,13 +34,14 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
         echo "crash_campaign postgres (PostgreSQL is not installed)" >> "$skipped"
     fi
     cargo build --release --locked
-    # Four rounds per client: 4G fresh, 4G full, twice 512M fresh.
+    # Four rounds per client: 4 GiB (split groups) and 512 MiB (mixed),
+    # each fresh and 85% full.
     rounds=${CANOPY_CRASH_ROUNDS:-1}
     campaign=(python3 scripts/crash_campaign.py "${clients[@]}" --cycles 2
         --keep-dir target/tmp/crash-keep)
     "${campaign[@]}" --rounds "$rounds" --size 4G --fill 0 --fill 0.85 \
         --json target/tmp/crash-campaign-4g.json
-    "${campaign[@]}" --rounds $((2 * rounds)) --size 512M --fill 0 \
+    "${campaign[@]}" --rounds "$rounds" --size 512M --fill 0 --fill 0.85 \
         --json target/tmp/crash-campaign-512m.json
 else
     if [ "${CANOPY_REQUIRE_ALL:-}" = 1 ]; then
