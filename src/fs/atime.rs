@@ -56,6 +56,7 @@ impl Subvol {
     /// stay older than its mtime, and "read since it changed?" would be
     /// answered wrongly. `strictatime` opens bypass the page cache
     /// instead, so every read comes here.
+    ///
     /// Returns whether it changed the atime (the kernel's copy of the
     /// attributes is then stale).
     pub(crate) fn opened_to_read(&self, ino: u64) -> bool {
