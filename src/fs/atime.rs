@@ -49,42 +49,41 @@ pub(crate) fn needs_update(policy: AtimePolicy, i: &InodeItem, now: Timespec) ->
 }
 
 impl Subvol {
-    /// Under `relatime`, records the access an open for reading announces
-    /// when one is due. The kernel serves reads of cached pages itself
-    /// (kept from one open to the next), so a file read again after a
-    /// change may never send a read here: without this its atime would
-    /// stay older than its mtime, and "read since it changed?" would be
-    /// answered wrongly. `strictatime` opens bypass the page cache
-    /// instead, so every read comes here.
-    ///
-    /// Returns whether it changed the atime (the kernel's copy of the
-    /// attributes is then stale).
-    pub(crate) fn opened_to_read(&self, ino: u64) -> bool {
-        if self.atime_policy() != AtimePolicy::Relative {
+    /// Under `relatime`, whether a regular file opened for reading is due
+    /// to record its next access. The kernel serves reads of cached pages
+    /// itself (kept from one open to the next), so a file read again
+    /// after a change might never send a read here, its atime would stay
+    /// older than its mtime, and "read since it changed?" would be
+    /// answered wrongly: such an open drops the cached pages, so its
+    /// read comes here and records the access. That happens once per
+    /// change (or day), and costs nothing on a cold read, whose pages are
+    /// not cached anyway. `strictatime` opens bypass the page cache.
+    pub(crate) fn access_due_at_open(&self, ino: u64) -> bool {
+        if self.atime_policy() != AtimePolicy::Relative
+            || self.engine.is_read_only()
+            || self.is_remounted_read_only()
+            || self.is_read_only()
+        {
             return false;
         }
-        match self.engine.read(|r| self.inode_r(r, ino)) {
-            Ok(seen) if seen.mode & libc::S_IFMT == libc::S_IFREG => self.accessed(ino, &seen),
-            Ok(_) => false,
-            Err(e) => {
-                tracing::debug!(ino, error = %e, "atime not checked at open");
-                false
-            }
-        }
+        let seen = self.engine.read(|r| self.inode_r(r, ino));
+        seen.is_ok_and(|i| {
+            i.mode & libc::S_IFMT == libc::S_IFREG
+                && needs_update(AtimePolicy::Relative, &i, Timespec::now())
+        })
     }
 
     /// Records an access of `ino`, whose attributes the caller just read as
-    /// `seen`; returns whether it did. Failing to record one is logged,
-    /// never reported: the read itself succeeded (and a read-only mount
-    /// records nothing).
-    pub(crate) fn accessed(&self, ino: u64, seen: &InodeItem) -> bool {
+    /// `seen`. Failing to record one is logged, never reported: the read
+    /// itself succeeded (and a read-only mount records nothing).
+    pub(crate) fn accessed(&self, ino: u64, seen: &InodeItem) {
         let now = Timespec::now();
         if self.engine.is_read_only()
             || self.is_remounted_read_only()
             || self.is_read_only()
             || !needs_update(self.atime_policy(), seen, now)
         {
-            return false;
+            return;
         }
         let tree = self.tree;
         let r = self.engine.write(|tx| {
@@ -94,10 +93,9 @@ impl Subvol {
             i.atime = now;
             self.save_inode(tx, ino, i)
         });
-        if let Err(e) = &r {
+        if let Err(e) = r {
             tracing::debug!(ino, error = %e, "atime not updated");
         }
-        r.is_ok()
     }
 }
 

@@ -101,11 +101,11 @@ impl Fs {
         }
     }
 
-    /// `node` was opened for reading: under `relatime`, an access time
-    /// that is due is recorded now (see [`Subvol::opened_to_read`]).
-    /// Returns whether it was.
-    pub fn opened_to_read(&self, node: u64) -> bool {
-        self.at(node).is_ok_and(|(sv, ino)| sv.opened_to_read(ino))
+    /// Whether a read of `node`, opened for reading now, is due to record
+    /// an access under `relatime` (see [`Subvol::access_due_at_open`]).
+    pub fn access_due_at_open(&self, node: u64) -> bool {
+        self.at(node)
+            .is_ok_and(|(sv, ino)| sv.access_due_at_open(ino))
     }
 
     /// Releases a handle; the last one of an orphan deletes it.

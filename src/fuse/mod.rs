@@ -165,7 +165,8 @@ impl FuseFs {
     /// reach the daemon, which records the access (the kernel does not
     /// for FUSE, and serves cached pages itself): such files bypass the
     /// page cache (shared mmap still works where the kernel allows it,
-    /// `FUSE_DIRECT_IO_ALLOW_MMAP`).
+    /// `FUSE_DIRECT_IO_ALLOW_MMAP`). Under `relatime` an open whose
+    /// access is due drops the cached pages instead (see `open`).
     fn open_flags(&self) -> FopenFlags {
         match self.fs.atime_policy() {
             crate::fs::AtimePolicy::Strict => FopenFlags::FOPEN_DIRECT_IO,
@@ -450,15 +451,14 @@ impl Filesystem for FuseFs {
         }
         self.fs.open(ino);
         let reading = flags.0 & libc::O_ACCMODE != libc::O_WRONLY;
-        if reading && self.fs.opened_to_read(ino) {
-            // Attributes only (offset -1): no page is touched.
-            if let Some(n) = self.notifier.get() {
-                if let Err(e) = n.inval_inode(self.kernel_node(ino), -1, 0) {
-                    tracing::debug!(ino, error = %e, "could not tell the kernel of an atime");
-                }
-            }
-        }
-        reply.opened(FileHandle(0), self.open_flags());
+        let flags = match self.open_flags() {
+            // The kernel would serve the read from its cached pages and
+            // the access that is due would go unrecorded: drop them (the
+            // read that comes here records it).
+            OPEN_FLAGS if reading && self.fs.access_due_at_open(ino) => FopenFlags::empty(),
+            f => f,
+        };
+        reply.opened(FileHandle(0), flags);
     }
 
     fn release(
