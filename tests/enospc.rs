@@ -555,27 +555,7 @@ fn freed_space_is_usable_before_the_next_commit() {
 /// allocates extents of any length.
 #[test]
 fn fragmented_free_space_takes_large_writes() {
-    let (dev, fs) = format(48 * MIB, 4096, true);
-    let mut names = Vec::new();
-    for i in 0.. {
-        let name = format!("s{i}").into_bytes();
-        let Some(a) = ok_or_full(
-            "create",
-            fs.create(ROOT, &name, libc::S_IFREG | 0o644, 0, ME, None),
-        ) else {
-            break;
-        };
-        if ok_or_full("write", fs.write(a.ino, 0, &[7u8; 12288])).is_none() {
-            break;
-        }
-        names.push(name);
-    }
-    fs.sync().expect("sync");
-    // Every other file goes: free space is now 12 KiB holes.
-    for name in names.iter().step_by(2) {
-        fs.remove(ROOT, name, false).expect("rm");
-    }
-    fs.sync().expect("sync");
+    let (dev, fs) = free_space_in_12k_holes(4096);
     let big = fs
         .create(ROOT, b"big", libc::S_IFREG | 0o644, 0, ME, None)
         .expect("create");
@@ -707,12 +687,11 @@ proptest! {
     }
 }
 
-/// A 48 MiB mixed image of 16 KiB tree blocks whose free space is only
-/// 12 KiB holes: files of 12 KiB fill it and every other one is deleted.
-/// (`canopy mkfs` makes mixed images of 4 KiB tree blocks, where every
-/// hole holds one; images made before, and library users, may not.)
-fn holes_smaller_than_a_tree_block() -> (Arc<MemDevice>, Fs) {
-    let (dev, fs) = format(48 * MIB, 16384, true);
+/// A 48 MiB mixed image of `nodesize` tree blocks whose free space is
+/// only 12 KiB holes: files of 12 KiB fill it and every other one is
+/// deleted.
+fn free_space_in_12k_holes(nodesize: u32) -> (Arc<MemDevice>, Fs) {
+    let (dev, fs) = format(48 * MIB, nodesize, true);
     let mut names = Vec::new();
     for i in 0.. {
         let name = format!("s{i}").into_bytes();
@@ -727,10 +706,17 @@ fn holes_smaller_than_a_tree_block() -> (Arc<MemDevice>, Fs) {
     }
     fs.sync().expect("sync");
     for name in names.iter().step_by(2) {
-        ok_or_full("rm", fs.remove(ROOT, name, false));
+        fs.remove(ROOT, name, false).expect("rm");
     }
     fs.sync().expect("sync");
     (dev, fs)
+}
+
+/// [`free_space_in_12k_holes`] with 16 KiB tree blocks: no hole holds
+/// one. (`canopy mkfs` makes mixed images of 4 KiB tree blocks, where
+/// every hole holds one; images made before, and library users, may not.)
+fn holes_smaller_than_a_tree_block() -> (Arc<MemDevice>, Fs) {
+    free_space_in_12k_holes(16384)
 }
 
 /// The campaign's "the commit ran out of space" (issue 36): free bytes

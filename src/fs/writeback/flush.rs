@@ -81,22 +81,22 @@ enum Started {
 impl super::super::Subvol {
     /// Flushes all of `ino`'s buffered data.
     pub(crate) fn flush_file(&self, ino: u64) -> Result<()> {
-        if self.inodes.get(ino).is_none() {
-            return Ok(());
-        }
-        let held = self.inodes.lock_flush(ino);
-        self.flush_held(ino, &held.inode)
+        self.flush_file_for(ino, Flusher::Writeback)
     }
 
     /// [`Subvol::flush_file`] for fsync(2): it goes ahead of a commit
     /// waiting for other files' flushes, so it waits for its own data
     /// only.
     pub(crate) fn flush_file_for_fsync(&self, ino: u64) -> Result<()> {
+        self.flush_file_for(ino, Flusher::Fsync)
+    }
+
+    fn flush_file_for(&self, ino: u64, who: Flusher) -> Result<()> {
         if self.inodes.get(ino).is_none() {
             return Ok(());
         }
         let held = self.inodes.lock_flush(ino);
-        self.flush_swept(ino, &held.inode, false, Flusher::Fsync)
+        self.flush_swept(ino, &held.inode, false, who)
     }
 
     /// Flushes all of `ino`'s buffered data; the caller holds its flush

@@ -13,7 +13,7 @@ use crate::format::superblock::INCOMPAT_LOG_CHECKED;
 use crate::format::{tree_id, Key, CSUM_OBJECTID};
 use crate::tree::RootPtr;
 use crate::txn::{Reader, Shared, State};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// Reads the log a superblock names and keeps its blocks, and the new data
 /// extents it names, out of the allocator (see [`PendingLog`]).
@@ -195,14 +195,17 @@ fn examine(
     }
     let mut skipped = found.skipped;
     let mut extents = Vec::new();
+    // The same extents, to look up: a log names thousands of them.
+    let mut accepted = HashSet::new();
     let mut inodes = 0;
     for (node, notes) in found.inodes {
         let mut new = Vec::new();
+        let mut named_here = HashSet::new();
         let mut wrong = None;
         for &e in &notes.data_refs {
             match r.extent_at(e)? {
                 ExtentAt::Data => {}
-                ExtentAt::Absent if !extents.contains(&e) && !new.contains(&e) => new.push(e),
+                ExtentAt::Absent if !accepted.contains(&e) && named_here.insert(e) => new.push(e),
                 ExtentAt::Absent => {}
                 ExtentAt::Other => wrong = Some(e),
             }
@@ -218,6 +221,7 @@ fn examine(
             skipped.insert(node, why);
             continue;
         }
+        accepted.extend(new.iter().copied());
         extents.append(&mut new);
         inodes += u64::from(notes.log_inode);
     }
