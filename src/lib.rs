@@ -9,6 +9,7 @@
 //! | [`fs`] | POSIX semantics: inodes, directories, files, subvolumes |
 //! | [`check`], [`scrub`] | the consistency checker; reading back every checksum |
 //! | [`balance`] | emptying block groups while mounted |
+//! | [`engine`] | the engine assembled: the transaction with its mechanisms |
 //! | [`qgroup`] | quota groups and their accounting |
 //! | [`extent`] | reference counts and back-references, delayed refs |
 //! | [`txn`] | the engine: transactions, commit, open and format, the log's storage |
@@ -26,6 +27,7 @@ pub mod balance;
 pub mod cache;
 pub mod check;
 pub mod dev;
+pub mod engine;
 pub mod error;
 pub mod extent;
 pub mod format;

@@ -237,7 +237,7 @@ fn empty_some(tx: &mut Txn<'_>, group: u64, len: u64, used: u64) -> Result<Step>
     tx.reserve(&Need::items(ROOT, 1))?;
     // Extents this transaction moved keep their items until the commit:
     // carry on after them.
-    let from = tx.st.relocate_cursor.clamp(group, group + len);
+    let from = tx.relocate_cursor().clamp(group, group + len);
     let mut extents = extents_in(tx, from, group + len)?;
     if extents.is_empty() {
         if used == 0 {
@@ -248,7 +248,7 @@ fn empty_some(tx: &mut Txn<'_>, group: u64, len: u64, used: u64) -> Result<Step>
     let mut climb = relocate::Climb::default();
     reserve_shrinking(tx, &mut climb, &mut extents)?;
     let plan = plan(tx, &mut climb, extents)?;
-    tx.st.relocate_cursor = plan.end;
+    tx.set_relocate_cursor(plan.end);
     let mut moved = Moved::default();
     for m in plan.moves {
         // Moving an earlier extent can leave this one held by nothing

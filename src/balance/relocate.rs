@@ -15,7 +15,6 @@
 
 use crate::error::{Error, Result};
 use crate::extent::apply::find_extent_item;
-use crate::extent::RefHolder;
 use crate::format::items::{data_ref_of, FileExtentItem};
 use crate::format::key_type::EXTENT_CSUM;
 use crate::format::node::{Body, Node};
@@ -23,6 +22,7 @@ use crate::format::tree_id::{CSUM, EXTENT, LOG};
 use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
 use crate::tree::{BlockRead, BlockWrite, Holder, RootPtr};
 use crate::txn::Txn;
+use crate::txn::{RefHolder, Relocation};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -73,7 +73,7 @@ impl Climb {
                 *out.entry(h).or_insert(0) += n;
             }
         }
-        if let Some(p) = tx.st.refs.pending(bytenr) {
+        if let Some(p) = tx.pending_refs(bytenr) {
             for (&h, &d) in &p.refs {
                 *out.entry(h).or_insert(0) += d;
             }
@@ -111,8 +111,8 @@ impl Climb {
 
 /// The block at `bytenr` as the running transaction has it.
 fn load(tx: &Txn<'_>, bytenr: u64) -> Result<Arc<Node>> {
-    if let Some(n) = tx.st.dirty.get(&bytenr) {
-        return Ok(n.clone());
+    if let Some(n) = tx.dirty_block(bytenr) {
+        return Ok(n);
     }
     let root = tx.root_of(EXTENT)?;
     let (_, item) = find_extent_item(tx, &root, bytenr)?
@@ -124,7 +124,7 @@ fn load(tx: &Txn<'_>, bytenr: u64) -> Result<Arc<Node>> {
 /// copy it made in this transaction, or a block no other tree shares
 /// that this transaction already copied.
 fn writable_in_place(tx: &Txn<'_>, bytenr: u64) -> bool {
-    tx.st.relocated.contains(&bytenr) || tx.is_writable(bytenr)
+    tx.is_relocated(bytenr) || tx.is_writable(bytenr)
 }
 
 /// Copies the block at `bytenr` to a new place (outside read-only
@@ -137,11 +137,7 @@ pub(crate) fn move_block(tx: &mut Txn<'_>, climb: &mut Climb, bytenr: u64) -> Re
     tx.end_copy();
     tx.node_mut(copy)?.body = node.body.clone();
     // Possibly shared by several trees: ordinary changes must copy it.
-    tx.st.frozen.insert(copy);
-    tx.st.relocated.insert(copy);
-    tx.st.changes += 1;
-    let ns = tx.nodesize_bytes() as u64;
-    tx.st.relocations.push((bytenr, copy, ns, false));
+    tx.adopt_relocated_block(bytenr, copy);
     repoint(tx, climb, bytenr, copy, node.level)?;
     climb.moved(bytenr);
     Ok(copy)
@@ -162,7 +158,7 @@ fn repoint(tx: &mut Txn<'_>, climb: &mut Climb, old: u64, new: u64, level: u8) -
     for (holder, _) in climb.holders(tx, old)? {
         match holder {
             RefHolder::TreeRoot(t) if t != LOG => {
-                if tx.st.roots.get(&t).map(|rs| rs.ptr.bytenr) != Some(old) {
+                if tx.root_of(t).ok().map(|r| r.bytenr) != Some(old) {
                     continue;
                 }
                 let ptr = RootPtr {
@@ -170,7 +166,7 @@ fn repoint(tx: &mut Txn<'_>, climb: &mut Climb, old: u64, new: u64, level: u8) -
                     generation: transid,
                     level,
                 };
-                tx.st.set_root(t, ptr);
+                tx.set_root(t, ptr);
                 swap_ref(tx, old, new, Holder::Root(t));
             }
             RefHolder::TreeParent(p) => {
@@ -194,10 +190,10 @@ fn repoint(tx: &mut Txn<'_>, climb: &mut Climb, old: u64, new: u64, level: u8) -
 }
 
 fn swap_ref(tx: &mut Txn<'_>, old: u64, new: u64, holder: Holder) {
-    tx.st.refs.set_copying(true);
-    tx.block_ref(new, holder, 1);
-    tx.block_ref(old, holder, -1);
-    tx.st.refs.set_copying(false);
+    tx.as_copy(|tx| {
+        tx.block_ref(new, holder, 1);
+        tx.block_ref(old, holder, -1);
+    });
 }
 
 /// A data extent's bytes and checksums, read and verified before the
@@ -241,7 +237,12 @@ pub(crate) fn move_data(
 ) -> Result<()> {
     let (bytenr, len) = (copy.bytenr, copy.len());
     let leaves = climb.holders(tx, bytenr)?;
-    tx.st.relocations.push((bytenr, new, len, true));
+    tx.note_relocation(Relocation {
+        from: bytenr,
+        to: new,
+        len,
+        data: true,
+    });
     tx.write_data(new, &copy.buf)?;
     if let Some(s) = copy.sums {
         tx.insert(CSUM, csum_key(new), s)?;
@@ -253,14 +254,14 @@ pub(crate) fn move_data(
         };
         let lw = writable(tx, climb, leaf)?;
         let moved = repoint_items(tx.node_mut(lw)?, bytenr, len, new)?;
-        tx.st.refs.set_copying(true);
-        for _ in 0..moved {
-            tx.data_ref(bytenr, len, lw, -1);
-            tx.data_ref(new, len, lw, 1);
-        }
-        tx.st.refs.set_copying(false);
+        tx.as_copy(|tx| {
+            for _ in 0..moved {
+                tx.data_ref(bytenr, len, lw, -1);
+                tx.data_ref(new, len, lw, 1);
+            }
+        });
     }
-    tx.st.changes += 1;
+    tx.note_change();
     Ok(())
 }
 

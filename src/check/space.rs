@@ -3,13 +3,13 @@
 use super::walk::{Found, QUEUE_HOLDER};
 use super::Report;
 use crate::alloc::{free_ranges_excluding_supers, GroupKind};
-use crate::extent::RefHolder;
 use crate::format::items::{decode_ref_count, BlockGroupItem, ExtentItem};
 use crate::format::key_type::{
     BLOCK_GROUP_ITEM, EXTENT_ITEM, FREE_EXTENT, SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF,
 };
 use crate::format::superblock::Superblock;
 use crate::format::{tree_id, RESERVED_START};
+use crate::txn::RefHolder;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// An extent as the extent tree records it.

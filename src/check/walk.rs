@@ -2,13 +2,13 @@
 
 use super::Report;
 use crate::dev::Device;
-use crate::extent::RefHolder;
 use crate::format::items::{DroppedBlock, FileExtentItem, RootItem};
 use crate::format::key_type::{DROPPED_BLOCK, EXTENT_DATA, ROOT_ITEM};
 use crate::format::node::{Body, Item, Node};
 use crate::format::superblock::Superblock;
 use crate::format::superblock::INCOMPAT_DROP_QUEUE;
 use crate::format::{tree_id, Key, DROP_QUEUE_OBJECTID};
+use crate::txn::RefHolder;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A tree block as found by the walk.

@@ -4,7 +4,6 @@
 //! tree with ordinary tree operations, which may themselves copy blocks and
 //! so add more delayed references; the commit repeats until none are left).
 
-use super::{ExtentKind, PendingExtent, RefHolder};
 use crate::error::{Error, Result};
 use crate::format::items::{
     decode_ref_count, encode_ref_count, ExtentItem, EXTENT_FLAG_DATA, EXTENT_FLAG_TREE_BLOCK,
@@ -13,6 +12,7 @@ use crate::format::key_type::{EXTENT_ITEM, SHARED_BLOCK_REF, SHARED_DATA_REF, TR
 use crate::format::tree_id::EXTENT;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor};
+use crate::txn::{ExtentKind, PendingExtent, RefHolder};
 use std::collections::{BTreeMap, HashMap};
 
 use crate::txn::Txn;
@@ -80,7 +80,7 @@ fn hand_over_released(
             if changes.net() < 0 {
                 work.push(child);
             }
-            super::delayed::merge_pending(batch, child, changes);
+            crate::txn::refs::merge_pending(batch, child, changes);
         }
     }
     Ok(handed)

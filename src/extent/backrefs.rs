@@ -2,12 +2,12 @@
 //! them: the commit's quota accounting and balance both walk from an
 //! extent up through its holders to the trees above it.
 
-use super::RefHolder;
 use crate::error::{Error, Result};
 use crate::format::items::decode_ref_count;
 use crate::format::key_type::{SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF};
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
+use crate::txn::RefHolder;
 use std::ops::ControlFlow;
 
 /// Tree levels a climb may pass before the extent tree is taken for

@@ -22,7 +22,6 @@
 //! The queue is durable, so a drop interrupted by unmount or crash goes on
 //! after the next mount.
 
-use super::RefHolder;
 use crate::error::{Error, Result};
 use crate::format::items::{DroppedBlock, ExtentItem};
 use crate::format::key_type::DROPPED_BLOCK;
@@ -30,7 +29,7 @@ use crate::format::node::Node;
 use crate::format::tree_id::ROOT;
 use crate::format::{Key, DROP_QUEUE_OBJECTID};
 use crate::tree::{BlockRead, BlockWrite, Cursor, RootPtr};
-use crate::txn::{Engine, Need, Txn};
+use crate::txn::{Engine, Need, RefHolder, Txn};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
@@ -39,7 +38,7 @@ use std::sync::Arc;
 /// commit, under the state lock: this keeps a commit's hold to a few ms.
 pub const STEP_BUDGET: u64 = 256;
 
-/// The running transaction's share of drop work.
+/// The running transaction's share of drop work, kept in its slots.
 #[derive(Default)]
 pub struct DropState {
     /// Holders that let go of their references as part of a drop in this
@@ -51,6 +50,20 @@ pub struct DropState {
     active: bool,
     /// Blocks in the queue, as of the running transaction.
     queued: u64,
+}
+
+impl Txn<'_> {
+    /// The running transaction's [`DropState`].
+    pub(crate) fn drop_state(&mut self) -> &mut DropState {
+        self.slots_mut().entry()
+    }
+}
+
+impl Engine {
+    /// Tree blocks of dropped trees still waiting for the cleaner.
+    pub fn queued_drops(&self) -> u64 {
+        self.with_slots(|s| s.get::<DropState>().map_or(0, DropState::queued))
+    }
 }
 
 impl DropState {

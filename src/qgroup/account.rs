@@ -14,7 +14,7 @@ use crate::format::key_type::EXTENT_ITEM;
 use crate::format::tree_id::{self, EXTENT};
 use crate::format::Key;
 use crate::tree::{Cursor, RootPtr};
-use crate::txn::Txn;
+use crate::txn::{Relocation, Txn};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One traced extent: its length, who reached it at the last commit, and
@@ -37,8 +37,8 @@ pub(crate) fn trace(q: &mut Qgroups, bytenr: u64, len: u64, data: bool, owner: u
 /// Brings every group's numbers up to the running transaction and writes
 /// those that changed. Returns whether it wrote anything.
 pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
-    let relocations = std::mem::take(&mut tx.st.relocations);
-    let q = &mut tx.st.qgroups;
+    let relocations = tx.take_relocations();
+    let q = tx.qgroups_mut();
     let traced = std::mem::take(&mut q.traced);
     let clones = std::mem::take(&mut q.clones);
     let created = std::mem::take(&mut q.created);
@@ -72,22 +72,22 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
     let mut status_changed = false;
     let mut counted = full || chained;
     if !counted && (!traced.is_empty() || !clones.is_empty() || !dropped.is_empty()) {
-        let changes = if tx.st.qgroups.parents.is_empty() {
+        let changes = if tx.qgroups().parents.is_empty() {
             let trees = Trees {
                 clones: &clones,
                 created: &created,
                 dropped: &dropped,
             };
-            let mut kept = std::mem::take(&mut tx.st.qgroups.kept);
+            let mut kept = std::mem::take(&mut tx.qgroups_mut().kept);
             let changes = walk_level0(tx, &mut traced, &trees, &mut kept);
-            tx.st.qgroups.kept = kept;
+            tx.qgroups_mut().kept = kept;
             changes?
         } else {
             Some(walk(tx, &traced)?)
         };
         match changes {
             Some(changes) => {
-                let q = &mut tx.st.qgroups;
+                let q = tx.qgroups_mut();
                 give_clones_their_share(q, &clones, &changes);
                 apply(q, &changes)?;
             }
@@ -96,11 +96,11 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
     }
     if counted {
         recount(tx)?;
-        tx.st.qgroups.recounts += 1;
+        tx.qgroups_mut().recounts += 1;
         // A count from scratch is what a rescan would have reached.
-        status_changed = tx.st.qgroups.rescan.take().is_some();
+        status_changed = tx.qgroups_mut().rescan.take().is_some();
     } else if let Some(cursor) = rescan {
-        tx.st.qgroups.rescan = rescan_batch(tx, cursor)?;
+        tx.qgroups_mut().rescan = rescan_batch(tx, cursor)?;
         status_changed = true;
     }
     if status_changed {
@@ -129,9 +129,15 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
 /// image whose groups mix both) was traced with its own length and kind.
 fn trace_both_or_neither(
     mut traced: BTreeMap<u64, (u64, bool)>,
-    relocations: &[(u64, u64, u64, bool)],
+    relocations: &[Relocation],
 ) -> BTreeMap<u64, (u64, bool)> {
-    for &(old, new, len, data) in relocations {
+    for &Relocation {
+        from: old,
+        to: new,
+        len,
+        data,
+    } in relocations
+    {
         if traced.contains_key(&old) || traced.contains_key(&new) {
             traced.entry(old).or_insert((len, data));
             traced.entry(new).or_insert((len, data));
@@ -182,7 +188,7 @@ fn rescan_batch(tx: &mut Txn<'_>, cursor: u64) -> Result<Option<u64>> {
             });
         }
     }
-    apply(&mut tx.st.qgroups, &counted)?;
+    apply(tx.qgroups_mut(), &counted)?;
     Ok(match batch.last() {
         Some(&(bytenr, _, _)) if more => Some(bytenr + 1),
         _ => None,
@@ -198,17 +204,15 @@ fn recount(tx: &mut Txn<'_>) -> Result<()> {
         .map(|t| tx.root_of(t).map(|r| (t, r)))
         .collect::<Result<_>>()?;
     let usage = compute_usage(tx, &trees)?;
-    tx.st.qgroups.set_from_usage(&usage);
+    tx.qgroups_mut().set_from_usage(&usage);
     Ok(())
 }
 
 /// Who reached and who reaches each traced extent (all of them: a
 /// clone's share needs the unchanged ones too).
 fn walk(tx: &Txn<'_>, traced: &BTreeMap<u64, (u64, bool)>) -> Result<Vec<Change>> {
-    let old_root = *tx
-        .st
-        .committed
-        .get(&EXTENT)
+    let old_root = tx
+        .committed_root(EXTENT)
         .ok_or_else(|| Error::corrupt(0, "no committed extent tree"))?;
     let mut old = RootsWalk::new(old_root);
     let mut new = RootsWalk::new(tx.root_of(EXTENT)?);
@@ -251,10 +255,8 @@ fn walk_level0(
     kept: &mut KeptWitnesses,
 ) -> Result<Option<Vec<Change>>> {
     let (clones, created) = (trees.clones, trees.created);
-    let old_extents = *tx
-        .st
-        .committed
-        .get(&EXTENT)
+    let old_extents = tx
+        .committed_root(EXTENT)
         .ok_or_else(|| Error::corrupt(0, "no committed extent tree"))?;
     // Trees that may reach something differently from the last commit.
     let mut changed: BTreeSet<u64> = created.clone();
@@ -276,7 +278,7 @@ fn walk_level0(
         // A tree made and deleted in this transaction has neither.
         if let Ok(now) = tx.root_of(t) {
             new_roots.insert(t, now);
-            if let Some(&then) = tx.st.committed.get(&t) {
+            if let Some(then) = tx.committed_root(t) {
                 old_roots.insert(t, then);
             }
         }
@@ -285,7 +287,7 @@ fn walk_level0(
         &changed,
         (old_extents, old_roots),
         (tx.root_of(EXTENT)?, new_roots),
-        &tx.st.committed,
+        tx.committed_roots(),
         kept,
         tx.transid(),
     );
@@ -297,7 +299,7 @@ fn walk_level0(
     }
     let mut out = Vec::with_capacity(traced.len());
     for (&bytenr, &(len, data)) in traced.iter() {
-        let made = tx.st.refs.is_new(bytenr);
+        let made = tx.is_new_extent(bytenr);
         let (old, new) = reach.change(tx, bytenr, data, made)?;
         out.push(Change { len, old, new });
     }

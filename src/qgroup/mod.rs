@@ -40,12 +40,18 @@
 //! subvolume until the commit that accounts them, and an operation that
 //! would pass a limit fails with EDQUOT before it changes anything.
 //! Deleting never checks.
+//!
+//! The transaction keeps the groups in its slots and calls [`Quota`] at
+//! its fixed points (reservations, tree creation and drops, each commit).
 
 pub(crate) mod account;
 pub(crate) mod ops;
 pub mod roots;
 
 pub use roots::{compute_usage, Roots, Usage};
+
+use crate::txn::{Mechanism, Reader, Slots, Txn};
+use std::sync::LazyLock;
 
 use crate::error::{Error, Result};
 use crate::format::key_type::{QGROUP_INFO, QGROUP_LIMIT, QGROUP_RELATION, QGROUP_STATUS};
@@ -357,13 +363,71 @@ impl Qgroups {
     }
 }
 
+/// The quota groups in `slots`: none enabled until a mechanism put them
+/// there (a newly formatted image).
+fn ledger(slots: &Slots) -> &Qgroups {
+    static NONE: LazyLock<Qgroups> = LazyLock::new(Qgroups::default);
+    slots.get::<Qgroups>().unwrap_or(&NONE)
+}
+
+impl Reader<'_> {
+    /// The quota groups as the running transaction has them.
+    pub fn qgroups(&self) -> &Qgroups {
+        ledger(self.slots())
+    }
+}
+
+/// Quota groups at the transaction's fixed points.
+pub struct Quota;
+
+impl Mechanism for Quota {
+    fn open(&self, r: &Reader<'_>, slots: &mut Slots) -> Result<()> {
+        if r.tree_exists(QUOTA) {
+            slots.set(Qgroups::load(r, &r.root(QUOTA)?)?);
+        }
+        Ok(())
+    }
+
+    fn account(&self, tx: &mut Txn<'_>) -> Result<bool> {
+        account::run(tx)
+    }
+
+    fn tree_created(&self, tx: &mut Txn<'_>, id: u64) -> Result<()> {
+        ops::tree_created(tx, id)
+    }
+
+    fn tree_cloned(&self, tx: &mut Txn<'_>, src: u64, dst: u64) -> Result<()> {
+        ops::tree_cloned(tx, src, dst)
+    }
+
+    fn tree_dropped(&self, tx: &mut Txn<'_>, id: u64) -> Result<()> {
+        ops::tree_dropped(tx, id)
+    }
+
+    fn admit(&self, slots: &Slots, tree: u64, referenced: u64, exclusive: u64) -> Result<()> {
+        ledger(slots).check_limits(tree, referenced, exclusive)
+    }
+
+    fn data_held(&self, slots: &mut Slots, tree: u64, bytes: u64) {
+        slots.entry::<Qgroups>().hold(tree, bytes);
+    }
+
+    fn data_released(&self, slots: &mut Slots, tree: u64, bytes: u64) {
+        slots.entry::<Qgroups>().release(tree, bytes);
+    }
+
+    fn extent_changed(&self, slots: &mut Slots, bytenr: u64, len: u64, data: bool, owner: u64) {
+        account::trace(slots.entry(), bytenr, len, data, owner);
+    }
+}
+
 /// Writes the numbers of every group that changed (at commit).
 pub(crate) fn write_dirty(tx: &mut crate::txn::Txn<'_>) -> Result<bool> {
-    let dirty = std::mem::take(&mut tx.st.qgroups.dirty);
+    let dirty = std::mem::take(&mut tx.qgroups_mut().dirty);
     let generation = tx.transid();
     let mut did = false;
     for q in dirty {
-        let Some(g) = tx.st.qgroups.groups.get(&q).copied() else {
+        let Some(g) = tx.qgroups().groups.get(&q).copied() else {
             continue;
         };
         let info = QgroupInfo {

@@ -17,12 +17,18 @@ fn not_enabled() -> Error {
 }
 
 impl Txn<'_> {
+    /// The quota groups as the running transaction has them.
     pub fn qgroups(&self) -> &Qgroups {
-        &self.st.qgroups
+        super::ledger(self.slots())
+    }
+
+    /// The quota groups, to change them.
+    pub(crate) fn qgroups_mut(&mut self) -> &mut Qgroups {
+        self.slots_mut().entry()
     }
 
     fn quota_on(&self) -> Result<()> {
-        if self.st.qgroups.enabled {
+        if self.qgroups().enabled {
             Ok(())
         } else {
             Err(not_enabled())
@@ -32,7 +38,7 @@ impl Txn<'_> {
     /// Turns quotas on: a group for every subvolume, counted from scratch
     /// at the next commit.
     pub fn quota_enable(&mut self) -> Result<()> {
-        if self.st.qgroups.enabled {
+        if self.qgroups().enabled {
             return Ok(());
         }
         let status = QgroupStatus {
@@ -42,7 +48,7 @@ impl Txn<'_> {
             rescan: 0,
         };
         self.put(QUOTA, status_key(), status.encode())?;
-        self.st.qgroups = Qgroups {
+        *self.qgroups_mut() = Qgroups {
             enabled: true,
             full: true,
             ..Qgroups::default()
@@ -64,7 +70,7 @@ impl Txn<'_> {
         for (k, _) in items {
             self.delete(QUOTA, &k)?;
         }
-        self.st.qgroups = Qgroups::default();
+        *self.qgroups_mut() = Qgroups::default();
         Ok(())
     }
 
@@ -74,7 +80,7 @@ impl Txn<'_> {
     /// done the numbers cover the extents below the rescan's cursor.
     pub fn quota_rescan(&mut self) -> Result<()> {
         self.quota_on()?;
-        let q = &mut self.st.qgroups;
+        let q = self.qgroups_mut();
         for (&id, g) in q.groups.iter_mut() {
             g.referenced = 0;
             g.exclusive = 0;
@@ -99,7 +105,7 @@ impl Txn<'_> {
                 "level-0 groups come and go with their subvolumes".into(),
             ));
         }
-        if self.st.qgroups.groups.contains_key(&q) {
+        if self.qgroups().groups.contains_key(&q) {
             return Err(Error::Exists);
         }
         add_group(self, q)
@@ -108,13 +114,13 @@ impl Txn<'_> {
     /// Removes a group of level 1 or higher that holds no other group.
     pub fn qgroup_destroy(&mut self, q: u64) -> Result<()> {
         self.quota_on()?;
-        if !self.st.qgroups.groups.contains_key(&q) {
+        if !self.qgroups().groups.contains_key(&q) {
             return Err(Error::NotFound);
         }
         if level_of(q) == 0 && self.tree_exists(crate::format::qgroup::id_of(q)) {
             return Err(Error::Posix(libc::EBUSY, "the subvolume still exists"));
         }
-        if self.st.qgroups.parents.values().any(|ps| ps.contains(&q)) {
+        if self.qgroups().parents.values().any(|ps| ps.contains(&q)) {
             return Err(Error::Posix(
                 libc::ENOTEMPTY,
                 "the group holds other groups",
@@ -126,12 +132,12 @@ impl Txn<'_> {
     /// Makes group `child` a member of the higher group `parent`.
     pub fn qgroup_assign(&mut self, child: u64, parent: u64) -> Result<()> {
         self.check_relation(child, parent)?;
-        if self.st.qgroups.ancestors(child).contains(&parent) {
+        if self.qgroups().ancestors(child).contains(&parent) {
             // Directly or through another group: counted once either way.
             return Err(Error::Exists);
         }
         add_relation(self, child, parent)?;
-        self.st.qgroups.full = true;
+        self.qgroups_mut().full = true;
         Ok(())
     }
 
@@ -139,8 +145,7 @@ impl Txn<'_> {
     pub fn qgroup_remove(&mut self, child: u64, parent: u64) -> Result<()> {
         self.check_relation(child, parent)?;
         let held = self
-            .st
-            .qgroups
+            .qgroups()
             .parents
             .get(&child)
             .is_some_and(|p| p.contains(&parent));
@@ -148,13 +153,13 @@ impl Txn<'_> {
             return Err(Error::NotFound);
         }
         remove_relation(self, child, parent)?;
-        self.st.qgroups.full = true;
+        self.qgroups_mut().full = true;
         Ok(())
     }
 
     fn check_relation(&self, child: u64, parent: u64) -> Result<()> {
         self.quota_on()?;
-        let groups = &self.st.qgroups.groups;
+        let groups = &self.qgroups().groups;
         if !groups.contains_key(&child) || !groups.contains_key(&parent) {
             return Err(Error::NotFound);
         }
@@ -169,7 +174,7 @@ impl Txn<'_> {
     /// Sets or clears group `q`'s limits.
     pub fn qgroup_limit(&mut self, q: u64, limit: QgroupLimit) -> Result<()> {
         self.quota_on()?;
-        let Some(g) = self.st.qgroups.groups.get_mut(&q) else {
+        let Some(g) = self.qgroups_mut().groups.get_mut(&q) else {
             return Err(Error::NotFound);
         };
         g.limit = limit;
@@ -186,20 +191,19 @@ impl Txn<'_> {
     /// Checks limits for `referenced` and `exclusive` more bytes in
     /// subvolume `tree` (reflinks: see `Need::shared`).
     pub fn qgroup_check(&self, tree: u64, referenced: u64, exclusive: u64) -> Result<()> {
-        self.st.qgroups.check_limits(tree, referenced, exclusive)
+        self.qgroups().check_limits(tree, referenced, exclusive)
     }
 }
 
 fn add_group(tx: &mut Txn<'_>, q: u64) -> Result<()> {
     tx.insert(QUOTA, info_key(q), QgroupInfo::default().encode())?;
-    tx.st.qgroups.groups.insert(q, Group::default());
+    tx.qgroups_mut().groups.insert(q, Group::default());
     Ok(())
 }
 
 fn remove_group(tx: &mut Txn<'_>, q: u64) -> Result<()> {
     let parents: Vec<u64> = tx
-        .st
-        .qgroups
+        .qgroups()
         .parents
         .get(&q)
         .map(|p| p.iter().copied().collect())
@@ -209,16 +213,15 @@ fn remove_group(tx: &mut Txn<'_>, q: u64) -> Result<()> {
     }
     tx.delete(QUOTA, &info_key(q))?;
     if tx
-        .st
-        .qgroups
+        .qgroups()
         .groups
         .get(&q)
         .is_some_and(|g| !g.limit.is_none())
     {
         tx.delete(QUOTA, &limit_key(q))?;
     }
-    tx.st.qgroups.groups.remove(&q);
-    tx.st.qgroups.dirty.remove(&q);
+    tx.qgroups_mut().groups.remove(&q);
+    tx.qgroups_mut().dirty.remove(&q);
     Ok(())
 }
 
@@ -226,8 +229,7 @@ fn add_relation(tx: &mut Txn<'_>, child: u64, parent: u64) -> Result<()> {
     for k in relation_keys(child, parent) {
         tx.insert(QUOTA, k, Vec::new())?;
     }
-    tx.st
-        .qgroups
+    tx.qgroups_mut()
         .parents
         .entry(child)
         .or_default()
@@ -239,10 +241,10 @@ fn remove_relation(tx: &mut Txn<'_>, child: u64, parent: u64) -> Result<()> {
     for k in relation_keys(child, parent) {
         tx.delete(QUOTA, &k)?;
     }
-    if let Some(ps) = tx.st.qgroups.parents.get_mut(&child) {
+    if let Some(ps) = tx.qgroups_mut().parents.get_mut(&child) {
         ps.remove(&parent);
         if ps.is_empty() {
-            tx.st.qgroups.parents.remove(&child);
+            tx.qgroups_mut().parents.remove(&child);
         }
     }
     Ok(())
@@ -265,12 +267,12 @@ pub fn items_for_subvolume(q: &Qgroups, source: Option<u64>) -> u64 {
 
 /// A new fs tree `id` (an empty subvolume) gets its group.
 pub(crate) fn tree_created(tx: &mut Txn<'_>, id: u64) -> Result<()> {
-    if !tx.st.qgroups.enabled || !tree_id::is_shareable(id) {
+    if !tx.qgroups().enabled || !tree_id::is_shareable(id) {
         return Ok(());
     }
-    tx.st.qgroups.created.insert(id);
+    tx.qgroups_mut().created.insert(id);
     let q = subvol_group(id);
-    if tx.st.qgroups.groups.contains_key(&q) {
+    if tx.qgroups().groups.contains_key(&q) {
         // Left by a subvolume of that id whose group was kept.
         return remove_group(tx, q).and_then(|()| add_group(tx, q));
     }
@@ -281,14 +283,13 @@ pub(crate) fn tree_created(tx: &mut Txn<'_>, id: u64) -> Result<()> {
 /// `src`'s, and the commit gives it `src`'s numbers (see the module
 /// essay).
 pub(crate) fn tree_cloned(tx: &mut Txn<'_>, src: u64, dst: u64) -> Result<()> {
-    if !tx.st.qgroups.enabled {
+    if !tx.qgroups().enabled {
         return Ok(());
     }
     tree_created(tx, dst)?;
-    tx.st.qgroups.created.remove(&dst);
+    tx.qgroups_mut().created.remove(&dst);
     let parents: Vec<u64> = tx
-        .st
-        .qgroups
+        .qgroups()
         .parents
         .get(&subvol_group(src))
         .map(|p| p.iter().copied().collect())
@@ -296,7 +297,7 @@ pub(crate) fn tree_cloned(tx: &mut Txn<'_>, src: u64, dst: u64) -> Result<()> {
     for p in parents {
         add_relation(tx, subvol_group(dst), p)?;
     }
-    tx.st.qgroups.clones.push((src, dst));
+    tx.qgroups_mut().clones.push((src, dst));
     Ok(())
 }
 
@@ -305,15 +306,15 @@ pub(crate) fn tree_cloned(tx: &mut Txn<'_>, src: u64, dst: u64) -> Result<()> {
 /// the last commit; one made or cloned in this transaction has none to
 /// start from, and the commit counts from scratch).
 pub(crate) fn tree_dropped(tx: &mut Txn<'_>, id: u64) -> Result<()> {
-    if !tx.st.qgroups.enabled {
+    if !tx.qgroups().enabled {
         return Ok(());
     }
     let q = subvol_group(id);
-    if tx.st.qgroups.groups.contains_key(&q) {
+    if tx.qgroups().groups.contains_key(&q) {
         remove_group(tx, q)?;
     }
-    let then = tx.st.committed.get(&id).copied();
-    let qg = &mut tx.st.qgroups;
+    let then = tx.committed_root(id);
+    let qg = tx.qgroups_mut();
     qg.pending.remove(&id);
     let made_here = qg.created.contains(&id) || qg.clones.iter().any(|&(s, d)| s == id || d == id);
     match then {
@@ -326,7 +327,7 @@ pub(crate) fn tree_dropped(tx: &mut Txn<'_>, id: u64) -> Result<()> {
 /// Writes the status item as the quota state has it (on, and where a
 /// rescan has got to).
 pub(crate) fn write_status(tx: &mut Txn<'_>) -> Result<()> {
-    let rescan = tx.st.qgroups.rescan;
+    let rescan = tx.qgroups().rescan;
     let status = QgroupStatus {
         version: 1,
         generation: tx.transid(),

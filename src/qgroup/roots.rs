@@ -17,13 +17,14 @@
 
 use crate::cache::{BlockMap, BlockSet};
 use crate::error::{Error, Result};
-use crate::extent::{backrefs, check_climb, for_each_backref, RefHolder};
+use crate::extent::{backrefs, check_climb, for_each_backref};
 use crate::format::items::{data_ref_of, ExtentItem};
 use crate::format::key_type::EXTENT_ITEM;
 use crate::format::node::Node;
 use crate::format::tree_id;
 use crate::format::Key;
 use crate::tree::{BlockRead, Cursor, RootPtr};
+use crate::txn::RefHolder;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;

@@ -5,7 +5,7 @@ use super::{persist, Engine, State, Txn};
 use crate::cache::BlockMap;
 use crate::error::{Error, Result};
 use crate::format::node::Node;
-use crate::format::superblock::{Superblock, INCOMPAT_DROP_QUEUE};
+use crate::format::superblock::Superblock;
 use crate::format::{tree_id, SUPER_OFFSETS, SUPER_SIZE};
 use std::sync::Arc;
 
@@ -185,7 +185,11 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     let mut tx = Txn::new(st, sh);
     settle(&mut tx)?;
     // Accounting writes quota items, which the indexes must follow.
-    if crate::qgroup::account::run(&mut tx)? {
+    let mut accounted = false;
+    for m in tx.st.mechanisms {
+        accounted |= m.account(&mut tx)?;
+    }
+    if accounted {
         settle(&mut tx)?;
     }
     st.refs.end_transaction();
@@ -213,15 +217,12 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     sb.root_generation = root.generation;
     sb.root_level = root.level;
     sb.bytes_used = st.alloc.bytes_used();
-    sb.incompat = if st.drop.queued() > 0 {
-        sb.incompat | INCOMPAT_DROP_QUEUE
-    } else {
-        sb.incompat & !INCOMPAT_DROP_QUEUE
-    };
+    for m in st.mechanisms {
+        m.sealed(&mut st.slots, &mut sb);
+    }
     st.sb = sb.clone();
     st.transid += 1;
     st.alloc.groups_committed();
-    st.drop.start_transaction();
     let pinned = st.alloc.take_pinned();
     let retired = std::mem::take(&mut st.retired);
     crate::sync::lock(&sh.inflight).extend(dirty.iter().map(|(&b, n)| (b, n.clone())));
@@ -247,7 +248,9 @@ fn encode(nodes: &BlockMap<Arc<Node>>, sh: &super::Shared) -> Vec<(u64, Vec<u8>)
 fn settle(tx: &mut Txn<'_>) -> Result<()> {
     for _ in 0..MAX_SETTLE_ROUNDS {
         let mut did = persist::write_root_items(tx)?;
-        did |= crate::extent::apply::run(tx)?;
+        for m in tx.st.mechanisms {
+            did |= m.settle(tx)?;
+        }
         did |= persist::apply_free_journal(tx)?;
         did |= persist::remove_empty_groups(tx)?;
         did |= persist::write_block_groups(tx)?;

@@ -1,10 +1,11 @@
 //! The views through which callers and the tree layer see the state: a
 //! [`Txn`] (writer, joined to the running transaction) and a [`Reader`].
 
+use super::refs::{ExtentKind, PendingExtent, RefHolder};
+use super::Slots;
 use super::{Need, RootState, Shared, State};
 use crate::alloc::{Allocator, GroupKind};
 use crate::error::{Error, Result};
-use crate::extent::{ExtentKind, PendingExtent, RefHolder};
 use crate::format::items::RootItem;
 use crate::format::node::{Body, Node};
 use crate::format::{tree_id, Key, SECTORSIZE};
@@ -124,9 +125,9 @@ impl<'a> Reader<'a> {
         Reader { st, sh }
     }
 
-    /// The quota groups as the running transaction has them.
-    pub fn qgroups(&self) -> &crate::qgroup::Qgroups {
-        &self.st.qgroups
+    /// What the mechanisms above keep in the transaction.
+    pub fn slots(&self) -> &Slots {
+        &self.st.slots
     }
 
     pub fn get(&self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
@@ -224,8 +225,8 @@ impl BlockRead for Reader<'_> {
 
 /// A writer joined to the running transaction.
 pub struct Txn<'a> {
-    pub(crate) st: &'a mut State,
-    pub(crate) sh: &'a Shared,
+    pub(in crate::txn) st: &'a mut State,
+    pub(in crate::txn) sh: &'a Shared,
 }
 
 impl<'a> Txn<'a> {
@@ -371,7 +372,10 @@ impl<'a> Txn<'a> {
             .map_or(0, |r| r.ptr.bytenr);
         let ptr = tree::create(self, id, hint)?;
         self.add_root(id, ptr, 0, name.to_vec());
-        crate::qgroup::ops::tree_created(self, id)
+        for m in self.st.mechanisms {
+            m.tree_created(self, id)?;
+        }
+        Ok(())
     }
 
     /// Makes tree `dst` a clone of tree `src` in O(1): both share every
@@ -403,7 +407,10 @@ impl<'a> Txn<'a> {
             rs.dirty = true;
         }
         self.add_root(dst, ptr, src, name.to_vec());
-        crate::qgroup::ops::tree_cloned(self, src, dst)
+        for m in self.st.mechanisms {
+            m.tree_cloned(self, src, dst)?;
+        }
+        Ok(())
     }
 
     /// Drops tree `id`: its root item goes at commit, and every block only
@@ -415,9 +422,11 @@ impl<'a> Txn<'a> {
         }
         let rs = self.st.roots.remove(&id).ok_or(Error::NotFound)?;
         self.block_ref(rs.ptr.bytenr, Holder::Root(id), -1);
-        crate::extent::drop::note_tree_dropped(self, id);
         self.st.dropped.push(id);
-        crate::qgroup::ops::tree_dropped(self, id)
+        for m in self.st.mechanisms {
+            m.tree_dropped(self, id)?;
+        }
+        Ok(())
     }
 
     /// Allocates a data extent of exactly `len` bytes (a multiple of the
@@ -448,9 +457,9 @@ impl<'a> Txn<'a> {
     pub fn reserve(&mut self, need: &Need) -> Result<()> {
         if !need.deleting && !need.moving {
             let new = need.data + need.buffer;
-            self.st
-                .qgroups
-                .check_limits(need.tree, new + need.shared, new)?;
+            for m in self.st.mechanisms {
+                m.admit(&self.st.slots, need.tree, new + need.shared, new)?;
+            }
         }
         let ns = self.sh.nodesize as u64;
         if self.st.check_room(ns, need) {
@@ -470,13 +479,17 @@ impl<'a> Txn<'a> {
     /// [`Txn::release_data`] (checked beforehand by [`Txn::reserve`]).
     pub fn hold_data(&mut self, tree: u64, bytes: u64) {
         self.st.data_reserved += bytes;
-        self.st.qgroups.hold(tree, bytes);
+        for m in self.st.mechanisms {
+            m.data_held(&mut self.st.slots, tree, bytes);
+        }
     }
 
     /// Gives back data space held for buffered writes (flushed or dropped).
     pub fn release_data(&mut self, tree: u64, bytes: u64) {
         self.st.data_reserved = self.st.data_reserved.saturating_sub(bytes);
-        self.st.qgroups.release(tree, bytes);
+        for m in self.st.mechanisms {
+            m.data_released(&mut self.st.slots, tree, bytes);
+        }
     }
 
     /// Writes data into an extent allocated in this transaction. Data is
@@ -507,11 +520,19 @@ impl<'a> Txn<'a> {
     /// `bytenr` had reference changes other than a block copy's (called
     /// while folding delayed references).
     pub(crate) fn trace_for_quota(&mut self, bytenr: u64, len: u64, data: bool, owner: u64) {
-        crate::qgroup::account::trace(&mut self.st.qgroups, bytenr, len, data, owner);
+        for m in self.st.mechanisms {
+            m.extent_changed(&mut self.st.slots, bytenr, len, data, owner);
+        }
     }
 
-    pub(crate) fn drop_state(&mut self) -> &mut crate::extent::drop::DropState {
-        &mut self.st.drop
+    /// What the mechanisms above keep in the transaction (see
+    /// `mechanism`).
+    pub fn slots(&self) -> &Slots {
+        &self.st.slots
+    }
+
+    pub fn slots_mut(&mut self) -> &mut Slots {
+        &mut self.st.slots
     }
 
     pub(crate) fn was_copied(&self, bytenr: u64) -> bool {

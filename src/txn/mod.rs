@@ -27,24 +27,29 @@ mod commit;
 mod ctx;
 mod flight;
 mod log;
+mod mechanism;
 mod open;
 mod persist;
+pub mod refs;
+mod relocation;
 mod space;
 
 pub use ctx::{Reader, Txn};
 pub use flight::{DataDevice, Flight, Flusher};
 pub use log::{DroppedRoot, LogVerdict, SkippedInode};
+pub use mechanism::{Mechanism, Slots};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
     MIN_DEVICE_BYTES, MIXED_BELOW_BYTES,
 };
+pub use refs::{DelayedRefs, ExtentKind, PendingExtent, RefHolder};
+pub use relocation::Relocation;
 pub use space::{Need, DELETE_MARGIN_BLOCKS, EXTENT_ITEMS_BYTES};
 
 use crate::alloc::Allocator;
 use crate::cache::{BlockCache, BlockMap, BlockSet};
 use crate::dev::Device;
 use crate::error::{Error, Result};
-use crate::extent::DelayedRefs;
 use crate::format::items::RootItem;
 use crate::format::node::Node;
 use crate::format::superblock::Superblock;
@@ -74,9 +79,11 @@ pub(crate) struct State {
     /// Trees dropped in this transaction whose root items go at commit.
     pub dropped: Vec<u64>,
     pub refs: DelayedRefs,
-    /// Drop work of this transaction and the queue's length
-    /// (`extent::drop`).
-    pub drop: crate::extent::drop::DropState,
+    /// What the mechanisms above keep in the transaction (see
+    /// `mechanism`): the drop queue's counters, the quota groups.
+    pub slots: Slots,
+    /// Called at the transaction's fixed points (see `mechanism`).
+    pub mechanisms: Mechanisms,
     pub alloc: Allocator,
     /// Data bytes promised to buffered writes (see `space`).
     pub data_reserved: u64,
@@ -110,8 +117,6 @@ pub(crate) struct State {
     /// A replay finished: the next commit must write a superblock
     /// without the log even if no tree changed.
     pub log_replayed: bool,
-    /// Quota groups and what this transaction did to them (`qgroup`).
-    pub qgroups: crate::qgroup::Qgroups,
     /// Blocks balance copied in this transaction: it may change them in
     /// place, though ordinary changes must copy them (they are frozen).
     pub relocated: BlockSet,
@@ -122,7 +127,7 @@ pub(crate) struct State {
     /// Extents balance moved in this transaction: (old, new, length, is
     /// data). Their reference changes are a copy's and not traced, unless
     /// something else changed one of the two (see `qgroup::account`).
-    pub relocations: Vec<(u64, u64, u64, bool)>,
+    pub relocations: Vec<Relocation>,
     /// Committed tree blocks freed in this transaction. The cache keeps
     /// them until the commit is durable: the accounting reads the last
     /// commit's trees, and their space is pinned until then.
@@ -144,7 +149,9 @@ pub(crate) const SETTLE_EARLY_AT: usize = 4096;
 /// (`DelayedRefs::hold`).
 fn settle_if_many(tx: &mut Txn<'_>, at: usize) -> Result<()> {
     if tx.st.refs.len() >= at {
-        crate::extent::apply::run(tx)?;
+        for m in tx.st.mechanisms {
+            m.settle(tx)?;
+        }
     }
     if tx.st.alloc.journal_len() >= at {
         persist::apply_free_journal(tx)?;
@@ -164,6 +171,9 @@ impl State {
         }
     }
 }
+
+/// The mechanisms above the transaction, in the order it calls them.
+pub(crate) type Mechanisms = &'static [&'static dyn Mechanism];
 
 /// What readers and the commit I/O share outside the state lock.
 pub(crate) struct Shared {
@@ -357,10 +367,10 @@ impl Engine {
         crate::sync::lock(&self.cleaner_turn)
     }
 
-    /// Tree blocks of dropped trees still waiting for the cleaner
-    /// (`extent::drop`).
-    pub fn queued_drops(&self) -> u64 {
-        crate::sync::read(&self.state).drop.queued()
+    /// Reads the state the mechanisms above keep in the transaction
+    /// (see `mechanism`), under the state lock.
+    pub fn with_slots<R>(&self, f: impl FnOnce(&Slots) -> R) -> R {
+        f(&crate::sync::read(&self.state).slots)
     }
 
     /// Why the engine shut down while open, if it did.

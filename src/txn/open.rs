@@ -1,11 +1,11 @@
 //! Creating a new image (mkfs) and opening an existing one.
 
-use super::{Engine, Failure, RootState, Shared, State};
+use super::refs::DelayedRefs;
+use super::{Engine, Failure, Mechanisms, RootState, Shared, Slots, State};
 use crate::alloc::Allocator;
 use crate::cache::{BlockCache, BlockMap, BlockSet};
 use crate::dev::Device;
 use crate::error::{Error, Result};
-use crate::extent::DelayedRefs;
 use crate::format::items::{BlockGroupItem, RootItem};
 use crate::format::key_type::{BLOCK_GROUP_ITEM, FREE_EXTENT, ROOT_ITEM};
 use crate::format::superblock::{Superblock, INCOMPAT_MIXED_GROUPS};
@@ -130,7 +130,7 @@ fn new_engine(
     }
 }
 
-fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
+fn empty_state(sb: Superblock, transid: u64, device_bytes: u64, mechanisms: Mechanisms) -> State {
     let mixed = sb.incompat & INCOMPAT_MIXED_GROUPS != 0;
     State {
         transid,
@@ -140,7 +140,8 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         roots: BTreeMap::new(),
         dropped: Vec::new(),
         refs: DelayedRefs::default(),
-        drop: Default::default(),
+        slots: Slots::default(),
+        mechanisms,
         alloc: Allocator::new(device_bytes, mixed),
         data_reserved: 0,
         flushing: 0,
@@ -155,7 +156,6 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
         retired: Vec::new(),
         committed: BTreeMap::new(),
         moved: BTreeSet::new(),
-        qgroups: Default::default(),
         relocated: BlockSet::default(),
         relocate_cursor: 0,
         relocations: Vec::new(),
@@ -164,8 +164,13 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64) -> State {
 
 impl Engine {
     /// Writes a new empty filesystem to `dev` (generation 1) and returns it
-    /// open.
-    pub fn format(dev: Arc<dyn Device>, opts: &FormatOptions) -> Result<Engine> {
+    /// open, with `mechanisms` called at the transaction's fixed points
+    /// (`Engine::format` in engine.rs passes Canopy's).
+    pub(crate) fn format_with(
+        dev: Arc<dyn Device>,
+        opts: &FormatOptions,
+        mechanisms: Mechanisms,
+    ) -> Result<Engine> {
         let ns = opts.nodesize;
         if !ns.is_power_of_two() || !(format::MIN_NODESIZE..=format::MAX_NODESIZE).contains(&ns) {
             return Err(Error::Invalid(format!(
@@ -207,7 +212,7 @@ impl Engine {
             label: opts.label.clone(),
         };
         let total = sb.total_bytes;
-        let st = empty_state(sb, 1, total);
+        let st = empty_state(sb, 1, total, mechanisms);
         let engine = new_engine(dev, st, fsid, ns as usize, &OpenOptions::default());
         engine.write(|tx| {
             tx.create_tree(tree_id::ROOT, b"")?;
@@ -220,8 +225,14 @@ impl Engine {
         Ok(engine)
     }
 
-    /// Opens the filesystem on `dev` at its newest valid superblock.
-    pub fn open(dev: Arc<dyn Device>, opts: &OpenOptions) -> Result<Engine> {
+    /// Opens the filesystem on `dev` at its newest valid superblock, with
+    /// `mechanisms` called at the transaction's fixed points
+    /// (`Engine::open` in engine.rs passes Canopy's).
+    pub(crate) fn open_with(
+        dev: Arc<dyn Device>,
+        opts: &OpenOptions,
+        mechanisms: Mechanisms,
+    ) -> Result<Engine> {
         let sb = read_best_superblock(dev.as_ref())?;
         if sb.total_bytes > dev.size() {
             return Err(Error::corrupt(
@@ -246,15 +257,14 @@ impl Engine {
             generation: sb.root_generation,
             level: sb.root_level,
         };
-        let st = empty_state(sb.clone(), sb.generation + 1, sb.total_bytes);
+        let st = empty_state(sb.clone(), sb.generation + 1, sb.total_bytes, mechanisms);
         let engine = new_engine(dev, st, fsid, ns, opts);
         {
             let mut st = crate::sync::write(&engine.state);
             load_roots(&mut st, &engine.shared, root)?;
             load_space(&mut st, &engine.shared)?;
             count_tree_blocks(&mut st, &engine.shared)?;
-            count_drop_queue(&mut st, &engine.shared)?;
-            load_qgroups(&mut st, &engine.shared)?;
+            open_mechanisms(&mut st, &engine.shared)?;
             st.remember_committed_roots();
             match opts.replay_log {
                 true => super::log::load_pending(&mut st, &engine.shared)?,
@@ -427,15 +437,13 @@ fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
     Ok(())
 }
 
-/// Counts the blocks waiting in the drop queue (`extent::drop`).
-fn count_drop_queue(st: &mut State, sh: &Shared) -> Result<()> {
-    let root = st
-        .roots
-        .get(&tree_id::ROOT)
-        .ok_or_else(|| Error::corrupt(0, "root tree missing"))?
-        .ptr;
-    let n = crate::extent::drop::count_queued(&Loader { st, sh }, &root)?;
-    st.drop = crate::extent::drop::DropState::new(n);
+/// Lets each mechanism load its state from the committed trees.
+fn open_mechanisms(st: &mut State, sh: &Shared) -> Result<()> {
+    let mut slots = std::mem::take(&mut st.slots);
+    for m in st.mechanisms {
+        m.open(&super::Reader::new(st, sh), &mut slots)?;
+    }
+    st.slots = slots;
     Ok(())
 }
 
@@ -452,15 +460,5 @@ fn count_tree_blocks(st: &mut State, sh: &Shared) -> Result<()> {
         counts.insert(id, n);
     }
     st.tree_blocks = counts;
-    Ok(())
-}
-
-/// Reads the quota groups (`qgroup`).
-fn load_qgroups(st: &mut State, sh: &Shared) -> Result<()> {
-    let Some(root) = st.roots.get(&tree_id::QUOTA).map(|r| r.ptr) else {
-        return Ok(());
-    };
-    let q = crate::qgroup::Qgroups::load(&super::Reader::new(st, sh), &root)?;
-    st.qgroups = q;
     Ok(())
 }

@@ -161,7 +161,11 @@ impl State {
         let changed = self.refs.len() as u64
             + self.dropped.len() as u64
             + copies
-            + self.drop.commit_work(max_entries_per_block(ns));
+            + self
+                .mechanisms
+                .iter()
+                .map(|m| m.commit_entries(&self.slots, max_entries_per_block(ns)))
+                .sum::<u64>();
         let growth = Self::blocks_for_bytes(ns, changed * COMMIT_BYTES_PER_EXTENT);
         let root_tree = self.tree_blocks.get(&tree_id::ROOT).copied().unwrap_or(1)
             + self.path_blocks(tree_id::ROOT)

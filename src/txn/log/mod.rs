@@ -251,7 +251,7 @@ impl Txn<'_> {
         self.st.changes += 1;
         self.st
             .refs
-            .new_extent(bytenr, len, crate::extent::ExtentKind::Data);
+            .new_extent(bytenr, len, super::refs::ExtentKind::Data);
         Ok(true)
     }
 

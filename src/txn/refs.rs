@@ -1,4 +1,11 @@
-//! Reference changes collected during a transaction.
+//! The reference changes a transaction collects.
+//!
+//! The tree layer reports every pointer it adds or removes as +1/-1 for a
+//! holder (`BlockWrite`); the transaction records them here, where opposite
+//! changes for the same holder cancel. Folding them into the extent tree
+//! is the extent mechanism's work (`extent::apply`), which the commit calls
+//! through [`super::Mechanism::settle`]: the queue is the transaction's,
+//! the counts are the extent tree's.
 
 use std::collections::{BTreeMap, HashSet};
 
