@@ -59,14 +59,14 @@ impl Subvol {
     /// change (or day), and costs nothing on a cold read, whose pages are
     /// not cached anyway. `strictatime` opens bypass the page cache.
     pub(crate) fn access_due_at_open(&self, ino: u64) -> bool {
-        if self.atime_policy() != AtimePolicy::Relative
-            || self.engine.is_read_only()
-            || self.is_remounted_read_only()
+        if self.core.atime_policy() != AtimePolicy::Relative
+            || self.core.engine.is_read_only()
+            || self.core.is_remounted_read_only()
             || self.is_read_only()
         {
             return false;
         }
-        let seen = self.engine.read(|r| self.inode_r(r, ino));
+        let seen = self.core.engine.read(|r| self.inode_r(r, ino));
         seen.is_ok_and(|i| {
             i.mode & libc::S_IFMT == libc::S_IFREG
                 && needs_update(AtimePolicy::Relative, &i, Timespec::now())
@@ -78,15 +78,15 @@ impl Subvol {
     /// itself succeeded (and a read-only mount records nothing).
     pub(crate) fn accessed(&self, ino: u64, seen: &InodeItem) {
         let now = Timespec::now();
-        if self.engine.is_read_only()
-            || self.is_remounted_read_only()
+        if self.core.engine.is_read_only()
+            || self.core.is_remounted_read_only()
             || self.is_read_only()
-            || !needs_update(self.atime_policy(), seen, now)
+            || !needs_update(self.core.atime_policy(), seen, now)
         {
             return;
         }
         let tree = self.tree;
-        let r = self.engine.write(|tx| {
+        let r = self.core.engine.write(|tx| {
             // On a full disk the access time waits; the read does not.
             tx.reserve(&crate::txn::Need::items(tree, 1))?;
             let mut i = self.inode_tx(tx, ino)?;

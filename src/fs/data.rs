@@ -15,7 +15,7 @@ impl Subvol {
     /// the buffered and in-flight bytes that lie over it), the device is
     /// read after letting go.
     pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-        let (data, seen) = self.engine.read_unlocked(
+        let (data, seen) = self.core.engine.read_unlocked(
             |r| {
                 let i = self.inode_r(r, ino)?;
                 if is_dir(i.mode) {
@@ -66,16 +66,16 @@ impl Subvol {
         {
             return Err(errno(libc::EFBIG, "file too large"));
         }
-        if self.budget.over_limit() {
-            self.flush_to_limit()?;
+        if self.core.budget.over_limit() {
+            self.core.flush_to_limit()?;
         }
-        self.engine.check_alive()?;
+        self.core.engine.check_alive()?;
         if self.buffer_on_credit(ino, offset, data) {
             return Ok(data.len() as u32);
         }
         // Copied before the state lock is taken (again on a retry).
         let mut owned = Some(data.to_vec());
-        let done = self.write_reserved(|tx| {
+        let done = self.core.write_reserved(|tx| {
             let i = self.inode_tx(tx, ino)?;
             if is_dir(i.mode) {
                 return Err(errno(libc::EISDIR, "is a directory"));
@@ -99,7 +99,7 @@ impl Subvol {
     /// extent items leaf by leaf, each leaf once, allocating nothing per
     /// extent. ENXIO past the end (and for SEEK_DATA when only holes follow).
     pub fn seek(&self, ino: u64, offset: u64, data: bool) -> Result<u64> {
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             let i = self.inode_r(r, ino)?;
             if offset >= i.size {
                 return Err(errno(libc::ENXIO, "offset past the end of the file"));
@@ -184,7 +184,7 @@ impl Subvol {
         // and its buffered data goes first.
         let held = self.inodes.lock_flush(ino);
         self.flush_held(ino, &held.inode)?;
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             let mut i = self.inode_tx(tx, ino)?;
             if i.mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(errno(libc::ENODEV, "not a regular file"));
@@ -321,7 +321,7 @@ impl Subvol {
         let whole_tail = src_off + len == src_size;
         let aligned =
             src_off.is_multiple_of(S) && dst_off.is_multiple_of(S) && (len % S == 0 || whole_tail);
-        let inline = self.engine.read(|r| {
+        let inline = self.core.engine.read(|r| {
             Ok(file::is_inline(r, &r.root(from.tree)?, src)?
                 || file::is_inline(r, &r.root(tree)?, dst)?)
         })?;
@@ -340,7 +340,7 @@ impl Subvol {
         // run meanwhile (locks taken in node order), and what was written
         // since the flushes above goes first.
         let _held = lock_flushed(from, src, self, dst)?;
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             let src_root = tx.root_of(from.tree)?;
             let root = tx.root_of(tree)?;
             let items = file::count_items(tx, &src_root, src, src_off, src_off + len)?
@@ -367,7 +367,7 @@ impl Subvol {
 
     /// Whether the file's data is inline (for tests and inspection).
     pub fn is_inline(&self, ino: u64) -> Result<bool> {
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             let key = crate::format::Key::new(ino, crate::format::key_type::EXTENT_DATA, 0);
             Ok(r.get(self.tree, &key)?
                 .and_then(|d| crate::format::items::FileExtentItem::decode(&d).ok())

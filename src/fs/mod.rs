@@ -20,7 +20,7 @@
 pub mod acl;
 mod atime;
 pub mod balance;
-mod cleaner;
+mod daemon;
 mod data;
 mod dir;
 mod file;
@@ -35,13 +35,12 @@ mod rangeset;
 mod readahead;
 pub mod setid;
 pub(crate) mod subvol;
-mod worker;
 pub mod writeback;
 pub mod xattr;
 
 pub use atime::AtimePolicy;
 pub use balance::{BalanceState, BalanceStatus};
-pub use cleaner::Cleaner;
+pub use daemon::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
 pub use ops::{Attr, DirListing, DirListingPlus, NewNode, Owner, SetAttr, StatFs};
 pub use quota::{QgroupRow, QuotaChange, RescanStatus};
@@ -94,11 +93,11 @@ pub(crate) struct Core {
     /// The subvolume the mount shows as its root (it cannot be deleted).
     shown: AtomicU64,
     /// Wakes the daemon's cleaner thread, if one runs.
-    cleaner_wake: std::sync::Mutex<Option<std::sync::Weak<cleaner::Wake>>>,
+    cleaner_wake: std::sync::Mutex<Option<std::sync::Weak<daemon::Wake>>>,
     /// The balance thread, if one runs, and what it reports.
-    balance_thread: worker::Worker,
+    balance_thread: daemon::Worker,
     balance_status: Arc<std::sync::Mutex<balance::BalanceStatus>>,
-    rescan_thread: worker::Worker,
+    rescan_thread: daemon::Worker,
 }
 
 /// One subvolume (fs tree) of a mount: the POSIX operations on its local
@@ -114,13 +113,6 @@ pub(crate) struct Subvol {
     /// Being deleted: changes are refused (ENOENT), so nothing is
     /// buffered for a tree about to go.
     deleting: std::sync::atomic::AtomicBool,
-}
-
-impl std::ops::Deref for Subvol {
-    type Target = Core;
-    fn deref(&self) -> &Core {
-        &self.core
-    }
 }
 
 /// A mounted filesystem: every subvolume of the pool, reached through node
@@ -176,9 +168,9 @@ impl Fs {
             subvol_lock: std::sync::Mutex::new(0),
             shown: AtomicU64::new(FS),
             cleaner_wake: std::sync::Mutex::new(None),
-            balance_thread: worker::Worker::default(),
+            balance_thread: daemon::Worker::default(),
             balance_status: Default::default(),
-            rescan_thread: worker::Worker::default(),
+            rescan_thread: daemon::Worker::default(),
         });
         let top = core.subvol(FS)?;
         if top.is_empty_tree()? {
@@ -380,7 +372,7 @@ impl Subvol {
 
     /// Whether the tree holds no item at all (a freshly formatted image).
     fn is_empty_tree(&self) -> Result<bool> {
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             let root = r.root(self.tree)?;
             Ok(crate::tree::Cursor::seek(r, &root, &Key::MIN)?
                 .item()
@@ -391,14 +383,14 @@ impl Subvol {
     /// Creates the root directory of an empty tree and commits.
     fn make_root_dir(&self) -> Result<()> {
         let tree = self.tree;
-        self.engine.write(|tx| {
+        self.core.engine.write(|tx| {
             tx.insert(
                 tree,
                 inode_key(ROOT_DIR_INO),
                 root_dir_item(tx.transid()).encode(),
             )
         })?;
-        self.engine.commit().map(drop)
+        self.core.engine.commit().map(drop)
     }
 
     /// The node id of local inode `ino`; a number too large for one (only

@@ -24,7 +24,7 @@ impl Subvol {
     /// is a transaction of its own).
     fn remove_entry(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<Option<u64>> {
         let tree = self.tree;
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)).deleting())?;
             let mut p = self.parent_dir(tx, parent)?;
             let root = self.root_ptr_tx(tx)?;
@@ -91,7 +91,7 @@ impl Subvol {
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
         dir::check_name(name)?;
         let tree = self.tree;
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)))?;
             let mut p = self.parent_dir(tx, parent)?;
             let mut i = self.inode_tx(tx, ino)?;
@@ -147,7 +147,7 @@ impl Subvol {
         };
         let tree = self.tree;
         let extra = if whiteout.is_some() { CREATE_ITEMS } else { 0 };
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, RENAME_ITEMS + extra + 2 * log_items(tx)))?;
             self.parent_dir(tx, parent)?;
             self.parent_dir(tx, newparent)?;

@@ -242,7 +242,7 @@ impl Subvol {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        let found = self.engine.read(|r| {
+        let found = self.core.engine.read(|r| {
             let i = self.inode_r(r, ino)?;
             self.full_attr(r, ino, &i)
         });
@@ -273,7 +273,7 @@ impl Subvol {
         last: u64,
     ) -> Result<Vec<DirListingPlus>> {
         let listing = self.readdir(ino, offset, max, last)?;
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             let mut out = Vec::with_capacity(listing.len());
             for (next, node, _, name) in listing {
                 match self.node_attr(r, node) {
@@ -362,7 +362,7 @@ impl Subvol {
             b".." => return self.lookup_parent(parent),
             _ => {}
         }
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             let p = self.inode_r(r, parent)?;
             if !is_dir(p.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
@@ -380,7 +380,7 @@ impl Subvol {
     /// The parent directory of directory `dir` (of a subvolume's root:
     /// the directory holding its link; the top level's root is its own).
     fn lookup_parent(&self, dir: u64) -> Result<Attr> {
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             let i = self.inode_r(r, dir)?;
             if !is_dir(i.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
@@ -415,7 +415,7 @@ impl Subvol {
         };
         let ino = self.alloc_ino()?;
         let tree = self.tree;
-        let created = self.write_reserved(|tx| {
+        let created = self.core.write_reserved(|tx| {
             tx.reserve(&need)?;
             let mut p = self.parent_dir(tx, parent)?;
             let root = self.root_ptr_tx(tx)?;
@@ -544,7 +544,7 @@ impl Subvol {
 
     /// The highest entry index of directory `ino` (see `dir::last_index`).
     pub fn dir_last_index(&self, ino: u64) -> Result<u64> {
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             let i = self.inode_r(r, ino)?;
             if !is_dir(i.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
@@ -554,7 +554,7 @@ impl Subvol {
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        self.engine.read_unlocked(
+        self.core.engine.read_unlocked(
             |r| {
                 let i = self.inode_r(r, ino)?;
                 if i.mode & libc::S_IFMT != libc::S_IFLNK {
@@ -598,7 +598,7 @@ impl Subvol {
             return Ok(());
         }
         let tree = self.tree;
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             if tx.get(tree, &orphan_key(ino))?.is_none() {
                 return Ok(());
             }
@@ -618,11 +618,11 @@ impl Subvol {
         let tree = self.tree;
         let start = orphan_key(0);
         let end = orphan_key(u64::MAX);
-        let orphans = self.engine.read(|r| r.range(tree, &start, &end))?;
+        let orphans = self.core.engine.read(|r| r.range(tree, &start, &end))?;
         if orphans.is_empty() {
             return Ok(());
         }
-        self.engine.write(|tx| {
+        self.core.engine.write(|tx| {
             for (k, _) in &orphans {
                 // A damaged orphan stays (and `canopy check` names it)
                 // rather than keep the filesystem from mounting.
@@ -639,7 +639,7 @@ impl Subvol {
             Ok(())
         })?;
         tracing::info!(count = orphans.len(), "deleted orphan inodes");
-        self.engine.commit().map(|_| ())
+        self.core.engine.commit().map(|_| ())
     }
 
     /// Moves directory link counts when directories change parents and
@@ -681,7 +681,7 @@ impl Subvol {
             }
             None => None,
         };
-        let done = self.write_reserved(|tx| {
+        let done = self.core.write_reserved(|tx| {
             let mut i = self.inode_tx(tx, ino)?;
             tx.reserve(&match s.size {
                 // Shrinking is a deletion; only a partial last sector is
@@ -738,7 +738,7 @@ impl Subvol {
     /// `last`: (next offset, ino, d_type, name). Offsets 1 and 2 are "."
     /// and "..".
     pub fn readdir(&self, ino: u64, offset: u64, max: usize, last: u64) -> Result<Vec<DirListing>> {
-        let (listing, seen) = self.engine.read(|r| {
+        let (listing, seen) = self.core.engine.read(|r| {
             let i = self.inode_r(r, ino)?;
             if !is_dir(i.mode) {
                 return Err(errno(libc::ENOTDIR, "not a directory"));
@@ -766,7 +766,7 @@ impl Subvol {
             Ok((out, i))
         })?;
         // Once per listing, at its start.
-        if offset == 0 && self.dir_atime() {
+        if offset == 0 && self.core.dir_atime() {
             self.accessed(ino, &seen);
         }
         Ok(listing)
@@ -774,7 +774,7 @@ impl Subvol {
 
     /// Space and inodes as statfs reports them, in 4 KiB blocks.
     pub fn statfs(&self) -> StatFs {
-        let (total, free, avail) = self.engine.space_for_statfs();
+        let (total, free, avail) = self.core.engine.space_for_statfs();
         StatFs {
             blocks: total / SECTOR,
             free: free / SECTOR,

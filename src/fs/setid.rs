@@ -49,7 +49,7 @@ impl Subvol {
             return Ok(false);
         }
         let tree = self.tree;
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, 1))?;
             let mut i = self.inode_tx(tx, ino)?;
             if i.mode & bits == 0 {

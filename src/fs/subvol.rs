@@ -106,7 +106,7 @@ impl RootTreeRead for Txn<'_> {
 impl Subvol {
     /// The subvolume `name` in `parent` links to, if it is one.
     pub(crate) fn subvolume_named(&self, parent: u64, name: &[u8]) -> Result<Option<u64>> {
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             let root = r.root(self.tree)?;
             Ok(dir::lookup(r, &root, parent, name)?
                 .filter(DirEntry::is_subvolume)
@@ -175,18 +175,19 @@ impl Subvol {
     ) -> Result<Attr> {
         dir::check_name(name)?;
         self.check_writable()?;
-        let mut highest = crate::sync::lock(&self.subvol_lock);
+        let mut highest = crate::sync::lock(&self.core.subvol_lock);
         let tree = self.tree;
         // Never an id used before in this mount: the kernel may still
         // hold node ids of a deleted subvolume.
         let id = self
+            .core
             .engine
             .read(|r| Ok(next_subvolume_id(r)))?
             .max(*highest + 1);
         if !tree_id::is_subvolume(id) {
             return Err(errno(libc::ENOSPC, "every subvolume id is in use"));
         }
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             // The snapshot's group and the memberships it inherits.
             let quota = crate::qgroup::ops::items_for_subvolume(tx.qgroups(), Some(tree));
             tx.reserve(&Need::items(tree, LINK_ITEMS + quota))?;
@@ -216,8 +217,11 @@ impl Subvol {
         })?;
         *highest = id;
         drop(highest);
-        self.engine.commit()?;
-        let i = self.engine.read(|r| load_inode_r(r, id, ROOT_DIR_INO))?;
+        self.core.engine.commit()?;
+        let i = self
+            .core
+            .engine
+            .read(|r| load_inode_r(r, id, ROOT_DIR_INO))?;
         Ok(super::ops::attr_of(node_id(id, ROOT_DIR_INO), &i))
     }
 
@@ -234,8 +238,9 @@ impl Subvol {
         only_empty: bool,
     ) -> Result<()> {
         self.check_writable()?;
-        let _serial = crate::sync::lock(&self.subvol_lock);
-        self.engine
+        let _serial = crate::sync::lock(&self.core.subvol_lock);
+        self.core
+            .engine
             .read(|r| self.check_deletable(r, sub, only_empty))?;
         let doomed = self.core.subvol(sub)?;
         doomed.deleting.store(true, Ordering::Relaxed);
@@ -244,9 +249,9 @@ impl Subvol {
             doomed.deleting.store(false, Ordering::Relaxed);
         }
         deleted?;
-        crate::sync::write(&self.subvols).remove(&sub);
-        self.engine.commit()?;
-        self.wake_cleaner();
+        crate::sync::write(&self.core.subvols).remove(&sub);
+        self.core.engine.commit()?;
+        self.core.wake_cleaner();
         Ok(())
     }
 
@@ -258,7 +263,7 @@ impl Subvol {
         // Flushed first: a flush still running when the tree goes would
         // find it gone.
         doomed.flush_own()?;
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             let quota = crate::qgroup::ops::items_for_subvolume(tx.qgroups(), Some(sub));
             tx.reserve(&Need::items(tree, LINK_ITEMS + quota).deleting())?;
             let root = tx.root_of(tree)?;
@@ -289,7 +294,7 @@ impl Subvol {
                 "the default subvolume cannot be deleted",
             ));
         }
-        if sub == self.shown.load(Ordering::Relaxed) {
+        if sub == self.core.shown.load(Ordering::Relaxed) {
             return Err(errno(libc::EBUSY, "the mount shows this subvolume"));
         }
         let refs = r.range(ROOT, &root_ref_key(sub, 0), &root_ref_key(sub, u64::MAX))?;

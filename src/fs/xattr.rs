@@ -169,7 +169,7 @@ impl super::Subvol {
         };
         let tree = self.tree;
         let need = Need::items(tree, 3).payload((name.len() + value.len()) as u64);
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             tx.reserve(&need)?;
             let mut i = self.inode_tx(tx, ino)?;
             match &acl {
@@ -200,14 +200,14 @@ impl super::Subvol {
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             self.inode_r(r, ino)?;
             super::xattr::get(r, &r.root(self.tree)?, ino, name)
         })
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
-        self.engine.read(|r| {
+        self.core.engine.read(|r| {
             self.inode_r(r, ino)?;
             super::xattr::list(r, &r.root(self.tree)?, ino)
         })
@@ -215,7 +215,7 @@ impl super::Subvol {
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         let tree = self.tree;
-        self.write_reserved(|tx| {
+        self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, 3).deleting())?;
             super::xattr::remove(tx, tree, ino, name)?;
             self.touch_ctime(tx, ino, Timespec::now())

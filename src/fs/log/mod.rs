@@ -259,13 +259,13 @@ impl Subvol {
     /// fsync(2) and fdatasync(2) of `ino`: its data and the log entries
     /// that make it (and the names that reach it) survive a crash.
     pub fn fsync(&self, ino: u64) -> Result<()> {
-        if !self.log_enabled() {
+        if !self.core.log_enabled() {
             return self.core.sync();
         }
         self.flush_file_for_fsync(ino)?;
         self.flush_symlinks_in(ino)?;
-        let step = self.engine.write(|tx| {
-            if tx.has_pending_log() || self.tracking.is_stale(tx.transid()) {
+        let step = self.core.engine.write(|tx| {
+            if tx.has_pending_log() || self.core.tracking.is_stale(tx.transid()) {
                 return Ok(LogStep::NeedsCommit);
             }
             Ok(match self.log_inode(tx, ino)? {
@@ -274,9 +274,9 @@ impl Subvol {
             })
         });
         match step {
-            Ok(LogStep::Logged) => self.engine.sync_log(),
+            Ok(LogStep::Logged) => self.core.engine.sync_log(),
             // Unchanged since the last commit: durable once it is written.
-            Ok(LogStep::Unchanged) | Err(Error::NotFound) => self.engine.wait_prepared(),
+            Ok(LogStep::Unchanged) | Err(Error::NotFound) => self.core.engine.wait_prepared(),
             // No room for the log: a commit does it all.
             Ok(LogStep::NeedsCommit) | Err(Error::NoSpace) => self.core.sync(),
             Err(e) => Err(e),
@@ -290,14 +290,14 @@ impl Subvol {
     /// its target.
     fn flush_symlinks_in(&self, dir: u64) -> Result<()> {
         let pending: Vec<u64> = self
-            .tracked_children(self.engine.transid(), dir)
+            .tracked_children(self.core.engine.transid(), dir)
             .into_iter()
             .filter(|&c| self.buffered_bytes_of(c) > 0)
             .collect();
         if pending.is_empty() {
             return Ok(());
         }
-        let links = self.engine.read(|r| {
+        let links = self.core.engine.read(|r| {
             Ok(pending
                 .into_iter()
                 .filter(|&c| {
@@ -528,7 +528,7 @@ impl Subvol {
             .and_then(|()| batch.apply(tx, self.tree));
         match applied {
             Err(Error::NoSpace) => {
-                self.tracking.set_stale(transid);
+                self.core.tracking.set_stale(transid);
                 Ok(())
             }
             r => r,

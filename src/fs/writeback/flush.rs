@@ -117,8 +117,9 @@ impl super::super::Subvol {
     fn flush_swept(&self, ino: u64, inode: &Inode, keep_credit: bool, who: Flusher) -> Result<()> {
         let mut sweep = Sweep::default();
         loop {
-            self.engine.wait_for_commits(who);
+            self.core.engine.wait_for_commits(who);
             let started = self
+                .core
                 .engine
                 .write(|tx| self.start_flush(tx, (ino, inode), &mut sweep, keep_credit))?;
             match started {
@@ -148,7 +149,7 @@ impl super::super::Subvol {
             let taken = take(tx, self.tree, &mut s, FLUSH_CHUNK, sweep);
             let bytes: u64 = taken.iter().map(|(_, d)| d.len() as u64).sum();
             self.inodes.add_buffered(-(bytes as i64));
-            self.budget.add_in_flight(bytes as i64);
+            self.core.budget.add_in_flight(bytes as i64);
             (taken, s.pending.is_some())
         };
         if taken.is_empty() {
@@ -160,7 +161,11 @@ impl super::super::Subvol {
         match self.plan_flush(tx, ino, taken.clone()) {
             Ok(Some(job)) => Ok(Started::Job(job)),
             Ok(None) => {
-                landed(&self.budget, &mut crate::sync::lock(&inode.state), &taken);
+                landed(
+                    &self.core.budget,
+                    &mut crate::sync::lock(&inode.state),
+                    &taken,
+                );
                 Ok(Started::Done)
             }
             Err(e) => {
@@ -271,6 +276,7 @@ impl super::super::Subvol {
         for batch in segments.chunks(INSERT_BATCH) {
             let batch_sums: Vec<_> = sums.by_ref().take(batch.len()).collect();
             match self
+                .core
                 .engine
                 .write(|tx| self.insert_segments(tx, ino, batch, batch_sums))
             {
@@ -280,8 +286,12 @@ impl super::super::Subvol {
                 Err(e) => return self.give_up((ino, inode), ranges, flight, e),
             }
         }
-        self.engine.write(|tx| {
-            landed(&self.budget, &mut crate::sync::lock(&inode.state), &ranges);
+        self.core.engine.write(|tx| {
+            landed(
+                &self.core.budget,
+                &mut crate::sync::lock(&inode.state),
+                &ranges,
+            );
             tx.end_flight(flight)
         })
     }
@@ -296,7 +306,7 @@ impl super::super::Subvol {
         flight: Flight,
         e: Error,
     ) -> Result<()> {
-        let _ = self.engine.write(|tx| {
+        let _ = self.core.engine.write(|tx| {
             self.restore(tx, (ino, inode), ranges);
             tx.end_flight(flight)
         });
@@ -339,7 +349,7 @@ impl super::super::Subvol {
         let mut content = vec![0u8; (seg.last - seg.first) as usize];
         for (at, plan) in &seg.old {
             // The file's flush lock keeps these extents in place.
-            let bytes = self.engine.with_data_device(|dev| plan.execute(dev))?;
+            let bytes = self.core.engine.with_data_device(|dev| plan.execute(dev))?;
             let from = (at - seg.first) as usize;
             content[from..from + bytes.len()].copy_from_slice(&bytes);
         }
@@ -356,7 +366,8 @@ impl super::super::Subvol {
         match run.parts.as_slice() {
             [] => Ok(()),
             [(index, from, to)] => {
-                self.engine
+                self.core
+                    .engine
                     .write_flight(&job.flight, run.start, &contents[*index][*from..*to])
             }
             parts => {
@@ -364,7 +375,7 @@ impl super::super::Subvol {
                 for &(index, from, to) in parts {
                     buf.extend_from_slice(&contents[index][from..to]);
                 }
-                self.engine.write_flight(&job.flight, run.start, &buf)
+                self.core.engine.write_flight(&job.flight, run.start, &buf)
             }
         }
     }
@@ -408,7 +419,7 @@ impl super::super::Subvol {
     ) {
         self.inodes.mark_dirty(ino);
         let mut s = crate::sync::lock(&inode.state);
-        landed(&self.budget, &mut s, &taken);
+        landed(&self.core.budget, &mut s, &taken);
         let before_len = ranges_len(&s.buffered);
         let before = ranges_footprint(s.buffered.iter());
         let newer = std::mem::take(&mut s.buffered);

@@ -1,6 +1,24 @@
-//! The daemon's background threads (balance, quota rescan): each is
-//! started on request or at mount, asked to stop at unmount, and leaves
-//! its work recorded on disk to carry on later.
+//! The daemon's background threads, all in this module:
+//!
+//! - `cleaner`: frees the blocks of deleted subvolumes (the drop queue),
+//!   started at mount, woken by each deletion;
+//! - `balance`: runs the engine's balance steps (`crate::balance`),
+//!   started by `canopy balance start` or at mount for a balance an
+//!   earlier mount left recorded;
+//! - `rescan`: counts the quota groups afresh in committed batches
+//!   (`canopy quota rescan`).
+//!
+//! Each is asked to stop at unmount and leaves its work recorded on disk
+//! to carry on later. The periodic commit and the control socket are the
+//! FUSE front's (`fuse::mount`, `fuse::control`): they serve the mount, not
+//! the filesystem. [`Worker`] is the handle of a balance or rescan thread.
+
+mod balance;
+mod cleaner;
+mod rescan;
+
+pub use cleaner::Cleaner;
+pub(crate) use cleaner::Wake;
 
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -6,9 +6,9 @@
 //! space comes back as it goes while other work keeps running, and an
 //! unmount or crash leaves a queue the next mount carries on with.
 
-use super::{Core, Fs};
 use crate::error::{Error, Result};
 use crate::extent::drop::clean_dropped_step;
+use crate::fs::{Core, Fs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
