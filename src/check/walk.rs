@@ -4,7 +4,7 @@ use super::Report;
 use crate::dev::Device;
 use crate::format::items::{DroppedBlock, FileExtentItem, RootItem};
 use crate::format::key_type::{DROPPED_BLOCK, EXTENT_DATA, ROOT_ITEM};
-use crate::format::node::{Body, Item, Node};
+use crate::format::node::{Body, Item, Node, Ptr};
 use crate::format::superblock::Superblock;
 use crate::format::superblock::INCOMPAT_DROP_QUEUE;
 use crate::format::{tree_id, Key, DROP_QUEUE_OBJECTID};
@@ -269,28 +269,41 @@ impl Walker<'_> {
         }
         match &node.body {
             Body::Internal(ptrs) => {
-                for (i, p) in ptrs.iter().enumerate().skip(skip) {
-                    let b = Bounds {
-                        lo: Some(p.key),
-                        hi: ptrs.get(i + 1).map(|n| n.key).or(bounds.hi),
-                        first: Some(p.key),
-                    };
-                    let child_level = node.level.saturating_sub(1);
-                    self.visit(
-                        tree,
-                        p.bytenr,
-                        p.generation,
-                        child_level,
-                        RefHolder::TreeParent(bytenr),
-                        b,
-                        report,
-                    );
-                }
+                self.visit_children(tree, &node, &ptrs[skip.min(ptrs.len())..], bounds, report);
             }
             Body::Leaf(items) => {
                 let items = items.get(skip..).unwrap_or_default();
                 self.visit_leaf(tree, bytenr, items, report);
             }
+        }
+    }
+
+    /// Visits the children `ptrs` point at (those of `node` from where a
+    /// drop got to), each within the keys its neighbours bound.
+    fn visit_children(
+        &mut self,
+        tree: u64,
+        node: &Node,
+        ptrs: &[Ptr],
+        bounds: Bounds,
+        report: &mut Report,
+    ) {
+        for (i, p) in ptrs.iter().enumerate() {
+            let b = Bounds {
+                lo: Some(p.key),
+                hi: ptrs.get(i + 1).map(|n| n.key).or(bounds.hi),
+                first: Some(p.key),
+            };
+            let child_level = node.level.saturating_sub(1);
+            self.visit(
+                tree,
+                p.bytenr,
+                p.generation,
+                child_level,
+                RefHolder::TreeParent(node.bytenr),
+                b,
+                report,
+            );
         }
     }
 

@@ -138,29 +138,7 @@ fn apply_one(
     handed: Option<(Key, ExtentItem)>,
 ) -> Result<()> {
     let children_handed = handed.is_some();
-    let existing = match handed {
-        Some(found) => Some(found),
-        // Made in this transaction: it has no item yet (the insert below
-        // reports one that is there anyway), and no search is needed.
-        None if p.new_kind.is_some() => None,
-        None => find_extent_item(tx, &tx.root_of(EXTENT)?, bytenr)?,
-    };
-    let (mut item, len, existed) = match (existing, p.new_kind) {
-        (Some((k, it)), None) => (it, k.offset, true),
-        (None, Some(kind)) => (new_item(kind, tx.transid()), p.len, false),
-        (Some(_), Some(_)) => {
-            return Err(Error::corrupt(
-                bytenr,
-                "newly allocated extent already has an item",
-            ))
-        }
-        (None, None) => {
-            return Err(Error::corrupt(
-                bytenr,
-                "reference change for an extent with no item",
-            ))
-        }
-    };
+    let (mut item, len, existed) = item_to_change(tx, bytenr, &p, handed)?;
     if p.traced {
         // Even when the changes cancel out: a pointer that moved from
         // one leaf to another may now be reached by other trees.
@@ -208,6 +186,35 @@ fn apply_one(
         })?;
     }
     Ok(())
+}
+
+/// The extent item `p` changes, its length, and whether it is on the
+/// tree already (false: a new extent's item, to insert).
+fn item_to_change(
+    tx: &Txn<'_>,
+    bytenr: u64,
+    p: &PendingExtent,
+    handed: Option<(Key, ExtentItem)>,
+) -> Result<(ExtentItem, u64, bool)> {
+    let existing = match handed {
+        Some(found) => Some(found),
+        // Made in this transaction: it has no item yet (the insert
+        // reports one that is there anyway), and no search is needed.
+        None if p.new_kind.is_some() => None,
+        None => find_extent_item(tx, &tx.root_of(EXTENT)?, bytenr)?,
+    };
+    match (existing, p.new_kind) {
+        (Some((k, it)), None) => Ok((it, k.offset, true)),
+        (None, Some(kind)) => Ok((new_item(kind, tx.transid()), p.len, false)),
+        (Some(_), Some(_)) => Err(Error::corrupt(
+            bytenr,
+            "newly allocated extent already has an item",
+        )),
+        (None, None) => Err(Error::corrupt(
+            bytenr,
+            "reference change for an extent with no item",
+        )),
+    }
 }
 
 fn backref_key(bytenr: u64, holder: RefHolder) -> Key {

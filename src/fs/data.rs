@@ -191,34 +191,7 @@ impl Subvol {
             }
             // Everything up front: fallocate either gets its whole range
             // or changes nothing.
-            let root = tx.root_of(tree)?;
-            let items = file::count_items(tx, &root, ino, offset, end)?;
-            // Partial sectors at both edges of a punch or a zeroed range
-            // are rewritten.
-            let edges = 2 * SECTOR;
-            tx.reserve(&if punch {
-                Need::items(tree, items + 4).buffer(edges).deleting()
-            } else {
-                // Inline data moves to the buffer, its sector to a hole.
-                let inline = if file::is_inline(tx, &root, ino)? {
-                    SECTOR
-                } else {
-                    0
-                };
-                // A zeroed range is preallocated whole once its data is
-                // dropped: later writes there cannot run out of space.
-                let holes = match zero {
-                    true => super::writeback::span(offset, end - offset),
-                    false => file::hole_bytes(tx, &root, ino, offset, end)?,
-                } + inline;
-                // The new extent items lie side by side in the file's key
-                // range: they fill leaves rather than each copying a path.
-                let pieces = tx.data_pieces_bound(holes, file::EXTENT_MAX);
-                Need::items(tree, items + 4)
-                    .payload(pieces * crate::txn::EXTENT_ITEMS_BYTES)
-                    .data(holes)
-                    .buffer(inline + if zero { edges } else { 0 })
-            })?;
+            tx.reserve(&self.fallocate_need(tx, ino, (offset, end), punch, zero)?)?;
             self.note_extents(tx, ino, i.size, offset, end);
             let delta = if punch {
                 self.zero_range(tx, ino, i.size, offset, end)?
@@ -241,6 +214,46 @@ impl Subvol {
             i.ctime = now;
             self.save_inode(tx, ino, i)
         })
+    }
+
+    /// What a fallocate of `[offset, end)` of `ino` may need: `punch`
+    /// deallocates, `zero` zeroes, neither preallocates.
+    fn fallocate_need(
+        &self,
+        tx: &Txn<'_>,
+        ino: u64,
+        (offset, end): (u64, u64),
+        punch: bool,
+        zero: bool,
+    ) -> Result<Need> {
+        let tree = self.tree;
+        let root = tx.root_of(tree)?;
+        let items = file::count_items(tx, &root, ino, offset, end)?;
+        // Partial sectors at both edges of a punch or a zeroed range are
+        // rewritten.
+        let edges = 2 * SECTOR;
+        if punch {
+            return Ok(Need::items(tree, items + 4).buffer(edges).deleting());
+        }
+        // Inline data moves to the buffer, its sector to a hole.
+        let inline = if file::is_inline(tx, &root, ino)? {
+            SECTOR
+        } else {
+            0
+        };
+        // A zeroed range is preallocated whole once its data is dropped:
+        // later writes there cannot run out of space.
+        let holes = match zero {
+            true => super::writeback::span(offset, end - offset),
+            false => file::hole_bytes(tx, &root, ino, offset, end)?,
+        } + inline;
+        // The new extent items lie side by side in the file's key range:
+        // they fill leaves rather than each copying a path.
+        let pieces = tx.data_pieces_bound(holes, file::EXTENT_MAX);
+        Ok(Need::items(tree, items + 4)
+            .payload(pieces * crate::txn::EXTENT_ITEMS_BYTES)
+            .data(holes)
+            .buffer(inline + if zero { edges } else { 0 }))
     }
 
     /// Preallocates the holes of `[start, end)`, after [`Subvol::out_of_line`].

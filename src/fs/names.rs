@@ -5,7 +5,7 @@
 use super::ops::*;
 use super::{dir, dtype, errno, is_dir, Subvol};
 use crate::error::{Error, Result};
-use crate::format::inode::{InodeItem, Timespec, ROOT_DIR_INO};
+use crate::format::inode::{DirEntry, InodeItem, Timespec, ROOT_DIR_INO};
 use crate::txn::{Need, Txn};
 
 impl Subvol {
@@ -172,73 +172,118 @@ impl Subvol {
                 return Ok(());
             }
             let now = Timespec::now();
+            let ends = RenameEnds {
+                from: (parent, name),
+                to: (newparent, newname),
+                now,
+            };
             if exchange {
                 let dst = dst.ok_or(Error::NotFound)?;
-                let dst_inode = self.inode_tx(tx, dst.ino)?;
-                if is_dir(dst_inode.mode)
-                    && parent != newparent
-                    && self.is_ancestor(tx, dst.ino, parent)?
-                {
-                    return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
-                }
-                dir::check_room(tx, tree, parent, name, dst.ino, dst.kind)?;
-                dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
-                dir::remove(tx, tree, parent, name)?;
-                dir::remove(tx, tree, newparent, newname)?;
-                dir::add(tx, tree, parent, name, dst.ino, dst.kind)?;
-                dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
-                let dirs = (is_dir(src_inode.mode), is_dir(dst_inode.mode));
-                self.adjust_parents(tx, parent, newparent, dirs, now)?;
-                self.touch_ctime(tx, src.ino, now)?;
-                self.touch_ctime(tx, dst.ino, now)?;
-                for (dir, child) in [
-                    (parent, src.ino),
-                    (parent, dst.ino),
-                    (newparent, src.ino),
-                    (newparent, dst.ino),
-                ] {
-                    self.note_name(tx, dir, child);
-                }
-                return self.log_name_changes(tx, &[src.ino, dst.ino]);
+                return self.rename_exchange(tx, &ends, (&src, &src_inode), &dst);
             }
             if noreplace && dst.is_some() {
                 return Err(Error::Exists);
             }
-            dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
-            if let Some(d) = &dst {
-                let d_inode = self.inode_tx(tx, d.ino)?;
-                match (is_dir(src_inode.mode), is_dir(d_inode.mode)) {
-                    (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
-                    (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
-                    (true, true) if !dir::is_empty(tx, &root, d.ino)? => {
-                        return Err(errno(libc::ENOTEMPTY, "directory not empty"))
-                    }
-                    _ => {}
-                }
-                if self.last_link(d.ino, &d_inode) {
-                    check_deletable(tx, tree, d.ino)?;
-                }
-                dir::remove(tx, tree, newparent, newname)?;
-                if is_dir(d_inode.mode) {
-                    let mut np = self.inode_tx(tx, newparent)?;
-                    np.nlink = np.nlink.saturating_sub(1);
-                    self.save_inode(tx, newparent, np)?;
-                }
-                self.drop_link(tx, d.ino, d_inode, now)?;
-                self.note_name(tx, newparent, d.ino);
-            }
-            dir::remove(tx, tree, parent, name)?;
-            dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
-            if let Some(w) = whiteout {
-                self.add_whiteout(tx, (parent, name), w, now)?;
-            }
-            self.adjust_parents(tx, parent, newparent, (is_dir(src_inode.mode), false), now)?;
-            self.touch_ctime(tx, src.ino, now)?;
-            self.note_name(tx, parent, src.ino);
-            self.note_name(tx, newparent, src.ino);
-            let replaced = dst.map_or(src.ino, |d| d.ino);
-            self.log_name_changes(tx, &[src.ino, replaced])
+            self.rename_over(tx, &ends, (&src, &src_inode), dst.as_ref(), whiteout)
         })
+    }
+
+    /// Moves the entry `src` to its new name, replacing `dst` if there is
+    /// one, and leaves `whiteout` at the old name if asked.
+    fn rename_over(
+        &self,
+        tx: &mut Txn<'_>,
+        ends: &RenameEnds<'_>,
+        (src, src_inode): (&DirEntry, &InodeItem),
+        dst: Option<&DirEntry>,
+        whiteout: Option<(u64, Owner)>,
+    ) -> Result<()> {
+        let ((parent, name), (newparent, newname), now) = (ends.from, ends.to, ends.now);
+        let tree = self.tree;
+        dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
+        if let Some(d) = dst {
+            self.unlink_replaced(tx, ends, src_inode, d)?;
+        }
+        dir::remove(tx, tree, parent, name)?;
+        dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
+        if let Some(w) = whiteout {
+            self.add_whiteout(tx, (parent, name), w, now)?;
+        }
+        self.adjust_parents(tx, parent, newparent, (is_dir(src_inode.mode), false), now)?;
+        self.touch_ctime(tx, src.ino, now)?;
+        self.note_name(tx, parent, src.ino);
+        self.note_name(tx, newparent, src.ino);
+        let replaced = dst.map_or(src.ino, |d| d.ino);
+        self.log_name_changes(tx, &[src.ino, replaced])
+    }
+
+    /// RENAME_EXCHANGE of two entries of non-subvolume inodes.
+    fn rename_exchange(
+        &self,
+        tx: &mut Txn<'_>,
+        ends: &RenameEnds<'_>,
+        (src, src_inode): (&DirEntry, &InodeItem),
+        dst: &DirEntry,
+    ) -> Result<()> {
+        let ((parent, name), (newparent, newname), now) = (ends.from, ends.to, ends.now);
+        let tree = self.tree;
+        let dst_inode = self.inode_tx(tx, dst.ino)?;
+        if is_dir(dst_inode.mode) && parent != newparent && self.is_ancestor(tx, dst.ino, parent)? {
+            return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
+        }
+        dir::check_room(tx, tree, parent, name, dst.ino, dst.kind)?;
+        dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
+        dir::remove(tx, tree, parent, name)?;
+        dir::remove(tx, tree, newparent, newname)?;
+        dir::add(tx, tree, parent, name, dst.ino, dst.kind)?;
+        dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
+        let dirs = (is_dir(src_inode.mode), is_dir(dst_inode.mode));
+        self.adjust_parents(tx, parent, newparent, dirs, now)?;
+        self.touch_ctime(tx, src.ino, now)?;
+        self.touch_ctime(tx, dst.ino, now)?;
+        for (dir, child) in [
+            (parent, src.ino),
+            (parent, dst.ino),
+            (newparent, src.ino),
+            (newparent, dst.ino),
+        ] {
+            self.note_name(tx, dir, child);
+        }
+        self.log_name_changes(tx, &[src.ino, dst.ino])
+    }
+
+    /// Removes the entry a rename replaces, `d`, after checking that the
+    /// source (of `src_inode`) may replace it.
+    fn unlink_replaced(
+        &self,
+        tx: &mut Txn<'_>,
+        ends: &RenameEnds<'_>,
+        src_inode: &InodeItem,
+        d: &DirEntry,
+    ) -> Result<()> {
+        let ((newparent, newname), now, tree) = (ends.to, ends.now, self.tree);
+        let d_inode = self.inode_tx(tx, d.ino)?;
+        let root = self.root_ptr_tx(tx)?;
+        match (is_dir(src_inode.mode), is_dir(d_inode.mode)) {
+            (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
+            (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
+            (true, true) if !dir::is_empty(tx, &root, d.ino)? => {
+                return Err(errno(libc::ENOTEMPTY, "directory not empty"))
+            }
+            _ => {}
+        }
+        if self.last_link(d.ino, &d_inode) {
+            check_deletable(tx, tree, d.ino)?;
+        }
+        dir::remove(tx, tree, newparent, newname)?;
+        if is_dir(d_inode.mode) {
+            let mut np = self.inode_tx(tx, newparent)?;
+            np.nlink = np.nlink.saturating_sub(1);
+            self.save_inode(tx, newparent, np)?;
+        }
+        self.drop_link(tx, d.ino, d_inode, now)?;
+        self.note_name(tx, newparent, d.ino);
+        Ok(())
     }
 
     pub(super) fn touch_ctime(&self, tx: &mut Txn<'_>, ino: u64, now: Timespec) -> Result<()> {
@@ -275,4 +320,11 @@ impl Subvol {
             }
         }
     }
+}
+
+/// Where a rename takes an entry from and to, and its time.
+struct RenameEnds<'n> {
+    from: (u64, &'n [u8]),
+    to: (u64, &'n [u8]),
+    now: Timespec,
 }

@@ -440,18 +440,13 @@ impl Subvol {
                 p.nlink
             };
             let now = Timespec::now();
-            let mut inode = new_inode(&p, mode, rdev, owner, now);
+            let inode = new_inode(&p, mode, rdev, owner, now);
             self.save_inode(tx, ino, inode.clone())?;
             acls.store(tx, tree, ino)?;
-            match target {
-                Some(t) if long => self.buffer(tx, ino, 0, t),
-                Some(t) => inode.nbytes = file::write_inline(tx, tree, ino, 0, 0, t)? as u64,
-                None => {}
-            }
-            if let Some(t) = target {
-                inode.size = t.len() as u64;
-                self.save_inode(tx, ino, inode.clone())?;
-            }
+            let inode = match target {
+                Some(t) => self.store_target(tx, ino, inode, t, long)?,
+                None => inode,
+            };
             dir::apply(tx, tree, entry)?;
             self.note_name(tx, parent, ino);
             p.nlink = parent_links;
@@ -465,6 +460,26 @@ impl Subvol {
             return self.getattr(ino);
         }
         Ok(created)
+    }
+
+    /// Stores a new symlink's target: inline, or buffered for a flush
+    /// when `long`. Returns the inode as saved.
+    fn store_target(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        mut inode: InodeItem,
+        target: &[u8],
+        long: bool,
+    ) -> Result<InodeItem> {
+        if long {
+            self.buffer(tx, ino, 0, target);
+        } else {
+            inode.nbytes = file::write_inline(tx, self.tree, ino, 0, 0, target)? as u64;
+        }
+        inode.size = target.len() as u64;
+        self.save_inode(tx, ino, inode.clone())?;
+        Ok(inode)
     }
 
     /// Leaves a whiteout (a character device 0/0, as overlayfs reads it)

@@ -70,30 +70,12 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
         .any(|(src, _)| created.contains(src) || clones.iter().any(|(_, d)| d == src));
     let t0 = std::time::Instant::now();
     let mut status_changed = false;
-    let mut counted = full || chained;
-    if !counted && (!traced.is_empty() || !clones.is_empty() || !dropped.is_empty()) {
-        let changes = if tx.qgroups().parents.is_empty() {
-            let trees = Trees {
-                clones: &clones,
-                created: &created,
-                dropped: &dropped,
-            };
-            let mut kept = std::mem::take(&mut tx.qgroups_mut().kept);
-            let changes = walk_level0(tx, &mut traced, &trees, &mut kept);
-            tx.qgroups_mut().kept = kept;
-            changes?
-        } else {
-            Some(walk(tx, &traced)?)
-        };
-        match changes {
-            Some(changes) => {
-                let q = tx.qgroups_mut();
-                give_clones_their_share(q, &clones, &changes);
-                apply(q, &changes)?;
-            }
-            None => counted = true,
-        }
-    }
+    let trees = Trees {
+        clones: &clones,
+        created: &created,
+        dropped: &dropped,
+    };
+    let counted = full || chained || !by_difference(tx, &mut traced, &trees)?;
     if counted {
         recount(tx)?;
         tx.qgroups_mut().recounts += 1;
@@ -115,6 +97,34 @@ pub(crate) fn run(tx: &mut Txn<'_>) -> Result<bool> {
         "qgroup accounting"
     );
     super::write_dirty(tx)
+}
+
+/// Moves bytes between groups by what the traced extents, clones and
+/// drops changed. False when that cannot be done (a deletion's trace ran
+/// past its budget): the commit counts from scratch instead.
+fn by_difference(
+    tx: &mut Txn<'_>,
+    traced: &mut BTreeMap<u64, (u64, bool)>,
+    trees: &Trees<'_>,
+) -> Result<bool> {
+    if traced.is_empty() && trees.clones.is_empty() && trees.dropped.is_empty() {
+        return Ok(true);
+    }
+    let changes = if tx.qgroups().parents.is_empty() {
+        let mut kept = std::mem::take(&mut tx.qgroups_mut().kept);
+        let changes = walk_level0(tx, traced, trees, &mut kept);
+        tx.qgroups_mut().kept = kept;
+        changes?
+    } else {
+        Some(walk(tx, traced)?)
+    };
+    let Some(changes) = changes else {
+        return Ok(false);
+    };
+    let q = tx.qgroups_mut();
+    give_clones_their_share(q, trees.clones, &changes);
+    apply(q, &changes)?;
+    Ok(true)
 }
 
 /// Balance moved each extent of `relocations` as a copy: untraced, the

@@ -199,28 +199,14 @@ fn examine(
     let mut accepted = HashSet::new();
     let mut inodes = 0;
     for (node, notes) in found.inodes {
-        let mut new = Vec::new();
-        let mut named_here = HashSet::new();
-        let mut wrong = None;
-        for &e in &notes.data_refs {
-            match r.extent_at(e)? {
-                ExtentAt::Data => {}
-                ExtentAt::Absent if !accepted.contains(&e) && named_here.insert(e) => new.push(e),
-                ExtentAt::Absent => {}
-                ExtentAt::Other => wrong = Some(e),
-            }
-        }
         // Space one inode names wrongly costs that inode only.
-        if let Some((bytenr, len)) = wrong {
-            let why =
-                format!("it names {bytenr}+{len}, which is not a data extent of the last commit");
-            skipped.insert(node, why);
-            continue;
-        }
-        if let Err(why) = claimed.add(st, &new) {
-            skipped.insert(node, why);
-            continue;
-        }
+        let mut new = match new_extents(r, st, &notes.data_refs, &accepted, &mut claimed)? {
+            Ok(new) => new,
+            Err(why) => {
+                skipped.insert(node, why);
+                continue;
+            }
+        };
         accepted.extend(new.iter().copied());
         extents.append(&mut new);
         inodes += u64::from(notes.log_inode);
@@ -239,6 +225,34 @@ fn examine(
         inodes,
         skipped,
     }))
+}
+
+/// The data extents of `refs` (one inode's) the last commit lacks and no
+/// inode examined before named (`accepted`), claimed in `claimed`; or why
+/// the inode's refs cannot be replayed.
+fn new_extents(
+    r: &Reader<'_>,
+    st: &State,
+    refs: &[(u64, u64)],
+    accepted: &HashSet<(u64, u64)>,
+    claimed: &mut Claimed,
+) -> Result<std::result::Result<Vec<(u64, u64)>, String>> {
+    let mut new = Vec::new();
+    let mut named_here = HashSet::new();
+    for &e in refs {
+        match r.extent_at(e)? {
+            ExtentAt::Data => {}
+            ExtentAt::Absent if !accepted.contains(&e) && named_here.insert(e) => new.push(e),
+            ExtentAt::Absent => {}
+            ExtentAt::Other => {
+                let (bytenr, len) = e;
+                return Ok(Err(format!(
+                    "it names {bytenr}+{len}, which is not a data extent of the last commit"
+                )));
+            }
+        }
+    }
+    Ok(claimed.add(st, &new).map(|()| new))
 }
 
 /// Whether each new extent's checksum item, if the log has one, covers
