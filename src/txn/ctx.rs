@@ -486,6 +486,13 @@ impl<'a> Txn<'a> {
 
     /// Gives back data space held for buffered writes (flushed or dropped).
     pub fn release_data(&mut self, tree: u64, bytes: u64) {
+        // Every byte released was held: a reservation never goes below
+        // zero (the saturation only keeps a release build running).
+        debug_assert!(
+            bytes <= self.st.data_reserved,
+            "released {bytes} data bytes with {} held",
+            self.st.data_reserved
+        );
         self.st.data_reserved = self.st.data_reserved.saturating_sub(bytes);
         for m in self.st.mechanisms {
             m.data_released(&mut self.st.slots, tree, bytes);

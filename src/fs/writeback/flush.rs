@@ -498,7 +498,11 @@ fn take(
         taken += data.len() as u64;
         footprint += span(at, data.len() as u64);
         let data = Arc::new(data);
-        s.in_flight.insert(at, data.clone());
+        // The flush lock admits one flush of a file at a time, and it
+        // lands what it took before it lets go: a range is never taken
+        // while an earlier flush of it is still in flight.
+        let earlier = s.in_flight.insert(at, data.clone());
+        debug_assert!(earlier.is_none(), "range at {at} taken twice for flushing");
         out.push((at, data));
     }
     adjust(tx, tree, footprint, 0);
@@ -514,6 +518,7 @@ fn landed(budget: &Budget, s: &mut InodeState, ranges: &[(u64, Arc<Vec<u8>>)]) {
             bytes += d.len() as u64;
         }
     }
+    debug_assert!(bytes <= s.held_bytes, "landed more bytes than were held");
     s.held_bytes -= bytes;
     budget.add_in_flight(-(bytes as i64));
 }
