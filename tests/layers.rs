@@ -3,9 +3,10 @@
 //! one beside it in its own layer). This table is the one place the
 //! order is written; lib.rs and docs/architecture.md follow it.
 //!
-//! The engine core still calls upward in a few places (issue 37): those
-//! are listed in [`DEBTS`] with the files that do it. The test fails on
-//! any other upward or sideways use, and also when a debt is paid off
+//! An upward use that cannot be avoided at once would be listed in
+//! [`DEBTS`]; the list is empty (the transaction calls the mechanisms
+//! above it through `txn::Mechanism`). The test fails on any upward or
+//! sideways use not listed, and also when a listed debt is paid off
 //! without being struck from the list, so the list stays true.
 
 use std::collections::{BTreeMap, BTreeSet};
