@@ -538,7 +538,7 @@ impl<'a> Txn<'a> {
         &self.st.slots
     }
 
-    pub fn slots_mut(&mut self) -> &mut Slots {
+    pub(crate) fn slots_mut(&mut self) -> &mut Slots {
         &mut self.st.slots
     }
 

@@ -32,14 +32,14 @@ impl Txn<'_> {
         self.st.relocate_cursor
     }
 
-    pub fn set_relocate_cursor(&mut self, at: u64) {
+    pub(crate) fn set_relocate_cursor(&mut self, at: u64) {
         self.st.relocate_cursor = at;
     }
 
     /// Records that tree block `copy` is balance's copy of `original`:
     /// balance may change it in place, ordinary changes must copy it
     /// (other trees may share it).
-    pub fn adopt_relocated_block(&mut self, original: u64, copy: u64) {
+    pub(crate) fn adopt_relocated_block(&mut self, original: u64, copy: u64) {
         self.st.frozen.insert(copy);
         self.st.relocated.insert(copy);
         self.st.changes += 1;
@@ -59,25 +59,25 @@ impl Txn<'_> {
     }
 
     /// Records an extent balance moved (for the quota accounting).
-    pub fn note_relocation(&mut self, r: Relocation) {
+    pub(crate) fn note_relocation(&mut self, r: Relocation) {
         self.st.relocations.push(r);
     }
 
     /// Counts a change made outside the tree and allocator calls (which
     /// count their own), so a failed operation knows it changed something.
-    pub fn note_change(&mut self) {
+    pub(crate) fn note_change(&mut self) {
         self.st.changes += 1;
     }
 
     /// The extents moved since the last call (the commit's accounting
     /// takes them once).
-    pub fn take_relocations(&mut self) -> Vec<Relocation> {
+    pub(crate) fn take_relocations(&mut self) -> Vec<Relocation> {
         std::mem::take(&mut self.st.relocations)
     }
 
     /// Runs `f` with the reference changes it makes marked as a copy's:
     /// the holder moved, what it reaches did not.
-    pub fn as_copy<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+    pub(crate) fn as_copy<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
         self.st.refs.set_copying(true);
         let out = f(self);
         self.st.refs.set_copying(false);
@@ -96,7 +96,7 @@ impl Txn<'_> {
 
     /// Points tree `id` at the block `ptr` (its root item is rewritten at
     /// commit).
-    pub fn set_root(&mut self, id: u64, ptr: RootPtr) {
+    pub(crate) fn set_root(&mut self, id: u64, ptr: RootPtr) {
         self.st.set_root(id, ptr);
     }
 
