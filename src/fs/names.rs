@@ -33,17 +33,7 @@ impl Subvol {
                 return Ok(Some(e.ino));
             }
             let child = self.inode_tx(tx, e.ino)?;
-            match (rmdir, is_dir(child.mode)) {
-                (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
-                (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
-                (true, true) if !dir::is_empty(tx, &root, e.ino)? => {
-                    return Err(errno(libc::ENOTEMPTY, "directory not empty"))
-                }
-                _ => {}
-            }
-            if self.last_link(e.ino, &child) {
-                check_deletable(tx, tree, e.ino)?;
-            }
+            self.check_removable(tx, (e.ino, &child), rmdir)?;
             dir::remove(tx, tree, parent, name)?;
             let now = Timespec::now();
             if rmdir {
@@ -217,6 +207,32 @@ impl Subvol {
         self.log_name_changes(tx, &[src.ino, replaced])
     }
 
+    /// Whether the entry of inode `ino` may go for a directory (`as_dir`:
+    /// rmdir, or a directory renamed over it) or for a file (unlink, or a
+    /// file renamed over it): a directory gives way only to a directory,
+    /// and only when empty; a file only to a file. Removing its last link
+    /// must also be able to delete its items.
+    fn check_removable(
+        &self,
+        tx: &Txn<'_>,
+        (ino, inode): (u64, &InodeItem),
+        as_dir: bool,
+    ) -> Result<()> {
+        let root = self.root_ptr_tx(tx)?;
+        match (as_dir, is_dir(inode.mode)) {
+            (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
+            (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
+            (true, true) if !dir::is_empty(tx, &root, ino)? => {
+                return Err(errno(libc::ENOTEMPTY, "directory not empty"))
+            }
+            _ => {}
+        }
+        if self.last_link(ino, inode) {
+            check_deletable(tx, self.tree, ino)?;
+        }
+        Ok(())
+    }
+
     /// RENAME_EXCHANGE of two entries of non-subvolume inodes.
     fn rename_exchange(
         &self,
@@ -263,18 +279,7 @@ impl Subvol {
     ) -> Result<()> {
         let ((newparent, newname), now, tree) = (ends.to, ends.now, self.tree);
         let d_inode = self.inode_tx(tx, d.ino)?;
-        let root = self.root_ptr_tx(tx)?;
-        match (is_dir(src_inode.mode), is_dir(d_inode.mode)) {
-            (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
-            (false, true) => return Err(errno(libc::EISDIR, "is a directory")),
-            (true, true) if !dir::is_empty(tx, &root, d.ino)? => {
-                return Err(errno(libc::ENOTEMPTY, "directory not empty"))
-            }
-            _ => {}
-        }
-        if self.last_link(d.ino, &d_inode) {
-            check_deletable(tx, tree, d.ino)?;
-        }
+        self.check_removable(tx, (d.ino, &d_inode), is_dir(src_inode.mode))?;
         dir::remove(tx, tree, newparent, newname)?;
         if is_dir(d_inode.mode) {
             let mut np = self.inode_tx(tx, newparent)?;
