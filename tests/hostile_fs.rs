@@ -436,17 +436,31 @@ struct Verdict {
 }
 
 fn read_verdicts(dir: &Path) -> Vec<Verdict> {
+    verdict_lines(dir, &["file", "check says", "EIO path"])
+        .into_iter()
+        .map(|f| Verdict {
+            file: f[0].clone(),
+            check_says: f[1].clone(),
+            eio_path: f[2].clone(),
+        })
+        .collect()
+}
+
+/// The lines of `dir/verdicts.txt` but comments and blank ones, each cut
+/// at tabs into one field per name of `fields`.
+fn verdict_lines(dir: &Path, fields: &[&str]) -> Vec<Vec<String>> {
     let text = std::fs::read_to_string(dir.join("verdicts.txt")).expect("verdicts.txt");
     text.lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .map(|l| {
-            let f: Vec<&str> = l.split('\t').collect();
-            assert_eq!(f.len(), 3, "verdict line {l:?}: file, check says, EIO path");
-            Verdict {
-                file: f[0].into(),
-                check_says: f[1].into(),
-                eio_path: f[2].into(),
-            }
+            let f: Vec<String> = l.split('\t').map(String::from).collect();
+            assert_eq!(
+                f.len(),
+                fields.len(),
+                "verdict line {l:?}: {}",
+                fields.join(", ")
+            );
+            f
         })
         .collect()
 }
@@ -537,21 +551,36 @@ fn patch_item(img: &mut [u8], key: canopy::Key, change: &dyn Fn(&mut Vec<u8>)) {
     let fsid = canopy::txn::read_best_superblock(&MemDevice::from_bytes(img.to_vec()))
         .expect("superblock")
         .fsid;
-    let ns = NODESIZE as usize;
     let mut hits = 0;
     for at in fs_leaves(img, &fsid) {
-        let at = at as usize;
-        let mut node = Node::decode(&img[at..at + ns], at as u64, &fsid).expect("leaf");
-        let Body::Leaf(items) = &mut node.body else {
-            continue;
-        };
-        if let Some(it) = items.iter_mut().find(|i| i.key == key) {
-            change(&mut it.data);
-            img[at..at + ns].copy_from_slice(&node.encode(&fsid, ns));
+        if patch_leaf(img, at as usize, &fsid, key, change) {
             hits += 1;
         }
     }
     assert!(hits > 0, "no leaf holds {key}");
+}
+
+/// Rewrites the item `key` of the leaf at `at` with `change`, re-encoding
+/// the leaf with a valid checksum; false when the block is no leaf or
+/// holds no such item.
+fn patch_leaf(
+    img: &mut [u8],
+    at: usize,
+    fsid: &[u8; 16],
+    key: canopy::Key,
+    change: &dyn Fn(&mut Vec<u8>),
+) -> bool {
+    let ns = NODESIZE as usize;
+    let mut node = Node::decode(&img[at..at + ns], at as u64, fsid).expect("leaf");
+    let Body::Leaf(items) = &mut node.body else {
+        return false;
+    };
+    let Some(it) = items.iter_mut().find(|i| i.key == key) else {
+        return false;
+    };
+    change(&mut it.data);
+    img[at..at + ns].copy_from_slice(&node.encode(fsid, ns));
+    true
 }
 
 fn put(at: usize, v: impl AsRef<[u8]>) -> impl Fn(&mut Vec<u8>) {
@@ -734,17 +763,10 @@ fn patch_log_item(img: &mut [u8], key: canopy::Key, change: &dyn Fn(&mut Vec<u8>
     let sb = canopy::txn::read_best_superblock(&MemDevice::from_bytes(img.to_vec()))
         .expect("superblock");
     assert_ne!(sb.log_root, 0, "the image has a pending log");
-    let (at, ns) = (sb.log_root as usize, NODESIZE as usize);
-    let mut node = Node::decode(&img[at..at + ns], at as u64, &sb.fsid).expect("log root");
-    let Body::Leaf(items) = &mut node.body else {
-        panic!("the sample's log is one leaf");
-    };
-    let it = items
-        .iter_mut()
-        .find(|i| i.key == key)
-        .expect("logged item");
-    change(&mut it.data);
-    img[at..at + ns].copy_from_slice(&node.encode(&sb.fsid, ns));
+    assert!(
+        patch_leaf(img, sb.log_root as usize, &sb.fsid, key, change),
+        "the sample's log is one leaf, holding {key}"
+    );
 }
 
 /// The content of `path`, None if it does not resolve.
@@ -760,17 +782,10 @@ fn content_of(fs: &Fs, path: &str) -> Option<Vec<u8>> {
 #[test]
 fn log_corpus() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images/log");
-    let text = std::fs::read_to_string(dir.join("verdicts.txt")).expect("verdicts.txt");
-    let lines: Vec<Vec<&str>> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-        .map(|l| l.split('\t').collect())
-        .collect();
+    let lines = verdict_lines(&dir, &["file", "check says", "path kept", "path replayed"]);
     assert!(lines.len() >= 3);
     for f in lines {
-        let [file, says, kept, replayed] = f[..] else {
-            panic!("verdict {f:?}: file, check says, path kept, path replayed");
-        };
+        let [file, says, kept, replayed] = [&f[0], &f[1], &f[2], &f[3]].map(String::as_str);
         let packed = std::fs::read(dir.join(file)).expect("corpus image");
         let img = zstd::decode_all(&packed[..]).expect("zstd");
         let report =
