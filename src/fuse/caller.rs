@@ -3,7 +3,7 @@
 //! supplementary groups are read from `/proc` when a rule needs them,
 //! which is only for files that carry set-id bits.
 
-use fuser::Request;
+use super::request::Header;
 use std::sync::OnceLock;
 
 /// CAP_FSETID's bit in the capability sets.
@@ -18,11 +18,11 @@ pub struct Caller {
 }
 
 impl Caller {
-    pub fn of(req: &Request) -> Caller {
+    pub fn of(h: &Header) -> Caller {
         Caller {
-            uid: req.uid(),
-            gid: req.gid(),
-            pid: req.pid(),
+            uid: h.uid,
+            gid: h.gid,
+            pid: h.pid,
             status: OnceLock::new(),
         }
     }

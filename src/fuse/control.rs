@@ -304,11 +304,7 @@ pub struct Server {
 impl Server {
     /// Listens for the mount at `mountpoint`. A failure only loses the
     /// commands, not the mount, so the caller may go on without it.
-    pub fn start(
-        mountpoint: &Path,
-        fs: Arc<Fs>,
-        notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
-    ) -> Result<Server> {
+    pub fn start(mountpoint: &Path, fs: Arc<Fs>, notifier: super::Notifier) -> Result<Server> {
         let path = socket_path(mountpoint);
         std::fs::create_dir_all(DIR).map_err(|e| Error::io(format!("creating {DIR}"), e))?;
         // A socket left by a daemon that died; a live one answers.
@@ -352,7 +348,7 @@ impl Drop for Server {
 /// What requests act on: the filesystem, and the kernel's caches of it.
 struct Daemon {
     fs: Arc<Fs>,
-    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    notifier: super::Notifier,
 }
 
 impl Daemon {
@@ -360,14 +356,12 @@ impl Daemon {
     /// was) and the directory's attributes: a change made here, not
     /// through it, must drop them.
     fn changed_entry(&self, parent: u64, name: &[u8]) {
-        let Some(n) = self.notifier.get() else { return };
-        let node = fuser::INodeNo(if parent == self.fs.root_node() {
+        let n = &self.notifier;
+        let node = if parent == self.fs.root_node() {
             1
         } else {
             parent
-        });
-        use std::os::unix::ffi::OsStrExt;
-        let name = std::ffi::OsStr::from_bytes(name);
+        };
         if let Err(e) = n.inval_entry(node, name) {
             tracing::debug!(parent, error = %e, "entry invalidation");
         }

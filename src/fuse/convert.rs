@@ -1,115 +1,97 @@
 //! Conversions between Canopy's types and the FUSE protocol's: errors to
-//! errno, times, file types, the caller's identity, and the replies that
-//! follow one rule (empty replies, the xattr size protocol).
+//! errno, attributes, the caller's identity, and the replies that follow
+//! one rule (empty replies, the xattr size protocol).
 
+use super::proto::fattr;
+use super::reply::{self, FileAttr, Reply};
+use super::request::{Header, SetattrIn};
 use crate::format::inode::Timespec;
-use crate::fs::{NewNode, Owner};
-use fuser::{Errno, FileAttr, FileType, INodeNo, ReplyEmpty, ReplyXattr, Request, TimeOrNow};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use crate::fs::{Attr, NewNode, Owner, SetAttr};
 
-pub(super) fn err(e: crate::Error) -> Errno {
+pub(super) fn err(e: crate::Error) -> i32 {
     if e.errno() == libc::EIO {
         tracing::error!(error = %e, "I/O error");
     } else {
         tracing::debug!(error = %e, "request failed");
     }
-    Errno::from_i32(e.errno())
+    e.errno()
 }
 
-pub(super) fn time(t: Timespec) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
-    }
+fn time(t: Timespec) -> (i64, u32) {
+    (t.sec, t.nsec)
 }
 
-pub(super) fn timespec(t: SystemTime) -> Timespec {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timespec {
-            sec: d.as_secs() as i64,
-            nsec: d.subsec_nanos(),
-        },
-        Err(e) => Timespec {
-            sec: -(e.duration().as_secs() as i64),
-            nsec: 0,
-        },
-    }
-}
-
-pub(super) fn kind(mode: u32) -> FileType {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => FileType::Directory,
-        libc::S_IFLNK => FileType::Symlink,
-        libc::S_IFCHR => FileType::CharDevice,
-        libc::S_IFBLK => FileType::BlockDevice,
-        libc::S_IFIFO => FileType::NamedPipe,
-        libc::S_IFSOCK => FileType::Socket,
-        _ => FileType::RegularFile,
-    }
-}
-
-/// The attributes of a negative entry: only the zero inode number counts.
-pub(super) fn absent_entry() -> FileAttr {
+/// `a` as the kernel sees it, as node `node`.
+pub(super) fn file_attr(a: &Attr, node: u64) -> FileAttr {
     FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        flags: 0,
+        ino: node,
+        size: a.size,
+        blocks: a.blocks,
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        mode: a.mode,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
         blksize: 4096,
     }
 }
 
-pub(super) fn reply_empty(r: crate::Result<()>, reply: ReplyEmpty) {
+pub(super) fn reply_empty(r: crate::Result<()>) -> Reply {
     match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(err(e)),
+        Ok(()) => Reply::empty(),
+        Err(e) => Reply::Error(err(e)),
     }
 }
 
-pub(super) fn owner(req: &Request) -> Owner {
+pub(super) fn owner(h: &Header) -> Owner {
     Owner {
-        uid: req.uid(),
-        gid: req.gid(),
+        uid: h.uid,
+        gid: h.gid,
     }
 }
 
-/// A new inode of `mode` asked for by `req`'s caller, whose umask the
+/// A new inode of `mode` asked for by `h`'s caller, whose umask the
 /// kernel left unapplied (FUSE_DONT_MASK; see `fs::acl`).
-pub(super) fn new_node(req: &Request, mode: u32, rdev: u64, umask: u32) -> NewNode<'static> {
+pub(super) fn new_node(h: &Header, mode: u32, rdev: u64, umask: u32) -> NewNode<'static> {
     NewNode {
         mode,
         rdev,
-        owner: owner(req),
+        owner: owner(h),
         target: None,
         umask,
     }
 }
 
-pub(super) fn time_or_now(t: Option<TimeOrNow>) -> Option<Timespec> {
-    t.map(|t| match t {
-        TimeOrNow::SpecificTime(s) => timespec(s),
-        TimeOrNow::Now => Timespec::now(),
-    })
+/// The changes a SETATTR asks for.
+pub(super) fn setattr(s: &SetattrIn) -> SetAttr {
+    let has = |bit: u32| s.valid & bit != 0;
+    let at = |(sec, nsec): (i64, u32)| Timespec { sec, nsec };
+    let time = |set: u32, now: u32, t: (i64, u32)| match (has(set), has(now)) {
+        (true, true) => Some(Timespec::now()),
+        (true, false) => Some(at(t)),
+        _ => None,
+    };
+    SetAttr {
+        mode: has(fattr::MODE).then_some(s.mode),
+        uid: has(fattr::UID).then_some(s.uid),
+        gid: has(fattr::GID).then_some(s.gid),
+        size: has(fattr::SIZE).then_some(s.size),
+        atime: time(fattr::ATIME, fattr::ATIME_NOW, s.atime),
+        mtime: time(fattr::MTIME, fattr::MTIME_NOW, s.mtime),
+        ctime: has(fattr::CTIME).then(|| at(s.ctime)),
+    }
 }
 
 /// getxattr/listxattr protocol: size 0 asks for the length; a buffer too
 /// small is ERANGE.
-pub(super) fn reply_xattr(r: crate::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
+pub(super) fn reply_xattr(r: crate::Result<Vec<u8>>, size: u32) -> Reply {
     match r {
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
-        Ok(v) => reply.data(&v),
-        Err(e) => reply.error(err(e)),
+        Ok(v) if size == 0 => reply::xattr_size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => Reply::Error(libc::ERANGE),
+        Ok(v) => Reply::Data(v),
+        Err(e) => Reply::Error(err(e)),
     }
 }

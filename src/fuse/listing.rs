@@ -1,11 +1,10 @@
 //! Directory listings for the kernel: READDIR and READDIRPLUS, each
 //! offset carrying where its listing ends (`dircookie`).
 
-use super::convert::{err, kind};
-use super::{dircookie, FuseFs, CHUNK, PLUS_CHUNK, TTL};
-use fuser::{Generation, ReplyDirectory, ReplyDirectoryPlus};
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
+use super::convert::err;
+use super::handler::{CHUNK, PLUS_CHUNK, TTL};
+use super::reply::{Listing, Reply};
+use super::{dircookie, FuseFs};
 
 impl FuseFs {
     /// Where a listing of `dir` from kernel offset `offset` ends, and the
@@ -19,39 +18,41 @@ impl FuseFs {
         }
     }
 
-    /// READDIR of `dir` from kernel offset `offset`.
-    pub(super) fn list(&self, dir: u64, offset: u64, mut reply: ReplyDirectory) {
+    /// READDIR of `dir` from kernel offset `offset`, into `size` bytes.
+    pub(super) fn list(&self, dir: u64, offset: u64, size: u32) -> Reply {
         let listed = self
             .listing_bound(dir, offset)
             .and_then(|(last, from)| Ok((last, self.fs.readdir_to(dir, from, CHUNK, last)?)));
         match listed {
             Ok((last, entries)) => {
+                let mut out = Listing::new(size);
                 for (next, child, dtype, name) in entries {
-                    let k = kind(u32::from(dtype) << 12);
                     let at = dircookie::encode(last, next);
-                    if reply.add(self.kernel_node(child), at, k, OsStr::from_bytes(&name)) {
+                    if !out.add(self.kernel_node(child), at, u32::from(dtype), &name) {
                         break;
                     }
                 }
-                reply.ok();
+                out.done()
             }
-            Err(e) => reply.error(err(e)),
+            Err(e) => Reply::Error(err(e)),
         }
     }
 
-    /// READDIRPLUS of `dir` from kernel offset `offset`.
-    pub(super) fn list_plus(&self, dir: u64, offset: u64, mut reply: ReplyDirectoryPlus) {
+    /// READDIRPLUS of `dir` from kernel offset `offset`, into `size`
+    /// bytes.
+    pub(super) fn list_plus(&self, dir: u64, offset: u64, size: u32) -> Reply {
         let (last, mut from) = match self.listing_bound(dir, offset) {
             Ok(b) => b,
-            Err(e) => return reply.error(err(e)),
+            Err(e) => return Reply::Error(err(e)),
         };
+        let mut out = Listing::new(size);
         // The kernel's buffer holds a getdents' worth (up to ~200
         // entries with attributes): filled chunk by chunk, so no more
         // attributes are read than fit.
         loop {
             let entries = match self.fs.readdir_plus(dir, from, PLUS_CHUNK, last) {
                 Ok(e) => e,
-                Err(e) => return reply.error(err(e)),
+                Err(e) => return Reply::Error(err(e)),
             };
             let Some(&(end, _, _)) = entries.last() else {
                 break;
@@ -59,16 +60,13 @@ impl FuseFs {
             for (next, a, name) in entries {
                 // Deleted since it was listed: left out.
                 let Some(a) = a else { continue };
-                let attr = self.file_attr(&a);
-                let generation = Generation(a.generation());
-                let name = OsStr::from_bytes(&name);
                 let at = dircookie::encode(last, next);
-                if reply.add(attr.ino, at, name, &TTL, &attr, generation) {
-                    return reply.ok();
+                if !out.add_plus(&self.attr(&a), a.generation(), TTL, at, &name) {
+                    return out.done();
                 }
             }
             from = end;
         }
-        reply.ok();
+        out.done()
     }
 }

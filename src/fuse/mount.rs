@@ -1,7 +1,7 @@
 //! Mounting: the FUSE session (options in `options.rs`), periodic commits, and a clean
 //! shutdown on unmount, SIGTERM or SIGINT.
 
-use super::FuseFs;
+use super::{FuseFs, Notifier};
 use crate::dev::{Device, FileDevice};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
@@ -42,18 +42,31 @@ pub fn serve(
     let fs = open_fs(image, opts)?;
     install_signal_handlers();
     let source = image.to_string_lossy().into_owned();
-    let (session, kernel_mounted, notifier) = start_session(&fs, &source, mountpoint, opts)?;
+    let (session, notifier) = match start_session(&fs, &source, mountpoint, opts) {
+        Err(Error::Io { context, cause })
+            if context == super::uring::REGISTER_FAILED
+                && opts.transport == super::Transport::Auto =>
+        {
+            tracing::warn!(error = %cause, "io_uring failed after INIT; mounting again on /dev/fuse");
+            let dev = MountOptions {
+                transport: super::Transport::Dev,
+                ..opts.clone()
+            };
+            start_session(&fs, &source, mountpoint, &dev)?
+        }
+        r => r?,
+    };
     tracing::info!(image = %source, mountpoint = %mountpoint.display(), "mounted");
     let mount_path = mountpoint
         .canonicalize()
         .unwrap_or(mountpoint.to_path_buf());
-    if kernel_mounted && opts.readahead > 0 {
+    if session.by_root && opts.readahead > 0 {
         set_readahead(&mount_path, opts.readahead);
     }
     let helpers = Helpers::start(&fs, &mount_path, notifier, opts);
     ready();
     run_until_unmounted(&fs, &session, &mount_path, opts);
-    end_session(session, kernel_mounted, mountpoint);
+    end_session(session, mountpoint);
     helpers.stop(&fs);
     if let Some(why) = fs.engine().shutdown_reason() {
         // Logged as what it was: a shutdown while mounted, not a failure
@@ -104,39 +117,71 @@ fn open_fs(image: &Path, opts: &MountOptions) -> Result<Arc<Fs>> {
     Ok(fs)
 }
 
-type Notifier = Arc<std::sync::OnceLock<fuser::Notifier>>;
+/// A live session: the threads serving it, and whether Canopy mounted
+/// it itself as root (else fusermount3 did).
+struct Mounted {
+    running: super::session::Running,
+    by_root: bool,
+}
 
-/// Mounts and starts serving FUSE requests: (session, whether Canopy
-/// mounted it itself as root, the notifier's slot).
+/// Mounts and starts serving FUSE requests.
 fn start_session(
     fs: &Arc<Fs>,
     source: &str,
     mountpoint: &Path,
     opts: &MountOptions,
-) -> Result<(fuser::BackgroundSession, bool, Notifier)> {
-    let config = opts.fuser_config(source);
-    let fuse_fs = FuseFs::new(fs.clone(), opts.writeback_cache && !opts.read_only);
-    let slot = fuse_fs.notifier_slot();
-    if unsafe { libc::geteuid() } != 0 {
-        let s = fuser::spawn_mount(fuse_fs, mountpoint, &config)
-            .map_err(|e| Error::io(format!("mounting on {}", mountpoint.display()), e))?;
-        let _ = slot.set(s.notifier());
-        return Ok((s, false, slot));
-    }
-    let fd = mount_as_root(source, mountpoint, opts)?;
-    let s = fuser::Session::from_fd(fuse_fs, fd, config.acl, config).and_then(|s| {
-        let _ = slot.set(s.notifier());
-        s.spawn()
-    });
-    match s {
-        Ok(s) => Ok((s, true, slot)),
-        Err(e) => {
-            unmount(mountpoint);
-            Err(Error::io(
-                format!("starting FUSE on {}", mountpoint.display()),
-                e,
-            ))
+) -> Result<(Mounted, Notifier)> {
+    let notifier = Notifier::default();
+    let handler = FuseFs::new(
+        fs.clone(),
+        opts.writeback_cache && !opts.read_only,
+        notifier.clone(),
+    );
+    let by_root = unsafe { libc::geteuid() } == 0;
+    let fd = if by_root {
+        mount_as_root(source, mountpoint, opts)?
+    } else {
+        super::fusermount::mount(mountpoint, &opts.fusermount_options(source))?
+    };
+    let transport = super::session::Config {
+        transport: opts.transport,
+        threads: opts.threads,
+    };
+    match super::session::start(Arc::new(fd), handler, &transport) {
+        Ok(running) => {
+            notifier.attach(running.fd.clone());
+            Ok((Mounted { running, by_root }, notifier))
         }
+        Err(e) => {
+            abort_connection(mountpoint);
+            unmount(mountpoint, by_root);
+            Err(e)
+        }
+    }
+}
+
+/// Ends the kernel's side of the FUSE connection on `mountpoint`
+/// (fusectl's `abort`), so that nothing waits on a session that failed
+/// to start: once io_uring is agreed, the kernel holds every request
+/// until the rings are ready. The path is resolved without looking into
+/// the mount itself, which would wait the same way.
+fn abort_connection(mountpoint: &Path) {
+    let resolved = match (mountpoint.parent(), mountpoint.file_name()) {
+        (Some(p), Some(n)) => p
+            .canonicalize()
+            .map(|p| p.join(n))
+            .unwrap_or(mountpoint.to_path_buf()),
+        _ => mountpoint.to_path_buf(),
+    };
+    let Some(dev) = our_mount(&resolved, |f, _| f.get(2).map(|d| d.to_string())) else {
+        return;
+    };
+    let Some(minor) = dev.split(':').nth(1) else {
+        return;
+    };
+    let path = format!("/sys/fs/fuse/connections/{minor}/abort");
+    if let Err(e) = std::fs::write(&path, "1") {
+        tracing::warn!(error = %e, %path, "could not abort the FUSE connection");
     }
 }
 
@@ -186,15 +231,10 @@ impl Helpers {
 
 /// Commits every `commit=` seconds and follows remounts until a signal
 /// or an unmount ends the session.
-fn run_until_unmounted(
-    fs: &Fs,
-    session: &fuser::BackgroundSession,
-    mount_path: &Path,
-    opts: &MountOptions,
-) {
+fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &MountOptions) {
     let mut last_commit = Instant::now();
     let mut last_look = Instant::now();
-    while !STOP.load(Ordering::SeqCst) && !session.guard.is_finished() {
+    while !STOP.load(Ordering::SeqCst) && !session.running.finished() {
         std::thread::sleep(Duration::from_millis(100));
         if !opts.read_only && last_look.elapsed() >= Duration::from_secs(1) {
             follow_remount(fs, mount_path);
@@ -210,20 +250,12 @@ fn run_until_unmounted(
     }
 }
 
-fn end_session(session: fuser::BackgroundSession, kernel_mounted: bool, mountpoint: &Path) {
-    if !STOP.load(Ordering::SeqCst) {
-        if let Err(e) = session.join() {
-            tracing::warn!(error = %e, "session ended with an error");
-        }
-        return;
+fn end_session(session: Mounted, mountpoint: &Path) {
+    if STOP.load(Ordering::SeqCst) {
+        tracing::info!("signal received: unmounting");
+        unmount(mountpoint, session.by_root);
     }
-    tracing::info!("signal received: unmounting");
-    if kernel_mounted {
-        unmount(mountpoint);
-        let _ = session.join();
-    } else if let Err(e) = session.umount_and_join() {
-        tracing::warn!(error = %e, "unmount");
-    }
+    session.running.join();
 }
 
 /// Notices a `mount -o remount,ro` (or back to rw) of our mount: the
@@ -493,7 +525,10 @@ fn kernel_flags(opts: &MountOptions) -> libc::c_ulong {
 }
 
 /// Unmounts, lazily if the mount is busy.
-fn unmount(mountpoint: &Path) {
+fn unmount(mountpoint: &Path, by_root: bool) {
+    if !by_root {
+        return super::fusermount::unmount(mountpoint);
+    }
     use std::os::unix::ffi::OsStrExt;
     let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
         return;

@@ -2,7 +2,6 @@
 //! Canopy's own, and the FUSE mount options they become.
 
 use crate::error::{Error, Result};
-use fuser::{Config, MountOption};
 
 /// Options accepted by `canopy mount -o`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,8 +15,11 @@ pub struct MountOptions {
     pub commit_secs: u64,
     /// Clean block cache size in blocks.
     pub cache_blocks: usize,
-    /// Request-serving threads.
+    /// Request-serving threads (under io_uring spread over the kernel's
+    /// queues, at least one each).
     pub threads: usize,
+    /// How requests reach the daemon (`transport=auto|uring|dev`).
+    pub transport: super::Transport,
     /// Bytes of written file data buffered before writers flush.
     pub dirty_limit: u64,
     /// When reads update access times.
@@ -66,6 +68,7 @@ impl Default for MountOptions {
             commit_secs: 5,
             cache_blocks: 16384,
             threads: 4,
+            transport: super::Transport::Auto,
             dirty_limit: crate::fs::writeback::DEFAULT_DIRTY_LIMIT,
             atime: crate::fs::AtimePolicy::Relative,
             dir_atime: true,
@@ -196,6 +199,18 @@ impl MountOptions {
             "commit" => o.commit_secs = num(value)?.max(1),
             "cache_blocks" => o.cache_blocks = num(value)? as usize,
             "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
+            "transport" => {
+                o.transport = match value {
+                    Some("auto") => super::Transport::Auto,
+                    Some("uring" | "io_uring") => super::Transport::Uring,
+                    Some("dev") => super::Transport::Dev,
+                    _ => {
+                        return Err(Error::Invalid(format!(
+                            "'{opt}': transport is auto, uring or dev"
+                        )))
+                    }
+                }
+            }
             "readahead" => {
                 let v = value.ok_or_else(|| Error::Invalid("readahead needs a size".into()))?;
                 o.readahead = crate::units::parse_size(v).map_err(Error::Invalid)?;
@@ -211,41 +226,35 @@ impl MountOptions {
         Ok(true)
     }
 
-    pub(super) fn fuser_config(&self, source: &str) -> Config {
-        let mut c = Config::default();
-        c.mount_options = vec![
-            MountOption::FSName(source.to_string()),
-            MountOption::Subtype("canopy".into()),
-            if self.read_only {
-                MountOption::RO
-            } else {
-                MountOption::RW
-            },
+    /// The options fusermount3 takes for a mount by a user other than
+    /// root (it forces nosuid and nodev itself).
+    pub(super) fn fusermount_options(&self, source: &str) -> String {
+        let mut o = vec![
+            format!("fsname={}", source.replace(',', "\\,")),
+            "subtype=canopy".to_string(),
+            if self.read_only { "ro" } else { "rw" }.to_string(),
         ];
         if self.default_permissions {
-            c.mount_options.push(MountOption::DefaultPermissions);
-        }
-        for k in &self.kernel {
-            c.mount_options.push(match k.as_str() {
-                "nodev" => MountOption::NoDev,
-                "dev" => MountOption::Dev,
-                "nosuid" => MountOption::NoSuid,
-                "suid" => MountOption::Suid,
-                "noexec" => MountOption::NoExec,
-                "exec" => MountOption::Exec,
-                "noatime" => MountOption::NoAtime,
-                "atime" => MountOption::Atime,
-                "sync" => MountOption::Sync,
-                "async" => MountOption::Async,
-                "dirsync" => MountOption::DirSync,
-                other => MountOption::CUSTOM(other.to_string()),
-            });
+            o.push("default_permissions".into());
         }
         if self.allow_other {
-            c.acl = fuser::SessionACL::All;
+            o.push("allow_other".into());
         }
-        c.n_threads = Some(self.threads);
-        c.clone_fd = true;
-        c
+        let passed = [
+            "noexec",
+            "exec",
+            "noatime",
+            "sync",
+            "async",
+            "dirsync",
+            "nodiratime",
+        ];
+        o.extend(
+            self.kernel
+                .iter()
+                .filter(|k| passed.contains(&k.as_str()))
+                .cloned(),
+        );
+        o.join(",")
     }
 }
