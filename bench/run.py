@@ -76,7 +76,10 @@ def main():
                         "for rename)")
     p.add_argument("--work", default="/var/tmp/canopy-bench", help="where the images go")
     p.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md alone")
+    p.add_argument("--canopy-opts", default="",
+                   help="mount options every Canopy mount gets, e.g. transport=dev")
     a = p.parse_args()
+    fslib.Canopy.base_opts = a.canopy_opts
     names = a.workloads or list(workloads.WORKLOADS)
     unknown = [w for w in names if w not in workloads.WORKLOADS]
     if unknown:

@@ -14,10 +14,26 @@ cargo clippy --all-targets --locked -- -D warnings
 # they cannot run (CANOPY_REQUIRE_ALL=1 makes that a failure instead).
 skipped=target/tmp/skipped-tests.txt
 mkdir -p target/tmp && rm -f "$skipped"
-echo "== cargo test"
-cargo test --locked "$@"
+# The mount tests run once per FUSE transport: /dev/fuse in the main
+# pass, io_uring in a pass of their own (when the kernel offers it: root
+# turns it on with /sys/module/fuse/parameters/enable_uring, as .ci/run
+# does).
+mount_tests=(--test mount --test mount_posix --test mount_enospc --test mount_quota
+    --test mount_transport --test exerciser)
+echo "== cargo test (mounts on /dev/fuse)"
+CANOPY_TEST_MOUNT_OPTS=transport=dev cargo test --locked "$@"
+uring_enable=/sys/module/fuse/parameters/enable_uring
+if grep -qx 'Y' "$uring_enable" 2>/dev/null; then
+    echo "== mount tests again, on FUSE over io_uring"
+    CANOPY_TEST_MOUNT_OPTS=transport=uring cargo test --locked "${mount_tests[@]}" "$@"
+elif [ "${CANOPY_REQUIRE_ALL:-}" = 1 ]; then
+    echo "the io_uring pass needs $uring_enable = Y (Linux 6.14+; .ci/run turns it on)" >&2
+    exit 1
+else
+    echo "mount tests on io_uring (the kernel does not offer it: $uring_enable)" >> "$skipped"
+fi
 echo "== mount tests again, mounted with the kernel's writeback cache"
-CANOPY_TEST_MOUNT_OPTS=writeback_cache cargo test --locked --test mount --test mount_posix --test exerciser "$@"
+CANOPY_TEST_MOUNT_OPTS=transport=dev,writeback_cache cargo test --locked --test mount --test mount_posix --test exerciser "$@"
 echo "== crash campaign: kill -9 of the daemon under PostgreSQL and SQLite, replay, every acknowledged commit there"
 # Each client: 4 GiB (split groups) fresh and 85% full, 512 MiB (mixed)
 # fresh, two crashes per image. 512 MiB at 85% full runs in the soak
@@ -39,10 +55,13 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     rounds=${CANOPY_CRASH_ROUNDS:-1}
     campaign=(python3 scripts/crash_campaign.py "${clients[@]}" --cycles 2
         --keep-dir target/tmp/crash-keep)
+    # 4 GiB on io_uring when the kernel offers it, 512 MiB on /dev/fuse.
+    big_transport=dev
+    if grep -qx 'Y' "$uring_enable" 2>/dev/null; then big_transport=uring; fi
     "${campaign[@]}" --rounds "$rounds" --size 4G --fill 0 --fill 0.85 \
-        --json target/tmp/crash-campaign-4g.json
+        --mount-opts "transport=$big_transport" --json target/tmp/crash-campaign-4g.json
     "${campaign[@]}" --rounds "$rounds" --size 512M --fill 0 --fill 0.85 \
-        --json target/tmp/crash-campaign-512m.json
+        --mount-opts transport=dev --json target/tmp/crash-campaign-512m.json
 else
     if [ "${CANOPY_REQUIRE_ALL:-}" = 1 ]; then
         echo "the crash campaign needs root, /dev/fuse and fusermount3, and CANOPY_REQUIRE_ALL=1" >&2

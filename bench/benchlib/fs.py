@@ -106,8 +106,13 @@ class Canopy(Fs):
     def mkfs(self):
         sh(f"'{CANOPY}' mkfs -q -s {self.size} '{self.image}'")
 
+    # Mount options every Canopy mount of a run gets first (run.py's
+    # --canopy-opts, e.g. transport=dev).
+    base_opts = ""
+
     def do_mount(self):
-        o = f"-o {self.opts}" if self.opts else ""
+        opts = ",".join(o for o in (self.base_opts, self.opts) if o)
+        o = f"-o {opts}" if opts else ""
         sh(f"'{CANOPY}' mount {o} '{self.image}' '{self.mnt}'")
 
 

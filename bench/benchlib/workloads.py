@@ -631,6 +631,69 @@ def parallel(fs, scale):
     ]
 
 
+# -- the FUSE transport (issue 43) -----------------------------------------
+
+def forced_statx_us(path, n=20000):
+    """Microseconds per statx(AT_STATX_FORCE_SYNC) of `path`: one round
+    trip to a FUSE daemon each (through ctypes, which adds well under a
+    microsecond; tmpfs shows how much)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)
+    at_fdcwd, force_sync, basic = -100, 0x2000, 0x7FF
+    p = path.encode()
+    for _ in range(1000):
+        libc.statx(at_fdcwd, p, force_sync, basic, buf)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        if libc.statx(at_fdcwd, p, force_sync, basic, buf) != 0:
+            raise OSError(ctypes.get_errno(), "statx")
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def roundtrip(fs, scale):
+    """A forced statx round trip; on Canopy once per transport: io_uring,
+    /dev/fuse with the default 4 threads and with one."""
+    configs = [("", "")]
+    if fs.name == "canopy":
+        configs = [(" io_uring", "transport=uring"), (" /dev/fuse 4 threads", "transport=dev"),
+                   (" /dev/fuse 1 thread", "transport=dev,threads=1")]
+    samples = []
+    for label, opts in configs:
+        fs.make(opts)
+        with open(fs.path("f"), "w") as f:
+            f.write("x")
+        us = forced_statx_us(fs.path("f"), max(5000, int(20000 * scale * 4)))
+        samples.append((f"forced statx{label} (us)", us, "us", "lower"))
+        fs.umount()
+    return samples
+
+
+def reads(fs, scale):
+    """Cold sequential read of one 1 GiB file; then cold reads of 256 MiB
+    files, one reader and four at once on four files (aggregate MB/s)."""
+    big = max(256, int(1024 * scale * 4))
+    fs.make()
+    sh(f"dd if=/dev/urandom of='{fs.path('big')}' bs=1M count={big} status=none")
+    for i in range(4):
+        sh(f"dd if=/dev/urandom of='{fs.path(f'part{i}')}' bs=1M count=256 status=none")
+    sh("sync")
+    fs.remount_cold()
+    t = timed(f"dd if='{fs.path('big')}' of=/dev/null bs=1M status=none")
+    samples = [(f"seq read {big} MiB, cold (MB/s)", big / t, "MB/s", "higher")]
+    fs.remount_cold()
+    one = 256 / timed(f"dd if='{fs.path('part0')}' of=/dev/null bs=1M status=none")
+    fs.remount_cold()
+    readers = " & ".join(f"dd if='{fs.path(f'part{i}')}' of=/dev/null bs=1M status=none"
+                         for i in range(4))
+    four = 1024 / timed(f"{readers} & wait")
+    fs.umount()
+    samples += [("cold read, 1 reader (MB/s)", one, "MB/s", "higher"),
+                ("cold read, 4 readers (MB/s)", four, "MB/s", "higher"),
+                ("4 readers / 1 reader (x)", four / one, "x", "higher")]
+    return samples
+
+
 # -- subvolumes and snapshots (issue 14) -----------------------------------
 
 def subvol_cmds(fs):
@@ -758,6 +821,8 @@ WORKLOADS = {
     "pgbench": pgbench,
     "parallel": parallel,
     "snapshot": snapshot,
+    "roundtrip": roundtrip,
+    "reads": reads,
 }
 
 # Filesystems each workload runs on by default (tmpfs is the floor for the

@@ -76,7 +76,7 @@ pub fn start(fd: Arc<OwnedFd>, mut handler: impl Handler, config: &Config) -> Re
                 super::uring::HOW_TO_ENABLE
             )));
         }
-        (t, true) => match super::uring::Rings::prepare(config.threads) {
+        (t, true) => match super::uring::Rings::prepare(raw, config.threads) {
             Ok(r) => Some(r),
             Err(e) if t == Transport::Auto => {
                 tracing::warn!(error = %e, "transport: /dev/fuse (io_uring could not be set up)");
@@ -293,6 +293,11 @@ impl Running {
             threads: Vec::new(),
             fd,
         }
+    }
+
+    /// Counts `t` among the session's threads.
+    pub fn adopt(&mut self, t: std::thread::JoinHandle<()>) {
+        self.threads.push(t);
     }
 
     pub fn spawn(&mut self, name: String, f: impl FnOnce() + Send + 'static) -> Result<()> {

@@ -18,7 +18,7 @@ use super::request;
 use super::session::{Handler, Running};
 use crate::error::{Error, Result};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -82,8 +82,12 @@ unsafe impl Send for Entry {}
 
 impl Entry {
     fn new(qid: u16) -> Result<Entry> {
+        // Only this entry's thread submits, and it reaps completions
+        // only when it waits for them: the kernel need not interrupt it
+        // to run completion work.
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .setup_coop_taskrun()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
             .build(4)
             .map_err(|e| Error::io("creating an io_uring", e))?;
         let mut header = Box::new([0u8; HEADER_LEN]);
@@ -145,7 +149,16 @@ impl Entry {
     /// A completion that arrived during submission (REGISTER fails
     /// synchronously), if any.
     fn early_result(&mut self) -> std::io::Result<Option<i32>> {
-        self.ring.submit()?;
+        // With deferred task work, a completion is posted only when the
+        // thread asks for events: a wait for one that times out at once
+        // does that.
+        let now = types::Timespec::new();
+        let args = types::SubmitArgs::new().timespec(&now);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
+            Err(e) => return Err(e),
+        }
         Ok(self.ring.completion().next().map(|c| c.result()))
     }
 
@@ -207,65 +220,86 @@ fn with_two_iovecs(sqe: squeue::Entry128) -> squeue::Entry128 {
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
 }
 
-/// The rings of a session, made before INIT is answered so that a
-/// failure can still choose /dev/fuse.
+/// What a ring thread reports: its ring made (prepare), then its
+/// entry registered (start), or why not.
+type Report = std::result::Result<(), String>;
+
+/// A ring thread waiting for the handler: where to send it, and the
+/// thread.
+type Waiting = (mpsc::Sender<Arc<dyn Handler>>, std::thread::JoinHandle<()>);
+
+/// The rings of a session, each made by its own thread before INIT is
+/// answered (so that a failure can still choose /dev/fuse); the threads
+/// then wait for the handler and the word to register.
 pub struct Rings {
-    entries: Vec<Entry>,
+    threads: Vec<Waiting>,
+    reports: mpsc::Receiver<Report>,
 }
 
 impl Rings {
-    /// `threads` entries (each with its thread) spread over the
-    /// kernel's queues, at least one each.
-    pub fn prepare(threads: usize) -> Result<Rings> {
+    /// `threads` entries, each with its thread and ring, spread over
+    /// the kernel's queues, at least one each.
+    pub fn prepare(fd: RawFd, threads: usize) -> Result<Rings> {
         let queues = possible_cpus();
         let per_queue = (threads / queues).max(1);
-        let mut entries = Vec::with_capacity(queues * per_queue);
+        let (report, reports) = mpsc::channel();
+        let mut rings = Rings {
+            threads: Vec::with_capacity(queues * per_queue),
+            reports,
+        };
         for q in 0..queues {
-            for _ in 0..per_queue {
-                entries.push(Entry::new(q as u16)?);
+            for i in 0..per_queue {
+                let (go, wait) = mpsc::channel::<Arc<dyn Handler>>();
+                let report = report.clone();
+                let t = std::thread::Builder::new()
+                    .name(format!("fuse-ring-{q}-{i}"))
+                    .spawn(move || ring_thread(fd, q as u16, &report, &wait))
+                    .map_err(|e| Error::io("starting an io_uring thread", e))?;
+                rings.threads.push((go, t));
             }
         }
+        // Dropping `rings` on an error tells the threads made so far to
+        // end (their `go` channels close).
+        rings.wait_all("creating an io_uring")?;
         tracing::info!(
             queues,
             per_queue,
             "transport: io_uring ({queues} queues, {per_queue} entries each)"
         );
-        Ok(Rings { entries })
+        Ok(rings)
+    }
+
+    /// Waits for a report from every thread.
+    fn wait_all(&self, what: &str) -> Result<()> {
+        for _ in 0..self.threads.len() {
+            let failed = match self.reports.recv() {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e,
+                Err(_) => "an io_uring thread ended".into(),
+            };
+            return Err(Error::io(what, std::io::Error::other(failed)));
+        }
+        Ok(())
     }
 
     /// Registers every entry (INIT has been answered) and serves. An
     /// entry the kernel refuses fails the session: with io_uring agreed,
     /// the kernel holds every request until each queue has an entry.
-    pub fn start(self, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()> {
-        let fd = running.fd.as_raw_fd();
-        let (tx, rx) = mpsc::channel();
-        let count = self.entries.len();
-        for (i, mut entry) in self.entries.into_iter().enumerate() {
-            let (h, tx) = (handler.clone(), tx.clone());
-            running.spawn(format!("fuse-ring-{}-{i}", entry.qid), move || {
-                pin_to_cpu(entry.qid);
-                let first = entry
-                    .push(fd, CMD_REGISTER, 0)
-                    .and_then(|()| entry.early_result());
-                let _ = tx.send(first.as_ref().map(|r| *r).map_err(|e| e.to_string()));
-                match first {
-                    Ok(None) => serve(&mut entry, fd, &*h, None),
-                    Ok(Some(r)) if r >= 0 => serve(&mut entry, fd, &*h, Some(r)),
-                    _ => {}
-                }
-            })?;
+    pub fn start(mut self, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()> {
+        let threads = std::mem::take(&mut self.threads);
+        let count = threads.len();
+        for (go, t) in threads {
+            // A thread that already ended reports so below.
+            let _ = go.send(handler.clone());
+            running.adopt(t);
         }
-        drop(tx);
+        self.threads = Vec::with_capacity(count);
         for _ in 0..count {
-            match rx.recv() {
-                Ok(Ok(Some(r))) if r < 0 => {
-                    return Err(Error::io(
-                        REGISTER_FAILED,
-                        std::io::Error::from_raw_os_error(-r),
-                    ))
+            match self.reports.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    return Err(Error::io(REGISTER_FAILED, std::io::Error::other(e)));
                 }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(Error::io(REGISTER_FAILED, std::io::Error::other(e))),
                 Err(_) => {
                     let e = std::io::Error::other("an io_uring thread ended");
                     return Err(Error::io(REGISTER_FAILED, e));
@@ -273,6 +307,38 @@ impl Rings {
             }
         }
         Ok(())
+    }
+}
+
+/// One entry's thread: makes its ring on its queue's CPU, waits for the
+/// handler, registers, then serves.
+fn ring_thread(
+    fd: RawFd,
+    qid: u16,
+    report: &mpsc::Sender<Report>,
+    wait: &mpsc::Receiver<Arc<dyn Handler>>,
+) {
+    pin_to_cpu(qid);
+    let mut entry = match Entry::new(qid) {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = report.send(Err(e.to_string()));
+            return;
+        }
+    };
+    let _ = report.send(Ok(()));
+    let Ok(handler) = wait.recv() else { return };
+    let first = entry
+        .push(fd, CMD_REGISTER, 0)
+        .and_then(|()| entry.early_result());
+    let first = match first {
+        Ok(Some(r)) if r < 0 => Err(std::io::Error::from_raw_os_error(-r).to_string()),
+        Ok(r) => Ok(r),
+        Err(e) => Err(e.to_string()),
+    };
+    let _ = report.send(first.as_ref().map(|_| ()).map_err(Clone::clone));
+    if let Ok(r) = first {
+        serve(&mut entry, fd, &*handler, r);
     }
 }
 

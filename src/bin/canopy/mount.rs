@@ -15,6 +15,10 @@ pub struct Args {
     /// Mount options, comma-separated: ro, rw, relatime (default), noatime,
     /// strictatime, nodev, nosuid, noexec, allow_other,
     /// default_permissions, commit=SECONDS, cache_blocks=N, threads=N,
+    /// transport=auto|uring|dev (how requests reach the daemon: auto, the
+    /// default, uses FUSE over io_uring when the kernel offers it, which
+    /// root turns on with `echo 1 > /sys/module/fuse/parameters/enable_uring`
+    /// on Linux 6.14 or later; uring refuses to mount without it),
     /// dirty_limit=SIZE (written data buffered before it is flushed;
     /// default 64M), readahead=SIZE (how far the kernel reads ahead of a
     /// sequential reader; default 4M, 0 keeps the kernel's 128K),

@@ -1,0 +1,119 @@
+//! The FUSE transports: a mount is served by the one asked for (threads
+//! named `fuse-dev-N` read /dev/fuse; `fuse-ring-Q-N` serve io_uring
+//! queue Q), or refused with a clear error when the kernel does not
+//! offer io_uring; `auto` picks io_uring exactly when it is offered.
+//! Every other mount test runs once per transport (scripts/test.sh).
+
+mod common;
+
+use common::mounted::{can_mount, canopy};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+
+/// Whether the kernel offers FUSE over io_uring to new mounts.
+fn uring_offered() -> bool {
+    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+        .is_ok_and(|v| matches!(v.trim(), "Y" | "1"))
+}
+
+/// The names of the daemon's threads.
+fn threads(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    mounts.lines().any(|l| l.split(' ').nth(1) == mnt.to_str())
+}
+
+/// Mounts `img` on `mnt` with `opts`: the daemon once it is ready, or
+/// its error output.
+fn mount(img: &Path, mnt: &Path, opts: &str) -> Result<Child, String> {
+    let mut child = canopy()
+        .args(["mount", "-f", "--notify-ready", "-o", opts])
+        .arg(img)
+        .arg(mnt)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+    if line.trim() == "canopy-ready" {
+        return Ok(child);
+    }
+    let out = child.wait_with_output().unwrap();
+    Err(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Writes and reads back a file through the mount, unmounts, and waits
+/// for a clean exit.
+fn use_and_unmount(mut daemon: Child, mnt: &Path) {
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(mnt.join("f"), &data).unwrap();
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
+    // Counted, not kept: an entry holds its directory open.
+    assert_eq!(std::fs::read_dir(mnt).unwrap().flatten().count(), 1);
+    assert!(common::mounted::umount(mnt));
+    assert!(daemon.wait().unwrap().success());
+}
+
+#[test]
+fn each_transport_serves_what_was_asked_or_refuses_clearly() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (img, mnt) = (dir.path().join("fs.img"), dir.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let ok = canopy()
+        .args(["mkfs", "-q", "-s", "256M"])
+        .arg(&img)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+
+    let d = mount(&img, &mnt, "transport=dev,threads=3").expect("dev mount");
+    let t = threads(d.id());
+    let dev = t.iter().filter(|n| n.starts_with("fuse-dev-")).count();
+    assert_eq!(dev, 3, "{t:?}");
+    assert!(!t.iter().any(|n| n.starts_with("fuse-ring-")), "{t:?}");
+    use_and_unmount(d, &mnt);
+
+    match mount(&img, &mnt, "transport=uring") {
+        Ok(d) => {
+            assert!(
+                uring_offered(),
+                "mounted on io_uring the kernel does not offer"
+            );
+            let t = threads(d.id());
+            // One /dev/fuse reader for FORGET and INTERRUPT, and rings.
+            assert_eq!(t.iter().filter(|n| n.starts_with("fuse-dev-")).count(), 1);
+            assert!(t.iter().filter(|n| n.starts_with("fuse-ring-")).count() >= 1);
+            use_and_unmount(d, &mnt);
+        }
+        Err(e) => {
+            assert!(!uring_offered(), "io_uring was offered but: {e}");
+            assert!(e.contains("enable_uring"), "no way out in: {e}");
+            assert!(!is_mounted(&mnt), "a refused mount stayed mounted");
+        }
+    }
+
+    let d = mount(&img, &mnt, "transport=auto").expect("auto mount");
+    let rings = threads(d.id()).iter().any(|n| n.starts_with("fuse-ring-"));
+    assert_eq!(
+        rings,
+        uring_offered(),
+        "auto picks io_uring exactly when offered"
+    );
+    use_and_unmount(d, &mnt);
+    assert!(canopy().arg("check").arg(&img).status().unwrap().success());
+}
