@@ -123,9 +123,8 @@ impl Entry {
             .build();
         let sqe = with_two_iovecs(sqe);
         // SAFETY: the iovecs and buffers live as long as the entry, and
-        // the ring is dropped before them (field order is irrelevant:
-        // the ring's drop waits for nothing the kernel still writes, as
-        // the session has ended by then).
+        // an entry whose command may still be in flight is never freed
+        // (`abandon`).
         unsafe { self.ring.submission().push(&sqe) }
             .map_err(|_| std::io::Error::other("io_uring submission queue full"))
     }
@@ -338,13 +337,15 @@ fn ring_thread(
     };
     let _ = report.send(first.as_ref().map(|_| ()).map_err(Clone::clone));
     if let Ok(r) = first {
-        serve(&mut entry, fd, &*handler, r);
+        serve(entry, fd, &*handler, r);
+    } else {
+        abandon(entry);
     }
 }
 
 /// Serves requests on `entry` until the session ends. `first`: a
 /// completion that came with the registration.
-fn serve(entry: &mut Entry, fd: RawFd, handler: &dyn Handler, first: Option<i32>) {
+fn serve(mut entry: Entry, fd: RawFd, handler: &dyn Handler, first: Option<i32>) {
     let mut result = first;
     loop {
         let r = match result.take() {
@@ -353,7 +354,7 @@ fn serve(entry: &mut Entry, fd: RawFd, handler: &dyn Handler, first: Option<i32>
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(error = %e, "io_uring wait failed; this entry stops");
-                    return;
+                    return abandon(entry);
                 }
             },
         };
@@ -371,6 +372,14 @@ fn serve(entry: &mut Entry, fd: RawFd, handler: &dyn Handler, first: Option<i32>
             return;
         }
     }
+}
+
+/// Leaks an entry whose command may still be in flight: the kernel may
+/// yet copy a request into its buffers, so they must never be freed.
+/// Only a failing ring comes here; an entry whose command completed
+/// (the session ended) is dropped normally.
+fn abandon(entry: Entry) {
+    std::mem::forget(entry);
 }
 
 /// Runs the calling thread on `cpu` only, where the kernel sends the

@@ -38,10 +38,22 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// 91-105 MiB with 1 ms and at 109-193 MiB with the default, for the
 /// same random-write speed. The environment variable
 /// `MIMALLOC_PURGE_DELAY` still wins.
+///
+/// Transparent huge pages are off for the process (unless
+/// `MIMALLOC_ALLOW_THP=1`): with them, memory returned that quickly comes
+/// back as a fresh 2 MiB page to fault in and zero. After a cold `find`
+/// and `tar` over a copy of /usr/share (3 runs each way, interleaved)
+/// the daemon held 95-96 MiB instead of 113-122 MiB, for the same
+/// times (find 0.32-0.33 s both; tar 2.62-2.67 against 2.69-2.83 s).
 fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets a plain integer option of the allocator.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1) };
+    }
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none_or(|v| v != "1") {
+        // SAFETY: a prctl with integer arguments; it affects only this
+        // process's later page faults.
+        unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
     }
 }
 
