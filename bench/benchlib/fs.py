@@ -102,9 +102,10 @@ class Fs:
 
 class Canopy(Fs):
     kernel = False
+    binary = CANOPY
 
     def mkfs(self):
-        sh(f"'{CANOPY}' mkfs -q -s {self.size} '{self.image}'")
+        sh(f"'{self.binary}' mkfs -q -s {self.size} '{self.image}'")
 
     # Mount options every Canopy mount of a run gets first (run.py's
     # --canopy-opts, e.g. transport=dev).
@@ -113,7 +114,17 @@ class Canopy(Fs):
     def do_mount(self):
         opts = ",".join(o for o in (self.base_opts, self.opts) if o)
         o = f"-o {opts}" if opts else ""
-        sh(f"'{CANOPY}' mount {o} '{self.image}' '{self.mnt}'")
+        sh(f"'{self.binary}' mount {o} '{self.image}' '{self.mnt}'")
+
+
+class CanopyOld(Canopy):
+    """An older build of Canopy beside this one (an A/B in one run): the
+    binary `CANOPY_OLD` names, mounted without --canopy-opts."""
+    binary = os.environ.get("CANOPY_OLD", CANOPY)
+
+    def do_mount(self):
+        o = f"-o {self.opts}" if self.opts else ""
+        sh(f"'{self.binary}' mount {o} '{self.image}' '{self.mnt}'")
 
 
 class Btrfs(Fs):
@@ -167,6 +178,7 @@ class Tmpfs(Fs):
 
 DRIVERS = {
     "canopy": Canopy,
+    "canopy-old": CanopyOld,
     "btrfs": Btrfs,
     "xfs": Xfs,
     "ext4": Ext4,

@@ -15,7 +15,19 @@ impl Subvol {
     /// the buffered and in-flight bytes that lie over it), the device is
     /// read after letting go.
     pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-        let (data, seen) = self.core.engine.read_unlocked(
+        let mut data = vec![0u8; len as usize];
+        let n = self.read_into(ino, offset, &mut data)?;
+        data.truncate(n);
+        Ok(data)
+    }
+
+    /// [`Subvol::read`] into `out` (up to its length, which must not pass
+    /// the largest read, `fuse::MAX_WRITE`): the number of bytes read. A
+    /// transport hands its own reply buffer, so the data is not copied
+    /// once more.
+    pub fn read_into(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize> {
+        let len = u32::try_from(out.len()).unwrap_or(u32::MAX);
+        let (n, seen) = self.core.engine.read_unlocked(
             |r| {
                 let i = self.inode_r(r, ino)?;
                 if is_dir(i.mode) {
@@ -48,15 +60,16 @@ impl Subvol {
                     dev.prefetch_data(at, n);
                 }
                 let Some(plan) = plan else {
-                    return Ok((Vec::new(), i));
+                    return Ok((0, i));
                 };
-                let mut data = plan.execute(dev)?;
-                super::writeback::lay_over(&mut data, offset, &over);
-                Ok((data, i))
+                let n = plan.len();
+                plan.execute_into(dev, &mut out[..n])?;
+                super::writeback::lay_over(&mut out[..n], offset, &over);
+                Ok((n, i))
             },
         )?;
         self.accessed(ino, &seen);
-        Ok(data)
+        Ok(n)
     }
 
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {

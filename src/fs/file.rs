@@ -278,10 +278,40 @@ impl ReadPlan {
     /// gives EIO.
     pub(crate) fn execute<D: DataRead + ?Sized>(&self, d: &D) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.len];
+        self.execute_into(d, &mut out)?;
+        Ok(out)
+    }
+
+    /// Bytes the plan reads.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// [`ReadPlan::execute`] into `out` (its first [`ReadPlan::len`]
+    /// bytes), which may hold anything: what no part covers (holes) is
+    /// zeroed.
+    pub(crate) fn execute_into<D: DataRead + ?Sized>(&self, d: &D, out: &mut [u8]) -> Result<()> {
+        let out = &mut out[..self.len];
+        let covered: usize = self.parts.iter().map(|(_, n, _)| *n).sum();
+        if covered < self.len {
+            out.fill(0);
+        }
         for (at, n, src) in &self.parts {
             let dst = &mut out[*at..*at + *n];
             match src {
                 Source::Bytes(b) => dst.copy_from_slice(b),
+                // Whole sectors wanted whole (a sequential reader's
+                // aligned requests): read and checked in place, without a
+                // buffer of their own and a copy.
+                Source::Extent {
+                    bytenr,
+                    len,
+                    skip: 0,
+                    sums,
+                } if *len as usize == *n => {
+                    d.read_bytes(*bytenr, dst)?;
+                    verify(*bytenr, dst, sums)?;
+                }
                 Source::Extent {
                     bytenr,
                     len,
@@ -295,7 +325,7 @@ impl ReadPlan {
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 }
 

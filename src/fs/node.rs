@@ -157,6 +157,12 @@ impl Fs {
         sv.read(ino, offset, len)
     }
 
+    /// [`Fs::read`] into `out`: the number of bytes read.
+    pub fn read_into(&self, node: u64, offset: u64, out: &mut [u8]) -> Result<usize> {
+        let (sv, ino) = self.at(node)?;
+        sv.read_into(ino, offset, out)
+    }
+
     pub fn write(&self, node: u64, offset: u64, data: &[u8]) -> Result<u32> {
         let (sv, ino) = self.at_writable(node)?;
         sv.write(ino, offset, data)

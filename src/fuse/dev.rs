@@ -3,10 +3,30 @@
 //! Under io_uring one such thread stays, for what the rings do not carry
 //! (FORGET, INTERRUPT, and anything sent before the rings are ready).
 
-use super::session::{self, Handler, Running};
+use super::session::{self, Carrier, Handler, Running};
 use crate::error::Result;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
+
+/// `count` threads on /dev/fuse, chosen for `why`.
+pub struct Threads {
+    pub count: usize,
+    pub why: String,
+}
+
+impl Carrier for Threads {
+    fn init_flags(&self) -> u64 {
+        0
+    }
+
+    fn carry(self: Box<Self>, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()> {
+        start(running, handler, self.count)
+    }
+
+    fn describe(&self) -> String {
+        format!("/dev/fuse, {} threads ({})", self.count.max(1), self.why)
+    }
+}
 
 /// Starts `threads` readers on the session `running.fd`.
 pub fn start(running: &mut Running, handler: Arc<dyn Handler>, threads: usize) -> Result<()> {

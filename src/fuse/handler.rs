@@ -210,6 +210,19 @@ impl Handler for FuseFs {
         self.init_flags(offered)
     }
 
+    fn handle_into(&self, h: &Header, op: Op<'_>, buf: &mut [u8]) -> Reply {
+        match op {
+            Op::Read { offset, size } if size as usize <= buf.len() => {
+                let out = &mut buf[..size as usize];
+                match self.fs.read_into(self.to_ino(h.nodeid), offset, out) {
+                    Ok(n) => Reply::Placed(n),
+                    Err(e) => Reply::Error(err(e)),
+                }
+            }
+            op => self.handle(h, op),
+        }
+    }
+
     fn handle(&self, h: &Header, op: Op<'_>) -> Reply {
         let ino = self.to_ino(h.nodeid);
         match op {

@@ -65,6 +65,8 @@ pub fn serve(
     }
     let helpers = Helpers::start(&fs, &mount_path, notifier, opts);
     ready();
+    // After `ready`, so that a daemonized mount's line reaches its log.
+    tracing::info!(target: "canopy::transport", mountpoint = %mount_path.display(), "transport: {}", session.running.transport);
     run_until_unmounted(&fs, &session, &mount_path, opts);
     end_session(session, mountpoint);
     helpers.stop(&fs);

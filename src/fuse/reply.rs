@@ -13,6 +13,9 @@ pub enum Reply {
     /// A positive errno.
     Error(i32),
     Data(Vec<u8>),
+    /// A body of this many bytes already written into the buffer the
+    /// transport lent ([`super::session::Handler::handle_into`]).
+    Placed(usize),
 }
 
 impl Reply {

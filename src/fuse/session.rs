@@ -22,6 +22,12 @@ pub trait Handler: Send + Sync + 'static {
     fn init(&mut self, offered: u64) -> u64;
     /// Answers one request (never INIT, which the session handles).
     fn handle(&self, h: &Header, op: Op<'_>) -> Reply;
+    /// [`Handler::handle`], with the transport's reply buffer lent for a
+    /// body the handler can write in place (file data): the answer is
+    /// then [`Reply::Placed`].
+    fn handle_into(&self, h: &Header, op: Op<'_>, _buf: &mut [u8]) -> Reply {
+        self.handle(h, op)
+    }
 }
 
 /// The room a read from /dev/fuse needs: the largest write and its
@@ -47,8 +53,21 @@ pub struct Offer {
 /// How a session is served.
 pub struct Config {
     pub transport: Transport,
-    /// Threads on /dev/fuse, or per queue under io_uring.
+    /// Threads on /dev/fuse; under io_uring, entries (each with its
+    /// thread) spread over the kernel's queues.
     pub threads: usize,
+}
+
+/// A way requests reach the handler once INIT is answered: threads
+/// reading /dev/fuse (`dev::Threads`) or io_uring rings
+/// (`uring::Rings`).
+pub trait Carrier {
+    /// INIT flags the carrier needs agreed (io_uring's).
+    fn init_flags(&self) -> u64;
+    /// Starts serving `handler`'s requests on the session `running`.
+    fn carry(self: Box<Self>, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()>;
+    /// What serves the mount, for the log.
+    fn describe(&self) -> String;
 }
 
 /// Answers INIT on `fd` and starts the transport `config` asks for
@@ -57,58 +76,54 @@ pub fn start(fd: Arc<OwnedFd>, mut handler: impl Handler, config: &Config) -> Re
     let raw = fd.as_raw_fd();
     let (unique, offer) = read_init(raw)?;
     let flags = handler.init(offer.flags) | (BASE_FLAGS & offer.flags);
-    let offered = offer.flags & init::OVER_IO_URING != 0;
-    let rings = match (config.transport, offered) {
-        (Transport::Dev, _) => None,
-        (Transport::Auto, false) => {
-            tracing::info!(
-                "transport: /dev/fuse ({}; {})",
-                super::uring::why_not_offered(),
-                super::uring::HOW_TO_ENABLE
-            );
-            None
-        }
-        (Transport::Uring, false) => {
+    let carrier = match choose(raw, &offer, config) {
+        Ok(c) => c,
+        Err(e) => {
             write_reply(raw, unique, &Reply::Error(libc::EPROTO));
-            return Err(Error::Invalid(format!(
-                "transport=uring: {}; {}",
-                super::uring::why_not_offered(),
-                super::uring::HOW_TO_ENABLE
-            )));
+            return Err(e);
         }
-        (t, true) => match super::uring::Rings::prepare(raw, config.threads) {
-            Ok(r) => Some(r),
-            Err(e) if t == Transport::Auto => {
-                tracing::warn!(error = %e, "transport: /dev/fuse (io_uring could not be set up)");
-                None
-            }
-            Err(e) => {
-                write_reply(raw, unique, &Reply::Error(libc::EPROTO));
-                return Err(e);
-            }
-        },
     };
-    let uring = if rings.is_some() {
-        init::OVER_IO_URING
-    } else {
-        0
-    };
-    write_init(raw, unique, &offer, flags | uring);
-    let handler: Arc<dyn Handler> = Arc::new(handler);
+    write_init(raw, unique, &offer, flags | carrier.init_flags());
     let mut running = Running::new(fd);
-    match rings {
-        Some(rings) => {
-            super::dev::start(&mut running, handler.clone(), 1)?;
-            rings.start(&mut running, handler)?;
-        }
-        None => {
-            if config.transport == Transport::Dev {
-                tracing::info!(threads = config.threads, "transport: /dev/fuse (asked for)");
-            }
-            super::dev::start(&mut running, handler, config.threads)?;
-        }
-    }
+    running.transport = carrier.describe();
+    carrier.carry(&mut running, Arc::new(handler))?;
     Ok(running)
+}
+
+/// The carrier for `config` given what INIT offered: io_uring when asked
+/// for (or under `auto`, when offered and its rings could be made),
+/// else /dev/fuse threads, with why.
+fn choose(fd: RawFd, offer: &Offer, config: &Config) -> Result<Box<dyn Carrier>> {
+    let offered = offer.flags & init::OVER_IO_URING != 0;
+    let dev = |why: String| -> Box<dyn Carrier> {
+        Box::new(super::dev::Threads {
+            count: config.threads,
+            why,
+        })
+    };
+    let not_offered = || {
+        format!(
+            "{}; {}",
+            super::uring::why_not_offered(),
+            super::uring::HOW_TO_ENABLE
+        )
+    };
+    match (config.transport, offered) {
+        (Transport::Dev, _) => Ok(dev("asked for with transport=dev".into())),
+        (Transport::Auto, false) => Ok(dev(not_offered())),
+        (Transport::Uring, false) => Err(Error::Invalid(format!(
+            "transport=uring: {}",
+            not_offered()
+        ))),
+        (t, true) => match super::uring::Rings::prepare(fd, config.threads) {
+            Ok(r) => Ok(Box::new(r)),
+            Err(e) if t == Transport::Auto => {
+                tracing::warn!(error = %e, "io_uring could not be set up; serving on /dev/fuse");
+                Ok(dev(format!("io_uring could not be set up: {e}")))
+            }
+            Err(e) => Err(e),
+        },
+    }
 }
 
 /// Reads one request from `fd` into `buf`; None when the connection is
@@ -139,6 +154,8 @@ pub fn write_reply(fd: RawFd, unique: u64, reply: &Reply) {
         Reply::Nothing => return,
         Reply::Error(e) => (-e, &[]),
         Reply::Data(d) => (0, d),
+        // /dev/fuse lends no buffer, so nothing is placed.
+        Reply::Placed(_) => (-libc::EIO, &[]),
     };
     let header = proto::out_header(unique, error, body.len());
     write_message(fd, &header, body);
@@ -180,7 +197,13 @@ pub fn serve_one(fd: RawFd, buf: &[u8], handler: &dyn Handler) {
     let (h, fixed, rest) = match request::split(buf) {
         Ok(parts) => parts,
         Err(e) => {
-            tracing::error!(error = %e, "dropped a request that has no readable header");
+            // Answered if its id can be read, so that its caller does
+            // not wait for ever.
+            tracing::error!(error = %e, "answered EIO");
+            if let Some(id) = buf.get(8..16) {
+                let unique = u64::from_ne_bytes(id.try_into().unwrap_or([0; 8]));
+                write_reply(fd, unique, &Reply::Error(libc::EIO));
+            }
             return;
         }
     };
@@ -285,6 +308,8 @@ pub struct Running {
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Kept open so notifications can be written until the end.
     pub fd: Arc<OwnedFd>,
+    /// Which transport serves the session, and why (for the log).
+    pub transport: String,
 }
 
 impl Running {
@@ -292,6 +317,7 @@ impl Running {
         Running {
             threads: Vec::new(),
             fd,
+            transport: String::new(),
         }
     }
 

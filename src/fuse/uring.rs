@@ -15,7 +15,7 @@
 use super::proto;
 use super::reply::Reply;
 use super::request;
-use super::session::{Handler, Running};
+use super::session::{Carrier, Handler, Running};
 use crate::error::{Error, Result};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::os::fd::RawFd;
@@ -171,6 +171,12 @@ impl Entry {
                 let fixed = &self.header[OP_IN..OP_IN + proto::fixed_len(h.opcode).min(OP_IN)];
                 let rest = &self.payload[..payload_sz.min(self.payload.len())];
                 let reply = match request::decode(h.opcode, fixed, rest) {
+                    // A READ has no rest: the payload buffer is free for
+                    // its data, which is then not copied again.
+                    Ok(request::Op::Read { offset, size }) => {
+                        let op = request::Op::Read { offset, size };
+                        handler.handle_into(&h, op, &mut self.payload)
+                    }
                     Ok(op) => handler.handle(&h, op),
                     Err(e) => {
                         tracing::error!(opcode = h.opcode, error = %e, "answered EIO");
@@ -199,6 +205,8 @@ impl Entry {
                 tracing::error!(len = d.len(), "a reply larger than the ring's buffer: EIO");
                 (-libc::EIO, 0)
             }
+            Reply::Placed(n) if n <= self.payload.len() => (0, n),
+            Reply::Placed(_) => (-libc::EIO, 0),
             Reply::Error(e) => (-e, 0),
             Reply::Nothing => (0, 0),
         };
@@ -233,6 +241,8 @@ type Waiting = (mpsc::Sender<Arc<dyn Handler>>, std::thread::JoinHandle<()>);
 pub struct Rings {
     threads: Vec<Waiting>,
     reports: mpsc::Receiver<Report>,
+    /// (queues, entries per queue)
+    shape: (usize, usize),
 }
 
 impl Rings {
@@ -245,6 +255,7 @@ impl Rings {
         let mut rings = Rings {
             threads: Vec::with_capacity(queues * per_queue),
             reports,
+            shape: (0, 0),
         };
         for q in 0..queues {
             for i in 0..per_queue {
@@ -260,11 +271,7 @@ impl Rings {
         // Dropping `rings` on an error tells the threads made so far to
         // end (their `go` channels close).
         rings.wait_all("creating an io_uring")?;
-        tracing::info!(
-            queues,
-            per_queue,
-            "transport: io_uring ({queues} queues, {per_queue} entries each)"
-        );
+        rings.shape = (queues, per_queue);
         Ok(rings)
     }
 
@@ -284,7 +291,7 @@ impl Rings {
     /// Registers every entry (INIT has been answered) and serves. An
     /// entry the kernel refuses fails the session: with io_uring agreed,
     /// the kernel holds every request until each queue has an entry.
-    pub fn start(mut self, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()> {
+    fn start(mut self, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()> {
         let threads = std::mem::take(&mut self.threads);
         let count = threads.len();
         for (go, t) in threads {
@@ -306,6 +313,23 @@ impl Rings {
             }
         }
         Ok(())
+    }
+}
+
+impl Carrier for Rings {
+    fn init_flags(&self) -> u64 {
+        proto::init::OVER_IO_URING
+    }
+
+    /// One /dev/fuse thread for FORGET and INTERRUPT, then the rings.
+    fn carry(self: Box<Self>, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()> {
+        super::dev::start(running, handler.clone(), 1)?;
+        self.start(running, handler)
+    }
+
+    fn describe(&self) -> String {
+        let (queues, per_queue) = self.shape;
+        format!("io_uring, {queues} queues with {per_queue} entries each (offered by the kernel)")
     }
 }
 

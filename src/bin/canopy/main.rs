@@ -120,7 +120,11 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // Warnings and errors, and the one line that says which
+                // FUSE transport serves a mount.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,canopy::transport=info")
+                }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
