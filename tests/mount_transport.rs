@@ -17,16 +17,28 @@ fn uring_offered() -> bool {
         .is_ok_and(|v| matches!(v.trim(), "Y" | "1"))
 }
 
-/// The names of the daemon's threads.
+/// The names of the daemon's threads, once every thread but the main
+/// one has named itself (a thread sets its name when it first runs,
+/// which on a loaded machine can be after the mount is ready).
 fn threads(pid: u32) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
-        .map(|n| n.trim().to_string())
-        .collect();
-    names.sort();
-    names
+    let read = || {
+        let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+            .map(|n| n.trim().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    for _ in 0..100 {
+        let names = read();
+        if names.iter().filter(|n| *n == "canopy").count() <= 1 {
+            return names;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    read()
 }
 
 fn is_mounted(mnt: &Path) -> bool {
