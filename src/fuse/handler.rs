@@ -328,12 +328,7 @@ impl FuseFs {
                 offset,
                 length,
                 mode,
-            } => {
-                let done = self
-                    .changed_by(&Caller::of(h), ino, false)
-                    .and_then(|()| self.fs.fallocate(ino, offset, length, mode as i32));
-                reply_empty(done)
-            }
+            } => self.fallocate(h, ino, (offset, length), mode),
             Op::CopyFileRange {
                 off_in,
                 node_out,
@@ -492,6 +487,13 @@ impl FuseFs {
             Ok(at) => reply::lseek(at),
             Err(e) => Reply::Error(err(e)),
         }
+    }
+
+    fn fallocate(&self, h: &Header, ino: u64, (offset, length): (u64, u64), mode: u32) -> Reply {
+        let done = self
+            .changed_by(&Caller::of(h), ino, false)
+            .and_then(|()| self.fs.fallocate(ino, offset, length, mode as i32));
+        reply_empty(done)
     }
 
     fn copy_range(

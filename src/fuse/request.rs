@@ -311,7 +311,7 @@ pub fn decode<'a>(op: u32, fixed: &'a [u8], rest: &'a [u8]) -> Result<Op<'a>, Ma
     })
 }
 
-/// The requests with more than a field or two.
+/// The requests that carry names, then those that move data.
 fn decode_more<'a>(op: u32, a: &mut Args<'a>) -> Result<Op<'a>, Malformed> {
     Ok(match op {
         opcode::MKNOD => Op::Mknod {
@@ -335,19 +335,6 @@ fn decode_more<'a>(op: u32, a: &mut Args<'a>) -> Result<Op<'a>, Malformed> {
             oldnode: a.u64()?,
             newname: a.name()?,
         },
-        opcode::READ | opcode::READDIR | opcode::READDIRPLUS => {
-            a.skip(8)?;
-            let (offset, size) = (a.u64()?, a.u32()?);
-            match op {
-                opcode::READ => Op::Read { offset, size },
-                _ => Op::Readdir {
-                    offset,
-                    size,
-                    plus: op == opcode::READDIRPLUS,
-                },
-            }
-        }
-        opcode::WRITE => write(a)?,
         opcode::SETXATTR => {
             let (size, flags) = (a.u32()?, a.u32()?);
             let name = a.name()?;
@@ -374,6 +361,26 @@ fn decode_more<'a>(op: u32, a: &mut Args<'a>) -> Result<Op<'a>, Malformed> {
                 a.name()?
             },
         },
+        _ => return decode_data(op, a),
+    })
+}
+
+/// The requests that read, write or copy file data.
+fn decode_data<'a>(op: u32, a: &mut Args<'a>) -> Result<Op<'a>, Malformed> {
+    Ok(match op {
+        opcode::READ | opcode::READDIR | opcode::READDIRPLUS => {
+            a.skip(8)?;
+            let (offset, size) = (a.u64()?, a.u32()?);
+            match op {
+                opcode::READ => Op::Read { offset, size },
+                _ => Op::Readdir {
+                    offset,
+                    size,
+                    plus: op == opcode::READDIRPLUS,
+                },
+            }
+        }
+        opcode::WRITE => write(a)?,
         opcode::IOCTL => ioctl(a)?,
         opcode::FALLOCATE => {
             a.skip(8)?;
