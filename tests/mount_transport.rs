@@ -46,9 +46,42 @@ fn is_mounted(mnt: &Path) -> bool {
     mounts.lines().any(|l| l.split(' ').nth(1) == mnt.to_str())
 }
 
+/// A mounted daemon; a test that fails leaves no mount behind: on drop
+/// the mount is detached and the daemon killed.
+struct Daemon {
+    child: Child,
+    mnt: std::path::PathBuf,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.mnt)
+                .status();
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Mounts `img` on `mnt` with `opts`: the daemon once it is ready, or
 /// its error output.
-fn mount(img: &Path, mnt: &Path, opts: &str) -> Result<Child, String> {
+fn mount(img: &Path, mnt: &Path, opts: &str) -> Result<Daemon, String> {
     let mut child = canopy()
         .args(["mount", "-f", "--notify-ready", "-o", opts])
         .arg(img)
@@ -60,7 +93,10 @@ fn mount(img: &Path, mnt: &Path, opts: &str) -> Result<Child, String> {
     let mut line = String::new();
     let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
     if line.trim() == "canopy-ready" {
-        return Ok(child);
+        return Ok(Daemon {
+            child,
+            mnt: mnt.to_path_buf(),
+        });
     }
     let out = child.wait_with_output().unwrap();
     Err(String::from_utf8_lossy(&out.stderr).into_owned())
@@ -68,7 +104,7 @@ fn mount(img: &Path, mnt: &Path, opts: &str) -> Result<Child, String> {
 
 /// Writes and reads back a file through the mount, unmounts, and waits
 /// for a clean exit.
-fn use_and_unmount(mut daemon: Child, mnt: &Path) {
+fn use_and_unmount(mut daemon: Daemon, mnt: &Path) {
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(mnt.join("f"), &data).unwrap();
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
