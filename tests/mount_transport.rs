@@ -8,7 +8,7 @@ mod common;
 
 use common::mounted::{can_mount, canopy};
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 
 /// Whether the kernel offers FUSE over io_uring to new mounts.
@@ -50,7 +50,7 @@ fn is_mounted(mnt: &Path) -> bool {
 /// the mount is detached and the daemon killed.
 struct Daemon {
     child: Child,
-    mnt: std::path::PathBuf,
+    mnt: PathBuf,
 }
 
 impl std::ops::Deref for Daemon {
@@ -77,6 +77,21 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+/// A new image of `size` and an empty mount point, in a directory that
+/// goes when the first value is dropped.
+fn fresh_image(size: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, mnt) = (dir.path().join("fs.img"), dir.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let ok = canopy()
+        .args(["mkfs", "-q", "-s", size])
+        .arg(&img)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    (dir, img, mnt)
 }
 
 /// Mounts `img` on `mnt` with `opts`: the daemon once it is ready, or
@@ -123,15 +138,7 @@ fn each_transport_serves_what_was_asked_or_refuses_clearly() {
     if !can_mount() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (img, mnt) = (dir.path().join("fs.img"), dir.path().join("mnt"));
-    std::fs::create_dir(&mnt).unwrap();
-    let ok = canopy()
-        .args(["mkfs", "-q", "-s", "256M"])
-        .arg(&img)
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    let (_dir, img, mnt) = fresh_image("256M");
 
     let d = mount(&img, &mnt, "transport=dev,threads=3").expect("dev mount");
     let t = threads(d.id());
@@ -219,15 +226,7 @@ fn lazy_unmount_and_kill_with_requests_in_flight_never_hang() {
         return;
     }
     for t in transports() {
-        let dir = tempfile::tempdir().unwrap();
-        let (img, mnt) = (dir.path().join("fs.img"), dir.path().join("mnt"));
-        std::fs::create_dir(&mnt).unwrap();
-        assert!(canopy()
-            .args(["mkfs", "-q", "-s", "512M"])
-            .arg(&img)
-            .status()
-            .unwrap()
-            .success());
+        let (_dir, img, mnt) = fresh_image("512M");
 
         // umount -l while busy: the clients finish with the detached
         // mount, then the daemon ends cleanly.

@@ -15,9 +15,13 @@ impl Subvol {
     /// the buffered and in-flight bytes that lie over it), the device is
     /// read after letting go.
     pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-        let mut data = vec![0u8; len as usize];
-        let n = self.read_into(ino, offset, &mut data)?;
-        data.truncate(n);
+        let mut data = Vec::new();
+        // Sized to what the file holds there, not to the request (a
+        // small file asked for 1 MiB).
+        self.read_to(ino, offset, len, |n| {
+            data.resize(n, 0);
+            &mut data[..]
+        })?;
         Ok(data)
     }
 
@@ -27,6 +31,18 @@ impl Subvol {
     /// once more.
     pub fn read_into(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize> {
         let len = u32::try_from(out.len()).unwrap_or(u32::MAX);
+        self.read_to(ino, offset, len, |n| &mut out[..n])
+    }
+
+    /// Reads up to `len` bytes at `offset` into the buffer `room(n)`
+    /// gives once the number of bytes `n` is known; returns `n`.
+    fn read_to<'b>(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: u32,
+        room: impl FnOnce(usize) -> &'b mut [u8],
+    ) -> Result<usize> {
         let (n, seen) = self.core.engine.read_unlocked(
             |r| {
                 let i = self.inode_r(r, ino)?;
@@ -63,8 +79,9 @@ impl Subvol {
                     return Ok((0, i));
                 };
                 let n = plan.len();
-                plan.execute_into(dev, &mut out[..n])?;
-                super::writeback::lay_over(&mut out[..n], offset, &over);
+                let out = room(n);
+                plan.execute_into(dev, out)?;
+                super::writeback::lay_over(out, offset, &over);
                 Ok((n, i))
             },
         )?;

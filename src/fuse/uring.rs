@@ -270,50 +270,40 @@ impl Rings {
         }
         // Dropping `rings` on an error tells the threads made so far to
         // end (their `go` channels close).
-        rings.wait_all("creating an io_uring")?;
+        wait_all(&rings.reports, rings.threads.len(), "creating an io_uring")?;
         rings.shape = (queues, per_queue);
         Ok(rings)
-    }
-
-    /// Waits for a report from every thread.
-    fn wait_all(&self, what: &str) -> Result<()> {
-        for _ in 0..self.threads.len() {
-            let failed = match self.reports.recv() {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e,
-                Err(_) => "an io_uring thread ended".into(),
-            };
-            return Err(Error::io(what, std::io::Error::other(failed)));
-        }
-        Ok(())
     }
 
     /// Registers every entry (INIT has been answered) and serves. An
     /// entry the kernel refuses fails the session: with io_uring agreed,
     /// the kernel holds every request until each queue has an entry.
-    fn start(mut self, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()> {
-        let threads = std::mem::take(&mut self.threads);
+    fn start(self, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()> {
+        let Rings {
+            threads, reports, ..
+        } = self;
         let count = threads.len();
         for (go, t) in threads {
             // A thread that already ended reports so below.
             let _ = go.send(handler.clone());
             running.adopt(t);
         }
-        self.threads = Vec::with_capacity(count);
-        for _ in 0..count {
-            match self.reports.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    return Err(Error::io(REGISTER_FAILED, std::io::Error::other(e)));
-                }
-                Err(_) => {
-                    let e = std::io::Error::other("an io_uring thread ended");
-                    return Err(Error::io(REGISTER_FAILED, e));
-                }
-            }
-        }
-        Ok(())
+        wait_all(&reports, count, REGISTER_FAILED)
     }
+}
+
+/// Waits for a report from each of `count` threads; the first failure
+/// is an error in the context `what`.
+fn wait_all(reports: &mpsc::Receiver<Report>, count: usize, what: &str) -> Result<()> {
+    for _ in 0..count {
+        let failed = match reports.recv() {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(_) => "an io_uring thread ended".into(),
+        };
+        return Err(Error::io(what, std::io::Error::other(failed)));
+    }
+    Ok(())
 }
 
 impl Carrier for Rings {
