@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::mounted::{can_mount, canopy};
+use common::mounted::{can_mount, canopy, fresh_image};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -77,21 +77,6 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
-}
-
-/// A new image of `size` and an empty mount point, in a directory that
-/// goes when the first value is dropped.
-fn fresh_image(size: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, mnt) = (dir.path().join("fs.img"), dir.path().join("mnt"));
-    std::fs::create_dir(&mnt).unwrap();
-    let ok = canopy()
-        .args(["mkfs", "-q", "-s", size])
-        .arg(&img)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    (dir, img, mnt)
 }
 
 /// Mounts `img` on `mnt` with `opts`: the daemon once it is ready, or

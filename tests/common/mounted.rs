@@ -63,6 +63,23 @@ pub fn umount(mnt: &Path) -> bool {
     false
 }
 
+/// A new image of `size` (as `mkfs -s` takes it) and an empty mount
+/// point beside it, in a directory that goes when the first value is
+/// dropped.
+pub fn fresh_image(size: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let st = canopy()
+        .args(["mkfs", "-q", "-s", size])
+        .arg(&img)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    (dir, img, mnt)
+}
+
 /// A mounted image; unmounts on drop.
 pub struct Mounted {
     pub _dir: tempfile::TempDir,
@@ -78,16 +95,7 @@ impl Mounted {
 
     /// A fresh image of `size` (as `mkfs -s` takes it), mounted.
     pub fn with_size(size: &str) -> Mounted {
-        let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("fs.img");
-        let mnt = dir.path().join("mnt");
-        fs::create_dir(&mnt).unwrap();
-        let st = canopy()
-            .args(["mkfs", "-q", "-s", size])
-            .arg(&img)
-            .status()
-            .unwrap();
-        assert!(st.success());
+        let (dir, img, mnt) = fresh_image(size);
         let mut m = Mounted {
             _dir: dir,
             img,
