@@ -15,7 +15,7 @@
 //! | [`txn`] | the engine: transactions, commit, open and format, the log's storage |
 //! | [`tree`] | the copy-on-write B+tree |
 //! | [`alloc`] | block groups and free space (by start and by length) |
-//! | [`cache`] | the bounded cache of clean tree blocks |
+//! | [`cache`], [`compress`] | the bounded cache of clean tree blocks; the codecs of compressed extents |
 //! | [`format`] | the on-disk format: keys, blocks, superblock, items |
 //! | [`dev`] | devices: image files, memory, crash recording |
 //! | [`error`], `sync`, [`units`] | errors, lock helpers, sizes |
@@ -26,6 +26,7 @@ pub mod alloc;
 pub mod balance;
 pub mod cache;
 pub mod check;
+pub mod compress;
 pub mod dev;
 pub mod engine;
 pub mod error;

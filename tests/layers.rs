@@ -24,7 +24,7 @@ const LAYERS: &[&[&str]] = &[
     &["txn"],
     &["tree"],
     &["alloc"],
-    &["cache"],
+    &["cache", "compress"],
     &["format"],
     &["dev"],
     &["error", "sync", "units"],

@@ -18,8 +18,8 @@
 
 use super::inode::{extref_hash, name_hash, DirEntry, InodeItem};
 use super::items::{
-    decode_ref_count, BlockGroupItem, ExtentItem, FileExtentItem, RootItem, COMPRESS_NONE,
-    FILE_EXTENT_INLINE,
+    decode_ref_count, BlockGroupItem, ExtentItem, FileExtentItem, RootItem, COMPRESSED_MAX,
+    COMPRESS_LZ4, COMPRESS_NONE, COMPRESS_ZSTD, FILE_EXTENT_INLINE, FILE_EXTENT_REG,
 };
 use super::key_type::*;
 use super::{Key, RESERVED_START, SECTORSIZE};
@@ -352,11 +352,31 @@ fn check_xattr(key: &Key, mut data: &[u8]) -> Verdict {
     Ok(())
 }
 
+/// A compressed extent: a known codec, a regular extent, at most a chunk
+/// decoded and no larger on disk than decoded (a plain write would have
+/// been smaller).
+fn check_compressed(fe: &FileExtentItem) -> Verdict {
+    if fe.compression != COMPRESS_ZSTD && fe.compression != COMPRESS_LZ4 {
+        return fail(format!("compression type {} unknown", fe.compression));
+    }
+    if fe.kind != FILE_EXTENT_REG {
+        return fail(format!("compressed file extent of type {}", fe.kind));
+    }
+    let chunk = COMPRESSED_MAX;
+    if fe.ram_bytes == 0 || fe.ram_bytes > chunk || fe.disk_num_bytes > fe.ram_bytes {
+        return fail(format!(
+            "compressed extent of {} bytes on disk says it decodes to {} (at most {chunk})",
+            fe.disk_num_bytes, fe.ram_bytes
+        ));
+    }
+    Ok(())
+}
+
 fn check_file_extent(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
     check_ino(key.objectid, "inode number")?;
     let fe = FileExtentItem::decode(data)?;
     if fe.compression != COMPRESS_NONE {
-        return fail(format!("compression {} is not supported", fe.compression));
+        check_compressed(&fe)?;
     }
     let len = if fe.kind == FILE_EXTENT_INLINE {
         if fe.inline_data.is_empty() || fe.ram_bytes != fe.inline_data.len() as u64 {
@@ -377,7 +397,14 @@ fn check_file_extent(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
                 return fail(format!("data extent of {} bytes", fe.disk_num_bytes));
             }
             let used_end = fe.offset.checked_add(fe.num_bytes);
-            if used_end.is_none_or(|e| e > fe.disk_num_bytes) || fe.ram_bytes != fe.disk_num_bytes {
+            let plain = fe.compression == COMPRESS_NONE;
+            let decoded = if plain {
+                fe.disk_num_bytes
+            } else {
+                fe.ram_bytes
+            };
+            if used_end.is_none_or(|e| e > decoded) || (plain && fe.ram_bytes != fe.disk_num_bytes)
+            {
                 return fail(format!(
                     "file extent uses {}+{} of a {}-byte extent",
                     fe.offset, fe.num_bytes, fe.disk_num_bytes

@@ -52,6 +52,10 @@ pub struct InodeItem {
 
 pub const INODE_ITEM_SIZE: usize = 104;
 
+/// Inode flag: writeback found the file's data does not compress and stops
+/// trying (`compress-force` and setting the compression property undo it).
+pub const INODE_NOCOMPRESS: u64 = 1 << 3;
+
 fn put_time(b: &mut [u8], at: usize, t: Timespec) {
     put_u64(b, at, t.sec as u64);
     put_u32(b, at + 8, t.nsec);

@@ -209,6 +209,9 @@ pub const FILE_EXTENT_PREALLOC: u8 = 2;
 pub const COMPRESS_NONE: u8 = 0;
 pub const COMPRESS_ZSTD: u8 = 1;
 pub const COMPRESS_LZ4: u8 = 2;
+/// Most bytes a compressed extent decodes to: readers never allocate
+/// more for one, whatever its item says.
+pub const COMPRESSED_MAX: u64 = 128 << 10;
 
 /// `(inode, EXTENT_DATA, file offset)` in an fs tree.
 ///

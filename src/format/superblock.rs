@@ -50,9 +50,15 @@ pub const INCOMPAT_DROP_QUEUE: u64 = 4;
 /// checks it whole and otherwise falls back to the previous log root.
 /// Older code would replay a log that may be incomplete.
 pub const INCOMPAT_LOG_CHECKED: u64 = 8;
+/// File extents may be compressed (zstd or lz4, `crate::compress`); older
+/// code would refuse their items. Set for good by the first one written.
+pub const INCOMPAT_COMPRESSION: u64 = 16;
 /// Incompatible features this code understands.
-pub const INCOMPAT_SUPPORTED: u64 =
-    INCOMPAT_MIXED_GROUPS | INCOMPAT_LOG_TREE | INCOMPAT_DROP_QUEUE | INCOMPAT_LOG_CHECKED;
+pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS
+    | INCOMPAT_LOG_TREE
+    | INCOMPAT_DROP_QUEUE
+    | INCOMPAT_LOG_CHECKED
+    | INCOMPAT_COMPRESSION;
 /// Read-only-compatible features this code understands.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;
 pub const CSUM_CRC32C: u16 = 0;

@@ -40,6 +40,23 @@ pub(crate) fn item_len(fe: &FileExtentItem) -> u64 {
     }
 }
 
+/// Bytes of the device an item accounts for in the inode's `nbytes` (so in
+/// st_blocks): what it covers, or for a compressed extent its share of the
+/// bytes on disk.
+pub(crate) fn accounted(fe: &FileExtentItem) -> u64 {
+    if is_compressed(fe) && fe.ram_bytes > 0 {
+        let share = u128::from(fe.num_bytes) * u128::from(fe.disk_num_bytes);
+        share.div_ceil(u128::from(fe.ram_bytes)) as u64
+    } else {
+        item_len(fe)
+    }
+}
+
+/// Whether the item points into a compressed data extent.
+pub(crate) fn is_compressed(fe: &FileExtentItem) -> bool {
+    fe.kind == FILE_EXTENT_REG && fe.compression != COMPRESS_NONE
+}
+
 /// The extent items of `ino` that overlap `[start, end)`, in order.
 pub(crate) fn items_in<B: BlockRead + ?Sized>(
     b: &B,
@@ -158,6 +175,8 @@ pub(crate) fn hint_before<B: BlockRead + ?Sized>(
     let fe = decode(b, &it.key, &it.data)?;
     Ok(if fe.kind == FILE_EXTENT_INLINE || fe.disk_bytenr == 0 {
         0
+    } else if is_compressed(&fe) {
+        fe.disk_bytenr + fe.disk_num_bytes
     } else {
         fe.disk_bytenr + fe.offset + fe.num_bytes
     })
@@ -186,6 +205,16 @@ enum Source {
     Extent {
         bytenr: u64,
         len: u64,
+        skip: usize,
+        sums: Vec<u8>,
+    },
+    /// A whole compressed extent, decoded once; the piece starts `skip`
+    /// bytes into the decoded data.
+    Compressed {
+        bytenr: u64,
+        disk_len: u64,
+        kind: u8,
+        ram_bytes: u64,
         skip: usize,
         sums: Vec<u8>,
     },
@@ -222,6 +251,8 @@ pub(crate) fn plan_read<B: BlockRead + ?Sized>(
         if fe.kind == FILE_EXTENT_INLINE {
             let bytes = fe.inline_data[(from - k) as usize..(to - k) as usize].to_vec();
             parts.push((at, n, Source::Bytes(bytes)));
+        } else if is_compressed(&fe) && fe.disk_bytenr != 0 {
+            parts.push((at, n, plan_compressed(b, csum_root, &fe, from - k)?));
         } else if fe.kind == FILE_EXTENT_REG && fe.disk_bytenr != 0 {
             parts.push((at, n, plan_extent(b, csum_root, &fe, from - k, n as u64)?));
         }
@@ -256,20 +287,73 @@ fn plan_extent<B: BlockRead + ?Sized>(
     };
     let first = pos / SECTOR * SECTOR;
     let last = end.div_ceil(SECTOR) * SECTOR;
-    let sums = crate::tree::get(
-        b,
-        csum_root,
-        &Key::new(CSUM_OBJECTID, EXTENT_CSUM, fe.disk_bytenr),
-    )?
-    .ok_or_else(|| Error::corrupt(fe.disk_bytenr, "data extent without checksums"))?;
-    let (s0, s1) = ((first / SECTOR * 4) as usize, (last / SECTOR * 4) as usize);
-    // A short checksum item fails the sectors it lacks when they are read.
-    let sums = sums[s0.min(sums.len())..s1.min(sums.len())].to_vec();
+    let sums = extent_sums(b, csum_root, fe.disk_bytenr, first, last)?;
     Ok(Source::Extent {
         bytenr: fe.disk_bytenr + first,
         len: last - first,
         skip: (pos - first) as usize,
         sums,
+    })
+}
+
+/// The checksums of sectors `[first, last)` (byte offsets) of the data
+/// extent at `bytenr`. A short checksum item fails the sectors it lacks
+/// when they are read.
+fn extent_sums<B: BlockRead + ?Sized>(
+    b: &B,
+    csum_root: &RootPtr,
+    bytenr: u64,
+    first: u64,
+    last: u64,
+) -> Result<Vec<u8>> {
+    let sums = crate::tree::get(b, csum_root, &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr))?
+        .ok_or_else(|| Error::corrupt(bytenr, "data extent without checksums"))?;
+    let (s0, s1) = ((first / SECTOR * 4) as usize, (last / SECTOR * 4) as usize);
+    Ok(sums[s0.min(sums.len())..s1.min(sums.len())].to_vec())
+}
+
+/// A compressed extent, read whole; the piece starts `skip` bytes into
+/// the part the item uses.
+fn plan_compressed<B: BlockRead + ?Sized>(
+    b: &B,
+    csum_root: &RootPtr,
+    fe: &FileExtentItem,
+    skip: u64,
+) -> Result<Source> {
+    let skip = fe
+        .offset
+        .checked_add(skip)
+        .filter(|&s| s < fe.ram_bytes.min(crate::compress::CHUNK))
+        .ok_or_else(|| Error::corrupt(fe.disk_bytenr, "file extent reads past its data extent"))?;
+    Ok(Source::Compressed {
+        bytenr: fe.disk_bytenr,
+        disk_len: fe.disk_num_bytes,
+        kind: fe.compression,
+        ram_bytes: fe.ram_bytes,
+        skip: skip as usize,
+        sums: extent_sums(b, csum_root, fe.disk_bytenr, 0, fe.disk_num_bytes)?,
+    })
+}
+
+/// Reads, checks and decodes a compressed extent. A frame that does not
+/// decode is EIO, with one log line.
+fn read_compressed<D: DataRead + ?Sized>(
+    d: &D,
+    (bytenr, disk_len, kind, ram_bytes): (u64, u64, u8, u64),
+    sums: &[u8],
+) -> Result<Vec<u8>> {
+    if disk_len > crate::compress::CHUNK {
+        return Err(Error::corrupt(
+            bytenr,
+            "compressed extent larger than a chunk",
+        ));
+    }
+    let mut frame = vec![0u8; disk_len as usize];
+    d.read_bytes(bytenr, &mut frame)?;
+    verify(bytenr, &frame, sums)?;
+    crate::compress::decode(kind, &frame, ram_bytes).map_err(|why| {
+        tracing::error!(bytenr, %why, "compressed extent does not decode");
+        Error::corrupt(bytenr, why)
     })
 }
 
@@ -323,6 +407,20 @@ impl ReadPlan {
                     verify(*bytenr, &buf, sums)?;
                     dst.copy_from_slice(&buf[*skip..*skip + *n]);
                 }
+                Source::Compressed {
+                    bytenr,
+                    disk_len,
+                    kind,
+                    ram_bytes,
+                    skip,
+                    sums,
+                } => {
+                    let plain = read_compressed(d, (*bytenr, *disk_len, *kind, *ram_bytes), sums)?;
+                    let piece = plain.get(*skip..*skip + *n).ok_or_else(|| {
+                        Error::corrupt(*bytenr, "file extent reads past its data extent")
+                    })?;
+                    dst.copy_from_slice(piece);
+                }
             }
         }
         Ok(())
@@ -357,7 +455,9 @@ pub(crate) fn device_ranges<B: BlockRead + ?Sized>(
         }
         let from = k.max(start);
         let to = (k + item_len(&fe)).min(end);
-        if from < to {
+        if is_compressed(&fe) {
+            out.push((fe.disk_bytenr, fe.disk_num_bytes));
+        } else if from < to {
             out.push((fe.disk_bytenr + fe.offset + (from - k), to - from));
         }
     }
@@ -394,18 +494,17 @@ pub(crate) fn punch(tx: &mut Txn<'_>, tree: u64, ino: u64, start: u64, end: u64)
     let mut removed = 0;
     for (k, fe) in items_in(tx, &root, ino, start, end)? {
         let len = item_len(&fe);
-        let (from, to) = (k.max(start), (k + len).min(end));
-        removed += to - from;
+        removed += accounted(&fe);
         tx.delete(tree, &data_key(ino, k))?;
         if k < start {
-            tx.insert(tree, data_key(ino, k), slice(&fe, 0, start - k).encode())?;
+            let left = slice(&fe, 0, start - k);
+            removed = removed.saturating_sub(accounted(&left));
+            tx.insert(tree, data_key(ino, k), left.encode())?;
         }
         if k + len > end {
-            tx.insert(
-                tree,
-                data_key(ino, end),
-                slice(&fe, end - k, k + len - end).encode(),
-            )?;
+            let right = slice(&fe, end - k, k + len - end);
+            removed = removed.saturating_sub(accounted(&right));
+            tx.insert(tree, data_key(ino, end), right.encode())?;
         }
     }
     Ok(removed)
@@ -490,20 +589,53 @@ pub(crate) fn inline_bytes<B: BlockRead + ?Sized>(
         .map(|(_, fe)| fe.inline_data))
 }
 
+/// A data extent a flush writes: where it lies, its bytes on disk, the
+/// file bytes it holds, and how they are encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub bytenr: u64,
+    pub disk_len: u64,
+    pub ram_len: u64,
+    pub compression: u8,
+}
+
+impl Piece {
+    /// `len` bytes stored as they are.
+    pub(crate) fn plain(bytenr: u64, len: u64) -> Piece {
+        Piece {
+            bytenr,
+            disk_len: len,
+            ram_len: len,
+            compression: COMPRESS_NONE,
+        }
+    }
+}
+
 /// Records a data extent written by a flush at `file_off` of the file:
-/// its checksums and its file extent item.
+/// its checksums and its file extent item. Returns the bytes it adds to
+/// `nbytes`.
 pub(crate) fn insert_extent(
     tx: &mut Txn<'_>,
     tree: u64,
     ino: u64,
     file_off: u64,
-    bytenr: u64,
-    len: u64,
+    piece: &Piece,
     sums: Vec<u8>,
-) -> Result<()> {
-    tx.put(CSUM, Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr), sums)?;
-    let fe = new_extent_item(tx, FILE_EXTENT_REG, bytenr, len);
-    tx.insert(tree, data_key(ino, file_off), fe.encode())
+) -> Result<u64> {
+    tx.put(
+        CSUM,
+        Key::new(CSUM_OBJECTID, EXTENT_CSUM, piece.bytenr),
+        sums,
+    )?;
+    let mut fe = new_extent_item(tx, FILE_EXTENT_REG, piece.bytenr, piece.disk_len);
+    fe.ram_bytes = piece.ram_len;
+    fe.num_bytes = piece.ram_len;
+    fe.compression = piece.compression;
+    if piece.compression != COMPRESS_NONE {
+        tx.set_incompat(crate::format::superblock::INCOMPAT_COMPRESSION);
+    }
+    tx.insert(tree, data_key(ino, file_off), fe.encode())?;
+    Ok(accounted(&fe))
 }
 
 /// crc32c of every sector of `data`, as a checksum item holds them.
@@ -575,12 +707,12 @@ pub(crate) fn clone_range(
         let from = k.max(src_off);
         let to = (k + item_len(&fe)).min(src_off + len);
         let part = slice(&fe, from - k, to - from);
+        added += accounted(&part) as i64;
         tx.insert(
             tree,
             data_key(dst, dst_off + (from - src_off)),
             part.encode(),
         )?;
-        added += (to - from) as i64;
     }
     Ok(added - removed)
 }

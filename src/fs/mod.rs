@@ -20,6 +20,7 @@
 pub mod acl;
 mod atime;
 pub mod balance;
+pub mod compression;
 mod daemon;
 mod data;
 mod dir;
@@ -75,6 +76,8 @@ pub(crate) struct Core {
     atime_policy: std::sync::atomic::AtomicU8,
     /// Listing a directory records an access (off with `nodiratime`).
     dir_atime: std::sync::atomic::AtomicBool,
+    /// When writeback compresses (`-o compress=`, `compress-force=`).
+    compression: std::sync::RwLock<crate::compress::Policy>,
     /// Remounted read-only: the kernel refuses changes, and reads must not
     /// record access times either.
     remounted_ro: std::sync::atomic::AtomicBool,
@@ -160,6 +163,7 @@ impl Fs {
             engine,
             atime_policy: std::sync::atomic::AtomicU8::new(1),
             dir_atime: std::sync::atomic::AtomicBool::new(true),
+            compression: Default::default(),
             remounted_ro: std::sync::atomic::AtomicBool::new(false),
             tracking: log::Tracking::default(),
             log_enabled: std::sync::atomic::AtomicBool::new(true),
@@ -251,6 +255,13 @@ impl Core {
 
     pub(crate) fn atime_policy(&self) -> AtimePolicy {
         AtimePolicy::from_u8(self.atime_policy.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn compression(&self) -> crate::compress::Policy {
+        *self
+            .compression
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn dir_atime(&self) -> bool {

@@ -410,6 +410,16 @@ impl Fs {
             .store(p.to_u8(), std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Sets when writeback compresses (`-o compress=`); new flushes
+    /// follow it at once.
+    pub fn set_compression(&self, p: crate::compress::Policy) {
+        *self
+            .core
+            .compression
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = p;
+    }
+
     pub fn atime_policy(&self) -> AtimePolicy {
         self.core.atime_policy()
     }

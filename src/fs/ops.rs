@@ -183,18 +183,21 @@ pub struct NewNode<'a> {
     pub umask: u32,
 }
 
-/// The ACLs a new inode gets from its parent's default ACL.
+/// The xattrs a new inode gets from its parent: ACLs from its default ACL,
+/// and its compression property.
 #[derive(Default)]
-struct NewAcls {
+struct Inherited {
     access: Option<Vec<u8>>,
     /// A directory's: its parent's default ACL, as it is.
     default: Option<Vec<u8>>,
+    /// The parent's compression property.
+    compression: Option<Vec<u8>>,
 }
 
-impl NewAcls {
+impl Inherited {
     fn bytes(&self) -> u64 {
         let len = |v: &Option<Vec<u8>>| v.as_ref().map_or(0, |v| v.len() as u64 + 32);
-        len(&self.access) + len(&self.default)
+        len(&self.access) + len(&self.default) + len(&self.compression)
     }
 
     fn store(&self, tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
@@ -203,6 +206,9 @@ impl NewAcls {
         }
         if let Some(d) = &self.default {
             super::xattr::set(tx, tree, ino, acl::DEFAULT, d, 0)?;
+        }
+        if let Some(c) = &self.compression {
+            super::xattr::set(tx, tree, ino, crate::compress::PROPERTY, c, 0)?;
         }
         Ok(())
     }
@@ -422,10 +428,11 @@ impl Subvol {
             if dir::lookup(tx, &root, parent, name)?.is_some() {
                 return Err(Error::Exists);
             }
-            let (mode, acls) = self.inherit_acls(tx, parent, how.mode, umask)?;
+            let (mode, mut acls) = self.inherit_acls(tx, parent, how.mode, umask)?;
+            acls.compression = super::compression::inherited(tx, tree, parent, mode)?;
             if acls.bytes() > 0 {
                 tx.reserve(&Need {
-                    items: need.items + 2,
+                    items: need.items + 3,
                     payload: need.payload + acls.bytes(),
                     ..need
                 })?;
@@ -509,28 +516,29 @@ impl Subvol {
         parent: u64,
         mode: u32,
         umask: u32,
-    ) -> Result<(u32, NewAcls)> {
+    ) -> Result<(u32, Inherited)> {
         let masked = mode & !(umask & 0o777);
         if mode & libc::S_IFMT == libc::S_IFLNK {
-            return Ok((masked, NewAcls::default()));
+            return Ok((masked, Inherited::default()));
         }
         let root = tx.root_of(self.tree)?;
         let Some(default) = super::xattr::find(tx, &root, parent, acl::DEFAULT)? else {
-            return Ok((masked, NewAcls::default()));
+            return Ok((masked, Inherited::default()));
         };
         let Ok(parsed) = acl::Acl::decode(&default) else {
             tracing::warn!(
                 parent,
                 "a directory's default ACL does not parse; not inherited"
             );
-            return Ok((masked, NewAcls::default()));
+            return Ok((masked, Inherited::default()));
         };
         let (mode, access) = parsed.inherit(mode);
         Ok((
             mode,
-            NewAcls {
+            Inherited {
                 access: access.map(|a| a.encode()),
                 default: is_dir(mode).then_some(default),
+                compression: None,
             },
         ))
     }

@@ -56,7 +56,8 @@ pub fn check_name(name: &[u8]) -> Result<()> {
     }
     const OK: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
     let acl = name == b"system.posix_acl_access" || name == b"system.posix_acl_default";
-    if acl || OK.iter().any(|p| name.starts_with(p)) {
+    let property = super::compression::is_property(name);
+    if acl || property || OK.iter().any(|p| name.starts_with(p)) {
         Ok(())
     } else {
         Err(errno(libc::EOPNOTSUPP, "xattr namespace not supported"))
@@ -191,6 +192,18 @@ impl super::Subvol {
                 }
                 Some(_) if !is_dir(i.mode) => {
                     return Err(errno(libc::EACCES, "a default ACL is for directories"))
+                }
+                None if super::compression::is_property(name) => {
+                    super::compression::check_value(i.mode, value)?;
+                    i.flags = super::compression::forget_giving_up(i.flags);
+                    if value.is_empty() {
+                        match super::xattr::remove(tx, tree, ino, name) {
+                            Err(e) if e.errno() == libc::ENODATA => {}
+                            r => r?,
+                        }
+                    } else {
+                        super::xattr::set(tx, tree, ino, name, value, flags)?;
+                    }
                 }
                 _ => super::xattr::set(tx, tree, ino, name, value, flags)?,
             }

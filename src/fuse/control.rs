@@ -43,6 +43,11 @@ pub enum Request {
     /// How the device is carved into block groups (`canopy filesystem
     /// usage`).
     Usage,
+    /// `canopy filesystem du`: bytes on disk, decoded and referenced per
+    /// compression type of everything under `node`.
+    Compsize {
+        node: u64,
+    },
     /// `canopy subvolume create`: `name` in directory `parent` (a node id,
     /// the st_ino the command saw), owned by `uid`:`gid`.
     SubvolCreate {
@@ -147,6 +152,9 @@ pub struct Response {
     /// Block groups per kind, after a usage request.
     #[serde(default)]
     pub usage: Option<crate::alloc::SpaceUsage>,
+    /// Bytes on disk per compression type, after a compsize request.
+    #[serde(default)]
+    pub compsize: Option<crate::fs::compression::Compsize>,
 }
 
 impl Response {
@@ -161,6 +169,7 @@ impl Response {
                 balance: None,
                 rescan: None,
                 usage: None,
+                compsize: None,
             },
             Err(e) => Response {
                 ok: false,
@@ -171,6 +180,7 @@ impl Response {
                 balance: None,
                 rescan: None,
                 usage: None,
+                compsize: None,
             },
         }
     }
@@ -527,6 +537,13 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         Ok(Request::Usage) => Response {
             usage: Some(fs.engine().usage()),
             ..Response::of(Ok(None))
+        },
+        Ok(Request::Compsize { node }) => match fs.compsize(d.node(node)) {
+            Ok(report) => Response {
+                compsize: Some(report),
+                ..Response::of(Ok(None))
+            },
+            Err(e) => Response::of(Err(e)),
         },
         Ok(Request::SubvolSync) => Response::of(fs.clean_deleted().map(|()| None)),
         Ok(req @ (Request::ScrubStart | Request::ScrubStatus | Request::ScrubCancel)) => {

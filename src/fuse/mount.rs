@@ -116,6 +116,7 @@ fn open_fs(image: &Path, opts: &MountOptions) -> Result<Arc<Fs>> {
     fs.set_log_enabled(opts.treelog);
     fs.set_atime_policy(opts.atime);
     fs.set_dir_atime(opts.dir_atime);
+    fs.set_compression(opts.compression);
     Ok(fs)
 }
 

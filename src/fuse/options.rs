@@ -49,6 +49,9 @@ pub struct MountOptions {
     /// Replays the fsync log a crash left (off: `nologreplay`, read-only
     /// mounts only, as btrfs: the last commit without the log).
     pub log_replay: bool,
+    /// How writeback compresses file data (`compress=zstd[:LEVEL]|lz4|no`,
+    /// `compress-force=`); a file's `compression` property overrides it.
+    pub compression: crate::compress::Policy,
 }
 
 /// Default for the `readahead=` option.
@@ -78,6 +81,7 @@ impl Default for MountOptions {
             treelog: true,
             subvolume: crate::fs::Shown::Default,
             log_replay: true,
+            compression: crate::compress::Policy::default(),
         }
     }
 }
@@ -187,6 +191,14 @@ impl MountOptions {
                     )))
                 }
             },
+            "compress" | "compress-force" => {
+                let codec = crate::compress::Codec::parse(value.unwrap_or("zstd"))
+                    .map_err(|why| Error::Invalid(format!("'{opt}': {why}")))?;
+                o.compression = crate::compress::Policy {
+                    codec,
+                    force: name == "compress-force" && codec.is_some(),
+                };
+            }
             "writeback_cache" => o.writeback_cache = true,
             "treelog" => o.treelog = true,
             "notreelog" => o.treelog = false,

@@ -326,6 +326,15 @@ impl<'a> Txn<'a> {
         Ok(rs.item.clone())
     }
 
+    /// Turns incompatible feature `bit` on for good (older code must not
+    /// open the image); the next commit writes it.
+    pub fn set_incompat(&mut self, bit: u64) {
+        if self.st.sb.incompat & bit == 0 {
+            self.st.sb.incompat |= bit;
+            self.st.changes += 1;
+        }
+    }
+
     /// Sets the flags of tree `id`'s root item (a subvolume's read-only
     /// bit); the next commit writes them.
     pub fn set_root_flags(&mut self, id: u64, flags: u64) -> Result<()> {

@@ -6,8 +6,10 @@
 use crate::quota::{ask, size};
 use anyhow::{Context, Result};
 use canopy::alloc::SpaceUsage;
+use canopy::fs::compression::Compsize;
 use canopy::fuse::control::Request;
 use clap::Subcommand;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -18,6 +20,19 @@ pub enum Command {
     Usage {
         /// One JSON object: device_bytes, unallocated, and kinds (kind,
         /// groups, size, used).
+        #[arg(long)]
+        json: bool,
+        /// Sizes in bytes.
+        #[arg(long, short = 'b')]
+        raw: bool,
+        path: PathBuf,
+    },
+    /// What the files under PATH take on disk per compression type, after
+    /// the `compsize` tool: bytes on disk and decoded (each extent once),
+    /// and bytes the files reference (shared extents once per reference).
+    Du {
+        /// One JSON object: files, regular_extents, refs, inline, total
+        /// and kinds (kind, disk, uncompressed, referenced).
         #[arg(long)]
         json: bool,
         /// Sizes in bytes.
@@ -40,6 +55,46 @@ pub fn run(c: Command) -> Result<()> {
             }
             Ok(())
         }
+        Command::Du { json, raw, path } => {
+            let node = std::fs::metadata(&path)
+                .with_context(|| format!("opening {}", path.display()))?
+                .ino();
+            let mnt = crate::sync::mount_point(&path.canonicalize()?)?;
+            let report = ask(&mnt, &Request::Compsize { node })?
+                .compsize
+                .context("the daemon sent no report (an older version?)")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print_compsize(&report, raw);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_compsize(r: &Compsize, raw: bool) {
+    println!(
+        "Processed {} files, {} regular extents ({} refs), {} inline.",
+        r.files, r.regular_extents, r.refs, r.inline
+    );
+    println!(
+        "{:<10} {:>5} {:>12} {:>12} {:>12}",
+        "Type", "Perc", "Disk Usage", "Uncompressed", "Referenced"
+    );
+    for row in std::iter::once(&r.total).chain(&r.kinds) {
+        let perc = match row.uncompressed {
+            0 => 0,
+            u => (row.disk * 100).div_ceil(u),
+        };
+        println!(
+            "{:<10} {:>4}% {:>12} {:>12} {:>12}",
+            row.kind,
+            perc,
+            size(row.disk, raw),
+            size(row.uncompressed, raw),
+            size(row.referenced, raw)
+        );
     }
 }
 

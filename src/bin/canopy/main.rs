@@ -16,6 +16,7 @@ mod rescue;
 mod scrub;
 mod subvolume;
 mod sync;
+mod xattr;
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;

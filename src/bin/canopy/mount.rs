@@ -23,7 +23,12 @@ pub struct Args {
     /// default 64M), readahead=SIZE (how far the kernel reads ahead of a
     /// sequential reader; default 4M, 0 keeps the kernel's 128K),
     /// writeback_cache (the kernel buffers writes; ENOSPC then shows at
-    /// fsync or close, see README), nologreplay (with ro: the last commit,
+    /// fsync or close, see README), compress=zstd[:LEVEL]|lz4|no (compress
+    /// file data as it is written; zstd levels 1 to 15, default 3; data
+    /// that does not look compressible is written plain, and a file whose
+    /// data does not compress stops being tried), compress-force=... (try
+    /// every chunk; a file's `compression` property overrides both; set at
+    /// mount, not by remount), nologreplay (with ro: the last commit,
     /// without replaying a crash's fsync log). With remount, changes the flags of the
     /// live mount on MOUNTPOINT (ro, nosuid, nodev, noexec, atime options; a read-only
     /// mount stays read-only). Unknown options are an error.

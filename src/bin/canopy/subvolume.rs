@@ -66,9 +66,13 @@ pub enum Command {
 
 #[derive(Subcommand)]
 pub enum PropertyCommand {
-    /// Print a property (`ro`) of the subvolume at PATH.
+    /// Print a property: `ro` of the subvolume at PATH, or `compression`
+    /// of the file or directory at PATH (empty when unset).
     Get { path: PathBuf, name: String },
-    /// Set a property: `ro true|false` of the subvolume at PATH.
+    /// Set a property: `ro true|false` of the subvolume at PATH, or
+    /// `compression zstd|zstd:LEVEL|lz4|none|""` of a file or directory
+    /// (new files and directories in it inherit it; "" unsets it; kept in
+    /// the `btrfs.compression` xattr, as btrfs keeps it).
     Set {
         path: PathBuf,
         name: String,
@@ -192,6 +196,14 @@ fn show_one(path: &Path, json: bool) -> Result<()> {
 
 pub fn run_property(c: PropertyCommand) -> Result<()> {
     match c {
+        PropertyCommand::Get { path, name } if name == "compression" => {
+            let value = crate::xattr::get(&path, "btrfs.compression")?;
+            println!("compression={}", value.unwrap_or_default());
+        }
+        PropertyCommand::Set { path, name, value } if name == "compression" => {
+            crate::xattr::set(&path, "btrfs.compression", &value)
+                .with_context(|| format!("setting compression of {}", path.display()))?;
+        }
         PropertyCommand::Get { path, name } => {
             check_property(&name)?;
             let req = Request::SubvolShow {
@@ -222,7 +234,7 @@ pub fn run_property(c: PropertyCommand) -> Result<()> {
 
 fn check_property(name: &str) -> Result<()> {
     if name != "ro" {
-        bail!("unknown property '{name}' (subvolumes have: ro)");
+        bail!("unknown property '{name}' (subvolumes have ro; files and directories compression)");
     }
     Ok(())
 }

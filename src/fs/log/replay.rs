@@ -206,6 +206,9 @@ fn restore_inode(tx: &mut Txn<'_>, tree: u64, ino: u64, l: &Logged, csums: &Csum
         file::punch(tx, tree, ino, s, e)?;
     }
     for (k, fe) in &l.extents {
+        if fe.compression != crate::format::items::COMPRESS_NONE {
+            tx.set_incompat(crate::format::superblock::INCOMPAT_COMPRESSION);
+        }
         if let Some((bytenr, len)) = fe.disk_extent() {
             if tx.claim_logged_extent(bytenr, len)? {
                 restore_sums(tx, bytenr, csums.get(&bytenr))?;

@@ -5,6 +5,8 @@
 
 use super::*;
 
+mod compressed;
+
 /// Most bytes one flush takes at a time: the data a commit may wait for.
 const FLUSH_CHUNK: u64 = 8 << 20;
 
@@ -19,15 +21,26 @@ struct Segment {
     /// Old bytes of the file the sectors keep (where no taken range
     /// covers them): (file offset, plan).
     old: Vec<(u64, ReadPlan)>,
-    /// Extents allocated for it, in file order: (bytenr, length).
-    pieces: Vec<(u64, u64)>,
+    /// Extents allocated for it, in file order.
+    pieces: Vec<file::Piece>,
 }
+
+/// Ranges a flush took: (file offset, bytes).
+type Taken = Vec<(u64, Arc<Vec<u8>>)>;
 
 /// A flush between its two transactions.
 struct FlushJob {
     flight: Flight,
     ranges: Vec<(u64, Arc<Vec<u8>>)>,
     segments: Vec<Segment>,
+    /// The file's data is compressed with it: the extents are allocated
+    /// only once the chunks are compressed (see `compressed`).
+    codec: Option<crate::compress::Codec>,
+    /// Data space still held for the segments (a compressing flush keeps
+    /// its footprint reserved until it allocates).
+    held_data: u64,
+    /// No chunk compressed: the file is marked to stop trying.
+    gave_up: bool,
 }
 
 /// Extents laid end to end on the device, written with one call: where
@@ -223,15 +236,30 @@ impl super::super::Subvol {
             });
         }
         let footprint: u64 = taken.iter().map(|(s, d)| span(*s, d.len() as u64)).sum();
+        let codec = self.codec_for(tx, ino, &i)?;
         let mut flight = tx.start_flight(footprint);
-        if let Err(e) = allocate(tx, tree, ino, &mut segments, &mut flight) {
-            tx.end_flight(flight)?;
-            return Err(e);
-        }
+        let held_data = match codec {
+            // Allocated once compressed: the reservation stays till then.
+            Some(_) => {
+                let spans: u64 = segments.iter().map(|s| s.last - s.first).sum();
+                tx.hold_data(tree, spans);
+                spans
+            }
+            None => {
+                if let Err(e) = allocate(tx, tree, ino, &mut segments, &mut flight) {
+                    tx.end_flight(flight)?;
+                    return Err(e);
+                }
+                0
+            }
+        };
         Ok(Some(FlushJob {
             flight,
             ranges: taken,
             segments,
+            codec,
+            held_data,
+            gave_up: false,
         }))
     }
 
@@ -258,16 +286,22 @@ impl super::super::Subvol {
     }
 
     /// Steps 3 and 4, then the end of the flight whatever happened.
-    fn finish_job(&self, ino: u64, inode: &Inode, job: FlushJob) -> Result<()> {
-        let written = self.write_job(&job);
+    fn finish_job(&self, ino: u64, inode: &Inode, mut job: FlushJob) -> Result<()> {
+        let written = match job.codec {
+            Some(codec) => self.write_compressed(ino, &mut job, codec),
+            None => self.write_job(&job),
+        };
         let FlushJob {
             flight,
             ranges,
             segments,
+            held_data,
+            gave_up,
+            ..
         } = job;
         let sums = match written {
             Ok(sums) => sums,
-            Err(e) => return self.give_up((ino, inode), ranges, flight, e),
+            Err(e) => return self.give_up((ino, inode), (ranges, held_data), flight, e),
         };
         // Step 4 in batches, each a short hold of the state lock. The
         // commit waits for the flight, so all of them join the
@@ -283,7 +317,7 @@ impl super::super::Subvol {
                 Ok(true) => {}
                 // Deleted meanwhile: its extents go at the commit.
                 Ok(false) => break,
-                Err(e) => return self.give_up((ino, inode), ranges, flight, e),
+                Err(e) => return self.give_up((ino, inode), (ranges, 0), flight, e),
             }
         }
         self.core.engine.write(|tx| {
@@ -292,21 +326,26 @@ impl super::super::Subvol {
                 &mut crate::sync::lock(&inode.state),
                 &ranges,
             );
+            if gave_up {
+                self.mark_nocompress(tx, ino)?;
+            }
             tx.end_flight(flight)
         })
     }
 
     /// A flush failed with `e`: its ranges go back to the buffer (if the
     /// engine still runs), so the data is not lost to a retry; what was
-    /// recorded already is written again then.
+    /// recorded already is written again then. `held_data` is data space
+    /// the flush still held (the restored buffer holds its own).
     fn give_up(
         &self,
         (ino, inode): (u64, &Inode),
-        ranges: Vec<(u64, Arc<Vec<u8>>)>,
+        (ranges, held_data): (Taken, u64),
         flight: Flight,
         e: Error,
     ) -> Result<()> {
         let _ = self.core.engine.write(|tx| {
+            tx.release_data(self.tree, held_data);
             self.restore(tx, (ino, inode), ranges);
             tx.end_flight(flight)
         });
@@ -328,7 +367,12 @@ impl super::super::Subvol {
         for (index, (seg, content)) in job.segments.iter().zip(&contents).enumerate() {
             let mut sums = Vec::with_capacity(seg.pieces.len());
             let mut at = 0usize;
-            for &(bytenr, len) in &seg.pieces {
+            for &file::Piece {
+                bytenr,
+                disk_len: len,
+                ..
+            } in &seg.pieces
+            {
                 let part = (index, at, at + len as usize);
                 sums.push(file::sector_sums(&content[part.1..part.2]));
                 if !run.extend(bytenr, part) {
@@ -399,10 +443,9 @@ impl super::super::Subvol {
             self.note_extents(tx, ino, i.size, seg.first, seg.last);
             delta -= file::punch(tx, tree, ino, seg.first, seg.last)? as i64;
             let mut at = seg.first;
-            for (&(bytenr, len), s) in seg.pieces.iter().zip(sums) {
-                file::insert_extent(tx, tree, ino, at, bytenr, len, s)?;
-                at += len;
-                delta += len as i64;
+            for (piece, s) in seg.pieces.iter().zip(sums) {
+                delta += file::insert_extent(tx, tree, ino, at, piece, s)? as i64;
+                at += piece.ram_len;
             }
         }
         i.nbytes = (i.nbytes as i64 + delta).max(0) as u64;
@@ -597,7 +640,7 @@ fn allocate(
             // takes the write.
             let max = (total - at).min(file::EXTENT_MAX);
             let (bytenr, len) = tx.alloc_flight_data(flight, SECTOR, max, hint)?;
-            seg.pieces.push((bytenr, len));
+            seg.pieces.push(file::Piece::plain(bytenr, len));
             hint = bytenr + len;
             at += len;
         }

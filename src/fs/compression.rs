@@ -1,0 +1,201 @@
+//! Compression as files see it: the `compression` property (the
+//! `btrfs.compression` xattr, inherited by new files and directories),
+//! and the compsize report of what a tree of files holds on disk.
+//! Writeback does the compressing (`writeback::flush`), the codecs live in
+//! `crate::compress`.
+
+use super::{errno, file, is_dir, Fs, Subvol};
+use crate::compress::{Codec, PROPERTY};
+use crate::error::Result;
+use crate::format::inode::INODE_NOCOMPRESS;
+use crate::format::inode::ROOT_DIR_INO;
+use crate::format::items::{
+    FileExtentItem, COMPRESS_LZ4, COMPRESS_NONE, COMPRESS_ZSTD, FILE_EXTENT_INLINE,
+    FILE_EXTENT_PREALLOC,
+};
+use crate::txn::Txn;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+
+/// Whether `name` is the compression property's xattr.
+pub fn is_property(name: &[u8]) -> bool {
+    name == PROPERTY
+}
+
+/// Checks a value set on the property: a codec name, or none/no. The
+/// empty value removes the property (as btrfs takes it).
+pub(crate) fn check_value(mode: u32, value: &[u8]) -> Result<()> {
+    if mode & libc::S_IFMT != libc::S_IFREG && !is_dir(mode) {
+        return Err(errno(
+            libc::EINVAL,
+            "compression is a property of files and directories",
+        ));
+    }
+    let parsed = std::str::from_utf8(value)
+        .ok()
+        .map(|s| Codec::parse(s.trim_end_matches('\0')));
+    match parsed {
+        Some(Ok(_)) => Ok(()),
+        _ => Err(errno(
+            libc::EINVAL,
+            "compression takes zstd, zstd:LEVEL, lz4 or none",
+        )),
+    }
+}
+
+/// The property a new inode of `mode` made in `parent` inherits.
+pub(crate) fn inherited(
+    tx: &Txn<'_>,
+    tree: u64,
+    parent: u64,
+    mode: u32,
+) -> Result<Option<Vec<u8>>> {
+    if mode & libc::S_IFMT != libc::S_IFREG && !is_dir(mode) {
+        return Ok(None);
+    }
+    let root = tx.root_of(tree)?;
+    super::xattr::find(tx, &root, parent, PROPERTY)
+}
+
+/// Setting the property asks writeback to try again on a file it gave
+/// up on.
+pub(crate) fn forget_giving_up(flags: u64) -> u64 {
+    flags & !INODE_NOCOMPRESS
+}
+
+/// One row of the compsize report: extents of one encoding.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CompsizeRow {
+    /// none, zstd, lz4 or prealloc.
+    pub kind: String,
+    /// Bytes the extents take on disk (each extent once).
+    pub disk: u64,
+    /// Bytes they decode to (each extent once).
+    pub uncompressed: u64,
+    /// Bytes of files that reference them (shared extents once per
+    /// reference).
+    pub referenced: u64,
+}
+
+/// What `canopy filesystem du` reports, after the `compsize` tool.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Compsize {
+    pub files: u64,
+    pub regular_extents: u64,
+    pub refs: u64,
+    pub inline: u64,
+    pub total: CompsizeRow,
+    pub kinds: Vec<CompsizeRow>,
+}
+
+/// Sums as the walk goes.
+#[derive(Default)]
+struct Tally {
+    report: Compsize,
+    rows: BTreeMap<&'static str, CompsizeRow>,
+    extents: HashSet<u64>,
+    inodes: HashSet<u64>,
+}
+
+impl Tally {
+    fn add(&mut self, kind: &'static str, (disk, uncompressed, referenced): (u64, u64, u64)) {
+        for row in [self.rows.entry(kind).or_default(), &mut self.report.total] {
+            row.disk += disk;
+            row.uncompressed += uncompressed;
+            row.referenced += referenced;
+        }
+    }
+
+    fn extent(&mut self, fe: &FileExtentItem) {
+        if fe.kind == FILE_EXTENT_INLINE {
+            self.report.inline += 1;
+            let n = fe.inline_data.len() as u64;
+            return self.add("none", (n, n, n));
+        }
+        if fe.disk_bytenr == 0 {
+            return;
+        }
+        let kind = match (fe.kind, fe.compression) {
+            (FILE_EXTENT_PREALLOC, _) => "prealloc",
+            (_, COMPRESS_NONE) => "none",
+            (_, COMPRESS_ZSTD) => "zstd",
+            (_, COMPRESS_LZ4) => "lz4",
+            _ => "unknown",
+        };
+        self.report.refs += 1;
+        let first = self.extents.insert(fe.disk_bytenr);
+        if first {
+            self.report.regular_extents += 1;
+        }
+        let (disk, ram) = match first {
+            true => (fe.disk_num_bytes, fe.ram_bytes),
+            false => (0, 0),
+        };
+        self.add(kind, (disk, ram, fe.num_bytes));
+    }
+}
+
+impl Fs {
+    /// The compsize report of `node` and everything under it (nested
+    /// subvolumes included; each inode once, however many links it has).
+    pub fn compsize(&self, node: u64) -> Result<Compsize> {
+        let mut tally = Tally::default();
+        let mut stack = vec![node];
+        while let Some(n) = stack.pop() {
+            if !tally.inodes.insert(n) {
+                continue;
+            }
+            let (sv, ino) = self.at(n)?;
+            sv.compsize_inode(ino, &mut tally, &mut stack)?;
+        }
+        let mut report = tally.report;
+        report.kinds = tally
+            .rows
+            .into_iter()
+            .map(|(kind, row)| CompsizeRow {
+                kind: kind.to_string(),
+                ..row
+            })
+            .collect();
+        report.total.kind = "TOTAL".into();
+        Ok(report)
+    }
+}
+
+impl Subvol {
+    /// Adds a file's extents to the tally, or a directory's entries to
+    /// the walk.
+    fn compsize_inode(&self, ino: u64, tally: &mut Tally, stack: &mut Vec<u64>) -> Result<()> {
+        /// Entries read under one hold of the engine's read lock.
+        const BATCH: usize = 4096;
+        let mut from = 2;
+        loop {
+            let more = self.core.engine.read(|r| {
+                let i = self.inode_r(r, ino)?;
+                let root = r.root(self.tree)?;
+                if i.mode & libc::S_IFMT == libc::S_IFREG {
+                    tally.report.files += 1;
+                    for (_, fe) in file::items_in(r, &root, ino, 0, u64::MAX)? {
+                        tally.extent(&fe);
+                    }
+                    return Ok(None);
+                }
+                if !is_dir(i.mode) {
+                    return Ok(None);
+                }
+                let entries = super::dir::list(r, &root, ino, (from, u64::MAX), BATCH)?;
+                for e in &entries {
+                    stack.push(match e.is_subvolume() {
+                        true => super::node_id(e.ino, ROOT_DIR_INO),
+                        false => self.node(e.ino)?,
+                    });
+                }
+                Ok((entries.len() == BATCH).then(|| entries.last().map_or(from, |e| e.index + 1)))
+            })?;
+            match more {
+                Some(next) => from = next,
+                None => return Ok(()),
+            }
+        }
+    }
+}
