@@ -92,8 +92,17 @@ fn assert_quota_exact(fs: &Fs) {
 }
 
 fn balance_everything(mixed: bool) {
+    balance_everything_with(mixed, canopy::compress::Policy::default());
+}
+
+fn balance_everything_with(mixed: bool, compression: canopy::compress::Policy) {
     let (dev, fs) = fresh(256, mixed);
+    fs.set_compression(compression);
     populate(&fs, 300);
+    let compressed = compressed_bytes(&fs);
+    if compression.codec.is_some() {
+        assert!(compressed > 0, "the files compressed");
+    }
     let (files, groups, before) = (contents(&fs), qgroups(&fs), used(&fs));
     let n = fs.balance_start(BalanceArgs::all()).expect("start");
     assert!(n > 0);
@@ -105,6 +114,11 @@ fn balance_everything(mixed: bool) {
     assert_eq!(contents(&fs), files, "file contents moved intact");
     assert_quota_exact(&fs);
     assert_eq!(qgroups(&fs), groups, "quota numbers did not move");
+    assert_eq!(
+        compressed_bytes(&fs),
+        compressed,
+        "compressed extents moved as they are"
+    );
     // Nothing unshared, and the extent and checksum trees repacked after
     // the moves' back-references and checksums were rewritten: used bytes
     // do not grow.
@@ -115,6 +129,28 @@ fn balance_everything(mixed: bool) {
     );
     drop(fs);
     common::assert_fs_clean(&dev);
+}
+
+/// Bytes on disk of compressed extents in the whole pool.
+fn compressed_bytes(fs: &Fs) -> u64 {
+    let report = fs.compsize(fs.root_node()).expect("compsize");
+    report
+        .kinds
+        .iter()
+        .filter(|r| r.kind == "zstd" || r.kind == "lz4")
+        .map(|r| r.disk)
+        .sum()
+}
+
+/// Compressed extents move whole, keep their checksums and sharing, and
+/// quota groups (counting bytes on disk) stay exact.
+#[test]
+fn balance_keeps_compressed_extents_and_quotas() {
+    let zstd = canopy::compress::Policy {
+        codec: Some(canopy::compress::Codec::Zstd(3)),
+        force: false,
+    };
+    balance_everything_with(false, zstd);
 }
 
 #[test]

@@ -272,3 +272,106 @@ fn every_prefix_of_a_fill_to_enospc_keeps_the_committed_files() {
         rp.len()
     );
 }
+
+/// A compressed workload (zstd, text and noise, overwrites of parts of
+/// compressed extents, deletions): every prefix of its writes opens to a
+/// committed generation holding exactly the files committed then.
+#[test]
+fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
+    use canopy::fs::{Fs, Owner};
+    let (base_dev, e) = common::mem_engine(64 << 20, 4096);
+    drop(Fs::new(Arc::new(e)).unwrap());
+    let base = Arc::new(base_dev.snapshot());
+    let rec = Arc::new(RecordingDevice::new(base.as_ref().clone()));
+    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    fs.set_compression(canopy::compress::Policy {
+        codec: Some(canopy::compress::Codec::Zstd(1)),
+        force: true,
+    });
+    let mut files = Files::new();
+    let mut models: BTreeMap<u64, Files> = BTreeMap::new();
+    let mut ends = vec![(fs.engine().committed_generation(), 0usize)];
+    models.insert(ends[0].0, files.clone());
+    let mut rng = Rng(0xc0de_5eed_7a11_0003);
+    let me = Owner { uid: 0, gid: 0 };
+    for step in 0..60u64 {
+        let name = format!("f{}", rng.below(8)).into_bytes();
+        match (files.get(&name).cloned(), rng.below(4)) {
+            (Some(_), 0) => {
+                fs.remove(256, &name, false).unwrap();
+                files.remove(&name);
+            }
+            (Some(mut data), _) => {
+                let ino = fs.lookup(256, &name).unwrap().ino;
+                let off = rng.below(data.len() as u64 + 1) as usize;
+                let patch = {
+                    let len = rng_len(&mut rng);
+                    chunk_of(&mut rng, len)
+                };
+                fs.write(ino, off as u64, &patch).unwrap();
+                data.resize(data.len().max(off + patch.len()), 0);
+                data[off..off + patch.len()].copy_from_slice(&patch);
+                files.insert(name, data);
+            }
+            (None, _) => {
+                let a = fs
+                    .create(256, &name, libc::S_IFREG | 0o644, 0, me, None)
+                    .unwrap();
+                let data = {
+                    let len = rng_len(&mut rng);
+                    chunk_of(&mut rng, len)
+                };
+                fs.write(a.ino, 0, &data).unwrap();
+                files.insert(name, data);
+            }
+        }
+        if step % 3 == 2 {
+            fs.sync().unwrap();
+            let g = fs.engine().committed_generation();
+            models.insert(g, files.clone());
+            ends.push((g, rec.op_count()));
+        }
+    }
+    drop(fs);
+    let mut rp = Replayer::new(base, rec.ops());
+    let step = (rp.len() / 200).max(1);
+    let mut images = 0;
+    for prefix in
+        (0..=rp.len()).filter(|p| p % step == 0 || ends.iter().any(|e| e.1.abs_diff(*p) <= 2))
+    {
+        let (dev, e) = open_crashed(&mut rp, prefix, &|i| i % 2 == 1, &ends);
+        let g = e.committed_generation();
+        let fs = Fs::new(Arc::new(e)).unwrap();
+        assert!(
+            fs_files(&fs) == models[&g],
+            "prefix {prefix}: files of generation {g} differ"
+        );
+        drop(fs);
+        common::assert_clean(dev.as_ref());
+        images += 1;
+    }
+    eprintln!(
+        "compressed crash workload: {} ops, {images} images",
+        rp.len()
+    );
+}
+
+fn rng_len(rng: &mut Rng) -> usize {
+    (rng.below(600_000) + 1) as usize
+}
+
+/// Text (compresses) or noise (does not), by a coin.
+fn chunk_of(rng: &mut Rng, len: usize) -> Vec<u8> {
+    let noisy = rng.below(3) == 0;
+    let mut out = Vec::with_capacity(len + 32);
+    while out.len() < len {
+        if noisy {
+            out.extend_from_slice(&rng.next().to_le_bytes());
+        } else {
+            out.extend_from_slice(format!("row {} of the ledger\n", rng.below(50)).as_bytes());
+        }
+    }
+    out.truncate(len);
+    out
+}

@@ -74,6 +74,11 @@ proptest! {
         // Half the cases buffer little, so writers flush as they go.
         let dirty_limit = if ops.len() % 2 == 0 { 16 << 10 } else { 64 << 20 };
         fs.set_dirty_limit(dirty_limit);
+        // A third of the cases plain, the rest compressed (lz4, zstd,
+        // zstd forced): overwrites, truncates, punches and copies then
+        // cut compressed extents.
+        let policy = compression_for(ops.len());
+        fs.set_compression(policy);
         let mut f = fs.create(ROOT, b"f", libc::S_IFREG | 0o644, 0, ME, None).unwrap().ino;
         let mut g = fs.create(ROOT, b"g", libc::S_IFREG | 0o644, 0, ME, None).unwrap().ino;
         let mut model: Vec<u8> = Vec::new();
@@ -117,7 +122,7 @@ proptest! {
                     }
                 }
                 FileOp::Write { off, len, byte } => {
-                    let data = vec![byte; len as usize];
+                    let data = pattern(byte, len as usize);
                     fs.write(f, u64::from(off), &data).unwrap();
                     let end = off as usize + len as usize;
                     if model.len() < end { model.resize(end, 0); }
@@ -134,6 +139,7 @@ proptest! {
                 FileOp::Reopen => {
                     fs = reopen(&dev, fs);
                     fs.set_dirty_limit(dirty_limit);
+                    fs.set_compression(policy);
                 }
             }
             // One write (a byte copy up to 200 KB here) may pass the limit.
@@ -255,6 +261,43 @@ fn directories_and_errors() {
     // Deleting everything frees the space again.
     fs.remove(ROOT, b"hard", false).unwrap();
     let _ = reopen(&dev, fs);
+}
+
+/// The compression a case runs with, by its length.
+fn compression_for(n: usize) -> canopy::compress::Policy {
+    use canopy::compress::{Codec, Policy};
+    match n % 4 {
+        0 => Policy::default(),
+        1 => Policy {
+            codec: Some(Codec::Lz4),
+            force: false,
+        },
+        2 => Policy {
+            codec: Some(Codec::Zstd(3)),
+            force: false,
+        },
+        _ => Policy {
+            codec: Some(Codec::Zstd(1)),
+            force: true,
+        },
+    }
+}
+
+/// Bytes a write puts: one byte repeated (compresses), or for a third of
+/// the bytes noise seeded by it (does not).
+fn pattern(byte: u8, len: usize) -> Vec<u8> {
+    if !byte.is_multiple_of(3) {
+        return vec![byte; len];
+    }
+    let mut x = u64::from(byte) | 0x9e37_79b9_0000_0000;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 fn cases() -> u32 {

@@ -1,0 +1,335 @@
+//! Compressed extents below the mount: they take less space and read back
+//! exactly (whole, in random 4 KiB pieces, after reopening), the property
+//! and its inheritance choose the codec, files that do not compress stop
+//! being tried, reflinks and snapshots share compressed extents, and a
+//! hostile image (a lying decoded length, a corrupt payload, an unknown
+//! codec) gives EIO for that file alone.
+
+mod common;
+
+use canopy::compress::{Codec, Policy, PROPERTY};
+use canopy::dev::{Device, MemDevice};
+use canopy::format::items::{FileExtentItem, COMPRESS_NONE};
+use canopy::format::{key_type, tree_id, Key, CSUM_OBJECTID};
+use canopy::fs::Fs;
+use canopy::{Engine, OpenOptions};
+use common::paths::{file, read_all, ME};
+use std::sync::Arc;
+
+const ROOT: u64 = 256;
+const ZSTD: Policy = Policy {
+    codec: Some(Codec::Zstd(3)),
+    force: false,
+};
+
+fn fresh() -> (Arc<MemDevice>, Fs) {
+    let (dev, e) = common::mem_engine(256 << 20, 4096);
+    (dev, Fs::new(Arc::new(e)).expect("fs"))
+}
+
+fn reopen(dev: &Arc<MemDevice>, fs: Fs) -> Fs {
+    fs.sync().expect("sync");
+    drop(fs);
+    common::assert_fs_clean(dev);
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    Fs::new(Arc::new(e)).expect("fs")
+}
+
+/// Lines of text: compresses about 10:1.
+fn text(len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 64);
+    let mut i = 0u64;
+    while out.len() < len {
+        out.extend_from_slice(
+            format!("line {i}: the quick brown fox {}\n", i * 7919 % 1000).as_bytes(),
+        );
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Bytes on disk per kind for `node`.
+fn disk_of(fs: &Fs, node: u64, kind: &str) -> u64 {
+    let r = fs.compsize(node).expect("compsize");
+    r.kinds
+        .iter()
+        .filter(|k| k.kind == kind)
+        .map(|k| k.disk)
+        .sum()
+}
+
+#[test]
+fn compressed_files_are_smaller_and_read_back_exactly() {
+    let (dev, fs) = fresh();
+    fs.set_compression(ZSTD);
+    let data = text(3 << 20);
+    let f = file(&fs, ROOT, "t", &data);
+    fs.sync().expect("sync");
+    let a = fs.getattr(f).expect("getattr");
+    assert!(
+        a.blocks * 512 < data.len() as u64 / 4,
+        "st_blocks counts bytes on disk: {}",
+        a.blocks
+    );
+    assert!(disk_of(&fs, f, "zstd") > 0);
+    assert_eq!(disk_of(&fs, f, "none"), 0);
+    let fs = reopen(&dev, fs);
+    assert_eq!(read_all(&fs, f), data);
+    let mut rng = common::Rng(7);
+    for _ in 0..200 {
+        let off = rng.below(data.len() as u64 - 4096);
+        let got = fs.read(f, off, 4096).expect("read");
+        assert_eq!(got, &data[off as usize..off as usize + 4096], "at {off}");
+    }
+    // Overwrite the middle, punch a hole, truncate: slices of compressed
+    // extents keep reading right.
+    let mut model = data.clone();
+    fs.write(f, 200_000, &[b'x'; 5000]).expect("write");
+    model[200_000..205_000].fill(b'x');
+    fs.fallocate(
+        f,
+        400_000,
+        300_000,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+    )
+    .expect("punch");
+    model[400_000..700_000].fill(0);
+    fs.setattr(
+        f,
+        &canopy::fs::SetAttr {
+            size: Some(2_000_001),
+            ..Default::default()
+        },
+    )
+    .expect("truncate");
+    model.truncate(2_000_001);
+    let fs = reopen(&dev, fs);
+    assert_eq!(read_all(&fs, f), model);
+}
+
+#[test]
+fn lz4_and_levels_round_trip() {
+    for codec in [Codec::Lz4, Codec::Zstd(1), Codec::Zstd(15)] {
+        let (dev, fs) = fresh();
+        fs.set_compression(Policy {
+            codec: Some(codec),
+            force: false,
+        });
+        let data = text(1 << 20);
+        let f = file(&fs, ROOT, "t", &data);
+        let fs = reopen(&dev, fs);
+        let kind = if codec == Codec::Lz4 { "lz4" } else { "zstd" };
+        assert!(disk_of(&fs, f, kind) > 0, "{codec:?}");
+        assert_eq!(read_all(&fs, f), data, "{codec:?}");
+    }
+}
+
+#[test]
+fn the_property_chooses_and_is_inherited() {
+    let (dev, fs) = fresh();
+    let d = mkdir(&fs, ROOT, b"d");
+    fs.setxattr(d, PROPERTY, b"lz4", 0).expect("set property");
+    assert_eq!(
+        fs.setxattr(d, PROPERTY, b"zlib", 0).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    assert_eq!(
+        fs.setxattr(d, PROPERTY, b"zstd:99", 0).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    let sub = mkdir(&fs, d, b"sub");
+    assert_eq!(fs.getxattr(sub, PROPERTY).expect("inherited"), b"lz4");
+    let f = file(&fs, sub, "f", &text(1 << 20));
+    // "none" on a file wins over the mount's compress=zstd.
+    fs.set_compression(ZSTD);
+    let plain = file(&fs, ROOT, "plain", b"");
+    fs.setxattr(plain, PROPERTY, b"none", 0).expect("none");
+    fs.write(plain, 0, &text(1 << 20)).expect("write");
+    let fs = reopen(&dev, fs);
+    assert!(disk_of(&fs, f, "lz4") > 0);
+    assert_eq!(disk_of(&fs, f, "zstd"), 0);
+    assert_eq!(disk_of(&fs, plain, "zstd"), 0);
+    assert!(disk_of(&fs, plain, "none") >= 1 << 20);
+    // The empty value unsets it.
+    fs.setxattr(d, PROPERTY, b"", 0).expect("unset");
+    assert_eq!(fs.getxattr(d, PROPERTY).unwrap_err().errno(), libc::ENODATA);
+}
+
+#[test]
+fn a_file_that_does_not_compress_stops_being_tried_unless_forced() {
+    let (dev, fs) = fresh();
+    fs.set_compression(ZSTD);
+    let f = file(&fs, ROOT, "n", &noise(1 << 20, 3));
+    fs.sync().expect("sync");
+    fs.write(f, 1 << 20, &text(1 << 20)).expect("write");
+    fs.sync().expect("sync");
+    assert_eq!(disk_of(&fs, f, "zstd"), 0, "given up after the noise");
+    fs.set_compression(Policy {
+        force: true,
+        ..ZSTD
+    });
+    fs.write(f, 2 << 20, &text(1 << 20)).expect("write");
+    let fs = reopen(&dev, fs);
+    assert!(disk_of(&fs, f, "zstd") > 0, "compress-force tries again");
+    let mut want = noise(1 << 20, 3);
+    want.extend(text(1 << 20));
+    want.extend(text(1 << 20));
+    assert_eq!(read_all(&fs, f), want);
+}
+
+#[test]
+fn reflinks_and_snapshots_share_compressed_extents() {
+    let (dev, fs) = fresh();
+    fs.set_compression(ZSTD);
+    let data = text(2 << 20);
+    let f = file(&fs, ROOT, "a", &data);
+    let g = file(&fs, ROOT, "b", b"");
+    fs.sync().expect("sync");
+    let n = fs
+        .copy_range(f, 0, g, 0, data.len() as u64)
+        .expect("reflink");
+    assert_eq!(n, data.len() as u64);
+    fs.snapshot(ROOT_NODE(&fs), ROOT, b"snap", true)
+        .expect("snapshot");
+    fs.write(f, 100_000, b"changed").expect("write");
+    let report = fs.compsize(fs.root_node()).expect("compsize");
+    let zstd = report
+        .kinds
+        .iter()
+        .find(|k| k.kind == "zstd")
+        .expect("zstd row");
+    assert!(zstd.referenced >= 3 * data.len() as u64, "{report:?}");
+    let fs = reopen(&dev, fs);
+    assert_eq!(read_all(&fs, g), data);
+    let mut changed = data.clone();
+    changed[100_000..100_007].copy_from_slice(b"changed");
+    assert_eq!(read_all(&fs, f), changed);
+}
+
+#[allow(non_snake_case)]
+fn ROOT_NODE(fs: &Fs) -> u64 {
+    fs.root_node()
+}
+
+fn mkdir(fs: &Fs, parent: u64, name: &[u8]) -> u64 {
+    fs.create(parent, name, libc::S_IFDIR | 0o755, 0, ME, None)
+        .expect("mkdir")
+        .ino
+}
+
+/// The first compressed extent item of `ino` in the top subvolume.
+fn first_compressed(fs: &Fs, ino: u64) -> (Key, FileExtentItem) {
+    fs.engine()
+        .read(|r| {
+            let from = Key::new(ino, key_type::EXTENT_DATA, 0);
+            let to = Key::new(ino, key_type::EXTENT_DATA + 1, 0);
+            for (k, d) in r.range(tree_id::FS, &from, &to)? {
+                let fe = FileExtentItem::decode(&d).expect("item");
+                if fe.compression != COMPRESS_NONE {
+                    return Ok((k, fe));
+                }
+            }
+            panic!("no compressed extent");
+        })
+        .expect("read")
+}
+
+/// Two compressed files; `damage` changes the first's first compressed
+/// extent (its item, or its bytes with checksums to match). Reading it
+/// is EIO; the other file reads as written.
+fn hostile(damage: impl Fn(&Fs, &Arc<MemDevice>, Key, FileExtentItem)) {
+    let (dev, fs) = fresh();
+    fs.set_compression(ZSTD);
+    let victim = file(&fs, ROOT, "victim", &text(1 << 20));
+    let data = text(1 << 19);
+    let other = file(&fs, ROOT, "other", &data);
+    fs.sync().expect("sync");
+    let inode = fs.getattr(victim).expect("attr").ino;
+    let (k, fe) = first_compressed(&fs, inode);
+    damage(&fs, &dev, k, fe);
+    let fs = {
+        fs.sync().expect("sync");
+        drop(fs);
+        let e =
+            Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+        Fs::new(Arc::new(e)).expect("fs")
+    };
+    let err = fs.read(victim, 0, 1 << 20).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert_eq!(read_all(&fs, other), data);
+}
+
+fn put_item(fs: &Fs, k: Key, fe: &FileExtentItem) {
+    fs.engine()
+        .write(|tx| tx.put(tree_id::FS, k, fe.encode()).map(|_| ()))
+        .expect("put");
+}
+
+#[test]
+fn a_decompression_bomb_is_eio() {
+    hostile(|fs, _, k, mut fe| {
+        fe.ram_bytes = 1 << 40;
+        put_item(fs, k, &fe);
+    });
+}
+
+#[test]
+fn a_short_declared_length_is_eio() {
+    hostile(|fs, _, k, mut fe| {
+        fe.ram_bytes /= 2;
+        fe.num_bytes = fe.ram_bytes;
+        put_item(fs, k, &fe);
+    });
+}
+
+#[test]
+fn an_unknown_codec_is_eio() {
+    hostile(|fs, _, k, mut fe| {
+        fe.compression = 9;
+        put_item(fs, k, &fe);
+    });
+}
+
+#[test]
+fn a_corrupt_payload_under_good_checksums_is_eio() {
+    hostile(|fs, dev, _, fe| {
+        let mut frame = vec![0u8; fe.disk_num_bytes as usize];
+        dev.read_at(&mut frame, fe.disk_bytenr).expect("read");
+        let half = frame.len() / 2;
+        for b in &mut frame[16..half] {
+            *b ^= 0xa5;
+        }
+        dev.write_at(&frame, fe.disk_bytenr).expect("write");
+        let sums: Vec<u8> = frame
+            .chunks(4096)
+            .flat_map(|s| canopy::format::crc(s).to_le_bytes())
+            .collect();
+        let key = Key::new(CSUM_OBJECTID, key_type::EXTENT_CSUM, fe.disk_bytenr);
+        fs.engine()
+            .write(|tx| tx.put(tree_id::CSUM, key, sums).map(|_| ()))
+            .expect("sums");
+    });
+}
+
+#[test]
+fn a_truncated_payload_is_eio() {
+    hostile(|fs, _, k, mut fe| {
+        // The item says the frame is one sector long: the payload's
+        // declared length runs past it (or its end is cut off).
+        fe.disk_num_bytes = 4096;
+        put_item(fs, k, &fe);
+    });
+}
