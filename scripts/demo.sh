@@ -54,6 +54,16 @@ dd if=/dev/zero of="$MNT/projects/too-big" bs=1M count=40 status=none 2>&1 \
 rm -f "$MNT/projects/too-big"
 $BIN qgroup limit none "$MNT/projects"
 echo
+echo "== a compressed directory: new files in it inherit the property"
+mkdir "$MNT/logs"
+$BIN property set "$MNT/logs" compression zstd
+$BIN property get "$MNT/logs" compression
+for i in $(seq 1 8); do cp docs/*.md "$MNT/logs/" 2>/dev/null; \
+    seq 1 200000 | sed "s/^/request $i served in /" > "$MNT/logs/access-$i.log"; done
+$BIN sync "$MNT"
+$BIN filesystem du "$MNT/logs"
+echo "(apparent size $(du -sh --apparent-size "$MNT/logs" | cut -f1), on disk $(du -sh "$MNT/logs" | cut -f1))"
+echo
 echo "== balance: every block moves, shared blocks once; no qgroup number changes"
 BEFORE=$($BIN qgroup show --raw "$MNT")
 $BIN balance start "$MNT" | cat
@@ -71,3 +81,5 @@ echo "and check the image with:"
 echo "    $BIN check $IMG"
 echo "Snapshots: canopy subvolume --help. Quota groups: canopy quota --help, canopy qgroup --help."
 echo "Balance: canopy balance --help. Block groups: canopy filesystem usage --help."
+echo "Compression: canopy mount -o compress=zstd, canopy property set DIR compression zstd|lz4|none,"
+echo "canopy filesystem du PATH (bytes on disk per compression type)."

@@ -809,7 +809,7 @@ fn full_disk_gives_enospc_through_the_mount() {
     let kept = vec![7u8; 100_000];
     fs::write(m.p("keep"), &kept).unwrap();
     let mut f = fs::File::create(m.p("fill")).unwrap();
-    let chunk = vec![0xabu8; 1 << 20];
+    let chunk = common::noise(1 << 20, 0xab);
     let mut failed = None;
     for _ in 0..128 {
         if let Err(e) = f.write_all(&chunk) {
@@ -1160,7 +1160,7 @@ fn free_blocks(path: &std::path::Path) -> u64 {
 fn many_files(m: &Mounted, name: &str, n: usize) {
     canopy_ok(&["subvolume", "create", name], &m.mnt);
     for i in 0..n {
-        fs::write(m.p(&format!("{name}/f{i}")), vec![(i % 200) as u8; 8192]).unwrap();
+        fs::write(m.p(&format!("{name}/f{i}")), common::noise(8192, i as u64)).unwrap();
     }
     canopy_ok(&["sync", "."], &m.mnt);
 }
@@ -1465,5 +1465,65 @@ fn access_times_follow_the_mount_policy_through_the_cache() {
         after > read && after / 1_000_000_000 >= i128::from(changed),
         "relatime: the first read after a change (pages cached) kept atime"
     );
+    m.unmount();
+}
+
+/// Compression through the mount: `-o compress=zstd`, the `compression`
+/// property (command and xattr) with inheritance, `canopy filesystem du`
+/// in JSON, st_blocks by bytes on disk, and the data intact after a
+/// remount.
+#[test]
+fn compression_through_the_mount() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    m.unmount();
+    m.mount("compress=zstd");
+    let mnt = m.mnt.clone();
+    let text: Vec<u8> = (0..400_000u32)
+        .flat_map(|i| format!("entry {i} of the log\n").into_bytes())
+        .collect();
+    fs::write(m.p("log.txt"), &text).unwrap();
+    fs::create_dir(m.p("fast")).unwrap();
+    canopy_ok(&["property", "set", "fast", "compression", "lz4"], &mnt);
+    assert!(
+        canopy_ok(&["property", "get", "fast", "compression"], &mnt).contains("compression=lz4")
+    );
+    fs::create_dir(m.p("fast/inner")).unwrap();
+    fs::write(m.p("fast/inner/log.txt"), &text).unwrap();
+    let bad = canopy()
+        .args(["property", "set", "fast", "compression", "zlib"])
+        .current_dir(&mnt)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success(), "zlib is refused");
+    canopy_ok(&["sync", "."], &mnt);
+    let blocks = fs::metadata(m.p("log.txt")).unwrap().blocks();
+    assert!(
+        blocks * 512 < text.len() as u64 / 4,
+        "st_blocks {blocks} for {} bytes",
+        text.len()
+    );
+    let json = canopy_ok(&["filesystem", "du", "--json", "."], &mnt);
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let kinds = report["kinds"].as_array().unwrap();
+    let row = |k: &str| kinds.iter().find(|r| r["kind"] == k).cloned();
+    let zstd = row("zstd").expect("a zstd row");
+    let lz4 = row("lz4").expect("an lz4 row (inherited property)");
+    for r in [&zstd, &lz4] {
+        assert_eq!(r["uncompressed"].as_u64().unwrap() % 4096, 0);
+        assert!(
+            r["disk"].as_u64().unwrap() * 3 < r["uncompressed"].as_u64().unwrap(),
+            "{r}"
+        );
+    }
+    let table = canopy_ok(&["filesystem", "du", "fast"], &mnt);
+    assert!(table.contains("lz4") && table.contains("TOTAL"), "{table}");
+    m.unmount();
+    m.check();
+    m.mount("");
+    assert_eq!(fs::read(m.p("log.txt")).unwrap(), text);
+    assert_eq!(fs::read(m.p("fast/inner/log.txt")).unwrap(), text);
     m.unmount();
 }

@@ -301,7 +301,8 @@ fn torture(size: &str, how: Fill) {
             .cloned()
             .collect::<Vec<_>>()
         {
-            fs::remove_file(m.p(&name)).unwrap_or_else(|e| panic!("rm on a full disk: {e}"));
+            fs::remove_file(m.p(&name))
+                .unwrap_or_else(|e| panic!("rm on a full disk ({how:?} on {size}): {e}"));
             model.remove(&name);
         }
         sync(&m);

@@ -250,7 +250,18 @@ fn damaged_files(r: &Reader<'_>, bad: &[u64]) -> Result<Vec<DamagedFile>> {
     while let Some(it) = c.item() {
         if it.key.ty == EXTENT_DATA {
             if let Ok(fe) = FileExtentItem::decode(&it.data) {
-                if fe.kind != FILE_EXTENT_INLINE && fe.disk_bytenr != 0 {
+                if fe.kind != FILE_EXTENT_INLINE && fe.disk_bytenr != 0 && fe.compression != 0 {
+                    // A bad sector of a compressed extent loses all the
+                    // file bytes the extent decodes to.
+                    let end = fe.disk_bytenr.saturating_add(fe.disk_num_bytes);
+                    if bad.range(fe.disk_bytenr..end).next().is_some() {
+                        let at = it.key.offset;
+                        ranges
+                            .entry(it.key.objectid)
+                            .or_default()
+                            .push((at, at.saturating_add(fe.num_bytes)));
+                    }
+                } else if fe.kind != FILE_EXTENT_INLINE && fe.disk_bytenr != 0 {
                     let used = fe.disk_bytenr.saturating_add(fe.offset);
                     let end = used.saturating_add(fe.num_bytes);
                     for &s in bad.range(used / SECTOR * SECTOR..end) {

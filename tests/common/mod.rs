@@ -93,3 +93,15 @@ impl Rng {
         self.next() % n
     }
 }
+
+/// Bytes that do not compress (tests that count space write these, so
+/// they hold under `compress=` too).
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed | 1);
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        out.extend_from_slice(&rng.next().to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
