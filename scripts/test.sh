@@ -34,6 +34,8 @@ else
 fi
 echo "== mount tests again, mounted with the kernel's writeback cache"
 CANOPY_TEST_MOUNT_OPTS=transport=dev,writeback_cache cargo test --locked --test mount --test mount_posix --test exerciser "$@"
+echo "== mount tests again, compressing every chunk (compress-force=zstd)"
+CANOPY_TEST_MOUNT_OPTS=transport=dev,compress-force=zstd cargo test --locked --test mount --test exerciser "$@"
 echo "== crash campaign: kill -9 of the daemon under PostgreSQL and SQLite, replay, every acknowledged commit there"
 # Each client: 4 GiB (split groups) fresh and 85% full, 512 MiB (mixed)
 # fresh, two crashes per image. 512 MiB at 85% full runs in the soak
@@ -55,13 +57,14 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     rounds=${CANOPY_CRASH_ROUNDS:-1}
     campaign=(python3 scripts/crash_campaign.py "${clients[@]}" --cycles 2
         --keep-dir target/tmp/crash-keep)
-    # 4 GiB on io_uring when the kernel offers it, 512 MiB on /dev/fuse.
+    # 4 GiB on io_uring when the kernel offers it, 512 MiB on /dev/fuse
+    # with compression (zstd).
     big_transport=dev
     if grep -qx 'Y' "$uring_enable" 2>/dev/null; then big_transport=uring; fi
     "${campaign[@]}" --rounds "$rounds" --size 4G --fill 0 --fill 0.85 \
         --mount-opts "transport=$big_transport" --json target/tmp/crash-campaign-4g.json
     "${campaign[@]}" --rounds "$rounds" --size 512M --fill 0 --fill 0.85 \
-        --mount-opts transport=dev --json target/tmp/crash-campaign-512m.json
+        --mount-opts transport=dev,compress=zstd --json target/tmp/crash-campaign-512m.json
 else
     if [ "${CANOPY_REQUIRE_ALL:-}" = 1 ]; then
         echo "the crash campaign needs root, /dev/fuse and fusermount3, and CANOPY_REQUIRE_ALL=1" >&2
