@@ -296,6 +296,11 @@ fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
     let mut rng = Rng(0xc0de_5eed_7a11_0003);
     let me = Owner { uid: 0, gid: 0 };
     for step in 0..60u64 {
+        // A file of hundreds of extents, truncated and then unlinked in
+        // steps (`fs::reclaim`) among the other changes.
+        if big_file_step(&fs, step, &mut files) {
+            continue;
+        }
         let name = format!("f{}", rng.below(8)).into_bytes();
         match (files.get(&name).cloned(), rng.below(4)) {
             (Some(_), 0) => {
@@ -355,6 +360,45 @@ fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
         "compressed crash workload: {} ops, {images} images",
         rp.len()
     );
+}
+
+/// At steps 10, 25 and 40: writes a file of 600 sparse 4 KiB pieces,
+/// truncates it to 1 MB, unlinks it. True when it did one of those.
+fn big_file_step(fs: &canopy::fs::Fs, step: u64, files: &mut Files) -> bool {
+    let name = b"big".to_vec();
+    match step {
+        10 => {
+            let me = canopy::fs::Owner { uid: 0, gid: 0 };
+            let a = fs
+                .create(256, &name, libc::S_IFREG | 0o644, 0, me, None)
+                .unwrap();
+            let mut data = Vec::new();
+            for i in 0..600u64 {
+                let page = vec![(i % 250) as u8 + 1; 4096];
+                fs.write(a.ino, i * 8192, &page).unwrap();
+                data.resize((i * 8192) as usize, 0);
+                data.extend_from_slice(&page);
+            }
+            files.insert(name, data);
+        }
+        25 => {
+            let ino = fs.lookup(256, &name).unwrap().ino;
+            let cut = canopy::fs::SetAttr {
+                size: Some(1_000_000),
+                ..Default::default()
+            };
+            fs.setattr(ino, &cut).unwrap();
+            if let Some(d) = files.get_mut(&name) {
+                d.truncate(1_000_000);
+            }
+        }
+        40 => {
+            fs.remove(256, &name, false).unwrap();
+            files.remove(&name);
+        }
+        _ => return false,
+    }
+    true
 }
 
 fn rng_len(rng: &mut Rng) -> usize {

@@ -34,6 +34,7 @@ pub(crate) mod ops;
 pub mod quota;
 mod rangeset;
 mod readahead;
+mod reclaim;
 pub mod setid;
 pub(crate) mod subvol;
 pub mod writeback;
@@ -116,6 +117,9 @@ pub(crate) struct Subvol {
     /// Being deleted: changes are refused (ENOENT), so nothing is
     /// buffered for a tree about to go.
     deleting: std::sync::atomic::AtomicBool,
+    /// Files whose last link went in the running operation and that are
+    /// too large to delete in it (see `orphan`).
+    emptying: std::sync::Mutex<Vec<u64>>,
 }
 
 /// A mounted filesystem: every subvolume of the pool, reached through node
@@ -290,6 +294,7 @@ impl Core {
             inodes: inodes::InodeTable::with_budget(self.budget.clone()),
             readonly: std::sync::atomic::AtomicBool::new(item.flags & subvol::ROOT_READONLY != 0),
             deleting: std::sync::atomic::AtomicBool::new(false),
+            emptying: Default::default(),
         });
         let last = self.engine.read(|r| last_ino(r, &r.root(tree)?))?;
         sv.next_ino

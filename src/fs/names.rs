@@ -12,7 +12,9 @@ impl Subvol {
     /// Removes `name` from `parent`: a non-directory (`rmdir` false) or an
     /// empty directory (`rmdir` true).
     pub fn remove(&self, parent: u64, name: &[u8], rmdir: bool) -> Result<()> {
-        match self.remove_entry(parent, name, rmdir)? {
+        let removed = self.remove_entry(parent, name, rmdir);
+        self.delete_emptied()?;
+        match removed? {
             Some(_) if !rmdir => Err(errno(libc::EISDIR, "is a directory")),
             Some(sub) => self.delete_subvolume(parent, name, sub, true),
             None => Ok(()),
@@ -73,6 +75,9 @@ impl Subvol {
             return self.save_inode(tx, ino, inode);
         }
         self.discard_buffered(tx, ino);
+        if self.too_large_to_delete_at_once(tx, ino)? {
+            return self.delete_after(tx, ino, inode);
+        }
         delete_inode(tx, tree, ino)?;
         self.inodes.bury(ino, inode);
         Ok(())
@@ -137,7 +142,7 @@ impl Subvol {
         };
         let tree = self.tree;
         let extra = if whiteout.is_some() { CREATE_ITEMS } else { 0 };
-        self.core.write_reserved(|tx| {
+        let renamed = self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, RENAME_ITEMS + extra + 2 * log_items(tx)))?;
             self.parent_dir(tx, parent)?;
             self.parent_dir(tx, newparent)?;
@@ -175,7 +180,9 @@ impl Subvol {
                 return Err(Error::Exists);
             }
             self.rename_over(tx, &ends, (&src, &src_inode), dst.as_ref(), whiteout)
-        })
+        });
+        self.delete_emptied()?;
+        renamed
     }
 
     /// Moves the entry `src` to its new name, replacing `dst` if there is

@@ -1,7 +1,6 @@
 //! The POSIX operations of a subvolume on inodes: attributes, lookup,
-//! create (every file type, with inherited ACLs), readlink, open and
-//! release with the orphans an unlinked open file leaves, setattr,
-//! readdir and statfs. The namespace changes are in `names.rs`, file data
+//! create (every file type, with inherited ACLs), readlink, open,
+//! setattr, readdir and statfs (release and orphans are in `orphan.rs`). The namespace changes are in `names.rs`, file data
 //! in `data.rs`, extended attributes in `xattr.rs`.
 
 use super::{acl, dir, dtype, errno, file, is_dir, load_inode_r, Subvol};
@@ -615,56 +614,6 @@ impl Subvol {
         self.inodes.open(ino);
     }
 
-    /// Releases a handle; the last one of an orphan deletes it.
-    pub fn release(&self, ino: u64) -> Result<()> {
-        if !self.inodes.release(ino) {
-            return Ok(());
-        }
-        let tree = self.tree;
-        self.core.write_reserved(|tx| {
-            if tx.get(tree, &orphan_key(ino))?.is_none() {
-                return Ok(());
-            }
-            tx.reserve(&Need::items(tree, 2 + log_items(tx)).deleting())?;
-            let inode = self.inode_tx(tx, ino)?;
-            check_deletable(tx, tree, ino)?;
-            tx.delete(tree, &orphan_key(ino))?;
-            self.discard_buffered(tx, ino);
-            delete_inode(tx, tree, ino)?;
-            self.inodes.bury(ino, inode);
-            self.log_name_changes(tx, &[ino])
-        })
-    }
-
-    /// Deletes inodes left orphaned by a crash or an unclean unmount.
-    pub(crate) fn delete_orphans(&self) -> Result<()> {
-        let tree = self.tree;
-        let start = orphan_key(0);
-        let end = orphan_key(u64::MAX);
-        let orphans = self.core.engine.read(|r| r.range(tree, &start, &end))?;
-        if orphans.is_empty() {
-            return Ok(());
-        }
-        self.core.engine.write(|tx| {
-            for (k, _) in &orphans {
-                // A damaged orphan stays (and `canopy check` names it)
-                // rather than keep the filesystem from mounting.
-                if let Err(e) = check_deletable(tx, tree, k.offset) {
-                    tracing::error!(ino = k.offset, error = %e, "orphan left in place");
-                    continue;
-                }
-                tx.delete(tree, k)?;
-                match delete_inode(tx, tree, k.offset) {
-                    Ok(()) | Err(Error::NotFound) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(())
-        })?;
-        tracing::info!(count = orphans.len(), "deleted orphan inodes");
-        self.core.engine.commit().map(|_| ())
-    }
-
     /// Moves directory link counts when directories change parents and
     /// updates both parents' times.
     pub(super) fn adjust_parents(
@@ -697,9 +646,10 @@ impl Subvol {
         // A size change rewrites the file's extents: no flush of it may
         // run meanwhile, and its buffered data goes first.
         let _held = match s.size {
-            Some(_) => {
+            Some(size) => {
                 let held = self.inodes.lock_flush(ino);
                 self.flush_held(ino, &held.inode)?;
+                self.shrink_in_steps(ino, size)?;
                 Some(held)
             }
             None => None,

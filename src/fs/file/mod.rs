@@ -5,7 +5,7 @@
 //! write elsewhere), so every extent is sector-aligned and checksummed as a
 //! unit. Overwritten ranges are cut out of the existing extent items
 //! (trimming or splitting them; the data extent stays referenced while any
-//! item uses part of it).
+//! item uses part of it). Reads are planned and executed in `read.rs`.
 
 use crate::error::{Error, Result};
 use crate::format::items::{
@@ -17,7 +17,11 @@ use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
 use crate::tree::{BlockRead, Cursor, RootPtr};
 use crate::txn::Txn;
 
-const SECTOR: u64 = SECTORSIZE as u64;
+pub(crate) const SECTOR: u64 = SECTORSIZE as u64;
+
+mod read;
+pub(crate) use read::{device_ranges, plan_read, read, ReadPlan};
+
 /// Files up to this size written from offset 0 live inline in the tree.
 pub(crate) const INLINE_MAX: u64 = 2048;
 /// Largest data extent one write allocates (its checksums fit one item).
@@ -29,6 +33,67 @@ fn data_key(ino: u64, offset: u64) -> Key {
 
 fn decode<B: BlockRead + ?Sized>(b: &B, key: &Key, data: &[u8]) -> Result<FileExtentItem> {
     FileExtentItem::decode(super::checked(b, key, data)?).map_err(|reason| key.bad(reason))
+}
+
+/// The first `max` extent items of `ino`, in order.
+pub(crate) fn first_items<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    max: usize,
+) -> Result<Vec<(u64, FileExtentItem)>> {
+    let mut out = Vec::new();
+    let mut c = Cursor::seek(b, root, &data_key(ino, 0))?;
+    while let Some(it) = c.item() {
+        if out.len() >= max || it.key.objectid != ino || it.key.ty != EXTENT_DATA {
+            break;
+        }
+        out.push((it.key.offset, decode(b, &it.key, &it.data)?));
+        c.next(b)?;
+    }
+    Ok(out)
+}
+
+/// The last `max` extent items of `ino` that end past `from`, in order.
+pub(crate) fn last_items<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    from: u64,
+    max: usize,
+) -> Result<Vec<(u64, FileExtentItem)>> {
+    let mut out = Vec::new();
+    let Some(mut c) = Cursor::seek_le(b, root, &data_key(ino, u64::MAX))? else {
+        return Ok(out);
+    };
+    while let Some(it) = c.item() {
+        if out.len() >= max || it.key.objectid != ino || it.key.ty != EXTENT_DATA {
+            break;
+        }
+        let fe = decode(b, &it.key, &it.data)?;
+        if it.key.offset + item_len(&fe) <= from {
+            break;
+        }
+        out.push((it.key.offset, fe));
+        if c.prev(b)?.is_none() {
+            break;
+        }
+    }
+    out.reverse();
+    Ok(out)
+}
+
+/// Cuts `items` (the file's first, from [`first_items`]) out of the file.
+pub(crate) fn punch_first(
+    tx: &mut Txn<'_>,
+    tree: u64,
+    ino: u64,
+    items: &[(u64, FileExtentItem)],
+) -> Result<()> {
+    match items.last() {
+        Some((k, fe)) => punch(tx, tree, ino, 0, k + item_len(fe)).map(drop),
+        None => Ok(()),
+    }
 }
 
 /// Length of file data an extent item covers.
@@ -180,311 +245,6 @@ pub(crate) fn hint_before<B: BlockRead + ?Sized>(
     } else {
         fe.disk_bytenr + fe.offset + fe.num_bytes
     })
-}
-
-/// Reads `[offset, offset+len)` of the file (already clamped to its size)
-/// through `b` itself: for inline data and the engine's tests. File reads
-/// of extents go through [`plan_read`] and the device outside the lock.
-pub(crate) fn read<B: BlockRead + DataRead + ?Sized>(
-    b: &B,
-    root: &RootPtr,
-    csum_root: &RootPtr,
-    ino: u64,
-    offset: u64,
-    len: u64,
-) -> Result<Vec<u8>> {
-    plan_read(b, root, csum_root, ino, offset, len)?.execute(b)
-}
-
-/// Where one piece of a planned read comes from.
-enum Source {
-    /// Inline bytes, copied from the leaf.
-    Bytes(Vec<u8>),
-    /// Whole sectors of a data extent with their checksums; the piece
-    /// starts `skip` bytes in.
-    Extent {
-        bytenr: u64,
-        len: u64,
-        skip: usize,
-        sums: Vec<u8>,
-    },
-    /// A whole compressed extent, decoded once; the piece starts `skip`
-    /// bytes into the decoded data.
-    Compressed {
-        bytenr: u64,
-        disk_len: u64,
-        kind: u8,
-        ram_bytes: u64,
-        skip: usize,
-        sums: Vec<u8>,
-    },
-}
-
-/// A file read found under the engine lock: which device bytes fill which
-/// part of the result, and the checksums to verify them with. Executed
-/// after the lock is gone (`Engine::read_unlocked`).
-pub(crate) struct ReadPlan {
-    len: usize,
-    /// (offset in the result, length, source); the rest reads as zeros.
-    parts: Vec<(usize, usize, Source)>,
-}
-
-/// Plans the read of `[offset, offset+len)` of the file: holes and
-/// preallocated ranges read as zeros.
-pub(crate) fn plan_read<B: BlockRead + ?Sized>(
-    b: &B,
-    root: &RootPtr,
-    csum_root: &RootPtr,
-    ino: u64,
-    offset: u64,
-    len: u64,
-) -> Result<ReadPlan> {
-    let end = offset + len;
-    let mut parts = Vec::new();
-    for (k, fe) in items_in(b, root, ino, offset, end)? {
-        let from = k.max(offset);
-        let to = (k + item_len(&fe)).min(end);
-        if from >= to {
-            continue;
-        }
-        let (at, n) = ((from - offset) as usize, (to - from) as usize);
-        if fe.kind == FILE_EXTENT_INLINE {
-            let bytes = fe.inline_data[(from - k) as usize..(to - k) as usize].to_vec();
-            parts.push((at, n, Source::Bytes(bytes)));
-        } else if is_compressed(&fe) && fe.disk_bytenr != 0 {
-            parts.push((at, n, plan_compressed(b, csum_root, &fe, from - k)?));
-        } else if fe.kind == FILE_EXTENT_REG && fe.disk_bytenr != 0 {
-            parts.push((at, n, plan_extent(b, csum_root, &fe, from - k, n as u64)?));
-        }
-    }
-    Ok(ReadPlan {
-        len: len as usize,
-        parts,
-    })
-}
-
-/// The sectors of an extent holding `len` bytes from `skip` bytes into
-/// the part the item uses, with their checksums.
-fn plan_extent<B: BlockRead + ?Sized>(
-    b: &B,
-    csum_root: &RootPtr,
-    fe: &FileExtentItem,
-    skip: u64,
-    len: u64,
-) -> Result<Source> {
-    // The item checker keeps the used part inside the extent; checked
-    // anyway, as every sum of disk values is.
-    let end = fe
-        .offset
-        .checked_add(skip)
-        .and_then(|pos| Some((pos, pos.checked_add(len)?)))
-        .filter(|&(_, end)| end <= fe.disk_num_bytes);
-    let Some((pos, end)) = end else {
-        return Err(Error::corrupt(
-            fe.disk_bytenr,
-            "file extent reads past its data extent",
-        ));
-    };
-    let first = pos / SECTOR * SECTOR;
-    let last = end.div_ceil(SECTOR) * SECTOR;
-    let sums = extent_sums(b, csum_root, fe.disk_bytenr, first, last)?;
-    Ok(Source::Extent {
-        bytenr: fe.disk_bytenr + first,
-        len: last - first,
-        skip: (pos - first) as usize,
-        sums,
-    })
-}
-
-/// The checksums of sectors `[first, last)` (byte offsets) of the data
-/// extent at `bytenr`. A short checksum item fails the sectors it lacks
-/// when they are read.
-fn extent_sums<B: BlockRead + ?Sized>(
-    b: &B,
-    csum_root: &RootPtr,
-    bytenr: u64,
-    first: u64,
-    last: u64,
-) -> Result<Vec<u8>> {
-    let sums = crate::tree::get(b, csum_root, &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr))?
-        .ok_or_else(|| Error::corrupt(bytenr, "data extent without checksums"))?;
-    let (s0, s1) = ((first / SECTOR * 4) as usize, (last / SECTOR * 4) as usize);
-    Ok(sums[s0.min(sums.len())..s1.min(sums.len())].to_vec())
-}
-
-/// A compressed extent, read whole; the piece starts `skip` bytes into
-/// the part the item uses.
-fn plan_compressed<B: BlockRead + ?Sized>(
-    b: &B,
-    csum_root: &RootPtr,
-    fe: &FileExtentItem,
-    skip: u64,
-) -> Result<Source> {
-    let skip = fe
-        .offset
-        .checked_add(skip)
-        .filter(|&s| s < fe.ram_bytes.min(crate::compress::CHUNK))
-        .ok_or_else(|| Error::corrupt(fe.disk_bytenr, "file extent reads past its data extent"))?;
-    Ok(Source::Compressed {
-        bytenr: fe.disk_bytenr,
-        disk_len: fe.disk_num_bytes,
-        kind: fe.compression,
-        ram_bytes: fe.ram_bytes,
-        skip: skip as usize,
-        sums: extent_sums(b, csum_root, fe.disk_bytenr, 0, fe.disk_num_bytes)?,
-    })
-}
-
-/// Reads, checks and decodes a compressed extent. A frame that does not
-/// decode is EIO, with one log line.
-fn read_compressed<D: DataRead + ?Sized>(
-    d: &D,
-    (bytenr, disk_len, kind, ram_bytes): (u64, u64, u8, u64),
-    sums: &[u8],
-) -> Result<Vec<u8>> {
-    if disk_len > crate::compress::CHUNK {
-        return Err(Error::corrupt(
-            bytenr,
-            "compressed extent larger than a chunk",
-        ));
-    }
-    let mut frame = vec![0u8; disk_len as usize];
-    d.read_bytes(bytenr, &mut frame)?;
-    verify(bytenr, &frame, sums)?;
-    crate::compress::decode(kind, &frame, ram_bytes).map_err(|why| {
-        tracing::error!(bytenr, %why, "compressed extent does not decode");
-        Error::corrupt(bytenr, why)
-    })
-}
-
-impl ReadPlan {
-    /// Reads the planned bytes; a sector whose checksum does not match
-    /// gives EIO.
-    pub(crate) fn execute<D: DataRead + ?Sized>(&self, d: &D) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; self.len];
-        self.execute_into(d, &mut out)?;
-        Ok(out)
-    }
-
-    /// Bytes the plan reads.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// [`ReadPlan::execute`] into `out` (its first [`ReadPlan::len`]
-    /// bytes), which may hold anything: what no part covers (holes) is
-    /// zeroed.
-    pub(crate) fn execute_into<D: DataRead + ?Sized>(&self, d: &D, out: &mut [u8]) -> Result<()> {
-        let out = &mut out[..self.len];
-        let covered: usize = self.parts.iter().map(|(_, n, _)| *n).sum();
-        if covered < self.len {
-            out.fill(0);
-        }
-        for (at, n, src) in &self.parts {
-            let dst = &mut out[*at..*at + *n];
-            match src {
-                Source::Bytes(b) => dst.copy_from_slice(b),
-                // Whole sectors wanted whole (a sequential reader's
-                // aligned requests): read and checked in place, without a
-                // buffer of their own and a copy.
-                Source::Extent {
-                    bytenr,
-                    len,
-                    skip: 0,
-                    sums,
-                } if *len as usize == *n => {
-                    d.read_bytes(*bytenr, dst)?;
-                    verify(*bytenr, dst, sums)?;
-                }
-                Source::Extent {
-                    bytenr,
-                    len,
-                    skip,
-                    sums,
-                } => {
-                    let mut buf = vec![0u8; *len as usize];
-                    d.read_bytes(*bytenr, &mut buf)?;
-                    verify(*bytenr, &buf, sums)?;
-                    dst.copy_from_slice(&buf[*skip..*skip + *n]);
-                }
-                Source::Compressed {
-                    bytenr,
-                    disk_len,
-                    kind,
-                    ram_bytes,
-                    skip,
-                    sums,
-                } => {
-                    let plain = read_compressed(d, (*bytenr, *disk_len, *kind, *ram_bytes), sums)?;
-                    let piece = plain.get(*skip..*skip + *n).ok_or_else(|| {
-                        Error::corrupt(*bytenr, "file extent reads past its data extent")
-                    })?;
-                    dst.copy_from_slice(piece);
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Checks every sector of `buf`, read from `bytenr`, against `sums`.
-fn verify(bytenr: u64, buf: &[u8], sums: &[u8]) -> Result<()> {
-    match crate::format::first_bad_sector(buf, sums) {
-        None => Ok(()),
-        Some(i) => {
-            let at = bytenr + (i as u64) * SECTOR;
-            tracing::error!(bytenr = at, "data checksum mismatch");
-            Err(Error::corrupt(at, "data checksum mismatch"))
-        }
-    }
-}
-
-/// The device ranges holding the data of `[start, end)` of the file, for
-/// read-ahead.
-pub(crate) fn device_ranges<B: BlockRead + ?Sized>(
-    b: &B,
-    root: &RootPtr,
-    ino: u64,
-    start: u64,
-    end: u64,
-) -> Result<Vec<(u64, u64)>> {
-    let mut out = Vec::new();
-    for (k, fe) in items_in(b, root, ino, start, end)? {
-        if fe.kind != FILE_EXTENT_REG || fe.disk_bytenr == 0 {
-            continue;
-        }
-        let from = k.max(start);
-        let to = (k + item_len(&fe)).min(end);
-        if is_compressed(&fe) {
-            out.push((fe.disk_bytenr, fe.disk_num_bytes));
-        } else if from < to {
-            out.push((fe.disk_bytenr + fe.offset + (from - k), to - from));
-        }
-    }
-    Ok(out)
-}
-
-/// Reads data bytes of an extent (the engine's device access).
-pub(crate) trait DataRead {
-    fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()>;
-}
-
-impl DataRead for Txn<'_> {
-    fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_data(bytenr, buf)
-    }
-}
-
-impl DataRead for crate::txn::Reader<'_> {
-    fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_data(bytenr, buf)
-    }
-}
-
-impl DataRead for crate::txn::DataDevice<'_> {
-    fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_data(bytenr, buf)
-    }
 }
 
 /// Cuts `[start, end)` out of the file's extent items. Returns the bytes of
