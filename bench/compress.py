@@ -4,13 +4,19 @@
 For each corpus -- a copy of /usr/share, a PostgreSQL data directory after
 `pgbench -i -s 20`, 1 GiB of random bytes -- and each filesystem -- Canopy
 with compress=zstd, kernel btrfs with compress=zstd:3 (the same algorithm
-and level), Canopy with compress=lz4 (btrfs has no lz4) -- on a fresh 8 GiB
+and level), Canopy with compress=lz4 (btrfs has no lz4), Canopy without
+compression (what compression costs: the random corpus shows the
+heuristic at work) -- on a fresh 8 GiB
 loop/image file, in one run, rounds interleaved:
 
   write:  cp -a CORPUS MNT/, then `canopy sync` / `sync -f` (MB/s of
           apparent bytes)
   ratio:  used bytes (statvfs, data and metadata) after the copy less
-          before, divided by the corpus's apparent bytes
+          before, divided by the corpus's apparent bytes (btrfs keeps two
+          copies of metadata on one device, Canopy one)
+  data:   data extents' bytes on disk over apparent bytes: `canopy
+          filesystem du` on Canopy (inline data counted), Data used of
+          `btrfs filesystem df` on btrfs (inline data is in metadata)
   read:   unmount, mount again (cold caches), tar the copy to /dev/null
           (MB/s)
 
@@ -20,6 +26,7 @@ PostgreSQL. Usage:
 """
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -107,6 +114,11 @@ class Canopy:
     def sync(self):
         sh(CANOPY, "sync", MNT)
 
+    def data_bytes(self):
+        out = subprocess.run([CANOPY, "filesystem", "du", "--json", MNT], check=True,
+                             capture_output=True, text=True).stdout
+        return json.loads(out)["total"]["disk"]
+
     def umount(self):
         sh("umount", MNT)
         for _ in range(200):
@@ -129,6 +141,12 @@ class Btrfs:
     def sync(self):
         sh("sync", "-f", MNT)
 
+    def data_bytes(self):
+        out = subprocess.run(["btrfs", "filesystem", "df", "-b", MNT], check=True,
+                             capture_output=True, text=True).stdout
+        line = next(x for x in out.splitlines() if x.startswith("Data"))
+        return int(line.rsplit("used=", 1)[1].split()[0])
+
     def umount(self):
         sh("umount", MNT)
 
@@ -145,6 +163,7 @@ def one_round(fs, src, nbytes):
         fs.sync()
         write_s = time.monotonic() - t0
         ratio = (used(MNT) - before) / nbytes
+        data = fs.data_bytes() / nbytes
     finally:
         fs.umount()
     sh("sh", "-c", "echo 3 > /proc/sys/vm/drop_caches")
@@ -156,7 +175,7 @@ def one_round(fs, src, nbytes):
     finally:
         fs.umount()
         os.remove(IMG)
-    return nbytes / write_s / 1e6, ratio, nbytes / read_s / 1e6
+    return nbytes / write_s / 1e6, ratio, nbytes / read_s / 1e6, data
 
 
 def main():
@@ -168,7 +187,7 @@ def main():
         sys.exit("needs root (loop mounts)")
     sh("cargo", "build", "--release", "--locked", cwd=ROOT)
     os.makedirs(MNT, exist_ok=True)
-    systems = [Canopy("zstd"), Btrfs(), Canopy("lz4")]
+    systems = [Canopy("zstd"), Btrfs(), Canopy("lz4"), Canopy("no")]
     results = {}
     for corpus in a.corpus.split(","):
         src = CORPORA[corpus]()
@@ -176,21 +195,25 @@ def main():
         print(f"== {corpus}: {nbytes / 1e6:.0f} MB", flush=True)
         for r in range(a.rounds):
             for fs in systems:
-                w, ratio, rd = one_round(fs, src, nbytes)
-                results.setdefault((corpus, fs.name), []).append((w, ratio, rd))
+                w, ratio, rd, data = one_round(fs, src, nbytes)
+                results.setdefault((corpus, fs.name), []).append((w, ratio, rd, data))
                 print(f"  round {r + 1} {fs.name:12} write {w:7.1f} MB/s  ratio {ratio:.3f}  "
-                      f"cold read {rd:7.1f} MB/s", flush=True)
-    print("\nmedians (write MB/s, on-disk ratio, cold read MB/s); canopy-zstd / btrfs-zstd")
-    print(f"{'corpus':10} {'fs':12} {'write':>8} {'ratio':>7} {'read':>8}")
+                      f"data {data:.3f}  cold read {rd:7.1f} MB/s", flush=True)
+    print("\nmedians (write MB/s, on-disk ratio, cold read MB/s, data ratio); "
+          "canopy-zstd / btrfs-zstd, canopy-zstd / canopy-no")
+    print(f"{'corpus':10} {'fs':12} {'write':>8} {'ratio':>7} {'read':>8} {'data':>7}")
     for corpus in a.corpus.split(","):
         med = {}
         for fs in systems:
             rows = results[(corpus, fs.name)]
-            med[fs.name] = tuple(statistics.median(x[i] for x in rows) for i in range(3))
-            w, ratio, rd = med[fs.name]
-            print(f"{corpus:10} {fs.name:12} {w:8.1f} {ratio:7.3f} {rd:8.1f}")
-        c, b = med["canopy-zstd"], med["btrfs-zstd"]
-        print(f"{corpus:10} {'zstd ratio':12} {c[0] / b[0]:7.2f}x {c[1] / b[1]:6.2f}x {c[2] / b[2]:7.2f}x")
+            med[fs.name] = tuple(statistics.median(x[i] for x in rows) for i in range(4))
+            w, ratio, rd, data = med[fs.name]
+            print(f"{corpus:10} {fs.name:12} {w:8.1f} {ratio:7.3f} {rd:8.1f} {data:7.3f}")
+        c, b, n = med["canopy-zstd"], med["btrfs-zstd"], med["canopy-no"]
+        print(f"{corpus:10} {'vs btrfs':12} {c[0] / b[0]:7.2f}x {c[1] / b[1]:6.2f}x "
+              f"{c[2] / b[2]:7.2f}x {c[3] / b[3]:6.2f}x")
+        print(f"{corpus:10} {'vs no comp.':12} {c[0] / n[0]:7.2f}x {c[1] / n[1]:6.2f}x "
+              f"{c[2] / n[2]:7.2f}x {c[3] / n[3]:6.2f}x")
 
 
 if __name__ == "__main__":

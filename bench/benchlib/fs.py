@@ -125,6 +125,24 @@ class CanopyOld(Canopy):
     base_opts = ""
 
 
+class CanopyZstd(Canopy):
+    """Canopy with `compress=zstd` (issue 38: pgbench with and without)."""
+    def do_mount(self):
+        opts = ",".join(o for o in (self.base_opts, "compress=zstd", self.opts) if o)
+        sh(f"'{self.binary}' mount -o {opts} '{self.image}' '{self.mnt}'")
+
+
+class BtrfsZstd(Fs):
+    """Kernel btrfs with `compress=zstd:3`, the same codec and level."""
+    def mkfs(self):
+        self._truncate()
+        sh(f"mkfs.btrfs -q -f '{self.image}' >/dev/null")
+
+    def do_mount(self):
+        opts = ",".join(o for o in ("loop", "compress=zstd:3", self.opts) if o)
+        sh(f"mount -o {opts} '{self.image}' '{self.mnt}'")
+
+
 class Btrfs(Fs):
     def mkfs(self):
         self._truncate()
@@ -177,6 +195,8 @@ class Tmpfs(Fs):
 DRIVERS = {
     "canopy": Canopy,
     "canopy-old": CanopyOld,
+    "canopy-zstd": CanopyZstd,
+    "btrfs-zstd": BtrfsZstd,
     "btrfs": Btrfs,
     "xfs": Xfs,
     "ext4": Ext4,

@@ -213,6 +213,21 @@ pub fn decode(kind: u8, frame: &[u8], ram_bytes: u64) -> Result<Vec<u8>, String>
             "compressed extent declares {ram_bytes} decoded bytes (at most {CHUNK})"
         ));
     }
+    let mut out = vec![0u8; ram_bytes as usize];
+    decode_into(kind, frame, &mut out)?;
+    Ok(out)
+}
+
+/// [`decode`] into `out`, whose length is the decoded length the item
+/// declares (at most [`CHUNK`]): a read that wants the whole extent
+/// decodes it in place.
+pub fn decode_into(kind: u8, frame: &[u8], out: &mut [u8]) -> Result<(), String> {
+    if out.is_empty() || out.len() as u64 > CHUNK {
+        return Err(format!(
+            "compressed extent declares {} decoded bytes (at most {CHUNK})",
+            out.len()
+        ));
+    }
     let len = frame
         .get(..HEADER)
         .map(|h| u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize)
@@ -220,10 +235,9 @@ pub fn decode(kind: u8, frame: &[u8], ram_bytes: u64) -> Result<Vec<u8>, String>
     let payload = frame
         .get(HEADER..HEADER.saturating_add(len))
         .ok_or_else(|| format!("compressed payload of {len} bytes past its extent"))?;
-    let mut out = vec![0u8; ram_bytes as usize];
     let got = match kind {
         COMPRESS_LZ4 => {
-            lz4_flex::block::decompress_into(payload, &mut out).map_err(|e| format!("lz4: {e}"))?
+            lz4_flex::block::decompress_into(payload, out).map_err(|e| format!("lz4: {e}"))?
         }
         COMPRESS_ZSTD => ZSTD_OUT.with(|cell| {
             let mut cell = cell.borrow_mut();
@@ -231,7 +245,7 @@ pub fn decode(kind: u8, frame: &[u8], ram_bytes: u64) -> Result<Vec<u8>, String>
                 *cell = Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd: {e}"))?);
             }
             let d = cell.as_mut().ok_or("zstd: no decoder")?;
-            d.decompress_to_buffer(payload, &mut out[..])
+            d.decompress_to_buffer(payload, &mut *out)
                 .map_err(|e| format!("zstd: {e}"))
         })?,
         COMPRESS_NONE => return Err("extent is not compressed".into()),
@@ -239,10 +253,11 @@ pub fn decode(kind: u8, frame: &[u8], ram_bytes: u64) -> Result<Vec<u8>, String>
     };
     if got != out.len() {
         return Err(format!(
-            "compressed extent decodes to {got} bytes, its item says {ram_bytes}"
+            "compressed extent decodes to {got} bytes, its item says {}",
+            out.len()
         ));
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
