@@ -333,3 +333,32 @@ fn a_truncated_payload_is_eio() {
         put_item(fs, k, &fe);
     });
 }
+
+/// A flipped byte in a compressed extent: scrub finds the sector, and
+/// names every file byte the extent decodes to as damaged (they are lost
+/// together); reading them is EIO, the rest of the file reads.
+#[test]
+fn scrub_maps_a_bad_compressed_sector_to_the_whole_extent() {
+    let (dev, fs) = fresh();
+    fs.set_compression(ZSTD);
+    let data = text(1 << 20);
+    let f = file(&fs, ROOT, "t", &data);
+    fs.sync().expect("sync");
+    let inode = fs.getattr(f).expect("attr").ino;
+    let (k, fe) = first_compressed(&fs, inode);
+    let mut byte = [0u8; 1];
+    dev.read_at(&mut byte, fe.disk_bytenr + 100).expect("read");
+    byte[0] ^= 0xff;
+    dev.write_at(&byte, fe.disk_bytenr + 100).expect("write");
+    let ctl = canopy::scrub::Control::default();
+    let report = canopy::scrub::run(fs.engine(), &ctl, canopy::scrub::Pace { throttle: false })
+        .expect("scrub");
+    assert_eq!(report.bad_data_sectors, vec![fe.disk_bytenr]);
+    let damaged = &report.damaged_files;
+    assert_eq!(damaged.len(), 1, "{damaged:?}");
+    let whole = (k.offset, k.offset + fe.num_bytes);
+    assert_eq!(damaged[0].ranges, vec![whole]);
+    assert_eq!(fs.read(f, k.offset, 4096).unwrap_err().errno(), libc::EIO);
+    let past = whole.1 as usize;
+    assert_eq!(fs.read(f, whole.1, 4096).expect("the next extent"), &data[past..past + 4096]);
+}
