@@ -360,5 +360,8 @@ fn scrub_maps_a_bad_compressed_sector_to_the_whole_extent() {
     assert_eq!(damaged[0].ranges, vec![whole]);
     assert_eq!(fs.read(f, k.offset, 4096).unwrap_err().errno(), libc::EIO);
     let past = whole.1 as usize;
-    assert_eq!(fs.read(f, whole.1, 4096).expect("the next extent"), &data[past..past + 4096]);
+    assert_eq!(
+        fs.read(f, whole.1, 4096).expect("the next extent"),
+        &data[past..past + 4096]
+    );
 }

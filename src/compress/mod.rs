@@ -172,6 +172,8 @@ thread_local! {
         const { RefCell::new(None) };
     static ZSTD_OUT: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         const { RefCell::new(None) };
+    static ZSTD_PREFIX: RefCell<Option<zstd::stream::raw::Decoder<'static>>> =
+        const { RefCell::new(None) };
 }
 
 /// The codec's payload for `data`, or None when it is not smaller.
@@ -228,13 +230,7 @@ pub fn decode_into(kind: u8, frame: &[u8], out: &mut [u8]) -> Result<(), String>
             out.len()
         ));
     }
-    let len = frame
-        .get(..HEADER)
-        .map(|h| u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize)
-        .ok_or("compressed extent shorter than its header")?;
-    let payload = frame
-        .get(HEADER..HEADER.saturating_add(len))
-        .ok_or_else(|| format!("compressed payload of {len} bytes past its extent"))?;
+    let payload = payload_of(frame)?;
     let got = match kind {
         COMPRESS_LZ4 => {
             lz4_flex::block::decompress_into(payload, out).map_err(|e| format!("lz4: {e}"))?
@@ -258,6 +254,60 @@ pub fn decode_into(kind: u8, frame: &[u8], out: &mut [u8]) -> Result<(), String>
         ));
     }
     Ok(())
+}
+
+/// The first `out.len()` decoded bytes of a frame whose item declares
+/// `ram_bytes`: a read of the start of an extent decodes only as far as
+/// it needs (zstd decodes in order and stops when `out` is full; lz4 and
+/// a whole extent decode all of it, through [`decode_into`]).
+pub fn decode_prefix(kind: u8, frame: &[u8], ram_bytes: u64, out: &mut [u8]) -> Result<(), String> {
+    if ram_bytes == 0 || ram_bytes > CHUNK || out.len() as u64 > ram_bytes {
+        return Err(format!(
+            "compressed extent declares {ram_bytes} decoded bytes (at most {CHUNK})"
+        ));
+    }
+    if kind != COMPRESS_ZSTD || out.len() as u64 == ram_bytes {
+        let mut whole = vec![0u8; ram_bytes as usize];
+        decode_into(kind, frame, &mut whole)?;
+        out.copy_from_slice(&whole[..out.len()]);
+        return Ok(());
+    }
+    let payload = payload_of(frame)?;
+    ZSTD_PREFIX.with(|cell| {
+        use zstd::stream::raw::Operation;
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = Some(zstd::stream::raw::Decoder::new().map_err(|e| format!("zstd: {e}"))?);
+        }
+        let d = cell.as_mut().ok_or("zstd: no decoder")?;
+        d.reinit().map_err(|e| format!("zstd: {e}"))?;
+        let (mut read, mut written) = (0, 0);
+        while written < out.len() {
+            let s = d
+                .run_on_buffers(&payload[read..], &mut out[written..])
+                .map_err(|e| format!("zstd: {e}"))?;
+            read += s.bytes_read;
+            written += s.bytes_written;
+            if s.bytes_read == 0 && s.bytes_written == 0 {
+                return Err(format!(
+                    "compressed extent decodes to {written} bytes, fewer than the {} read",
+                    out.len()
+                ));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The codec's payload inside a frame.
+fn payload_of(frame: &[u8]) -> Result<&[u8], String> {
+    let len = frame
+        .get(..HEADER)
+        .map(|h| u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize)
+        .ok_or("compressed extent shorter than its header")?;
+    frame
+        .get(HEADER..HEADER.saturating_add(len))
+        .ok_or_else(|| format!("compressed payload of {len} bytes past its extent"))
 }
 
 #[cfg(test)]
@@ -335,6 +385,25 @@ mod tests {
             *b = 0xff;
         }
         assert!(decode(COMPRESS_LZ4, &bad, CHUNK).is_err());
+    }
+
+    /// A prefix decodes to the extent's first bytes; a frame too short
+    /// for the prefix asked is an error.
+    #[test]
+    fn prefixes_decode_as_far_as_asked() {
+        let data = text(CHUNK as usize);
+        for codec in [Codec::Zstd(3), Codec::Lz4] {
+            let frame = encode(codec, &data).unwrap();
+            for n in [1usize, 4096, 70_000, CHUNK as usize] {
+                let mut out = vec![0u8; n];
+                decode_prefix(codec.kind(), &frame, CHUNK, &mut out).unwrap();
+                assert_eq!(out, data[..n], "{codec:?} {n}");
+            }
+        }
+        let small = encode(Codec::Zstd(3), &data[..16384]).unwrap();
+        let mut out = vec![0u8; 20_000];
+        assert!(decode_prefix(COMPRESS_ZSTD, &small, CHUNK, &mut out).is_err());
+        assert!(decode_prefix(COMPRESS_ZSTD, &small, CHUNK * 2, &mut out).is_err());
     }
 
     #[test]

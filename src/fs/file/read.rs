@@ -164,11 +164,12 @@ fn plan_compressed<B: BlockRead + ?Sized>(
 
 /// Reads, checks and decodes a compressed extent. A frame that does not
 /// decode is EIO, with one log line.
-/// `out` is as long as the extent decodes to (at most a chunk).
+/// `out` is as long as the extent decodes to (at most a chunk), or, with
+/// `ram_bytes` given, the part of it from the start a read needs.
 fn read_compressed<D: DataRead + ?Sized>(
     d: &D,
     (bytenr, disk_len, kind): (u64, u64, u8),
-    sums: &[u8],
+    (sums, ram_bytes): (&[u8], Option<u64>),
     out: &mut [u8],
 ) -> Result<()> {
     if disk_len > crate::compress::CHUNK {
@@ -180,7 +181,11 @@ fn read_compressed<D: DataRead + ?Sized>(
     let mut frame = vec![0u8; disk_len as usize];
     d.read_bytes(bytenr, &mut frame)?;
     verify(bytenr, &frame, sums)?;
-    crate::compress::decode_into(kind, &frame, out).map_err(|why| {
+    let decoded = match ram_bytes {
+        Some(ram) => crate::compress::decode_prefix(kind, &frame, ram, out),
+        None => crate::compress::decode_into(kind, &frame, out),
+    };
+    decoded.map_err(|why| {
         tracing::error!(bytenr, %why, "compressed extent does not decode");
         Error::corrupt(bytenr, why)
     })
@@ -248,18 +253,20 @@ impl ReadPlan {
                     // The whole extent wanted (an aligned reader's): decoded
                     // in place.
                     if *skip == 0 && *n as u64 == *ram_bytes {
-                        read_compressed(d, at, sums, dst)?;
+                        read_compressed(d, at, (sums, None), dst)?;
                         continue;
                     }
-                    if *ram_bytes > crate::compress::CHUNK {
-                        return Err(Error::corrupt(*bytenr, "compressed extent past a chunk"));
+                    // Decoded as far as the read needs.
+                    let upto = *skip + *n;
+                    if upto as u64 > *ram_bytes.min(&crate::compress::CHUNK) {
+                        return Err(Error::corrupt(
+                            *bytenr,
+                            "file extent reads past its data extent",
+                        ));
                     }
-                    let mut plain = vec![0u8; *ram_bytes as usize];
-                    read_compressed(d, at, sums, &mut plain)?;
-                    let piece = plain.get(*skip..*skip + *n).ok_or_else(|| {
-                        Error::corrupt(*bytenr, "file extent reads past its data extent")
-                    })?;
-                    dst.copy_from_slice(piece);
+                    let mut plain = vec![0u8; upto];
+                    read_compressed(d, at, (sums, Some(*ram_bytes)), &mut plain)?;
+                    dst.copy_from_slice(&plain[*skip..]);
                 }
             }
         }
