@@ -27,11 +27,13 @@ use crate::format::inode::InodeItem;
 use crate::txn::{Need, Txn};
 
 /// Extent items one step frees at most.
-const STEP_ITEMS: usize = 128;
-/// Paths one step reserves: its items are consecutive keys, in a few
-/// leaves of the file's tree; their checksums and extent items go at the
-/// commit, whose own reservation counts them.
-const STEP_PATHS: u64 = 8;
+const STEP_ITEMS: usize = 64;
+/// Paths one step reserves: its items are consecutive keys (78 bytes
+/// each), in at most three leaves of the file's tree at 4 KiB nodes; their
+/// checksums and extent items go at the commit, whose own reservation
+/// counts them. No more than an unlink reserves, so that a step fits
+/// wherever the unlink before it did.
+const STEP_PATHS: u64 = 4;
 
 impl Subvol {
     /// Whether `ino` holds more extent items than one step frees.
@@ -72,15 +74,25 @@ impl Subvol {
     /// was given back to it): its extents in steps, then the rest.
     fn delete_orphan(&self, ino: u64) -> Result<()> {
         let tree = self.tree;
+        // Every last close comes here: most files are no orphan, and a
+        // read lock tells.
+        if self
+            .core
+            .engine
+            .read(|r| r.get(tree, &orphan_key(ino)))?
+            .is_none()
+        {
+            return Ok(());
+        }
         let still_orphan = |tx: &Txn<'_>| -> Result<bool> {
             Ok(!self.is_open(ino) && tx.get(tree, &orphan_key(ino))?.is_some())
         };
         loop {
             let more = self.core.write_reserved(|tx| {
-                tx.reserve(&Need::items(tree, STEP_PATHS).deleting())?;
                 if !still_orphan(tx)? {
                     return Ok(false);
                 }
+                tx.reserve(&Need::items(tree, STEP_PATHS).deleting())?;
                 let root = tx.root_of(tree)?;
                 let items = file::first_items(tx, &root, ino, STEP_ITEMS + 1)?;
                 if items.len() <= STEP_ITEMS {
@@ -93,10 +105,10 @@ impl Subvol {
             }
         }
         self.core.write_reserved(|tx| {
-            tx.reserve(&Need::items(tree, STEP_PATHS + log_items(tx)).deleting())?;
             if !still_orphan(tx)? {
                 return Ok(());
             }
+            tx.reserve(&Need::items(tree, 2 + log_items(tx)).deleting())?;
             let inode = self.inode_tx(tx, ino)?;
             check_deletable(tx, tree, ino)?;
             tx.delete(tree, &orphan_key(ino))?;
