@@ -126,24 +126,36 @@ impl Subvol {
     pub(super) fn shrink_in_steps(&self, ino: u64, new_size: u64) -> Result<()> {
         let tree = self.tree;
         let keep = new_size.next_multiple_of(file::SECTOR);
-        while self.core.write_reserved(|tx| {
-            let mut i = self.inode_tx(tx, ino)?;
-            let root = tx.root_of(tree)?;
-            let tail = file::last_items(tx, &root, ino, keep, STEP_ITEMS + 1)?;
-            if new_size >= i.size || tail.len() <= STEP_ITEMS {
-                return Ok(false);
+        let step = || {
+            self.core.write_reserved(|tx| {
+                let mut i = self.inode_tx(tx, ino)?;
+                let root = tx.root_of(tree)?;
+                let tail = file::last_items(tx, &root, ino, keep, STEP_ITEMS + 1)?;
+                if new_size >= i.size || tail.len() <= STEP_ITEMS {
+                    return Ok(false);
+                }
+                tx.reserve(&Need::items(tree, STEP_PATHS).deleting())?;
+                // The step's first item starts past where the one before it
+                // ends, which is past `keep`.
+                let from = tail[tail.len() - STEP_ITEMS].0;
+                self.note_extents(tx, ino, i.size, from, u64::MAX);
+                let freed = file::punch(tx, tree, ino, from, u64::MAX)?;
+                i.nbytes = i.nbytes.saturating_sub(freed);
+                i.size = i.size.min(from);
+                self.save_inode(tx, ino, i).map(|()| true)
+            })
+        };
+        loop {
+            match step() {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                // No room even for a step (it changed nothing): the
+                // truncate itself tries, with its own reservation, and
+                // says ENOSPC if that fails too.
+                Err(Error::NoSpace) => return Ok(()),
+                Err(e) => return Err(e),
             }
-            tx.reserve(&Need::items(tree, STEP_PATHS).deleting())?;
-            // The step's first item starts past where the one before it
-            // ends, which is past `keep`.
-            let from = tail[tail.len() - STEP_ITEMS].0;
-            self.note_extents(tx, ino, i.size, from, u64::MAX);
-            let freed = file::punch(tx, tree, ino, from, u64::MAX)?;
-            i.nbytes = i.nbytes.saturating_sub(freed);
-            i.size = i.size.min(from);
-            self.save_inode(tx, ino, i).map(|()| true)
-        })? {}
-        Ok(())
+        }
     }
 
     /// Deletes inodes left orphaned by a crash or an unclean unmount.
