@@ -267,8 +267,7 @@ pub fn decode_prefix(kind: u8, frame: &[u8], ram_bytes: u64, out: &mut [u8]) -> 
         ));
     }
     if kind != COMPRESS_ZSTD || out.len() as u64 == ram_bytes {
-        let mut whole = vec![0u8; ram_bytes as usize];
-        decode_into(kind, frame, &mut whole)?;
+        let whole = decode(kind, frame, ram_bytes)?;
         out.copy_from_slice(&whole[..out.len()]);
         return Ok(());
     }
