@@ -27,14 +27,6 @@ fn fresh() -> (Arc<MemDevice>, Fs) {
     (dev, Fs::new(Arc::new(e)).expect("fs"))
 }
 
-fn reopen(dev: &Arc<MemDevice>, fs: Fs) -> Fs {
-    fs.sync().expect("sync");
-    drop(fs);
-    common::assert_fs_clean(dev);
-    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
-    Fs::new(Arc::new(e)).expect("fs")
-}
-
 /// Lines of text: compresses about 10:1.
 fn text(len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 64);
@@ -47,18 +39,6 @@ fn text(len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
-}
-
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Bytes on disk per kind for `node`.
@@ -86,7 +66,7 @@ fn compressed_files_are_smaller_and_read_back_exactly() {
     );
     assert!(disk_of(&fs, f, "zstd") > 0);
     assert_eq!(disk_of(&fs, f, "none"), 0);
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     assert_eq!(read_all(&fs, f), data);
     let mut rng = common::Rng(7);
     for _ in 0..200 {
@@ -116,7 +96,7 @@ fn compressed_files_are_smaller_and_read_back_exactly() {
     )
     .expect("truncate");
     model.truncate(2_000_001);
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     assert_eq!(read_all(&fs, f), model);
 }
 
@@ -130,7 +110,7 @@ fn lz4_and_levels_round_trip() {
         });
         let data = text(1 << 20);
         let f = file(&fs, ROOT, "t", &data);
-        let fs = reopen(&dev, fs);
+        let fs = common::reopen(&dev, fs);
         let kind = if codec == Codec::Lz4 { "lz4" } else { "zstd" };
         assert!(disk_of(&fs, f, kind) > 0, "{codec:?}");
         assert_eq!(read_all(&fs, f), data, "{codec:?}");
@@ -158,7 +138,7 @@ fn the_property_chooses_and_is_inherited() {
     let plain = file(&fs, ROOT, "plain", b"");
     fs.setxattr(plain, PROPERTY, b"none", 0).expect("none");
     fs.write(plain, 0, &text(1 << 20)).expect("write");
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     assert!(disk_of(&fs, f, "lz4") > 0);
     assert_eq!(disk_of(&fs, f, "zstd"), 0);
     assert_eq!(disk_of(&fs, plain, "zstd"), 0);
@@ -172,7 +152,7 @@ fn the_property_chooses_and_is_inherited() {
 fn a_file_that_does_not_compress_stops_being_tried_unless_forced() {
     let (dev, fs) = fresh();
     fs.set_compression(ZSTD);
-    let f = file(&fs, ROOT, "n", &noise(1 << 20, 3));
+    let f = file(&fs, ROOT, "n", &common::noise(1 << 20, 3));
     fs.sync().expect("sync");
     fs.write(f, 1 << 20, &text(1 << 20)).expect("write");
     fs.sync().expect("sync");
@@ -182,9 +162,9 @@ fn a_file_that_does_not_compress_stops_being_tried_unless_forced() {
         ..ZSTD
     });
     fs.write(f, 2 << 20, &text(1 << 20)).expect("write");
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     assert!(disk_of(&fs, f, "zstd") > 0, "compress-force tries again");
-    let mut want = noise(1 << 20, 3);
+    let mut want = common::noise(1 << 20, 3);
     want.extend(text(1 << 20));
     want.extend(text(1 << 20));
     assert_eq!(read_all(&fs, f), want);
@@ -212,7 +192,7 @@ fn reflinks_and_snapshots_share_compressed_extents() {
         .find(|k| k.kind == "zstd")
         .expect("zstd row");
     assert!(zstd.referenced >= 3 * data.len() as u64, "{report:?}");
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     assert_eq!(read_all(&fs, g), data);
     let mut changed = data.clone();
     changed[100_000..100_007].copy_from_slice(b"changed");

@@ -248,29 +248,50 @@ fn every_prefix_of_a_fill_to_enospc_keeps_the_committed_files() {
         }
     }
     drop(fs);
-    let mut rp = Replayer::new(base, rec.ops());
-    // Every barrier's neighbourhood and an even sample of the rest keep
-    // the run short; a data write is one op however large.
-    let step = (rp.len() / 300).max(1);
-    let mut images = 0;
-    for prefix in
-        (0..=rp.len()).filter(|p| p % step == 0 || ends.iter().any(|e| e.1.abs_diff(*p) <= 2))
-    {
-        let (dev, e) = open_crashed(&mut rp, prefix, &|i| i % 2 == 0, &ends);
-        let g = e.committed_generation();
-        let fs = Fs::new(Arc::new(e)).unwrap();
-        assert!(
-            fs_files(&fs) == models[&g],
-            "prefix {prefix}: files of generation {g} differ"
-        );
-        drop(fs);
-        common::assert_clean(dev.as_ref());
-        images += 1;
+    let replay = Replay {
+        rp: Replayer::new(base, rec.ops()),
+        ends,
+        models,
+    };
+    replay.check_prefixes(300, &|i| i % 2 == 0, "fill-to-ENOSPC");
+}
+
+/// An `Fs` workload's recorded writes, where its commits ended, and the
+/// files each committed generation holds.
+struct Replay {
+    rp: Replayer,
+    ends: Vec<(u64, usize)>,
+    models: BTreeMap<u64, Files>,
+}
+
+impl Replay {
+    /// Opens the disk a crash could leave after about `samples` prefixes
+    /// (and every barrier's neighbourhood: a data write is one op however
+    /// large), `keep` choosing the pages in flight that reached it: each
+    /// must hold exactly the files of the generation it opens to, and
+    /// check clean.
+    fn check_prefixes(mut self, samples: usize, keep: &dyn Fn(usize) -> bool, what: &str) {
+        use canopy::fs::Fs;
+        let len = self.rp.len();
+        let step = (len / samples).max(1);
+        let ends = &self.ends;
+        let mut images = 0;
+        for prefix in
+            (0..=len).filter(|p| p % step == 0 || ends.iter().any(|e| e.1.abs_diff(*p) <= 2))
+        {
+            let (dev, e) = open_crashed(&mut self.rp, prefix, keep, ends);
+            let g = e.committed_generation();
+            let fs = Fs::new(Arc::new(e)).unwrap();
+            assert!(
+                fs_files(&fs) == self.models[&g],
+                "prefix {prefix}: files of generation {g} differ"
+            );
+            drop(fs);
+            common::assert_clean(dev.as_ref());
+            images += 1;
+        }
+        eprintln!("{what} crash workload: {len} ops, {images} images");
     }
-    eprintln!(
-        "fill-to-ENOSPC crash workload: {} ops, {images} images",
-        rp.len()
-    );
 }
 
 /// A compressed workload (zstd, text and noise, overwrites of parts of
@@ -339,27 +360,12 @@ fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
         }
     }
     drop(fs);
-    let mut rp = Replayer::new(base, rec.ops());
-    let step = (rp.len() / 200).max(1);
-    let mut images = 0;
-    for prefix in
-        (0..=rp.len()).filter(|p| p % step == 0 || ends.iter().any(|e| e.1.abs_diff(*p) <= 2))
-    {
-        let (dev, e) = open_crashed(&mut rp, prefix, &|i| i % 2 == 1, &ends);
-        let g = e.committed_generation();
-        let fs = Fs::new(Arc::new(e)).unwrap();
-        assert!(
-            fs_files(&fs) == models[&g],
-            "prefix {prefix}: files of generation {g} differ"
-        );
-        drop(fs);
-        common::assert_clean(dev.as_ref());
-        images += 1;
-    }
-    eprintln!(
-        "compressed crash workload: {} ops, {images} images",
-        rp.len()
-    );
+    let replay = Replay {
+        rp: Replayer::new(base, rec.ops()),
+        ends,
+        models,
+    };
+    replay.check_prefixes(200, &|i| i % 2 == 1, "compressed");
 }
 
 /// At steps 10, 25 and 40: writes a file of 600 sparse 4 KiB pieces,

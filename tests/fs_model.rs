@@ -3,23 +3,13 @@
 
 mod common;
 
-use canopy::dev::Device;
 use canopy::fs::{Fs, Owner, SetAttr};
-use canopy::{Engine, OpenOptions};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 const ROOT: u64 = 256;
 const ME: Owner = Owner { uid: 0, gid: 0 };
-
-fn reopen(dev: &Arc<canopy::dev::MemDevice>, fs: Fs) -> Fs {
-    fs.sync().unwrap();
-    drop(fs);
-    common::assert_fs_clean(dev);
-    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
-    Fs::new(Arc::new(e)).unwrap()
-}
 
 #[derive(Clone, Debug)]
 enum FileOp {
@@ -137,7 +127,7 @@ proptest! {
                     prop_assert_eq!(fs.dirty_bytes(), 0);
                 }
                 FileOp::Reopen => {
-                    fs = reopen(&dev, fs);
+                    fs = common::reopen(&dev, fs);
                     fs.set_dirty_limit(dirty_limit);
                     fs.set_compression(policy);
                 }
@@ -152,7 +142,7 @@ proptest! {
             let got = fs.read(g, 0, other.len() as u32 + 10).unwrap();
             prop_assert!(got == other, "other file differs");
         }
-        let fs = reopen(&dev, fs);
+        let fs = common::reopen(&dev, fs);
         prop_assert!(fs.read(f, 0, model.len() as u32).unwrap() == model);
     }
 }
@@ -255,12 +245,12 @@ fn directories_and_errors() {
         )
         .unwrap();
     assert_eq!(fs.readlink(s.ino).unwrap(), b"d/file-200");
-    fs = reopen(&dev, fs);
+    fs = common::reopen(&dev, fs);
     assert_eq!(fs.lookup(d, b"sub").unwrap().ino, d2);
     assert_eq!(fs.lookup(ROOT, b"hard").unwrap().ino, f);
     // Deleting everything frees the space again.
     fs.remove(ROOT, b"hard", false).unwrap();
-    let _ = reopen(&dev, fs);
+    let _ = common::reopen(&dev, fs);
 }
 
 /// The compression a case runs with, by its length.
@@ -289,15 +279,7 @@ fn pattern(byte: u8, len: usize) -> Vec<u8> {
     if !byte.is_multiple_of(3) {
         return vec![byte; len];
     }
-    let mut x = u64::from(byte) | 0x9e37_79b9_0000_0000;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    common::noise(len, u64::from(byte) | 0x9e37_79b9_0000_0000)
 }
 
 fn cases() -> u32 {
@@ -360,7 +342,7 @@ fn full_disk_gives_enospc_and_recovers() {
         .unwrap()
         .ino;
     fs.write(f, 0, &chunk).unwrap();
-    let _ = reopen(&dev, fs);
+    let _ = common::reopen(&dev, fs);
 }
 
 /// SEEK_DATA/SEEK_HOLE agree with the contents: what they skip reads as
@@ -472,7 +454,7 @@ fn xattrs_set_get_list_remove() {
     fs.setxattr(f, b"user.a", b"22", XATTR_REPLACE).unwrap();
     assert_eq!(fs.getxattr(f, b"user.a").unwrap(), b"22");
     assert_eq!(errno(fs.getxattr(f, b"user.none")), libc::ENODATA);
-    fs = reopen(&dev, fs);
+    fs = common::reopen(&dev, fs);
     let mut names: Vec<Vec<u8>> = fs
         .listxattr(f)
         .unwrap()
@@ -505,7 +487,7 @@ fn xattrs_set_get_list_remove() {
         })
         .unwrap();
     assert!(left.is_empty());
-    let _ = reopen(&dev, fs);
+    let _ = common::reopen(&dev, fs);
 }
 
 /// `check` notices a name whose back-reference is missing.
@@ -632,7 +614,7 @@ fn many_names_of_one_inode_in_one_directory() {
         fs.link(f, ROOT, &name(i)).unwrap();
     }
     assert_eq!(fs.getattr(f).unwrap().nlink, 601);
-    fs = reopen(&dev, fs);
+    fs = common::reopen(&dev, fs);
     let sub = mkdir(&fs, ROOT, b"sub");
     for i in (0..600).step_by(3) {
         fs.rename(ROOT, &name(i), sub, &name(i), false, false)
@@ -641,7 +623,7 @@ fn many_names_of_one_inode_in_one_directory() {
     for i in (1..600).step_by(3) {
         fs.remove(ROOT, &name(i), false).unwrap();
     }
-    fs = reopen(&dev, fs);
+    fs = common::reopen(&dev, fs);
     for i in 0..600 {
         let (dir, present) = match i % 3 {
             0 => (sub, true),
@@ -661,7 +643,7 @@ fn many_names_of_one_inode_in_one_directory() {
         }
     }
     fs.remove(ROOT, b"f", false).unwrap();
-    let _ = reopen(&dev, fs);
+    let _ = common::reopen(&dev, fs);
 }
 
 /// Names whose hashes collide share one DIR_ITEM; when it is full, create,
@@ -695,14 +677,14 @@ fn a_full_hash_bucket_fails_cleanly() {
     );
     assert_eq!(fs.lookup(ROOT, b"f").unwrap().ino, f);
     assert_eq!(errno(fs.lookup(ROOT, &next)), libc::ENOENT);
-    fs = reopen(&dev, fs);
+    fs = common::reopen(&dev, fs);
     for n in &made {
         fs.lookup(ROOT, n).unwrap();
     }
     // Making room in the bucket lets the name in.
     fs.remove(ROOT, &made[0], false).unwrap();
     fs.rename(ROOT, b"f", ROOT, &next, false, false).unwrap();
-    let _ = reopen(&dev, fs);
+    let _ = common::reopen(&dev, fs);
 }
 
 /// `prefix` followed by four bytes chosen so that the crc32c of the whole
@@ -791,7 +773,7 @@ fn truncates_and_unlinks_of_many_extents_go_in_steps() {
         model.resize((i * 8192) as usize, 0);
         model.extend_from_slice(&page);
     }
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     let free = fs.statfs().free;
     for size in [8_000_001u64, 1_000_000, 5000] {
         fs.setattr(
@@ -809,9 +791,9 @@ fn truncates_and_unlinks_of_many_extents_go_in_steps() {
             "at {size}"
         );
     }
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     assert!(fs.read(f, 0, 10_000).unwrap() == model);
     fs.remove(ROOT, b"f", false).unwrap();
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     assert!(fs.statfs().free > free + 1400, "space came back");
 }

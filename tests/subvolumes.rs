@@ -25,14 +25,6 @@ fn names(fs: &Fs, dir: u64) -> Vec<(String, u64)> {
         .collect()
 }
 
-fn reopen(dev: &Arc<MemDevice>, fs: Fs) -> Fs {
-    fs.sync().expect("sync");
-    drop(fs);
-    common::assert_fs_clean(dev);
-    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
-    Fs::new(Arc::new(e)).expect("fs")
-}
-
 fn new_fs() -> (Arc<MemDevice>, Fs) {
     let (dev, e) = common::mem_engine(128 << 20, 4096);
     (dev, Fs::new(Arc::new(e)).expect("fs"))
@@ -60,7 +52,7 @@ fn a_snapshot_holds_what_was_written_before_it_and_nothing_after() {
         .expect("write to a writable snapshot");
     assert_eq!(&read_all(&fs, f)[100..109], &[1u8; 9]);
 
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     let (sf, f) = (
         at(&fs, "snap/f").expect("snap/f"),
         at(&fs, "sv/f").expect("sv/f"),
@@ -105,7 +97,7 @@ fn a_read_only_snapshot_refuses_every_change() {
         .expect("ro false");
     fs.write(sf, 0, b"snap").expect("now writable");
     fs.set_subvolume_read_only(snap.ino, true).expect("ro true");
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     let sf = at(&fs, "ro/d/f").expect("ro/d/f");
     assert_eq!(
         errno(fs.write(sf, 0, b"x").unwrap_err()),
@@ -172,7 +164,7 @@ fn links_between_subvolumes_and_their_limits() {
     );
     let full = fs.remove(ROOT, b"a2", true);
     assert_eq!(errno(full.unwrap_err()), libc::ENOTEMPTY);
-    let fs = reopen(&dev, fs);
+    let fs = common::reopen(&dev, fs);
     let d = at(&fs, "d").expect("d");
     fs.remove(d, b"b", true).expect_err("b holds g");
     fs.remove(at(&fs, "d/b").expect("b"), b"g", false)
@@ -183,7 +175,7 @@ fn links_between_subvolumes_and_their_limits() {
     fs.delete_subvolume(fs.root_node(), b"a2")
         .expect("delete a full one");
     assert!(fs.list_subvolumes().expect("list").is_empty());
-    drop(reopen(&dev, fs));
+    drop(common::reopen(&dev, fs));
 }
 
 #[test]
@@ -325,7 +317,7 @@ fn deleting_a_busy_subvolume_gives_everything_back() {
     fs.sync().expect("sync");
     let back = fs.statfs().avail;
     assert!(back + 64 >= avail, "space back: {back} of {avail} blocks");
-    drop(reopen(&dev, fs));
+    drop(common::reopen(&dev, fs));
 }
 
 /// A listing with attributes gives a subvolume's entry the attributes of

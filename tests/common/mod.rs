@@ -38,6 +38,19 @@ pub fn assert_fs_clean(dev: &canopy::dev::MemDevice) {
     let r = canopy::check::check_all(copy, &|_, _| {}).expect("check ran");
     assert!(r.is_clean(), "check found problems: {:#?}", r.problems);
 }
+/// Commits, checks the image, and opens it again.
+pub fn reopen(dev: &Arc<MemDevice>, fs: canopy::fs::Fs) -> canopy::fs::Fs {
+    fs.sync().expect("sync");
+    drop(fs);
+    assert_fs_clean(dev);
+    let e = Engine::open(
+        dev.clone() as Arc<dyn Device>,
+        &canopy::OpenOptions::default(),
+    )
+    .expect("open");
+    canopy::fs::Fs::new(Arc::new(e)).expect("fs")
+}
+
 pub mod model;
 pub mod mounted;
 pub mod paths;
