@@ -71,8 +71,7 @@ impl Subvol {
             return self.save_inode(tx, ino, inode);
         }
         if self.is_open(ino) {
-            tx.put(tree, orphan_key(ino), Vec::new())?;
-            return self.save_inode(tx, ino, inode);
+            return self.make_orphan(tx, ino, inode);
         }
         self.discard_buffered(tx, ino);
         if self.too_large_to_delete_at_once(tx, ino)? {

@@ -42,12 +42,18 @@ impl Subvol {
         Ok(file::first_items(tx, &root, ino, STEP_ITEMS + 1)?.len() > STEP_ITEMS)
     }
 
-    /// Marks `ino` (its last link just gone) an orphan for
+    /// Keeps `ino`, its last link just gone, as an orphan: deleted by its
+    /// last release, by [`Subvol::delete_emptied`], or by the next mount.
+    pub(super) fn make_orphan(&self, tx: &mut Txn<'_>, ino: u64, inode: InodeItem) -> Result<()> {
+        tx.put(self.tree, orphan_key(ino), Vec::new())?;
+        self.save_inode(tx, ino, inode)
+    }
+
+    /// Makes `ino` (its last link just gone) an orphan for
     /// [`Subvol::delete_emptied`] to empty and delete once the running
     /// operation is done.
     pub(super) fn delete_after(&self, tx: &mut Txn<'_>, ino: u64, inode: InodeItem) -> Result<()> {
-        tx.put(self.tree, orphan_key(ino), Vec::new())?;
-        self.save_inode(tx, ino, inode)?;
+        self.make_orphan(tx, ino, inode)?;
         crate::sync::lock(&self.emptying).push(ino);
         Ok(())
     }
