@@ -36,6 +36,8 @@ pub mod fs;
 pub mod fuse;
 pub mod qgroup;
 pub mod scrub;
+pub mod send;
+pub mod stream;
 pub(crate) mod sync;
 pub mod tree;
 pub mod txn;

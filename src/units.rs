@@ -21,3 +21,19 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("'{s}' is too large"))
 }
+
+/// A size as people read it: bytes up to 1 KiB, else binary units with
+/// two decimals ("1.50 GiB").
+pub fn shown(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
+}

@@ -15,6 +15,7 @@ use std::path::Path;
 /// Top to bottom; modules in one row are one layer.
 const LAYERS: &[&[&str]] = &[
     &["fuse"],
+    &["send"],
     &["fs"],
     &["check", "scrub"],
     &["balance"],
@@ -24,7 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["txn"],
     &["tree"],
     &["alloc"],
-    &["cache", "compress"],
+    &["cache", "compress", "stream"],
     &["format"],
     &["dev"],
     &["error", "sync", "units"],

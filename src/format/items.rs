@@ -29,9 +29,62 @@ pub struct RootItem {
     /// Generation in which this tree was created.
     pub created: u64,
     pub name: Vec<u8>,
+    /// Who the subvolume is to send and receive (absent in images made
+    /// before it existed, until a subvolume is created, snapshotted, made
+    /// read-only or sent).
+    pub ident: Option<SubvolIdent>,
 }
 
 const ROOT_ITEM_FIXED: usize = 8 * 6 + 1 + 2;
+
+/// A subvolume's identity, as btrfs's root item carries it: what send
+/// streams name subvolumes by, so a receiver finds an incremental
+/// stream's parent. Follows the name in the root item (72 bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubvolIdent {
+    /// Its own, random at creation.
+    pub uuid: [u8; 16],
+    /// The uuid of the subvolume it is a snapshot of (zero: none).
+    pub parent_uuid: [u8; 16],
+    /// The uuid of the subvolume a receive made it from (zero: none).
+    pub received_uuid: [u8; 16],
+    /// The transaction of its last change that send can see: creation,
+    /// or when it was last made read-only.
+    pub ctransid: u64,
+    /// The sender's ctransid, for a received subvolume.
+    pub stransid: u64,
+    /// The transaction that finished receiving it.
+    pub rtransid: u64,
+}
+
+pub const SUBVOL_IDENT_SIZE: usize = 72;
+
+impl SubvolIdent {
+    fn encode_into(&self, b: &mut Vec<u8>) {
+        b.extend_from_slice(&self.uuid);
+        b.extend_from_slice(&self.parent_uuid);
+        b.extend_from_slice(&self.received_uuid);
+        b.extend_from_slice(&self.ctransid.to_le_bytes());
+        b.extend_from_slice(&self.stransid.to_le_bytes());
+        b.extend_from_slice(&self.rtransid.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> SubvolIdent {
+        let uuid = |at: usize| {
+            let mut u = [0u8; 16];
+            u.copy_from_slice(&b[at..at + 16]);
+            u
+        };
+        SubvolIdent {
+            uuid: uuid(0),
+            parent_uuid: uuid(16),
+            received_uuid: uuid(32),
+            ctransid: le_u64(b, 48),
+            stransid: le_u64(b, 56),
+            rtransid: le_u64(b, 64),
+        }
+    }
+}
 
 impl RootItem {
     pub fn encode(&self) -> Vec<u8> {
@@ -45,15 +98,21 @@ impl RootItem {
         b[48] = self.level;
         super::put_u16(&mut b, 49, self.name.len() as u16);
         b[ROOT_ITEM_FIXED..].copy_from_slice(&self.name);
+        if let Some(ident) = &self.ident {
+            ident.encode_into(&mut b);
+        }
         b
     }
 
     pub fn decode(b: &[u8]) -> DecodeResult<RootItem> {
         need(b, ROOT_ITEM_FIXED, "root")?;
         let name_len = usize::from(super::le_u16(b, 49));
-        if b.len() != ROOT_ITEM_FIXED + name_len {
-            return Err("root item name length disagrees with item size".into());
-        }
+        let named = ROOT_ITEM_FIXED + name_len;
+        let ident = match b.len() {
+            n if n == named => None,
+            n if n == named + SUBVOL_IDENT_SIZE => Some(SubvolIdent::decode(&b[named..])),
+            _ => return Err("root item name length disagrees with item size".into()),
+        };
         Ok(RootItem {
             bytenr: le_u64(b, 0),
             generation: le_u64(b, 8),
@@ -62,7 +121,8 @@ impl RootItem {
             flags: le_u64(b, 32),
             created: le_u64(b, 40),
             level: b[48],
-            name: b[ROOT_ITEM_FIXED..].to_vec(),
+            name: b[ROOT_ITEM_FIXED..named].to_vec(),
+            ident,
         })
     }
 }

@@ -53,12 +53,17 @@ pub const INCOMPAT_LOG_CHECKED: u64 = 8;
 /// File extents may be compressed (zstd or lz4, `crate::compress`); older
 /// code would refuse their items. Set for good by the first one written.
 pub const INCOMPAT_COMPRESSION: u64 = 16;
+/// Root items may carry a subvolume's identity (uuids and transids, for
+/// send and receive: `items::SubvolIdent`); older code would refuse their
+/// length. Set for good by the first subvolume given one.
+pub const INCOMPAT_SUBVOL_UUIDS: u64 = 32;
 /// Incompatible features this code understands.
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS
     | INCOMPAT_LOG_TREE
     | INCOMPAT_DROP_QUEUE
     | INCOMPAT_LOG_CHECKED
-    | INCOMPAT_COMPRESSION;
+    | INCOMPAT_COMPRESSION
+    | INCOMPAT_SUBVOL_UUIDS;
 /// Read-only-compatible features this code understands.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;
 pub const CSUM_CRC32C: u16 = 0;

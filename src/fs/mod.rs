@@ -26,6 +26,7 @@ mod data;
 mod dir;
 mod file;
 mod ghost;
+mod ident;
 mod inodes;
 pub(crate) mod log;
 mod names;
@@ -37,6 +38,7 @@ mod readahead;
 mod reclaim;
 pub mod setid;
 pub(crate) mod subvol;
+mod view;
 pub mod writeback;
 pub mod xattr;
 
@@ -47,6 +49,7 @@ pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
 pub use ops::{Attr, DirListing, DirListingPlus, NewNode, Owner, SetAttr, StatFs};
 pub use quota::{QgroupRow, QuotaChange, RescanStatus};
 pub use subvol::SubvolInfo;
+pub use view::SubvolView;
 
 use crate::error::{Error, Result};
 use crate::format::inode::{InodeItem, ROOT_DIR_INO};

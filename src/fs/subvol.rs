@@ -53,6 +53,20 @@ pub struct SubvolInfo {
     pub snapshot_of: Option<u64>,
     /// The transaction that made it.
     pub created: u64,
+    /// Its uuid, the uuid of what it is a snapshot of, and of the
+    /// subvolume a receive made it from (as btrfs shows them; None: none).
+    #[serde(default)]
+    pub uuid: Option<String>,
+    #[serde(default)]
+    pub parent_uuid: Option<String>,
+    #[serde(default)]
+    pub received_uuid: Option<String>,
+    /// The transaction of its last change send sees, and for a received
+    /// subvolume the sender's.
+    #[serde(default)]
+    pub ctransid: u64,
+    #[serde(default)]
+    pub stransid: u64,
 }
 
 fn root_ref_key(parent: u64, child: u64) -> Key {
@@ -137,6 +151,7 @@ impl Subvol {
     pub(crate) fn create_subvolume(&self, parent: u64, name: &[u8], owner: Owner) -> Result<Attr> {
         self.link_new_subvolume(parent, name, |tx, id| {
             tx.create_tree(id, name)?;
+            super::ident::assign_new(tx, id, None)?;
             let mut root = super::root_dir_item(tx.transid());
             root.uid = owner.uid;
             root.gid = owner.gid;
@@ -158,6 +173,7 @@ impl Subvol {
         self.link_new_subvolume(parent, name, |tx, id| {
             tx.clone_tree(source.tree, id, name)?;
             stub_nested_links(tx, source.tree, id)?;
+            super::ident::assign_new(tx, id, Some(source.tree))?;
             if readonly {
                 tx.set_root_flags(id, ROOT_READONLY)?;
             }
@@ -444,7 +460,8 @@ impl Core {
             } else {
                 flags & !ROOT_READONLY
             };
-            tx.set_root_flags(id, flags)
+            tx.set_root_flags(id, flags)?;
+            super::ident::read_only_changed(tx, id, ro)
         })?;
         sv.readonly.store(ro, Ordering::Relaxed);
         self.engine.commit().map(drop)
@@ -469,6 +486,7 @@ impl Core {
 
 fn subvolume_info(r: &Reader<'_>, id: u64) -> Result<SubvolInfo> {
     let item = r.root_item(id)?;
+    let ident = item.ident;
     let parent = link_of(r, id)?.map_or(0, |(p, _)| p);
     Ok(SubvolInfo {
         id,
@@ -478,7 +496,17 @@ fn subvolume_info(r: &Reader<'_>, id: u64) -> Result<SubvolInfo> {
         readonly: item.flags & ROOT_READONLY != 0,
         snapshot_of: (item.parent_id != 0).then_some(item.parent_id),
         created: item.created,
+        uuid: ident.and_then(|i| shown_uuid(&i.uuid)),
+        parent_uuid: ident.and_then(|i| shown_uuid(&i.parent_uuid)),
+        received_uuid: ident.and_then(|i| shown_uuid(&i.received_uuid)),
+        ctransid: ident.map_or(0, |i| i.ctransid),
+        stransid: ident.map_or(0, |i| i.stransid),
     })
+}
+
+/// A uuid as people write it; None for the zero uuid (none).
+fn shown_uuid(u: &[u8; 16]) -> Option<String> {
+    (*u != [0; 16]).then(|| crate::stream::format_uuid(u))
 }
 
 /// Subvolume `id`'s path from the top level ("" for tree 5). Bounded by

@@ -119,6 +119,20 @@ pub(crate) fn find<B: BlockRead + ?Sized>(
         .map(|(_, v)| v))
 }
 
+/// Every attribute of the inode, as (name, value).
+pub(crate) fn all<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) -> Result<Pairs> {
+    let mut out = Vec::new();
+    let mut c = Cursor::seek(b, root, &Key::new(ino, XATTR_ITEM, 0))?;
+    while let Some(it) = c.item() {
+        if it.key.objectid != ino || it.key.ty != XATTR_ITEM {
+            break;
+        }
+        out.extend(decode(b, &it.key, &it.data)?);
+        c.next(b)?;
+    }
+    Ok(out)
+}
+
 /// Names, each followed by a NUL, as listxattr(2) returns them.
 pub(crate) fn list<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) -> Result<Vec<u8>> {
     let mut out = Vec::new();

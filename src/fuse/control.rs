@@ -70,6 +70,16 @@ pub enum Request {
     },
     /// `canopy subvolume list`.
     SubvolList,
+    /// `canopy send`: the answer is the stream (see `fuse::send`).
+    Send(crate::send::Request),
+    /// The end of `canopy receive`: the subvolume whose root is `node`
+    /// was received from `received_uuid` (hex, as `subvolume show` prints
+    /// it) at the sender's `stransid`; it becomes read-only.
+    SetReceived {
+        node: u64,
+        received_uuid: String,
+        stransid: u64,
+    },
     /// `canopy subvolume show`: the subvolume whose root is `node`.
     SubvolShow {
         node: u64,
@@ -155,33 +165,43 @@ pub struct Response {
     /// Bytes on disk per compression type, after a compsize request.
     #[serde(default)]
     pub compsize: Option<crate::fs::compression::Compsize>,
+    /// What a send wrote.
+    #[serde(default)]
+    pub send: Option<crate::send::Summary>,
 }
 
 impl Response {
+    /// Success, with nothing to report yet.
+    pub(super) fn ok() -> Response {
+        Response {
+            ok: true,
+            error: None,
+            scrub: None,
+            subvolumes: None,
+            qgroups: None,
+            balance: None,
+            rescan: None,
+            usage: None,
+            compsize: None,
+            send: None,
+        }
+    }
+
+    pub(super) fn failed(e: Error) -> Response {
+        Response {
+            ok: false,
+            error: Some(e.to_string()),
+            ..Response::ok()
+        }
+    }
+
     fn of(r: Result<Option<Vec<crate::fs::SubvolInfo>>>) -> Response {
         match r {
             Ok(subvolumes) => Response {
-                ok: true,
-                error: None,
-                scrub: None,
                 subvolumes,
-                qgroups: None,
-                balance: None,
-                rescan: None,
-                usage: None,
-                compsize: None,
+                ..Response::ok()
             },
-            Err(e) => Response {
-                ok: false,
-                error: Some(e.to_string()),
-                scrub: None,
-                subvolumes: None,
-                qgroups: None,
-                balance: None,
-                rescan: None,
-                usage: None,
-                compsize: None,
-            },
+            Err(e) => Response::failed(e),
         }
     }
 }
@@ -452,6 +472,16 @@ impl Daemon {
             Request::SubvolSetReadOnly { node, readonly } => fs
                 .set_subvolume_read_only(self.node(node), readonly)
                 .map(|()| None),
+            Request::SetReceived {
+                node,
+                received_uuid,
+                stransid,
+            } => {
+                let uuid = crate::stream::parse_uuid(&received_uuid)
+                    .ok_or_else(|| Error::Invalid(format!("bad uuid {received_uuid:?}")))?;
+                fs.set_received(self.node(node), uuid, stransid)
+                    .map(|()| None)
+            }
             _ => Err(Error::Invalid("not a subvolume request".into())),
         }
     }
@@ -532,6 +562,13 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
     let mut line = String::new();
     BufReader::new(&s).read_line(&mut line)?;
     let resp = match serde_json::from_str::<Request>(&line) {
+        Ok(Request::Send(mut req)) => {
+            req.snapshot = d.node(req.snapshot);
+            req.parent = req.parent.map(|p| d.node(p));
+            req.clone_sources = req.clone_sources.iter().map(|&c| d.node(c)).collect();
+            super::send::serve(s, fs.clone(), req);
+            return Ok(());
+        }
         Err(e) => Response::of(Err(Error::Invalid(format!("bad request: {e}")))),
         Ok(Request::Sync) => Response::of(fs.sync().map(|()| None)),
         Ok(Request::Usage) => Response {

@@ -22,6 +22,7 @@ mod options;
 mod proto;
 mod reply;
 mod request;
+pub mod send;
 mod session;
 mod uring;
 

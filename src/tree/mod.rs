@@ -24,11 +24,13 @@
 //! (split, merge, redistribute, root growth and shrink).
 
 mod cow;
+mod diff;
 mod mutate;
 mod rebalance;
 mod repack;
 mod search;
 
+pub use diff::differing_keys;
 pub use mutate::{delete, insert, put, update};
 pub use repack::repack_leaves;
 pub use search::{block_addresses, count_blocks, get, Cursor};

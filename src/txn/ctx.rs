@@ -6,7 +6,7 @@ use super::Slots;
 use super::{Need, RootState, Shared, State};
 use crate::alloc::{Allocator, GroupKind};
 use crate::error::{Error, Result};
-use crate::format::items::RootItem;
+use crate::format::items::{RootItem, SubvolIdent};
 use crate::format::node::{Body, Node};
 use crate::format::{tree_id, Key, SECTORSIZE};
 use crate::tree::{self, BlockRead, BlockWrite, Cursor, Holder, RootPtr};
@@ -335,6 +335,17 @@ impl<'a> Txn<'a> {
         }
     }
 
+    /// Sets the identity of subvolume `id` (uuids and transids for send
+    /// and receive); the next commit writes it and the feature bit.
+    pub fn set_root_ident(&mut self, id: u64, ident: SubvolIdent) -> Result<()> {
+        let rs = self.st.roots.get_mut(&id).ok_or(Error::NotFound)?;
+        rs.item.ident = Some(ident);
+        rs.dirty = true;
+        self.st.changes += 1;
+        self.set_incompat(crate::format::superblock::INCOMPAT_SUBVOL_UUIDS);
+        Ok(())
+    }
+
     /// Sets the flags of tree `id`'s root item (a subvolume's read-only
     /// bit); the next commit writes them.
     pub fn set_root_flags(&mut self, id: u64, flags: u64) -> Result<()> {
@@ -356,6 +367,7 @@ impl<'a> Txn<'a> {
             flags: 0,
             created: transid,
             name,
+            ident: None,
         };
         self.st.roots.insert(
             id,

@@ -365,6 +365,7 @@ fn load_roots(st: &mut State, sh: &Shared, root: RootPtr) -> Result<()> {
         flags: 0,
         created: 1,
         name: Vec::new(),
+        ident: None,
     };
     st.roots.insert(
         tree_id::ROOT,

@@ -12,8 +12,10 @@ mod inspect;
 mod mkfs;
 mod mount;
 mod quota;
+mod receive;
 mod rescue;
 mod scrub;
+mod send;
 mod subvolume;
 mod sync;
 mod xattr;
@@ -103,6 +105,12 @@ enum Command {
     /// Show how a mounted filesystem's device is carved into block groups.
     #[command(subcommand)]
     Filesystem(filesystem::Command),
+    /// Write a read-only subvolume as a btrfs send stream (whole, or the
+    /// difference from a parent snapshot with -p).
+    Send(send::Args),
+    /// Make a read-only subvolume from a send stream (Canopy's or
+    /// btrfs's) under DIR.
+    Receive(receive::Args),
     /// Show internals of an unmounted image.
     #[command(subcommand)]
     Inspect(inspect::Command),
@@ -141,6 +149,8 @@ fn main() -> ExitCode {
         Command::Scrub(a) => return scrub::run(a),
         Command::Sync(a) => sync::run(a),
         Command::Inspect(c) => inspect::run(c),
+        Command::Send(a) => send::run(a),
+        Command::Receive(a) => return receive::run(a),
         Command::Rescue(c) => rescue::run(c),
         Command::Subvolume(c) => subvolume::run(c),
         Command::Property(c) => subvolume::run_property(c),

@@ -162,13 +162,5 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
 }
 
 pub fn format_uuid(id: &[u8; 16]) -> String {
-    let h: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    canopy::stream::format_uuid(id)
 }

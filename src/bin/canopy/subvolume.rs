@@ -41,9 +41,18 @@ pub enum Command {
     /// List the subvolumes of the filesystem mounted at PATH, or of an
     /// unmounted image.
     List {
-        /// One JSON array: id, generation, parent, path, readonly.
+        /// One JSON array: id, generation, parent, path, readonly, uuids.
         #[arg(long)]
         json: bool,
+        /// Show each subvolume's uuid.
+        #[arg(short = 'u')]
+        uuid: bool,
+        /// Show the uuid of what each is a snapshot of.
+        #[arg(short = 'q')]
+        parent_uuid: bool,
+        /// Show the uuid each was received from.
+        #[arg(short = 'R')]
+        received_uuid: bool,
         path: PathBuf,
     },
     /// Show one subvolume.
@@ -89,7 +98,13 @@ pub fn run(c: Command) -> Result<()> {
             dest,
         } => snapshot(&source, dest, readonly),
         Command::Delete { paths } => paths.iter().try_for_each(|p| delete(p)),
-        Command::List { json, path } => list(&path, json),
+        Command::List {
+            json,
+            uuid,
+            parent_uuid,
+            received_uuid,
+            path,
+        } => list(&path, json, [uuid, parent_uuid, received_uuid]),
         Command::Show { json, path } => show_one(&path, json),
         Command::Sync { path } if is_image(&path) => clean_image(&path),
         Command::Sync { path } => {
@@ -151,7 +166,8 @@ fn delete(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn list(path: &Path, json: bool) -> Result<()> {
+/// `columns`: whether to show the uuid, parent uuid and received uuid.
+fn list(path: &Path, json: bool, columns: [bool; 3]) -> Result<()> {
     let list = if is_image(path) {
         let fs = open_image(path, true)?;
         fs.list_subvolumes()
@@ -163,9 +179,20 @@ fn list(path: &Path, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
+    let dash = |u: &Option<String>| u.clone().unwrap_or_else(|| "-".into());
     for s in list {
+        let mut uuids = String::new();
+        for (on, label, u) in [
+            (columns[0], "uuid", &s.uuid),
+            (columns[1], "parent_uuid", &s.parent_uuid),
+            (columns[2], "received_uuid", &s.received_uuid),
+        ] {
+            if on {
+                uuids.push_str(&format!(" {label} {}", dash(u)));
+            }
+        }
         println!(
-            "ID {} gen {} parent {} top level {} path {}{}",
+            "ID {} gen {} parent {} top level {}{uuids} path {}{}",
             s.id,
             s.generation,
             s.parent,
@@ -249,6 +276,10 @@ fn show(s: &SubvolInfo) {
         }
     );
     println!("\tName: \t\t\t{}", s.path.rsplit('/').next().unwrap_or(""));
+    let dash = |u: &Option<String>| u.clone().unwrap_or_else(|| "-".into());
+    println!("\tUUID: \t\t\t{}", dash(&s.uuid));
+    println!("\tParent UUID: \t\t{}", dash(&s.parent_uuid));
+    println!("\tReceived UUID: \t\t{}", dash(&s.received_uuid));
     println!("\tSubvolume ID: \t\t{}", s.id);
     println!("\tGeneration: \t\t{}", s.generation);
     println!("\tGen at creation: \t{}", s.created);
@@ -259,6 +290,10 @@ fn show(s: &SubvolInfo) {
         "\tFlags: \t\t\t{}",
         if s.readonly { "readonly" } else { "-" }
     );
+    println!("\tSend transid: \t\t{}", s.ctransid);
+    if s.received_uuid.is_some() {
+        println!("\tReceive transid: \t{}", s.stransid);
+    }
 }
 
 /// Whether `path` names an image (a file or block device) rather than a
@@ -313,13 +348,13 @@ fn ask(mnt: &Path, req: &Request) -> Result<Vec<SubvolInfo>> {
 }
 
 /// The node id (st_ino) of `path`.
-fn node_of(path: &Path) -> Result<u64> {
+pub(crate) fn node_of(path: &Path) -> Result<u64> {
     Ok(std::fs::metadata(path)
         .with_context(|| format!("opening {}", path.display()))?
         .ino())
 }
 
-fn mount_of(path: &Path) -> Result<PathBuf> {
+pub(crate) fn mount_of(path: &Path) -> Result<PathBuf> {
     let canon = path
         .canonicalize()
         .with_context(|| format!("opening {}", path.display()))?;
@@ -328,7 +363,7 @@ fn mount_of(path: &Path) -> Result<PathBuf> {
 
 /// The mount, parent directory's node id and last name of `path`, which
 /// must not exist yet (or, to delete, be a subvolume link).
-fn parent_and_name(path: &Path) -> Result<(PathBuf, u64, Vec<u8>)> {
+pub(crate) fn parent_and_name(path: &Path) -> Result<(PathBuf, u64, Vec<u8>)> {
     let name = path
         .file_name()
         .filter(|n| *n != "." && *n != "..")

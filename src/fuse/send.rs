@@ -1,0 +1,140 @@
+//! `canopy send` over the control socket. The daemon makes the stream
+//! (it reads the trees); the command copies it to its output. After the
+//! request line the daemon writes frames (u32 LE length, bytes), a
+//! zero-length frame, then one JSON line: the summary or the error. A
+//! send runs on its own thread, so other commands are answered meanwhile.
+
+use super::control::{socket_path, Request, Response};
+use crate::error::{Error, Result};
+use crate::fs::Fs;
+use crate::send::{self, Summary};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Bytes gathered before a frame is written.
+const FRAME: usize = 1 << 20;
+
+/// Writes what it is given as frames.
+struct Frames<'a> {
+    s: &'a UnixStream,
+    buf: Vec<u8>,
+}
+
+impl Frames<'_> {
+    fn emit(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let len = u32::try_from(self.buf.len()).unwrap_or(u32::MAX);
+        (&mut &*self.s).write_all(&len.to_le_bytes())?;
+        (&mut &*self.s).write_all(&self.buf)?;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+impl Write for Frames<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= FRAME {
+            self.emit()?;
+        }
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.emit()
+    }
+}
+
+/// Answers a send request on its own thread.
+pub(super) fn serve(s: UnixStream, fs: Arc<Fs>, req: send::Request) {
+    let spawned = std::thread::Builder::new()
+        .name("canopy-send".into())
+        .spawn(move || {
+            if let Err(e) = stream_to(&s, &fs, &req) {
+                tracing::warn!(error = %e, "send stopped");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start a send thread");
+    }
+}
+
+fn stream_to(s: &UnixStream, fs: &Fs, req: &send::Request) -> std::io::Result<()> {
+    s.set_read_timeout(None)?;
+    let mut frames = Frames {
+        s,
+        buf: Vec::with_capacity(FRAME + (64 << 10)),
+    };
+    let result = send::send(fs, req, &mut frames, &mut |_| {});
+    if result.is_ok() {
+        frames.emit()?;
+    }
+    (&mut &*s).write_all(&0u32.to_le_bytes())?;
+    let resp = match result {
+        Ok(summary) => Response {
+            send: Some(summary),
+            ..Response::ok()
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "send failed");
+            Response::failed(e)
+        }
+    };
+    let mut line = serde_json::to_string(&resp).unwrap_or_else(|_| "{}".into());
+    line.push('\n');
+    (&mut &*s).write_all(line.as_bytes())
+}
+
+/// Asks the daemon of `mountpoint` for a send and copies the stream to
+/// `out`, calling `progress` with the bytes copied so far.
+pub fn request(
+    mountpoint: &Path,
+    req: &send::Request,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Summary> {
+    let shown = mountpoint.display();
+    let talk = |e| Error::io(format!("talking to the daemon of {shown}"), e);
+    let mut s = UnixStream::connect(socket_path(mountpoint)).map_err(|e| {
+        Error::Invalid(format!(
+            "no Canopy daemon answers for {shown} ({e}); is it a Canopy mount point?"
+        ))
+    })?;
+    let mut line = serde_json::to_string(&Request::Send(req.clone()))
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    line.push('\n');
+    s.write_all(line.as_bytes()).map_err(talk)?;
+    let mut r = BufReader::with_capacity(FRAME, s);
+    let mut buf = Vec::new();
+    let mut copied = 0u64;
+    loop {
+        let mut len = [0u8; 4];
+        r.read_exact(&mut len).map_err(talk)?;
+        let len = u32::from_le_bytes(len) as usize;
+        if len == 0 {
+            break;
+        }
+        buf.resize(len, 0);
+        r.read_exact(&mut buf).map_err(talk)?;
+        out.write_all(&buf)
+            .map_err(|e| Error::io("writing the stream", e))?;
+        copied += len as u64;
+        progress(copied);
+    }
+    out.flush()
+        .map_err(|e| Error::io("writing the stream", e))?;
+    let mut answer = String::new();
+    r.read_line(&mut answer).map_err(talk)?;
+    let resp: Response = serde_json::from_str(&answer)
+        .map_err(|e| Error::Invalid(format!("the daemon of {shown} answered {answer:?}: {e}")))?;
+    match (resp.ok, resp.send) {
+        (true, Some(summary)) => Ok(summary),
+        _ => Err(Error::Invalid(
+            resp.error.unwrap_or_else(|| "send failed".into()),
+        )),
+    }
+}

@@ -1,0 +1,164 @@
+//! `--dump`: one line per command, in the shape `btrfs receive --dump`
+//! prints (command, path, then key=value pairs).
+
+use super::{Command, Time};
+
+fn p(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            ' ' | '\\' => {
+                out.push('\\');
+                out.push(ch);
+            }
+            c if c.is_control() => out.push_str(&format!("\\{:03o}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn uuid(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+fn time(t: Time) -> String {
+    format!("{}.{:09}", t.sec, t.nsec)
+}
+
+/// The line for `c`; paths are shown under `subvol` (the subvolume's
+/// path), as btrfs shows them.
+pub fn dump_line(c: &Command, subvol: &[u8]) -> String {
+    let at = |path: &[u8]| {
+        let mut full = subvol.to_vec();
+        if !path.is_empty() {
+            full.push(b'/');
+            full.extend_from_slice(path);
+        }
+        p(&full)
+    };
+    let rest = match c {
+        Command::Subvol {
+            path,
+            uuid: u,
+            ctransid,
+        } => format!("{} uuid={} transid={ctransid}", p(path), uuid(u)),
+        Command::Snapshot {
+            path,
+            uuid: u,
+            ctransid,
+            clone_uuid,
+            clone_ctransid,
+        } => format!(
+            "{} uuid={} transid={ctransid} parent_uuid={} parent_transid={clone_ctransid}",
+            p(path),
+            uuid(u),
+            uuid(clone_uuid)
+        ),
+        Command::Mkfile { path, .. }
+        | Command::Mkdir { path, .. }
+        | Command::Mkfifo { path, .. }
+        | Command::Mksock { path, .. }
+        | Command::Unlink { path }
+        | Command::Rmdir { path } => at(path),
+        Command::Mknod {
+            path, mode, rdev, ..
+        } => format!("{} mode={mode:o} dev=0x{rdev:x}", at(path)),
+        Command::Symlink { path, target, .. } => format!("{} dest={}", at(path), p(target)),
+        Command::Rename { from, to } => format!("{} dest={}", at(from), at(to)),
+        Command::Link { path, target } => format!("{} dest={}", at(path), p(target)),
+        Command::SetXattr { path, name, data } => format!(
+            "{} name={} data={} len={}",
+            at(path),
+            p(name),
+            p(data),
+            data.len()
+        ),
+        Command::RemoveXattr { path, name } => format!("{} name={}", at(path), p(name)),
+        Command::Write { path, offset, data } => {
+            format!("{} offset={offset} len={}", at(path), data.len())
+        }
+        Command::Clone {
+            path,
+            offset,
+            len,
+            clone_path,
+            clone_offset,
+            ..
+        } => format!(
+            "{} offset={offset} len={len} from={} clone_offset={clone_offset}",
+            at(path),
+            p(clone_path)
+        ),
+        Command::Truncate { path, size } => format!("{} size={size}", at(path)),
+        Command::Chmod { path, mode } => format!("{} mode={mode:o}", at(path)),
+        Command::Chown { path, uid, gid } => format!("{} gid={gid} uid={uid}", at(path)),
+        Command::Utimes {
+            path,
+            atime,
+            mtime,
+            ctime,
+        } => format!(
+            "{} atime={} mtime={} ctime={}",
+            at(path),
+            time(*atime),
+            time(*mtime),
+            time(*ctime)
+        ),
+        Command::UpdateExtent { path, offset, size } => {
+            format!("{} offset={offset} len={size}", at(path))
+        }
+        Command::Fallocate {
+            path,
+            mode,
+            offset,
+            size,
+        } => format!("{} mode={mode} offset={offset} len={size}", at(path)),
+        Command::Fileattr { path, attr } => format!("{} fileattr=0x{attr:x}", at(path)),
+        Command::EncodedWrite {
+            path,
+            offset,
+            unencoded_file_len,
+            unencoded_len,
+            unencoded_offset,
+            compression,
+            encryption,
+            data,
+        } => format!(
+            "{} offset={offset} len={} unencoded_file_len={unencoded_file_len} \
+             unencoded_len={unencoded_len} unencoded_offset={unencoded_offset} \
+             compression={compression} encryption={encryption}",
+            at(path),
+            data.len()
+        ),
+        Command::End => String::new(),
+    };
+    format!("{:<16}{rest}", c.name()).trim_end().to_string()
+}
+
+/// A uuid from the way people write it (hex digits, dashes anywhere).
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = s.bytes().filter(|&b| b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut u = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        u[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(u)
+}
+
+/// A uuid as people write it (8-4-4-4-12 hex digits).
+pub fn format_uuid(u: &[u8; 16]) -> String {
+    uuid(u)
+}
