@@ -317,7 +317,9 @@ impl Subvol {
         start: u64,
         end: u64,
     ) -> Result<i64> {
-        let end = end.min(size);
+        // As btrfs: up to the end of the last sector, so a range reaching
+        // the end of the file frees its last block rather than zeroing it.
+        let end = end.min(size.next_multiple_of(SECTOR));
         if start >= end {
             return Ok(0);
         }

@@ -208,6 +208,15 @@ impl Sender<'_> {
             _ => Vec::new(),
         };
         let (old, new) = (layout(&old_items), layout(&new_items));
+        // A file that changes size gets it first: a hole punched across
+        // the old end then lies wholly inside the file, where it stays a
+        // hole (at the end of a file a partial block would be zeroed).
+        if existed && old_size != size {
+            self.put(&Command::Truncate {
+                path: path.to_vec(),
+                size,
+            })?;
+        }
         for (start, end, src) in differing(&old, &new, size) {
             match src {
                 Src::Zero if existed => self.zero(path, start, end)?,
@@ -218,7 +227,7 @@ impl Sender<'_> {
                 Src::Inline(_) => self.write(ino, path, start, end)?,
             }
         }
-        if old_size != size || (!existed && size > 0) {
+        if !existed && size > 0 {
             self.put(&Command::Truncate {
                 path: path.to_vec(),
                 size,
@@ -231,11 +240,13 @@ impl Sender<'_> {
     /// zeros written (version 1 has no other way).
     fn zero(&mut self, path: &[u8], start: u64, end: u64) -> Result<()> {
         if self.w.version() >= 2 {
+            // To the end of the sector: a punch ending inside the last
+            // block (at the end of the file) would zero it, not free it.
             return self.put(&Command::Fallocate {
                 path: path.to_vec(),
                 mode: FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE,
                 offset: start,
-                size: end - start,
+                size: end.next_multiple_of(SECTOR) - start,
             });
         }
         let mut pos = start;
@@ -379,22 +390,23 @@ impl Sender<'_> {
         Ok(CloneIndex(map))
     }
 
-    /// Whether a clone of `len` bytes at `start` from `o` lines up with
-    /// sectors (or ends at the end of both files), as a clone must.
+    /// Whether a clone of `len` bytes at `start` from `o` lies within the
+    /// source and lines up with sectors (or ends at the end of both
+    /// files), as a clone must.
     fn clonable(&self, ino: u64, start: u64, len: u64, o: &Origin) -> Result<bool> {
         let aligned = |x: u64| x.is_multiple_of(SECTOR);
-        if aligned(start) && aligned(o.offset) && aligned(len) {
-            return Ok(true);
+        if !aligned(start) || !aligned(o.offset) {
+            return Ok(false);
         }
         let size_of = |v: &SubvolView, i: u64| v.inode(i).map(|it| it.map_or(0, |it| it.size));
         let src_size = match o.source {
             None => size_of(&self.new, o.ino)?,
             Some(s) => size_of(self.source_views()[s], o.ino)?,
         };
-        Ok(aligned(start)
-            && aligned(o.offset)
-            && start + len == size_of(&self.new, ino)?
-            && o.offset + len == src_size)
+        if o.offset + len > src_size {
+            return Ok(false);
+        }
+        Ok(aligned(len) || (start + len == size_of(&self.new, ino)? && o.offset + len == src_size))
     }
 
     fn clone_from(

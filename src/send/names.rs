@@ -55,6 +55,10 @@ pub(crate) struct Names {
     old_names: HashMap<u64, Vec<Name>>,
     /// Inodes that live on under an orphan name until phase 2 names them.
     orphans: HashSet<u64>,
+    /// Whether an orphan name was used: the root directory's times then
+    /// changed on the receiver, and are sent even if the root did not
+    /// change.
+    used_orphans: bool,
 }
 
 impl Names {
@@ -251,26 +255,26 @@ impl Sender<'_> {
             return Ok(None);
         }
         if is_dir(&o.item) {
-            let orphan = self.orphan_name(c.ino, o.item.transid)?;
+            let orphan = self.orphan_name(c.ino, o.item.transid, names)?;
             let from = names.path(old, c.ino)?;
             self.put(&Command::Rename {
                 from,
                 to: orphan.clone(),
             })?;
             *names.own(old, c.ino)? = vec![(ROOT_DIR_INO, orphan.clone())];
-            names.orphans.insert(c.ino);
             if !survives {
                 names.changed.remove(&c.ino);
                 names.old_names.insert(c.ino, Vec::new());
                 return Ok(Some(orphan));
             }
+            names.orphans.insert(c.ino);
             return Ok(None);
         }
         let keeps_one = current.len() > leaving.len();
         for (i, name) in leaving.iter().enumerate() {
             let path = names.path_of(old, name)?;
             if survives && !keeps_one && i == 0 {
-                let orphan = self.orphan_name(c.ino, o.item.transid)?;
+                let orphan = self.orphan_name(c.ino, o.item.transid, names)?;
                 self.put(&Command::Rename {
                     from: path,
                     to: orphan.clone(),
@@ -293,7 +297,8 @@ impl Sender<'_> {
     }
 
     /// A name in the root no tree uses: `o<ino>-<transid>-<n>`.
-    fn orphan_name(&self, ino: u64, transid: u64) -> Result<Vec<u8>> {
+    fn orphan_name(&self, ino: u64, transid: u64, names: &mut Names) -> Result<Vec<u8>> {
+        names.used_orphans = true;
         for n in 0.. {
             let name = format!("o{ino}-{transid}-{n}").into_bytes();
             let in_old = match &self.old {
@@ -323,11 +328,16 @@ impl Sender<'_> {
             }
         }
         order.sort_unstable();
-        for (n, (_, i)) in order.into_iter().enumerate() {
+        for (n, &(_, i)) in order.iter().enumerate() {
             self.place_one(&changes[i], names)?;
             if n % 256 == 0 {
                 self.summary.bytes = self.w.written();
                 progress(&self.summary);
+            }
+        }
+        for &(_, i) in &order {
+            if let Some(n) = &changes[i].new {
+                self.add_names(changes[i].ino, &n.names, names)?;
             }
         }
         Ok(())
@@ -372,27 +382,38 @@ impl Sender<'_> {
             self.create(c.ino, &n.item, path)?;
             *names.own(old, c.ino)? = vec![first.clone()];
         }
-        for name in &n.names {
-            let current = names.current(old, c.ino)?.clone();
+        // The first name's directory is placed (it is shallower); the
+        // others may not be yet, so they come after every inode is placed.
+        self.add_names(c.ino, &n.names[..n.names.len().min(1)], names)?;
+        let path = names.path(old, c.ino)?;
+        let before = if created { None } else { c.old.as_ref() };
+        self.contents(c.ino, &path, before, n, names)
+    }
+
+    /// Gives inode `ino` those of `wanted` it does not have: by renaming
+    /// it from its orphan name, or by a link.
+    fn add_names(&mut self, ino: u64, wanted: &[Name], names: &mut Names) -> Result<()> {
+        let old_view = self.old.clone();
+        let old = old_view.as_deref();
+        for name in wanted {
+            let current = names.current(old, ino)?.clone();
             if current.contains(name) {
                 continue;
             }
             let to = names.path_of(old, name)?;
-            let from = names.path(old, c.ino)?;
-            if names.orphans.remove(&c.ino) {
+            let from = names.path(old, ino)?;
+            if names.orphans.remove(&ino) {
                 self.put(&Command::Rename { from, to })?;
-                names.own(old, c.ino)?[0] = name.clone();
+                names.own(old, ino)?[0] = name.clone();
             } else {
                 self.put(&Command::Link {
                     path: to,
                     target: from,
                 })?;
-                names.own(old, c.ino)?.push(name.clone());
+                names.own(old, ino)?.push(name.clone());
             }
         }
-        let path = names.path(old, c.ino)?;
-        let before = if created { None } else { c.old.as_ref() };
-        self.contents(c.ino, &path, before, n, names)
+        Ok(())
     }
 
     fn create(&mut self, ino: u64, i: &InodeItem, path: Vec<u8>) -> Result<()> {
@@ -421,14 +442,22 @@ impl Sender<'_> {
     fn times(&mut self, changes: &[Change], names: &mut Names) -> Result<()> {
         let old_view = self.old.clone();
         let old = old_view.as_deref();
-        for c in changes {
-            let Some(n) = &c.new else { continue };
-            let path = names.path(old, c.ino)?;
+        let mut items: Vec<(u64, InodeItem)> = changes
+            .iter()
+            .filter_map(|c| c.new.as_ref().map(|n| (c.ino, n.item.clone())))
+            .collect();
+        if names.used_orphans && !items.iter().any(|(ino, _)| *ino == ROOT_DIR_INO) {
+            if let Some(root) = self.new.inode(ROOT_DIR_INO)? {
+                items.push((ROOT_DIR_INO, root));
+            }
+        }
+        for (ino, i) in items {
+            let path = names.path(old, ino)?;
             self.put(&Command::Utimes {
                 path,
-                atime: time(n.item.atime),
-                mtime: time(n.item.mtime),
-                ctime: time(n.item.ctime),
+                atime: time(i.atime),
+                mtime: time(i.mtime),
+                ctime: time(i.ctime),
             })?;
         }
         Ok(())

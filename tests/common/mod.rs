@@ -54,6 +54,7 @@ pub fn reopen(dev: &Arc<MemDevice>, fs: canopy::fs::Fs) -> canopy::fs::Fs {
 pub mod model;
 pub mod mounted;
 pub mod paths;
+pub mod tree;
 
 /// Decides whether a test that needs something from the machine runs.
 /// If `available`, it does. If not, the test is recorded as skipped in
