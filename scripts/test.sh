@@ -34,8 +34,8 @@ else
 fi
 echo "== mount tests again, mounted with the kernel's writeback cache"
 CANOPY_TEST_MOUNT_OPTS=transport=dev,writeback_cache cargo test --locked --test mount --test mount_posix --test exerciser "$@"
-echo "== mount tests again, compressing every chunk (compress-force=zstd)"
-CANOPY_TEST_MOUNT_OPTS=transport=dev,compress-force=zstd cargo test --locked --test mount --test exerciser "$@"
+echo "== mount tests and send/receive again, compressing every chunk (compress-force=zstd)"
+CANOPY_TEST_MOUNT_OPTS=transport=dev,compress-force=zstd cargo test --locked --test mount --test exerciser --test send_receive "$@"
 echo "== crash campaign: kill -9 of the daemon under PostgreSQL and SQLite, replay, every acknowledged commit there"
 # Each client: 4 GiB (split groups) fresh and 85% full, 512 MiB (mixed)
 # fresh, two crashes per image. 512 MiB at 85% full runs in the soak

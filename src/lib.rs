@@ -6,6 +6,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`fuse`] | the FUSE adapter, mount options, the control socket |
+//! | [`send`] | `canopy send`: a read-only subvolume as a send stream |
 //! | [`fs`] | POSIX semantics: inodes, directories, files, subvolumes |
 //! | [`check`], [`scrub`] | the consistency checker; reading back every checksum |
 //! | [`balance`] | emptying block groups while mounted |
@@ -15,7 +16,7 @@
 //! | [`txn`] | the engine: transactions, commit, open and format, the log's storage |
 //! | [`tree`] | the copy-on-write B+tree |
 //! | [`alloc`] | block groups and free space (by start and by length) |
-//! | [`cache`], [`compress`] | the bounded cache of clean tree blocks; the codecs of compressed extents |
+//! | [`cache`], [`compress`], [`stream`] | the bounded cache of clean tree blocks; the codecs of compressed extents; the btrfs send stream |
 //! | [`format`] | the on-disk format: keys, blocks, superblock, items |
 //! | [`dev`] | devices: image files, memory, crash recording |
 //! | [`error`], `sync`, [`units`] | errors, lock helpers, sizes |

@@ -101,159 +101,145 @@ fn churn(root: &Path, rng: &mut Rng, ops: usize) {
     fs::create_dir_all(&base).unwrap();
     for _ in 0..ops {
         let all = entries(&base);
-        let dirs: Vec<&PathBuf> = all
-            .iter()
-            .filter(|p| p.is_dir() && !p.is_symlink())
-            .collect();
-        let dir = if dirs.is_empty() || rng.below(4) == 0 {
-            base.clone()
-        } else {
-            dirs[rng.below(dirs.len() as u64) as usize].clone()
+        let dirs: Vec<&PathBuf> = all.iter().filter(|p| is_dir(p)).collect();
+        let dir = match dirs.is_empty() || rng.below(4) == 0 {
+            true => base.clone(),
+            false => dirs[rng.below(dirs.len() as u64) as usize].clone(),
         };
         let new = dir.join(format!("n{}", rng.below(40)));
-        // Opening a fifo for writing would wait for a reader forever.
-        let plain = new.symlink_metadata().map_or(true, |m| m.is_file());
-        let pick = |rng: &mut Rng| {
-            (!all.is_empty()).then(|| all[rng.below(all.len() as u64) as usize].clone())
-        };
-        match rng.below(14) {
-            0 | 1 | 2 | 12 if !plain => {}
-            0 | 1 => {
-                let len = rng.below(300_000) as usize;
-                let _ = fs::write(&new, common::noise(len, rng.next()));
-            }
-            2 => {
-                if let Ok(f) = fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&new)
-                {
-                    use std::os::unix::fs::FileExt;
-                    let _ = f.write_at(&common::noise(5000, rng.next()), rng.below(4 << 20));
-                }
-            }
-            3 => {
-                if let Some(p) = pick(rng).filter(|p| p.is_file() && !p.is_symlink()) {
-                    let _ = fs::OpenOptions::new()
-                        .write(true)
-                        .open(&p)
-                        .and_then(|f| f.set_len(rng.below(200_000)));
-                }
-            }
-            4 => {
-                let _ = fs::create_dir(&new);
-            }
-            5 => {
-                if let Some(p) = pick(rng) {
-                    let _ = fs::rename(&p, &new);
-                }
-            }
-            6 => {
-                if let Some(p) = pick(rng).filter(|p| p.is_file() && !p.is_symlink()) {
-                    let _ = fs::hard_link(&p, &new);
-                }
-            }
-            7 => {
-                if let Some(p) = pick(rng) {
-                    let _ = if p.is_dir() && !p.is_symlink() {
-                        fs::remove_dir(&p)
-                    } else {
-                        fs::remove_file(&p)
-                    };
-                }
-            }
-            8 => {
-                let _ = symlink(format!("target-{}", rng.below(9)), &new);
-            }
-            9 => {
-                let c = std::ffi::CString::new(new.as_os_str().as_encoded_bytes()).unwrap();
-                let mode = [
-                    libc::S_IFIFO | 0o640,
-                    libc::S_IFCHR | 0o600,
-                    libc::S_IFSOCK | 0o644,
-                ][rng.below(3) as usize];
-                // SAFETY: a valid path.
-                unsafe { libc::mknod(c.as_ptr(), mode, libc::makedev(1, 7)) };
-            }
-            10 => {
-                if let Some(p) = pick(rng).filter(|p| !p.is_symlink()) {
-                    let _ = fs::set_permissions(
-                        &p,
-                        fs::Permissions::from_mode(
-                            [0o600, 0o755, 0o4755, 0o2750, 0o1777][rng.below(5) as usize],
-                        ),
-                    );
-                    let _ = std::os::unix::fs::lchown(
-                        &p,
-                        Some(rng.below(3) as u32 * 1000),
-                        Some(rng.below(3) as u32 * 100),
-                    );
-                }
-            }
-            11 => {
-                if let Some(p) =
-                    pick(rng).filter(|p| !p.is_symlink() && (p.is_file() || p.is_dir()))
-                {
-                    match rng.below(3) {
-                        0 => setxattr(&p, "system.posix_acl_access", &acl_bytes()),
-                        _ => setxattr(
-                            &p,
-                            &format!("user.k{}", rng.below(3)),
-                            &common::noise(rng.below(200) as usize, rng.next()),
-                        ),
-                    }
-                }
-            }
-            12 => {
-                if let Some(p) = pick(rng).filter(|p| p.is_file() && !p.is_symlink()) {
-                    let (src, dst) = (
-                        fs::File::open(&p).unwrap(),
-                        fs::OpenOptions::new()
-                            .create(true)
-                            .truncate(false)
-                            .write(true)
-                            .open(&new),
-                    );
-                    if let Ok(dst) = dst {
-                        let len = src.metadata().unwrap().len();
-                        let (mut a, mut b) = (0i64, 0i64);
-                        use std::os::fd::AsRawFd;
-                        // SAFETY: descriptors we hold.
-                        unsafe {
-                            libc::copy_file_range(
-                                src.as_raw_fd(),
-                                &mut a,
-                                dst.as_raw_fd(),
-                                &mut b,
-                                len as usize,
-                                0,
-                            )
-                        };
-                    }
-                }
-            }
-            _ => {
-                if let Some(p) = pick(rng).filter(|p| p.is_file() && !p.is_symlink()) {
-                    if let Ok(f) = fs::OpenOptions::new().write(true).open(&p) {
-                        use std::os::fd::AsRawFd;
-                        let (off, len) = (
-                            rng.below(100) as i64 * 4096,
-                            rng.below(20) as i64 * 4096 + 4096,
-                        );
-                        // SAFETY: a descriptor we hold.
-                        unsafe {
-                            libc::fallocate(
-                                f.as_raw_fd(),
-                                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                                off,
-                                len,
-                            )
-                        };
-                    }
-                }
+        let some = (!all.is_empty()).then(|| all[rng.below(all.len() as u64) as usize].clone());
+        change_one(rng, &new, some);
+    }
+}
+
+fn is_dir(p: &Path) -> bool {
+    p.is_dir() && !p.is_symlink()
+}
+
+fn is_file(p: &Path) -> bool {
+    p.is_file() && !p.is_symlink()
+}
+
+/// One random change: `new` is a name that may exist, `some` an entry.
+fn change_one(rng: &mut Rng, new: &Path, some: Option<PathBuf>) {
+    // Opening a fifo for writing would wait for a reader forever.
+    let plain = new.symlink_metadata().map_or(true, |m| m.is_file());
+    let file = some.clone().filter(|p| is_file(p));
+    let op = rng.below(14);
+    match (op, some) {
+        (0 | 1, _) if plain => {
+            let len = rng.below(300_000) as usize;
+            let _ = fs::write(new, common::noise(len, rng.next()));
+        }
+        (2, _) if plain => write_at(new, rng),
+        (3, _) => {
+            if let Some(p) = file {
+                let f = fs::OpenOptions::new().write(true).open(&p);
+                let _ = f.and_then(|f| f.set_len(rng.below(200_000)));
             }
         }
+        (4, _) => drop(fs::create_dir(new)),
+        (5, Some(p)) => drop(fs::rename(&p, new)),
+        (6, _) => drop(file.map(|p| fs::hard_link(&p, new))),
+        (7, Some(p)) if is_dir(&p) => drop(fs::remove_dir(&p)),
+        (7, Some(p)) => drop(fs::remove_file(&p)),
+        (8, _) => drop(symlink(format!("target-{}", rng.below(9)), new)),
+        (9, _) => special(new, rng),
+        (10, Some(p)) if !p.is_symlink() => mode_and_owner(&p, rng),
+        (11, Some(p)) if is_file(&p) || is_dir(&p) => match rng.below(3) {
+            0 => setxattr(&p, "system.posix_acl_access", &acl_bytes()),
+            _ => setxattr(
+                &p,
+                &format!("user.k{}", rng.below(3)),
+                &common::noise(rng.below(200) as usize, rng.next()),
+            ),
+        },
+        (12, _) if plain => {
+            if let Some(p) = file {
+                reflink(&p, new);
+            }
+        }
+        (13, _) => {
+            if let Some(p) = file {
+                punch(&p, rng);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn write_at(p: &Path, rng: &mut Rng) {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(p);
+    if let Ok(f) = f {
+        let _ = f.write_at(&common::noise(5000, rng.next()), rng.below(4 << 20));
+    }
+}
+
+fn special(p: &Path, rng: &mut Rng) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let modes = [
+        libc::S_IFIFO | 0o640,
+        libc::S_IFCHR | 0o600,
+        libc::S_IFSOCK | 0o644,
+    ];
+    // SAFETY: a valid path.
+    unsafe {
+        libc::mknod(
+            c.as_ptr(),
+            modes[rng.below(3) as usize],
+            libc::makedev(1, 7),
+        )
+    };
+}
+
+fn mode_and_owner(p: &Path, rng: &mut Rng) {
+    let mode = [0o600, 0o755, 0o4755, 0o2750, 0o1777][rng.below(5) as usize];
+    let _ = fs::set_permissions(p, fs::Permissions::from_mode(mode));
+    let (uid, gid) = (rng.below(3) as u32 * 1000, rng.below(3) as u32 * 100);
+    let _ = std::os::unix::fs::lchown(p, Some(uid), Some(gid));
+}
+
+/// A copy that shares the extents (copy_file_range: Canopy reflinks).
+fn reflink(from: &Path, to: &Path) {
+    use std::os::fd::AsRawFd;
+    let src = fs::File::open(from).unwrap();
+    let dst = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(to);
+    if let Ok(dst) = dst {
+        let len = src.metadata().unwrap().len();
+        let (mut a, mut b) = (0i64, 0i64);
+        // SAFETY: descriptors we hold.
+        unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut a,
+                dst.as_raw_fd(),
+                &mut b,
+                len as usize,
+                0,
+            )
+        };
+    }
+}
+
+fn punch(p: &Path, rng: &mut Rng) {
+    use std::os::fd::AsRawFd;
+    if let Ok(f) = fs::OpenOptions::new().write(true).open(p) {
+        let (off, len) = (
+            rng.below(100) as i64 * 4096,
+            rng.below(20) as i64 * 4096 + 4096,
+        );
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: a descriptor we hold.
+        unsafe { libc::fallocate(f.as_raw_fd(), mode, off, len) };
     }
 }
 
@@ -452,15 +438,11 @@ fn refused(m: &Mounted, stream: &Path, what: &str) {
 }
 
 #[test]
-fn bad_streams_are_refused_and_leave_nothing() {
-    use canopy::stream::Command as C;
+fn cut_damaged_and_huge_streams_are_refused_and_leave_nothing() {
     if !can_mount() {
         return;
     }
-    let mut m = Mounted::with_size("256M");
-    fs::write(m.p("f"), common::noise(200_000, 7)).unwrap();
-    snap(&m, "s");
-    let good = fs::read(send(&m, "s", None, "2")).unwrap();
+    let (mut m, good) = with_a_stream();
     let dir = m._dir.path();
     // Cut short, and one byte changed.
     fs::write(dir.join("cut"), &good[..good.len() - 100]).unwrap();
@@ -475,7 +457,30 @@ fn bad_streams_are_refused_and_leave_nothing() {
     huge.extend_from_slice(&[1, 0, 0, 0, 0, 0]);
     fs::write(dir.join("huge"), &huge).unwrap();
     refused(&m, &dir.join("huge"), "declares");
-    // A parent nobody holds.
+    // Not a stream at all.
+    fs::write(dir.join("junk"), b"this is not a send stream at all").unwrap();
+    refused(&m, &dir.join("junk"), "not a send stream");
+    m.unmount();
+    m.check();
+}
+
+/// A mount holding a snapshot "s", and its full stream.
+fn with_a_stream() -> (Mounted, Vec<u8>) {
+    let m = Mounted::with_size("256M");
+    fs::write(m.p("f"), common::noise(200_000, 7)).unwrap();
+    snap(&m, "s");
+    let good = fs::read(send(&m, "s", None, "2")).unwrap();
+    (m, good)
+}
+
+#[test]
+fn a_stream_whose_parent_is_unknown_is_refused() {
+    use canopy::stream::Command as C;
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::with_size("256M");
+    let dir = m._dir.path();
     let orphan = crafted(
         dir,
         "orphan",
@@ -491,7 +496,16 @@ fn bad_streams_are_refused_and_leave_nothing() {
         ],
     );
     refused(&m, &orphan, "cannot find the parent");
-    // Paths that leave the subvolume: .., absolute, through a symlink.
+}
+
+#[test]
+fn paths_that_leave_the_subvolume_are_refused() {
+    use canopy::stream::Command as C;
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::with_size("256M");
+    let dir = m._dir.path();
     let outside = m.p("outside");
     fs::create_dir(&outside).unwrap();
     let sub = |cmds: Vec<C>| {
@@ -546,11 +560,38 @@ fn bad_streams_are_refused_and_leave_nothing() {
         0,
         "something was written outside"
     );
-    // Not a stream at all.
-    fs::write(dir.join("junk"), b"this is not a send stream at all").unwrap();
-    refused(&m, &dir.join("junk"), "not a send stream");
-    m.unmount();
-    m.check();
+}
+
+#[test]
+fn an_interrupted_receive_leaves_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let (m, good) = with_a_stream();
+    // SIGTERM while the stream still comes.
+    let dir_in = m.p("in");
+    fs::create_dir_all(&dir_in).unwrap();
+    let mut child = canopy()
+        .args(["receive", "-q"])
+        .arg(&dir_in)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, &good[..good.len() / 2]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    drop(stdin);
+    assert!(!st.success());
+    assert_eq!(
+        fs::read_dir(&dir_in).unwrap().count(),
+        0,
+        "an interrupted receive left something"
+    );
+    let list = canopy_ok(&["subvolume", "list", "."], &m.mnt);
+    assert!(!list.contains("in/"), "a subvolume is left: {list}");
 }
 
 #[test]
@@ -582,11 +623,70 @@ fn dump_lists_the_commands_and_send_refuses_writable_subvolumes() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("read-only"));
+    // A reader that goes away mid-stream (`canopy send | head`) ends the
+    // send, not the daemon.
+    fs::write(m.p("big"), common::noise(8 << 20, 3)).unwrap();
+    snap(&m, "s2");
+    let mut child = canopy()
+        .args(["send", "-q", "s2"])
+        .current_dir(&m.mnt)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head = [0u8; 100];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut head).unwrap();
+    drop(child.stdout.take());
+    let _ = child.wait();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    canopy_ok(&["sync", "."], &m.mnt);
+    let again = send(&m, "s2", None, "2");
+    assert!(fs::metadata(again).unwrap().len() > 8 << 20);
     let show = canopy_ok(&["subvolume", "show", "s"], &m.mnt);
     assert!(
         show.contains("UUID:") && !show.contains("UUID: \t\t\t-"),
         "{show}"
     );
+}
+
+#[test]
+fn clone_sources_turn_shared_extents_into_clones() {
+    if !can_mount() {
+        return;
+    }
+    let src = Mounted::with_size("256M");
+    let dst = Mounted::with_size("256M");
+    fs::write(src.p("base"), common::noise(1 << 20, 11)).unwrap();
+    snap(&src, "s1");
+    let (a, b) = (
+        fs::File::open(src.p("base")).unwrap(),
+        fs::File::create(src.p("copy")).unwrap(),
+    );
+    let (mut x, mut y) = (0i64, 0i64);
+    use std::os::fd::AsRawFd;
+    // SAFETY: descriptors we hold.
+    let n =
+        unsafe { libc::copy_file_range(a.as_raw_fd(), &mut x, b.as_raw_fd(), &mut y, 1 << 20, 0) };
+    assert_eq!(n, 1 << 20);
+    drop((a, b));
+    snap(&src, "s2");
+    let first = send(&src, "s1", None, "2");
+    let out = src._dir.path().join("s2-c.stream");
+    canopy_ok(
+        &["send", "-q", "-c", "s1", "-f", out.to_str().unwrap(), "s2"],
+        &src.mnt,
+    );
+    let dump = canopy_ok(
+        &["receive", "--dump", "-f", out.to_str().unwrap()],
+        &src.mnt,
+    );
+    assert!(dump.contains("clone"), "{dump}");
+    assert!(
+        fs::metadata(&out).unwrap().len() < (3 << 20) / 2,
+        "the shared data went whole"
+    );
+    receive_ok(&dst.mnt, &first);
+    receive_ok(&dst.mnt, &out);
+    assert_same(&src.p("s2"), &dst.p("s2"), Compare::default());
 }
 
 /// Kernel btrfs on a loop device, when this machine has it.
@@ -615,6 +715,7 @@ impl Btrfs {
         let ok = std::process::Command::new("mkfs.btrfs")
             .args(["-q", "-f"])
             .arg(&img)
+            .stdout(std::process::Stdio::null())
             .status()
             .unwrap();
         assert!(ok.success());

@@ -168,6 +168,14 @@ fn encode_attrs(c: &Command, a: &mut Attrs<'_>, version: u32) -> Result<u16> {
             a.bytes(attr::PATH_LINK, target)?;
             cmd::SYMLINK
         }
+        c => return encode_names(c, a, version),
+    })
+}
+
+/// Commands on names, xattrs and data.
+fn encode_names(c: &Command, a: &mut Attrs<'_>, version: u32) -> Result<u16> {
+    use Command as C;
+    Ok(match c {
         C::Rename { from, to } => {
             a.bytes(attr::PATH, from)?;
             a.bytes(attr::PATH_TO, to)?;
@@ -262,6 +270,14 @@ fn encode_more(c: &Command, a: &mut Attrs<'_>, version: u32) -> Result<u16> {
             a.time(attr::CTIME, *ctime)?;
             cmd::UTIMES
         }
+        c => return encode_v2(c, a, version),
+    })
+}
+
+/// The commands version 2 added, `update_extent` and `end`.
+fn encode_v2(c: &Command, a: &mut Attrs<'_>, version: u32) -> Result<u16> {
+    use Command as C;
+    Ok(match c {
         C::UpdateExtent { path, offset, size } => {
             a.bytes(attr::PATH, path)?;
             a.u64(attr::FILE_OFFSET, *offset)?;
@@ -309,7 +325,7 @@ fn encode_more(c: &Command, a: &mut Attrs<'_>, version: u32) -> Result<u16> {
             cmd::ENCODED_WRITE
         }
         C::End => cmd::END,
-        _ => unreachable!("encode_attrs handles the rest"),
+        _ => unreachable!("the other encode_ functions take the other commands"),
     })
 }
 

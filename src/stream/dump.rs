@@ -46,7 +46,14 @@ pub fn dump_line(c: &Command, subvol: &[u8]) -> String {
         }
         p(&full)
     };
-    let rest = match c {
+    format!("{:<16}{}", c.name(), describe(c, &at))
+        .trim_end()
+        .to_string()
+}
+
+/// The command's path and values; `at` shows a path in the subvolume.
+fn describe(c: &Command, at: &dyn Fn(&[u8]) -> String) -> String {
+    match c {
         Command::Subvol {
             path,
             uuid: u,
@@ -84,6 +91,12 @@ pub fn dump_line(c: &Command, subvol: &[u8]) -> String {
             data.len()
         ),
         Command::RemoveXattr { path, name } => format!("{} name={}", at(path), p(name)),
+        c => describe_data(c, at),
+    }
+}
+
+fn describe_data(c: &Command, at: &dyn Fn(&[u8]) -> String) -> String {
+    match c {
         Command::Write { path, offset, data } => {
             format!("{} offset={offset} len={}", at(path), data.len())
         }
@@ -140,9 +153,8 @@ pub fn dump_line(c: &Command, subvol: &[u8]) -> String {
             at(path),
             data.len()
         ),
-        Command::End => String::new(),
-    };
-    format!("{:<16}{rest}", c.name()).trim_end().to_string()
+        _ => String::new(),
+    }
 }
 
 /// A uuid from the way people write it (hex digits, dashes anywhere).

@@ -54,6 +54,10 @@ pub fn run(a: Args) -> Result<()> {
     if !a.image.exists() {
         bail!("image {} does not exist", a.image.display());
     }
+    // The daemon must outlive a command that goes away mid-answer (`canopy
+    // send | head`): a write to its closed socket is an error, not death.
+    // SAFETY: changing a signal's disposition.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     if a.foreground {
         let notify = a.notify_ready;
         return serve(&a.image, &a.mountpoint, &opts, move || {

@@ -69,11 +69,60 @@ fn input(a: &Args) -> Result<Box<dyn std::io::Read>> {
     })
 }
 
+/// The subvolume being made, as (mount, path): deleted by whoever takes
+/// it first, the receive failing or a signal interrupting it.
+static MAKING: std::sync::Mutex<Option<(PathBuf, PathBuf)>> = std::sync::Mutex::new(None);
+
+fn take_making() -> Option<(PathBuf, PathBuf)> {
+    MAKING.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// Deletes the partial subvolume, saying so.
+fn delete_partial(mnt: &Path, path: &Path) {
+    let removed = crate::subvolume::parent_and_name(path)
+        .and_then(|(_, parent, name)| ask(mnt, &Request::SubvolDelete { parent, name }));
+    match removed {
+        Ok(_) => eprintln!(
+            "receive failed: deleted the partial subvolume {}",
+            path.display()
+        ),
+        Err(e) => eprintln!(
+            "receive failed, and deleting the partial subvolume {} failed too: {e:#}",
+            path.display()
+        ),
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP go to a thread of their own, which deletes
+/// the subvolume being made before the process ends (SIGKILL cannot be
+/// caught: it leaves a writable subvolume without a received uuid).
+fn delete_partial_on_signals() {
+    // SAFETY: plain signal-set calls on a local set; the set is blocked in
+    // this thread before any other exists, so every thread inherits it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        std::thread::spawn(move || {
+            let mut sig = 0;
+            libc::sigwait(&set, &mut sig);
+            if let Some((mnt, path)) = take_making() {
+                delete_partial(&mnt, &path);
+            }
+            std::process::exit(128 + sig);
+        });
+    }
+}
+
 fn receive(a: &Args) -> Result<()> {
     let mut r = Reader::new(input(a)?)?;
     if a.dump {
         return dump(&mut r);
     }
+    delete_partial_on_signals();
     let dir = a.dir.as_deref().context("no DIR given")?;
     if !dir.is_dir() {
         bail!("{}: not a directory", dir.display());
@@ -184,6 +233,7 @@ impl Receiving {
             },
         };
         ask(mnt, &req).with_context(|| format!("creating {}", path.display()))?;
+        *MAKING.lock().unwrap_or_else(|e| e.into_inner()) = Some((mnt.to_path_buf(), path.clone()));
         let mut me = Receiving {
             mnt: mnt.to_path_buf(),
             path: path.clone(),
@@ -241,6 +291,7 @@ impl Receiving {
         };
         ask(&self.mnt, &req).with_context(|| format!("finishing {}", self.path.display()))?;
         self.finished = true;
+        take_making();
         Ok(std::mem::replace(
             &mut self.report,
             Report {
@@ -262,17 +313,8 @@ impl Drop for Receiving {
             return;
         }
         self.target = None;
-        let removed = crate::subvolume::parent_and_name(&self.path)
-            .and_then(|(_, parent, name)| ask(&self.mnt, &Request::SubvolDelete { parent, name }));
-        match removed {
-            Ok(_) => eprintln!(
-                "receive failed: deleted the partial subvolume {}",
-                self.path.display()
-            ),
-            Err(e) => eprintln!(
-                "receive failed, and deleting the partial subvolume {} failed too: {e:#}",
-                self.path.display()
-            ),
+        if let Some((mnt, path)) = take_making() {
+            delete_partial(&mnt, &path);
         }
     }
 }
