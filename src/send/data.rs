@@ -208,6 +208,12 @@ impl Sender<'_> {
             _ => Vec::new(),
         };
         let (old, new) = (layout(&old_items), layout(&new_items));
+        // When each extent was written: an extent newer than every clone
+        // source cannot be in one.
+        let generations: HashMap<u64, u64> = new_items
+            .iter()
+            .map(|(_, fe)| (fe.disk_bytenr, fe.generation))
+            .collect();
         // A file that changes size gets it first: a hole punched across
         // the old end then lies wholly inside the file, where it stays a
         // hole (at the end of a file a partial block would be zeroed).
@@ -217,17 +223,22 @@ impl Sender<'_> {
                 size,
             })?;
         }
+        let mut data_end = 0;
         for (start, end, src) in differing(&old, &new, size) {
+            if src != Src::Zero {
+                data_end = end;
+            }
             match src {
                 Src::Zero if existed => self.zero(path, start, end)?,
                 Src::Zero => {}
                 Src::Disk { bytenr, at, .. } => {
-                    self.data_range(ino, path, (start, end), (bytenr, at), names, &new_items)?
+                    self.data_range(ino, path, (start, end), (bytenr, at), names, &generations)?
                 }
                 Src::Inline(_) => self.write(ino, path, start, end)?,
             }
         }
-        if !existed && size > 0 {
+        // A new file ends where its data does, or holes follow.
+        if !existed && size > data_end {
             self.put(&Command::Truncate {
                 path: path.to_vec(),
                 size,
@@ -294,13 +305,10 @@ impl Sender<'_> {
         (start, end): (u64, u64),
         (bytenr, at): (u64, u64),
         names: &mut Names,
-        items: &[(u64, FileExtentItem)],
+        generations: &HashMap<u64, u64>,
     ) -> Result<()> {
         let len = end - start;
-        let generation = items
-            .iter()
-            .find(|(_, fe)| fe.disk_bytenr == bytenr)
-            .map_or(u64::MAX, |(_, fe)| fe.generation);
+        let generation = generations.get(&bytenr).copied().unwrap_or(u64::MAX);
         let origin = self.find_origin(bytenr, at, len, generation)?;
         let sent = self.sent.0.entry(bytenr).or_default();
         sent.push(Held {

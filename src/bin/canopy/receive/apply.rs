@@ -53,6 +53,12 @@ impl Target {
         self.open = None;
     }
 
+    /// Whether the file at `path` is the one open for writing (a regular
+    /// file: owner and mode go through its descriptor).
+    fn is_open(&self, path: &[u8]) -> bool {
+        self.open.as_ref().is_some_and(|(p, _)| p == path)
+    }
+
     /// The file at `path`, open for writing.
     fn file(&mut self, path: &[u8]) -> Result<RawFd> {
         if self.open.as_ref().is_none_or(|(p, _)| p != path) {
@@ -71,7 +77,8 @@ impl Target {
                     &path,
                     libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
                 )?;
-                drop(fd);
+                // Kept for the writes, owner and mode that follow.
+                self.open = Some((path, fd));
                 self.files += 1;
                 Ok(())
             }
@@ -248,6 +255,24 @@ impl Target {
                 ok(
                     unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) },
                     "removexattr",
+                    &path,
+                )
+            }
+            Command::Chown { path, uid, gid } if self.is_open(&path) => {
+                let fd = self.file(&path)?;
+                // SAFETY: a descriptor we hold.
+                ok(
+                    unsafe { libc::fchown(fd, uid as u32, gid as u32) },
+                    "chown",
+                    &path,
+                )
+            }
+            Command::Chmod { path, mode } if self.is_open(&path) => {
+                let fd = self.file(&path)?;
+                // SAFETY: a descriptor we hold.
+                ok(
+                    unsafe { libc::fchmod(fd, (mode & 0o7777) as u32) },
+                    "chmod",
                     &path,
                 )
             }

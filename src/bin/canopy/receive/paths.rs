@@ -132,6 +132,7 @@ pub fn open_file(t: &mut Tree, path: &[u8], flags: i32) -> Result<OwnedFd> {
             at.fd(),
             at.name.as_ptr(),
             flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
         )
     };
     if fd < 0 {
