@@ -54,6 +54,19 @@ dd if=/dev/zero of="$MNT/projects/too-big" bs=1M count=40 status=none 2>&1 \
 rm -f "$MNT/projects/too-big"
 $BIN qgroup limit none "$MNT/projects"
 echo
+echo "== send and receive: the snapshot as a btrfs send stream, then only what changed"
+mkdir "$MNT/backup"
+DEMO_DIR=$(mktemp -d /tmp/canopy-demo-streams.XXXXXX)
+$BIN send -q "$MNT/projects-monday" -f "$DEMO_DIR/monday.stream"
+$BIN receive -q -f "$DEMO_DIR/monday.stream" "$MNT/backup"
+$BIN subvolume snapshot -r "$MNT/projects" "$MNT/projects-tuesday"
+$BIN send -p "$MNT/projects-monday" "$MNT/projects-tuesday" -f "$DEMO_DIR/tuesday.stream"
+$BIN receive --dump -f "$DEMO_DIR/tuesday.stream" | grep -v utimes
+$BIN receive -q -f "$DEMO_DIR/tuesday.stream" "$MNT/backup"
+$BIN subvolume list -R "$MNT"
+diff -r "$MNT/projects-tuesday" "$MNT/backup/projects-tuesday" && echo "(the received copy is the same)"
+rm -rf "$DEMO_DIR"
+echo
 echo "== a compressed directory: new files in it inherit the property"
 mkdir "$MNT/logs"
 $BIN property set "$MNT/logs" compression zstd
@@ -83,3 +96,4 @@ echo "Snapshots: canopy subvolume --help. Quota groups: canopy quota --help, can
 echo "Balance: canopy balance --help. Block groups: canopy filesystem usage --help."
 echo "Compression: canopy mount -o compress=zstd, canopy property set DIR compression zstd|lz4|none,"
 echo "canopy filesystem du PATH (bytes on disk per compression type)."
+echo "Send and receive (btrfs send streams): canopy send --help, canopy receive --help."

@@ -2,7 +2,9 @@
 //! (it reads the trees); the command copies it to its output. After the
 //! request line the daemon writes frames (u32 LE length, bytes), a
 //! zero-length frame, then one JSON line: the summary or the error. A
-//! send runs on its own thread, so other commands are answered meanwhile.
+//! frame whose length has bit 31 set is progress instead: a JSON summary
+//! of what is sent so far. A send runs on its own thread, so other
+//! commands are answered meanwhile.
 
 use super::control::{socket_path, Request, Response};
 use crate::error::{Error, Result};
@@ -15,6 +17,8 @@ use std::sync::Arc;
 
 /// Bytes gathered before a frame is written.
 const FRAME: usize = 1 << 20;
+/// The length bit that marks a progress frame.
+const PROGRESS: u32 = 1 << 31;
 
 /// Writes what it is given as frames.
 struct Frames<'a> {
@@ -32,6 +36,30 @@ impl Frames<'_> {
         (&mut &*self.s).write_all(&self.buf)?;
         self.buf.clear();
         Ok(())
+    }
+}
+
+impl Frames<'_> {
+    /// Data so far, then a progress frame.
+    fn progress(&mut self, s: &Summary) -> std::io::Result<()> {
+        self.emit()?;
+        let json = serde_json::to_vec(s).unwrap_or_default();
+        let len = u32::try_from(json.len()).unwrap_or(0) | PROGRESS;
+        (&mut &*self.s).write_all(&len.to_le_bytes())?;
+        (&mut &*self.s).write_all(&json)
+    }
+}
+
+/// The frames, shared by the stream and the progress reports.
+struct Shared<'a, 'b>(&'a std::cell::RefCell<Frames<'b>>);
+
+impl Write for Shared<'_, '_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().write(b)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.borrow_mut().flush()
     }
 }
 
@@ -65,13 +93,16 @@ pub(super) fn serve(s: UnixStream, fs: Arc<Fs>, req: send::Request) {
 
 fn stream_to(s: &UnixStream, fs: &Fs, req: &send::Request) -> std::io::Result<()> {
     s.set_read_timeout(None)?;
-    let mut frames = Frames {
+    let frames = std::cell::RefCell::new(Frames {
         s,
         buf: Vec::with_capacity(FRAME + (64 << 10)),
-    };
-    let result = send::send(fs, req, &mut frames, &mut |_| {});
+    });
+    let result = send::send(fs, req, &mut Shared(&frames), &mut |summary| {
+        // A reader gone away shows at the next data write.
+        let _ = frames.borrow_mut().progress(summary);
+    });
     if result.is_ok() {
-        frames.emit()?;
+        frames.borrow_mut().emit()?;
     }
     (&mut &*s).write_all(&0u32.to_le_bytes())?;
     let resp = match result {
@@ -90,12 +121,13 @@ fn stream_to(s: &UnixStream, fs: &Fs, req: &send::Request) -> std::io::Result<()
 }
 
 /// Asks the daemon of `mountpoint` for a send and copies the stream to
-/// `out`, calling `progress` with the bytes copied so far.
+/// `out`, calling `progress` with the bytes copied and the daemon's last
+/// report (inodes sent of those to send).
 pub fn request(
     mountpoint: &Path,
     req: &send::Request,
     out: &mut dyn Write,
-    progress: &mut dyn FnMut(u64),
+    progress: &mut dyn FnMut(u64, &Summary),
 ) -> Result<Summary> {
     let shown = mountpoint.display();
     let talk = |e| Error::io(format!("talking to the daemon of {shown}"), e);
@@ -111,10 +143,19 @@ pub fn request(
     let mut r = BufReader::with_capacity(FRAME, s);
     let mut buf = Vec::new();
     let mut copied = 0u64;
+    let mut last = Summary::default();
     loop {
         let mut len = [0u8; 4];
         r.read_exact(&mut len).map_err(talk)?;
-        let len = u32::from_le_bytes(len) as usize;
+        let len = u32::from_le_bytes(len);
+        if len & PROGRESS != 0 {
+            buf.resize((len & !PROGRESS) as usize, 0);
+            r.read_exact(&mut buf).map_err(talk)?;
+            last = serde_json::from_slice(&buf).unwrap_or(last);
+            progress(copied, &last);
+            continue;
+        }
+        let len = len as usize;
         if len == 0 {
             break;
         }
@@ -123,7 +164,7 @@ pub fn request(
         out.write_all(&buf)
             .map_err(|e| Error::io("writing the stream", e))?;
         copied += len as u64;
-        progress(copied);
+        progress(copied, &last);
     }
     out.flush()
         .map_err(|e| Error::io("writing the stream", e))?;

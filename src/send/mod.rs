@@ -54,6 +54,9 @@ pub struct Summary {
     pub commands: u64,
     /// Inodes created, changed or deleted.
     pub inodes: u64,
+    /// Of those, the ones sent so far (progress).
+    #[serde(default)]
+    pub done: u64,
     /// File bytes sent as data, and as clones.
     pub data_bytes: u64,
     pub cloned_bytes: u64,

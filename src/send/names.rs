@@ -330,6 +330,7 @@ impl Sender<'_> {
         order.sort_unstable();
         for (n, &(_, i)) in order.iter().enumerate() {
             self.place_one(&changes[i], names)?;
+            self.summary.done = n as u64 + 1;
             if n % 256 == 0 {
                 self.summary.bytes = self.w.written();
                 progress(&self.summary);

@@ -58,7 +58,7 @@ fn describe(c: &Command, at: &dyn Fn(&[u8]) -> String) -> String {
             path,
             uuid: u,
             ctransid,
-        } => format!("{} uuid={} transid={ctransid}", p(path), uuid(u)),
+        } => format!("./{} uuid={} transid={ctransid}", p(path), uuid(u)),
         Command::Snapshot {
             path,
             uuid: u,
@@ -66,7 +66,7 @@ fn describe(c: &Command, at: &dyn Fn(&[u8]) -> String) -> String {
             clone_uuid,
             clone_ctransid,
         } => format!(
-            "{} uuid={} transid={ctransid} parent_uuid={} parent_transid={clone_ctransid}",
+            "./{} uuid={} transid={ctransid} parent_uuid={} parent_transid={clone_ctransid}",
             p(path),
             uuid(u),
             uuid(clone_uuid)

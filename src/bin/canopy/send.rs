@@ -64,8 +64,13 @@ pub fn run(a: Args) -> Result<()> {
     };
     let bar = progress_bar(a.quiet);
     let started = std::time::Instant::now();
-    let summary = send::request(&mnt, &req, &mut out, &mut |bytes| {
-        bar.set_message(format!("{} sent", canopy::units::shown(bytes)));
+    let summary = send::request(&mnt, &req, &mut out, &mut |bytes, s| {
+        bar.set_message(format!(
+            "{} sent, {} of {} inodes",
+            canopy::units::shown(bytes),
+            s.done,
+            s.inodes
+        ));
     })
     .with_context(|| format!("sending {}", a.snapshot.display()));
     bar.finish_and_clear();
