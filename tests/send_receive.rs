@@ -601,7 +601,11 @@ fn dump_lists_the_commands_and_send_refuses_writable_subvolumes() {
     }
     let m = Mounted::with_size("256M");
     fs::write(m.p("hello"), b"hi").unwrap();
+    // A file deleted while open is in the snapshot without a name: not sent.
+    let open = fs::File::create(m.p("gone")).unwrap();
+    fs::remove_file(m.p("gone")).unwrap();
     snap(&m, "s");
+    drop(open);
     let stream = send(&m, "s", None, "2");
     let out = canopy()
         .args(["receive", "--dump", "-f"])

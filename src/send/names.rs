@@ -153,11 +153,17 @@ impl Sender<'_> {
         }
     }
 
+    /// The inode as `v` holds it; None if absent, or if it has no name
+    /// (deleted while open when the snapshot was taken: nothing a
+    /// receiver could reach, so not sent, as btrfs does not).
     fn side(v: &SubvolView, ino: u64) -> Result<Option<Side>> {
         let Some(item) = v.inode(ino)? else {
             return Ok(None);
         };
         let names = v.names(ino)?;
+        if names.is_empty() && ino != ROOT_DIR_INO {
+            return Ok(None);
+        }
         Ok(Some(Side { item, names }))
     }
 
