@@ -294,13 +294,9 @@ fn chain(proto: &str, seed: u64) {
 #[test]
 fn chains_of_snapshots_round_trip_in_version_2() {
     // CANOPY_SEND_SEEDS=N runs N more chains (a soak).
-    let more: u64 = std::env::var("CANOPY_SEND_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    for seed in [0x5e_4d_00_01, 0x5e_4d_00_03, 0x5e_4d_00_04]
+    for seed in [0x5e_4d_00_01, 0x5e_4d_00_03]
         .into_iter()
-        .chain((0..more).map(|i| 0x5e_4d_10_00 + i))
+        .chain(seeds(0x5e_4d_00_04))
     {
         chain("2", seed);
     }
@@ -308,7 +304,9 @@ fn chains_of_snapshots_round_trip_in_version_2() {
 
 #[test]
 fn chains_of_snapshots_round_trip_in_version_1() {
-    chain("1", 0x5e_4d_00_02);
+    for seed in seeds(0x5e_4d_00_02) {
+        chain("1", seed);
+    }
 }
 
 /// Builds `before` in a fresh mount, snapshots it, applies `after`,
@@ -757,12 +755,29 @@ impl Drop for Btrfs {
 
 #[test]
 fn canopy_streams_land_on_kernel_btrfs() {
+    for seed in seeds(0xb7f5) {
+        canopy_to_btrfs(seed);
+    }
+}
+
+/// `first`, then CANOPY_SEND_SEEDS more (a soak).
+fn seeds(first: u64) -> Vec<u64> {
+    let more: u64 = std::env::var("CANOPY_SEND_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    std::iter::once(first)
+        .chain((1..=more).map(|i| first + (i << 20)))
+        .collect()
+}
+
+fn canopy_to_btrfs(seed: u64) {
     if !can_mount() {
         return;
     }
     let Some(b) = Btrfs::new() else { return };
     let src = Mounted::with_size("1G");
-    let mut rng = Rng(0xb7f5);
+    let mut rng = Rng(seed);
     let mut prev: Option<String> = None;
     for i in 1..=3 {
         churn(&src.mnt, &mut rng, 50);
@@ -781,13 +796,19 @@ fn canopy_streams_land_on_kernel_btrfs() {
 
 #[test]
 fn btrfs_streams_land_on_canopy() {
+    for seed in seeds(0xb7f6) {
+        btrfs_to_canopy(seed);
+    }
+}
+
+fn btrfs_to_canopy(seed: u64) {
     if !can_mount() {
         return;
     }
     let Some(b) = Btrfs::new() else { return };
     let dst = Mounted::with_size("1G");
     b.run(&["subvolume", "create", "src"]);
-    let mut rng = Rng(0xb7f6);
+    let mut rng = Rng(seed);
     let mut prev: Option<String> = None;
     for i in 1..=3 {
         churn(&b.mnt.join("src"), &mut rng, 50);

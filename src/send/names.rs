@@ -176,7 +176,7 @@ impl Sender<'_> {
             None => None,
         };
         let c = Change { ino, old, new };
-        if c.same_file() && self.unchanged(&c)? {
+        if (c.old.is_none() && c.new.is_none()) || (c.same_file() && self.unchanged(&c)?) {
             return Ok(None);
         }
         Ok(Some(c))

@@ -16,7 +16,24 @@ pub struct Target {
     pub uuid: [u8; 16],
     /// The file written last, kept open for the next write.
     open: Option<(Vec<u8>, OwnedFd)>,
+    /// The entry made last and its owner as made: a chown to that owner
+    /// is skipped (one request less per file of a tree owned by the
+    /// receiving user; the entry has no set-id bits to clear yet).
+    made: Option<(Vec<u8>, u32, u32)>,
     pub files: u64,
+}
+
+/// The owner of what `fd` (or `name` in directory `fd`) names, from the
+/// kernel's attribute cache of a just-made entry.
+fn owner(fd: RawFd, name: Option<&CString>) -> Option<(u32, u32)> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let (path, flags) = match name {
+        Some(n) => (n.as_ptr(), libc::AT_SYMLINK_NOFOLLOW),
+        None => (c"".as_ptr(), libc::AT_EMPTY_PATH),
+    };
+    // SAFETY: a descriptor we hold, a valid name and stat buffer.
+    let rc = unsafe { libc::fstatat(fd, path, &mut st, flags) };
+    (rc == 0).then_some((st.st_uid, st.st_gid))
 }
 
 fn last_error(what: &str, path: &[u8]) -> anyhow::Error {
@@ -44,6 +61,7 @@ impl Target {
             tree,
             uuid,
             open: None,
+            made: None,
             files: 0,
         }
     }
@@ -51,6 +69,14 @@ impl Target {
     /// Closes the open file (before anything changes names).
     fn settle(&mut self) {
         self.open = None;
+        self.made = None;
+    }
+
+    /// Whether `path` was made last and already has this owner.
+    fn owned_by(&self, path: &[u8], uid: u64, gid: u64) -> bool {
+        self.made
+            .as_ref()
+            .is_some_and(|(p, u, g)| p == path && u64::from(*u) == uid && u64::from(*g) == gid)
     }
 
     /// Whether the file at `path` is the one open for writing (a regular
@@ -78,6 +104,7 @@ impl Target {
                     libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
                 )?;
                 // Kept for the writes, owner and mode that follow.
+                self.made = owner(fd.as_raw_fd(), None).map(|(u, g)| (path.clone(), u, g));
                 self.open = Some((path, fd));
                 self.files += 1;
                 Ok(())
@@ -86,11 +113,10 @@ impl Target {
                 let at = self.tree.new_entry(&path)?;
                 self.files += 1;
                 // SAFETY: valid directory descriptor and name.
-                ok(
-                    unsafe { libc::mkdirat(at.fd(), at.name.as_ptr(), 0o700) },
-                    "mkdir",
-                    &path,
-                )
+                let rc = unsafe { libc::mkdirat(at.fd(), at.name.as_ptr(), 0o700) };
+                ok(rc, "mkdir", &path)?;
+                self.made = owner(at.fd(), Some(&at.name)).map(|(u, g)| (path.clone(), u, g));
+                Ok(())
             }
             Command::Mknod {
                 path, mode, rdev, ..
@@ -258,6 +284,7 @@ impl Target {
                     &path,
                 )
             }
+            Command::Chown { path, uid, gid } if self.owned_by(&path, uid, gid) => Ok(()),
             Command::Chown { path, uid, gid } if self.is_open(&path) => {
                 let fd = self.file(&path)?;
                 // SAFETY: a descriptor we hold.
