@@ -1527,3 +1527,40 @@ fn compression_through_the_mount() {
     assert_eq!(fs::read(m.p("fast/inner/log.txt")).unwrap(), text);
     m.unmount();
 }
+
+/// Another image mounted where one was just unmounted, while the first
+/// daemon may still be shutting down: commands reach the new mount, before
+/// and after the old daemon exits (it used to remove the new daemon's
+/// control socket on its way out).
+#[test]
+fn a_mount_right_after_an_unmount_answers_commands() {
+    if !can_mount() {
+        return;
+    }
+    let mut first = Mounted::new();
+    let (_dir, img, _) = common::mounted::fresh_image("256M");
+    for round in 0..3 {
+        let old = first.umount_returning_daemon();
+        let mut new = canopy()
+            .args(["mount", "-f", "--notify-ready"])
+            .arg(&img)
+            .arg(&first.mnt)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(new.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "canopy-ready");
+        let mut old = old;
+        assert!(old.wait().unwrap().success());
+        canopy_ok(&["sync", "."], &first.mnt);
+        canopy_ok(&["subvolume", "list", "."], &first.mnt);
+        assert!(common::mounted::umount(&first.mnt), "round {round}");
+        assert!(new.wait().unwrap().success());
+        first.mount("");
+    }
+}

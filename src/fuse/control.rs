@@ -326,6 +326,8 @@ impl ScrubJob {
 /// The daemon's listener; stops (cancelling a running scrub) when dropped.
 pub struct Server {
     path: PathBuf,
+    /// The socket file's inode number: only ours is removed at the end.
+    ino: u64,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     scrub: Arc<Mutex<ScrubJob>>,
@@ -337,14 +339,16 @@ impl Server {
     pub fn start(mountpoint: &Path, fs: Arc<Fs>, notifier: super::Notifier) -> Result<Server> {
         let path = socket_path(mountpoint);
         std::fs::create_dir_all(DIR).map_err(|e| Error::io(format!("creating {DIR}"), e))?;
-        // A socket left by a daemon that died; a live one answers.
-        if path.exists() && UnixStream::connect(&path).is_err() {
-            let _ = std::fs::remove_file(&path);
-        }
+        // The session is up, so the mount point shows this mount: a socket
+        // there is a dead daemon's, or that of the daemon of a mount just
+        // unmounted from here and still shutting down (which removes only
+        // its own file, see Drop).
+        let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)
             .map_err(|e| Error::io(format!("listening on {}", path.display()), e))?;
-        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        let ino = std::fs::metadata(&path).map_or(0, |m| m.ino());
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("configuring the control socket", e))?;
@@ -357,6 +361,7 @@ impl Server {
             .map_err(|e| Error::io("starting the control thread", e))?;
         Ok(Server {
             path,
+            ino,
             stop,
             thread: Some(thread),
             scrub,
@@ -371,7 +376,10 @@ impl Drop for Server {
             let _ = t.join();
         }
         crate::sync::lock(&self.scrub).stop();
-        let _ = std::fs::remove_file(&self.path);
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
