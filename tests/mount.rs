@@ -1537,30 +1537,41 @@ fn a_mount_right_after_an_unmount_answers_commands() {
     if !can_mount() {
         return;
     }
+    /// A second daemon on the same mount point, unmounted and killed if
+    /// the test fails before it does.
+    struct Second(Option<std::process::Child>, std::path::PathBuf);
+    impl Drop for Second {
+        fn drop(&mut self) {
+            if let Some(mut c) = self.0.take() {
+                let _ = Command::new("umount").arg("-l").arg(&self.1).status();
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
     let mut first = Mounted::new();
     let (_dir, img, _) = common::mounted::fresh_image("256M");
     for round in 0..3 {
         let old = first.umount_returning_daemon();
-        let mut new = canopy()
+        let child = canopy()
             .args(["mount", "-f", "--notify-ready"])
             .arg(&img)
             .arg(&first.mnt)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let mut new = Second(Some(child), first.mnt.clone());
+        let out = new.0.as_mut().and_then(|c| c.stdout.take()).unwrap();
         let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(new.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).unwrap();
         assert_eq!(line.trim(), "canopy-ready");
         let mut old = old;
         assert!(old.wait().unwrap().success());
         canopy_ok(&["sync", "."], &first.mnt);
         canopy_ok(&["subvolume", "list", "."], &first.mnt);
         assert!(common::mounted::umount(&first.mnt), "round {round}");
-        assert!(new.wait().unwrap().success());
+        let st = new.0.take().unwrap().wait().unwrap();
+        assert!(st.success());
         first.mount("");
     }
 }
