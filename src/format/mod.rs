@@ -13,6 +13,7 @@ pub mod key;
 pub mod node;
 pub mod qgroup;
 pub mod superblock;
+pub mod uuid;
 
 pub use key::Key;
 

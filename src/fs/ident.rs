@@ -5,25 +5,18 @@
 
 use super::subvol::ROOT_READONLY;
 use super::{errno, Core, Fs};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::items::SubvolIdent;
 use crate::format::tree_id;
 use crate::txn::{Need, Txn};
 
-/// 16 random bytes shaped as a version-4 uuid.
-pub(crate) fn random_uuid() -> Result<[u8; 16]> {
-    let mut u = [0u8; 16];
-    // SAFETY: the buffer is valid for its length.
-    let n = unsafe { libc::getrandom(u.as_mut_ptr().cast(), u.len(), 0) };
-    if n != 16 {
-        return Err(Error::io(
-            "drawing a subvolume uuid",
-            std::io::Error::last_os_error(),
-        ));
-    }
+/// The random bytes a filesystem id is made of, shaped as a version-4
+/// uuid.
+fn random_uuid() -> [u8; 16] {
+    let mut u = crate::txn::random_fsid();
     u[6] = (u[6] & 0x0f) | 0x40;
     u[8] = (u[8] & 0x3f) | 0x80;
-    Ok(u)
+    u
 }
 
 /// Subvolume `id`'s identity, given one in `tx` if it has none yet.
@@ -33,7 +26,7 @@ pub(crate) fn ensure(tx: &mut Txn<'_>, id: u64) -> Result<SubvolIdent> {
         return Ok(ident);
     }
     let ident = SubvolIdent {
-        uuid: random_uuid()?,
+        uuid: random_uuid(),
         parent_uuid: match item.parent_id {
             0 => [0; 16],
             p if tx.tree_exists(p) => ensure(tx, p)?.uuid,
@@ -54,7 +47,7 @@ pub(crate) fn assign_new(tx: &mut Txn<'_>, id: u64, source: Option<u64>) -> Resu
         None => [0; 16],
     };
     let ident = SubvolIdent {
-        uuid: random_uuid()?,
+        uuid: random_uuid(),
         parent_uuid,
         ctransid: tx.transid(),
         ..Default::default()

@@ -506,7 +506,7 @@ fn subvolume_info(r: &Reader<'_>, id: u64) -> Result<SubvolInfo> {
 
 /// A uuid as people write it; None for the zero uuid (none).
 fn shown_uuid(u: &[u8; 16]) -> Option<String> {
-    (*u != [0; 16]).then(|| crate::stream::format_uuid(u))
+    (*u != [0; 16]).then(|| crate::format::uuid::shown(u))
 }
 
 /// Subvolume `id`'s path from the top level ("" for tree 5). Bounded by

@@ -485,7 +485,7 @@ impl Daemon {
                 received_uuid,
                 stransid,
             } => {
-                let uuid = crate::stream::parse_uuid(&received_uuid)
+                let uuid = crate::format::uuid::parse(&received_uuid)
                     .ok_or_else(|| Error::Invalid(format!("bad uuid {received_uuid:?}")))?;
                 fs.set_received(self.node(node), uuid, stransid)
                     .map(|()| None)

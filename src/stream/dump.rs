@@ -2,6 +2,7 @@
 //! prints (command, path, then key=value pairs).
 
 use super::{Command, Time};
+use crate::format::uuid::shown as uuid;
 
 fn p(b: &[u8]) -> String {
     let s = String::from_utf8_lossy(b);
@@ -17,18 +18,6 @@ fn p(b: &[u8]) -> String {
         }
     }
     out
-}
-
-fn uuid(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
 }
 
 fn time(t: Time) -> String {
@@ -155,22 +144,4 @@ fn describe_data(c: &Command, at: &dyn Fn(&[u8]) -> String) -> String {
         ),
         _ => String::new(),
     }
-}
-
-/// A uuid from the way people write it (hex digits, dashes anywhere).
-pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: Vec<u8> = s.bytes().filter(|&b| b != b'-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut u = [0u8; 16];
-    for (i, pair) in hex.chunks(2).enumerate() {
-        u[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some(u)
-}
-
-/// A uuid as people write it (8-4-4-4-12 hex digits).
-pub fn format_uuid(u: &[u8; 16]) -> String {
-    uuid(u)
 }

@@ -20,7 +20,7 @@ mod decode;
 mod dump;
 
 pub use codec::{Reader, Writer};
-pub use dump::{dump_line, format_uuid, parse_uuid};
+pub use dump::dump_line;
 
 /// The stream's first bytes.
 pub const MAGIC: &[u8; 13] = b"btrfs-stream\0";

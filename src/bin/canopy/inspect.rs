@@ -60,7 +60,7 @@ fn show_super(image: &Path, json: bool) -> Result<()> {
     let sb = canopy::txn::read_best_superblock(&dev)?;
     if json {
         let v = serde_json::json!({
-            "fsid": crate::mkfs::format_uuid(&sb.fsid),
+            "fsid": canopy::format::uuid::shown(&sb.fsid),
             "label": sb.label,
             "generation": sb.generation,
             "root": sb.root,
@@ -74,7 +74,7 @@ fn show_super(image: &Path, json: bool) -> Result<()> {
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("fsid\t\t{}", crate::mkfs::format_uuid(&sb.fsid));
+        println!("fsid\t\t{}", canopy::format::uuid::shown(&sb.fsid));
         println!("label\t\t{}", sb.label);
         println!("generation\t{}", sb.generation);
         println!("root\t\t{} (level {})", sb.root, sb.root_level);

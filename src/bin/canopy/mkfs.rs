@@ -145,7 +145,7 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
                 &a.label
             }
         );
-        println!("  uuid:      {}", format_uuid(&fsid));
+        println!("  uuid:      {}", canopy::format::uuid::shown(&fsid));
         println!("  size:      {} bytes", dev.size());
         println!("  nodesize:  {}", opts.nodesize);
         println!(
@@ -159,8 +159,4 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
         println!("  used:      {used} bytes, free: {free} bytes");
     }
     Ok(())
-}
-
-pub fn format_uuid(id: &[u8; 16]) -> String {
-    canopy::stream::format_uuid(id)
 }

@@ -16,9 +16,10 @@ mod paths;
 
 use anyhow::{bail, Context, Result};
 use apply::Target;
+use canopy::format::uuid::shown as format_uuid;
 use canopy::fs::SubvolInfo;
 use canopy::fuse::control::{self, Request};
-use canopy::stream::{dump_line, format_uuid, Command, Reader};
+use canopy::stream::{dump_line, Command, Reader};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
