@@ -75,10 +75,6 @@ impl<W: Write> Writer<W> {
             .flush()
             .map_err(|e| Error::io("writing the stream", e))
     }
-
-    pub fn into_inner(self) -> W {
-        self.out
-    }
 }
 
 /// Appends attributes to a command being built.

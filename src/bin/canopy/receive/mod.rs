@@ -166,7 +166,7 @@ fn dump<R: std::io::Read>(r: &mut Reader<R>) -> Result<()> {
 }
 
 /// What one received subvolume amounted to.
-#[derive(serde::Serialize)]
+#[derive(Default, serde::Serialize)]
 struct Report {
     path: String,
     uuid: String,
@@ -184,7 +184,6 @@ struct Receiving {
     /// The sender's transid of the subvolume, recorded at the end.
     stransid: u64,
     report: Report,
-    finished: bool,
 }
 
 impl Receiving {
@@ -248,7 +247,6 @@ impl Receiving {
                 commands: 0,
                 files: 0,
             },
-            finished: false,
         };
         me.target = Some(Target::new(paths::Tree::new(open_dir(&path)?), uuid));
         Ok(me)
@@ -291,28 +289,16 @@ impl Receiving {
             stransid: self.stransid,
         };
         ask(&self.mnt, &req).with_context(|| format!("finishing {}", self.path.display()))?;
-        self.finished = true;
+        // Finished: nothing for Drop to delete.
         take_making();
-        Ok(std::mem::replace(
-            &mut self.report,
-            Report {
-                path: String::new(),
-                uuid: String::new(),
-                parent_uuid: None,
-                bytes: 0,
-                commands: 0,
-                files: 0,
-            },
-        ))
+        Ok(std::mem::take(&mut self.report))
     }
 }
 
 impl Drop for Receiving {
-    /// A receive that did not finish deletes what it made.
+    /// A receive that did not finish deletes what it made (a finished one
+    /// has taken it out of MAKING).
     fn drop(&mut self) {
-        if self.finished {
-            return;
-        }
         self.target = None;
         if let Some((mnt, path)) = take_making() {
             delete_partial(&mnt, &path);
