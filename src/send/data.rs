@@ -346,14 +346,10 @@ impl Sender<'_> {
         if let Some(h) = self.sent.0.get(&bytenr).and_then(|v| v.iter().find(covers)) {
             return Ok(Some(origin(h)));
         }
-        let mut newest = None;
-        for v in self.source_views() {
-            newest = newest.max(Some(v.ident()?.ctransid));
-        }
-        let Some(newest) = newest else {
-            return Ok(None);
-        };
-        if generation > newest {
+        if self
+            .sources_ctransid
+            .is_none_or(|newest| generation > newest)
+        {
             return Ok(None);
         }
         if self.clone_index.is_none() {
@@ -364,7 +360,7 @@ impl Sender<'_> {
     }
 
     /// The clone sources, then the parent.
-    fn source_views(&self) -> Vec<&SubvolView> {
+    pub(crate) fn source_views(&self) -> Vec<&SubvolView> {
         let mut v: Vec<&SubvolView> = self.sources.iter().collect();
         if let Some(p) = &self.old {
             v.push(p);

@@ -107,6 +107,9 @@ pub(crate) struct Sender<'w> {
     /// Extents sent so far, for clones within the stream.
     pub(crate) sent: data::SentExtents,
     pub(crate) clone_index: Option<data::CloneIndex>,
+    /// The newest ctransid of the clone sources and the parent (None:
+    /// none): an extent written after it is in none of them.
+    pub(crate) sources_ctransid: Option<u64>,
 }
 
 impl<'w> Sender<'w> {
@@ -127,7 +130,7 @@ impl<'w> Sender<'w> {
             true => ident.stransid,
             false => ident.ctransid,
         };
-        Ok(Sender {
+        let mut s = Sender {
             new,
             old,
             sources,
@@ -137,7 +140,14 @@ impl<'w> Sender<'w> {
             ctransid,
             sent: Default::default(),
             clone_index: None,
-        })
+            sources_ctransid: None,
+        };
+        let mut newest = None;
+        for v in s.source_views() {
+            newest = newest.max(Some(v.ident()?.ctransid));
+        }
+        s.sources_ctransid = newest;
+        Ok(s)
     }
 
     pub(crate) fn put(&mut self, c: &Command) -> Result<()> {
