@@ -136,16 +136,9 @@ pub(crate) fn all<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) -> Res
 /// Names, each followed by a NUL, as listxattr(2) returns them.
 pub(crate) fn list<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    let mut c = Cursor::seek(b, root, &Key::new(ino, XATTR_ITEM, 0))?;
-    while let Some(it) = c.item() {
-        if it.key.objectid != ino || it.key.ty != XATTR_ITEM {
-            break;
-        }
-        for (n, _) in decode(b, &it.key, &it.data)? {
-            out.extend_from_slice(&n);
-            out.push(0);
-        }
-        c.next(b)?;
+    for (n, _) in all(b, root, ino)? {
+        out.extend_from_slice(&n);
+        out.push(0);
     }
     Ok(out)
 }
