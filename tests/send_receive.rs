@@ -204,8 +204,9 @@ fn mode_and_owner(p: &Path, rng: &mut Rng) {
     let _ = std::os::unix::fs::lchown(p, Some(uid), Some(gid));
 }
 
-/// A copy that shares the extents (copy_file_range: Canopy reflinks).
-fn reflink(from: &Path, to: &Path) {
+/// A copy that shares the extents (copy_file_range: Canopy reflinks);
+/// the bytes copied, or -1.
+fn reflink(from: &Path, to: &Path) -> isize {
     use std::os::fd::AsRawFd;
     let src = fs::File::open(from).unwrap();
     let dst = fs::OpenOptions::new()
@@ -213,20 +214,19 @@ fn reflink(from: &Path, to: &Path) {
         .truncate(false)
         .write(true)
         .open(to);
-    if let Ok(dst) = dst {
-        let len = src.metadata().unwrap().len();
-        let (mut a, mut b) = (0i64, 0i64);
-        // SAFETY: descriptors we hold.
-        unsafe {
-            libc::copy_file_range(
-                src.as_raw_fd(),
-                &mut a,
-                dst.as_raw_fd(),
-                &mut b,
-                len as usize,
-                0,
-            )
-        };
+    let Ok(dst) = dst else { return -1 };
+    let len = src.metadata().unwrap().len();
+    let (mut a, mut b) = (0i64, 0i64);
+    // SAFETY: descriptors we hold.
+    unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            &mut a,
+            dst.as_raw_fd(),
+            &mut b,
+            len as usize,
+            0,
+        )
     }
 }
 
@@ -659,17 +659,7 @@ fn clone_sources_turn_shared_extents_into_clones() {
     let dst = Mounted::with_size("256M");
     fs::write(src.p("base"), common::noise(1 << 20, 11)).unwrap();
     snap(&src, "s1");
-    let (a, b) = (
-        fs::File::open(src.p("base")).unwrap(),
-        fs::File::create(src.p("copy")).unwrap(),
-    );
-    let (mut x, mut y) = (0i64, 0i64);
-    use std::os::fd::AsRawFd;
-    // SAFETY: descriptors we hold.
-    let n =
-        unsafe { libc::copy_file_range(a.as_raw_fd(), &mut x, b.as_raw_fd(), &mut y, 1 << 20, 0) };
-    assert_eq!(n, 1 << 20);
-    drop((a, b));
+    assert_eq!(reflink(&src.p("base"), &src.p("copy")), 1 << 20);
     snap(&src, "s2");
     let first = send(&src, "s1", None, "2");
     let out = src._dir.path().join("s2-c.stream");
