@@ -125,6 +125,14 @@ class CanopyOld(Canopy):
     base_opts = ""
 
 
+class CanopyWbc(Canopy):
+    """Canopy with `-o writeback_cache`: the kernel buffers writes, and its
+    dirty limits govern them (issue 40, the `dirty` workload)."""
+    def do_mount(self):
+        opts = ",".join(o for o in (self.base_opts, "writeback_cache", self.opts) if o)
+        sh(f"'{self.binary}' mount -o {opts} '{self.image}' '{self.mnt}'")
+
+
 class CanopyZstd(Canopy):
     """Canopy with `compress=zstd` (issue 38: pgbench with and without)."""
     def do_mount(self):
@@ -196,6 +204,7 @@ DRIVERS = {
     "canopy": Canopy,
     "canopy-old": CanopyOld,
     "canopy-zstd": CanopyZstd,
+    "canopy-wbc": CanopyWbc,
     "btrfs-zstd": BtrfsZstd,
     "btrfs": Btrfs,
     "xfs": Xfs,

@@ -223,6 +223,11 @@ impl Fs {
         self.core.budget.set_limit(bytes);
     }
 
+    /// Bytes of written data buffered before writers flush.
+    pub fn dirty_limit(&self) -> u64 {
+        self.core.budget.limit()
+    }
+
     /// Follows a remount: read-only commits everything first, then stops
     /// recording access times (the kernel already refuses every change).
     pub fn set_remounted_read_only(&self, ro: bool) -> Result<()> {

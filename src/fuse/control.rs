@@ -43,6 +43,9 @@ pub enum Request {
     /// How the device is carved into block groups (`canopy filesystem
     /// usage`).
     Usage,
+    /// What decides how much written data the mount buffers (`canopy
+    /// filesystem usage`, see `fuse::bdi`).
+    Writeback,
     /// `canopy filesystem du`: bytes on disk, decoded and referenced per
     /// compression type of everything under `node`.
     Compsize {
@@ -162,6 +165,9 @@ pub struct Response {
     /// Block groups per kind, after a usage request.
     #[serde(default)]
     pub usage: Option<crate::alloc::SpaceUsage>,
+    /// The kernel's and Canopy's dirty limits, after a writeback request.
+    #[serde(default)]
+    pub writeback: Option<super::bdi::WritebackLimits>,
     /// Bytes on disk per compression type, after a compsize request.
     #[serde(default)]
     pub compsize: Option<crate::fs::compression::Compsize>,
@@ -182,6 +188,7 @@ impl Response {
             balance: None,
             rescan: None,
             usage: None,
+            writeback: None,
             compsize: None,
             send: None,
         }
@@ -336,7 +343,12 @@ pub struct Server {
 impl Server {
     /// Listens for the mount at `mountpoint`. A failure only loses the
     /// commands, not the mount, so the caller may go on without it.
-    pub fn start(mountpoint: &Path, fs: Arc<Fs>, notifier: super::Notifier) -> Result<Server> {
+    pub fn start(
+        mountpoint: &Path,
+        fs: Arc<Fs>,
+        notifier: super::Notifier,
+        kernel: Arc<super::bdi::KernelSide>,
+    ) -> Result<Server> {
         let path = socket_path(mountpoint);
         std::fs::create_dir_all(DIR).map_err(|e| Error::io(format!("creating {DIR}"), e))?;
         // The session is up, so the mount point shows this mount: a socket
@@ -357,7 +369,18 @@ impl Server {
         let (st, sc) = (stop.clone(), scrub.clone());
         let thread = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || serve(listener, &st, &sc, &Daemon { fs, notifier }))
+            .spawn(move || {
+                serve(
+                    listener,
+                    &st,
+                    &sc,
+                    &Daemon {
+                        fs,
+                        notifier,
+                        kernel,
+                    },
+                )
+            })
             .map_err(|e| Error::io("starting the control thread", e))?;
         Ok(Server {
             path,
@@ -387,6 +410,7 @@ impl Drop for Server {
 struct Daemon {
     fs: Arc<Fs>,
     notifier: super::Notifier,
+    kernel: Arc<super::bdi::KernelSide>,
 }
 
 impl Daemon {
@@ -581,6 +605,10 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         Ok(Request::Sync) => Response::of(fs.sync().map(|()| None)),
         Ok(Request::Usage) => Response {
             usage: Some(fs.engine().usage()),
+            ..Response::of(Ok(None))
+        },
+        Ok(Request::Writeback) => Response {
+            writeback: Some(d.kernel.limits(fs.dirty_limit())),
             ..Response::of(Ok(None))
         },
         Ok(Request::Compsize { node }) => match fs.compsize(d.node(node)) {

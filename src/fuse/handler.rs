@@ -43,10 +43,17 @@ pub struct FuseFs {
     /// The kernel opens directories without asking, once told ENOSYS
     /// (if it can).
     zero_opendir: bool,
+    /// Where the agreed writeback cache is reported (`fuse::bdi`).
+    kernel: Arc<super::bdi::KernelSide>,
 }
 
 impl FuseFs {
-    pub fn new(fs: Arc<Fs>, writeback_cache: bool, notifier: Notifier) -> FuseFs {
+    pub fn new(
+        fs: Arc<Fs>,
+        writeback_cache: bool,
+        notifier: Notifier,
+        kernel: Arc<super::bdi::KernelSide>,
+    ) -> FuseFs {
         FuseFs {
             root: fs.root_node(),
             fs,
@@ -54,6 +61,7 @@ impl FuseFs {
             killpriv: false,
             notifier,
             zero_opendir: false,
+            kernel,
         }
     }
 
@@ -87,6 +95,9 @@ impl FuseFs {
         if agreed & init::POSIX_ACL == 0 {
             tracing::warn!("the kernel does not enforce POSIX ACLs on FUSE; they are kept only");
         }
+        self.kernel
+            .writeback_cache
+            .store(self.writeback_cache, std::sync::atomic::Ordering::Relaxed);
         self.killpriv = agreed & init::HANDLE_KILLPRIV_V2 != 0;
         self.zero_opendir = agreed & init::NO_OPENDIR_SUPPORT != 0;
         // Listings always carry attributes (DO_READDIRPLUS): find, du,

@@ -8,6 +8,7 @@
 //! `request` and `reply` its encodings, `session` the handshake, and
 //! `dev` and `uring` the two transports; `handler` answers requests.
 
+pub mod bdi;
 mod caller;
 pub mod control;
 mod convert;

@@ -42,7 +42,12 @@ pub fn serve(
     let fs = open_fs(image, opts)?;
     install_signal_handlers();
     let source = image.to_string_lossy().into_owned();
-    let (session, notifier) = match start_session(&fs, &source, mountpoint, opts) {
+    let kernel = Arc::new(super::bdi::KernelSide {
+        buffer_follows_global: opts.dirty_limit.is_none(),
+        max_background: opts.max_background,
+        ..Default::default()
+    });
+    let (session, notifier) = match start_session(&fs, &source, mountpoint, opts, &kernel) {
         Err(Error::Io { context, cause })
             if context == super::uring::REGISTER_FAILED
                 && opts.transport == super::Transport::Auto =>
@@ -52,7 +57,7 @@ pub fn serve(
                 transport: super::Transport::Dev,
                 ..opts.clone()
             };
-            start_session(&fs, &source, mountpoint, &dev)?
+            start_session(&fs, &source, mountpoint, &dev, &kernel)?
         }
         r => r?,
     };
@@ -60,10 +65,8 @@ pub fn serve(
     let mount_path = mountpoint
         .canonicalize()
         .unwrap_or(mountpoint.to_path_buf());
-    if session.by_root && opts.readahead > 0 {
-        set_readahead(&mount_path, opts.readahead);
-    }
-    let helpers = Helpers::start(&fs, &mount_path, notifier, opts);
+    tune_backing_device(&mount_path, opts, session.by_root, &kernel);
+    let helpers = Helpers::start(&fs, &mount_path, notifier, opts, kernel);
     ready();
     // After `ready`, so that a daemonized mount's line reaches its log.
     tracing::info!(target: "canopy::transport", mountpoint = %mount_path.display(), "transport: {}", session.running.transport);
@@ -112,7 +115,10 @@ fn open_fs(image: &Path, opts: &MountOptions) -> Result<Arc<Fs>> {
         },
     )?;
     let fs = Arc::new(Fs::with_root(Arc::new(engine), &opts.subvolume)?);
-    fs.set_dirty_limit(opts.dirty_limit);
+    fs.set_dirty_limit(
+        opts.dirty_limit
+            .unwrap_or_else(super::bdi::buffer_following_global),
+    );
     fs.set_log_enabled(opts.treelog);
     fs.set_atime_policy(opts.atime);
     fs.set_dir_atime(opts.dir_atime);
@@ -133,12 +139,14 @@ fn start_session(
     source: &str,
     mountpoint: &Path,
     opts: &MountOptions,
+    kernel: &Arc<super::bdi::KernelSide>,
 ) -> Result<(Mounted, Notifier)> {
     let notifier = Notifier::default();
     let handler = FuseFs::new(
         fs.clone(),
         opts.writeback_cache && !opts.read_only,
         notifier.clone(),
+        kernel.clone(),
     );
     let by_root = unsafe { libc::geteuid() } == 0;
     let fd = if by_root {
@@ -149,6 +157,7 @@ fn start_session(
     let transport = super::session::Config {
         transport: opts.transport,
         threads: opts.threads,
+        max_background: opts.max_background,
     };
     match super::session::start(Arc::new(fd), handler, &transport) {
         Ok(running) => {
@@ -196,10 +205,16 @@ struct Helpers {
 }
 
 impl Helpers {
-    fn start(fs: &Arc<Fs>, mount_path: &Path, notifier: Notifier, opts: &MountOptions) -> Helpers {
+    fn start(
+        fs: &Arc<Fs>,
+        mount_path: &Path,
+        notifier: Notifier,
+        opts: &MountOptions,
+        kernel: Arc<super::bdi::KernelSide>,
+    ) -> Helpers {
         // Commands (`canopy scrub MNT`) reach the daemon here; a mount works
         // without them.
-        let control = super::control::Server::start(mount_path, fs.clone(), notifier)
+        let control = super::control::Server::start(mount_path, fs.clone(), notifier, kernel)
             .map_err(|e| tracing::warn!(error = %e, "no control socket: scrub and other commands cannot reach this mount"))
             .ok();
         if opts.read_only {
@@ -241,6 +256,9 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
         std::thread::sleep(Duration::from_millis(100));
         if !opts.read_only && last_look.elapsed() >= Duration::from_secs(1) {
             follow_remount(fs, mount_path);
+            if opts.dirty_limit.is_none() {
+                fs.set_dirty_limit(super::bdi::buffer_following_global());
+            }
             last_look = Instant::now();
         }
         let writable = !opts.read_only && !fs.is_remounted_read_only();
@@ -276,24 +294,25 @@ fn follow_remount(fs: &Fs, mountpoint: &Path) {
     }
 }
 
-/// Sets the read-ahead of the FUSE mount on `mountpoint` to `bytes`
-/// (rounded down to KiB). The kernel caps what a FUSE daemon may ask for at mount time to
-/// its 128 KiB default, so this goes through the mount's bdi in sysfs.
-fn set_readahead(mountpoint: &Path, bytes: u64) {
-    let Some(dev) = our_mount(mountpoint, |f, _| f.get(2).map(|d| d.to_string())) else {
+/// Gives the mount's backing device its read-ahead and, unless
+/// `strict_limit`, the dirty limits of a kernel filesystem's (root only:
+/// see `fuse::bdi`), and records which device it is.
+fn tune_backing_device(
+    mount_path: &Path,
+    opts: &MountOptions,
+    by_root: bool,
+    kernel: &super::bdi::KernelSide,
+) {
+    let Some(dev) = our_mount(mount_path, |f, _| f.get(2).map(|d| d.to_string())) else {
         return;
     };
-    let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
-    let want = bytes / 1024;
-    let now = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
-    if now == Some(want) {
-        return;
+    if by_root && opts.readahead > 0 {
+        super::bdi::set_readahead(&dev, opts.readahead);
     }
-    if let Err(e) = std::fs::write(&path, want.to_string()) {
-        tracing::warn!(error = %e, %path, "could not raise read-ahead");
+    if by_root && !opts.strict_limit && !opts.read_only {
+        super::bdi::follow_global_limit(&dev);
     }
+    let _ = kernel.bdi.set(dev);
 }
 
 /// Looks up the `fuse.canopy` mount on `mountpoint` in
@@ -558,7 +577,7 @@ mod tests {
         assert!(MountOptions::parse("commit=x").is_err());
         assert_eq!(
             MountOptions::parse("dirty_limit=10M").unwrap().dirty_limit,
-            10 << 20
+            Some(10 << 20)
         );
         assert!(MountOptions::parse("dirty_limit=lots").is_err());
         assert_eq!(

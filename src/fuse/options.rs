@@ -20,8 +20,17 @@ pub struct MountOptions {
     pub threads: usize,
     /// How requests reach the daemon (`transport=auto|uring|dev`).
     pub transport: super::Transport,
-    /// Bytes of written file data buffered before writers flush.
-    pub dirty_limit: u64,
+    /// Bytes of written file data buffered before writers flush; None
+    /// (no `dirty_limit=`) follows the kernel's global dirty limit, at
+    /// most 64 MiB (see `fuse::bdi`).
+    pub dirty_limit: Option<u64>,
+    /// Keep the kernel's strict per-mount dirty limit for FUSE (1% of
+    /// the global limit; `strict_limit`) instead of the share a kernel
+    /// filesystem gets (see `fuse::bdi`).
+    pub strict_limit: bool,
+    /// FUSE requests the kernel keeps in the background at once
+    /// (writeback and read-ahead; INIT's `max_background`).
+    pub max_background: u16,
     /// When reads update access times.
     pub atime: crate::fs::AtimePolicy,
     /// Whether listing a directory updates its access time (`nodiratime`
@@ -54,6 +63,9 @@ pub struct MountOptions {
     pub compression: crate::compress::Policy,
 }
 
+/// Default for the `max_background=` option (the kernel's own is 12).
+pub const DEFAULT_MAX_BACKGROUND: u16 = 16;
+
 /// Default for the `readahead=` option.
 pub const DEFAULT_READAHEAD: u64 = 4 << 20;
 
@@ -72,7 +84,9 @@ impl Default for MountOptions {
             cache_blocks: 16384,
             threads: 4,
             transport: super::Transport::Auto,
-            dirty_limit: crate::fs::writeback::DEFAULT_DIRTY_LIMIT,
+            dirty_limit: None,
+            strict_limit: false,
+            max_background: DEFAULT_MAX_BACKGROUND,
             atime: crate::fs::AtimePolicy::Relative,
             dir_atime: true,
             remount: false,
@@ -200,6 +214,9 @@ impl MountOptions {
                 };
             }
             "writeback_cache" => o.writeback_cache = true,
+            "strict_limit" => o.strict_limit = true,
+            "nostrict_limit" => o.strict_limit = false,
+            "max_background" => o.max_background = num(value)?.clamp(1, u16::MAX.into()) as u16,
             "treelog" => o.treelog = true,
             "notreelog" => o.treelog = false,
             "no_writeback_cache" => o.writeback_cache = false,
@@ -229,9 +246,11 @@ impl MountOptions {
             }
             "dirty_limit" => {
                 let v = value.ok_or_else(|| Error::Invalid("dirty_limit needs a size".into()))?;
-                o.dirty_limit = crate::units::parse_size(v)
-                    .map_err(Error::Invalid)?
-                    .max(4096);
+                o.dirty_limit = Some(
+                    crate::units::parse_size(v)
+                        .map_err(Error::Invalid)?
+                        .max(4096),
+                );
             }
             _ => return Ok(false),
         }

@@ -56,6 +56,8 @@ pub struct Config {
     /// Threads on /dev/fuse; under io_uring, entries (each with its
     /// thread) spread over the kernel's queues.
     pub threads: usize,
+    /// INIT's `max_background` (see `fuse::bdi`).
+    pub max_background: u16,
 }
 
 /// A way requests reach the handler once INIT is answered: threads
@@ -83,7 +85,10 @@ pub fn start(fd: Arc<OwnedFd>, mut handler: impl Handler, config: &Config) -> Re
             return Err(e);
         }
     };
-    write_init(raw, unique, &offer, flags | carrier.init_flags());
+    let limits = Background {
+        max: config.max_background,
+    };
+    write_init(raw, unique, &offer, flags | carrier.init_flags(), limits);
     let mut running = Running::new(fd);
     running.transport = carrier.describe();
     carrier.carry(&mut running, Arc::new(handler))?;
@@ -263,15 +268,22 @@ pub fn read_init(fd: RawFd) -> Result<(u64, Offer)> {
     }
 }
 
+/// The kernel's limit on FUSE requests in the background (writeback,
+/// read-ahead) that INIT sets.
+#[derive(Clone, Copy, Debug)]
+pub struct Background {
+    pub max: u16,
+}
+
 /// Answers INIT with `flags` (those the kernel offered and Canopy wants).
-pub fn write_init(fd: RawFd, unique: u64, offer: &Offer, flags: u64) {
+pub fn write_init(fd: RawFd, unique: u64, offer: &Offer, flags: u64, background: Background) {
     let max_write = super::MAX_WRITE;
     let out = reply::InitOut {
         minor: offer.minor,
         max_readahead: offer.max_readahead,
         flags: flags | init::INIT_EXT,
-        max_background: 16,
-        congestion_threshold: 12,
+        max_background: background.max,
+        congestion_threshold: super::bdi::congestion_threshold(background.max),
         max_write,
         max_pages: (max_write / 4096) as u16,
     };

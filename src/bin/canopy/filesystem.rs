@@ -1,12 +1,15 @@
 //! `canopy filesystem usage`: how a mounted filesystem's device is carved
 //! into block groups, after `btrfs filesystem usage`. Balance gives
 //! emptied groups back to unallocated space; this is where that shows
-//! (statfs counts free space inside groups too).
+//! (statfs counts free space inside groups too). It also shows the
+//! limits on written data the mount may buffer: the kernel's (its
+//! global dirty limit and the mount's backing device) and Canopy's own.
 
 use crate::quota::{ask, size};
 use anyhow::{Context, Result};
 use canopy::alloc::SpaceUsage;
 use canopy::fs::compression::Compsize;
+use canopy::fuse::bdi::WritebackLimits;
 use canopy::fuse::control::Request;
 use clap::Subcommand;
 use std::os::unix::fs::MetadataExt;
@@ -16,10 +19,14 @@ use std::path::PathBuf;
 pub enum Command {
     /// Device size, bytes in block groups and in none, and per kind of
     /// group (data, metadata, system, or mixed on small images) how many
-    /// groups, their size and the bytes their extents hold.
+    /// groups, their size and the bytes their extents hold. Then the
+    /// writeback limits in effect: whether the kernel buffers writes
+    /// (writeback_cache), its global dirty limit, the mount's backing
+    /// device (strict_limit, max_ratio, max_bytes, read-ahead), FUSE's
+    /// background request limits, and Canopy's own dirty_limit.
     Usage {
-        /// One JSON object: device_bytes, unallocated, and kinds (kind,
-        /// groups, size, used).
+        /// One JSON object: device_bytes, unallocated, kinds (kind,
+        /// groups, size, used) and writeback (the limits, by name).
         #[arg(long)]
         json: bool,
         /// Sizes in bytes.
@@ -48,10 +55,16 @@ pub fn run(c: Command) -> Result<()> {
             let usage = ask(&path, &Request::Usage)?
                 .usage
                 .context("the daemon sent no usage (an older version?)")?;
+            let writeback = ask(&path, &Request::Writeback)?.writeback;
             if json {
-                println!("{}", serde_json::to_string_pretty(&usage)?);
+                let mut v = serde_json::to_value(&usage)?;
+                v["writeback"] = serde_json::to_value(&writeback)?;
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 print_usage(&usage, raw);
+                if let Some(w) = writeback {
+                    print_writeback(&w, raw);
+                }
             }
             Ok(())
         }
@@ -96,6 +109,55 @@ fn print_compsize(r: &Compsize, raw: bool) {
             size(row.referenced, raw)
         );
     }
+}
+
+fn print_writeback(w: &WritebackLimits, raw: bool) {
+    let known = |v: Option<u64>, f: &dyn Fn(u64) -> String| v.map_or("unknown".into(), f);
+    let bytes = |v: u64| size(v, raw);
+    let follows = if w.canopy_dirty_limit_follows_global {
+        " (follows the global limit, at most 64 MiB)"
+    } else {
+        " (dirty_limit=)"
+    };
+    println!();
+    println!("Writeback:");
+    let cache = if w.writeback_cache { "on" } else { "off" };
+    println!("  Kernel writeback cache:  {cache}");
+    println!(
+        "  Global dirty limit:      {}",
+        known(w.global_dirty_limit, &bytes)
+    );
+    println!(
+        "  Backing device:          {}",
+        w.bdi.as_deref().unwrap_or("unknown")
+    );
+    let strict = |s: u64| if s != 0 { "yes".into() } else { "no".into() };
+    println!(
+        "  Strict limit:            {}",
+        known(w.strict_limit.map(u64::from), &strict)
+    );
+    println!(
+        "  Max share of the limit:  {}",
+        known(w.max_ratio, &|r| format!("{r}%"))
+    );
+    println!("  Max bytes:               {}", known(w.max_bytes, &bytes));
+    println!(
+        "  Read-ahead:              {}",
+        known(w.read_ahead_kb, &|k| bytes(k * 1024))
+    );
+    let requests = |n: u64| format!("{n} requests");
+    println!(
+        "  Max background:          {}",
+        known(w.max_background, &requests)
+    );
+    println!(
+        "  Congestion threshold:    {}",
+        known(w.congestion_threshold, &requests)
+    );
+    println!(
+        "  Canopy dirty limit:      {}{follows}",
+        bytes(w.canopy_dirty_limit)
+    );
 }
 
 fn print_usage(u: &SpaceUsage, raw: bool) {
