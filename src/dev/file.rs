@@ -9,6 +9,13 @@
 //! loop images). Tree blocks and smaller data writes stay buffered. Where
 //! the host refuses O_DIRECT (tmpfs, some FUSE filesystems), data is
 //! written through the page cache like everything else.
+//!
+//! A mount whose own writes the kernel buffers (`writeback_cache`) sends
+//! every write direct ([`FileDevice::write_everything_direct`]) unless the
+//! daemon is an I/O flusher: the kernel counts the mount's dirty pages
+//! against the same global limit as the image's, so a buffered write of
+//! the image can wait for pages only the daemon itself can clean (see
+//! `fuse::bdi`).
 
 use super::exclusive::Access;
 use super::Device;
@@ -16,7 +23,7 @@ use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 pub struct FileDevice {
     file: File,
@@ -24,6 +31,9 @@ pub struct FileDevice {
     direct: Option<File>,
     /// Cleared when the host rejects a direct write; data then goes buffered.
     direct_ok: AtomicBool,
+    /// Smallest data write sent direct ([`DIRECT_MIN`], or every aligned
+    /// write, tree blocks too, after `write_everything_direct`).
+    direct_min: AtomicUsize,
     size: u64,
     path: String,
     /// Keeps other writers out for as long as the device is open.
@@ -66,11 +76,19 @@ impl FileDevice {
         Ok(FileDevice {
             file,
             direct_ok: AtomicBool::new(direct.is_some()),
+            direct_min: AtomicUsize::new(DIRECT_MIN),
             direct,
             size,
             path: shown,
             _claim: claim,
         })
+    }
+
+    /// Sends every aligned write direct, tree blocks and small data too
+    /// (see the module comment). Returns whether direct I/O is possible.
+    pub fn write_everything_direct(&self) -> bool {
+        self.direct_min.store(1, Ordering::Relaxed);
+        self.writes_direct()
     }
 
     /// Whether data writes currently bypass the host's page cache.
@@ -86,7 +104,8 @@ impl FileDevice {
             return Ok(false);
         };
         let aligned = |n: u64| n.is_multiple_of(DIRECT_ALIGN as u64);
-        if buf.len() < DIRECT_MIN || !aligned(buf.len() as u64) || !aligned(offset) {
+        let min = self.direct_min.load(Ordering::Relaxed);
+        if buf.len() < min || !aligned(buf.len() as u64) || !aligned(offset) {
             return Ok(false);
         }
         let r = if aligned(buf.as_ptr() as u64) {
@@ -166,6 +185,11 @@ impl Device for FileDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        if self.direct_min.load(Ordering::Relaxed) < DIRECT_MIN
+            && self.try_write_direct(buf, offset)?
+        {
+            return Ok(());
+        }
         self.file.write_all_at(buf, offset).map_err(|e| {
             Error::io(
                 format!("writing {} bytes at {offset} of {}", buf.len(), self.path),

@@ -39,7 +39,9 @@ pub fn serve(
     ready: impl FnOnce(),
 ) -> Result<()> {
     check_mountpoint(mountpoint)?;
-    let fs = open_fs(image, opts)?;
+    // Before any thread starts: they inherit it.
+    let flusher = super::bdi::become_io_flusher();
+    let fs = open_fs(image, opts, flusher)?;
     install_signal_handlers();
     let source = image.to_string_lossy().into_owned();
     let kernel = Arc::new(super::bdi::KernelSide {
@@ -103,8 +105,12 @@ fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 
 /// Opens the image (replaying a crash's log unless `nologreplay`) with
 /// the mount's settings.
-fn open_fs(image: &Path, opts: &MountOptions) -> Result<Arc<Fs>> {
-    let dev: Arc<dyn Device> = Arc::new(FileDevice::open(image, opts.read_only, true)?);
+fn open_fs(image: &Path, opts: &MountOptions, io_flusher: bool) -> Result<Arc<Fs>> {
+    let file = FileDevice::open(image, opts.read_only, true)?;
+    if opts.writeback_cache && !opts.read_only && !io_flusher && !file.write_everything_direct() {
+        tracing::warn!("under writeback_cache with neither CAP_SYS_RESOURCE nor O_DIRECT on the image, writes may crawl at a small vm.dirty_bytes (see fuse::bdi)");
+    }
+    let dev: Arc<dyn Device> = Arc::new(file);
     let engine = Engine::open(
         dev,
         &OpenOptions {
