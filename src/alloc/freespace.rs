@@ -1,17 +1,10 @@
 //! Free extents of one block group, indexed by start and by length.
 //!
-//! Near-mode allocation follows the XFS rework in `shared/seeds/004_…`: look
-//! at the extent holding the hint first ("last block scan"), then search the
-//! by-length index (extents big enough, nearest the hint among them) and the
-//! by-start index (walking out from the hint both ways) together, each for a
-//! bounded number of steps, and take the candidate that gives the most of the
-//! wanted length, nearest the hint. The bound keeps the worst case fixed
-//! however fragmented the group is; extent size wins over locality.
+//! Near-mode allocation follows the XFS rework of seed mail 004 (see
+//! [`FreeIndex::near_counted`]): a bounded number of index visits whatever
+//! the free space looks like, extent size before locality.
 
 use std::collections::{BTreeMap, BTreeSet};
-
-/// How many index entries each side of the near search may visit.
-const SEARCH_LIMIT: usize = 32;
 
 #[derive(Clone, Debug, Default)]
 pub struct FreeIndex {
@@ -138,51 +131,169 @@ impl FreeIndex {
 
     /// Chooses `(start, len)` with `min <= len <= max` near `hint`.
     pub fn near(&self, hint: u64, min: u64, max: u64) -> Option<(u64, u64)> {
-        let mut best: Option<Candidate> = None;
-        if let Some((s, l)) = self.containing(hint) {
-            let room = s + l - hint;
-            if room >= max {
-                return Some((hint, max));
-            }
-            if room >= min {
-                best = Some(Candidate {
-                    start: hint,
-                    len: room,
-                    distance: 0,
-                });
-            }
+        self.near_counted(hint, min, max).0
+    }
+
+    /// [`FreeIndex::near`], also returning how many index entries it
+    /// visited: the work is bounded whatever the free space looks like
+    /// (the allocator's tests and its micro-benchmark check it).
+    ///
+    /// Size wins over locality: the answer has the most of `max` any
+    /// free extent gives. Among extents that give all of it, the search
+    /// follows XFS's near mode (seed mail 004):
+    /// 1. the extent holding the hint, if it has room from the hint on;
+    /// 2. the "last block scan": when few extents are large enough (one
+    ///    leaf of XFS's by-size tree), all of them, so the nearest wins;
+    /// 3. otherwise the by-start index walked out from the hint both ways
+    ///    and the by-length index searched near the hint within one length
+    ///    class, then within the class at twice that length, and so on
+    ///    (the search key increment), a step of each in turn, for a fixed
+    ///    number of steps, stopping early once nothing left can be nearer.
+    ///
+    /// When no extent gives all of `max`, the largest ones do (nearest
+    /// among equal lengths), if they give at least `min`.
+    pub fn near_counted(&self, hint: u64, min: u64, max: u64) -> (Option<(u64, u64)>, usize) {
+        let mut search = NearSearch::new(hint, max);
+        if let Some(found) = search.in_hint_extent(self) {
+            return (Some(found), search.visits);
         }
-        let mut consider = |s: u64, l: u64| {
-            if l < min {
-                return;
-            }
-            let c = Candidate::place(s, l, hint, max);
-            if best.is_none_or(|b| c.better_than(&b)) {
-                best = Some(c);
+        // As XFS looks at whether its by-size lookup lands in the tree's
+        // last leaf: are there few enough extents of `max` or more?
+        let fits = self.by_len.range((max, 0)..).take(LAST_BLOCK + 1).count();
+        let found = match fits {
+            0 => search.largest(self, min),
+            n if n <= LAST_BLOCK => search.scan_all(self),
+            n => {
+                search.visits += n;
+                search.span(self)
             }
         };
-        // By length: extents that satisfy `max`, nearest the hint; if none,
-        // the largest ones that satisfy `min`.
-        let want = max.max(min);
-        let big_enough = self.by_len.range((want, 0)..).take(SEARCH_LIMIT);
-        let mut any_big = false;
-        for &(l, s) in big_enough {
-            any_big = true;
-            consider(s, l);
+        (found.map(|c| (c.start, c.len)), search.visits)
+    }
+}
+
+/// Extents of the wanted length or more below which the near search looks
+/// at all of them (one leaf of an on-disk by-length tree).
+const LAST_BLOCK: usize = 64;
+/// Steps each cursor of the combined search may take.
+const SPAN_STEPS: usize = 32;
+
+/// The state of one near-mode search.
+struct NearSearch {
+    hint: u64,
+    max: u64,
+    visits: usize,
+    best: Option<Candidate>,
+}
+
+impl NearSearch {
+    fn new(hint: u64, max: u64) -> NearSearch {
+        NearSearch {
+            hint,
+            max,
+            visits: 0,
+            best: None,
         }
-        if !any_big {
-            for &(l, s) in self.by_len.range((min, 0)..).rev().take(SEARCH_LIMIT) {
-                consider(s, l);
+    }
+
+    /// Reads index entry `(s, l)`: one visit, and a candidate if it gives
+    /// all of `max`.
+    fn consider(&mut self, s: u64, l: u64) {
+        self.visits += 1;
+        if l < self.max {
+            return;
+        }
+        let c = Candidate::place(s, l, self.hint, self.max);
+        if self.best.is_none_or(|b| c.better_than(&b)) {
+            self.best = Some(c);
+        }
+    }
+
+    /// Whether nothing at distance `d` or more can beat the best so far.
+    fn settled_at(&self, d: u64) -> bool {
+        self.best.is_some_and(|b| b.distance <= d)
+    }
+
+    fn in_hint_extent(&mut self, f: &FreeIndex) -> Option<(u64, u64)> {
+        self.visits += 1;
+        let (s, l) = f.containing(self.hint)?;
+        (s + l - self.hint >= self.max).then_some((self.hint, self.max))
+    }
+
+    /// The last block scan: every extent that gives all of `max`.
+    fn scan_all(&mut self, f: &FreeIndex) -> Option<Candidate> {
+        for &(l, s) in f.by_len.range((self.max, 0)..) {
+            self.consider(s, l);
+        }
+        self.best
+    }
+
+    /// Step 3: the by-start cursors and the by-length cursor in turn.
+    fn span(&mut self, f: &FreeIndex) -> Option<Candidate> {
+        let hint = self.hint;
+        let mut left = f.by_start.range(..=hint).rev().map(|(&s, &l)| (s, l));
+        let mut right = f.by_start.range(hint + 1..).map(|(&s, &l)| (s, l));
+        let (mut left_on, mut right_on, mut by_len_on) = (true, true, true);
+        let mut class = self.max;
+        for _ in 0..SPAN_STEPS {
+            if left_on {
+                left_on = match left.next() {
+                    Some((s, l)) => {
+                        self.consider(s, l);
+                        l < self.max && !self.settled_at(hint.saturating_sub(s + l))
+                    }
+                    None => false,
+                };
+            }
+            if right_on {
+                right_on = match right.next() {
+                    Some((s, l)) => {
+                        self.consider(s, l);
+                        l < self.max && !self.settled_at(s - hint)
+                    }
+                    None => false,
+                };
+            }
+            if by_len_on {
+                match self.nearest_in_class(f, class) {
+                    Some(len) => class = len.saturating_mul(2),
+                    None => by_len_on = false,
+                }
+            }
+            // Each by-start cursor stops at the nearest fit on its side (or
+            // once nothing there can be nearer, or at the end): when both
+            // have, nothing anywhere beats the best.
+            if !(left_on || right_on) {
+                break;
             }
         }
-        // By start: walk outwards from the hint.
-        for (&s, &l) in self.by_start.range(..hint).rev().take(SEARCH_LIMIT) {
-            consider(s, l);
+        self.best
+    }
+
+    /// Considers the extents nearest the hint on each side among those of
+    /// the shortest length of at least `class`; returns that length.
+    fn nearest_in_class(&mut self, f: &FreeIndex, class: u64) -> Option<u64> {
+        let &(len, _) = f.by_len.range((class, 0)..).next()?;
+        self.visits += 1;
+        let after = f.by_len.range((len, self.hint)..=(len, u64::MAX)).next();
+        let before = f.by_len.range((len, 0)..(len, self.hint)).next_back();
+        for &(l, s) in after.into_iter().chain(before) {
+            self.consider(s, l);
         }
-        for (&s, &l) in self.by_start.range(hint..).take(SEARCH_LIMIT) {
-            consider(s, l);
+        Some(len)
+    }
+
+    /// Nothing gives all of `max`: the largest extents, nearest first, if
+    /// they give at least `min`.
+    fn largest(&mut self, f: &FreeIndex, min: u64) -> Option<Candidate> {
+        let &(len, _) = f.by_len.iter().next_back()?;
+        self.visits += 1;
+        if len < min {
+            return None;
         }
-        best.map(|c| (c.start, c.len))
+        self.max = len;
+        self.nearest_in_class(f, len)?;
+        self.best
     }
 }
 

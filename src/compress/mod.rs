@@ -44,6 +44,17 @@ pub enum Codec {
 }
 
 impl Codec {
+    /// The name of a file extent item's `compression` byte, as
+    /// `compsize` and `filefrag` show it.
+    pub fn name_of(kind: u8) -> &'static str {
+        match kind {
+            COMPRESS_NONE => "none",
+            COMPRESS_ZSTD => "zstd",
+            COMPRESS_LZ4 => "lz4",
+            _ => "unknown",
+        }
+    }
+
     /// The `compression` byte of a file extent item.
     pub fn kind(self) -> u8 {
         match self {

@@ -9,10 +9,7 @@ use crate::compress::{Codec, PROPERTY};
 use crate::error::Result;
 use crate::format::inode::INODE_NOCOMPRESS;
 use crate::format::inode::ROOT_DIR_INO;
-use crate::format::items::{
-    FileExtentItem, COMPRESS_LZ4, COMPRESS_NONE, COMPRESS_ZSTD, FILE_EXTENT_INLINE,
-    FILE_EXTENT_PREALLOC,
-};
+use crate::format::items::{FileExtentItem, FILE_EXTENT_INLINE, FILE_EXTENT_PREALLOC};
 use crate::txn::Txn;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -117,10 +114,7 @@ impl Tally {
         }
         let kind = match (fe.kind, fe.compression) {
             (FILE_EXTENT_PREALLOC, _) => "prealloc",
-            (_, COMPRESS_NONE) => "none",
-            (_, COMPRESS_ZSTD) => "zstd",
-            (_, COMPRESS_LZ4) => "lz4",
-            _ => "unknown",
+            (_, c) => crate::compress::Codec::name_of(c),
         };
         self.report.refs += 1;
         let first = self.extents.insert(fe.disk_bytenr);

@@ -24,6 +24,7 @@ pub mod compression;
 mod daemon;
 mod data;
 mod dir;
+pub mod extents;
 mod file;
 mod ghost;
 mod ident;

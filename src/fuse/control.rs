@@ -43,6 +43,10 @@ pub enum Request {
     /// How the device is carved into block groups (`canopy filesystem
     /// usage`).
     Usage,
+    /// `canopy filesystem extents`: where regular file `node`'s bytes lie.
+    Extents {
+        node: u64,
+    },
     /// What decides how much written data the mount buffers (`canopy
     /// filesystem usage`, see `fuse::bdi`).
     Writeback,
@@ -165,6 +169,9 @@ pub struct Response {
     /// Block groups per kind, after a usage request.
     #[serde(default)]
     pub usage: Option<crate::alloc::SpaceUsage>,
+    /// A file's extent map, after an extents request.
+    #[serde(default)]
+    pub extents: Option<crate::fs::extents::FileMap>,
     /// The kernel's and Canopy's dirty limits, after a writeback request.
     #[serde(default)]
     pub writeback: Option<super::bdi::WritebackLimits>,
@@ -189,6 +196,7 @@ impl Response {
             rescan: None,
             usage: None,
             writeback: None,
+            extents: None,
             compsize: None,
             send: None,
         }
@@ -606,6 +614,13 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         Ok(Request::Usage) => Response {
             usage: Some(fs.engine().usage()),
             ..Response::of(Ok(None))
+        },
+        Ok(Request::Extents { node }) => match fs.extent_map(d.node(node)) {
+            Ok(map) => Response {
+                extents: Some(map),
+                ..Response::of(Ok(None))
+            },
+            Err(e) => Response::of(Err(e)),
         },
         Ok(Request::Writeback) => Response {
             writeback: Some(d.kernel.limits(fs.dirty_limit())),

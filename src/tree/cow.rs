@@ -12,16 +12,18 @@ pub(crate) struct Step {
     pub slot: usize,
 }
 
-/// Copies the clean block `bytenr` into a new dirty block owned by `owner`.
-/// The copy holds a new reference to everything the original points at.
+/// Copies the clean block `bytenr` into a new dirty block owned by `owner`,
+/// allocated near `hint`. The copy holds a new reference to everything
+/// the original points at.
 pub(crate) fn cow_block<B: BlockWrite + ?Sized>(
     b: &mut B,
     owner: u64,
     bytenr: u64,
     generation: u64,
+    hint: u64,
 ) -> Result<u64> {
     let old = b.read_node(bytenr, generation)?;
-    let new = b.alloc_node(owner, old.level, bytenr)?;
+    let new = b.alloc_node(owner, old.level, hint)?;
     let body = if b.holds_refs(owner) {
         b.begin_copy(bytenr);
         count_entry_refs(b, &old.body, 0..old.nritems(), new, 1);
@@ -46,7 +48,7 @@ pub(crate) fn cow_root<B: BlockWrite + ?Sized>(
     if b.is_writable(root.bytenr) {
         return Ok(());
     }
-    let new = cow_block(b, owner, root.bytenr, root.generation)?;
+    let new = cow_block(b, owner, root.bytenr, root.generation, root.bytenr)?;
     b.block_ref(new, Holder::Root(owner), 1);
     b.block_ref(root.bytenr, Holder::Root(owner), -1);
     root.bytenr = new;
@@ -70,7 +72,9 @@ pub(crate) fn cow_child<B: BlockWrite + ?Sized>(
     }
     // Check the child really is the block meant before copying it.
     read_child(b, &ptr, level)?;
-    let new = cow_block(b, owner, ptr.bytenr, ptr.generation)?;
+    // Near its parent (copied already): a path read from the root down
+    // goes forward on the device.
+    let new = cow_block(b, owner, ptr.bytenr, ptr.generation, parent)?;
     let transid = b.transid();
     if let crate::format::node::Body::Internal(ptrs) = &mut b.node_mut(parent)?.body {
         ptrs[slot].bytenr = new;

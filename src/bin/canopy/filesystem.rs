@@ -9,6 +9,7 @@ use crate::quota::{ask, size};
 use anyhow::{Context, Result};
 use canopy::alloc::SpaceUsage;
 use canopy::fs::compression::Compsize;
+use canopy::fs::extents::FileMap;
 use canopy::fuse::bdi::WritebackLimits;
 use canopy::fuse::control::Request;
 use clap::Subcommand;
@@ -27,6 +28,21 @@ pub enum Command {
     Usage {
         /// One JSON object: device_bytes, unallocated, kinds (kind,
         /// groups, size, used) and writeback (the limits, by name).
+        #[arg(long)]
+        json: bool,
+        /// Sizes in bytes.
+        #[arg(long, short = 'b')]
+        raw: bool,
+        path: PathBuf,
+    },
+    /// Where a file's bytes lie on the device, after `filefrag -v` and
+    /// `xfs_bmap -v` (FUSE passes no FIEMAP, so those cannot look): each
+    /// extent's range in the file, its place on the device, its size there
+    /// and its flags (hole, inline, prealloc, zstd/lz4, shared). Data
+    /// still buffered is written first, as FIEMAP's sync flag does.
+    Extents {
+        /// One JSON object: size, and extents (logical, length, physical,
+        /// disk_bytes, flags).
         #[arg(long)]
         json: bool,
         /// Sizes in bytes.
@@ -68,6 +84,25 @@ pub fn run(c: Command) -> Result<()> {
             }
             Ok(())
         }
+        Command::Extents { json, raw, path } => {
+            let file = std::fs::File::open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            // Data the kernel still buffers (writeback_cache) reaches the
+            // daemon first.
+            file.sync_data()
+                .with_context(|| format!("syncing {}", path.display()))?;
+            let node = file.metadata()?.ino();
+            let mnt = crate::sync::mount_point(&path.canonicalize()?)?;
+            let map = ask(&mnt, &Request::Extents { node })?
+                .extents
+                .context("the daemon sent no extents (an older version?)")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&map)?);
+            } else {
+                print_extents(&path, &map, raw);
+            }
+            Ok(())
+        }
         Command::Du { json, raw, path } => {
             let node = std::fs::metadata(&path)
                 .with_context(|| format!("opening {}", path.display()))?
@@ -83,6 +118,29 @@ pub fn run(c: Command) -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+fn print_extents(path: &std::path::Path, map: &FileMap, raw: bool) {
+    let data = map.extents.iter().filter(|e| e.physical.is_some()).count();
+    println!(
+        "{}: {} bytes, {data} extents on the device",
+        path.display(),
+        map.size
+    );
+    println!(
+        "{:>4} {:>12} {:>12} {:>16} {:>12}  flags",
+        "ext", "logical", "length", "physical", "on disk"
+    );
+    for (i, e) in map.extents.iter().enumerate() {
+        let physical = e.physical.map_or("-".to_string(), |p| p.to_string());
+        println!(
+            "{i:>4} {:>12} {:>12} {physical:>16} {:>12}  {}",
+            e.logical,
+            size(e.length, raw),
+            size(e.disk_bytes, raw),
+            e.flags.join(",")
+        );
     }
 }
 

@@ -20,6 +20,21 @@ pub enum Command {
         json: bool,
         image: PathBuf,
     },
+    /// Fragmentation of every subvolume's files, like `xfs_db -c frag`:
+    /// extents actual and ideal and the fragmentation factor, files per
+    /// extent count, and how far each extent landed from its allocation
+    /// hint (the file's previous extent; for a first extent, the data of
+    /// the inode before it) in power-of-two buckets, extents placed in
+    /// another block group counted apart (seed mail 004's locality
+    /// histogram).
+    Frag {
+        /// One JSON object: files, actual_extents, ideal_extents,
+        /// fragmentation_percent, extents_per_file and locality (from, to,
+        /// count), median_distance, switched_group.
+        #[arg(long)]
+        json: bool,
+        image: PathBuf,
+    },
     /// List the items of one tree (by id: 1 root, 2 extent, 3 block group,
     /// 5 fs, 7 csum, 8 quota, 10 free by start, 11 free by length).
     DumpTree {
@@ -44,6 +59,7 @@ pub fn run(c: Command) -> Result<()> {
     match c {
         Command::Super { json, image } => show_super(&image, json),
         Command::Freesp { json, image } => show_freesp(&image, json),
+        Command::Frag { json, image } => show_frag(&image, json),
         Command::DumpTree { tree, image } => {
             let (_, e) = open(&image)?;
             let items = e.read(|r| r.range(tree, &Key::MIN, &Key::MAX))?;
@@ -84,6 +100,46 @@ fn show_super(image: &Path, json: bool) -> Result<()> {
         println!("bytes_used\t{}", sb.bytes_used);
         println!("nodesize\t{}", sb.nodesize);
         println!("sectorsize\t{}", sb.sectorsize);
+    }
+    Ok(())
+}
+
+fn show_frag(image: &Path, json: bool) -> Result<()> {
+    let (_, e) = open(image)?;
+    let r = canopy::fs::extents::frag(&e)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "actual {}, ideal {}, fragmentation factor {:.2}%",
+        r.actual_extents, r.ideal_extents, r.fragmentation_percent
+    );
+    let per_file = r.actual_extents as f64 / r.files.max(1) as f64;
+    println!("Files on this filesystem average {per_file:.2} extents per file");
+    println!("{:>10} {:>10} {:>10}", "from", "to", "files");
+    for b in r.extents_per_file.iter().filter(|b| b.count > 0) {
+        println!("{:>10} {:>10} {:>10}", b.from, b.to, b.count);
+    }
+    println!();
+    println!("Distance from the allocation hint (bytes):");
+    println!("{:>14} {:>14} {:>10}", "from", "to", "extents");
+    for b in r
+        .locality
+        .iter()
+        .filter(|b| b.count > 0 || b.to == 0 && b.from > 0)
+    {
+        let to = if b.to == 0 && b.from > 0 {
+            "other group".to_string()
+        } else {
+            b.to.to_string()
+        };
+        println!("{:>14} {to:>14} {:>10}", b.from, b.count);
+    }
+    match r.median_distance {
+        Some(u64::MAX) => println!("median distance: another block group"),
+        Some(d) => println!("median distance: {d} bytes"),
+        None => println!("median distance: none (no extent has a hint)"),
     }
     Ok(())
 }
