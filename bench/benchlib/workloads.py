@@ -273,7 +273,16 @@ def fsync_random(fs, scale):
             if counts:
                 samples.append((f"{state}: extents per file (mean)", sum(counts) / len(counts),
                                 "", "info"))
+        locality = xfs_locality(fs) if fs.name == "xfs" else None
         fs.umount()
+        if fs.name == "canopy":
+            locality = canopy_locality(fs)
+        if locality is not None:
+            median, switched, total = locality
+            samples.append((f"{state}: median distance from the allocation hint (KiB)",
+                            median / 1024 if median is not None else float("inf"), "KiB", "lower"))
+            samples.append((f"{state}: extents in another group than their hint (%)",
+                            100 * switched / max(total, 1), "%", "lower"))
         if fs.name == "canopy":
             per_file = canopy_extent_items(fs)
             if per_file:
@@ -285,6 +294,53 @@ def fsync_random(fs, scale):
             small = sum(n for low, n in hist if low < 256)  # under 1 MiB
             samples.append((f"{state}: free-space extents under 1 MiB", small, "", "info"))
     return samples
+
+
+def median_distance(distances, switched):
+    """The median of `distances` with `switched` extents counted as
+    farthest (None when that median is a switch)."""
+    ranked = sorted(distances) + [None] * switched
+    return ranked[len(ranked) // 2] if ranked else None
+
+
+def canopy_locality(fs):
+    """(median distance in bytes, extents in another group, extents with a
+    hint) from `canopy inspect frag` (seed mail 004's locality histogram;
+    the hint: the file's previous extent, or the inode before it's data)."""
+    r = json.loads(out(f"'{CANOPY}' inspect frag --json '{fs.image}'"))
+    total = sum(b["count"] for b in r["locality"])
+    median = r["median_distance"]
+    return (None if median in (None, 2**64 - 1) else median, r["switched_group"], total)
+
+
+def xfs_locality(fs, max_files=500):
+    """The same for a mounted XFS, from `xfs_bmap -v`: each extent's
+    distance from the end of the file's previous extent, or for a first
+    extent from the file's inode (XFS's own hints), AG changes apart."""
+    info = out(f"xfs_info '{fs.mnt}'")
+    agsize = int(re.search(r"agsize=(\d+)", info).group(1))
+    bsize = int(re.search(r"bsize=(\d+)", info).group(1))
+    isize = int(re.search(r"isize=(\d+)", info).group(1))
+    agblklog = (agsize - 1).bit_length()
+    inopblog = (bsize // isize).bit_length() - 1
+    sectors = bsize // 512
+    distances, switched = [], 0
+    for name in sorted(os.listdir(fs.mnt))[:max_files]:
+        ino = os.stat(fs.path(name)).st_ino
+        agno = ino >> (agblklog + inopblog)
+        agbno = (ino & ((1 << (agblklog + inopblog)) - 1)) >> inopblog
+        hint, hint_ag = (agno * agsize + agbno) * sectors, agno
+        for line in out(f"xfs_bmap -v '{fs.path(name)}'").splitlines():
+            m = re.match(r"\s*\d+: \[\d+\.\.\d+\]:\s+(\d+)\.\.(\d+)\s+(\d+) ", line)
+            if not m:
+                continue
+            start, end, ag = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            if ag != hint_ag:
+                switched += 1
+            else:
+                distances.append(abs(start - hint) * 512)
+            hint, hint_ag = end + 1, ag
+    return (median_distance(distances, switched), switched, len(distances) + switched)
 
 
 def canopy_extent_items(fs):
