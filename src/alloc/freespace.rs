@@ -15,6 +15,10 @@ pub struct FreeIndex {
     /// the free extents hold: a tree block fits in no hole smaller than
     /// itself, however many free bytes there are.
     whole: [u64; BLOCK_SIZES],
+    /// Extents per length class (`[2^i, 2^(i+1))` bytes, the last class
+    /// open-ended): how many are long enough is known without walking the
+    /// by-length index.
+    classes: [u32; CLASSES],
 }
 
 /// Tree block sizes tracked by [`FreeIndex::whole_blocks`]: 4 KiB to 64 KiB.
@@ -64,6 +68,7 @@ impl FreeIndex {
         self.by_len.insert((len, start));
         self.total += len;
         self.count_whole(len, true);
+        self.classes[length_class(len)] += 1;
     }
 
     fn remove_raw(&mut self, start: u64, len: u64) {
@@ -71,6 +76,33 @@ impl FreeIndex {
         self.by_len.remove(&(len, start));
         self.total -= len;
         self.count_whole(len, false);
+        self.classes[length_class(len)] -= 1;
+    }
+
+    /// Whether more than `LAST_BLOCK` extents are `len` bytes or longer,
+    /// and whether none are; from the class counts where they tell, else
+    /// by walking the by-length index.
+    fn fits(&self, len: u64) -> Fits {
+        let class = length_class(len);
+        let above: u64 = self.classes[class + 1..]
+            .iter()
+            .map(|&n| u64::from(n))
+            .sum();
+        let within = u64::from(self.classes[class]);
+        if above > LAST_BLOCK as u64 {
+            return Fits::Many;
+        }
+        if above + within <= LAST_BLOCK as u64 {
+            return match self.by_len.range((len, 0)..).next() {
+                Some(_) => Fits::Few,
+                None => Fits::None,
+            };
+        }
+        match self.by_len.range((len, 0)..).take(LAST_BLOCK + 1).count() {
+            0 => Fits::None,
+            n if n <= LAST_BLOCK => Fits::Few,
+            _ => Fits::Many,
+        }
     }
 
     /// The free extent containing `at`, if any.
@@ -159,17 +191,32 @@ impl FreeIndex {
         }
         // As XFS looks at whether its by-size lookup lands in the tree's
         // last leaf: are there few enough extents of `max` or more?
-        let fits = self.by_len.range((max, 0)..).take(LAST_BLOCK + 1).count();
-        let found = match fits {
-            0 => search.largest(self, min),
-            n if n <= LAST_BLOCK => search.scan_all(self),
-            n => {
-                search.visits += n;
+        let found = match self.fits(max) {
+            Fits::None => search.largest(self, min),
+            Fits::Few => search.scan_all(self),
+            Fits::Many => {
+                search.visits += LAST_BLOCK + 1;
                 search.span(self)
             }
         };
         (found.map(|c| (c.start, c.len)), search.visits)
     }
+}
+
+/// How many free extents are long enough for a request.
+enum Fits {
+    None,
+    /// At most [`LAST_BLOCK`]: the last block scan looks at them all.
+    Few,
+    Many,
+}
+
+/// Length classes counted: the last holds every extent of 2 GiB or more.
+const CLASSES: usize = 32;
+
+/// The length class of `len`: floor(log2(len)), at most the last.
+fn length_class(len: u64) -> usize {
+    (63 - len.max(1).leading_zeros() as usize).min(CLASSES - 1)
 }
 
 /// Extents of the wanted length or more below which the near search looks
