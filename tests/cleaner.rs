@@ -205,7 +205,10 @@ fn the_cleaner_survives_a_crash_at_any_point() {
     let ops = rec.ops();
     drop(fs);
     let mut rp = Replayer::new(base, ops);
-    assert!(done > 300, "the cleaning took many steps: {done} writes");
+    // Many crash points (408 writes when copied tree blocks went near
+    // their old place; about 230 since they go near their parent, where
+    // the commit joins more of them into one write).
+    assert!(done > 150, "the cleaning took many steps: {done} writes");
     for prefix in 0..=done {
         let dev: Arc<dyn Device> = Arc::new(rp.at(prefix, &|_| prefix % 2 == 0));
         let fs = open(dev.clone());
