@@ -306,7 +306,8 @@ def median_distance(distances, switched):
 def canopy_locality(fs):
     """(median distance in bytes, extents in another group, extents with a
     hint) from `canopy inspect frag` (seed mail 004's locality histogram;
-    the hint: the file's previous extent, or the inode before it's data)."""
+    the hint: the file's previous extent; a first extent, placed by size,
+    is measured from the data of the inode before it)."""
     r = json.loads(out(f"'{CANOPY}' inspect frag --json '{fs.image}'"))
     total = sum(b["count"] for b in r["locality"])
     median = r["median_distance"]

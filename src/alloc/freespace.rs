@@ -161,6 +161,18 @@ impl FreeIndex {
         true
     }
 
+    /// Chooses `(start, len)` with `min <= len <= max` by size alone: the
+    /// shortest extent that has all of `max` (the lowest of equals), else
+    /// the largest if it has `min` (XFS's by-size mode).
+    pub fn by_size(&self, min: u64, max: u64) -> Option<(u64, u64)> {
+        if let Some(&(_, s)) = self.by_len.range((max, 0)..).next() {
+            return Some((s, max));
+        }
+        let &(l, _) = self.by_len.iter().next_back()?;
+        let &(_, s) = self.by_len.range((l, 0)..).next()?;
+        (l >= min).then_some((s, l))
+    }
+
     /// Chooses `(start, len)` with `min <= len <= max` near `hint`.
     pub fn near(&self, hint: u64, min: u64, max: u64) -> Option<(u64, u64)> {
         self.near_counted(hint, min, max).0
@@ -390,6 +402,18 @@ mod tests {
         assert_eq!(f.iter().collect::<Vec<_>>(), vec![(0, 10), (15, 15)]);
         assert_eq!(f.total(), 25);
         assert!(!f.remove(9, 2));
+    }
+
+    #[test]
+    fn by_size_takes_the_tightest_fit_else_the_largest() {
+        let mut f = FreeIndex::default();
+        f.insert(0, 64);
+        f.insert(100, 16);
+        f.insert(200, 32);
+        assert_eq!(f.by_size(4, 16), Some((100, 16)));
+        assert_eq!(f.by_size(4, 20), Some((200, 20)));
+        assert_eq!(f.by_size(4, 100), Some((0, 64)));
+        assert_eq!(f.by_size(65, 100), None);
     }
 
     #[test]

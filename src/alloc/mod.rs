@@ -282,7 +282,12 @@ impl Allocator {
                 g.start.abs_diff(hint).saturating_add(1)
             }
         });
-        order.into_iter().find_map(|g| g.free.near(hint, min, max))
+        // No hint (0): by size, so that a new file fills a hole of its
+        // size rather than cutting into the nearest larger one.
+        order.into_iter().find_map(|g| match hint {
+            0 => g.free.by_size(min, max),
+            h => g.free.near(h, min, max),
+        })
     }
 
     fn take(&mut self, start: u64, len: u64) {

@@ -194,8 +194,9 @@ pub struct Bucket {
 ///
 /// The hint of an extent is where the allocator was pointed when it
 /// placed it (see `fs::file::hint_before`): the device end of the file's
-/// previous extent, or for a file's first extent, the end of the data of
-/// the inode before it. Reflinked and snapshot-shared extents are counted
+/// previous extent. A file's first extent has none (it is placed by
+/// size); it is measured from the end of the data of the inode before it,
+/// where XFS measures from the inode itself. Reflinked and snapshot-shared extents are counted
 /// in every file that holds them, as the tools Canopy follows do.
 pub fn frag(engine: &Engine) -> Result<FragReport> {
     engine.read(|r| {

@@ -23,8 +23,9 @@ pub enum Command {
     /// Fragmentation of every subvolume's files, like `xfs_db -c frag`:
     /// extents actual and ideal and the fragmentation factor, files per
     /// extent count, and how far each extent landed from its allocation
-    /// hint (the file's previous extent; for a first extent, the data of
-    /// the inode before it) in power-of-two buckets, extents placed in
+    /// hint (the file's previous extent; a first extent, placed by size,
+    /// from the data of the inode before it) in power-of-two buckets,
+    /// extents placed in
     /// another block group counted apart (seed mail 004's locality
     /// histogram).
     Frag {

@@ -223,38 +223,20 @@ pub(crate) fn hole_bytes<B: BlockRead + ?Sized>(
 }
 
 /// Where the data of the file just before `offset` ends on the device: the
-/// allocation hint that keeps a file's extents end to end. With no data
-/// before `offset`, where the data of the inode before it ends: files
-/// made together lie together, as XFS puts a file's first extent near its
-/// inode (Canopy's inodes have no place on the device; their neighbours'
-/// data does). 0: none.
+/// allocation hint that keeps a file's extents end to end. 0 (none, as
+/// for a file's first extent): the allocator places by size, the tightest
+/// hole that fits (see `alloc`).
 pub(crate) fn hint_before<B: BlockRead + ?Sized>(
     b: &B,
     root: &RootPtr,
     ino: u64,
     offset: u64,
 ) -> Result<u64> {
-    let own = end_of_extent_at_or_before(b, root, &data_key(ino, offset), |o| o == ino)?;
-    if own != 0 {
-        return Ok(own);
-    }
-    // Only a hint: a damaged neighbour must not fail this file's write.
-    Ok(end_of_extent_at_or_before(b, root, &Key::new(ino, 0, 0), |o| o < ino).unwrap_or(0))
-}
-
-/// Where the extent item at or before `key` ends on the device, if it is
-/// one of an inode `owner` accepts (0 otherwise).
-fn end_of_extent_at_or_before<B: BlockRead + ?Sized>(
-    b: &B,
-    root: &RootPtr,
-    key: &Key,
-    owner: impl Fn(u64) -> bool,
-) -> Result<u64> {
-    let Some(c) = Cursor::seek_le(b, root, key)? else {
+    let Some(c) = Cursor::seek_le(b, root, &data_key(ino, offset))? else {
         return Ok(0);
     };
     let Some(it) = c.item() else { return Ok(0) };
-    if !owner(it.key.objectid) || it.key.ty != EXTENT_DATA {
+    if it.key.objectid != ino || it.key.ty != EXTENT_DATA {
         return Ok(0);
     }
     let fe = decode(b, &it.key, &it.data)?;
