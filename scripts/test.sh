@@ -100,6 +100,28 @@ else
     fi
     echo "crash_campaign (needs root, /dev/fuse and fusermount3)" >> "$skipped"
 fi
+echo "== Ceph: scripts/ceph-dev.sh brings a one-node cluster up, rbd writes and reads, and it goes away"
+if [ "$(id -u)" = 0 ] && command -v ceph-mon >/dev/null; then
+    ceph_dir=$PWD/target/tmp/ceph-dev
+    trap 'bash scripts/ceph-dev.sh stop "$ceph_dir"' EXIT
+    bash scripts/ceph-dev.sh start "$ceph_dir"
+    rbd_=(timeout 120 rbd -c "$ceph_dir/ceph.conf")
+    "${rbd_[@]}" create rbd/smoke --size 256M
+    "${rbd_[@]}" bench --io-type write --io-size 4M --io-total 64M rbd/smoke | tail -1
+    "${rbd_[@]}" bench --io-type read --io-size 4M --io-total 64M rbd/smoke | tail -1
+    bash scripts/ceph-dev.sh stop "$ceph_dir"
+    trap - EXIT
+    if pgrep -f "ceph-(mon|mgr|osd) -c $ceph_dir" >/dev/null; then
+        echo "ceph-dev stop left daemons running" >&2
+        exit 1
+    fi
+    rm -rf "$ceph_dir"
+elif [ "${CANOPY_REQUIRE_ALL:-}" = 1 ]; then
+    echo "the Ceph step needs root and Ceph (apt-get install --no-install-recommends ceph ceph-mon ceph-mgr ceph-osd)" >&2
+    exit 1
+else
+    echo "ceph-dev cluster (needs root and the ceph packages)" >> "$skipped"
+fi
 if [ -s "$skipped" ]; then
     echo "== SKIPPED: $(sort -u "$skipped" | wc -l) tests could not run on this machine:"
     sort -u "$skipped" | sed 's/^/   /'
