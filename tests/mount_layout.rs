@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::mounted::{can_mount, canopy_ok, Mounted};
+use common::mounted::{can_mount, canopy_ok, clone_range, Mounted};
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -56,30 +56,6 @@ fn ranges(map: &[(u64, u64, Option<u64>, String)], kind: &str) -> Vec<(u64, u64)
         }
     }
     out
-}
-
-/// Clones the first `len` bytes of `src` into `dst` (copy_file_range:
-/// Canopy shares the extents); the bytes cloned.
-fn clone_range(src: &fs::File, dst: &fs::File, len: u64) -> u64 {
-    use std::os::fd::AsRawFd;
-    let (mut a, mut b) = (0i64, 0i64);
-    // SAFETY: descriptors we hold and offsets we own.
-    let n = unsafe {
-        libc::copy_file_range(
-            src.as_raw_fd(),
-            &mut a,
-            dst.as_raw_fd(),
-            &mut b,
-            len as usize,
-            0,
-        )
-    };
-    assert!(
-        n >= 0,
-        "copy_file_range: {}",
-        std::io::Error::last_os_error()
-    );
-    n as u64
 }
 
 #[test]
@@ -139,7 +115,12 @@ fn extents_show_data_holes_prealloc_and_reflinks() {
     let src = fs::File::open(m.p("a")).unwrap();
     let dst = fs::File::create(m.p("b")).unwrap();
     let cloned = clone_range(&src, &dst, 256 * KIB);
-    assert_eq!(cloned, 256 * KIB);
+    assert_eq!(
+        cloned,
+        256 * KIB as isize,
+        "{}",
+        std::io::Error::last_os_error()
+    );
     let a = extents(&m.mnt, "a");
     let b = extents(&m.mnt, "b");
     for (logical, length, physical, flags) in a.iter().filter(|e| e.0 < 256 * KIB) {

@@ -207,7 +207,6 @@ fn mode_and_owner(p: &Path, rng: &mut Rng) {
 /// A copy that shares the extents (copy_file_range: Canopy reflinks);
 /// the bytes copied, or -1.
 fn reflink(from: &Path, to: &Path) -> isize {
-    use std::os::fd::AsRawFd;
     let src = fs::File::open(from).unwrap();
     let dst = fs::OpenOptions::new()
         .create(true)
@@ -216,18 +215,7 @@ fn reflink(from: &Path, to: &Path) -> isize {
         .open(to);
     let Ok(dst) = dst else { return -1 };
     let len = src.metadata().unwrap().len();
-    let (mut a, mut b) = (0i64, 0i64);
-    // SAFETY: descriptors we hold.
-    unsafe {
-        libc::copy_file_range(
-            src.as_raw_fd(),
-            &mut a,
-            dst.as_raw_fd(),
-            &mut b,
-            len as usize,
-            0,
-        )
-    }
+    common::mounted::clone_range(&src, &dst, len)
 }
 
 fn punch(p: &Path, rng: &mut Rng) {

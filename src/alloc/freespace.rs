@@ -81,8 +81,8 @@ impl FreeIndex {
 
     /// Whether more than `LAST_BLOCK` extents are `len` bytes or longer,
     /// and whether none are; from the class counts where they tell, else
-    /// by walking the by-length index.
-    fn fits(&self, len: u64) -> Fits {
+    /// by walking the by-length index. Also the index entries walked.
+    fn fits(&self, len: u64) -> (Fits, usize) {
         let class = length_class(len);
         let above: u64 = self.classes[class + 1..]
             .iter()
@@ -90,18 +90,18 @@ impl FreeIndex {
             .sum();
         let within = u64::from(self.classes[class]);
         if above > LAST_BLOCK as u64 {
-            return Fits::Many;
+            return (Fits::Many, 0);
         }
         if above + within <= LAST_BLOCK as u64 {
             return match self.by_len.range((len, 0)..).next() {
-                Some(_) => Fits::Few,
-                None => Fits::None,
+                Some(_) => (Fits::Few, 1),
+                None => (Fits::None, 1),
             };
         }
         match self.by_len.range((len, 0)..).take(LAST_BLOCK + 1).count() {
-            0 => Fits::None,
-            n if n <= LAST_BLOCK => Fits::Few,
-            _ => Fits::Many,
+            0 => (Fits::None, 1),
+            n if n <= LAST_BLOCK => (Fits::Few, n),
+            n => (Fits::Many, n),
         }
     }
 
@@ -203,13 +203,12 @@ impl FreeIndex {
         }
         // As XFS looks at whether its by-size lookup lands in the tree's
         // last leaf: are there few enough extents of `max` or more?
-        let found = match self.fits(max) {
+        let (fits, walked) = self.fits(max);
+        search.visits += walked;
+        let found = match fits {
             Fits::None => search.largest(self, min),
             Fits::Few => search.scan_all(self),
-            Fits::Many => {
-                search.visits += LAST_BLOCK + 1;
-                search.span(self)
-            }
+            Fits::Many => search.span(self),
         };
         (found.map(|c| (c.start, c.len)), search.visits)
     }

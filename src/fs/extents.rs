@@ -134,20 +134,16 @@ fn mapped(offset: u64, fe: &FileExtentItem) -> MappedExtent {
             flags: vec!["inline".into()],
         };
     }
-    if fe.disk_bytenr == 0 {
+    let Some((physical, _)) = file::on_device(fe) else {
         return hole(offset, fe.num_bytes);
-    }
+    };
     let mut flags = Vec::new();
     if fe.kind == FILE_EXTENT_PREALLOC {
         flags.push("prealloc".into());
     }
-    let physical = match fe.compression {
-        0 => fe.disk_bytenr + fe.offset,
-        c => {
-            flags.push(crate::compress::Codec::name_of(c).to_string());
-            fe.disk_bytenr
-        }
-    };
+    if file::is_compressed(fe) {
+        flags.push(crate::compress::Codec::name_of(fe.compression).to_string());
+    }
     MappedExtent {
         logical: offset,
         length: fe.num_bytes,
@@ -273,30 +269,21 @@ impl FragTally {
     }
 
     fn extent(&mut self, ino: u64, offset: u64, fe: &FileExtentItem) {
-        if fe.kind == FILE_EXTENT_INLINE || fe.disk_bytenr == 0 {
+        let Some((start, end)) = file::on_device(fe) else {
             return;
-        }
-        let start = match fe.compression {
-            0 => fe.disk_bytenr + fe.offset,
-            _ => fe.disk_bytenr,
-        };
-        let end = match fe.compression {
-            0 => start + fe.num_bytes,
-            _ => fe.disk_bytenr + fe.disk_num_bytes,
         };
         // One extent to XFS too: the same file, on in the file and on the
         // device.
         let continues = self
             .last_end
             .is_some_and(|(e, i, o)| i == ino && e == start && o == offset);
-        if let Some((hint, _, _)) = self.last_end.filter(|_| !continues) {
-            if self.group_of(hint) == self.group_of(start) {
-                self.distances.push(start.abs_diff(hint));
-            } else {
-                self.switched += 1;
+        match self.last_end {
+            _ if continues => self.distances.push(0),
+            Some((hint, _, _)) if self.group_of(hint) == self.group_of(start) => {
+                self.distances.push(start.abs_diff(hint))
             }
-        } else if continues {
-            self.distances.push(0);
+            Some(_) => self.switched += 1,
+            None => {}
         }
         let file = self.files.entry((self.tree, ino)).or_default();
         file.0 += u64::from(!continues);

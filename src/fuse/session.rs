@@ -85,10 +85,8 @@ pub fn start(fd: Arc<OwnedFd>, mut handler: impl Handler, config: &Config) -> Re
             return Err(e);
         }
     };
-    let limits = Background {
-        max: config.max_background,
-    };
-    write_init(raw, unique, &offer, flags | carrier.init_flags(), limits);
+    let flags = flags | carrier.init_flags();
+    write_init(raw, unique, &offer, flags, config.max_background);
     let mut running = Running::new(fd);
     running.transport = carrier.describe();
     carrier.carry(&mut running, Arc::new(handler))?;
@@ -268,22 +266,17 @@ pub fn read_init(fd: RawFd) -> Result<(u64, Offer)> {
     }
 }
 
-/// The kernel's limit on FUSE requests in the background (writeback,
-/// read-ahead) that INIT sets.
-#[derive(Clone, Copy, Debug)]
-pub struct Background {
-    pub max: u16,
-}
-
-/// Answers INIT with `flags` (those the kernel offered and Canopy wants).
-pub fn write_init(fd: RawFd, unique: u64, offer: &Offer, flags: u64, background: Background) {
+/// Answers INIT with `flags` (those the kernel offered and Canopy wants)
+/// and `max_background`, the kernel's limit on FUSE requests in the
+/// background (writeback, read-ahead).
+pub fn write_init(fd: RawFd, unique: u64, offer: &Offer, flags: u64, max_background: u16) {
     let max_write = super::MAX_WRITE;
     let out = reply::InitOut {
         minor: offer.minor,
         max_readahead: offer.max_readahead,
         flags: flags | init::INIT_EXT,
-        max_background: background.max,
-        congestion_threshold: super::bdi::congestion_threshold(background.max),
+        max_background,
+        congestion_threshold: super::bdi::congestion_threshold(max_background),
         max_write,
         max_pages: (max_write / 4096) as u16,
     };

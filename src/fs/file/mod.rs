@@ -240,12 +240,22 @@ pub(crate) fn hint_before<B: BlockRead + ?Sized>(
         return Ok(0);
     }
     let fe = decode(b, &it.key, &it.data)?;
-    Ok(if fe.kind == FILE_EXTENT_INLINE || fe.disk_bytenr == 0 {
-        0
-    } else if is_compressed(&fe) {
-        fe.disk_bytenr + fe.disk_num_bytes
-    } else {
-        fe.disk_bytenr + fe.offset + fe.num_bytes
+    Ok(on_device(&fe).map_or(0, |(_, end)| end))
+}
+
+/// The device bytes `[start, end)` a file extent item's data occupies: the
+/// range the file uses, or for a compressed extent (which is decoded
+/// whole) all of it. None for inline data and holes.
+pub(crate) fn on_device(fe: &FileExtentItem) -> Option<(u64, u64)> {
+    if fe.kind == FILE_EXTENT_INLINE || fe.disk_bytenr == 0 {
+        return None;
+    }
+    Some(match is_compressed(fe) {
+        true => (fe.disk_bytenr, fe.disk_bytenr + fe.disk_num_bytes),
+        false => {
+            let start = fe.disk_bytenr + fe.offset;
+            (start, start + fe.num_bytes)
+        }
     })
 }
 
