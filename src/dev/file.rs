@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 pub struct FileDevice {
     file: File,
@@ -34,7 +34,7 @@ pub struct FileDevice {
     /// Smallest data write sent direct ([`DIRECT_MIN`], or every aligned
     /// write, tree blocks too, after `write_everything_direct`).
     direct_min: AtomicUsize,
-    size: u64,
+    size: AtomicU64,
     path: String,
     /// Keeps other writers out for as long as the device is open.
     _claim: super::exclusive::Claim,
@@ -78,7 +78,7 @@ impl FileDevice {
             direct_ok: AtomicBool::new(direct.is_some()),
             direct_min: AtomicUsize::new(DIRECT_MIN),
             direct,
-            size,
+            size: AtomicU64::new(size),
             path: shown,
             _claim: claim,
         })
@@ -214,7 +214,14 @@ impl Device for FileDevice {
     }
 
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Relaxed)
+    }
+
+    fn refresh_size(&self) -> Result<u64> {
+        let size =
+            device_size(&self.file).map_err(|e| Error::io(format!("sizing {}", self.path), e))?;
+        self.size.store(size, Ordering::Relaxed);
+        Ok(size)
     }
 }
 

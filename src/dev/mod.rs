@@ -6,6 +6,8 @@
 //!
 //! - [`FileDevice`]: an image file or block device, locked against a second
 //!   user.
+//! - `RbdDevice`: an image on a Ceph cluster, through librbd (the `rbd`
+//!   feature; built where librbd is installed), named `rbd:POOL/IMAGE`.
 //! - [`MemDevice`]: a byte vector, for tests.
 //! - [`fault::FaultyDevice`]: fails, tears, loses or misdirects chosen
 //!   operations, for tests.
@@ -17,9 +19,16 @@ pub mod exclusive;
 pub mod fault;
 mod file;
 mod mem;
+#[cfg(canopy_rbd)]
+mod rbd;
+pub mod source;
 
+pub use exclusive::Access;
 pub use file::FileDevice;
 pub use mem::MemDevice;
+#[cfg(canopy_rbd)]
+pub use rbd::RbdDevice;
+pub use source::{OpenHow, RbdSpec, Source};
 
 use crate::error::Result;
 
@@ -38,8 +47,14 @@ pub trait Device: Send + Sync {
     }
     /// Returns once every write issued before it is durable.
     fn barrier(&self) -> Result<()>;
-    /// Size in bytes.
+    /// Size in bytes, as last seen.
     fn size(&self) -> u64;
+    /// Looks at the storage's size again (it may have grown since open:
+    /// `rbd resize`, a longer image file, a larger block device) and
+    /// returns it; [`Device::size`] reports it from then on.
+    fn refresh_size(&self) -> Result<u64> {
+        Ok(self.size())
+    }
     /// Hints that `[offset, offset+len)` will be read soon (readahead);
     /// may do nothing.
     fn prefetch(&self, _offset: u64, _len: u64) {}

@@ -2,7 +2,7 @@
 //! shutdown on unmount, SIGTERM or SIGINT.
 
 use super::{FuseFs, Notifier};
-use crate::dev::{Device, FileDevice};
+use crate::dev::{Access, Device, FileDevice, OpenHow, Source};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
 use crate::{Engine, OpenOptions};
@@ -33,7 +33,7 @@ fn install_signal_handlers() {
 /// is unmounted or the process gets SIGTERM/SIGINT. `ready` is called once
 /// the mount is live.
 pub fn serve(
-    image: &Path,
+    image: &Source,
     mountpoint: &Path,
     opts: &MountOptions,
     ready: impl FnOnce(),
@@ -43,7 +43,7 @@ pub fn serve(
     let flusher = super::bdi::become_io_flusher();
     let fs = open_fs(image, opts, flusher)?;
     install_signal_handlers();
-    let source = image.to_string_lossy().into_owned();
+    let source = image.to_string();
     let kernel = Arc::new(super::bdi::KernelSide {
         buffer_follows_global: opts.dirty_limit.is_none(),
         max_background: opts.max_background,
@@ -105,12 +105,8 @@ fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 
 /// Opens the image (replaying a crash's log unless `nologreplay`) with
 /// the mount's settings.
-fn open_fs(image: &Path, opts: &MountOptions, io_flusher: bool) -> Result<Arc<Fs>> {
-    let file = FileDevice::open(image, opts.read_only, true)?;
-    if opts.writeback_cache && !opts.read_only && !io_flusher && !file.write_everything_direct() {
-        tracing::warn!("under writeback_cache with neither CAP_SYS_RESOURCE nor O_DIRECT on the image, writes may crawl at a small vm.dirty_bytes (see fuse::bdi)");
-    }
-    let dev: Arc<dyn Device> = Arc::new(file);
+fn open_fs(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<Fs>> {
+    let dev = open_device(image, opts, io_flusher)?;
     let engine = Engine::open(
         dev,
         &OpenOptions {
@@ -130,6 +126,32 @@ fn open_fs(image: &Path, opts: &MountOptions, io_flusher: bool) -> Result<Arc<Fs
     fs.set_dir_atime(opts.dir_atime);
     fs.set_compression(opts.compression);
     Ok(fs)
+}
+
+/// Opens the device: a writer claims it (taking it over with
+/// `takeover`), a read-only mount shares it with other readers.
+fn open_device(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<dyn Device>> {
+    let Some(path) = image.path() else {
+        let access = match opts.read_only {
+            true => Access::Share,
+            false => Access::Write,
+        };
+        let how = OpenHow {
+            takeover: opts.takeover,
+        };
+        return Ok(Arc::from(image.open(access, how)?));
+    };
+    if opts.takeover {
+        return Err(Error::Invalid(format!(
+            "takeover is for RBD images: {} is held by a process on this host, which must end first",
+            path.display()
+        )));
+    }
+    let file = FileDevice::open(path, opts.read_only, true)?;
+    if opts.writeback_cache && !opts.read_only && !io_flusher && !file.write_everything_direct() {
+        tracing::warn!("under writeback_cache with neither CAP_SYS_RESOURCE nor O_DIRECT on the image, writes may crawl at a small vm.dirty_bytes (see fuse::bdi)");
+    }
+    Ok(Arc::new(file))
 }
 
 /// A live session: the threads serving it, and whether Canopy mounted
@@ -269,8 +291,10 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
         }
         let writable = !opts.read_only && !fs.is_remounted_read_only();
         if writable && last_commit.elapsed() >= Duration::from_secs(opts.commit_secs) {
-            if let Err(e) = fs.sync() {
-                tracing::error!(error = %e, "periodic commit failed");
+            match fs.sync() {
+                // The shutdown was logged once, with its cause.
+                Ok(()) | Err(Error::Aborted(_)) => {}
+                Err(e) => tracing::error!(error = %e, "periodic commit failed"),
             }
             last_commit = Instant::now();
         }

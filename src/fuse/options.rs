@@ -61,6 +61,10 @@ pub struct MountOptions {
     /// How writeback compresses file data (`compress=zstd[:LEVEL]|lz4|no`,
     /// `compress-force=`); a file's `compression` property overrides it.
     pub compression: crate::compress::Policy,
+    /// Take the image from a writer that holds it (`takeover`, what
+    /// `canopy mount --break-lock` sets): for RBD images, break its lock
+    /// and blocklist it first, so a paused writer can never write again.
+    pub takeover: bool,
 }
 
 /// Default for the `max_background=` option (the kernel's own is 12).
@@ -96,6 +100,7 @@ impl Default for MountOptions {
             subvolume: crate::fs::Shown::Default,
             log_replay: true,
             compression: crate::compress::Policy::default(),
+            takeover: false,
         }
     }
 }
@@ -214,6 +219,7 @@ impl MountOptions {
                 };
             }
             "writeback_cache" => o.writeback_cache = true,
+            "takeover" => o.takeover = true,
             "strict_limit" => o.strict_limit = true,
             "nostrict_limit" => o.strict_limit = false,
             "max_background" => o.max_background = num(value)?.clamp(1, u16::MAX.into()) as u16,

@@ -1,9 +1,8 @@
 //! `canopy check`: read-only consistency check.
 
-use canopy::dev::FileDevice;
+use canopy::dev::{Access, OpenHow, Source};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -14,15 +13,15 @@ pub struct Args {
     /// Do not show a progress bar.
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// Unmounted image file or block device.
-    image: PathBuf,
+    /// Unmounted image file, block device or rbd:POOL/IMAGE.
+    image: Source,
 }
 
 const EXIT_PROBLEMS: u8 = 4;
 const EXIT_OPERATIONAL: u8 = 8;
 
 pub fn run(a: Args) -> ExitCode {
-    let dev = match FileDevice::open(&a.image, true, false) {
+    let dev = match a.image.open(Access::Peek, OpenHow::default()) {
         Ok(d) => d,
         Err(e) => return fail(&a, &e.to_string()),
     };
@@ -40,7 +39,7 @@ pub fn run(a: Args) -> ExitCode {
             b.set_position(done);
         }
     };
-    let report = canopy::check::check_all(std::sync::Arc::new(dev), &progress);
+    let report = canopy::check::check_all(std::sync::Arc::from(dev), &progress);
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -71,7 +70,7 @@ pub fn run(a: Args) -> ExitCode {
         }
         println!(
             "{}: generation {}, {} trees, {} tree blocks, {} data extents, {} bytes used: {}",
-            a.image.display(),
+            a.image,
             report.generation,
             report.trees,
             report.tree_blocks,
@@ -117,6 +116,6 @@ fn fail(a: &Args, why: &str) -> ExitCode {
     if a.json {
         println!("{}", serde_json::json!({ "error": why }));
     }
-    eprintln!("canopy check: {}: {why}", a.image.display());
+    eprintln!("canopy check: {}: {why}", a.image);
     ExitCode::from(EXIT_OPERATIONAL)
 }

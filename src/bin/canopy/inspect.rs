@@ -1,9 +1,8 @@
 //! `canopy inspect`: look inside an unmounted image.
 
 use anyhow::Result;
-use canopy::dev::{Device, FileDevice};
+use canopy::dev::{Access, Device, OpenHow, Source};
 use canopy::{Engine, Key, OpenOptions};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(clap::Subcommand)]
@@ -12,13 +11,13 @@ pub enum Command {
     Super {
         #[arg(long)]
         json: bool,
-        image: PathBuf,
+        image: Source,
     },
     /// Free-space histogram by extent length, like `xfs_db -c freesp`.
     Freesp {
         #[arg(long)]
         json: bool,
-        image: PathBuf,
+        image: Source,
     },
     /// Fragmentation of every subvolume's files, like `xfs_db -c frag`:
     /// extents actual and ideal and the fragmentation factor, files per
@@ -34,7 +33,7 @@ pub enum Command {
         /// count), median_distance, switched_group.
         #[arg(long)]
         json: bool,
-        image: PathBuf,
+        image: Source,
     },
     /// List the items of one tree (by id: 1 root, 2 extent, 3 block group,
     /// 5 fs, 7 csum, 8 quota, 10 free by start, 11 free by length).
@@ -42,12 +41,17 @@ pub enum Command {
         /// Tree id.
         #[arg(short = 't', long, default_value_t = 1)]
         tree: u64,
-        image: PathBuf,
+        image: Source,
     },
 }
 
-fn open(image: &std::path::Path) -> Result<(Arc<dyn Device>, Engine)> {
-    let dev: Arc<dyn Device> = Arc::new(FileDevice::open(image, true, false)?);
+/// Opens `image` to look at it, beside a live mount if there is one.
+fn open_device(image: &Source) -> Result<Arc<dyn Device>> {
+    Ok(Arc::from(image.open(Access::Peek, OpenHow::default())?))
+}
+
+fn open(image: &Source) -> Result<(Arc<dyn Device>, Engine)> {
+    let dev = open_device(image)?;
     let opts = OpenOptions {
         read_only: true,
         ..Default::default()
@@ -72,9 +76,9 @@ pub fn run(c: Command) -> Result<()> {
     }
 }
 
-fn show_super(image: &Path, json: bool) -> Result<()> {
-    let dev = FileDevice::open(image, true, false)?;
-    let sb = canopy::txn::read_best_superblock(&dev)?;
+fn show_super(image: &Source, json: bool) -> Result<()> {
+    let dev = open_device(image)?;
+    let sb = canopy::txn::read_best_superblock(dev.as_ref())?;
     if json {
         let v = serde_json::json!({
             "fsid": canopy::format::uuid::shown(&sb.fsid),
@@ -105,7 +109,7 @@ fn show_super(image: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn show_frag(image: &Path, json: bool) -> Result<()> {
+fn show_frag(image: &Source, json: bool) -> Result<()> {
     let (_, e) = open(image)?;
     let r = canopy::fs::extents::frag(&e)?;
     if json {
@@ -145,7 +149,7 @@ fn show_frag(image: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn show_freesp(image: &Path, json: bool) -> Result<()> {
+fn show_freesp(image: &Source, json: bool) -> Result<()> {
     let (_, e) = open(image)?;
     let hist = e.free_histogram();
     let total: u64 = hist.iter().map(|h| h.2).sum();

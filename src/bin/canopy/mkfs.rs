@@ -1,16 +1,16 @@
-//! `canopy mkfs`: format an image file or block device.
+//! `canopy mkfs`: format an image file, block device or RBD image.
 
 use anyhow::{bail, Context, Result};
-use canopy::dev::{Device, FileDevice};
+use canopy::dev::{Access, Device, OpenHow, Source};
 use canopy::{Engine, FormatOptions};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Size of the image to create (e.g. 1G, 512M); required when the image
     /// does not exist yet. An existing regular file smaller than this is
-    /// grown (sparsely).
+    /// grown (sparsely); a missing RBD image is created with the cluster's
+    /// default features (exclusive-lock among them).
     #[arg(short = 's', long, value_parser = crate::parse_size)]
     size: Option<u64>,
     /// Tree block size in bytes: a power of two from 4096 to 65536
@@ -33,8 +33,8 @@ pub struct Args {
     /// Print nothing on success.
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// Image file or block device.
-    image: PathBuf,
+    /// Image file, block device, or rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH].
+    image: Source,
 }
 
 /// Known signatures: (offset, magic, name).
@@ -56,12 +56,8 @@ fn existing_filesystem(dev: &dyn Device) -> Option<&'static str> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let exists = a.image.exists();
-    if !exists && a.size.is_none() {
-        bail!(
-            "{} does not exist; give --size to create it",
-            a.image.display()
-        );
+    if !a.image.exists() && a.size.is_none() {
+        bail!("{} does not exist; give --size to create it", a.image);
     }
     if let Some(size) = a.size.filter(|&s| s < canopy::txn::MIN_DEVICE_BYTES) {
         bail!(
@@ -69,13 +65,14 @@ pub fn run(a: Args) -> Result<()> {
             canopy::txn::MIN_DEVICE_BYTES
         );
     }
-    if let Some(size) = a.size {
-        FileDevice::create_image(&a.image, size)?;
-    }
-    let r = format_image(&a, exists);
-    if r.is_err() && !exists {
+    let created = match a.size {
+        Some(size) => a.image.create(size)?,
+        None => false,
+    };
+    let r = format_image(&a, !created);
+    if r.is_err() && created {
         // Leave nothing behind that this run created.
-        let _ = std::fs::remove_file(&a.image);
+        a.image.remove_created();
     }
     r
 }
@@ -99,17 +96,17 @@ fn nodesize_for(asked: Option<u32>, mixed: bool) -> Result<u32> {
 }
 
 fn format_image(a: &Args, exists: bool) -> Result<()> {
-    let dev = FileDevice::open(&a.image, false, true)?;
+    let dev = a.image.open(Access::Write, OpenHow::default())?;
     if let Some(size) = a.size {
         if dev.size() < size {
-            bail!("{} holds only {} bytes", a.image.display(), dev.size());
+            bail!("{} holds only {} bytes", a.image, dev.size());
         }
     }
     if exists && !a.force {
-        if let Some(fs) = existing_filesystem(&dev) {
+        if let Some(fs) = existing_filesystem(dev.as_ref()) {
             bail!(
                 "{} already holds a {fs} filesystem; use --force to overwrite it",
-                a.image.display()
+                a.image
             );
         }
     }
@@ -124,10 +121,10 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
         fsid: None,
         mixed: Some(mixed),
     };
-    let dev: Arc<dyn Device> = Arc::new(dev);
+    let dev: Arc<dyn Device> = Arc::from(dev);
     let engine = Arc::new(
         Engine::format(dev.clone(), &opts)
-            .with_context(|| format!("formatting {}", a.image.display()))?,
+            .with_context(|| format!("formatting {}", a.image))?,
     );
     // The root directory, so that even a first read-only mount works.
     drop(canopy::fs::Fs::new(engine.clone()).context("creating the root directory")?);
@@ -136,7 +133,7 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
     let mixed = engine.is_mixed();
     drop(engine);
     if !a.quiet {
-        println!("Created Canopy filesystem on {}", a.image.display());
+        println!("Created Canopy filesystem on {}", a.image);
         println!(
             "  label:     {}",
             if a.label.is_empty() {

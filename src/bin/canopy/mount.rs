@@ -4,6 +4,7 @@ use anyhow::{bail, Context, Result};
 use canopy::fuse::mount::{serve, MountOptions};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
+use canopy::dev::Source;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -34,11 +35,17 @@ pub struct Args {
     /// mount stays read-only). Unknown options are an error.
     #[arg(short = 'o', long, default_value = "")]
     options: String,
+    /// Take the image over from a writer that holds it, on another host
+    /// that is gone or hung (`-o takeover`): for an RBD image, its lock is
+    /// broken and its client blocklisted first, so it can never write
+    /// again (failover).
+    #[arg(long)]
+    break_lock: bool,
     /// Internal: report readiness on stdout (used when daemonizing).
     #[arg(long, hide = true)]
     notify_ready: bool,
-    /// Image file or block device.
-    image: PathBuf,
+    /// Image file, block device, or rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH].
+    image: Source,
     /// Directory to mount on.
     mountpoint: PathBuf,
 }
@@ -46,13 +53,14 @@ pub struct Args {
 const READY: &str = "canopy-ready";
 
 pub fn run(a: Args) -> Result<()> {
-    let opts = MountOptions::parse(&a.options)?;
+    let mut opts = MountOptions::parse(&a.options)?;
+    opts.takeover |= a.break_lock;
     if opts.remount {
         return canopy::fuse::mount::remount(&a.mountpoint, &opts)
             .with_context(|| format!("remounting {}", a.mountpoint.display()));
     }
     if !a.image.exists() {
-        bail!("image {} does not exist", a.image.display());
+        bail!("image {} does not exist", a.image);
     }
     // The daemon must outlive a command that goes away mid-answer (`canopy
     // send | head`): a write to its closed socket is an error, not death.
@@ -68,11 +76,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         })
         .with_context(|| {
-            format!(
-                "serving {} on {}",
-                a.image.display(),
-                a.mountpoint.display()
-            )
+            format!("serving {} on {}", a.image, a.mountpoint.display())
         });
     }
     daemonize(&a)
@@ -105,7 +109,10 @@ fn daemonize(a: &Args) -> Result<()> {
     if !a.options.is_empty() {
         cmd.arg("-o").arg(&a.options);
     }
-    cmd.arg(&a.image).arg(&a.mountpoint);
+    if a.break_lock {
+        cmd.arg("--break-lock");
+    }
+    cmd.arg(a.image.to_string()).arg(&a.mountpoint);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -2,11 +2,10 @@
 //! to get the rest back, as `btrfs rescue`.
 
 use anyhow::{Context, Result};
-use canopy::dev::{Device, FileDevice};
+use canopy::dev::{Access, Device, OpenHow, Source};
 use canopy::txn::LogVerdict;
 use canopy::{Engine, OpenOptions};
 use clap::Subcommand;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Subcommand)]
@@ -23,8 +22,8 @@ pub struct ZeroLogArgs {
     /// Print what was dropped as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// Unmounted image file or block device.
-    image: PathBuf,
+    /// Unmounted image file, block device or rbd:POOL/IMAGE.
+    image: Source,
 }
 
 pub fn run(c: Command) -> Result<()> {
@@ -34,9 +33,11 @@ pub fn run(c: Command) -> Result<()> {
 }
 
 fn zero_log(a: &ZeroLogArgs) -> Result<()> {
-    let shown = a.image.display();
-    let dev: Arc<dyn Device> = Arc::new(
-        FileDevice::open(&a.image, false, true).with_context(|| format!("opening {shown}"))?,
+    let shown = &a.image;
+    let dev: Arc<dyn Device> = Arc::from(
+        a.image
+            .open(Access::Write, OpenHow::default())
+            .with_context(|| format!("opening {shown}"))?,
     );
     let found = what_the_log_holds(dev.clone()).with_context(|| format!("reading {shown}"))?;
     let Some(found) = found else {
@@ -74,7 +75,7 @@ fn report(a: &ZeroLogArgs, found: Option<&LogVerdict>, generation: Option<u64>) 
         return;
     }
     let Some(v) = found else {
-        println!("{}: no fsync log to drop", a.image.display());
+        println!("{}: no fsync log to drop", a.image);
         return;
     };
     match &v.chosen {

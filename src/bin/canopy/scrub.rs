@@ -1,12 +1,13 @@
 //! `canopy scrub`: read every tree block and data extent back and verify
 //! its checksum, on an unmounted image or through a mount's daemon.
 
-use canopy::dev::FileDevice;
+use canopy::dev::{Access, OpenHow, Source};
 use canopy::fuse::control::{self, Request, Response, ScrubState, ScrubStatus};
 use canopy::scrub::{Control, Pace, Progress, Report};
 use canopy::{Engine, OpenOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
+use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -27,9 +28,10 @@ pub struct Args {
     /// (follow it with `canopy scrub status`).
     #[arg(short = 'b', long)]
     background: bool,
-    /// An unmounted image (scrubbed here) or a mount point (scrubbed by its
-    /// daemon in the background, throttled).
-    path: Option<PathBuf>,
+    /// An unmounted image (scrubbed here: a file, block device or
+    /// rbd:POOL/IMAGE) or a mount point (scrubbed by its daemon in the
+    /// background, throttled).
+    path: Option<String>,
 }
 
 #[derive(clap::Subcommand)]
@@ -62,8 +64,11 @@ pub fn run(a: Args) -> ExitCode {
                 eprintln!("canopy scrub: give an image or a mount point (see --help)");
                 ExitCode::from(2)
             }
-            Some(p) if p.is_dir() => online(&a, p),
-            Some(p) => offline(&a, p),
+            Some(p) if std::path::Path::new(p).is_dir() => online(&a, std::path::Path::new(p)),
+            Some(p) => match p.parse::<Source>() {
+                Ok(image) => offline(&a, &image),
+                Err(e) => fail(a.json, "canopy scrub", &e.to_string()),
+            },
         },
     }
 }
@@ -96,9 +101,9 @@ fn show(bar: &Option<ProgressBar>, p: &Progress) {
     }
 }
 
-fn offline(a: &Args, image: &Path) -> ExitCode {
-    let what = format!("canopy scrub: {}", image.display());
-    let dev = match FileDevice::open(image, true, true) {
+fn offline(a: &Args, image: &Source) -> ExitCode {
+    let what = format!("canopy scrub: {image}");
+    let dev = match image.open(Access::Share, OpenHow::default()) {
         Ok(d) => d,
         Err(e) => {
             let hint = if e.to_string().contains("mounted") {
@@ -113,7 +118,7 @@ fn offline(a: &Args, image: &Path) -> ExitCode {
         read_only: true,
         ..Default::default()
     };
-    let engine = match Engine::open(Arc::new(dev), &ro) {
+    let engine = match Engine::open(Arc::from(dev), &ro) {
         Ok(e) => e,
         Err(e) => return fail(a.json, &what, &e.to_string()),
     };
@@ -180,7 +185,7 @@ fn online(a: &Args, mnt: &Path) -> ExitCode {
 /// Reports a mount's scrub that has ended.
 fn ended(json: bool, mnt: &Path, st: &ScrubStatus) -> ExitCode {
     match (&st.report, &st.error) {
-        (Some(r), _) => finish(json, mnt, r),
+        (Some(r), _) => finish(json, &mnt.display(), r),
         (None, e) => fail(
             json,
             &format!("canopy scrub: {}", mnt.display()),
@@ -209,7 +214,7 @@ fn status(mnt: &Path, json: bool) -> ExitCode {
             p.bytes_total
         );
         if let Some(r) = &st.report {
-            print_report(mnt, r);
+            print_report(&mnt.display(), r);
         }
         if let Some(e) = &st.error {
             println!("error: {e}");
@@ -243,7 +248,7 @@ fn cancel(mnt: &Path) -> ExitCode {
     }
 }
 
-fn print_report(path: &Path, r: &Report) {
+fn print_report(path: &dyn Display, r: &Report) {
     for b in &r.bad_tree_blocks {
         println!(
             "ERROR tree block {} (tree {}): {}",
@@ -268,7 +273,7 @@ fn print_report(path: &Path, r: &Report) {
     let mib = (r.data_bytes as f64) / f64::from(1u32 << 20);
     println!(
         "{}: {} tree blocks, {} data extents ({mib:.1} MiB) in {:.1} s{}: {}",
-        path.display(),
+        path,
         r.tree_blocks,
         r.data_extents,
         r.seconds,
@@ -286,7 +291,7 @@ fn print_report(path: &Path, r: &Report) {
     );
 }
 
-fn finish(json: bool, path: &Path, r: &Report) -> ExitCode {
+fn finish(json: bool, path: &dyn Display, r: &Report) -> ExitCode {
     if json {
         println!("{}", serde_json::to_string_pretty(r).unwrap_or_default());
     } else {

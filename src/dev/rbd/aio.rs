@@ -1,0 +1,275 @@
+//! Asynchronous requests: writes that stay in flight until the next
+//! barrier, and read-ahead that fetches what a reader will want next.
+//!
+//! A Canopy commit writes hundreds of tree blocks and data extents and
+//! then waits for all of them at one barrier; issuing them one by one and
+//! waiting for each would pay a network round trip per block. So a write
+//! is sent with `rbd_aio_write` and `write_at` returns at once; the
+//! barrier waits for every write issued before it, then flushes. The
+//! order the engine relies on holds because a read or write of a range
+//! first waits for the writes in flight that overlap it.
+
+use super::cluster::errno;
+use super::ffi;
+use crate::error::{Error, Result};
+use std::collections::{BTreeMap, VecDeque};
+use std::ptr::{self, NonNull};
+use std::sync::{Arc, Mutex};
+
+/// One asynchronous request and the buffer librbd reads from or into.
+pub struct Op {
+    c: ffi::CompletionT,
+    buf: NonNull<[u8]>,
+    pub off: u64,
+}
+
+// SAFETY: completions may be waited on from any thread; the buffer is
+// only touched by librbd until completion, then read.
+unsafe impl Send for Op {}
+unsafe impl Sync for Op {}
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        // SAFETY: the completion is waited for before it is released and
+        // before librbd's use of the buffer ends; the buffer came from
+        // Box::into_raw.
+        unsafe {
+            ffi::rbd_aio_wait_for_complete(self.c);
+            ffi::rbd_aio_release(self.c);
+            drop(Box::from_raw(self.buf.as_ptr()));
+        }
+    }
+}
+
+impl Op {
+    fn new(buf: Box<[u8]>, off: u64) -> Result<Op> {
+        let mut c = ptr::null_mut();
+        // SAFETY: an out-pointer; no callback.
+        let r = unsafe { ffi::rbd_aio_create_completion(ptr::null_mut(), None, &mut c) };
+        if r < 0 {
+            return Err(errno(r.into(), "creating an RBD completion"));
+        }
+        let buf = NonNull::from(Box::leak(buf));
+        Ok(Op { c, buf, off })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    pub fn end(&self) -> u64 {
+        self.off + self.len()
+    }
+
+    pub fn overlaps(&self, off: u64, len: u64) -> bool {
+        self.off < off + len && off < self.end()
+    }
+
+    /// Sends a copy of `data` to be written at `off`.
+    pub fn write(image: ffi::ImageT, data: &[u8], off: u64) -> Result<Arc<Op>> {
+        let op = Op::new(data.into(), off)?;
+        // SAFETY: the buffer lives until the completion is released (Drop).
+        let r = unsafe {
+            ffi::rbd_aio_write(image, off, data.len(), op.buf.as_ptr() as *const libc::c_char, op.c)
+        };
+        if r < 0 {
+            return Err(errno(r.into(), format!("writing {} bytes at {off}", data.len())));
+        }
+        Ok(Arc::new(op))
+    }
+
+    /// Starts reading `len` bytes at `off`.
+    pub fn read(image: ffi::ImageT, len: usize, off: u64) -> Result<Arc<Op>> {
+        let op = Op::new(vec![0u8; len].into_boxed_slice(), off)?;
+        // SAFETY: as for write; nothing reads the buffer before completion.
+        let r = unsafe { ffi::rbd_aio_read(image, off, len, op.buf.as_ptr() as *mut libc::c_char, op.c) };
+        if r < 0 {
+            return Err(errno(r.into(), format!("reading {len} bytes at {off}")));
+        }
+        Ok(Arc::new(op))
+    }
+
+    pub fn is_complete(&self) -> bool {
+        // SAFETY: a live completion.
+        unsafe { ffi::rbd_aio_is_complete(self.c) != 0 }
+    }
+
+    /// Waits for the request; its return value (bytes, or a negative errno).
+    pub fn wait(&self) -> i64 {
+        // SAFETY: a live completion; several threads may wait on one.
+        unsafe {
+            ffi::rbd_aio_wait_for_complete(self.c);
+            ffi::rbd_aio_get_return_value(self.c) as i64
+        }
+    }
+
+    /// The bytes read, once [`Op::wait`] returned their full length.
+    fn data(&self) -> &[u8] {
+        // SAFETY: the request is complete (callers wait first), so librbd
+        // no longer writes the buffer.
+        unsafe { self.buf.as_ref() }
+    }
+}
+
+/// Writes in flight, in the order they were issued.
+#[derive(Default)]
+pub struct InFlight {
+    ops: Mutex<VecDeque<Arc<Op>>>,
+}
+
+/// Writes beyond these wait for the oldest: they bound the memory that
+/// copies of written data hold, and the work a barrier waits for.
+const MAX_WRITES: usize = 64;
+const MAX_WRITE_BYTES: u64 = 64 << 20;
+
+impl InFlight {
+    /// The writes in flight that overlap `[off, off+len)`.
+    pub fn overlapping(&self, off: u64, len: u64) -> Vec<Arc<Op>> {
+        let ops = crate::sync::lock(&self.ops);
+        ops.iter().filter(|o| o.overlaps(off, len)).cloned().collect()
+    }
+
+    /// Adds `op` and returns the writes the caller must wait for: the
+    /// finished ones (for their result) and the oldest beyond the bounds.
+    pub fn push(&self, op: Arc<Op>) -> Vec<Arc<Op>> {
+        let mut ops = crate::sync::lock(&self.ops);
+        ops.push_back(op);
+        let mut out = Vec::new();
+        let mut bytes: u64 = ops.iter().map(|o| o.len()).sum();
+        while let Some(front) = ops.front() {
+            if !(front.is_complete() || ops.len() > MAX_WRITES || bytes > MAX_WRITE_BYTES) {
+                break;
+            }
+            bytes -= front.len();
+            out.extend(ops.pop_front());
+        }
+        out
+    }
+
+    /// Takes every write in flight (a barrier waits for them).
+    pub fn take_all(&self) -> Vec<Arc<Op>> {
+        crate::sync::lock(&self.ops).drain(..).collect()
+    }
+}
+
+/// Reads started ahead of the reader, by offset.
+#[derive(Default)]
+pub struct ReadAhead {
+    inner: Mutex<Ahead>,
+}
+
+#[derive(Default)]
+struct Ahead {
+    ops: BTreeMap<u64, Arc<Op>>,
+    /// Offsets in the order they were started, for eviction.
+    order: VecDeque<u64>,
+    bytes: u64,
+}
+
+/// Memory read-ahead may hold, and the size of one of its requests (RBD's
+/// default object size: one request per object).
+const AHEAD_BYTES: u64 = 64 << 20;
+pub const AHEAD_CHUNK: u64 = 4 << 20;
+
+impl ReadAhead {
+    /// Starts reads of the parts of `[off, off+len)` not yet being read.
+    pub fn start(&self, image: ffi::ImageT, off: u64, len: u64, size: u64) {
+        let end = (off + len).min(size);
+        let mut at = off;
+        while at < end {
+            let next = (at / AHEAD_CHUNK + 1) * AHEAD_CHUNK;
+            let piece = next.min(end) - at;
+            if !self.covered(at, piece) {
+                match Op::read(image, piece as usize, at) {
+                    Ok(op) => self.insert(op),
+                    Err(_) => return,
+                }
+            }
+            at += piece;
+        }
+    }
+
+    fn covered(&self, off: u64, len: u64) -> bool {
+        let a = crate::sync::lock(&self.inner);
+        a.ops
+            .range(..=off)
+            .next_back()
+            .is_some_and(|(_, o)| o.end() >= off + len)
+    }
+
+    fn insert(&self, op: Arc<Op>) {
+        let mut a = crate::sync::lock(&self.inner);
+        a.bytes += op.len();
+        a.order.push_back(op.off);
+        if let Some(old) = a.ops.insert(op.off, op) {
+            a.bytes -= old.len();
+        }
+        while a.bytes > AHEAD_BYTES {
+            let Some(k) = a.order.pop_front() else { break };
+            if let Some(o) = a.ops.remove(&k) {
+                a.bytes -= o.len();
+            }
+        }
+    }
+
+    /// Copies `[off, off+buf.len())` out of a read started earlier, if
+    /// one holds all of it and succeeded. A read that reaches the end of
+    /// its request consumes it.
+    pub fn take(&self, buf: &mut [u8], off: u64) -> bool {
+        let len = buf.len() as u64;
+        let op = {
+            let a = crate::sync::lock(&self.inner);
+            match a.ops.range(..=off).next_back() {
+                Some((_, o)) if o.end() >= off + len => o.clone(),
+                _ => return false,
+            }
+        };
+        if op.wait() != op.len() as i64 {
+            self.forget(op.off);
+            return false;
+        }
+        let from = (off - op.off) as usize;
+        buf.copy_from_slice(&op.data()[from..from + buf.len()]);
+        if off + len == op.end() {
+            self.forget(op.off);
+        }
+        true
+    }
+
+    fn forget(&self, key: u64) {
+        let mut a = crate::sync::lock(&self.inner);
+        if let Some(o) = a.ops.remove(&key) {
+            a.bytes -= o.len();
+            a.order.retain(|&k| k != key);
+        }
+    }
+
+    /// Drops reads of `[off, off+len)`: a write made them stale.
+    pub fn invalidate(&self, off: u64, len: u64) {
+        let stale: Vec<u64> = {
+            let a = crate::sync::lock(&self.inner);
+            a.ops
+                .range(..off + len)
+                .filter(|(_, o)| o.overlaps(off, len))
+                .map(|(&k, _)| k)
+                .collect()
+        };
+        for k in stale {
+            self.forget(k);
+        }
+    }
+}
+
+/// The error of a finished write, if it failed.
+pub fn check_write(op: &Op) -> Result<()> {
+    let r = op.wait();
+    if r < 0 {
+        return Err(errno(r, format!("writing {} bytes at {}", op.len(), op.off)));
+    }
+    Ok(())
+}
+
+/// Whether `e` is the cluster refusing a client it blocklisted.
+pub fn is_blocklisted(e: &Error) -> bool {
+    matches!(e, Error::Io { cause, .. } if cause.raw_os_error() == Some(libc::ESHUTDOWN))
+}

@@ -1,0 +1,168 @@
+//! A device on a Ceph RBD image, through librbd in the daemon (as QEMU
+//! uses RBD), so no kernel rbd module is needed.
+//!
+//! - `cluster.rs`: connecting, the pool, the image; errors that say what
+//!   to do.
+//! - `aio.rs`: writes in flight until the barrier, read-ahead.
+//! - `lock.rs`: the explicit exclusive lock that keeps one writer across
+//!   hosts, and taking it over (fencing the old holder).
+//!
+//! The barrier waits for every write issued before it and then flushes
+//! the image; once the cluster has blocklisted this client (another host
+//! took over), every write fails with ESHUTDOWN, the engine's next commit
+//! fails, and the filesystem shuts down with a log line that says why.
+
+mod aio;
+mod cluster;
+mod ffi;
+mod lock;
+
+use super::exclusive::Access;
+use super::source::{OpenHow, RbdSpec};
+use super::Device;
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+pub struct RbdDevice {
+    image: cluster::Image,
+    spec: RbdSpec,
+    size: AtomicU64,
+    writes: aio::InFlight,
+    ahead: aio::ReadAhead,
+    /// The first write error: every later barrier fails with it, as a
+    /// write that never reached the cluster cannot be made durable later.
+    failed: Mutex<Option<String>>,
+    /// Whether the fencing message was logged.
+    fenced: AtomicBool,
+}
+
+impl RbdDevice {
+    /// Opens `spec`'s image: a writer takes its exclusive lock (from
+    /// whoever holds it, with `how.takeover`), a read-only mount refuses
+    /// an image a writer holds, a tool that only looks just opens it.
+    pub fn open(spec: &RbdSpec, access: Access, how: OpenHow) -> Result<RbdDevice> {
+        if access == Access::Share {
+            lock::refuse_if_written(spec)?;
+        }
+        let image = cluster::Image::open(spec, access != Access::Write)?;
+        if access == Access::Write {
+            lock::acquire(&image, spec, how.takeover)?;
+        }
+        let size = image.size()?;
+        Ok(RbdDevice {
+            image,
+            spec: spec.clone(),
+            size: AtomicU64::new(size),
+            writes: aio::InFlight::default(),
+            ahead: aio::ReadAhead::default(),
+            failed: Mutex::new(None),
+            fenced: AtomicBool::new(false),
+        })
+    }
+
+    fn handle(&self) -> ffi::ImageT {
+        self.image.handle
+    }
+
+    /// Records a failed write; says once, clearly, when the cause is that
+    /// another host took the image over.
+    fn record(&self, e: Error) -> Error {
+        if aio::is_blocklisted(&e) && !self.fenced.swap(true, Ordering::Relaxed) {
+            tracing::error!(image = %self.spec, "this client was blocklisted: another host took the filesystem over (--break-lock); every write is refused from now on, and the filesystem shuts down");
+        }
+        let mut f = crate::sync::lock(&self.failed);
+        if f.is_none() {
+            *f = Some(e.to_string());
+        }
+        e
+    }
+
+    fn wait_all(&self, ops: Vec<std::sync::Arc<aio::Op>>) -> Result<()> {
+        let mut first = Ok(());
+        for op in ops {
+            if let Err(e) = aio::check_write(&op) {
+                let e = self.record(e);
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+
+    fn sticky(&self) -> Result<()> {
+        match crate::sync::lock(&self.failed).as_ref() {
+            Some(why) => Err(Error::io(
+                format!("writing {}: an earlier write failed ({why})", self.spec),
+                std::io::Error::from_raw_os_error(libc::EIO),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Device for RbdDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        self.wait_all(self.writes.overlapping(offset, len))?;
+        if self.ahead.take(buf, offset) {
+            return Ok(());
+        }
+        // SAFETY: a live handle and a buffer of `buf.len()` bytes.
+        let r = unsafe { ffi::rbd_read(self.handle(), offset, buf.len(), buf.as_mut_ptr().cast()) };
+        match r {
+            n if n == buf.len() as isize => Ok(()),
+            n if n < 0 => Err(self.record(cluster::errno(n as i64, format!("reading {len} bytes at {offset} of {}", self.spec)))),
+            n => Err(Error::io(
+                format!("reading {len} bytes at {offset} of {}: only {n} read", self.spec),
+                std::io::Error::from_raw_os_error(libc::EIO),
+            )),
+        }
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.sticky()?;
+        let len = buf.len() as u64;
+        self.ahead.invalidate(offset, len);
+        self.wait_all(self.writes.overlapping(offset, len))?;
+        let op = aio::Op::write(self.handle(), buf, offset).map_err(|e| self.record(e))?;
+        self.wait_all(self.writes.push(op))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.wait_all(self.writes.take_all())?;
+        // SAFETY: a live handle.
+        let r = unsafe { ffi::rbd_flush(self.handle()) };
+        if r < 0 {
+            return Err(self.record(cluster::errno(r.into(), format!("flushing {}", self.spec))));
+        }
+        self.sticky()
+    }
+
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    fn refresh_size(&self) -> Result<u64> {
+        let size = self.image.size()?;
+        self.size.store(size, Ordering::Relaxed);
+        Ok(size)
+    }
+
+    fn prefetch(&self, offset: u64, len: u64) {
+        self.ahead.start(self.handle(), offset, len, self.size());
+    }
+}
+
+/// Creates `spec`'s image of `size` bytes (mkfs); false when it exists.
+pub fn create_image(spec: &RbdSpec, size: u64) -> Result<bool> {
+    cluster::create(spec, size)
+}
+
+/// Removes an image mkfs created and then failed to format.
+pub fn remove_created_image(spec: &RbdSpec) {
+    if let Err(e) = cluster::remove(spec) {
+        tracing::warn!(image = %spec, "could not remove the image mkfs created: {e}");
+    }
+}
