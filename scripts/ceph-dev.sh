@@ -8,6 +8,8 @@
 #   scripts/ceph-dev.sh start DIR    bring it up (prints CEPH_CONF=DIR/ceph.conf)
 #   scripts/ceph-dev.sh stop DIR     stop every daemon it started, by pid
 #   scripts/ceph-dev.sh status DIR   `ceph -s`
+#   scripts/ceph-dev.sh kill-osd DIR N    SIGKILL osd.N, as a crash would
+#   scripts/ceph-dev.sh start-osd DIR N   start osd.N again, wait for active+clean
 #
 # Needs root and the packages: ceph ceph-mon ceph-mgr ceph-osd (install
 # with --no-install-recommends). DIR must be on a filesystem with O_DIRECT
@@ -20,7 +22,7 @@ usage() {
     exit 2
 }
 
-[ $# -eq 2 ] || usage
+[ $# -ge 2 ] || usage
 cmd=$1
 dir=$(realpath -m "$2")
 osds=${OSDS:-3}
@@ -162,9 +164,29 @@ stop() {
     rm -f "$dir"/run/*.pid
 }
 
+# kill-osd DIR N: SIGKILL osd.N, as a crash would (the tests of issue 42).
+kill_osd() {
+    local id=${1:?OSD id} pidf="$dir/run/osd.${1}.pid"
+    [ -e "$pidf" ] || { echo "ceph-dev: no osd.$id running under $dir" >&2; exit 1; }
+    kill -9 "$(cat "$pidf")" 2>/dev/null || true
+    rm -f "$pidf"
+}
+
+# start-osd DIR N: starts osd.N again on its data and waits for every
+# placement group to be active+clean.
+restart_osd() {
+    local id=${1:?OSD id}
+    ceph-osd -c "$conf" -i "$id" --pid-file "$dir/run/osd.$id.pid" 2>>"$dir/log/osd.$id.stderr"
+    wait_for "osd.$id up" "ceph_ osd stat -f json | grep -q '\"num_up_osds\":$osds'"
+    wait_for "every placement group active+clean" \
+        "ceph_ pg stat | grep -Eq '^([0-9]+) pgs: \\1 active\\+clean;'" 120
+}
+
 case $cmd in
     start) start ;;
     stop) stop ;;
+    kill-osd) kill_osd "${3:-}" ;;
+    start-osd) restart_osd "${3:-}" ;;
     status) ceph_ -s ;;
     *) usage ;;
 esac

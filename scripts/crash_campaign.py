@@ -844,6 +844,10 @@ class Round:
         os.makedirs(self.dir)
         os.chmod(self.dir, 0o755)
         self.img = os.path.join(self.dir, "fs.img")
+        if args.rbd:
+            # An RBD image on the cluster args.rbd configures (issue 42).
+            self.img = (f"rbd:rbd/crash-{os.getpid()}-{int(time.time() * 1000)}-{self.name}"
+                        f"?conf={args.rbd}")
         self.mnt = os.path.join(self.dir, "mnt")
         os.mkdir(self.mnt)
         self.record = os.path.join(self.dir, "acked.txt")
@@ -864,8 +868,13 @@ class Round:
         return os.path.join(self.dir, name)
 
     def mount(self, logname):
-        self.daemon = Daemon(self.canopy, self.img, self.mnt, self.p(logname),
-                             self.args.mount_opts)
+        opts = self.args.mount_opts
+        if self.args.rbd:
+            # The killed daemon's client still holds the image's lock until
+            # the cluster times it out (30 s): take it over, as an operator
+            # restarting after a crash would.
+            opts = ",".join(o for o in (opts, "takeover") if o)
+        self.daemon = Daemon(self.canopy, self.img, self.mnt, self.p(logname), opts)
         return self.daemon.start()
 
     def execute(self):
@@ -1329,6 +1338,8 @@ def main():
     ap.add_argument("--canopy", default=os.path.join(REPO, "target/release/canopy"),
                     help="canopy binary (default: target/release/canopy, built if missing)")
     ap.add_argument("--mount-opts", default="", help="extra `canopy mount -o` options")
+    ap.add_argument("--rbd", default=None, metavar="CEPH_CONF",
+                    help="put each image on RBD (rbd:rbd/NAME) on the cluster this ceph.conf names")
     ap.add_argument("--workdir", default=None, help="where images go (default: a new dir in /tmp)")
     ap.add_argument("--keep-dir", default="/tmp/crash-keep",
                     help="failing rounds' images and logs are moved here (default /tmp/crash-keep)")

@@ -127,6 +127,12 @@ impl Allocator {
         }
     }
 
+    /// Moves the end of the device groups may use to `device_bytes`
+    /// (the filesystem grew).
+    pub fn grow(&mut self, device_bytes: u64) {
+        self.device_bytes = self.device_bytes.max(device_bytes);
+    }
+
     /// Whether a group was created since the last commit was prepared.
     pub fn added_groups_since_commit(&self) -> bool {
         !self.added_since_commit.is_empty()

@@ -77,7 +77,9 @@ impl RbdSpec {
             ..RbdSpec::default()
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').ok_or_else(|| bad("a parameter without ="))?;
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| bad("a parameter without ="))?;
             if v.is_empty() || v.contains('\0') {
                 return Err(bad("an empty parameter"));
             }
@@ -109,7 +111,10 @@ impl fmt::Display for RbdSpec {
         let params = [
             ("conf", self.conf.as_ref().map(|p| p.display().to_string())),
             ("id", self.id.clone()),
-            ("keyring", self.keyring.as_ref().map(|p| p.display().to_string())),
+            (
+                "keyring",
+                self.keyring.as_ref().map(|p| p.display().to_string()),
+            ),
         ];
         let mut sep = '?';
         for (k, v) in params {

@@ -43,6 +43,10 @@ pub enum Request {
     /// How the device is carved into block groups (`canopy filesystem
     /// usage`).
     Usage,
+    /// `canopy filesystem resize`: grow into a larger device.
+    Resize {
+        to: crate::txn::GrowTo,
+    },
     /// `canopy filesystem extents`: where regular file `node`'s bytes lie.
     Extents {
         node: u64,
@@ -181,6 +185,9 @@ pub struct Response {
     /// What a send wrote.
     #[serde(default)]
     pub send: Option<crate::send::Summary>,
+    /// The sizes before and after, after a resize request.
+    #[serde(default)]
+    pub grown: Option<crate::txn::Grown>,
 }
 
 impl Response {
@@ -199,6 +206,7 @@ impl Response {
             extents: None,
             compsize: None,
             send: None,
+            grown: None,
         }
     }
 
@@ -611,6 +619,13 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         }
         Err(e) => Response::of(Err(Error::Invalid(format!("bad request: {e}")))),
         Ok(Request::Sync) => Response::of(fs.sync().map(|()| None)),
+        Ok(Request::Resize { to }) => match fs.engine().grow(to) {
+            Ok(g) => Response {
+                grown: Some(g),
+                ..Response::of(Ok(None))
+            },
+            Err(e) => Response::of(Err(e)),
+        },
         Ok(Request::Usage) => Response {
             usage: Some(fs.engine().usage()),
             ..Response::of(Ok(None))

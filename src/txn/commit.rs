@@ -155,10 +155,12 @@ impl Engine {
         Ok(())
     }
 
+    /// Writes every copy inside the filesystem (not the device: space a
+    /// device grew by is not the filesystem's until it is resized).
     fn write_superblocks(&self, sb: &Superblock) -> Result<()> {
         let dev = &self.shared.dev;
         for &off in SUPER_OFFSETS.iter() {
-            if off + SUPER_SIZE <= dev.size() {
+            if off + SUPER_SIZE <= sb.total_bytes {
                 dev.write_at(&sb.encode(off), off)?;
             }
         }
@@ -173,6 +175,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
         && st.refs.is_empty()
         && st.dropped.is_empty()
         && !st.log_replayed
+        && !st.superblock_changed
         && st.log.is_none()
     {
         return Ok(None);
@@ -197,6 +200,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     st.relocate_cursor = 0;
     st.log_durable = false;
     st.log_replayed = false;
+    st.superblock_changed = false;
     st.remember_committed_roots();
     let dirty = std::mem::take(&mut st.dirty);
     st.frozen.clear();

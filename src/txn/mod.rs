@@ -26,6 +26,7 @@
 mod commit;
 mod ctx;
 mod flight;
+mod grow;
 mod log;
 mod mechanism;
 mod open;
@@ -36,6 +37,7 @@ mod space;
 
 pub use ctx::{Reader, Txn};
 pub use flight::{DataDevice, Flight, Flusher};
+pub use grow::{GrowTo, Grown};
 pub use log::{DroppedRoot, LogVerdict, SkippedInode};
 pub use mechanism::{Mechanism, Slots};
 pub use open::{
@@ -117,6 +119,9 @@ pub(crate) struct State {
     /// A replay finished: the next commit must write a superblock
     /// without the log even if no tree changed.
     pub log_replayed: bool,
+    /// The superblock's own fields changed (the filesystem grew): the
+    /// next commit must write it even if no tree changed.
+    pub superblock_changed: bool,
     /// Blocks balance copied in this transaction: it may change them in
     /// place, though ordinary changes must copy them (they are frozen).
     pub relocated: BlockSet,

@@ -153,6 +153,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64, mechanisms: Mech
         log_durable: false,
         log_tickets: 0,
         log_replayed: false,
+        superblock_changed: false,
         retired: Vec::new(),
         committed: BTreeMap::new(),
         moved: BTreeSet::new(),

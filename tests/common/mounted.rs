@@ -82,12 +82,37 @@ pub fn umount(mnt: &Path) -> bool {
     false
 }
 
+/// The ceph.conf of the cluster the mount tests run on instead of image
+/// files (`CANOPY_TEST_RBD`, set by scripts/test.sh for its RBD pass).
+pub fn rbd_conf() -> Option<String> {
+    std::env::var("CANOPY_TEST_RBD")
+        .ok()
+        .filter(|c| !c.is_empty())
+}
+
+/// A name for a new RBD image on that cluster, unique to this test.
+pub fn rbd_name(conf: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    PathBuf::from(format!(
+        "rbd:rbd/t-{}-{t}-{n}?conf={conf}",
+        std::process::id()
+    ))
+}
+
 /// A new image of `size` (as `mkfs -s` takes it) and an empty mount
 /// point beside it, in a directory that goes when the first value is
-/// dropped.
+/// dropped. Under `CANOPY_TEST_RBD` the image is a new RBD image.
 pub fn fresh_image(size: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("fs.img");
+    let img = match rbd_conf() {
+        Some(conf) => rbd_name(&conf),
+        None => dir.path().join("fs.img"),
+    };
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     let st = canopy()
@@ -105,6 +130,10 @@ pub struct Mounted {
     pub img: PathBuf,
     pub mnt: PathBuf,
     daemon: Option<Child>,
+    /// The daemon was killed: on RBD its lock is still held by a client
+    /// the cluster has not yet timed out (30 s), so the next mount takes
+    /// it over, as an operator would after a crash.
+    killed: bool,
 }
 
 impl Mounted {
@@ -120,6 +149,7 @@ impl Mounted {
             img,
             mnt,
             daemon: None,
+            killed: false,
         };
         m.mount("");
         m
@@ -132,7 +162,11 @@ impl Mounted {
         let mut cmd = canopy();
         cmd.args(["mount", "-f", "--notify-ready"]);
         let extra = std::env::var("CANOPY_TEST_MOUNT_OPTS").unwrap_or_default();
-        let all: Vec<&str> = [opts, extra.as_str()]
+        let takeover = match std::mem::take(&mut self.killed) && rbd_conf().is_some() {
+            true => "takeover",
+            false => "",
+        };
+        let all: Vec<&str> = [opts, extra.as_str(), takeover]
             .into_iter()
             .filter(|o| !o.is_empty())
             .collect();
@@ -188,6 +222,7 @@ impl Mounted {
         let mut d = self.daemon.take().unwrap();
         d.kill().unwrap();
         d.wait().unwrap();
+        self.killed = true;
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
     }
 

@@ -12,6 +12,7 @@ use canopy::fs::compression::Compsize;
 use canopy::fs::extents::FileMap;
 use canopy::fuse::bdi::WritebackLimits;
 use canopy::fuse::control::Request;
+use canopy::txn::GrowTo;
 use clap::Subcommand;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -48,6 +49,21 @@ pub enum Command {
         /// Sizes in bytes.
         #[arg(long, short = 'b')]
         raw: bool,
+        path: PathBuf,
+    },
+    /// Grow a mounted filesystem into a larger device (after `rbd
+    /// resize`, `truncate -s` of an image file, a larger partition), as
+    /// `btrfs filesystem resize` does: SIZE is `max` (all of the device),
+    /// `+SIZE` (this much more) or a new total (e.g. 20G). The new space
+    /// shows in `df` at once. Shrinking is not supported yet.
+    Resize {
+        /// One JSON object: old_bytes, new_bytes, device_bytes.
+        #[arg(long)]
+        json: bool,
+        /// max, +SIZE or SIZE (K, M, G, T suffixes).
+        #[arg(allow_hyphen_values = true)]
+        size: String,
+        /// The mount point (or any path in the filesystem).
         path: PathBuf,
     },
     /// What the files under PATH take on disk per compression type, after
@@ -103,6 +119,7 @@ pub fn run(c: Command) -> Result<()> {
             }
             Ok(())
         }
+        Command::Resize { json, size, path } => resize(&size, &path, json),
         Command::Du { json, raw, path } => {
             let node = std::fs::metadata(&path)
                 .with_context(|| format!("opening {}", path.display()))?
@@ -119,6 +136,50 @@ pub fn run(c: Command) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Parses btrfs's resize argument: max, +SIZE or SIZE.
+fn grow_to(arg: &str) -> Result<GrowTo> {
+    if arg == "max" {
+        return Ok(GrowTo::Max);
+    }
+    if arg.starts_with('-') {
+        anyhow::bail!("shrinking a filesystem ({arg}) is not supported yet");
+    }
+    match arg.strip_prefix('+') {
+        Some(n) => Ok(GrowTo::By(
+            crate::parse_size(n).map_err(anyhow::Error::msg)?,
+        )),
+        None => Ok(GrowTo::To(
+            crate::parse_size(arg).map_err(anyhow::Error::msg)?,
+        )),
+    }
+}
+
+fn resize(size: &str, path: &std::path::Path, json: bool) -> Result<()> {
+    let to = grow_to(size)?;
+    let mnt = crate::sync::mount_point(&path.canonicalize()?)?;
+    let g = ask(&mnt, &Request::Resize { to })?
+        .grown
+        .context("the daemon sent no sizes (an older version?)")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&g)?);
+    } else if g.new_bytes == g.old_bytes {
+        println!(
+            "{}: already {} bytes (the device holds {})",
+            mnt.display(),
+            g.new_bytes,
+            g.device_bytes
+        );
+    } else {
+        println!(
+            "Resized {} from {} to {} bytes",
+            mnt.display(),
+            g.old_bytes,
+            g.new_bytes
+        );
+    }
+    Ok(())
 }
 
 fn print_extents(path: &std::path::Path, map: &FileMap, raw: bool) {

@@ -123,8 +123,7 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
     };
     let dev: Arc<dyn Device> = Arc::from(dev);
     let engine = Arc::new(
-        Engine::format(dev.clone(), &opts)
-            .with_context(|| format!("formatting {}", a.image))?,
+        Engine::format(dev.clone(), &opts).with_context(|| format!("formatting {}", a.image))?,
     );
     // The root directory, so that even a first read-only mount works.
     drop(canopy::fs::Fs::new(engine.clone()).context("creating the root directory")?);

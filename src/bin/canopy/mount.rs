@@ -1,10 +1,10 @@
 //! `canopy mount`: mount an image through FUSE.
 
 use anyhow::{bail, Context, Result};
+use canopy::dev::Source;
 use canopy::fuse::mount::{serve, MountOptions};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
-use canopy::dev::Source;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -75,9 +75,7 @@ pub fn run(a: Args) -> Result<()> {
                 detach_output();
             }
         })
-        .with_context(|| {
-            format!("serving {} on {}", a.image, a.mountpoint.display())
-        });
+        .with_context(|| format!("serving {} on {}", a.image, a.mountpoint.display()));
     }
     daemonize(&a)
 }

@@ -70,10 +70,19 @@ impl Op {
         let op = Op::new(data.into(), off)?;
         // SAFETY: the buffer lives until the completion is released (Drop).
         let r = unsafe {
-            ffi::rbd_aio_write(image, off, data.len(), op.buf.as_ptr() as *const libc::c_char, op.c)
+            ffi::rbd_aio_write(
+                image,
+                off,
+                data.len(),
+                op.buf.as_ptr() as *const libc::c_char,
+                op.c,
+            )
         };
         if r < 0 {
-            return Err(errno(r.into(), format!("writing {} bytes at {off}", data.len())));
+            return Err(errno(
+                r.into(),
+                format!("writing {} bytes at {off}", data.len()),
+            ));
         }
         Ok(Arc::new(op))
     }
@@ -82,7 +91,9 @@ impl Op {
     pub fn read(image: ffi::ImageT, len: usize, off: u64) -> Result<Arc<Op>> {
         let op = Op::new(vec![0u8; len].into_boxed_slice(), off)?;
         // SAFETY: as for write; nothing reads the buffer before completion.
-        let r = unsafe { ffi::rbd_aio_read(image, off, len, op.buf.as_ptr() as *mut libc::c_char, op.c) };
+        let r = unsafe {
+            ffi::rbd_aio_read(image, off, len, op.buf.as_ptr() as *mut libc::c_char, op.c)
+        };
         if r < 0 {
             return Err(errno(r.into(), format!("reading {len} bytes at {off}")));
         }
@@ -126,7 +137,10 @@ impl InFlight {
     /// The writes in flight that overlap `[off, off+len)`.
     pub fn overlapping(&self, off: u64, len: u64) -> Vec<Arc<Op>> {
         let ops = crate::sync::lock(&self.ops);
-        ops.iter().filter(|o| o.overlaps(off, len)).cloned().collect()
+        ops.iter()
+            .filter(|o| o.overlaps(off, len))
+            .cloned()
+            .collect()
     }
 
     /// Adds `op` and returns the writes the caller must wait for: the
@@ -264,7 +278,10 @@ impl ReadAhead {
 pub fn check_write(op: &Op) -> Result<()> {
     let r = op.wait();
     if r < 0 {
-        return Err(errno(r, format!("writing {} bytes at {}", op.len(), op.off)));
+        return Err(errno(
+            r,
+            format!("writing {} bytes at {}", op.len(), op.off),
+        ));
     }
     Ok(())
 }

@@ -55,7 +55,12 @@ impl Pool {
         let id = spec.id.as_deref().map(cstr).transpose()?;
         let mut cluster = ptr::null_mut();
         // SAFETY: out-pointer to a local; id is a valid C string or null.
-        let r = unsafe { ffi::rados_create(&mut cluster, id.as_ref().map_or(ptr::null(), |c| c.as_ptr())) };
+        let r = unsafe {
+            ffi::rados_create(
+                &mut cluster,
+                id.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
+            )
+        };
         if r < 0 {
             return Err(errno(r.into(), "creating a Ceph client"));
         }
@@ -73,25 +78,33 @@ impl Pool {
         // SAFETY: a live handle and valid C strings.
         let r = unsafe { ffi::rados_conf_set(self.cluster, k.as_ptr(), v.as_ptr()) };
         if r < 0 {
-            return Err(errno(r.into(), format!("setting Ceph option {key}={value}")));
+            return Err(errno(
+                r.into(),
+                format!("setting Ceph option {key}={value}"),
+            ));
         }
         Ok(())
     }
 
     fn configure(&mut self, spec: &RbdSpec) -> Result<()> {
-        let conf = spec.conf.as_ref().map(|p| cstr(&p.display().to_string())).transpose()?;
+        let conf = spec
+            .conf
+            .as_ref()
+            .map(|p| cstr(&p.display().to_string()))
+            .transpose()?;
         // SAFETY: a live handle; conf is a valid C string or null (the
         // default search: $CEPH_CONF, /etc/ceph/ceph.conf, ...).
         let r = unsafe {
-            ffi::rados_conf_read_file(self.cluster, conf.as_ref().map_or(ptr::null(), |c| c.as_ptr()))
+            ffi::rados_conf_read_file(
+                self.cluster,
+                conf.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
+            )
         };
         if r < 0 {
-            let shown = spec
-                .conf
-                .as_ref()
-                .map_or("the default Ceph config ($CEPH_CONF or /etc/ceph/ceph.conf)".into(), |p| {
-                    p.display().to_string()
-                });
+            let shown = spec.conf.as_ref().map_or(
+                "the default Ceph config ($CEPH_CONF or /etc/ceph/ceph.conf)".into(),
+                |p| p.display().to_string(),
+            );
             return Err(errno(r.into(), format!("reading {shown}")));
         }
         if let Some(k) = &spec.keyring {
@@ -187,7 +200,10 @@ impl Image {
         };
         if r < 0 {
             let why = match -r {
-                libc::ENOENT => format!("opening rbd:{}/{}: no such image (mkfs --size creates it)", spec.pool, spec.image),
+                libc::ENOENT => format!(
+                    "opening rbd:{}/{}: no such image (mkfs --size creates it)",
+                    spec.pool, spec.image
+                ),
                 _ => format!("opening rbd:{}/{}", spec.pool, spec.image),
             };
             return Err(errno(r.into(), why));

@@ -27,7 +27,8 @@ pub fn owners(image: &Image) -> Result<Vec<String>> {
     let mut n = slots.len();
     // SAFETY: a live handle; `slots` has room for `n` owner pointers,
     // which librbd allocates and rbd_lock_get_owners_cleanup frees.
-    let r = unsafe { ffi::rbd_lock_get_owners(image.handle, &mut mode, slots.as_mut_ptr(), &mut n) };
+    let r =
+        unsafe { ffi::rbd_lock_get_owners(image.handle, &mut mode, slots.as_mut_ptr(), &mut n) };
     match -r {
         0 => {}
         libc::ENOENT => return Ok(Vec::new()),
@@ -37,7 +38,11 @@ pub fn owners(image: &Image) -> Result<Vec<String>> {
         .iter()
         .filter(|p| !p.is_null())
         // SAFETY: NUL-terminated strings from librbd, read before cleanup.
-        .map(|&p| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        .map(|&p| {
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned()
+        })
         .collect();
     // SAFETY: frees exactly what rbd_lock_get_owners returned.
     unsafe { ffi::rbd_lock_get_owners_cleanup(slots.as_mut_ptr(), n) };
@@ -79,7 +84,10 @@ pub fn acquire(image: &Image, spec: &RbdSpec, takeover: bool) -> Result<()> {
             return confirm(image, spec);
         }
         if r != -libc::EROFS && r != -libc::EBUSY {
-            return Err(errno(r.into(), format!("taking the exclusive lock of {spec}")));
+            return Err(errno(
+                r.into(),
+                format!("taking the exclusive lock of {spec}"),
+            ));
         }
         if Instant::now() >= deadline {
             return Err(in_use(image, spec));
@@ -123,7 +131,10 @@ fn break_holders(image: &Image, spec: &RbdSpec) -> Result<()> {
         // SAFETY: a live handle and a valid C string.
         let r = unsafe { ffi::rbd_lock_break(image.handle, ffi::LOCK_MODE_EXCLUSIVE, c.as_ptr()) };
         if r < 0 && r != -libc::ENOENT {
-            return Err(errno(r.into(), format!("breaking {owner}'s lock on {spec}")));
+            return Err(errno(
+                r.into(),
+                format!("breaking {owner}'s lock on {spec}"),
+            ));
         }
     }
     Ok(())

@@ -113,9 +113,15 @@ impl Device for RbdDevice {
         let r = unsafe { ffi::rbd_read(self.handle(), offset, buf.len(), buf.as_mut_ptr().cast()) };
         match r {
             n if n == buf.len() as isize => Ok(()),
-            n if n < 0 => Err(self.record(cluster::errno(n as i64, format!("reading {len} bytes at {offset} of {}", self.spec)))),
+            n if n < 0 => Err(self.record(cluster::errno(
+                n as i64,
+                format!("reading {len} bytes at {offset} of {}", self.spec),
+            ))),
             n => Err(Error::io(
-                format!("reading {len} bytes at {offset} of {}: only {n} read", self.spec),
+                format!(
+                    "reading {len} bytes at {offset} of {}: only {n} read",
+                    self.spec
+                ),
                 std::io::Error::from_raw_os_error(libc::EIO),
             )),
         }

@@ -1,0 +1,452 @@
+//! Canopy on Ceph RBD images (issue 42), against the real cluster
+//! scripts/ceph-dev.sh starts: scripts/test.sh's Ceph step sets
+//! `CANOPY_TEST_CEPH` to its ceph.conf and runs these. Without it they
+//! return at once (that step reports a missing Ceph, and fails under
+//! `CANOPY_REQUIRE_ALL=1`).
+//!
+//! The POSIX subset and the exerciser with kill -9 run on RBD in that step
+//! too, through `CANOPY_TEST_RBD` (see `common::mounted`).
+
+mod common;
+
+use common::mounted::{can_mount, canopy, rbd_name, umount};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn ceph_conf() -> Option<String> {
+    let conf = std::env::var("CANOPY_TEST_CEPH")
+        .ok()
+        .filter(|c| !c.is_empty());
+    if conf.is_none() {
+        eprintln!("no cluster: scripts/test.sh's Ceph step runs these (CANOPY_TEST_CEPH)");
+    }
+    conf.filter(|_| can_mount())
+}
+
+/// `rbd -c CONF ARGS`, required to succeed.
+fn rbd(conf: &str, args: &[&str]) {
+    let out = Command::new("rbd")
+        .arg("-c")
+        .arg(conf)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rbd {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The image's name without its parameters (`pool/image`).
+fn pool_image(name: &Path) -> String {
+    let s = name.to_str().unwrap();
+    let s = s.strip_prefix("rbd:").unwrap();
+    s.split('?').next().unwrap().to_string()
+}
+
+/// A new RBD image of `size`, formatted by `canopy mkfs` (which creates
+/// it), and a mount point in a directory that goes with the first value.
+fn fresh(conf: &str, size: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let img = rbd_name(conf);
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = canopy()
+        .args(["mkfs", "-q", "-s", size])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mkfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (dir, img, mnt)
+}
+
+/// A daemon in the foreground whose log goes to `log`; unmounted and
+/// killed on drop.
+struct Daemon {
+    child: Option<Child>,
+    mnt: PathBuf,
+}
+
+impl Daemon {
+    /// Mounts `img` on `mnt` with `opts`, or returns the daemon's error.
+    /// The daemon keeps its log on stderr (with `--notify-ready` it would
+    /// move it to the kernel log once mounted).
+    fn mount(img: &Path, mnt: &Path, opts: &str, log: &Path) -> Result<Daemon, String> {
+        let mut cmd = canopy();
+        cmd.args(["mount", "-f"]);
+        if !opts.is_empty() {
+            cmd.args(["-o", opts]);
+        }
+        let log_file = std::fs::File::create(log).unwrap();
+        let mut child = cmd
+            .arg(img)
+            .arg(mnt)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while Instant::now() < deadline {
+            if is_mounted(mnt) {
+                return Ok(Daemon {
+                    child: Some(child),
+                    mnt: mnt.to_path_buf(),
+                });
+            }
+            if child.try_wait().unwrap().is_some() {
+                return Err(std::fs::read_to_string(log).unwrap_or_default());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{} not mounted after 90 s", mnt.display());
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// Unmounts and requires a clean exit.
+    fn unmount(mut self) {
+        assert!(umount(&self.mnt), "umount failed");
+        let st = self.child.take().unwrap().wait().unwrap();
+        assert!(st.success(), "daemon exited with {st}");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mnt.to_str().unwrap();
+    mounts
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want) && l.contains("fuse.canopy"))
+}
+
+fn check_clean(img: &Path) {
+    let out = canopy().arg("check").arg(img).output().unwrap();
+    assert!(
+        out.status.success(),
+        "check: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+#[test]
+fn an_rbd_image_is_made_mounted_checked_and_read_back() {
+    let Some(conf) = ceph_conf() else { return };
+    let (dir, img, mnt) = fresh(&conf, "256M");
+    let log = dir.path().join("log");
+    let d = Daemon::mount(&img, &mnt, "", &log).unwrap();
+    let big = common::noise(24 << 20, 7);
+    write_synced(&mnt.join("big"), &big).unwrap();
+    write_synced(&mnt.join("small"), b"hello").unwrap();
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    d.unmount();
+    check_clean(&img);
+    let d = Daemon::mount(&img, &mnt, "ro", &log).unwrap();
+    assert!(std::fs::read(mnt.join("big")).unwrap() == big);
+    assert_eq!(std::fs::read(mnt.join("small")).unwrap(), b"hello");
+    assert!(mnt.join("d").is_dir());
+    d.unmount();
+}
+
+#[test]
+fn a_second_writer_is_refused_and_told_who_holds_the_image() {
+    let Some(conf) = ceph_conf() else { return };
+    let (dir, img, mnt) = fresh(&conf, "128M");
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let a = Daemon::mount(&img, &mnt, "", &dir.path().join("a.log")).unwrap();
+    write_synced(&mnt.join("f"), b"one").unwrap();
+    let t = Instant::now();
+    let err = Daemon::mount(&img, &other, "", &dir.path().join("b.log"))
+        .err()
+        .expect("a second writer mounted");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert!(err.contains("in use by another writer"), "{err}");
+    assert!(err.contains("--break-lock"), "{err}");
+    assert!(err.contains("127.0.0.1"), "the holder's address: {err}");
+    let err = Daemon::mount(&img, &other, "ro", &dir.path().join("c.log"))
+        .err()
+        .expect("a reader mounted beside a writer");
+    assert!(err.contains("read-write elsewhere"), "{err}");
+    // The holder is untouched.
+    write_synced(&mnt.join("g"), b"two").unwrap();
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"one");
+    a.unmount();
+    check_clean(&img);
+}
+
+/// A keyring for `client.NAME` with the caps an RBD user gets (`profile
+/// rbd`), which include blocklisting a lock holder it breaks.
+fn client_keyring(conf: &str, name: &str, dir: &Path) -> PathBuf {
+    let path = dir.join(format!("{name}.keyring"));
+    let out = Command::new("ceph")
+        .args([
+            "-c",
+            conf,
+            "auth",
+            "get-or-create",
+            &format!("client.{name}"),
+        ])
+        .args(["mon", "profile rbd", "osd", "profile rbd pool=rbd"])
+        .arg("-o")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ceph auth: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
+}
+
+/// `img` as client `name` with its own keyring ("another host").
+fn as_client(img: &Path, name: &str, keyring: &Path) -> PathBuf {
+    PathBuf::from(format!(
+        "{}&id={name}&keyring={}",
+        img.display(),
+        keyring.display()
+    ))
+}
+
+#[test]
+fn a_takeover_fences_a_paused_writer() {
+    let Some(conf) = ceph_conf() else { return };
+    let (dir, img, mnt_a) = fresh(&conf, "256M");
+    let mnt_b = dir.path().join("b");
+    std::fs::create_dir(&mnt_b).unwrap();
+    let img_a = as_client(
+        &img,
+        "canopy-a",
+        &client_keyring(&conf, "canopy-a", dir.path()),
+    );
+    let img_b = as_client(
+        &img,
+        "canopy-b",
+        &client_keyring(&conf, "canopy-b", dir.path()),
+    );
+    let log_a = dir.path().join("a.log");
+    let a = Daemon::mount(&img_a, &mnt_a, "", &log_a).unwrap();
+    write_synced(&mnt_a.join("before"), b"acknowledged by A").unwrap();
+    // A file A has open, to write through after it wakes.
+    let late = std::fs::File::create(mnt_a.join("late")).unwrap();
+    unsafe { libc::kill(a.pid(), libc::SIGSTOP) };
+    let t = Instant::now();
+    let b = Daemon::mount(&img_b, &mnt_b, "takeover", &dir.path().join("b.log"))
+        .expect("take over from a paused writer");
+    write_synced(&mnt_b.join("from-b"), b"written by B").unwrap();
+    let failover = t.elapsed();
+    eprintln!("takeover to B's first fsynced write: {failover:?}");
+    assert!(failover < Duration::from_secs(30), "{failover:?}");
+    unsafe { libc::kill(a.pid(), libc::SIGCONT) };
+    // A's writes can no longer reach the image.
+    let r = late
+        .write_all_at(&[7u8; 65536], 0)
+        .and_then(|()| late.sync_all());
+    assert!(r.is_err(), "a fenced writer's fsync succeeded");
+    let log = std::fs::read_to_string(&log_a).unwrap();
+    assert!(log.contains("blocklisted"), "A's log says why: {log}");
+    drop(late);
+    drop(a);
+    assert_eq!(
+        std::fs::read(mnt_b.join("before")).unwrap(),
+        b"acknowledged by A"
+    );
+    assert_eq!(
+        std::fs::read(mnt_b.join("from-b")).unwrap(),
+        b"written by B"
+    );
+    // A may have committed the empty file before it was paused; none of
+    // what it wrote after can be there.
+    let late_len = std::fs::metadata(mnt_b.join("late")).map_or(0, |m| m.len());
+    assert_eq!(late_len, 0);
+    b.unmount();
+    check_clean(&img);
+}
+
+/// statfs's total bytes of the filesystem mounted on `mnt`.
+fn statfs_total(mnt: &Path) -> u64 {
+    let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    s.f_blocks * s.f_frsize
+}
+
+/// Writes `chunk`-sized files until the filesystem is full; their names.
+fn fill(mnt: &Path, prefix: &str, chunk: usize) -> Vec<PathBuf> {
+    let data = common::noise(chunk, 3);
+    let mut made = Vec::new();
+    for i in 0.. {
+        let p = mnt.join(format!("{prefix}{i}"));
+        if write_synced(&p, &data).is_err() {
+            let _ = std::fs::remove_file(&p);
+            return made;
+        }
+        made.push(p);
+    }
+    made
+}
+
+#[test]
+fn a_full_filesystem_grows_after_rbd_resize() {
+    let Some(conf) = ceph_conf() else { return };
+    let (dir, img, mnt) = fresh(&conf, "96M");
+    let d = Daemon::mount(&img, &mnt, "", &dir.path().join("log")).unwrap();
+    let before = statfs_total(&mnt);
+    let first = fill(&mnt, "a", 4 << 20);
+    assert!(!first.is_empty());
+    rbd(&conf, &["resize", "--size", "384M", &pool_image(&img)]);
+    let out = canopy()
+        .args(["filesystem", "resize", "--json", "max"])
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let grown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(grown["new_bytes"], 384u64 << 20);
+    assert!(
+        statfs_total(&mnt) > before + (200 << 20),
+        "statfs shows the new space at once"
+    );
+    let second = fill(&mnt, "b", 4 << 20);
+    assert!(second.len() > 50, "only {} more files", second.len());
+    d.unmount();
+    check_clean(&img);
+    let d = Daemon::mount(&img, &mnt, "ro", &dir.path().join("log2")).unwrap();
+    let data = common::noise(4 << 20, 3);
+    for p in first.iter().chain(&second) {
+        assert!(std::fs::read(p).unwrap() == data, "{}", p.display());
+    }
+    d.unmount();
+}
+
+/// `canopy mount SPEC` with a timeout; its exit status, stderr and time.
+fn mount_fails(spec: &str, mnt: &Path) -> (String, Duration) {
+    let t = Instant::now();
+    let out = canopy().args(["mount", spec]).arg(mnt).output().unwrap();
+    assert!(!out.status.success(), "mounted {spec}");
+    (
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        t.elapsed(),
+    )
+}
+
+#[test]
+fn bad_names_credentials_and_a_down_cluster_fail_clearly() {
+    let Some(conf) = ceph_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let (e, _) = mount_fails(&format!("rbd:nopool/x?conf={conf}"), &mnt);
+    assert!(
+        e.contains("pool nopool") && e.contains("does not exist"),
+        "{e}"
+    );
+    let (e, _) = mount_fails(&format!("rbd:rbd/no-such-image?conf={conf}"), &mnt);
+    assert!(e.contains("no such image"), "{e}");
+    let (e, t) = mount_fails(&format!("rbd:rbd/x?conf={conf}&id=nobody"), &mnt);
+    assert!(e.contains("client.nobody"), "{e}");
+    assert!(t < Duration::from_secs(30), "{t:?}");
+    let (e, _) = mount_fails("rbd:rbd", &mnt);
+    assert!(e.contains("rbd:POOL/IMAGE"), "{e}");
+    // A cluster that is down: its monitors do not answer.
+    let down = dir.path().join("down.conf");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    let text: String = text
+        .lines()
+        .map(|l| match l.trim_start().starts_with("mon host") {
+            true => "mon host = [v2:127.0.0.1:3999,v1:127.0.0.1:3998]".to_string(),
+            false => l.to_string(),
+        })
+        .map(|l| l + "\n")
+        .collect();
+    std::fs::write(&down, text).unwrap();
+    let (e, t) = mount_fails(&format!("rbd:rbd/x?conf={}", down.display()), &mnt);
+    assert!(t <= Duration::from_secs(30), "a down cluster took {t:?}");
+    assert!(e.contains("no monitor answered"), "{e}");
+    let out = canopy()
+        .args([
+            "mkfs",
+            &format!("rbd:rbd/missing-{}?conf={conf}", std::process::id()),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--size"));
+}
+
+/// The cluster's directory (where scripts/ceph-dev.sh keeps it).
+fn cluster_dir(conf: &str) -> PathBuf {
+    Path::new(conf).parent().unwrap().to_path_buf()
+}
+
+fn ceph_dev(args: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ceph-dev.sh");
+    let st = Command::new("bash")
+        .arg(script)
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(st.success(), "ceph-dev.sh {args:?}");
+}
+
+#[test]
+fn an_osd_killed_during_writes_loses_nothing() {
+    let Some(conf) = ceph_conf() else { return };
+    let (dir, img, mnt) = fresh(&conf, "256M");
+    let d = Daemon::mount(&img, &mnt, "", &dir.path().join("log")).unwrap();
+    let cdir = cluster_dir(&conf);
+    let cdir = cdir.to_str().unwrap();
+    let mut written = Vec::new();
+    for i in 0..24 {
+        if i == 4 {
+            ceph_dev(&["kill-osd", cdir, "2"]);
+        }
+        let data = common::noise(1 << 20, i);
+        write_synced(&mnt.join(format!("f{i}")), &data).unwrap();
+        written.push(data);
+    }
+    ceph_dev(&["start-osd", cdir, "2"]);
+    d.unmount();
+    check_clean(&img);
+    let d = Daemon::mount(&img, &mnt, "ro", &dir.path().join("log2")).unwrap();
+    for (i, data) in written.iter().enumerate() {
+        assert!(
+            std::fs::read(mnt.join(format!("f{i}"))).unwrap() == *data,
+            "f{i}"
+        );
+    }
+    d.unmount();
+}
