@@ -100,15 +100,26 @@ else
     fi
     echo "crash_campaign (needs root, /dev/fuse and fusermount3)" >> "$skipped"
 fi
-echo "== Ceph: scripts/ceph-dev.sh brings a one-node cluster up, rbd writes and reads, and it goes away"
+echo "== Ceph: a one-node cluster (scripts/ceph-dev.sh); Canopy on RBD images through librbd"
 if [ "$(id -u)" = 0 ] && command -v ceph-mon >/dev/null; then
     ceph_dir=$PWD/target/tmp/ceph-dev
     trap 'bash scripts/ceph-dev.sh stop "$ceph_dir"' EXIT
     bash scripts/ceph-dev.sh start "$ceph_dir"
-    rbd_=(timeout 120 rbd -c "$ceph_dir/ceph.conf")
+    ceph_conf=$ceph_dir/ceph.conf
+    rbd_=(timeout 120 rbd -c "$ceph_conf")
     "${rbd_[@]}" create rbd/smoke --size 256M
     "${rbd_[@]}" bench --io-type write --io-size 4M --io-total 64M rbd/smoke | tail -1
     "${rbd_[@]}" bench --io-type read --io-size 4M --io-total 64M rbd/smoke | tail -1
+    echo "== RBD: mkfs/mount/check, one writer and takeover fencing, grow, bad input, an OSD killed"
+    CANOPY_TEST_CEPH=$ceph_conf cargo test --locked --test rbd "$@" -- --test-threads=1
+    echo "== RBD: the POSIX subset and the exerciser (kill -9 included) on RBD images"
+    CANOPY_TEST_RBD=$ceph_conf CANOPY_TEST_MOUNT_OPTS=transport=dev cargo test --locked \
+        --test mount_posix --test exerciser "$@" -- --skip 4_gib
+    echo "== RBD: crash campaign, kill -9 of the daemon under SQLite (WAL) and PostgreSQL on an RBD image"
+    cargo build --release --locked
+    python3 scripts/crash_campaign.py --client sqlite-wal --client postgres --cycles 2 --rounds 1 --size 1G \
+        --fill 0 --rbd "$ceph_conf" --mount-opts transport=dev --keep-dir target/tmp/crash-keep \
+        --json target/tmp/crash-campaign-rbd.json
     bash scripts/ceph-dev.sh stop "$ceph_dir"
     trap - EXIT
     if pgrep -f "ceph-(mon|mgr|osd) -c $ceph_dir" >/dev/null; then
