@@ -42,14 +42,15 @@ impl Drop for Op {
 }
 
 impl Op {
-    fn new(buf: Box<[u8]>, off: u64) -> Result<Op> {
+    fn new(buf: NonNull<[u8]>, off: u64) -> Result<Op> {
         let mut c = ptr::null_mut();
         // SAFETY: an out-pointer; no callback.
         let r = unsafe { ffi::rbd_aio_create_completion(ptr::null_mut(), None, &mut c) };
         if r < 0 {
+            // SAFETY: the buffer came from Box::into_raw and is not shared.
+            drop(unsafe { Box::from_raw(buf.as_ptr()) });
             return Err(errno(r.into(), "creating an RBD completion"));
         }
-        let buf = NonNull::from(Box::leak(buf));
         Ok(Op { c, buf, off })
     }
 
@@ -67,7 +68,7 @@ impl Op {
 
     /// Sends a copy of `data` to be written at `off`.
     pub fn write(image: ffi::ImageT, data: &[u8], off: u64) -> Result<Arc<Op>> {
-        let op = Op::new(data.into(), off)?;
+        let op = Op::new(NonNull::from(Box::leak(Box::<[u8]>::from(data))), off)?;
         // SAFETY: the buffer lives until the completion is released (Drop).
         let r = unsafe {
             ffi::rbd_aio_write(
@@ -89,7 +90,13 @@ impl Op {
 
     /// Starts reading `len` bytes at `off`.
     pub fn read(image: ffi::ImageT, len: usize, off: u64) -> Result<Arc<Op>> {
-        let op = Op::new(vec![0u8; len].into_boxed_slice(), off)?;
+        // Not zeroed: librbd fills it, and it is read only once the read
+        // returned its whole length.
+        let raw = Box::into_raw(Box::<[u8]>::new_uninit_slice(len)) as *mut [u8];
+        let op = Op::new(
+            NonNull::new(raw).ok_or_else(|| Error::Invalid("no memory".into()))?,
+            off,
+        )?;
         // SAFETY: as for write; nothing reads the buffer before completion.
         let r = unsafe {
             ffi::rbd_aio_read(image, off, len, op.buf.as_ptr() as *mut libc::c_char, op.c)
@@ -185,34 +192,39 @@ struct Ahead {
 const AHEAD_BYTES: u64 = 64 << 20;
 pub const AHEAD_CHUNK: u64 = 4 << 20;
 
-impl ReadAhead {
-    /// Starts reads of the parts of `[off, off+len)` not yet being read.
-    pub fn start(&self, image: ffi::ImageT, off: u64, len: u64, size: u64) {
-        let end = (off + len).min(size);
-        let mut at = off;
-        while at < end {
-            let next = (at / AHEAD_CHUNK + 1) * AHEAD_CHUNK;
-            let piece = next.min(end) - at;
-            if !self.covered(at, piece) {
-                match Op::read(image, piece as usize, at) {
-                    Ok(op) => self.insert(op),
-                    Err(_) => return,
-                }
-            }
-            at += piece;
-        }
-    }
-
+impl Ahead {
     fn covered(&self, off: u64, len: u64) -> bool {
-        let a = crate::sync::lock(&self.inner);
-        a.ops
+        self.ops
             .range(..=off)
             .next_back()
             .is_some_and(|(_, o)| o.end() >= off + len)
     }
 
-    fn insert(&self, op: Arc<Op>) {
-        let mut a = crate::sync::lock(&self.inner);
+    /// The requests that together hold `[off, end)`, in order.
+    fn covering(&self, off: u64, end: u64) -> Option<Vec<Arc<Op>>> {
+        let mut at = off;
+        let mut out = Vec::new();
+        while at < end {
+            let (_, op) = self.ops.range(..=at).next_back()?;
+            if op.end() <= at {
+                return None;
+            }
+            at = op.end();
+            out.push(op.clone());
+        }
+        Some(out)
+    }
+
+    /// Drops `op` if it is still the request at its offset (a write may
+    /// have replaced it meanwhile).
+    fn forget_if_same(&mut self, op: &Arc<Op>) {
+        if self.ops.get(&op.off).is_some_and(|o| Arc::ptr_eq(o, op)) {
+            self.forget(op.off);
+        }
+    }
+
+    fn insert(&mut self, op: Arc<Op>) {
+        let a = self;
         a.bytes += op.len();
         a.order.push_back(op.off);
         if let Some(old) = a.ops.insert(op.off, op) {
@@ -226,51 +238,78 @@ impl ReadAhead {
         }
     }
 
-    /// Copies `[off, off+buf.len())` out of a read started earlier, if
-    /// one holds all of it and succeeded. A read that reaches the end of
-    /// its request consumes it.
-    pub fn take(&self, buf: &mut [u8], off: u64) -> bool {
-        let len = buf.len() as u64;
-        let op = {
-            let a = crate::sync::lock(&self.inner);
-            match a.ops.range(..=off).next_back() {
-                Some((_, o)) if o.end() >= off + len => o.clone(),
-                _ => return false,
-            }
-        };
-        if op.wait() != op.len() as i64 {
-            self.forget(op.off);
-            return false;
-        }
-        let from = (off - op.off) as usize;
-        buf.copy_from_slice(&op.data()[from..from + buf.len()]);
-        if off + len == op.end() {
-            self.forget(op.off);
-        }
-        true
-    }
-
-    fn forget(&self, key: u64) {
-        let mut a = crate::sync::lock(&self.inner);
-        if let Some(o) = a.ops.remove(&key) {
-            a.bytes -= o.len();
-            a.order.retain(|&k| k != key);
+    fn forget(&mut self, key: u64) {
+        if let Some(o) = self.ops.remove(&key) {
+            self.bytes -= o.len();
+            self.order.retain(|&k| k != key);
         }
     }
 
-    /// Drops reads of `[off, off+len)`: a write made them stale.
-    pub fn invalidate(&self, off: u64, len: u64) {
-        let stale: Vec<u64> = {
-            let a = crate::sync::lock(&self.inner);
-            a.ops
-                .range(..off + len)
-                .filter(|(_, o)| o.overlaps(off, len))
-                .map(|(&k, _)| k)
-                .collect()
-        };
+    fn invalidate(&mut self, off: u64, len: u64) {
+        let stale: Vec<u64> = self
+            .ops
+            .range(..off + len)
+            .filter(|(_, o)| o.overlaps(off, len))
+            .map(|(&k, _)| k)
+            .collect();
         for k in stale {
             self.forget(k);
         }
+    }
+}
+
+impl ReadAhead {
+    /// Starts reads of the parts of `[off, off+len)` not yet being read
+    /// and not being written: librbd may answer a read with the data from
+    /// before a write still in flight over it.
+    pub fn start(&self, image: ffi::ImageT, off: u64, len: u64, size: u64, writes: &InFlight) {
+        let mut a = crate::sync::lock(&self.inner);
+        let end = (off + len).min(size);
+        let mut at = off;
+        while at < end {
+            let next = (at / AHEAD_CHUNK + 1) * AHEAD_CHUNK;
+            let piece = next.min(end) - at;
+            if !a.covered(at, piece) && writes.overlapping(at, piece).is_empty() {
+                match Op::read(image, piece as usize, at) {
+                    Ok(op) => a.insert(op),
+                    Err(_) => return,
+                }
+            }
+            at += piece;
+        }
+    }
+
+    /// Runs `issue`, which sends a write of `[off, off+len)`, with no
+    /// read-ahead of that range started meanwhile, and drops what read-ahead
+    /// holds of it: a read started before the write may hold the old data.
+    pub fn while_writing<T>(&self, off: u64, len: u64, issue: impl FnOnce() -> T) -> T {
+        let mut a = crate::sync::lock(&self.inner);
+        a.invalidate(off, len);
+        issue()
+    }
+
+    /// Copies `[off, off+buf.len())` out of reads started earlier, if they
+    /// hold all of it (one request or several in a row) and succeeded. A
+    /// read that reaches the end of a request consumes it.
+    pub fn take(&self, buf: &mut [u8], off: u64) -> bool {
+        let end = off + buf.len() as u64;
+        let Some(ops) = crate::sync::lock(&self.inner).covering(off, end) else {
+            return false;
+        };
+        if ops.iter().any(|op| op.wait() != op.len() as i64) {
+            let mut a = crate::sync::lock(&self.inner);
+            ops.iter().for_each(|op| a.forget(op.off));
+            return false;
+        }
+        for op in ops {
+            let (from, to) = (off.max(op.off), end.min(op.end()));
+            let src = &op.data()[(from - op.off) as usize..(to - op.off) as usize];
+            buf[(from - off) as usize..(to - off) as usize].copy_from_slice(src);
+            if to == op.end() {
+                crate::sync::lock(&self.inner).forget_if_same(&op);
+            }
+        }
+        true
     }
 }
 

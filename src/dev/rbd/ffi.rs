@@ -24,7 +24,6 @@ extern "C" {
     pub fn rados_ioctx_create(cluster: RadosT, pool: *const c_char, io: *mut IoctxT) -> c_int;
     pub fn rados_ioctx_destroy(io: IoctxT);
     pub fn rados_getaddrs(cluster: RadosT, addrs: *mut *mut c_char) -> c_int;
-    pub fn rados_buffer_free(buf: *mut c_char);
 
     pub fn rbd_create(io: IoctxT, name: *const c_char, size: u64, order: *mut c_int) -> c_int;
     pub fn rbd_remove(io: IoctxT, name: *const c_char) -> c_int;

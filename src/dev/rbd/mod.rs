@@ -130,10 +130,15 @@ impl Device for RbdDevice {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.sticky()?;
         let len = buf.len() as u64;
-        self.ahead.invalidate(offset, len);
         self.wait_all(self.writes.overlapping(offset, len))?;
-        let op = aio::Op::write(self.handle(), buf, offset).map_err(|e| self.record(e))?;
-        self.wait_all(self.writes.push(op))
+        let done = self
+            .ahead
+            .while_writing(offset, len, || {
+                let op = aio::Op::write(self.handle(), buf, offset)?;
+                Ok(self.writes.push(op))
+            })
+            .map_err(|e| self.record(e))?;
+        self.wait_all(done)
     }
 
     fn barrier(&self) -> Result<()> {
@@ -157,7 +162,8 @@ impl Device for RbdDevice {
     }
 
     fn prefetch(&self, offset: u64, len: u64) {
-        self.ahead.start(self.handle(), offset, len, self.size());
+        self.ahead
+            .start(self.handle(), offset, len, self.size(), &self.writes);
     }
 }
 

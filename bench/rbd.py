@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Canopy on an RBD image against the cluster itself (issue 42): what the
+backend adds to what the cluster can do. A benchmark, never a test; root.
+
+    python3 bench/rbd.py                  # starts its own cluster (scripts/ceph-dev.sh)
+    python3 bench/rbd.py --conf C --rounds 5
+
+For each round, on fresh images:
+  * sequential 1 GiB: `rbd bench` write and read (4 MiB I/O, its default 16
+    threads) against Canopy on RBD: `dd` of 1 GiB of random bytes with
+    conv=fsync, then a cold `dd` read after a remount and drop_caches;
+  * 4 KiB random writes with a flush per write: fio's rbd engine (one
+    client, iodepth 4, fsync=1) against fio on the Canopy mount (4 jobs,
+    psync, fsync=1); `rbd bench` 4 KiB random writes (no flush) for scale;
+  * failover: Canopy mounted as one client, SIGSTOPped, then a second
+    client's `canopy mount --break-lock` until its first fsynced write.
+
+Writes bench/results/<date>-rbd.md with the medians and ratios.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 1 << 30
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+
+class Bench:
+    def __init__(self, conf, canopy, work):
+        self.conf, self.canopy, self.work = conf, canopy, work
+        self.n = 0
+        self.mnt = os.path.join(work, "mnt")
+        os.makedirs(self.mnt, exist_ok=True)
+        self.data = os.path.join(work, "rand1g")
+        if not os.path.exists(self.data):
+            with open(self.data, "wb") as f:
+                for _ in range(1024):
+                    f.write(os.urandom(1 << 20))
+
+    def image(self, size="4G", mkfs=True):
+        self.n += 1
+        name = f"bench-{os.getpid()}-{self.n}"
+        spec = f"rbd:rbd/{name}?conf={self.conf}"
+        if mkfs:
+            run([self.canopy, "mkfs", "-q", "--size", size, spec])
+        else:
+            run(["rbd", "-c", self.conf, "create", f"rbd/{name}", "--size", size])
+        return name, spec
+
+    def rbd_bench(self, name, io_type, size, pattern="seq", total="1G"):
+        out = run(["rbd", "-c", self.conf, "bench", "--io-type", io_type, "--io-size", size,
+                   "--io-pattern", pattern, "--io-total", total, f"rbd/{name}"])
+        last = [l for l in out.splitlines() if l.startswith("elapsed")][-1]
+        ops = float(re.search(r"ops/sec: ([\d.]+)", last).group(1))
+        return ops
+
+    def mount(self, spec, opts=None):
+        cmd = [self.canopy, "mount"] + (["-o", opts] if opts else []) + [spec, self.mnt]
+        run(cmd)
+
+    def umount(self):
+        subprocess.run(["umount", self.mnt], check=True)
+        time.sleep(1)
+
+    def dd_mbs(self, args):
+        out = subprocess.run(["dd"] + args, check=True, capture_output=True, text=True).stderr
+        secs = float(re.search(r"copied, ([\d.]+) s", out).group(1))
+        return GIB / secs / (1 << 20)
+
+    def sequential(self):
+        name, _ = self.image(mkfs=False)
+        w = self.rbd_bench(name, "write", "4M") * 4
+        r = self.rbd_bench(name, "read", "4M") * 4
+        _, spec = self.image()
+        self.mount(spec)
+        cw = self.dd_mbs([f"if={self.data}", f"of={self.mnt}/seq", "bs=4M", "conv=fsync"])
+        self.umount()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        self.mount(spec)
+        cr = self.dd_mbs([f"if={self.mnt}/seq", "of=/dev/null", "bs=4M"])
+        self.umount()
+        return {"rbd_write": w, "rbd_read": r, "canopy_write": cw, "canopy_read": cr}
+
+    def fio_iops(self, args):
+        out = run(["fio", "--output-format=json", "--group_reporting", "--name=r",
+                   "--rw=randwrite", "--bs=4k", "--fsync=1", "--runtime=20",
+                   "--time_based"] + args, env={**os.environ, "CEPH_CONF": self.conf})
+        return json.loads(out)["jobs"][0]["write"]["iops"]
+
+    def random_fsync(self):
+        name, _ = self.image(size="2G", mkfs=False)
+        base = self.fio_iops(["--ioengine=rbd", "--clientname=admin", "--pool=rbd",
+                              f"--rbdname={name}", "--iodepth=4", "--size=1G"])
+        bench = self.rbd_bench(name, "write", "4K", "rand", "64M")
+        _, spec = self.image()
+        self.mount(spec)
+        canopy = self.fio_iops(["--ioengine=psync", "--numjobs=4", "--size=256M",
+                                f"--directory={self.mnt}"])
+        self.umount()
+        return {"fio_rbd_fsync_iops": base, "rbd_bench_4k_iops": bench,
+                "canopy_fsync_iops": canopy}
+
+    def failover(self):
+        _, spec = self.image(size="1G")
+        a = subprocess.Popen([self.canopy, "mount", "-f", spec, self.mnt],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            if os.path.ismount(self.mnt):
+                break
+            time.sleep(0.05)
+        with open(os.path.join(self.mnt, "a"), "w") as f:
+            f.write("a")
+            os.fsync(f.fileno())
+        a.send_signal(signal.SIGSTOP)
+        mnt_b = os.path.join(self.work, "mnt-b")
+        os.makedirs(mnt_b, exist_ok=True)
+        t = time.monotonic()
+        run([self.canopy, "mount", "--break-lock", spec, mnt_b])
+        with open(os.path.join(mnt_b, "b"), "w") as f:
+            f.write("b")
+            os.fsync(f.fileno())
+        secs = time.monotonic() - t
+        a.send_signal(signal.SIGCONT)
+        subprocess.run(["umount", "-l", self.mnt])
+        a.kill()
+        a.wait()
+        subprocess.run(["umount", mnt_b], check=True)
+        return {"failover_s": secs}
+
+
+def median(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
+def write_report(rows, path):
+    m = {k: median(rows, k) for k in rows[0]}
+    lines = [
+        f"# Canopy on RBD against the cluster ({datetime.date.today()})", "",
+        f"{len(rows)} rounds, medians. One-node cluster from scripts/ceph-dev.sh "
+        "(3 OSDs, pool size 2) on this 2-core machine.", "",
+        "| workload | cluster alone | Canopy on RBD | ratio | aim |", "|---|---|---|---|---|",
+        f"| 1 GiB sequential write, MiB/s | {m['rbd_write']:.0f} (rbd bench 4M) | "
+        f"{m['canopy_write']:.0f} | {m['canopy_write'] / m['rbd_write']:.2f}x | 0.8x |",
+        f"| 1 GiB cold sequential read, MiB/s | {m['rbd_read']:.0f} (rbd bench 4M) | "
+        f"{m['canopy_read']:.0f} | {m['canopy_read'] / m['rbd_read']:.2f}x | 0.8x |",
+        f"| 4 KiB random writes, fsync each, IOPS | {m['fio_rbd_fsync_iops']:.0f} "
+        f"(fio rbd engine, iodepth 4) | {m['canopy_fsync_iops']:.0f} (fio, 4 jobs) | "
+        f"{m['canopy_fsync_iops'] / m['fio_rbd_fsync_iops']:.2f}x | 0.7x |",
+        f"| failover: takeover to first fsynced write, s | | {m['failover_s']:.2f} | | < 10 s |",
+        "", f"`rbd bench` 4 KiB random writes without a flush: {m['rbd_bench_4k_iops']:.0f} IOPS.",
+        "", "Rounds:", "", "```", *[json.dumps(r) for r in rows], "```", ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--conf", help="ceph.conf of a running cluster (default: start one)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--canopy", default=os.path.join(ROOT, "target/release/canopy"))
+    ap.add_argument("--out", default=os.path.join(
+        ROOT, "bench/results", f"{datetime.date.today()}-rbd.md"))
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="canopy-rbd-bench-", dir="/var/tmp")
+    conf, cluster = args.conf, None
+    if not conf:
+        cluster = os.path.join(work, "ceph")
+        subprocess.run(["bash", os.path.join(ROOT, "scripts/ceph-dev.sh"), "start", cluster],
+                       check=True)
+        conf = os.path.join(cluster, "ceph.conf")
+    try:
+        b = Bench(conf, args.canopy, work)
+        rows = []
+        for i in range(args.rounds):
+            row = {**b.sequential(), **b.random_fsync(), **b.failover()}
+            print(f"round {i + 1}: {json.dumps(row)}", file=sys.stderr)
+            rows.append(row)
+        write_report(rows, args.out)
+    finally:
+        if cluster:
+            subprocess.run(["bash", os.path.join(ROOT, "scripts/ceph-dev.sh"), "stop", cluster])
+
+
+if __name__ == "__main__":
+    main()

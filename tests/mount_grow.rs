@@ -1,0 +1,136 @@
+//! `canopy filesystem resize` on image files: a mounted filesystem grows
+//! into a longer image, across a superblock copy's place (64 MiB), keeps
+//! its size through a crash, and refuses what it cannot do (issue 42; on
+//! RBD images, tests/rbd.rs).
+
+mod common;
+
+use common::mounted::{can_mount, canopy, Mounted};
+use std::io::Write;
+use std::path::Path;
+
+fn resize(m: &Mounted, arg: &str) -> std::process::Output {
+    canopy()
+        .args(["filesystem", "resize", "--json", arg])
+        .arg(&m.mnt)
+        .output()
+        .unwrap()
+}
+
+fn statfs_total(mnt: &Path) -> u64 {
+    let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    s.f_blocks * s.f_frsize
+}
+
+/// Writes 1 MiB files named PREFIX0.. until the disk is full; how many.
+fn fill(m: &Mounted, prefix: &str) -> usize {
+    let data = common::noise(1 << 20, 9);
+    for i in 0.. {
+        let p = m.p(&format!("{prefix}{i}"));
+        let ok = std::fs::File::create(&p)
+            .and_then(|mut f| f.write_all(&data).and_then(|()| f.sync_all()));
+        if ok.is_err() {
+            let _ = std::fs::remove_file(&p);
+            return i;
+        }
+    }
+    unreachable!()
+}
+
+fn total_bytes(img: &Path) -> u64 {
+    let out = canopy()
+        .args(["inspect", "super", "--json"])
+        .arg(img)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["total_bytes"].as_u64().unwrap()
+}
+
+fn set_len(img: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(img)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+#[test]
+fn a_full_filesystem_grows_into_a_longer_image() {
+    if !can_mount() || common::mounted::rbd_conf().is_some() {
+        return;
+    }
+    let mut m = Mounted::with_size("40M");
+    let before = statfs_total(&m.mnt);
+    let first = fill(&m, "a");
+    assert!(first > 0);
+    set_len(&m.img, 160 << 20);
+    let out = resize(&m, "max");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(g["old_bytes"], 40u64 << 20);
+    assert_eq!(g["new_bytes"], 160u64 << 20);
+    assert!(statfs_total(&m.mnt) >= before + (100 << 20));
+    let second = fill(&m, "b");
+    assert!(second > 80, "only {second} MiB more");
+    m.unmount();
+    m.check();
+    assert_eq!(total_bytes(&m.img), 160 << 20);
+    // The new space held the superblock copy at 64 MiB: it is written and
+    // current.
+    let mut sb = vec![0u8; 4096];
+    let f = std::fs::File::open(&m.img).unwrap();
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut sb, 64 << 20).unwrap();
+    assert_eq!(&sb[64..72], &canopy::format::MAGIC);
+    m.mount("");
+    let data = common::noise(1 << 20, 9);
+    for i in 0..second {
+        assert!(std::fs::read(m.p(&format!("b{i}"))).unwrap() == data);
+    }
+    m.unmount();
+}
+
+#[test]
+fn a_grown_size_survives_a_crash_and_bad_sizes_are_refused() {
+    if !can_mount() || common::mounted::rbd_conf().is_some() {
+        return;
+    }
+    let mut m = Mounted::with_size("64M");
+    set_len(&m.img, 96 << 20);
+    let out = resize(&m, "+16M");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (arg, says) in [
+        ("-8M", "not supported"),
+        ("70M", "not supported"),
+        ("+1G", "the device holds only"),
+        ("lots", ""),
+    ] {
+        let out = resize(&m, arg);
+        assert!(!out.status.success(), "resize {arg} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "resize {arg}: {err}");
+    }
+    let out = resize(&m, "80M");
+    assert!(out.status.success());
+    let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(g["new_bytes"], g["old_bytes"], "already that size");
+    m.kill9();
+    assert_eq!(total_bytes(&m.img), 80 << 20);
+    m.mount("");
+    let out = resize(&m, "max");
+    assert!(out.status.success());
+    m.unmount();
+    m.check();
+    assert_eq!(total_bytes(&m.img), 96 << 20);
+}
