@@ -60,6 +60,11 @@ class Bench:
             run(["rbd", "-c", self.conf, "create", f"rbd/{name}", "--size", size])
         return name, spec
 
+    def remove(self, name):
+        """The cluster's space is this machine's disk: images go after use."""
+        subprocess.run(["rbd", "-c", self.conf, "rm", "--no-progress", f"rbd/{name}"],
+                       capture_output=True, timeout=120)
+
     def rbd_bench(self, name, io_type, size, pattern="seq", total="1G"):
         out = run(["rbd", "-c", self.conf, "bench", "--io-type", io_type, "--io-size", size,
                    "--io-pattern", pattern, "--io-total", total, f"rbd/{name}"])
@@ -84,7 +89,8 @@ class Bench:
         name, _ = self.image(mkfs=False)
         w = self.rbd_bench(name, "write", "4M") * 4
         r = self.rbd_bench(name, "read", "4M") * 4
-        _, spec = self.image()
+        self.remove(name)
+        name, spec = self.image()
         self.mount(spec)
         cw = self.dd_mbs([f"if={self.data}", f"of={self.mnt}/seq", "bs=4M", "conv=fsync"])
         self.umount()
@@ -93,6 +99,7 @@ class Bench:
         self.mount(spec)
         cr = self.dd_mbs([f"if={self.mnt}/seq", "of=/dev/null", "bs=4M"])
         self.umount()
+        self.remove(name)
         return {"rbd_write": w, "rbd_read": r, "canopy_write": cw, "canopy_read": cr}
 
     def fio_iops(self, args):
@@ -106,16 +113,18 @@ class Bench:
         base = self.fio_iops(["--ioengine=rbd", "--clientname=admin", "--pool=rbd",
                               f"--rbdname={name}", "--iodepth=4", "--size=1G"])
         bench = self.rbd_bench(name, "write", "4K", "rand", "64M")
-        _, spec = self.image()
+        self.remove(name)
+        name, spec = self.image()
         self.mount(spec)
         canopy = self.fio_iops(["--ioengine=psync", "--numjobs=4", "--size=256M",
                                 f"--directory={self.mnt}"])
         self.umount()
+        self.remove(name)
         return {"fio_rbd_fsync_iops": base, "rbd_bench_4k_iops": bench,
                 "canopy_fsync_iops": canopy}
 
     def failover(self):
-        _, spec = self.image(size="1G")
+        name, spec = self.image(size="1G")
         a = subprocess.Popen([self.canopy, "mount", "-f", spec, self.mnt],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):
@@ -139,6 +148,8 @@ class Bench:
         a.kill()
         a.wait()
         subprocess.run(["umount", mnt_b], check=True)
+        time.sleep(1)
+        self.remove(name)
         return {"failover_s": secs}
 
 

@@ -1257,6 +1257,10 @@ class Round:
             r["passed"] = not r["reasons"]
             if r["passed"] and not self.args.keep_passing:
                 shutil.rmtree(self.dir, ignore_errors=True)
+                if self.args.rbd:
+                    # The cluster's space is the test machine's disk.
+                    run(["rbd", "-c", self.args.rbd, "rm", "--no-progress",
+                         self.img[len("rbd:"):].split("?")[0]], timeout=120)
             else:
                 r["kept"] = keep(self.dir, self.args.keep_dir, self.name)
         finally:

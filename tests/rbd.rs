@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::mounted::{can_mount, canopy, rbd_name, umount};
+use common::mounted::{can_mount, canopy, rbd_name, umount, RbdImage};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -49,8 +49,8 @@ fn pool_image(name: &Path) -> String {
 }
 
 /// A new RBD image of `size`, formatted by `canopy mkfs` (which creates
-/// it), and a mount point in a directory that goes with the first value.
-fn fresh(conf: &str, size: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+/// it), and a mount point in a directory; both go with the first value.
+fn fresh(conf: &str, size: &str) -> ((tempfile::TempDir, RbdImage), PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let img = rbd_name(conf);
     let mnt = dir.path().join("mnt");
@@ -65,7 +65,7 @@ fn fresh(conf: &str, size: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
         "mkfs: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    (dir, img, mnt)
+    ((dir, RbdImage(img.clone())), img, mnt)
 }
 
 /// A daemon in the foreground whose log goes to `log`; unmounted and
@@ -161,7 +161,7 @@ fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
 fn an_rbd_image_is_made_mounted_checked_and_read_back() {
     let Some(conf) = ceph_conf() else { return };
     let (dir, img, mnt) = fresh(&conf, "256M");
-    let log = dir.path().join("log");
+    let log = dir.0.path().join("log");
     let d = Daemon::mount(&img, &mnt, "", &log).unwrap();
     let big = common::noise(24 << 20, 7);
     write_synced(&mnt.join("big"), &big).unwrap();
@@ -180,19 +180,19 @@ fn an_rbd_image_is_made_mounted_checked_and_read_back() {
 fn a_second_writer_is_refused_and_told_who_holds_the_image() {
     let Some(conf) = ceph_conf() else { return };
     let (dir, img, mnt) = fresh(&conf, "128M");
-    let other = dir.path().join("other");
+    let other = dir.0.path().join("other");
     std::fs::create_dir(&other).unwrap();
-    let a = Daemon::mount(&img, &mnt, "", &dir.path().join("a.log")).unwrap();
+    let a = Daemon::mount(&img, &mnt, "", &dir.0.path().join("a.log")).unwrap();
     write_synced(&mnt.join("f"), b"one").unwrap();
     let t = Instant::now();
-    let err = Daemon::mount(&img, &other, "", &dir.path().join("b.log"))
+    let err = Daemon::mount(&img, &other, "", &dir.0.path().join("b.log"))
         .err()
         .expect("a second writer mounted");
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     assert!(err.contains("in use by another writer"), "{err}");
     assert!(err.contains("--break-lock"), "{err}");
     assert!(err.contains("127.0.0.1"), "the holder's address: {err}");
-    let err = Daemon::mount(&img, &other, "ro", &dir.path().join("c.log"))
+    let err = Daemon::mount(&img, &other, "ro", &dir.0.path().join("c.log"))
         .err()
         .expect("a reader mounted beside a writer");
     assert!(err.contains("read-write elsewhere"), "{err}");
@@ -241,26 +241,26 @@ fn as_client(img: &Path, name: &str, keyring: &Path) -> PathBuf {
 fn a_takeover_fences_a_paused_writer() {
     let Some(conf) = ceph_conf() else { return };
     let (dir, img, mnt_a) = fresh(&conf, "256M");
-    let mnt_b = dir.path().join("b");
+    let mnt_b = dir.0.path().join("b");
     std::fs::create_dir(&mnt_b).unwrap();
     let img_a = as_client(
         &img,
         "canopy-a",
-        &client_keyring(&conf, "canopy-a", dir.path()),
+        &client_keyring(&conf, "canopy-a", dir.0.path()),
     );
     let img_b = as_client(
         &img,
         "canopy-b",
-        &client_keyring(&conf, "canopy-b", dir.path()),
+        &client_keyring(&conf, "canopy-b", dir.0.path()),
     );
-    let log_a = dir.path().join("a.log");
+    let log_a = dir.0.path().join("a.log");
     let a = Daemon::mount(&img_a, &mnt_a, "", &log_a).unwrap();
     write_synced(&mnt_a.join("before"), b"acknowledged by A").unwrap();
     // A file A has open, to write through after it wakes.
     let late = std::fs::File::create(mnt_a.join("late")).unwrap();
     unsafe { libc::kill(a.pid(), libc::SIGSTOP) };
     let t = Instant::now();
-    let b = Daemon::mount(&img_b, &mnt_b, "takeover", &dir.path().join("b.log"))
+    let b = Daemon::mount(&img_b, &mnt_b, "takeover", &dir.0.path().join("b.log"))
         .expect("take over from a paused writer");
     write_synced(&mnt_b.join("from-b"), b"written by B").unwrap();
     let failover = t.elapsed();
@@ -319,7 +319,7 @@ fn fill(mnt: &Path, prefix: &str, chunk: usize) -> Vec<PathBuf> {
 fn a_full_filesystem_grows_after_rbd_resize() {
     let Some(conf) = ceph_conf() else { return };
     let (dir, img, mnt) = fresh(&conf, "96M");
-    let d = Daemon::mount(&img, &mnt, "", &dir.path().join("log")).unwrap();
+    let d = Daemon::mount(&img, &mnt, "", &dir.0.path().join("log")).unwrap();
     let before = statfs_total(&mnt);
     let first = fill(&mnt, "a", 4 << 20);
     assert!(!first.is_empty());
@@ -344,7 +344,7 @@ fn a_full_filesystem_grows_after_rbd_resize() {
     assert!(second.len() > 50, "only {} more files", second.len());
     d.unmount();
     check_clean(&img);
-    let d = Daemon::mount(&img, &mnt, "ro", &dir.path().join("log2")).unwrap();
+    let d = Daemon::mount(&img, &mnt, "ro", &dir.0.path().join("log2")).unwrap();
     let data = common::noise(4 << 20, 3);
     for p in first.iter().chain(&second) {
         assert!(std::fs::read(p).unwrap() == data, "{}", p.display());
@@ -426,7 +426,7 @@ fn ceph_dev(args: &[&str]) {
 fn an_osd_killed_during_writes_loses_nothing() {
     let Some(conf) = ceph_conf() else { return };
     let (dir, img, mnt) = fresh(&conf, "256M");
-    let d = Daemon::mount(&img, &mnt, "", &dir.path().join("log")).unwrap();
+    let d = Daemon::mount(&img, &mnt, "", &dir.0.path().join("log")).unwrap();
     let cdir = cluster_dir(&conf);
     let cdir = cdir.to_str().unwrap();
     let mut written = Vec::new();
@@ -441,7 +441,7 @@ fn an_osd_killed_during_writes_loses_nothing() {
     ceph_dev(&["start-osd", cdir, "2"]);
     d.unmount();
     check_clean(&img);
-    let d = Daemon::mount(&img, &mnt, "ro", &dir.path().join("log2")).unwrap();
+    let d = Daemon::mount(&img, &mnt, "ro", &dir.0.path().join("log2")).unwrap();
     for (i, data) in written.iter().enumerate() {
         assert!(
             std::fs::read(mnt.join(format!("f{i}"))).unwrap() == *data,

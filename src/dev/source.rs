@@ -57,6 +57,23 @@ impl FromStr for Source {
     }
 }
 
+impl Source {
+    /// The device a command-line argument names: `rbd:...` (which must be
+    /// UTF-8) or a path, which may be any bytes.
+    pub fn from_arg(arg: &std::ffi::OsStr) -> Result<Source> {
+        use std::os::unix::ffi::OsStrExt;
+        if !arg.as_bytes().starts_with(RBD_PREFIX.as_bytes()) {
+            return match arg.is_empty() {
+                true => Err(Error::Invalid("an empty image name".into())),
+                false => Ok(Source::Path(PathBuf::from(arg))),
+            };
+        }
+        arg.to_str()
+            .ok_or_else(|| Error::Invalid(format!("{}: not UTF-8", arg.to_string_lossy())))?
+            .parse()
+    }
+}
+
 impl RbdSpec {
     /// Parses what follows `rbd:`.
     fn parse(rest: &str) -> Result<RbdSpec> {
@@ -128,6 +145,15 @@ impl fmt::Display for RbdSpec {
 }
 
 impl Source {
+    /// The argument that names it again, byte for byte (a path need not
+    /// be UTF-8).
+    pub fn to_arg(&self) -> std::ffi::OsString {
+        match self {
+            Source::Path(p) => p.as_os_str().to_owned(),
+            Source::Rbd(r) => r.to_string().into(),
+        }
+    }
+
     /// The path, for a source that is one.
     pub fn path(&self) -> Option<&Path> {
         match self {

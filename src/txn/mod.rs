@@ -107,9 +107,6 @@ pub(crate) struct State {
     /// A log of this transaction reached the disk: frees stay pinned
     /// until the commit is durable.
     pub log_durable: bool,
-    /// Log writes handed out so far: each takes the next number, and
-    /// they reach the device in that order (`Engine::sync_log`).
-    pub log_tickets: u64,
     /// Tree roots as the last prepared commit has them: what a crash
     /// would find, before the log is replayed.
     pub committed: BTreeMap<u64, RootPtr>,

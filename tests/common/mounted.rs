@@ -104,6 +104,38 @@ pub fn rbd_name(conf: &str) -> PathBuf {
     ))
 }
 
+/// Removes, when dropped, an RBD image a test made: the cluster's space is
+/// the test machine's disk. An image a killed client still watches (for
+/// 30 s) is removed by a detached `rbd rm` after that.
+pub struct RbdImage(pub PathBuf);
+
+impl Drop for RbdImage {
+    fn drop(&mut self) {
+        let name = self.0.to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("rbd:") else {
+            return;
+        };
+        let (image, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let Some(conf) = query.split('&').find_map(|p| p.strip_prefix("conf=")) else {
+            return;
+        };
+        let rm = |delay: u32| {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(format!(
+                    "sleep {delay}; rbd -c '{conf}' rm --no-progress '{image}' >/dev/null 2>&1"
+                ))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            c
+        };
+        if !rm(0).status().is_ok_and(|s| s.success()) {
+            let _ = rm(35).spawn();
+        }
+    }
+}
+
 /// A new image of `size` (as `mkfs -s` takes it) and an empty mount
 /// point beside it, in a directory that goes when the first value is
 /// dropped. Under `CANOPY_TEST_RBD` the image is a new RBD image.
@@ -130,6 +162,8 @@ pub struct Mounted {
     pub img: PathBuf,
     pub mnt: PathBuf,
     daemon: Option<Child>,
+    /// The RBD image under `CANOPY_TEST_RBD`, removed after the daemon.
+    _rbd: Option<RbdImage>,
     /// The daemon was killed: on RBD its lock is still held by a client
     /// the cluster has not yet timed out (30 s), so the next mount takes
     /// it over, as an operator would after a crash.
@@ -146,6 +180,7 @@ impl Mounted {
         let (dir, img, mnt) = fresh_image(size);
         let mut m = Mounted {
             _dir: dir,
+            _rbd: rbd_conf().map(|_| RbdImage(img.clone())),
             img,
             mnt,
             daemon: None,

@@ -14,6 +14,7 @@ pub struct Args {
     #[arg(short = 'q', long)]
     quiet: bool,
     /// Unmounted image file, block device or rbd:POOL/IMAGE.
+    #[arg(value_parser = crate::image_arg())]
     image: Source,
 }
 

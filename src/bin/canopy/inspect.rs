@@ -11,12 +11,14 @@ pub enum Command {
     Super {
         #[arg(long)]
         json: bool,
+        #[arg(value_parser = crate::image_arg())]
         image: Source,
     },
     /// Free-space histogram by extent length, like `xfs_db -c freesp`.
     Freesp {
         #[arg(long)]
         json: bool,
+        #[arg(value_parser = crate::image_arg())]
         image: Source,
     },
     /// Fragmentation of every subvolume's files, like `xfs_db -c frag`:
@@ -33,6 +35,7 @@ pub enum Command {
         /// count), median_distance, switched_group.
         #[arg(long)]
         json: bool,
+        #[arg(value_parser = crate::image_arg())]
         image: Source,
     },
     /// List the items of one tree (by id: 1 root, 2 extent, 3 block group,
@@ -41,6 +44,7 @@ pub enum Command {
         /// Tree id.
         #[arg(short = 't', long, default_value_t = 1)]
         tree: u64,
+        #[arg(value_parser = crate::image_arg())]
         image: Source,
     },
 }

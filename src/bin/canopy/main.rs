@@ -220,3 +220,10 @@ fn mount_helper_args(argv: Vec<OsString>) -> Option<Vec<OsString>> {
 }
 
 pub use canopy::units::parse_size;
+
+/// Parses an image argument: a path, which may be any bytes, or
+/// `rbd:POOL/IMAGE[?...]`.
+pub fn image_arg() -> impl clap::builder::TypedValueParser<Value = canopy::dev::Source> {
+    use clap::builder::TypedValueParser;
+    clap::builder::OsStringValueParser::new().try_map(|s| canopy::dev::Source::from_arg(&s))
+}

@@ -34,6 +34,7 @@ pub struct Args {
     #[arg(short = 'q', long)]
     quiet: bool,
     /// Image file, block device, or rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH].
+    #[arg(value_parser = crate::image_arg())]
     image: Source,
 }
 

@@ -45,6 +45,7 @@ pub struct Args {
     #[arg(long, hide = true)]
     notify_ready: bool,
     /// Image file, block device, or rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH].
+    #[arg(value_parser = crate::image_arg())]
     image: Source,
     /// Directory to mount on.
     mountpoint: PathBuf,
@@ -110,7 +111,7 @@ fn daemonize(a: &Args) -> Result<()> {
     if a.break_lock {
         cmd.arg("--break-lock");
     }
-    cmd.arg(a.image.to_string()).arg(&a.mountpoint);
+    cmd.arg(a.image.to_arg()).arg(&a.mountpoint);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -23,6 +23,7 @@ pub struct ZeroLogArgs {
     #[arg(long)]
     json: bool,
     /// Unmounted image file, block device or rbd:POOL/IMAGE.
+    #[arg(value_parser = crate::image_arg())]
     image: Source,
 }
 

@@ -31,7 +31,7 @@ pub struct Args {
     /// An unmounted image (scrubbed here: a file, block device or
     /// rbd:POOL/IMAGE) or a mount point (scrubbed by its daemon in the
     /// background, throttled).
-    path: Option<String>,
+    path: Option<PathBuf>,
 }
 
 #[derive(clap::Subcommand)]
@@ -64,8 +64,8 @@ pub fn run(a: Args) -> ExitCode {
                 eprintln!("canopy scrub: give an image or a mount point (see --help)");
                 ExitCode::from(2)
             }
-            Some(p) if std::path::Path::new(p).is_dir() => online(&a, std::path::Path::new(p)),
-            Some(p) => match p.parse::<Source>() {
+            Some(p) if p.is_dir() => online(&a, p),
+            Some(p) => match Source::from_arg(p.as_os_str()) {
                 Ok(image) => offline(&a, &image),
                 Err(e) => fail(a.json, "canopy scrub", &e.to_string()),
             },

@@ -127,8 +127,14 @@ pub(crate) struct IoState {
     pub sb: Superblock,
     /// The last log root written: (transaction, root).
     pub log: Option<(u64, RootPtr)>,
-    /// Log writes done, in ticket order (see [`State::log_tickets`]).
-    pub log_tickets_done: u64,
+}
+
+/// What a log write takes of the running transaction (`Engine::sync_log`).
+struct TakenLog {
+    ptr: RootPtr,
+    nonce: u64,
+    blocks: Vec<(u64, Vec<u8>)>,
+    nodes: Vec<Arc<Node>>,
 }
 
 impl State {
@@ -279,90 +285,98 @@ impl Txn<'_> {
 impl Engine {
     /// Makes the running transaction's log durable: its dirty blocks and
     /// the superblock of the last written commit naming the log, then one
-    /// barrier (see [`Engine::write_log`]). Concurrent callers share the
-    /// I/O: one whose blocks another caller already wrote only waits for it.
+    /// barrier (see [`Engine::write_log`]).
+    ///
+    /// Log writes go one at a time, under the commit I/O lock, and the
+    /// writer takes the blocks only once it holds that lock: every block
+    /// logged until then, its own and those of the callers that queued
+    /// behind the write before it. Those find their blocks written when
+    /// their turn comes and return (a group commit): concurrent fsyncs
+    /// share one barrier instead of paying one each, in a line.
     pub fn sync_log(&self) -> Result<()> {
         self.check_alive()?;
-        let (ticket, transid, ptr, nonce, blocks, nodes) = {
-            let mut st = crate::sync::write(&self.state);
-            let new_group = st.alloc.added_groups_since_commit();
-            let Some(log) = st.log.as_mut() else {
+        let transid = {
+            let st = crate::sync::read(&self.state);
+            match st.log.as_ref() {
                 // No log: the transaction was committed meanwhile (or is
                 // being); durable once that commit's I/O is done.
-                let last = st.sb.generation;
-                drop(st);
-                return self.wait_written(last).map(drop);
-            };
-            if new_group {
-                // No durable superblock knows the new group, and the log
-                // may name space in it (its own blocks, or data): replay
-                // could not place that space. A commit records the group;
-                // it is needed once per new group.
-                drop(st);
-                tracing::debug!("fsync commits: a block group is new in this transaction");
-                return self.commit().map(drop);
-            }
-            let ptr = log.ptr;
-            let nonce = log.nonce;
-            let mine = std::mem::take(&mut log.unwritten);
-            let ticket = st.log_tickets;
-            st.log_tickets += 1;
-            let mut nodes = Vec::with_capacity(mine.len());
-            for b in mine {
-                // Blocks freed since (a merge) are no longer dirty.
-                if let Some(n) = st.dirty.remove(&b) {
-                    nodes.push(n);
+                None => {
+                    let last = st.sb.generation;
+                    drop(st);
+                    return self.wait_written(last).map(drop);
                 }
+                Some(_) => st.transid,
             }
-            st.log_durable = true;
-            let blocks = encode(&self.shared, &nodes);
-            crate::sync::lock(&self.shared.inflight)
-                .extend(nodes.iter().map(|n| (n.bytenr, n.clone())));
-            (ticket, st.transid, ptr, nonce, blocks, nodes)
         };
-        let result = self.write_log_in_turn(ticket, transid, ptr, nonce, &blocks);
+        let mut io = self.wait_turn(transid - 1)?;
+        let Some(taken) = self.take_log_blocks(transid)? else {
+            // Committed meanwhile, or a new group needs a commit: not
+            // under the I/O lock, which the commit takes.
+            drop(io);
+            return self.sync_without_log(transid);
+        };
+        let result = self.write_log(&mut io, transid, taken.ptr, taken.nonce, &taken.blocks);
         {
             let mut inflight = crate::sync::lock(&self.shared.inflight);
-            for n in nodes {
+            for n in taken.nodes {
                 inflight.remove(&n.bytenr);
                 self.shared.cache.insert(n);
             }
         }
+        drop(io);
         if let Err(e) = &result {
             self.fail(e);
+            // Whoever waits for the I/O lock's progress sees the failure.
+            self.commit_turn.notify_all();
         }
         result
     }
 
-    /// Writes a log in the order its blocks were taken: a later root
-    /// reaches blocks an earlier caller took, so writing it first would
-    /// name blocks not yet on the disk, and the earlier superblock written
-    /// after it would name an older root.
-    fn write_log_in_turn(
-        &self,
-        ticket: u64,
-        transid: u64,
-        ptr: RootPtr,
-        nonce: u64,
-        blocks: &[(u64, Vec<u8>)],
-    ) -> Result<()> {
-        // A failed engine wakes the writers queued behind, which fail too.
-        let wake_all = |e| {
-            self.commit_turn.notify_all();
-            e
-        };
-        let mut io = self.wait_turn(transid - 1).map_err(wake_all)?;
-        while io.log_tickets_done < ticket {
-            self.check_alive().map_err(wake_all)?;
-            io = self
-                .commit_turn
-                .wait(io)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+    /// The log's blocks not yet written, taken out of the dirty set and
+    /// encoded; None when transaction `transid` has no log any more (its
+    /// commit was prepared) or a block group is new in it.
+    fn take_log_blocks(&self, transid: u64) -> Result<Option<TakenLog>> {
+        let mut st = crate::sync::write(&self.state);
+        self.check_alive()?;
+        if st.transid != transid || st.alloc.added_groups_since_commit() {
+            return Ok(None);
         }
-        let result = self.write_log(&mut io, transid, ptr, nonce, blocks);
-        io.log_tickets_done = ticket + 1;
-        self.commit_turn.notify_all();
-        result
+        let Some(log) = st.log.as_mut() else {
+            return Ok(None);
+        };
+        let (ptr, nonce) = (log.ptr, log.nonce);
+        let mine = std::mem::take(&mut log.unwritten);
+        let mut nodes = Vec::with_capacity(mine.len());
+        for b in mine {
+            // Blocks freed since (a merge) are no longer dirty.
+            if let Some(n) = st.dirty.remove(&b) {
+                nodes.push(n);
+            }
+        }
+        st.log_durable = true;
+        let blocks = encode(&self.shared, &nodes);
+        crate::sync::lock(&self.shared.inflight)
+            .extend(nodes.iter().map(|n| (n.bytenr, n.clone())));
+        Ok(Some(TakenLog {
+            ptr,
+            nonce,
+            blocks,
+            nodes,
+        }))
+    }
+
+    /// Makes transaction `transid`'s changes durable without writing its
+    /// log: by its commit, already prepared or made here. A block group
+    /// new in the transaction needs that commit: no durable superblock
+    /// knows the group, and the log may name space in it (its own
+    /// blocks, or data), which replay could not place.
+    fn sync_without_log(&self, transid: u64) -> Result<()> {
+        let committed = crate::sync::read(&self.state).transid != transid;
+        if committed {
+            return self.wait_written(transid).map(drop);
+        }
+        tracing::debug!("fsync commits: a block group is new in this transaction");
+        self.commit().map(drop)
     }
 
     /// Writes the log's new blocks and a superblock naming its root with
