@@ -107,6 +107,9 @@ pub(crate) struct State {
     /// A log of this transaction reached the disk: frees stay pinned
     /// until the commit is durable.
     pub log_durable: bool,
+    /// Takes of the log's blocks by log writes so far (`Engine::sync_log`):
+    /// a caller that logged before take N is durable once N is written.
+    pub log_takes: u64,
     /// Tree roots as the last prepared commit has them: what a crash
     /// would find, before the log is replayed.
     pub committed: BTreeMap<u64, RootPtr>,

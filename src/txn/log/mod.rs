@@ -127,10 +127,14 @@ pub(crate) struct IoState {
     pub sb: Superblock,
     /// The last log root written: (transaction, root).
     pub log: Option<(u64, RootPtr)>,
+    /// The highest take of log blocks written (`State::log_takes`).
+    pub log_takes_written: u64,
 }
 
 /// What a log write takes of the running transaction (`Engine::sync_log`).
 struct TakenLog {
+    /// Its number among the takes (`State::log_takes`).
+    take: u64,
     ptr: RootPtr,
     nonce: u64,
     blocks: Vec<(u64, Vec<u8>)>,
@@ -292,10 +296,13 @@ impl Engine {
     /// logged until then, its own and those of the callers that queued
     /// behind the write before it. Those find their blocks written when
     /// their turn comes and return (a group commit): concurrent fsyncs
-    /// share one barrier instead of paying one each, in a line.
+    /// share one barrier instead of paying one each, in a line. Whether
+    /// they were written is counted in takes: every take after a caller
+    /// logged holds that caller's blocks, so it is done once the next take
+    /// is written, whatever was logged since.
     pub fn sync_log(&self) -> Result<()> {
         self.check_alive()?;
-        let transid = {
+        let (transid, needed) = {
             let st = crate::sync::read(&self.state);
             match st.log.as_ref() {
                 // No log: the transaction was committed meanwhile (or is
@@ -305,10 +312,16 @@ impl Engine {
                     drop(st);
                     return self.wait_written(last).map(drop);
                 }
-                Some(_) => st.transid,
+                Some(_) => (st.transid, st.log_takes + 1),
             }
         };
         let mut io = self.wait_turn(transid - 1)?;
+        if io.log_takes_written >= needed {
+            // A take made after this caller logged is on the disk (and,
+            // if it served a later transaction, the commit of this one).
+            drop(io);
+            return self.check_alive();
+        }
         let Some(taken) = self.take_log_blocks(transid)? else {
             // Committed meanwhile, or a new group needs a commit: not
             // under the I/O lock, which the commit takes.
@@ -316,6 +329,9 @@ impl Engine {
             return self.sync_without_log(transid);
         };
         let result = self.write_log(&mut io, transid, taken.ptr, taken.nonce, &taken.blocks);
+        if result.is_ok() {
+            io.log_takes_written = io.log_takes_written.max(taken.take);
+        }
         {
             let mut inflight = crate::sync::lock(&self.shared.inflight);
             for n in taken.nodes {
@@ -354,10 +370,13 @@ impl Engine {
             }
         }
         st.log_durable = true;
+        st.log_takes += 1;
+        let take = st.log_takes;
         let blocks = encode(&self.shared, &nodes);
         crate::sync::lock(&self.shared.inflight)
             .extend(nodes.iter().map(|n| (n.bytenr, n.clone())));
         Ok(Some(TakenLog {
+            take,
             ptr,
             nonce,
             blocks,
