@@ -25,11 +25,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 pub struct RbdDevice {
+    /// Declared before the image: requests still in flight are waited
+    /// for and released before the image closes.
+    writes: aio::InFlight,
+    ahead: aio::ReadAhead,
     image: cluster::Image,
     spec: RbdSpec,
     size: AtomicU64,
-    writes: aio::InFlight,
-    ahead: aio::ReadAhead,
     /// The first write error: every later barrier fails with it, as a
     /// write that never reached the cluster cannot be made durable later.
     failed: Mutex<Option<String>>,
@@ -65,8 +67,8 @@ impl RbdDevice {
         self.image.handle
     }
 
-    /// Records a failed write; says once, clearly, when the cause is that
-    /// another host took the image over.
+    /// Records a failed write (every later barrier fails); says once,
+    /// clearly, when the cause is that another host took the image over.
     fn record(&self, e: Error) -> Error {
         if aio::is_blocklisted(&e) && !self.fenced.swap(true, Ordering::Relaxed) {
             tracing::error!(image = %self.spec, "this client was blocklisted: another host took the filesystem over (--break-lock); every write is refused from now on, and the filesystem shuts down");
@@ -113,10 +115,18 @@ impl Device for RbdDevice {
         let r = unsafe { ffi::rbd_read(self.handle(), offset, buf.len(), buf.as_mut_ptr().cast()) };
         match r {
             n if n == buf.len() as isize => Ok(()),
-            n if n < 0 => Err(self.record(cluster::errno(
-                n as i64,
-                format!("reading {len} bytes at {offset} of {}", self.spec),
-            ))),
+            n if n < 0 => {
+                let e = cluster::errno(
+                    n as i64,
+                    format!("reading {len} bytes at {offset} of {}", self.spec),
+                );
+                // A failed read is that read's error, unless it says this
+                // client was fenced: then nothing may be written either.
+                match aio::is_blocklisted(&e) {
+                    true => Err(self.record(e)),
+                    false => Err(e),
+                }
+            }
             n => Err(Error::io(
                 format!(
                     "reading {len} bytes at {offset} of {}: only {n} read",
