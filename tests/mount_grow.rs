@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::mounted::{can_mount, canopy, Mounted};
-use std::io::Write;
+use common::mounted::{can_mount, canopy, fill_until_full, statfs_total, Mounted};
 use std::path::Path;
 
 fn resize(m: &Mounted, arg: &str) -> std::process::Output {
@@ -17,26 +16,9 @@ fn resize(m: &Mounted, arg: &str) -> std::process::Output {
         .unwrap()
 }
 
-fn statfs_total(mnt: &Path) -> u64 {
-    let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
-    s.f_blocks * s.f_frsize
-}
-
-/// Writes 1 MiB files named PREFIX0.. until the disk is full; how many.
+/// Fills the filesystem with 1 MiB files PREFIX0..; how many.
 fn fill(m: &Mounted, prefix: &str) -> usize {
-    let data = common::noise(1 << 20, 9);
-    for i in 0.. {
-        let p = m.p(&format!("{prefix}{i}"));
-        let ok = std::fs::File::create(&p)
-            .and_then(|mut f| f.write_all(&data).and_then(|()| f.sync_all()));
-        if ok.is_err() {
-            let _ = std::fs::remove_file(&p);
-            return i;
-        }
-    }
-    unreachable!()
+    fill_until_full(&m.mnt, prefix, &common::noise(1 << 20, 9)).len()
 }
 
 fn total_bytes(img: &Path) -> u64 {

@@ -9,8 +9,10 @@
 
 mod common;
 
-use common::mounted::{can_mount, canopy, rbd_name, umount, RbdImage};
-use std::io::Write;
+use common::mounted::{
+    can_mount, canopy, fill_until_full, rbd_name, rbd_parts, statfs_total, umount, write_synced,
+    RbdImage,
+};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -39,13 +41,6 @@ fn rbd(conf: &str, args: &[&str]) {
         "rbd {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// The image's name without its parameters (`pool/image`).
-fn pool_image(name: &Path) -> String {
-    let s = name.to_str().unwrap();
-    let s = s.strip_prefix("rbd:").unwrap();
-    s.split('?').next().unwrap().to_string()
 }
 
 /// A new RBD image of `size`, formatted by `canopy mkfs` (which creates
@@ -149,12 +144,6 @@ fn check_clean(img: &Path) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::File::create(path)?;
-    f.write_all(data)?;
-    f.sync_all()
 }
 
 #[test]
@@ -292,27 +281,9 @@ fn a_takeover_fences_a_paused_writer() {
     check_clean(&img);
 }
 
-/// statfs's total bytes of the filesystem mounted on `mnt`.
-fn statfs_total(mnt: &Path) -> u64 {
-    let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
-    s.f_blocks * s.f_frsize
-}
-
 /// Writes `chunk`-sized files until the filesystem is full; their names.
 fn fill(mnt: &Path, prefix: &str, chunk: usize) -> Vec<PathBuf> {
-    let data = common::noise(chunk, 3);
-    let mut made = Vec::new();
-    for i in 0.. {
-        let p = mnt.join(format!("{prefix}{i}"));
-        if write_synced(&p, &data).is_err() {
-            let _ = std::fs::remove_file(&p);
-            return made;
-        }
-        made.push(p);
-    }
-    made
+    fill_until_full(mnt, prefix, &common::noise(chunk, 3))
 }
 
 #[test]
@@ -323,7 +294,10 @@ fn a_full_filesystem_grows_after_rbd_resize() {
     let before = statfs_total(&mnt);
     let first = fill(&mnt, "a", 4 << 20);
     assert!(!first.is_empty());
-    rbd(&conf, &["resize", "--size", "384M", &pool_image(&img)]);
+    rbd(
+        &conf,
+        &["resize", "--size", "384M", &rbd_parts(&img).unwrap().0],
+    );
     let out = canopy()
         .args(["filesystem", "resize", "--json", "max"])
         .arg(&mnt)

@@ -56,12 +56,18 @@ impl FileDevice {
     /// a writer's claim or, read-only, a reader's that a writer excludes;
     /// without, a look that proceeds even beside a live mount.
     pub fn open(path: &Path, read_only: bool, exclusive: bool) -> Result<FileDevice> {
-        let shown = path.display().to_string();
         let access = match (read_only, exclusive) {
             (false, _) => Access::Write,
             (true, true) => Access::Share,
             (true, false) => Access::Peek,
         };
+        FileDevice::open_as(path, access)
+    }
+
+    /// Opens `path` for `access`, claiming the storage as it needs.
+    pub fn open_as(path: &Path, access: Access) -> Result<FileDevice> {
+        let shown = path.display().to_string();
+        let read_only = access != Access::Write;
         let (file, claim) = super::exclusive::open(path, access)?;
         let size = device_size(&file).map_err(|e| Error::io(format!("sizing {shown}"), e))?;
         let direct = if read_only {

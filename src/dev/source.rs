@@ -173,14 +173,7 @@ impl Source {
     /// Opens the storage for `access`, claiming it as that access needs.
     pub fn open(&self, access: Access, how: OpenHow) -> Result<Box<dyn Device>> {
         match self {
-            Source::Path(p) => {
-                let (read_only, exclusive) = match access {
-                    Access::Write => (false, true),
-                    Access::Share => (true, true),
-                    Access::Peek => (true, false),
-                };
-                Ok(Box::new(FileDevice::open(p, read_only, exclusive)?))
-            }
+            Source::Path(p) => Ok(Box::new(FileDevice::open_as(p, access)?)),
             Source::Rbd(spec) => open_rbd(spec, access, how),
         }
     }

@@ -131,11 +131,11 @@ fn open_fs(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<
 /// Opens the device: a writer claims it (taking it over with
 /// `takeover`), a read-only mount shares it with other readers.
 fn open_device(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<dyn Device>> {
+    let access = match opts.read_only {
+        true => Access::Share,
+        false => Access::Write,
+    };
     let Some(path) = image.path() else {
-        let access = match opts.read_only {
-            true => Access::Share,
-            false => Access::Write,
-        };
         let how = OpenHow {
             takeover: opts.takeover,
         };
@@ -147,7 +147,7 @@ fn open_device(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<
             path.display()
         )));
     }
-    let file = FileDevice::open(path, opts.read_only, true)?;
+    let file = FileDevice::open_as(path, access)?;
     if opts.writeback_cache && !opts.read_only && !io_flusher && !file.write_everything_direct() {
         tracing::warn!("under writeback_cache with neither CAP_SYS_RESOURCE nor O_DIRECT on the image, writes may crawl at a small vm.dirty_bytes (see fuse::bdi)");
     }

@@ -109,14 +109,17 @@ pub fn rbd_name(conf: &str) -> PathBuf {
 /// 30 s) is removed by a detached `rbd rm` after that.
 pub struct RbdImage(pub PathBuf);
 
+/// The `pool/image` and the ceph.conf an `rbd:` name holds.
+pub fn rbd_parts(name: &Path) -> Option<(String, String)> {
+    let name = name.to_str()?;
+    let (image, query) = name.strip_prefix("rbd:")?.split_once('?')?;
+    let conf = query.split('&').find_map(|p| p.strip_prefix("conf="))?;
+    Some((image.to_string(), conf.to_string()))
+}
+
 impl Drop for RbdImage {
     fn drop(&mut self) {
-        let name = self.0.to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("rbd:") else {
-            return;
-        };
-        let (image, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let Some(conf) = query.split('&').find_map(|p| p.strip_prefix("conf=")) else {
+        let Some((image, conf)) = rbd_parts(&self.0) else {
             return;
         };
         let rm = |delay: u32| {
@@ -133,6 +136,36 @@ impl Drop for RbdImage {
         if !rm(0).status().is_ok_and(|s| s.success()) {
             let _ = rm(35).spawn();
         }
+    }
+}
+
+/// statfs's total bytes of the filesystem mounted on `mnt`.
+pub fn statfs_total(mnt: &Path) -> u64 {
+    let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    s.f_blocks * s.f_frsize
+}
+
+/// Creates `path` holding `data` and fsyncs it.
+pub fn write_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = fs::File::create(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+/// Writes files PREFIX0, PREFIX1, ... in `dir`, each holding `data` and
+/// fsynced, until one fails (the filesystem is full); their paths.
+pub fn fill_until_full(dir: &Path, prefix: &str, data: &[u8]) -> Vec<PathBuf> {
+    let mut made = Vec::new();
+    loop {
+        let p = dir.join(format!("{prefix}{}", made.len()));
+        if write_synced(&p, data).is_err() {
+            let _ = fs::remove_file(&p);
+            return made;
+        }
+        made.push(p);
     }
 }
 

@@ -190,7 +190,7 @@ struct Ahead {
 /// Memory read-ahead may hold, and the size of one of its requests (RBD's
 /// default object size: one request per object).
 const AHEAD_BYTES: u64 = 64 << 20;
-pub const AHEAD_CHUNK: u64 = 4 << 20;
+const AHEAD_CHUNK: u64 = 4 << 20;
 
 impl Ahead {
     fn covered(&self, off: u64, len: u64) -> bool {
