@@ -345,3 +345,136 @@ fn scrub_maps_a_bad_compressed_sector_to_the_whole_extent() {
         &data[past..past + 4096]
     );
 }
+
+/// The extent items of `ino` in the top subvolume.
+fn items_of(fs: &Fs, ino: u64) -> Vec<FileExtentItem> {
+    fs.engine()
+        .read(|r| {
+            let from = Key::new(ino, key_type::EXTENT_DATA, 0);
+            let to = Key::new(ino, key_type::EXTENT_DATA + 1, 0);
+            let items = r.range(tree_id::FS, &from, &to)?;
+            Ok(items
+                .iter()
+                .map(|(_, d)| FileExtentItem::decode(d).expect("item"))
+                .collect())
+        })
+        .expect("read")
+}
+
+fn set_size(fs: &Fs, f: u64, size: u64) {
+    let s = canopy::fs::SetAttr {
+        size: Some(size),
+        ..Default::default()
+    };
+    fs.setattr(f, &s).expect("truncate");
+}
+
+/// Files of up to a sector whose frame fits the inline limit are stored
+/// inline compressed (btrfs's rule); larger ones and ones that do not
+/// shrink are not. They read back, count their stored bytes, and keep
+/// reading right through a rewrite, a truncate, growth into extents and
+/// a mount without compression.
+#[test]
+fn small_files_are_compressed_inline() {
+    use canopy::format::items::{COMPRESS_LZ4, COMPRESS_ZSTD, FILE_EXTENT_INLINE};
+    let (dev, fs) = fresh();
+    fs.set_compression(ZSTD);
+    let sizes = [1500usize, 2048, 2049, 3000, 4096, 4097];
+    let files: Vec<(u64, Vec<u8>)> = sizes
+        .iter()
+        .map(|&n| (file(&fs, ROOT, &format!("t{n}"), &text(n)), text(n)))
+        .collect();
+    let noisy = common::noise(3000, 5);
+    let plain = file(&fs, ROOT, "noise", &noisy);
+    let fs = common::reopen(&dev, fs);
+    for (f, data) in &files {
+        assert_eq!(&read_all(&fs, *f), data, "{} bytes", data.len());
+        let items = items_of(&fs, fs.getattr(*f).expect("attr").ino);
+        let inline = items[0].kind == FILE_EXTENT_INLINE;
+        assert_eq!(inline, data.len() <= 4096, "{} bytes", data.len());
+        if inline {
+            assert_eq!(items[0].compression, COMPRESS_ZSTD);
+            assert!(items[0].inline_data.len() < data.len() / 2);
+            let blocks = fs.getattr(*f).expect("attr").blocks;
+            assert!(blocks * 512 < data.len() as u64, "{blocks} blocks");
+        }
+    }
+    let noise_items = items_of(&fs, fs.getattr(plain).expect("attr").ino);
+    assert_eq!(noise_items[0].compression, COMPRESS_NONE);
+    assert!(disk_of(&fs, files[3].0, "zstd") > 0, "compsize counts it");
+
+    // Rewrites, a truncate, and growth past a sector.
+    let (f, mut model) = files[3].clone();
+    fs.write(f, 100, b"rewritten").expect("write");
+    model[100..109].copy_from_slice(b"rewritten");
+    set_size(&fs, f, 2500);
+    model.truncate(2500);
+    assert_eq!(read_all(&fs, f), model);
+    let fs = common::reopen(&dev, fs);
+    assert_eq!(read_all(&fs, f), model);
+    let tail = text(6000);
+    fs.write(f, 2500, &tail).expect("grow");
+    model.extend_from_slice(&tail);
+    let fs = common::reopen(&dev, fs);
+    assert_eq!(read_all(&fs, f), model);
+    assert!(items_of(&fs, fs.getattr(f).expect("attr").ino)
+        .iter()
+        .all(|fe| fe.kind != FILE_EXTENT_INLINE));
+
+    // Without compression, a compressed inline file reads and is
+    // rewritten plain; with lz4 it is compressed again.
+    fs.set_compression(Policy::default());
+    let (g, mut gm) = files[1].clone();
+    fs.write(g, 0, b"plain now").expect("write");
+    gm[..9].copy_from_slice(b"plain now");
+    let fs = common::reopen(&dev, fs);
+    assert_eq!(read_all(&fs, g), gm);
+    let gi = fs.getattr(g).expect("attr").ino;
+    assert_eq!(items_of(&fs, gi)[0].compression, COMPRESS_NONE);
+    fs.set_compression(Policy {
+        codec: Some(Codec::Lz4),
+        force: false,
+    });
+    fs.write(g, 10, b"lz4").expect("write");
+    gm[10..13].copy_from_slice(b"lz4");
+    let fs = common::reopen(&dev, fs);
+    assert_eq!(read_all(&fs, g), gm);
+    assert_eq!(items_of(&fs, gi)[0].compression, COMPRESS_LZ4);
+}
+
+/// A small compressed file, and another; `damage` changes the first's
+/// inline item. Reading it is EIO; the other reads as written.
+fn hostile_inline(damage: impl Fn(&mut FileExtentItem)) {
+    let (dev, fs) = fresh();
+    fs.set_compression(ZSTD);
+    let victim = file(&fs, ROOT, "victim", &text(3000));
+    let other = file(&fs, ROOT, "other", &text(3500));
+    fs.sync().expect("sync");
+    let ino = fs.getattr(victim).expect("attr").ino;
+    let k = Key::new(ino, key_type::EXTENT_DATA, 0);
+    let mut fe = items_of(&fs, ino).remove(0);
+    assert_ne!(fe.compression, COMPRESS_NONE);
+    damage(&mut fe);
+    put_item(&fs, k, &fe);
+    fs.sync().expect("sync");
+    drop(fs);
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    let err = fs.read(victim, 0, 3000).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert_eq!(read_all(&fs, other), text(3500));
+}
+
+#[test]
+fn a_lying_inline_frame_is_eio() {
+    hostile_inline(|fe| fe.ram_bytes = 1 << 40);
+    hostile_inline(|fe| fe.ram_bytes = 4096);
+    hostile_inline(|fe| fe.ram_bytes = 100);
+    hostile_inline(|fe| fe.compression = 9);
+    hostile_inline(|fe| fe.inline_data.truncate(fe.inline_data.len() / 2));
+    hostile_inline(|fe| {
+        for b in &mut fe.inline_data[8..] {
+            *b ^= 0x5a;
+        }
+    });
+}

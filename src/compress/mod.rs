@@ -217,6 +217,21 @@ pub fn encode(codec: Codec, data: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// A small file's whole `data` as the frame an inline item stores (no
+/// padding: the item knows its length), if that frame is at most `max`
+/// bytes and smaller than `data`; None means store it plain.
+pub fn encode_inline(codec: Codec, data: &[u8], max: usize) -> Option<Vec<u8>> {
+    let payload = compress_payload(codec, data)?;
+    let framed = HEADER + payload.len();
+    if framed > max || framed >= data.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(framed);
+    out.extend_from_slice(&u32::try_from(payload.len()).ok()?.to_le_bytes());
+    out.extend_from_slice(&payload);
+    Some(out)
+}
+
 /// Decodes an on-disk frame of codec `kind` into the `ram_bytes` bytes
 /// its item declares. Every way the frame can lie is an error, and at
 /// most [`CHUNK`] bytes are ever allocated.
@@ -364,6 +379,21 @@ mod tests {
         assert!(looks_compressible(&vec![0u8; 4096]));
         assert!(encode(Codec::Zstd(3), &data).is_none());
         assert!(encode(Codec::Lz4, &data).is_none());
+    }
+
+    /// A small file's frame is unpadded and decodes back; one that does
+    /// not fit the inline limit, or does not shrink, is refused.
+    #[test]
+    fn inline_frames_round_trip_within_their_limit() {
+        let data = text(4000);
+        for codec in [Codec::Zstd(3), Codec::Lz4] {
+            let frame = encode_inline(codec, &data, 2048).expect("text compresses");
+            assert!(frame.len() < 2048 && !frame.len().is_multiple_of(SECTOR));
+            assert_eq!(decode(codec.kind(), &frame, 4000).unwrap(), data);
+            assert!(encode_inline(codec, &data, 16).is_none(), "over the limit");
+        }
+        assert!(encode_inline(Codec::Zstd(3), &noise(3000), 4096).is_none());
+        assert!(encode_inline(Codec::Zstd(3), b"ab", 2048).is_none());
     }
 
     /// A frame that lies about its length, its payload or its codec is an

@@ -18,8 +18,9 @@
 
 use super::inode::{extref_hash, name_hash, DirEntry, InodeItem};
 use super::items::{
-    decode_ref_count, BlockGroupItem, ExtentItem, FileExtentItem, RootItem, COMPRESSED_MAX,
-    COMPRESS_LZ4, COMPRESS_NONE, COMPRESS_ZSTD, FILE_EXTENT_INLINE, FILE_EXTENT_REG,
+    decode_ref_count, BlockGroupItem, ExtentItem, FileExtentItem, RootItem, COMPRESSED_INLINE_MAX,
+    COMPRESSED_MAX, COMPRESS_LZ4, COMPRESS_NONE, COMPRESS_ZSTD, FILE_EXTENT_INLINE,
+    FILE_EXTENT_REG,
 };
 use super::key_type::*;
 use super::{Key, RESERVED_START, SECTORSIZE};
@@ -352,21 +353,22 @@ fn check_xattr(key: &Key, mut data: &[u8]) -> Verdict {
     Ok(())
 }
 
-/// A compressed extent: a known codec, a regular extent, at most a chunk
-/// decoded and no larger on disk than decoded (a plain write would have
+/// A compressed extent: a known codec, at most a chunk decoded (a sector
+/// inline) and no larger on disk than decoded (a plain write would have
 /// been smaller).
 fn check_compressed(fe: &FileExtentItem) -> Verdict {
     if fe.compression != COMPRESS_ZSTD && fe.compression != COMPRESS_LZ4 {
         return fail(format!("compression type {} unknown", fe.compression));
     }
-    if fe.kind != FILE_EXTENT_REG {
-        return fail(format!("compressed file extent of type {}", fe.kind));
-    }
-    let chunk = COMPRESSED_MAX;
-    if fe.ram_bytes == 0 || fe.ram_bytes > chunk || fe.disk_num_bytes > fe.ram_bytes {
+    let (chunk, stored) = match fe.kind {
+        FILE_EXTENT_REG => (COMPRESSED_MAX, fe.disk_num_bytes),
+        FILE_EXTENT_INLINE => (COMPRESSED_INLINE_MAX, fe.inline_data.len() as u64),
+        kind => return fail(format!("compressed file extent of type {kind}")),
+    };
+    if fe.ram_bytes == 0 || fe.ram_bytes > chunk || stored > fe.ram_bytes {
         return fail(format!(
-            "compressed extent of {} bytes on disk says it decodes to {} (at most {chunk})",
-            fe.disk_num_bytes, fe.ram_bytes
+            "compressed extent of {stored} bytes stored says it decodes to {} (at most {chunk})",
+            fe.ram_bytes
         ));
     }
     Ok(())
@@ -379,7 +381,8 @@ fn check_file_extent(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         check_compressed(&fe)?;
     }
     let len = if fe.kind == FILE_EXTENT_INLINE {
-        if fe.inline_data.is_empty() || fe.ram_bytes != fe.inline_data.len() as u64 {
+        let plain = fe.compression == COMPRESS_NONE;
+        if fe.inline_data.is_empty() || (plain && fe.ram_bytes != fe.inline_data.len() as u64) {
             return fail(format!(
                 "inline extent of {} bytes says {}",
                 fe.inline_data.len(),

@@ -272,6 +272,9 @@ pub const COMPRESS_LZ4: u8 = 2;
 /// Most bytes a compressed extent decodes to: readers never allocate
 /// more for one, whatever its item says.
 pub const COMPRESSED_MAX: u64 = 128 << 10;
+/// Most bytes a compressed inline extent decodes to: one sector, as in
+/// btrfs (a larger file is better off in an extent of its own).
+pub const COMPRESSED_INLINE_MAX: u64 = super::SECTORSIZE as u64;
 
 /// `(inode, EXTENT_DATA, file offset)` in an fs tree.
 ///

@@ -106,8 +106,9 @@ impl Tally {
     fn extent(&mut self, fe: &FileExtentItem) {
         if fe.kind == FILE_EXTENT_INLINE {
             self.report.inline += 1;
-            let n = fe.inline_data.len() as u64;
-            return self.add("none", (n, n, n));
+            let kind = Codec::name_of(fe.compression);
+            let (n, ram) = (fe.inline_data.len() as u64, file::item_len(fe));
+            return self.add(kind, (n, ram, ram));
         }
         if fe.disk_bytenr == 0 {
             return;

@@ -301,7 +301,7 @@ impl Subvol {
         let Some(bytes) = file::inline_bytes(tx, &root, ino)? else {
             return Ok(0);
         };
-        let delta = -(file::punch(tx, tree, ino, 0, bytes.len() as u64)? as i64);
+        let delta = -file::punch(tx, tree, ino, 0, bytes.len() as u64)?;
         self.buffer(tx, ino, 0, &bytes);
         Ok(delta)
     }
@@ -337,7 +337,7 @@ impl Subvol {
         if b < end {
             self.buffer(tx, ino, b, &zeros(b, end));
         }
-        Ok(-(file::punch(tx, self.tree, ino, a, b)? as i64))
+        Ok(-file::punch(tx, self.tree, ino, a, b)?)
     }
 
     /// copy_file_range(2) from file `src` of subvolume `from` (this one or

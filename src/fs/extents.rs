@@ -126,12 +126,16 @@ fn hole(logical: u64, length: u64) -> MappedExtent {
 
 fn mapped(offset: u64, fe: &FileExtentItem) -> MappedExtent {
     if fe.kind == FILE_EXTENT_INLINE {
+        let mut flags = vec!["inline".to_string()];
+        if fe.compression != crate::format::items::COMPRESS_NONE {
+            flags.push(crate::compress::Codec::name_of(fe.compression).into());
+        }
         return MappedExtent {
             logical: offset,
             length: fe.ram_bytes,
             physical: None,
             disk_bytes: 0,
-            flags: vec!["inline".into()],
+            flags,
         };
     }
     let Some((physical, _)) = file::on_device(fe) else {

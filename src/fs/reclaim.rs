@@ -146,7 +146,7 @@ impl Subvol {
                 let from = tail[tail.len() - STEP_ITEMS].0;
                 self.note_extents(tx, ino, i.size, from, u64::MAX);
                 let freed = file::punch(tx, tree, ino, from, u64::MAX)?;
-                i.nbytes = i.nbytes.saturating_sub(freed);
+                i.nbytes = i.nbytes.saturating_add_signed(-freed);
                 i.size = i.size.min(from);
                 self.save_inode(tx, ino, i).map(|()| true)
             })

@@ -22,8 +22,12 @@ pub(crate) const SECTOR: u64 = SECTORSIZE as u64;
 mod read;
 pub(crate) use read::{device_ranges, plan_read, read, ReadPlan};
 
-/// Files up to this size written from offset 0 live inline in the tree.
+/// Files up to this size written from offset 0 live inline in the tree;
+/// so do compressed files whose frame fits in as many bytes.
 pub(crate) const INLINE_MAX: u64 = 2048;
+/// The largest file that may have its data inline: a sector, compressed
+/// (btrfs's rule too).
+pub(crate) const INLINE_FILE_MAX: u64 = crate::format::items::COMPRESSED_INLINE_MAX;
 /// Largest data extent one write allocates (its checksums fit one item).
 pub(crate) const EXTENT_MAX: u64 = 512 * SECTOR;
 
@@ -98,18 +102,41 @@ pub(crate) fn punch_first(
 
 /// Length of file data an extent item covers.
 pub(crate) fn item_len(fe: &FileExtentItem) -> u64 {
-    if fe.kind == FILE_EXTENT_INLINE {
-        fe.inline_data.len() as u64
-    } else {
-        fe.num_bytes
+    match (fe.kind, fe.compression) {
+        (FILE_EXTENT_INLINE, COMPRESS_NONE) => fe.inline_data.len() as u64,
+        (FILE_EXTENT_INLINE, _) => fe.ram_bytes,
+        _ => fe.num_bytes,
     }
 }
 
+/// The file bytes an inline item holds: its data, decoded when it is
+/// compressed (at most a sector; a frame that does not decode is EIO
+/// with one log line).
+pub(crate) fn inline_plain(fe: &FileExtentItem) -> Result<std::borrow::Cow<'_, [u8]>> {
+    if fe.compression == COMPRESS_NONE {
+        return Ok(std::borrow::Cow::Borrowed(&fe.inline_data));
+    }
+    if fe.ram_bytes > INLINE_FILE_MAX {
+        return Err(Error::corrupt(
+            0,
+            "compressed inline extent larger than a sector",
+        ));
+    }
+    crate::compress::decode(fe.compression, &fe.inline_data, fe.ram_bytes)
+        .map(std::borrow::Cow::Owned)
+        .map_err(|why| {
+            tracing::error!(%why, "compressed inline extent does not decode");
+            Error::corrupt(0, why)
+        })
+}
+
 /// Bytes of the device an item accounts for in the inode's `nbytes` (so in
-/// st_blocks): what it covers, or for a compressed extent its share of the
-/// bytes on disk.
+/// st_blocks): what it covers, or for compressed data its share of the
+/// bytes stored.
 pub(crate) fn accounted(fe: &FileExtentItem) -> u64 {
-    if is_compressed(fe) && fe.ram_bytes > 0 {
+    if fe.kind == FILE_EXTENT_INLINE {
+        fe.inline_data.len() as u64
+    } else if is_compressed(fe) && fe.ram_bytes > 0 {
         let share = u128::from(fe.num_bytes) * u128::from(fe.disk_num_bytes);
         share.div_ceil(u128::from(fe.ram_bytes)) as u64
     } else {
@@ -260,22 +287,23 @@ pub(crate) fn on_device(fe: &FileExtentItem) -> Option<(u64, u64)> {
 }
 
 /// Cuts `[start, end)` out of the file's extent items. Returns the bytes of
-/// data the removed ranges accounted for (for `nbytes`).
-pub(crate) fn punch(tx: &mut Txn<'_>, tree: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
+/// data the removed ranges accounted for (for `nbytes`): negative when a
+/// compressed inline item is cut down to a plain part larger than it.
+pub(crate) fn punch(tx: &mut Txn<'_>, tree: u64, ino: u64, start: u64, end: u64) -> Result<i64> {
     let root = tx.root_of(tree)?;
-    let mut removed = 0;
+    let mut removed = 0i64;
     for (k, fe) in items_in(tx, &root, ino, start, end)? {
         let len = item_len(&fe);
-        removed += accounted(&fe);
+        removed += accounted(&fe) as i64;
         tx.delete(tree, &data_key(ino, k))?;
         if k < start {
-            let left = slice(&fe, 0, start - k);
-            removed = removed.saturating_sub(accounted(&left));
+            let left = slice(&fe, 0, start - k)?;
+            removed -= accounted(&left) as i64;
             tx.insert(tree, data_key(ino, k), left.encode())?;
         }
         if k + len > end {
-            let right = slice(&fe, end - k, k + len - end);
-            removed = removed.saturating_sub(accounted(&right));
+            let right = slice(&fe, end - k, k + len - end)?;
+            removed -= accounted(&right) as i64;
             tx.insert(tree, data_key(ino, end), right.encode())?;
         }
     }
@@ -283,16 +311,22 @@ pub(crate) fn punch(tx: &mut Txn<'_>, tree: u64, ino: u64, start: u64, end: u64)
 }
 
 /// The part `[from, from+len)` of an item's range as an item of its own.
-pub(crate) fn slice(fe: &FileExtentItem, from: u64, len: u64) -> FileExtentItem {
+/// Part of compressed inline data is kept plain (a truncate's; the next
+/// flush compresses it again).
+pub(crate) fn slice(fe: &FileExtentItem, from: u64, len: u64) -> Result<FileExtentItem> {
     let mut out = fe.clone();
+    if from == 0 && len == item_len(fe) {
+        return Ok(out);
+    }
     if fe.kind == FILE_EXTENT_INLINE {
-        out.inline_data = fe.inline_data[from as usize..(from + len) as usize].to_vec();
+        out.inline_data = inline_plain(fe)?[from as usize..(from + len) as usize].to_vec();
         out.ram_bytes = len;
+        out.compression = COMPRESS_NONE;
     } else {
         out.offset += from;
         out.num_bytes = len;
     }
-    out
+    Ok(out)
 }
 
 /// Whether a file of `new_size` bytes can keep (or get) its data inline:
@@ -304,10 +338,25 @@ pub(crate) fn stays_inline<B: BlockRead + ?Sized>(
     new_size: u64,
 ) -> Result<bool> {
     // Only a small file can be (or become) inline: look at its items then.
-    Ok(new_size <= INLINE_MAX
-        && items_in(b, root, ino, 0, u64::MAX)?
-            .iter()
-            .all(|(_, fe)| fe.kind == FILE_EXTENT_INLINE))
+    Ok(new_size <= INLINE_MAX && only_inline(b, root, ino)?)
+}
+
+/// Whether a file of `size` bytes may get its data inline compressed: it
+/// holds data, at most a sector, and has no extents.
+pub(crate) fn may_inline_compressed<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    size: u64,
+) -> Result<bool> {
+    Ok(size > 0 && size <= INLINE_FILE_MAX && only_inline(b, root, ino)?)
+}
+
+/// Whether the file has no extent items but inline ones.
+fn only_inline<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) -> Result<bool> {
+    Ok(items_in(b, root, ino, 0, u64::MAX)?
+        .iter()
+        .all(|(_, fe)| fe.kind == FILE_EXTENT_INLINE))
 }
 
 /// Writes `data` at `offset` of a file of `size` bytes that
@@ -333,32 +382,52 @@ pub(crate) fn write_inline(
     let mut content = read(tx, &root, &csum_root, ino, 0, size)?;
     content.resize(new_size as usize, 0);
     content[offset as usize..end as usize].copy_from_slice(data);
+    put_inline(tx, tree, ino, (new_size, COMPRESS_NONE), content)
+}
+
+/// Replaces the file's data (of `ram` bytes, at most a sector) by one
+/// inline item storing `stored`: the bytes themselves, or their frame
+/// encoded as `compression` says. Returns the change of `nbytes`.
+pub(crate) fn put_inline(
+    tx: &mut Txn<'_>,
+    tree: u64,
+    ino: u64,
+    (ram, compression): (u64, u8),
+    stored: Vec<u8>,
+) -> Result<i64> {
     let removed = punch(tx, tree, ino, 0, u64::MAX)?;
     let fe = FileExtentItem {
         generation: tx.transid(),
-        ram_bytes: new_size,
-        compression: COMPRESS_NONE,
+        ram_bytes: ram,
+        compression,
         kind: FILE_EXTENT_INLINE,
         disk_bytenr: 0,
         disk_num_bytes: 0,
         offset: 0,
         num_bytes: 0,
-        inline_data: content,
+        inline_data: stored,
     };
+    if compression != COMPRESS_NONE {
+        tx.set_incompat(crate::format::superblock::INCOMPAT_COMPRESSION);
+    }
+    let added = accounted(&fe) as i64;
     tx.insert(tree, data_key(ino, 0), fe.encode())?;
-    Ok(new_size as i64 - removed as i64)
+    Ok(added - removed)
 }
 
-/// The inline bytes of a file whose data is inline.
+/// The inline bytes of a file whose data is inline, decoded.
 pub(crate) fn inline_bytes<B: BlockRead + ?Sized>(
     b: &B,
     root: &RootPtr,
     ino: u64,
 ) -> Result<Option<Vec<u8>>> {
-    Ok(items_in(b, root, ino, 0, 1)?
+    let found = items_in(b, root, ino, 0, 1)?
         .into_iter()
-        .find(|(k, fe)| *k == 0 && fe.kind == FILE_EXTENT_INLINE)
-        .map(|(_, fe)| fe.inline_data))
+        .find(|(k, fe)| *k == 0 && fe.kind == FILE_EXTENT_INLINE);
+    match found {
+        Some((_, fe)) => Ok(Some(inline_plain(&fe)?.into_owned())),
+        None => Ok(None),
+    }
 }
 
 /// A data extent a flush writes: where it lies, its bytes on disk, the
@@ -473,12 +542,12 @@ pub(crate) fn clone_range(
 ) -> Result<i64> {
     let root = tx.root_of(src_tree)?;
     let items = items_in(tx, &root, src, src_off, src_off + len)?;
-    let removed = punch(tx, tree, dst, dst_off, dst_off + len)? as i64;
+    let removed = punch(tx, tree, dst, dst_off, dst_off + len)?;
     let mut added = 0i64;
     for (k, fe) in items {
         let from = k.max(src_off);
         let to = (k + item_len(&fe)).min(src_off + len);
-        let part = slice(&fe, from - k, to - from);
+        let part = slice(&fe, from - k, to - from)?;
         added += accounted(&part) as i64;
         tx.insert(
             tree,
@@ -514,10 +583,10 @@ pub(crate) fn truncate(
     let root = tx.root_of(tree)?;
     if is_inline(tx, &root, ino)? {
         let removed = punch(tx, tree, ino, new_size, u64::MAX)?;
-        return Ok((-(removed as i64), false));
+        return Ok((-removed, false));
     }
     let aligned = new_size.div_ceil(SECTOR) * SECTOR;
-    let delta = -(punch(tx, tree, ino, aligned, u64::MAX)? as i64);
+    let delta = -punch(tx, tree, ino, aligned, u64::MAX)?;
     let root = tx.root_of(tree)?;
     let partial = aligned > new_size && !items_in(tx, &root, ino, new_size, aligned)?.is_empty();
     Ok((delta, partial))

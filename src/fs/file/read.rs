@@ -76,7 +76,7 @@ pub(crate) fn plan_read<B: BlockRead + ?Sized>(
         }
         let (at, n) = ((from - offset) as usize, (to - from) as usize);
         if fe.kind == FILE_EXTENT_INLINE {
-            let bytes = fe.inline_data[(from - k) as usize..(to - k) as usize].to_vec();
+            let bytes = super::inline_plain(&fe)?[(from - k) as usize..(to - k) as usize].to_vec();
             parts.push((at, n, Source::Bytes(bytes)));
         } else if is_compressed(&fe) && fe.disk_bytenr != 0 {
             parts.push((at, n, plan_compressed(b, csum_root, &fe, from - k)?));

@@ -428,7 +428,7 @@ impl Subvol {
                 if from >= to {
                     continue;
                 }
-                let part = file::slice(&fe, from - k, to - from);
+                let part = file::slice(&fe, from - k, to - from)?;
                 if let Some((bytenr, _)) = part.disk_extent() {
                     if tx.is_new_extent(bytenr) {
                         let ck = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
@@ -540,7 +540,7 @@ impl Subvol {
     /// its whole range noted: its one item covers it all.
     pub(crate) fn note_extents(&self, tx: &Txn<'_>, ino: u64, old_size: u64, start: u64, end: u64) {
         const S: u64 = crate::format::SECTORSIZE as u64;
-        let (s, e) = if old_size <= file::INLINE_MAX {
+        let (s, e) = if old_size <= file::INLINE_FILE_MAX {
             (0, u64::MAX)
         } else {
             (start / S * S, end.div_ceil(S).saturating_mul(S))

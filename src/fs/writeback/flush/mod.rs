@@ -215,6 +215,12 @@ impl super::super::Subvol {
             Err(Error::NotFound) => return Ok(None),
             r => r?,
         };
+        let codec = self.codec_for(tx, ino, &i)?;
+        if let Some(c) = codec {
+            if self.try_inline_compressed(tx, (ino, i.clone()), &taken, c)? {
+                return Ok(None);
+            }
+        }
         let root = tx.root_of(tree)?;
         if file::stays_inline(tx, &root, ino, i.size)? {
             self.write_inline_ranges(tx, ino, i, &taken)?;
@@ -236,7 +242,7 @@ impl super::super::Subvol {
             });
         }
         let footprint: u64 = taken.iter().map(|(s, d)| span(*s, d.len() as u64)).sum();
-        let codec = self.codec_for(tx, ino, &i)?;
+
         let mut flight = tx.start_flight(footprint);
         let held_data = match codec {
             // Allocated once compressed: the reservation stays till then.
@@ -441,7 +447,7 @@ impl super::super::Subvol {
         let mut delta = 0i64;
         for (seg, sums) in segments.iter().zip(sums) {
             self.note_extents(tx, ino, i.size, seg.first, seg.last);
-            delta -= file::punch(tx, tree, ino, seg.first, seg.last)? as i64;
+            delta -= file::punch(tx, tree, ino, seg.first, seg.last)?;
             let mut at = seg.first;
             for (piece, s) in seg.pieces.iter().zip(sums) {
                 delta += file::insert_extent(tx, tree, ino, at, piece, s)? as i64;
