@@ -15,8 +15,9 @@ loop/image file, in one run, rounds interleaved:
           before, divided by the corpus's apparent bytes (btrfs keeps two
           copies of metadata on one device, Canopy one)
   data:   data extents' bytes on disk over apparent bytes: `canopy
-          filesystem du` on Canopy (inline data counted), Data used of
-          `btrfs filesystem df` on btrfs (inline data is in metadata)
+          filesystem du` less its inline bytes on Canopy, Data used of
+          `btrfs filesystem df` on btrfs (inline data is in metadata on
+          both)
   read:   unmount, mount again (cold caches), tar the copy to /dev/null
           (MB/s)
 
@@ -117,7 +118,8 @@ class Canopy:
     def data_bytes(self):
         out = subprocess.run([CANOPY, "filesystem", "du", "--json", MNT], check=True,
                              capture_output=True, text=True).stdout
-        return json.loads(out)["total"]["disk"]
+        report = json.loads(out)
+        return report["total"]["disk"] - report.get("inline_disk", 0)
 
     def umount(self):
         sh("umount", MNT)

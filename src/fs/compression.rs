@@ -81,6 +81,10 @@ pub struct Compsize {
     pub regular_extents: u64,
     pub refs: u64,
     pub inline: u64,
+    /// Bytes inline items store (in tree blocks, not data extents; btrfs
+    /// counts them as metadata).
+    #[serde(default)]
+    pub inline_disk: u64,
     pub total: CompsizeRow,
     pub kinds: Vec<CompsizeRow>,
 }
@@ -106,6 +110,7 @@ impl Tally {
     fn extent(&mut self, fe: &FileExtentItem) {
         if fe.kind == FILE_EXTENT_INLINE {
             self.report.inline += 1;
+            self.report.inline_disk += fe.inline_data.len() as u64;
             let kind = Codec::name_of(fe.compression);
             let (n, ram) = (fe.inline_data.len() as u64, file::item_len(fe));
             return self.add(kind, (n, ram, ram));

@@ -239,6 +239,18 @@ fn chunks_of(segments: &[Segment]) -> Vec<Chunk> {
 
 /// Compresses the chunks worth trying, side by side on several threads
 /// when there are many. A one-sector chunk cannot save a sector.
+/// Threads a large flush compresses on: the CPUs this process may use,
+/// up to [`MAX_THREADS`]. Asked once: the answer reads cgroup files, which
+/// cost a small flush (an fsync's) more than compressing it.
+fn compress_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_THREADS)
+    })
+}
+
 fn compress_chunks(codec: Codec, force: bool, contents: &[Vec<u8>], chunks: &mut [Chunk]) {
     let work = |c: &mut Chunk| {
         let data = &contents[c.seg][c.from..c.to];
@@ -250,10 +262,12 @@ fn compress_chunks(codec: Codec, force: bool, contents: &[Vec<u8>], chunks: &mut
             c.frame = compress::encode(codec, data);
         }
     };
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(MAX_THREADS);
-    if chunks.len() < PARALLEL_FROM || threads < 2 {
+    if chunks.len() < PARALLEL_FROM {
+        chunks.iter_mut().for_each(work);
+        return;
+    }
+    let threads = compress_threads();
+    if threads < 2 {
         chunks.iter_mut().for_each(work);
         return;
     }
