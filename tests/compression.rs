@@ -377,6 +377,7 @@ fn set_size(fs: &Fs, f: u64, size: u64) {
 #[test]
 fn small_files_are_compressed_inline() {
     use canopy::format::items::{COMPRESS_LZ4, COMPRESS_ZSTD, FILE_EXTENT_INLINE};
+    use canopy::format::superblock::INCOMPAT_COMPRESSED_INLINE;
     let (dev, fs) = fresh();
     fs.set_compression(ZSTD);
     let sizes = [1500usize, 2048, 2049, 3000, 4096, 4097];
@@ -386,7 +387,15 @@ fn small_files_are_compressed_inline() {
         .collect();
     let noisy = common::noise(3000, 5);
     let plain = file(&fs, ROOT, "noise", &noisy);
+    let before = canopy::txn::read_best_superblock(dev.as_ref()).expect("sb");
+    assert_eq!(before.incompat & INCOMPAT_COMPRESSED_INLINE, 0);
     let fs = common::reopen(&dev, fs);
+    let after = canopy::txn::read_best_superblock(dev.as_ref()).expect("sb");
+    assert_ne!(
+        after.incompat & INCOMPAT_COMPRESSED_INLINE,
+        0,
+        "older code refuses it"
+    );
     for (f, data) in &files {
         assert_eq!(&read_all(&fs, *f), data, "{} bytes", data.len());
         let items = items_of(&fs, fs.getattr(*f).expect("attr").ino);

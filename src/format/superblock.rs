@@ -57,13 +57,18 @@ pub const INCOMPAT_COMPRESSION: u64 = 16;
 /// send and receive: `items::SubvolIdent`); older code would refuse their
 /// length. Set for good by the first subvolume given one.
 pub const INCOMPAT_SUBVOL_UUIDS: u64 = 32;
+/// Inline file data may be compressed; older code, whose item checker
+/// takes compression on regular extents only, would refuse those files.
+/// Set for good by the first one written.
+pub const INCOMPAT_COMPRESSED_INLINE: u64 = 64;
 /// Incompatible features this code understands.
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS
     | INCOMPAT_LOG_TREE
     | INCOMPAT_DROP_QUEUE
     | INCOMPAT_LOG_CHECKED
     | INCOMPAT_COMPRESSION
-    | INCOMPAT_SUBVOL_UUIDS;
+    | INCOMPAT_SUBVOL_UUIDS
+    | INCOMPAT_COMPRESSED_INLINE;
 /// Read-only-compatible features this code understands.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;
 pub const CSUM_CRC32C: u16 = 0;

@@ -408,7 +408,7 @@ pub(crate) fn put_inline(
         inline_data: stored,
     };
     if compression != COMPRESS_NONE {
-        tx.set_incompat(crate::format::superblock::INCOMPAT_COMPRESSION);
+        set_compressed_features(tx, &fe);
     }
     let added = accounted(&fe) as i64;
     tx.insert(tree, data_key(ino, 0), fe.encode())?;
@@ -473,10 +473,20 @@ pub(crate) fn insert_extent(
     fe.num_bytes = piece.ram_len;
     fe.compression = piece.compression;
     if piece.compression != COMPRESS_NONE {
-        tx.set_incompat(crate::format::superblock::INCOMPAT_COMPRESSION);
+        set_compressed_features(tx, &fe);
     }
     tx.insert(tree, data_key(ino, file_off), fe.encode())?;
     Ok(accounted(&fe))
+}
+
+/// Marks the image as holding compressed data of `fe`'s kind, so older
+/// code refuses it instead of failing on the items.
+pub(crate) fn set_compressed_features(tx: &mut Txn<'_>, fe: &FileExtentItem) {
+    use crate::format::superblock::{INCOMPAT_COMPRESSED_INLINE, INCOMPAT_COMPRESSION};
+    tx.set_incompat(INCOMPAT_COMPRESSION);
+    if fe.kind == FILE_EXTENT_INLINE {
+        tx.set_incompat(INCOMPAT_COMPRESSED_INLINE);
+    }
 }
 
 /// crc32c of every sector of `data`, as a checksum item holds them.

@@ -207,7 +207,7 @@ fn restore_inode(tx: &mut Txn<'_>, tree: u64, ino: u64, l: &Logged, csums: &Csum
     }
     for (k, fe) in &l.extents {
         if fe.compression != crate::format::items::COMPRESS_NONE {
-            tx.set_incompat(crate::format::superblock::INCOMPAT_COMPRESSION);
+            file::set_compressed_features(tx, fe);
         }
         if let Some((bytenr, len)) = fe.disk_extent() {
             if tx.claim_logged_extent(bytenr, len)? {
