@@ -19,7 +19,7 @@ mkdir -p target/tmp && rm -f "$skipped"
 # turns it on with /sys/module/fuse/parameters/enable_uring, as .ci/run
 # does).
 mount_tests=(--test mount --test mount_posix --test mount_enospc --test mount_quota
-    --test mount_transport --test mount_layout --test exerciser)
+    --test mount_transport --test mount_layout --test mount_cache --test exerciser)
 echo "== cargo test (mounts on /dev/fuse)"
 CANOPY_TEST_MOUNT_OPTS=transport=dev cargo test --locked "$@"
 uring_enable=/sys/module/fuse/parameters/enable_uring
@@ -33,7 +33,7 @@ else
     echo "mount tests on io_uring (the kernel does not offer it: $uring_enable)" >> "$skipped"
 fi
 echo "== mount tests again, mounted with the kernel's writeback cache"
-CANOPY_TEST_MOUNT_OPTS=transport=dev,writeback_cache cargo test --locked --test mount --test mount_posix --test mount_layout "$@"
+CANOPY_TEST_MOUNT_OPTS=transport=dev,writeback_cache cargo test --locked --test mount --test mount_posix --test mount_layout --test mount_cache "$@"
 # The exerciser (kill -9 included) under the writeback cache at a tiny
 # global dirty limit (vm.dirty_bytes=1M, set here and restored on any
 # exit), where the kernel throttles writers hardest (issue 40, mail 001).

@@ -37,6 +37,19 @@ impl AtimePolicy {
 
 const DAY_SECS: i64 = 24 * 3600;
 
+/// What an open for reading does about the access it is due (see
+/// [`Subvol::access_at_open`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessAtOpen {
+    /// None is due: the cached pages serve the reads.
+    NotDue,
+    /// Recorded now: the kernel's cached atime is stale, its pages not.
+    Recorded,
+    /// The kernel holds no pages of the file: the open drops none, and
+    /// the first read records the access.
+    LeftToRead,
+}
+
 /// Whether an access at `now` should update the inode's atime.
 pub(crate) fn needs_update(policy: AtimePolicy, i: &InodeItem, now: Timespec) -> bool {
     match policy {
@@ -49,28 +62,41 @@ pub(crate) fn needs_update(policy: AtimePolicy, i: &InodeItem, now: Timespec) ->
 }
 
 impl Subvol {
-    /// Under `relatime`, whether a regular file opened for reading is due
-    /// to record its next access. The kernel serves reads of cached pages
-    /// itself (kept from one open to the next), so a file read again
-    /// after a change might never send a read here, its atime would stay
-    /// older than its mtime, and "read since it changed?" would be
-    /// answered wrongly: such an open drops the cached pages, so its
-    /// read comes here and records the access. That happens once per
-    /// change (or day), and costs nothing on a cold read, whose pages are
-    /// not cached anyway. `strictatime` opens bypass the page cache.
-    pub(crate) fn access_due_at_open(&self, ino: u64) -> bool {
+    /// Under `relatime`, what an open for reading of `ino` does about the
+    /// access it is due (its atime not after its last change, or a day
+    /// old). The kernel serves reads of cached pages itself (kept from one
+    /// open to the next), so a file read again after a change might never
+    /// send a read here, its atime would stay older than its mtime, and
+    /// "read since it changed?" would be answered wrongly. So a file whose
+    /// pages the kernel may hold has the access recorded at the open, and
+    /// keeps its pages (dropping them cost a database its whole cache at
+    /// every open after a write: pgbench re-read thousands of pages a
+    /// second). Any other file has nothing cached to lose: the open drops
+    /// the (no) pages, the read comes here and records the access, and the
+    /// open costs no transaction (a cold `tar` after `cp -a` opens
+    /// thousands of files whose access is due). `strictatime` opens bypass
+    /// the page cache.
+    pub(crate) fn access_at_open(&self, ino: u64) -> AccessAtOpen {
         if self.core.atime_policy() != AtimePolicy::Relative
             || self.core.engine.is_read_only()
             || self.core.is_remounted_read_only()
             || self.is_read_only()
         {
-            return false;
+            return AccessAtOpen::NotDue;
         }
-        let seen = self.core.engine.read(|r| self.inode_r(r, ino));
-        seen.is_ok_and(|i| {
-            i.mode & libc::S_IFMT == libc::S_IFREG
-                && needs_update(AtimePolicy::Relative, &i, Timespec::now())
-        })
+        let Ok(seen) = self.core.engine.read(|r| self.inode_r(r, ino)) else {
+            return AccessAtOpen::NotDue;
+        };
+        let due = seen.mode & libc::S_IFMT == libc::S_IFREG
+            && needs_update(AtimePolicy::Relative, &seen, Timespec::now());
+        match (due, self.inodes.may_be_cached(ino)) {
+            (false, _) => AccessAtOpen::NotDue,
+            (true, true) => {
+                self.accessed(ino, &seen);
+                AccessAtOpen::Recorded
+            }
+            (true, false) => AccessAtOpen::LeftToRead,
+        }
     }
 
     /// Records an access of `ino`, whose attributes the caller just read as

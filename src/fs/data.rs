@@ -86,6 +86,7 @@ impl Subvol {
             },
         )?;
         self.accessed(ino, &seen);
+        self.inodes.note_cached(ino);
         Ok(n)
     }
 
@@ -100,6 +101,7 @@ impl Subvol {
             self.core.flush_to_limit()?;
         }
         self.core.engine.check_alive()?;
+        self.inodes.note_cached(ino);
         if self.buffer_on_credit(ino, offset, data) {
             return Ok(data.len() as u32);
         }

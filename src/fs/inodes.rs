@@ -188,6 +188,10 @@ pub(crate) struct InodeTable {
     /// gains data and dropped when a look finds it empty, so finding the
     /// dirty files costs what they are, not every live inode.
     dirty: Mutex<std::collections::HashSet<u64>>,
+    /// Inodes whose pages the kernel may have cached: read or written
+    /// through the mount since the kernel last forgot them (see
+    /// `atime`). Pages the kernel evicted on its own still count.
+    cached: Mutex<std::collections::HashSet<u64>>,
     budget: Arc<Budget>,
     /// The newest transaction the log has seen: what entries noted about
     /// older ones is void.
@@ -220,6 +224,7 @@ impl InodeTable {
         InodeTable {
             map: Mutex::new(HashMap::new()),
             dirty: Mutex::default(),
+            cached: Mutex::default(),
             budget,
             transid: AtomicU64::new(0),
         }
@@ -391,6 +396,18 @@ impl InodeTable {
         })
     }
 
+    /// Notes that the kernel may now cache pages of `ino` (a read or
+    /// write of its data went through it).
+    pub fn note_cached(&self, ino: u64) {
+        crate::sync::lock(&self.cached).insert(ino);
+    }
+
+    /// Whether the kernel may hold pages of `ino` (see
+    /// [`InodeTable::note_cached`]).
+    pub fn may_be_cached(&self, ino: u64) -> bool {
+        crate::sync::lock(&self.cached).contains(&ino)
+    }
+
     pub fn is_open(&self, ino: u64) -> bool {
         self.peek(ino, |s| s.open > 0).unwrap_or(false)
     }
@@ -398,6 +415,7 @@ impl InodeTable {
     /// The kernel dropped its last reference to `ino` (FORGET): its ghost
     /// and read stream go.
     pub fn forget(&self, ino: u64) {
+        crate::sync::lock(&self.cached).remove(&ino);
         if self.get(ino).is_some() {
             self.with(ino, |s| {
                 s.ghost = None;

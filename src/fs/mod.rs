@@ -43,7 +43,7 @@ mod view;
 pub mod writeback;
 pub mod xattr;
 
-pub use atime::AtimePolicy;
+pub use atime::{AccessAtOpen, AtimePolicy};
 pub use balance::{BalanceState, BalanceStatus};
 pub use daemon::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};

@@ -101,11 +101,13 @@ impl Fs {
         }
     }
 
-    /// Whether a read of `node`, opened for reading now, is due to record
-    /// an access under `relatime` (see [`Subvol::access_due_at_open`]).
-    pub fn access_due_at_open(&self, node: u64) -> bool {
+    /// What an open of `node` for reading does about the access it is due
+    /// under `relatime` (see [`Subvol::access_at_open`]).
+    pub fn access_at_open(&self, node: u64) -> super::AccessAtOpen {
         self.at(node)
-            .is_ok_and(|(sv, ino)| sv.access_due_at_open(ino))
+            .map_or(super::AccessAtOpen::NotDue, |(sv, ino)| {
+                sv.access_at_open(ino)
+            })
     }
 
     /// Releases a handle; the last one of an orphan deletes it.

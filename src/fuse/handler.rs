@@ -9,7 +9,7 @@ use super::proto::{fopen, init};
 use super::reply::{self, Reply};
 use super::request::{self, Header, Op};
 use super::session::Handler;
-use crate::fs::{setid, Attr, Fs};
+use crate::fs::{setid, AccessAtOpen, Attr, Fs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -422,9 +422,21 @@ impl FuseFs {
         let reading = flags & libc::O_ACCMODE != libc::O_WRONLY;
         let how = match self.open_flags() {
             // The kernel would serve the read from its cached pages and
-            // the access that is due would go unrecorded: drop them (the
-            // read that comes here records it).
-            OPEN_FLAGS if reading && self.fs.access_due_at_open(ino) => 0,
+            // the access that is due would go unrecorded.
+            OPEN_FLAGS if reading => match self.fs.access_at_open(ino) {
+                AccessAtOpen::NotDue => OPEN_FLAGS,
+                // Recorded: the kernel's cached atime is stale
+                // (attributes only: offset -1 touches no page).
+                AccessAtOpen::Recorded => {
+                    let node = self.kernel_node(ino);
+                    if let Err(e) = self.notifier.inval_inode(node, -1, 0) {
+                        tracing::debug!(ino, error = %e, "atime invalidation");
+                    }
+                    OPEN_FLAGS
+                }
+                // Nothing cached to keep: the read comes here.
+                AccessAtOpen::LeftToRead => 0,
+            },
             f => f,
         };
         reply::open(0, how)
