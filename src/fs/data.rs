@@ -216,6 +216,12 @@ impl Subvol {
         // and its buffered data goes first.
         let held = self.inodes.lock_flush(ino);
         self.flush_held(ino, &held.inode)?;
+        if punch {
+            let i = self.core.engine.read(|r| self.inode_r(r, ino))?;
+            if i.mode & libc::S_IFMT == libc::S_IFREG {
+                self.punch_in_steps(ino, i.size, (offset, end))?;
+            }
+        }
         self.core.write_reserved(|tx| {
             let mut i = self.inode_tx(tx, ino)?;
             if i.mode & libc::S_IFMT != libc::S_IFREG {

@@ -1,4 +1,4 @@
-//! Giving a file's extents back: orphans and large truncates, in bounded
+//! Giving a file's extents back: orphans, large truncates and punches, in bounded
 //! steps.
 //!
 //! Orphans are inodes with no name left that still hold data. An unlinked
@@ -136,7 +136,7 @@ impl Subvol {
             self.core.write_reserved(|tx| {
                 let mut i = self.inode_tx(tx, ino)?;
                 let root = tx.root_of(tree)?;
-                let tail = file::last_items(tx, &root, ino, keep, STEP_ITEMS + 1)?;
+                let tail = file::last_items(tx, &root, ino, (keep, u64::MAX), STEP_ITEMS + 1)?;
                 if new_size >= i.size || tail.len() <= STEP_ITEMS {
                     return Ok(false);
                 }
@@ -158,6 +158,53 @@ impl Subvol {
                 // No room even for a step (it changed nothing): the
                 // truncate itself tries, with its own reservation, and
                 // says ENOSPC if that fails too.
+                Err(Error::NoSpace) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Punches the whole sectors of `[start, end)` of `ino` (a file of
+    /// `size` bytes) from the end, a step at a time, until one step's
+    /// worth of extent items is left there (the punch itself cuts those
+    /// and zeroes the partial sectors at the edges). So punching a hole
+    /// frees space on a full disk, as deleting does; a crash may leave
+    /// part of the hole punched, as on btrfs. The caller holds the file's
+    /// flush lock, with its buffered data flushed.
+    pub(super) fn punch_in_steps(
+        &self,
+        ino: u64,
+        size: u64,
+        (start, end): (u64, u64),
+    ) -> Result<()> {
+        let tree = self.tree;
+        let first = start.next_multiple_of(file::SECTOR);
+        let mut last = end.min(size.next_multiple_of(file::SECTOR)) / file::SECTOR * file::SECTOR;
+        let mut step = || {
+            self.core.write_reserved(|tx| {
+                let mut i = self.inode_tx(tx, ino)?;
+                let root = tx.root_of(tree)?;
+                let tail = file::last_items(tx, &root, ino, (first, last), STEP_ITEMS + 1)?;
+                if tail.len() <= STEP_ITEMS {
+                    return Ok(false);
+                }
+                tx.reserve(&Need::items(tree, STEP_PATHS).deleting())?;
+                // Not the range's first item, so it starts inside it.
+                let from = tail[tail.len() - STEP_ITEMS].0;
+                self.note_extents(tx, ino, i.size, from, last);
+                let freed = file::punch(tx, tree, ino, from, last)?;
+                i.nbytes = i.nbytes.saturating_add_signed(-freed);
+                self.save_inode(tx, ino, i)?;
+                last = from;
+                Ok(true)
+            })
+        };
+        loop {
+            match step() {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                // No room even for a step (it changed nothing): the
+                // punch itself tries, with its own reservation.
                 Err(Error::NoSpace) => return Ok(()),
                 Err(e) => return Err(e),
             }

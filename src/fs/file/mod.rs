@@ -58,16 +58,20 @@ pub(crate) fn first_items<B: BlockRead + ?Sized>(
     Ok(out)
 }
 
-/// The last `max` extent items of `ino` that end past `from`, in order.
+/// The last `max` extent items of `ino` that start before `before` and
+/// end past `from`, in order.
 pub(crate) fn last_items<B: BlockRead + ?Sized>(
     b: &B,
     root: &RootPtr,
     ino: u64,
-    from: u64,
+    (from, before): (u64, u64),
     max: usize,
 ) -> Result<Vec<(u64, FileExtentItem)>> {
     let mut out = Vec::new();
-    let Some(mut c) = Cursor::seek_le(b, root, &data_key(ino, u64::MAX))? else {
+    let Some(last) = before.checked_sub(1) else {
+        return Ok(out);
+    };
+    let Some(mut c) = Cursor::seek_le(b, root, &data_key(ino, last))? else {
         return Ok(out);
     };
     while let Some(it) = c.item() {
