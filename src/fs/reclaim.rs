@@ -1,5 +1,5 @@
-//! Giving a file's extents back: orphans, large truncates and punches, in bounded
-//! steps.
+//! Giving a file's extents back: orphans, large truncates and hole
+//! punches, in bounded steps.
 //!
 //! Orphans are inodes with no name left that still hold data. An unlinked
 //! file open somewhere lives until its last release; a file whose extents
