@@ -775,6 +775,25 @@ fn data_allocations_leave_the_commit_room_for_its_tree_blocks() {
         .expect("the commit after allocations that all passed their reservation");
 }
 
+/// A fresh filesystem for a file of many extents, and the empty file
+/// "many": 256 MiB compressing every chunk (zstd:1, forced: one extent per
+/// 128 KiB) or 64 MiB plain.
+fn for_many_extents(compressed: bool) -> (Arc<MemDevice>, Fs, u64) {
+    let size = if compressed { 256 * MIB } else { 64 * MIB };
+    let (dev, fs) = format(size, 4096, false);
+    if compressed {
+        fs.set_compression(canopy::compress::Policy {
+            codec: Some(canopy::compress::Codec::Zstd(1)),
+            force: true,
+        });
+    }
+    let f = fs
+        .create(ROOT, b"many", libc::S_IFREG | 0o644, 0, ME, None)
+        .expect("create")
+        .ino;
+    (dev, fs, f)
+}
+
 /// A file of thousands of extents (compressed chunks, or sparse 4 KiB
 /// writes) written until the disk is full: unlinking it, and releasing
 /// the last handle of such a file unlinked while open, work on the full
@@ -783,18 +802,7 @@ fn data_allocations_leave_the_commit_room_for_its_tree_blocks() {
 #[test]
 fn files_of_many_extents_are_deleted_on_a_full_disk() {
     for (compressed, open) in [(true, false), (false, false), (false, true)] {
-        let size = if compressed { 256 * MIB } else { 64 * MIB };
-        let (dev, fs) = format(size, 4096, false);
-        if compressed {
-            fs.set_compression(canopy::compress::Policy {
-                codec: Some(canopy::compress::Codec::Zstd(1)),
-                force: true,
-            });
-        }
-        let f = fs
-            .create(ROOT, b"many", libc::S_IFREG | 0o644, 0, ME, None)
-            .expect("create")
-            .ino;
+        let (dev, fs, f) = for_many_extents(compressed);
         let free_before = fs.statfs().free;
         let page = vec![0x5au8; 4096];
         let mut extents = 0u64;
@@ -855,18 +863,7 @@ fn files_of_many_extents_are_deleted_on_a_full_disk() {
 #[test]
 fn holes_are_punched_on_a_full_disk() {
     for compressed in [true, false] {
-        let size = if compressed { 256 * MIB } else { 64 * MIB };
-        let (dev, fs) = format(size, 4096, false);
-        if compressed {
-            fs.set_compression(canopy::compress::Policy {
-                codec: Some(canopy::compress::Codec::Zstd(1)),
-                force: true,
-            });
-        }
-        let f = fs
-            .create(ROOT, b"many", libc::S_IFREG | 0o644, 0, ME, None)
-            .expect("create")
-            .ino;
+        let (dev, fs, f) = for_many_extents(compressed);
         let free_before = fs.statfs().free;
         let (step, piece) = if compressed { (MIB, MIB) } else { (8192, 4096) };
         let mut written = 0u64;

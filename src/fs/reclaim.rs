@@ -130,38 +130,23 @@ impl Subvol {
     /// that). The caller holds the file's flush lock, with its buffered
     /// data flushed.
     pub(super) fn shrink_in_steps(&self, ino: u64, new_size: u64) -> Result<()> {
-        let tree = self.tree;
         let keep = new_size.next_multiple_of(file::SECTOR);
         let step = || {
             self.core.write_reserved(|tx| {
                 let mut i = self.inode_tx(tx, ino)?;
-                let root = tx.root_of(tree)?;
-                let tail = file::last_items(tx, &root, ino, (keep, u64::MAX), STEP_ITEMS + 1)?;
-                if new_size >= i.size || tail.len() <= STEP_ITEMS {
+                if new_size >= i.size {
                     return Ok(false);
                 }
-                tx.reserve(&Need::items(tree, STEP_PATHS).deleting())?;
                 // The step's first item starts past where the one before it
                 // ends, which is past `keep`.
-                let from = tail[tail.len() - STEP_ITEMS].0;
-                self.note_extents(tx, ino, i.size, from, u64::MAX);
-                let freed = file::punch(tx, tree, ino, from, u64::MAX)?;
-                i.nbytes = i.nbytes.saturating_add_signed(-freed);
+                let Some(from) = self.cut_last_step(tx, (ino, &mut i), (keep, u64::MAX))? else {
+                    return Ok(false);
+                };
                 i.size = i.size.min(from);
                 self.save_inode(tx, ino, i).map(|()| true)
             })
         };
-        loop {
-            match step() {
-                Ok(true) => {}
-                Ok(false) => return Ok(()),
-                // No room even for a step (it changed nothing): the
-                // truncate itself tries, with its own reservation, and
-                // says ENOSPC if that fails too.
-                Err(Error::NoSpace) => return Ok(()),
-                Err(e) => return Err(e),
-            }
-        }
+        steps_until_done(step)
     }
 
     /// Punches the whole sectors of `[start, end)` of `ino` (a file of
@@ -177,38 +162,47 @@ impl Subvol {
         size: u64,
         (start, end): (u64, u64),
     ) -> Result<()> {
-        let tree = self.tree;
         let first = start.next_multiple_of(file::SECTOR);
         let mut last = end.min(size.next_multiple_of(file::SECTOR)) / file::SECTOR * file::SECTOR;
-        let mut step = || {
+        let step = || {
             self.core.write_reserved(|tx| {
                 let mut i = self.inode_tx(tx, ino)?;
-                let root = tx.root_of(tree)?;
-                let tail = file::last_items(tx, &root, ino, (first, last), STEP_ITEMS + 1)?;
-                if tail.len() <= STEP_ITEMS {
-                    return Ok(false);
-                }
-                tx.reserve(&Need::items(tree, STEP_PATHS).deleting())?;
                 // Not the range's first item, so it starts inside it.
-                let from = tail[tail.len() - STEP_ITEMS].0;
-                self.note_extents(tx, ino, i.size, from, last);
-                let freed = file::punch(tx, tree, ino, from, last)?;
-                i.nbytes = i.nbytes.saturating_add_signed(-freed);
+                let Some(from) = self.cut_last_step(tx, (ino, &mut i), (first, last))? else {
+                    return Ok(false);
+                };
                 self.save_inode(tx, ino, i)?;
                 last = from;
                 Ok(true)
             })
         };
-        loop {
-            match step() {
-                Ok(true) => {}
-                Ok(false) => return Ok(()),
-                // No room even for a step (it changed nothing): the
-                // punch itself tries, with its own reservation.
-                Err(Error::NoSpace) => return Ok(()),
-                Err(e) => return Err(e),
-            }
+        steps_until_done(step)
+    }
+
+    /// One step of [`Subvol::shrink_in_steps`] or
+    /// [`Subvol::punch_in_steps`]: when more than a step's worth of
+    /// extent items of `ino` (whose item is `i`) lie in `[first, last)`,
+    /// cuts the last [`STEP_ITEMS`] of them, reserved as a deletion, and
+    /// returns where the cut began (`i.nbytes` follows; the caller saves
+    /// `i`). None: a step's worth or less is left.
+    fn cut_last_step(
+        &self,
+        tx: &mut Txn<'_>,
+        (ino, i): (u64, &mut InodeItem),
+        (first, last): (u64, u64),
+    ) -> Result<Option<u64>> {
+        let tree = self.tree;
+        let root = tx.root_of(tree)?;
+        let tail = file::last_items(tx, &root, ino, (first, last), STEP_ITEMS + 1)?;
+        if tail.len() <= STEP_ITEMS {
+            return Ok(None);
         }
+        tx.reserve(&Need::items(tree, STEP_PATHS).deleting())?;
+        let from = tail[tail.len() - STEP_ITEMS].0;
+        self.note_extents(tx, ino, i.size, from, last);
+        let freed = file::punch(tx, tree, ino, from, last)?;
+        i.nbytes = i.nbytes.saturating_add_signed(-freed);
+        Ok(Some(from))
     }
 
     /// Deletes inodes left orphaned by a crash or an unclean unmount.
@@ -233,5 +227,19 @@ impl Subvol {
         }
         tracing::info!(count = orphans.len(), "deleted orphan inodes");
         self.core.engine.commit().map(|_| ())
+    }
+}
+
+/// Runs `step` until it says nothing is left. A step with no room even
+/// for itself (it changed nothing) ends the steps too: the operation they
+/// prepare then tries with its own reservation, and says ENOSPC if that
+/// fails.
+fn steps_until_done(mut step: impl FnMut() -> Result<bool>) -> Result<()> {
+    loop {
+        match step() {
+            Ok(true) => {}
+            Ok(false) | Err(Error::NoSpace) => return Ok(()),
+            Err(e) => return Err(e),
+        }
     }
 }
