@@ -10,8 +10,8 @@
 mod common;
 
 use common::mounted::{
-    can_mount, canopy, fill_until_full, rbd_name, rbd_parts, statfs_total, umount, write_synced,
-    RbdImage,
+    can_mount, canopy, canopy_ok, fill_until_full, rbd_name, rbd_parts, statfs_total, umount,
+    write_synced, RbdImage,
 };
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -298,17 +298,8 @@ fn a_full_filesystem_grows_after_rbd_resize() {
         &conf,
         &["resize", "--size", "384M", &rbd_parts(&img).unwrap().0],
     );
-    let out = canopy()
-        .args(["filesystem", "resize", "--json", "max"])
-        .arg(&mnt)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let grown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let resize = ["filesystem", "resize", "--json", "max", "."];
+    let grown: serde_json::Value = serde_json::from_str(&canopy_ok(&resize, &mnt)).unwrap();
     assert_eq!(grown["new_bytes"], 384u64 << 20);
     assert!(
         statfs_total(&mnt) > before + (200 << 20),
