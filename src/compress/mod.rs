@@ -210,11 +210,7 @@ pub fn encode(codec: Codec, data: &[u8]) -> Option<Vec<u8>> {
     if framed + SECTOR > data.len().next_multiple_of(SECTOR) {
         return None;
     }
-    let mut out = Vec::with_capacity(framed);
-    out.extend_from_slice(&u32::try_from(payload.len()).ok()?.to_le_bytes());
-    out.extend_from_slice(&payload);
-    out.resize(framed, 0);
-    Some(out)
+    frame(&payload, framed)
 }
 
 /// A small file's whole `data` as the frame an inline item stores (no
@@ -226,9 +222,15 @@ pub fn encode_inline(codec: Codec, data: &[u8], max: usize) -> Option<Vec<u8>> {
     if framed > max || framed >= data.len() {
         return None;
     }
-    let mut out = Vec::with_capacity(framed);
+    frame(&payload, framed)
+}
+
+/// The frame of `payload`: its length, itself, zeros up to `len` bytes.
+fn frame(payload: &[u8], len: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(len);
     out.extend_from_slice(&u32::try_from(payload.len()).ok()?.to_le_bytes());
-    out.extend_from_slice(&payload);
+    out.extend_from_slice(payload);
+    out.resize(len, 0);
     Some(out)
 }
 
