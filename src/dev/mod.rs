@@ -13,12 +13,16 @@
 //!   operations, for tests.
 //! - [`crash::RecordingDevice`]: records every write and barrier so that tests
 //!   can replay any prefix of them, as a crash would leave the disk.
+//! - [`powercut::PowerCutDevice`]: journals what each write overwrites until
+//!   a barrier covers it, so that the crash campaign can cut the power of a
+//!   real mount (lose every unflushed write, or any subset of sectors).
 
 pub mod crash;
 pub mod exclusive;
 pub mod fault;
 mod file;
 mod mem;
+pub mod powercut;
 #[cfg(canopy_rbd)]
 mod rbd;
 pub mod source;

@@ -151,7 +151,11 @@ fn open_device(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<
     if opts.writeback_cache && !opts.read_only && !io_flusher && !file.write_everything_direct() {
         tracing::warn!("under writeback_cache with neither CAP_SYS_RESOURCE nor O_DIRECT on the image, writes may crawl at a small vm.dirty_bytes (see fuse::bdi)");
     }
-    Ok(Arc::new(file))
+    if opts.read_only {
+        return Ok(Arc::new(file));
+    }
+    // The crash campaign's power-cut mode, when its environment asks.
+    crate::dev::powercut::from_env(Arc::new(file))
 }
 
 /// A live session: the threads serving it, and whether Canopy mounted
