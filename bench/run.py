@@ -7,9 +7,15 @@ docs/benchmarks.md. A benchmark, never a test. Needs root.
     python3 bench/run.py                      # every workload, scale 1/16
     python3 bench/run.py --scale 1 seek       # one workload at mail size
     python3 bench/run.py --fs canopy,btrfs --rounds 5 rename dbench
+    python3 bench/run.py --fs canopy,btrfs,passthrough_hp everyday scale
 
 Workloads: seek, rename, dbench, dirty, fsync-random, everyday, qgroups, stall,
-fsync-isolated, fsync-stream, pgbench, parallel.
+fsync-isolated, fsync-stream, pgbench, parallel, snapshot, roundtrip, reads,
+scale.
+
+passthrough_hp (libfuse's example over ext4, the FUSE ceiling) is built at
+run time from libfuse's source at the installed libfuse3's tag: downloaded
+from GitHub, or given with --passthrough-hp-src / $PASSTHROUGH_HP_SRC.
 """
 
 import argparse
@@ -49,6 +55,17 @@ def ensure_tools():
     fslib.sh(f"cd '{ROOT}' && cargo build --release --locked -q")
 
 
+def prepare_drivers(chosen, work):
+    """Lets each chosen driver get what it needs (passthrough_hp: its
+    build) before the first round, so a missing piece stops the run at
+    once with the driver's own explanation."""
+    for name in chosen:
+        try:
+            fslib.DRIVERS[name].prepare(work)
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            sys.exit(f"run.py: {name}: {e}")
+
+
 def machine():
     def first(cmd):
         r = subprocess.run(cmd, shell=True, capture_output=True, text=True)
@@ -62,6 +79,7 @@ def machine():
         "xfsprogs": first("mkfs.xfs -V"),
         "e2fsprogs (ext4, fuse2fs)": first("mkfs.ext4 -V 2>&1"),
         "dbench": first("dbench --help 2>&1 | head -1"),
+        "libfuse3 (passthrough_hp)": first("pkg-config --modversion fuse3"),
     }
 
 
@@ -78,8 +96,15 @@ def main():
     p.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md alone")
     p.add_argument("--canopy-opts", default="",
                    help="mount options every Canopy mount gets, e.g. transport=dev")
+    p.add_argument("--passthrough-hp-src", default=None,
+                   help="libfuse git clone, source tree or tarball to build passthrough_hp "
+                        f"from (default ${fslib.SOURCE_ENV}, else downloaded from GitHub)")
+    p.add_argument("--everyday-src", default=None,
+                   help="the tree everyday copies (default /usr/share, /usr at --scale >= 0.5)")
     a = p.parse_args()
+    workloads.EVERYDAY_SOURCE = a.everyday_src
     fslib.Canopy.base_opts = a.canopy_opts
+    fslib.PassthroughHp.source = a.passthrough_hp_src
     names = a.workloads or list(workloads.WORKLOADS)
     unknown = [w for w in names if w not in workloads.WORKLOADS]
     if unknown:
@@ -93,6 +118,7 @@ def main():
 
     ensure_tools()
     os.makedirs(a.work, exist_ok=True)
+    prepare_drivers(chosen, a.work)
     saved = workloads.read_dirty_settings()
     live = []
 

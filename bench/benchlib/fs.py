@@ -1,8 +1,14 @@
 """Filesystems under test: each on its own image file of the same size,
 made, mounted, remounted cold and unmounted the same way every time."""
 
+import glob
 import os
+import re
+import resource
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 
 CANOPY = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..",
@@ -37,6 +43,17 @@ class Fs:
     """One filesystem on `work/<name>.img`, mounted on `work/mnt`."""
 
     kernel = True  # kernel filesystems: loop mount, filefrag works
+
+    @classmethod
+    def prepare(cls, work):
+        """Run once before the first round: whatever the driver needs
+        beyond the packages run.py installs (a RuntimeError says what is
+        missing and how to provide it)."""
+
+    def daemon_pid(self):
+        """The pid of the FUSE daemon serving the mount (None: no daemon,
+        or a kernel filesystem)."""
+        return None
 
     def __init__(self, name, work, size_bytes):
         self.name = name
@@ -115,6 +132,11 @@ class Canopy(Fs):
         opts = ",".join(o for o in (self.base_opts, self.opts) if o)
         o = f"-o {opts}" if opts else ""
         sh(f"'{self.binary}' mount {o} '{self.image}' '{self.mnt}'")
+
+    def daemon_pid(self):
+        # `canopy mount` exits once the mount is live; what is left with
+        # the image on its command line is the daemon.
+        return oldest_pid(self.image)
 
 
 class CanopyOld(Canopy):
@@ -200,6 +222,230 @@ class Tmpfs(Fs):
         drop_caches()  # a tmpfs has nothing to reread
 
 
+def oldest_pid(pattern):
+    """The oldest process whose command line matches `pattern` (pgrep -f),
+    or None."""
+    # Not through a shell, whose own command line would match too.
+    r = subprocess.run(["pgrep", "-o", "-f", "--", pattern], capture_output=True, text=True)
+    return int(r.stdout) if r.returncode == 0 else None
+
+
+# -- passthrough_hp: the FUSE ceiling (issue 54) ---------------------------
+
+LIBFUSE_TARBALL = "https://github.com/libfuse/libfuse/archive/refs/tags/fuse-{version}.tar.gz"
+SOURCE_ENV = "PASSTHROUGH_HP_SRC"
+
+
+def libfuse_version():
+    """The installed libfuse3's version (e.g. 3.14.0), installing its
+    headers first if pkg-config does not know it: passthrough_hp must be
+    built from the example of the same release, since the newest example
+    needs newer headers than Debian 12 has."""
+    if sh("pkg-config --exists fuse3", check=False).returncode != 0:
+        # Another apt may hold the dpkg lock: wait for it rather than fail.
+        sh("apt-get -o DPkg::Lock::Timeout=600 install -y -qq libfuse3-dev pkg-config g++ "
+           ">/dev/null")
+    return sh("pkg-config --modversion fuse3", capture_output=True, text=True).stdout.strip()
+
+
+def local_includes(source):
+    """The files a C++ source includes with quotes ("cxxopts.hpp"): they
+    sit beside it in libfuse's example/ directory."""
+    with open(source) as f:
+        return re.findall(r'^#include\s+"([^"]+)"', f.read(), re.M)
+
+
+def copy_from_tree(tree, version, dest):
+    """Copies example/passthrough_hp.cc and what it includes out of an
+    unpacked libfuse source tree, refusing a tree of another release."""
+    meson = os.path.join(tree, "meson.build")
+    if os.path.exists(meson):
+        m = re.search(r"version\s*:\s*'([^']+)'", open(meson).read())
+        if m and m.group(1) != version:
+            raise RuntimeError(f"{tree} is libfuse {m.group(1)}, the installed libfuse3 is "
+                               f"{version}")
+    cc = os.path.join(tree, "example", "passthrough_hp.cc")
+    if not os.path.exists(cc):
+        raise RuntimeError(f"{tree} has no example/passthrough_hp.cc")
+    for name in ["passthrough_hp.cc"] + local_includes(cc):
+        shutil.copy(os.path.join(tree, "example", name), dest)
+
+
+def copy_from_git(repo, version, dest):
+    """The same out of a libfuse git repository (bare or not), at the tag
+    of the installed release. False if `repo` is no such repository."""
+    tag = f"fuse-{version}"
+
+    def show(name):
+        r = subprocess.run(["git", "-C", repo, "show", f"{tag}:example/{name}"],
+                           capture_output=True)
+        return r.stdout if r.returncode == 0 else None
+
+    cc = show("passthrough_hp.cc")
+    if cc is None:
+        return False
+    with open(os.path.join(dest, "passthrough_hp.cc"), "wb") as f:
+        f.write(cc)
+    for name in local_includes(os.path.join(dest, "passthrough_hp.cc")):
+        data = show(name)
+        if data is None:
+            raise RuntimeError(f"{repo}: {tag}:example/{name} is missing")
+        with open(os.path.join(dest, name), "wb") as f:
+            f.write(data)
+    return True
+
+
+def copy_from_tarball(tarball, version, dest):
+    """The same out of a libfuse release or GitHub tag tarball."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sh(f"tar -xf '{tarball}' -C '{tmp}'")
+        trees = glob.glob(os.path.join(tmp, "*", "example", "passthrough_hp.cc"))
+        if not trees:
+            raise RuntimeError(f"{tarball} holds no */example/passthrough_hp.cc")
+        copy_from_tree(os.path.dirname(os.path.dirname(trees[0])), version, dest)
+
+
+def download_tarball(version, dest):
+    """GitHub's tarball of the tag into `dest`; its path, or None when
+    the network does not allow it."""
+    path = os.path.join(dest, f"libfuse-fuse-{version}.tar.gz")
+    url = LIBFUSE_TARBALL.format(version=version)
+    r = sh(f"curl -fsSL --max-time 120 -o '{path}' '{url}'", check=False,
+           stderr=subprocess.DEVNULL)
+    return path if r.returncode == 0 else None
+
+
+def fetch_passthrough_hp_source(version, dest, given=None):
+    """Puts passthrough_hp.cc of libfuse `version` and the headers it
+    includes into `dest`, from `given` (a libfuse git repository, source
+    tree or tarball; default $PASSTHROUGH_HP_SRC) or else downloaded from
+    GitHub. Never from the repository: libfuse's code is not Canopy's."""
+    given = given or os.environ.get(SOURCE_ENV)
+    if given:
+        if os.path.isdir(given):
+            if not copy_from_git(given, version, dest):
+                copy_from_tree(given, version, dest)
+        else:
+            copy_from_tarball(given, version, dest)
+        return
+    tarball = download_tarball(version, dest)
+    if tarball is None:
+        raise RuntimeError(
+            f"passthrough_hp: could not download {LIBFUSE_TARBALL.format(version=version)} "
+            f"(no network?). Provide libfuse {version}'s source with "
+            f"{SOURCE_ENV}=PATH or run.py --passthrough-hp-src PATH, where PATH is a "
+            f"libfuse git clone (git clone https://github.com/libfuse/libfuse; tag "
+            f"fuse-{version} is used), a source tree of that release, or its tarball "
+            f"(or the directory `apt-get source fuse3` unpacks).")
+    copy_from_tarball(tarball, version, dest)
+
+
+# What libfuse's own configuration finds on glibc. Its 3.14 meson build
+# never hands them to C++ sources, so the example built there answers
+# EOPNOTSUPP to every utimensat of a path (cp -a and git clone fail) and
+# ENOSYS to every xattr call (skipping work Canopy does); with them it
+# passes both through to ext4.
+PASSTHROUGH_HP_DEFINES = "-DHAVE_UTIMENSAT -DHAVE_POSIX_FALLOCATE -DHAVE_SETXATTR"
+PASSTHROUGH_HP_BUILD = ("g++ -std=c++17 -O2 " + PASSTHROUGH_HP_DEFINES
+                        + " -o passthrough_hp.tmp passthrough_hp.cc"
+                        " $(pkg-config --cflags --libs fuse3) -lpthread")
+
+
+def build_passthrough_hp(work, given=None):
+    """The path of passthrough_hp built for the installed libfuse3 under
+    `work/passthrough_hp/fuse-<version>/`, compiling it there on first use
+    (a newer libfuse3 or another build command gets a fresh build)."""
+    version = libfuse_version()
+    out_dir = os.path.join(work, "passthrough_hp", f"fuse-{version}")
+    binary = os.path.join(out_dir, "passthrough_hp")
+    stamp = os.path.join(out_dir, "build-command")
+    if os.path.exists(binary) and os.path.exists(stamp) and \
+            open(stamp).read() == PASSTHROUGH_HP_BUILD:
+        return binary
+    os.makedirs(out_dir, exist_ok=True)
+    if not os.path.exists(os.path.join(out_dir, "passthrough_hp.cc")):
+        fetch_passthrough_hp_source(version, out_dir, given)
+    sh(f"cd '{out_dir}' && {PASSTHROUGH_HP_BUILD} && mv passthrough_hp.tmp passthrough_hp")
+    with open(stamp, "w") as f:
+        f.write(PASSTHROUGH_HP_BUILD)
+    return binary
+
+
+# passthrough_hp keeps a descriptor open for every inode the kernel knows
+# (until FORGET) and raises its soft limit only to the hard one: the shell
+# that starts it raises the hard limit to the most the kernel allows
+# (/usr/share alone is 54,000 files), where it may (CAP_SYS_RESOURCE).
+RAISE_NOFILE = "ulimit -n $(cat /proc/sys/fs/nr_open)"
+
+
+def warn_if_few_descriptors():
+    """Says up front when passthrough_hp cannot get enough descriptors, so
+    that its EMFILE failures later on are not a mystery."""
+    if sh(RAISE_NOFILE, check=False, stderr=subprocess.DEVNULL).returncode == 0:
+        return
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    print(f"warning: passthrough_hp gets at most {hard} open files here (raising the hard "
+          "limit needs CAP_SYS_RESOURCE): it holds one per inode the kernel knows, so work "
+          f"on more than about {hard} files at once (everyday's /usr/share: 54,000) fails "
+          "on it with 'Too many open files'", file=sys.stderr)
+
+
+class PassthroughHp(Fs):
+    """libfuse's example passthrough_hp (`passthrough_hp SOURCE MOUNTPOINT`,
+    default options: multi-threaded, writeback cache, 86400 s timeouts)
+    over an ext4 image loop-mounted on `work/<name>.lower`: FUSE with
+    almost no filesystem behind it, the ceiling for any FUSE filesystem on
+    this machine (issue 54). Built at run time by prepare()."""
+
+    kernel = False
+    binary = None  # set by prepare()
+    source = None  # run.py --passthrough-hp-src; else $PASSTHROUGH_HP_SRC or GitHub
+
+    @classmethod
+    def prepare(cls, work):
+        cls.binary = build_passthrough_hp(work, cls.source)
+        warn_if_few_descriptors()
+
+    def __init__(self, name, work, size_bytes):
+        super().__init__(name, work, size_bytes)
+        self.lower = os.path.join(work, f"{name}.lower")
+        os.makedirs(self.lower, exist_ok=True)
+
+    def mkfs(self):
+        if self.opts:
+            raise ValueError(f"{self.name} takes no mount options ({self.opts})")
+        self._truncate()
+        # Twice ext4's default inode density, so that the scale workload's
+        # 1,000,000 files fit; inode tables written now, not by ext4's lazy
+        # init thread during the measurements.
+        sh(f"mkfs.ext4 -q -F -i 8192 -E lazy_itable_init=0 '{self.image}'")
+
+    def do_mount(self):
+        if not is_mounted(self.lower):
+            sh(f"mount -o loop '{self.image}' '{self.lower}'")
+        # It daemonizes before mounting; mount() waits for the mount.
+        sh(f"{RAISE_NOFILE} 2>/dev/null; '{self.binary}' '{self.lower}' '{self.mnt}'")
+
+    def daemon_pid(self):
+        return oldest_pid(f"{self.binary} {self.lower} ")
+
+    def umount(self):
+        sh(f"fusermount3 -u '{self.mnt}'")
+        self._stop_lower()
+
+    def release_mountpoint(self):
+        super().release_mountpoint()
+        self._stop_lower()
+
+    def _stop_lower(self):
+        """Waits for the daemon to exit (it holds a descriptor of every
+        inode the kernel knows), then unmounts the ext4 under it."""
+        wait_for(lambda: self.daemon_pid() is None, f"{self.name} daemon exit")
+        while is_mounted(self.lower):
+            sh(f"umount '{self.lower}'", check=False)
+            time.sleep(0.2)
+
+
 DRIVERS = {
     "canopy": Canopy,
     "canopy-old": CanopyOld,
@@ -211,4 +457,5 @@ DRIVERS = {
     "ext4": Ext4,
     "fuse2fs": Fuse2fs,
     "tmpfs": Tmpfs,
+    "passthrough_hp": PassthroughHp,
 }

@@ -13,10 +13,11 @@ import re
 import subprocess
 import time
 
-from .fs import CANOPY, sh
+from .fs import CANOPY, drop_caches, sh
 
 MIB = 1 << 20
 GIB = 1 << 30
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def timed(cmd):
@@ -203,6 +204,12 @@ def commit(fs):
         # does not reach FUSE daemons: ask the daemon to commit.
         sh(f"'{CANOPY}' sync '{fs.mnt}'")
         return
+    if fs.name == "passthrough_hp":
+        # syncfs of the FUSE mount writes the kernel's cached pages back
+        # to the daemon (writeback cache); that of the ext4 under it makes
+        # them durable.
+        sh(f"sync -f '{fs.mnt}' && sync -f '{fs.lower}'")
+        return
     sh(f"sync -f '{fs.mnt}'")
 
 
@@ -376,12 +383,27 @@ def free_space_histogram(fs):
 
 # -- 6. everyday work -------------------------------------------------------
 
+# The tree everyday copies when not the one its scale picks (run.py
+# --everyday-src), e.g. a smaller one where a driver cannot hold more files.
+EVERYDAY_SOURCE = None
+
+
 def everyday(fs, scale):
-    """cp -a of real files, find and du cold, tar them back out, rm -rf;
-    sequential write and cold read."""
-    src = "/usr" if scale >= 0.5 else "/usr/share"
+    """cp -a of real files (timed alone and with the commit after it),
+    find, du and tar of them cold, a git clone of a local repository (a
+    snapshot of Canopy's own, taken once per run) with its commit, rm -rf
+    with its commit; sequential write and cold read. Cold: unmounted, page
+    cache dropped, mounted again. Commit: `canopy sync` on Canopy, syncfs
+    of the FUSE mount and of the ext4 under it on passthrough_hp, syncfs
+    elsewhere (issue 54's step list)."""
+    src = EVERYDAY_SOURCE or ("/usr" if scale >= 0.5 else "/usr/share")
     fs.make()
-    samples = [("cp -a " + src + " (s)", timed(f"cp -a {src} '{fs.path('tree')}'"), "s", "lower")]
+    t0 = time.perf_counter()
+    sh(f"cp -a {src} '{fs.path('tree')}'")
+    copied = time.perf_counter() - t0
+    commit(fs)
+    samples = [("cp -a " + src + " (s)", copied, "s", "lower"),
+               ("cp -a " + src + " + sync (s)", time.perf_counter() - t0, "s", "lower")]
     fs.remount_cold()
     samples.append(("find, cold (s)", timed(f"find '{fs.path('tree')}' | wc -l"), "s", "lower"))
     fs.remount_cold()
@@ -391,6 +413,7 @@ def everyday(fs, scale):
     # /dev/null itself.
     samples.append(("tar out, cold (s)",
                     timed(f"tar cf - -C '{fs.mnt}' tree | cat > /dev/null"), "s", "lower"))
+    samples.append(("git clone of a local repository + sync (s)", git_clone(fs), "s", "lower"))
     t0 = time.perf_counter()
     sh(f"rm -rf '{fs.path('tree')}'")
     commit(fs)
@@ -403,6 +426,32 @@ def everyday(fs, scale):
     samples.append((f"seq read {size_mb} MiB, cold (MB/s)", size_mb / t, "MB/s", "higher"))
     fs.umount()
     return samples
+
+
+# The repository every git clone of a run copies: a snapshot of Canopy's
+# own taken at the first clone, so that commits made meanwhile do not
+# change the work between rounds or filesystems.
+_clone_source = {}
+
+
+def clone_source(work):
+    """A bare copy of Canopy's repository in `work`, made once per run."""
+    if "path" not in _clone_source:
+        path = os.path.join(work, "everyday-clone-source.git")
+        sh(f"rm -rf '{path}' && git clone -q --bare --no-hardlinks '{ROOT}' '{path}'")
+        _clone_source["path"] = path
+    return _clone_source["path"]
+
+
+def git_clone(fs):
+    """Seconds of `git clone` of a local repository onto the mount
+    (objects copied, not hard-linked: another filesystem) and the commit
+    after it."""
+    source = clone_source(os.path.dirname(fs.image))
+    t0 = time.perf_counter()
+    sh(f"git clone -q --no-hardlinks '{source}' '{fs.path('clone')}'")
+    commit(fs)
+    return time.perf_counter() - t0
 
 
 # -- 7. quota groups and balance (000) ------------------------------------
@@ -854,6 +903,78 @@ def delete_and_clean(fs, cmd, victim, lsdir):
     return returned, lat, back
 
 
+# -- many files: creation rate, memory per inode, cold walk (issue 54) ------
+
+def daemon_rss_mib(fs):
+    """VmRSS of the filesystem's FUSE daemon in MiB (None: no daemon)."""
+    pid = fs.daemon_pid()
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/status") as f:
+        m = re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.M)
+    return int(m.group(1)) / 1024 if m else None
+
+
+def create_spread(top, n, dirs):
+    """Creates `n` empty files in `dirs` directories under `top`, one
+    directory after the other, one open(2) and close(2) each. Returns the
+    seconds taken overall, for the first quarter and for the last."""
+    per_dir = n // dirs
+    os.makedirs(top)
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+    marks = {}
+    t0 = time.perf_counter()
+    for i in range(n):
+        if i in (n // 4, n - n // 4):
+            marks[i] = time.perf_counter()
+        d = os.path.join(top, f"d{i // per_dir}")
+        if i % per_dir == 0:
+            os.mkdir(d)
+        try:
+            os.close(os.open(os.path.join(d, f"f{i}"), flags, 0o644))
+        except OSError as e:
+            raise RuntimeError(f"create {i + 1} of {n} failed: {e}") from e
+    end = time.perf_counter()
+    return end - t0, marks[n // 4] - t0, end - marks[n - n // 4]
+
+
+def many_files(fs, scale):
+    """N empty files (1,000,000 at scale 1) in 1,000 directories created
+    from Python: creates/s overall and over the first and last quarter
+    (does the rate hold as the tree grows?); the FUSE daemon's RSS right
+    after them and after drop_caches (the kernel forgets the inodes: FORGET
+    reaches the daemon); then, after a commit (not timed), a cold find over
+    them."""
+    dirs = 1000
+    n = max(10 * dirs, int(1_000_000 * scale)) // dirs * dirs
+    fs.make()
+    total, first, last = create_spread(fs.path("many"), n, dirs)
+    quarter = n // 4
+    samples = [
+        (f"{n} creates in {dirs} directories (creates/s)", n / total, "/s", "higher"),
+        ("creates/s, first quarter", quarter / first, "/s", "higher"),
+        ("creates/s, last quarter", quarter / last, "/s", "higher"),
+        ("last quarter's rate / first quarter's (x)", first / last, "x", "info"),
+    ]
+    rss = daemon_rss_mib(fs)
+    if rss is not None:
+        samples += [("daemon RSS after the creates (MiB)", rss, "MiB", "lower"),
+                    ("daemon RSS per file created (bytes)", rss * MIB / n, "B", "lower")]
+        drop_caches()
+        time.sleep(1)  # FORGETs are queued; give the daemon a moment
+        samples.append(("daemon RSS after drop_caches (MiB)", daemon_rss_mib(fs), "MiB",
+                        "lower"))
+    commit(fs)
+    fs.remount_cold()
+    t0 = time.perf_counter()
+    found = int(out(f"find '{fs.path('many')}' | wc -l"))
+    samples.append((f"find over {n} files, cold (s)", time.perf_counter() - t0, "s", "lower"))
+    fs.umount()
+    if found != n + dirs + 1:
+        raise RuntimeError(f"{fs.name}: find saw {found} entries, expected {n + dirs + 1}")
+    return samples
+
+
 def image_size(workload, scale):
     """Bytes of each filesystem's image for a workload (the same for all)."""
     if workload == "fsync-random":
@@ -863,6 +984,9 @@ def image_size(workload, scale):
         return 16 * GIB if scale >= 0.5 else 8 * GIB
     if workload == "seek":
         return max(2 * GIB, int(20 * GIB * scale))
+    if workload == "scale":
+        # Room for 1,000,000 inodes on passthrough_hp's ext4 (one per 8 KiB).
+        return max(4 * GIB, int(16 * GIB * scale))
     return max(4 * GIB, int(8 * GIB * scale))
 
 
@@ -882,6 +1006,7 @@ WORKLOADS = {
     "snapshot": snapshot,
     "roundtrip": roundtrip,
     "reads": reads,
+    "scale": many_files,
 }
 
 # Filesystems each workload runs on by default (tmpfs is the floor for the
