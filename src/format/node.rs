@@ -58,6 +58,23 @@ pub enum Body {
     Internal(Vec<Ptr>),
 }
 
+impl Body {
+    /// A copy with room for `extra` more entries: a block is copied to be
+    /// changed, and a copy of exactly its length would be copied once
+    /// more by the first insert that grows it.
+    pub fn clone_with_room(&self, extra: usize) -> Body {
+        fn grown<T: Clone>(v: &[T], extra: usize) -> Vec<T> {
+            let mut copy = Vec::with_capacity(v.len() + extra);
+            copy.extend_from_slice(v);
+            copy
+        }
+        match self {
+            Body::Leaf(items) => Body::Leaf(grown(items, extra)),
+            Body::Internal(ptrs) => Body::Internal(grown(ptrs, extra)),
+        }
+    }
+}
+
 /// A decoded tree block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {

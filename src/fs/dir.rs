@@ -36,10 +36,10 @@ pub(crate) fn lookup<B: BlockRead + ?Sized>(
     name: &[u8],
 ) -> Result<Option<DirEntry>> {
     let key = Key::new(dir, DIR_ITEM, name_hash(name));
-    let Some(data) = crate::tree::get(b, root, &key)? else {
-        return Ok(None);
-    };
-    Ok(decode(b, &key, &data)?.into_iter().find(|e| e.name == name))
+    let found = crate::tree::get_with(b, root, &key, |data| {
+        Ok(decode(b, &key, data)?.into_iter().find(|e| e.name == name))
+    })?;
+    found.unwrap_or(Ok(None))
 }
 
 /// The index the next entry of `dir` gets: one past the highest in use.

@@ -20,8 +20,9 @@
 use super::log::Changes;
 use super::readahead::Stream;
 use super::writeback::{Ranges, DEFAULT_DIRTY_LIMIT};
+use crate::cache::{BlockMap as InodeMap, BlockSet as InodeSet};
 use crate::format::inode::{InodeItem, Timespec};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -183,15 +184,17 @@ fn add_signed(n: &AtomicU64, by: i64) {
 
 /// The table of one subvolume's inodes.
 pub(crate) struct InodeTable {
-    map: Mutex<HashMap<u64, Arc<Inode>>>,
+    /// Hashed like block addresses (one multiplication, not SipHash): a
+    /// request looks entries up a dozen times.
+    map: Mutex<InodeMap<Arc<Inode>>>,
     /// Inodes that may hold buffered data: each is added when its buffer
     /// gains data and dropped when a look finds it empty, so finding the
     /// dirty files costs what they are, not every live inode.
-    dirty: Mutex<std::collections::HashSet<u64>>,
+    dirty: Mutex<InodeSet>,
     /// Inodes whose pages the kernel may have cached: read or written
     /// through the mount since the kernel last forgot them (see
     /// `atime`). Pages the kernel evicted on its own still count.
-    cached: Mutex<std::collections::HashSet<u64>>,
+    cached: Mutex<InodeSet>,
     budget: Arc<Budget>,
     /// The newest transaction the log has seen: what entries noted about
     /// older ones is void.
@@ -222,7 +225,7 @@ impl InodeTable {
     /// A table whose buffered bytes count against `budget`.
     pub fn with_budget(budget: Arc<Budget>) -> InodeTable {
         InodeTable {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::default(),
             dirty: Mutex::default(),
             cached: Mutex::default(),
             budget,

@@ -521,13 +521,13 @@ fn decode_inode<B: crate::tree::BlockRead + ?Sized>(
 }
 
 pub(crate) fn load_inode_tx(tx: &Txn<'_>, tree: u64, ino: u64) -> Result<InodeItem> {
-    let data = tx.get(tree, &inode_key(ino))?.ok_or(Error::NotFound)?;
-    decode_inode(tx, ino, &data)
+    tx.get_with(tree, &inode_key(ino), |data| decode_inode(tx, ino, data))?
+        .ok_or(Error::NotFound)?
 }
 
 pub(crate) fn load_inode_r(r: &Reader<'_>, tree: u64, ino: u64) -> Result<InodeItem> {
-    let data = r.get(tree, &inode_key(ino))?.ok_or(Error::NotFound)?;
-    decode_inode(r, ino, &data)
+    r.get_with(tree, &inode_key(ino), |data| decode_inode(r, ino, data))?
+        .ok_or(Error::NotFound)?
 }
 
 pub(crate) fn store_inode(

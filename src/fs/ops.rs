@@ -368,12 +368,15 @@ impl Subvol {
             _ => {}
         }
         self.core.engine.read(|r| {
-            let p = self.inode_r(r, parent)?;
-            if !is_dir(p.mode) {
-                return Err(errno(libc::ENOTDIR, "not a directory"));
-            }
             let root = r.root(self.tree)?;
-            let e = dir::lookup(r, &root, parent, name)?.ok_or(Error::NotFound)?;
+            // Only a directory holds entries: its own item is read only
+            // to tell ENOTDIR from ENOENT when the name is not there.
+            let Some(e) = dir::lookup(r, &root, parent, name)? else {
+                return match is_dir(self.inode_r(r, parent)?.mode) {
+                    true => Err(Error::NotFound),
+                    false => Err(errno(libc::ENOTDIR, "not a directory")),
+                };
+            };
             if e.is_subvolume() {
                 let i = load_inode_r(r, e.ino, ROOT_DIR_INO)?;
                 return Ok(attr_of(super::node_id(e.ino, ROOT_DIR_INO), &i));

@@ -12,6 +12,10 @@ pub(crate) struct Step {
     pub slot: usize,
 }
 
+/// Entries a copied block can gain before its vector grows (a copy is
+/// made to be changed, most often by one insert).
+const COPY_ROOM: usize = 8;
+
 /// Copies the clean block `bytenr` into a new dirty block owned by `owner`,
 /// allocated near `hint`. The copy holds a new reference to everything
 /// the original points at.
@@ -28,12 +32,15 @@ pub(crate) fn cow_block<B: BlockWrite + ?Sized>(
         b.begin_copy(bytenr);
         count_entry_refs(b, &old.body, 0..old.nritems(), new, 1);
         b.end_copy();
-        old.body.clone()
+        old.body.clone_with_room(COPY_ROOM)
     } else {
         // fsync copies the log's path after every write of it: moving the
         // items saves cloning (and then freeing) each one.
         b.forget_replaced(bytenr);
-        Arc::try_unwrap(old).map_or_else(|shared| shared.body.clone(), |node| node.body)
+        Arc::try_unwrap(old).map_or_else(
+            |shared| shared.body.clone_with_room(COPY_ROOM),
+            |node| node.body,
+        )
     };
     b.node_mut(new)?.body = body;
     Ok(new)

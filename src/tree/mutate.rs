@@ -58,29 +58,28 @@ fn set_item<B: BlockWrite + ?Sized>(
 ) -> Result<Option<Vec<u8>>> {
     check_size(b, &data)?;
     let path = cow_path(b, owner, root, &key)?;
+    // Taken before the data moves into the leaf: nothing is copied.
+    let new_ref = data_ref_of(&key, &data);
+    let new_len = data.len();
     let (leaf_step, items) = leaf_of(b, root, &path)?;
     let slot = leaf_step.slot;
     let exists = items.get(slot).is_some_and(|it| it.key == key);
     let old = match (exists, change) {
         (true, Change::Insert) => return Err(Error::Exists),
         (false, Change::Replace) => return Err(Error::NotFound),
-        (true, _) => Some(std::mem::replace(&mut items[slot].data, data.clone())),
+        (true, _) => Some(std::mem::replace(&mut items[slot].data, data)),
         (false, _) => {
-            items.insert(
-                slot,
-                Item {
-                    key,
-                    data: data.clone(),
-                },
-            );
+            items.insert(slot, Item { key, data });
             None
         }
     };
     if let Some(old) = &old {
         note_data_ref(b, leaf_step.bytenr, &key, old, -1);
     }
-    note_data_ref(b, leaf_step.bytenr, &key, &data, 1);
-    let same_size = old.as_ref().is_some_and(|o| o.len() == data.len());
+    if let Some((bytenr, len)) = new_ref {
+        b.data_ref(bytenr, len, leaf_step.bytenr, 1);
+    }
+    let same_size = old.as_ref().is_some_and(|o| o.len() == new_len);
     if !same_size || slot == 0 {
         fix_up_leaf(b, owner, root, &path)?;
     }

@@ -9,6 +9,18 @@ use std::sync::Arc;
 
 /// The data of the item with exactly `key`, if present.
 pub fn get<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, key: &Key) -> Result<Option<Vec<u8>>> {
+    get_with(b, root, key, <[u8]>::to_vec)
+}
+
+/// What `f` makes of the data of the item with exactly `key`, if present,
+/// read where the item lies: a caller that decodes the item (an inode, a
+/// directory entry: most lookups) copies nothing first.
+pub fn get_with<B: BlockRead + ?Sized, R>(
+    b: &B,
+    root: &RootPtr,
+    key: &Key,
+    f: impl FnOnce(&[u8]) -> R,
+) -> Result<Option<R>> {
     let mut node = b.read_node(root.bytenr, root.generation)?;
     while !node.is_leaf() {
         let ptrs = node.ptrs();
@@ -19,7 +31,7 @@ pub fn get<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, key: &Key) -> Result<Op
     Ok(items
         .binary_search_by(|it| it.key.cmp(key))
         .ok()
-        .map(|i| items[i].data.clone()))
+        .map(|i| f(&items[i].data)))
 }
 
 /// Number of blocks in the tree at `root`. Reads only the internal nodes

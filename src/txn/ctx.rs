@@ -134,6 +134,16 @@ impl<'a> Reader<'a> {
         tree::get(self, &root_of(self.st, tree)?, key)
     }
 
+    /// [`tree::get_with`] in `tree`: `f` reads the item where it lies.
+    pub fn get_with<R>(
+        &self,
+        tree: u64,
+        key: &Key,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        tree::get_with(self, &root_of(self.st, tree)?, key, f)
+    }
+
     pub fn range(&self, tree: u64, start: &Key, end: &Key) -> Result<Vec<(Key, Vec<u8>)>> {
         collect_range(self, &root_of(self.st, tree)?, start, end)
     }
@@ -265,6 +275,16 @@ impl<'a> Txn<'a> {
 
     pub fn get(&self, tree: u64, key: &Key) -> Result<Option<Vec<u8>>> {
         tree::get(self, &self.root_of(tree)?, key)
+    }
+
+    /// [`tree::get_with`] in `tree`: `f` reads the item where it lies.
+    pub fn get_with<R>(
+        &self,
+        tree: u64,
+        key: &Key,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        tree::get_with(self, &self.root_of(tree)?, key, f)
     }
 
     pub fn range(&self, tree: u64, start: &Key, end: &Key) -> Result<Vec<(Key, Vec<u8>)>> {
