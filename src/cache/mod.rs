@@ -1,21 +1,25 @@
-//! The block cache: decoded clean tree blocks, bounded, least recently used
-//! evicted first. A lookup only stamps the block it finds (commits and the
-//! quota accounting make hundreds per millisecond); keeping the order is
-//! left to eviction, which drops an eighth of the cache at a time.
+//! The block cache: decoded clean tree blocks, bounded in bytes of
+//! memory, least recently used evicted first. A lookup only stamps the
+//! block it finds (commits and the quota accounting make hundreds per
+//! millisecond); keeping the order is left to eviction, which drops an
+//! eighth of the budget at a time.
 //!
-//! Only clean blocks live here. Dirty blocks belong to the running
-//! transaction and blocks being written by a commit are pinned elsewhere
-//! until their write completes, so eviction can never lose a change.
-
+//! The bound is memory, not blocks: a decoded leaf costs more than its
+//! bytes on disk (an item header and an allocation per item), and a
+//! leaf's share of that overhead depends on how many items it holds, so a
+//! count of blocks said little about what the daemon holds (issue 54: a
+//! budget of 16,384 blocks came to ~470 MB after a million creates).
+//!
 use crate::format::node::Node;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
-/// A cached block and when it was last used.
+/// A cached block, when it was last used, and the memory it holds.
 struct Entry {
     node: Arc<Node>,
     used: u64,
+    bytes: usize,
 }
 
 /// A map keyed by block address (the dirty set, blocks in flight, the
@@ -28,25 +32,37 @@ pub type BlockSet = std::collections::HashSet<u64, BuildHasherDefault<AddressHas
 struct Inner {
     map: BlockMap<Entry>,
     tick: u64,
+    /// Sum of the entries' `bytes`.
+    bytes: usize,
 }
 
-/// Fraction of the cache evicted at once when it is over capacity: a use
-/// only stamps its entry, and eviction pays for the order in batches.
+/// Fraction of the budget evicted at once when the cache is over it: a
+/// use only stamps its entry, and eviction pays for the order in batches.
 const EVICT_SHARE: usize = 8;
+
+/// The smallest budget: a few blocks of the largest node size, so that
+/// a walk down one path always fits.
+pub const MIN_BYTES: usize = 16 * 65536;
+
+/// The default budget (the `cache_size` mount option).
+pub const DEFAULT_BYTES: usize = 128 << 20;
 
 pub struct BlockCache {
     inner: Mutex<Inner>,
-    capacity_blocks: usize,
+    capacity_bytes: usize,
 }
 
 impl BlockCache {
-    pub fn new(capacity_blocks: usize) -> BlockCache {
+    /// A cache holding at most `capacity_bytes` of decoded blocks (see
+    /// [`Node::memory_bytes`]), and never less than [`MIN_BYTES`].
+    pub fn new(capacity_bytes: usize) -> BlockCache {
         BlockCache {
             inner: Mutex::new(Inner {
                 map: HashMap::default(),
                 tick: 0,
+                bytes: 0,
             }),
-            capacity_blocks: capacity_blocks.max(16),
+            capacity_bytes: capacity_bytes.max(MIN_BYTES),
         }
     }
 
@@ -66,18 +82,30 @@ impl BlockCache {
     }
 
     pub fn insert(&self, node: Arc<Node>) {
+        let bytes = node.memory_bytes();
         let mut g = crate::sync::lock(&self.inner);
         g.tick += 1;
         let used = g.tick;
-        g.map.insert(node.bytenr, Entry { node, used });
-        if g.map.len() > self.capacity_blocks {
-            let excess = g.map.len() - self.capacity_blocks;
-            evict_least_recent(&mut g.map, excess + self.capacity_blocks / EVICT_SHARE);
+        g.bytes += bytes;
+        if let Some(old) = g.map.insert(node.bytenr, Entry { node, used, bytes }) {
+            g.bytes -= old.bytes;
+        }
+        if g.bytes > self.capacity_bytes {
+            let target = self.capacity_bytes - self.capacity_bytes / EVICT_SHARE;
+            evict_least_recent(&mut g, target);
         }
     }
 
     pub fn remove(&self, bytenr: u64) {
-        crate::sync::lock(&self.inner).map.remove(&bytenr);
+        let mut g = crate::sync::lock(&self.inner);
+        if let Some(old) = g.map.remove(&bytenr) {
+            g.bytes -= old.bytes;
+        }
+    }
+
+    /// Memory the cached blocks hold, in bytes.
+    pub fn bytes(&self) -> usize {
+        crate::sync::lock(&self.inner).bytes
     }
 
     pub fn len(&self) -> usize {
@@ -89,18 +117,19 @@ impl BlockCache {
     }
 }
 
-/// Drops the `n` entries used longest ago (stamps are unique).
-fn evict_least_recent<S: std::hash::BuildHasher>(map: &mut HashMap<u64, Entry, S>, n: usize) {
-    if n == 0 {
-        return;
+/// Drops the entries used longest ago until the cache holds at most
+/// `target` bytes.
+fn evict_least_recent(g: &mut Inner, target: usize) {
+    let mut by_age: Vec<(u64, u64, usize)> =
+        g.map.iter().map(|(&b, e)| (e.used, b, e.bytes)).collect();
+    by_age.sort_unstable();
+    for (_, bytenr, bytes) in by_age {
+        if g.bytes <= target {
+            break;
+        }
+        g.map.remove(&bytenr);
+        g.bytes -= bytes;
     }
-    if n >= map.len() {
-        map.clear();
-        return;
-    }
-    let mut stamps: Vec<u64> = map.values().map(|e| e.used).collect();
-    let (_, &mut cutoff, _) = stamps.select_nth_unstable(n - 1);
-    map.retain(|_, e| e.used > cutoff);
 }
 
 /// Hashes block addresses: multiples of the block size, spread by one
@@ -145,24 +174,34 @@ mod tests {
     }
 
     #[test]
-    fn keeps_what_was_used_last_and_stays_within_capacity() {
-        let c = BlockCache::new(64);
-        for b in 0..64u64 {
+    fn keeps_what_was_used_last_and_stays_within_its_bytes() {
+        let each = node(0).memory_bytes();
+        let cap = MIN_BYTES;
+        let fit = (cap / each) as u64;
+        let c = BlockCache::new(cap);
+        for b in 0..fit {
             c.insert(node(b * 4096));
         }
+        assert_eq!(c.len() as u64, fit);
         // Block 0 is used again, so the oldest are 1, 2, ...
         assert!(c.get(0).is_some());
-        c.insert(node(64 * 4096));
-        assert!(c.len() <= 64, "{}", c.len());
+        c.insert(node(fit * 4096));
+        assert!(c.bytes() <= cap, "{}", c.bytes());
         assert!(c.contains(0), "a block just used is kept");
-        assert!(c.contains(64 * 4096), "the block just inserted is kept");
+        assert!(c.contains(fit * 4096), "the block just inserted is kept");
         assert!(!c.contains(4096), "the block used longest ago goes first");
-        for b in 100..1000u64 {
+        for b in fit + 1..4 * fit {
             c.insert(node(b * 4096));
-            assert!(c.len() <= 64);
+            assert!(c.bytes() <= cap);
+            assert_eq!(
+                c.bytes(),
+                c.len() * each,
+                "the sum follows inserts and evictions"
+            );
         }
-        assert!(c.contains(999 * 4096));
-        c.remove(999 * 4096);
-        assert!(!c.contains(999 * 4096));
+        assert!(c.contains((4 * fit - 1) * 4096));
+        c.remove((4 * fit - 1) * 4096);
+        assert!(!c.contains((4 * fit - 1) * 4096));
+        assert_eq!(c.bytes(), c.len() * each);
     }
 }

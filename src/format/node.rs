@@ -58,7 +58,20 @@ pub enum Body {
     Internal(Vec<Ptr>),
 }
 
+/// What an allocation costs beyond the bytes asked for (allocator
+/// bookkeeping and size-class rounding), on average.
+const ALLOCATION_OVERHEAD: usize = 16;
+
 impl Body {
+    /// Gives back the spare capacity a block's vectors gained while it was
+    /// changed: a clean block keeps its entries as long as it is cached.
+    pub fn shrink_to_fit(&mut self) {
+        match self {
+            Body::Leaf(items) => items.shrink_to_fit(),
+            Body::Internal(ptrs) => ptrs.shrink_to_fit(),
+        }
+    }
+
     /// A copy with room for `extra` more entries: a block is copied to be
     /// changed, and a copy of exactly its length would be copied once
     /// more by the first insert that grows it.
@@ -114,6 +127,22 @@ impl Node {
             Body::Leaf(v) => v.first().map(|i| i.key),
             Body::Internal(v) => v.first().map(|p| p.key),
         }
+    }
+
+    /// Memory this decoded block holds, for the cache's budget: the node,
+    /// its entry vector and each item's data.
+    pub fn memory_bytes(&self) -> usize {
+        let entries = match &self.body {
+            Body::Leaf(items) => {
+                items.capacity() * std::mem::size_of::<Item>()
+                    + items
+                        .iter()
+                        .map(|i| i.data.capacity() + ALLOCATION_OVERHEAD)
+                        .sum::<usize>()
+            }
+            Body::Internal(ptrs) => ptrs.capacity() * std::mem::size_of::<Ptr>(),
+        };
+        std::mem::size_of::<Node>() + ALLOCATION_OVERHEAD + entries
     }
 
     /// Bytes this block's content occupies when encoded.

@@ -111,7 +111,7 @@ fn open_fs(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<
         dev,
         &OpenOptions {
             read_only: opts.read_only,
-            cache_blocks: opts.cache_blocks,
+            cache_bytes: opts.cache_bytes,
             replay_log: opts.log_replay,
             ..OpenOptions::default()
         },

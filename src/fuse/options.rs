@@ -13,8 +13,9 @@ pub struct MountOptions {
     pub kernel: Vec<String>,
     /// Seconds between automatic commits.
     pub commit_secs: u64,
-    /// Clean block cache size in blocks.
-    pub cache_blocks: usize,
+    /// Memory the clean block cache may hold, in bytes (`cache_size`;
+    /// `cache_blocks=N` asks for N blocks of 16 KiB).
+    pub cache_bytes: usize,
     /// Request-serving threads (under io_uring spread over the kernel's
     /// queues, at least one each).
     pub threads: usize,
@@ -85,7 +86,7 @@ impl Default for MountOptions {
             default_permissions: true,
             kernel: Vec::new(),
             commit_secs: 5,
-            cache_blocks: 16384,
+            cache_bytes: crate::cache::DEFAULT_BYTES,
             threads: 4,
             transport: super::Transport::Auto,
             dirty_limit: None,
@@ -232,7 +233,11 @@ impl MountOptions {
             }
             "subvolid" => o.subvolume = crate::fs::Shown::Id(num(value)?),
             "commit" => o.commit_secs = num(value)?.max(1),
-            "cache_blocks" => o.cache_blocks = num(value)? as usize,
+            "cache_blocks" => o.cache_bytes = (num(value)? as usize).saturating_mul(16 << 10),
+            "cache_size" => {
+                let v = value.ok_or_else(|| Error::Invalid("cache_size needs a size".into()))?;
+                o.cache_bytes = crate::units::parse_size(v).map_err(Error::Invalid)? as usize;
+            }
             "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
             "transport" => {
                 o.transport = match value {

@@ -57,8 +57,11 @@ impl Engine {
         }
         {
             let mut inflight = crate::sync::lock(&self.shared.inflight);
-            for (bytenr, node) in prepared.nodes {
+            for (bytenr, mut node) in prepared.nodes {
                 inflight.remove(&bytenr);
+                if let Some(n) = Arc::get_mut(&mut node) {
+                    n.body.shrink_to_fit();
+                }
                 self.shared.cache.insert(node);
             }
         }

@@ -44,8 +44,9 @@ impl Default for FormatOptions {
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
     pub read_only: bool,
-    /// Capacity of the clean block cache, in blocks.
-    pub cache_blocks: usize,
+    /// Memory the clean block cache may hold, in bytes (decoded blocks,
+    /// see `Node::memory_bytes`).
+    pub cache_bytes: usize,
     /// Pending reference changes (or free-space changes) past which an
     /// operation applies them before the commit (see `Engine::write`).
     pub settle_early_at: usize,
@@ -60,7 +61,7 @@ impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             read_only: false,
-            cache_blocks: 16384,
+            cache_bytes: crate::cache::DEFAULT_BYTES,
             settle_early_at: super::SETTLE_EARLY_AT,
             replay_log: true,
         }
@@ -107,7 +108,7 @@ fn new_engine(
     Engine {
         shared: Shared {
             dev,
-            cache: BlockCache::new(opts.cache_blocks),
+            cache: BlockCache::new(opts.cache_bytes),
             inflight: Mutex::new(BlockMap::default()),
             fsid,
             nodesize,

@@ -15,7 +15,9 @@ pub struct Args {
     foreground: bool,
     /// Mount options, comma-separated: ro, rw, relatime (default), noatime,
     /// strictatime, nodev, nosuid, noexec, allow_other,
-    /// default_permissions, commit=SECONDS, cache_blocks=N, threads=N,
+    /// default_permissions, commit=SECONDS, cache_size=SIZE (memory for
+    /// decoded tree blocks; default 128M; cache_blocks=N asks for N blocks
+    /// of 16 KiB), threads=N,
     /// transport=auto|uring|dev (how requests reach the daemon: auto, the
     /// default, uses FUSE over io_uring when the kernel offers it, which
     /// root turns on with `echo 1 > /sys/module/fuse/parameters/enable_uring`
