@@ -197,6 +197,22 @@ fn plan_back_ref(tx: &Txn<'_>, tree: u64, dir: u64, entry: &DirEntry) -> Result<
     Ok((back_key, refs))
 }
 
+impl Addition {
+    /// Whether removing a name of the same inode from another directory
+    /// leaves this plan valid: its items are all keyed by the new
+    /// directory, except a back-reference, which is the inode's INODE_REF
+    /// for the new directory (an INODE_EXTREF item is keyed by a hash that
+    /// names of two directories may share).
+    pub(crate) fn survives_removal_from(&self, other_dir: u64) -> bool {
+        let dir = self.by_name.0.objectid;
+        dir != other_dir
+            && self
+                .back_ref
+                .as_ref()
+                .is_none_or(|(k, _)| k.ty == INODE_REF && k.offset == dir)
+    }
+}
+
 /// Fails as [`add`] would, without changing anything: lets an operation
 /// that removes names before adding one (rename) check first.
 pub(crate) fn check_room(

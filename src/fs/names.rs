@@ -196,12 +196,20 @@ impl Subvol {
     ) -> Result<()> {
         let ((parent, name), (newparent, newname), now) = (ends.from, ends.to, ends.now);
         let tree = self.tree;
-        dir::check_room(tx, tree, newparent, newname, src.ino, src.kind)?;
+        // Planned before anything changes, so that a name that does not
+        // fit fails cleanly; applied as planned when the removals below
+        // cannot have touched its items (a move to another directory
+        // over no entry: most renames), planned again otherwise.
+        let plan = dir::plan_add(tx, tree, newparent, newname, src.ino, src.kind)?;
         if let Some(d) = dst {
             self.unlink_replaced(tx, ends, src_inode, d)?;
         }
         dir::remove(tx, tree, parent, name)?;
-        dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
+        if dst.is_none() && plan.survives_removal_from(parent) {
+            dir::apply(tx, tree, plan)?;
+        } else {
+            dir::add(tx, tree, newparent, newname, src.ino, src.kind)?;
+        }
         if let Some(w) = whiteout {
             self.add_whiteout(tx, (parent, name), w, now)?;
         }
