@@ -5,7 +5,7 @@ crash_campaign.py is only the entry point; what it does lives here:
   common     paths, client names, the -v progress log, log tails
   procs      subprocesses and mounts, and the registry that cleans them up
   daemon     the Canopy daemon (`canopy mount -f`) of one mount
-  crash      how a round's crash happens (today: kill -9 of the daemon)
+  crash      how a round's crash happens: kill -9 of the daemon, or a power cut
   pgwire     a minimal PostgreSQL wire-protocol v3 client
   postgres   a PostgreSQL server (cluster) on the mount, and its log checks
   clients    the database workloads that record acknowledged commits

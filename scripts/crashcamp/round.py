@@ -202,8 +202,9 @@ class Round:
 
     def crash(self):
         """The crash: how it happens is the crash method's business
-        (crash.py); today kill -9 of the daemon, then of the client and the
-        database, then the dead mount is detached."""
+        (crash.py): kill -9 of the daemon, or a power cut that also loses
+        the unflushed writes; then the client and the database are killed
+        and the dead mount is detached."""
         self.crash_method.crash(self)
 
     def kill_client_and_database(self):
