@@ -36,6 +36,12 @@ pub const MAX_XATTR_VALUE: usize = 65536;
 /// Lowest and highest inode numbers a file may have.
 pub const FIRST_INO: u64 = super::inode::ROOT_DIR_INO;
 pub const LAST_INO: u64 = u64::MAX - 256;
+/// Highest directory index (readdir position): a listing hands out the
+/// next index as its offset, and a directory offset the kernel can seek
+/// to must stay below 2^62 in the form that carries no bound
+/// (`fuse::dircookie`). Indexes count the names ever made in a
+/// directory, so a real one never comes near.
+pub const MAX_DIR_INDEX: u64 = (1 << 62) - 2;
 
 /// What items are checked against: the device they live on.
 #[derive(Clone, Copy, Debug)]
@@ -61,7 +67,7 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         EXTENT_DATA => check_file_extent(key, data, limits),
         ORPHAN_ITEM => check_ino(key.offset, "orphan item's inode").and(check_empty(data)),
         EXTENT_CSUM => check_csum(key, data, limits),
-        ROOT_ITEM => RootItem::decode(data).map(drop),
+        ROOT_ITEM => check_root_item(key, data),
         ROOT_REF => check_root_ref(key, data, false),
         ROOT_BACKREF => check_root_ref(key, data, true),
         DEFAULT_SUBVOL => match data.try_into().map(u64::from_le_bytes) {
@@ -97,6 +103,18 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         // checked by the code that will read them.
         _ => Ok(()),
     }
+}
+
+/// `(tree id, ROOT_ITEM, 0)`: the format writes no other offset, and a
+/// second item for one tree would be a second root for it.
+fn check_root_item(key: &Key, data: &[u8]) -> Verdict {
+    if key.offset != 0 {
+        return fail(format!(
+            "root item of tree {} with key offset {} (the format writes 0)",
+            key.objectid, key.offset
+        ));
+    }
+    RootItem::decode(data).map(drop)
 }
 
 fn check_dropped_block(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
@@ -218,6 +236,7 @@ fn show(name: &[u8]) -> String {
 /// directory whose inode field is a subvolume id.
 fn check_entry(e: &DirEntry) -> Verdict {
     check_entry_name(&e.name)?;
+    check_index(e.index)?;
     if e.is_subvolume() {
         return check_subvolume_entry(e);
     }
@@ -228,6 +247,16 @@ fn check_entry(e: &DirEntry) -> Verdict {
             "entry {:?} has file type {}",
             show(&e.name),
             e.kind
+        ));
+    }
+    Ok(())
+}
+
+/// An index a listing can hand out and resume from.
+fn check_index(index: u64) -> Verdict {
+    if index > MAX_DIR_INDEX {
+        return fail(format!(
+            "directory index {index} is past the last one ({MAX_DIR_INDEX})"
         ));
     }
     Ok(())
@@ -282,6 +311,7 @@ fn check_refs(key: &Key, data: &[u8], extended: bool) -> Verdict {
         // Each name carries its directory in the entry's inode field; a
         // plain ref is keyed by that directory, an extended one by a hash.
         check_ino(r.ino, "parent directory")?;
+        check_index(r.index)?;
         let keyed = if extended {
             extref_hash(r.ino, &r.name)
         } else {
@@ -316,7 +346,7 @@ fn check_dir_index(key: &Key, data: &[u8]) -> Verdict {
         return fail(format!("directory index with {} entries", entries.len()));
     };
     check_entry(e)?;
-    if e.index != key.offset || key.offset < 2 {
+    if e.index != key.offset || key.offset < 2 || key.offset > MAX_DIR_INDEX {
         return fail(format!(
             "directory index {} names index {}",
             key.offset, e.index
@@ -536,5 +566,47 @@ mod tests {
         assert!(check_item(&Key::new(256, DIR_INDEX, 5), &e(b"a/b"), &LIM).is_err());
         assert!(check_item(&Key::new(256, DIR_INDEX, 6), &e(b"ab"), &LIM).is_err());
         assert!(check_item(&Key::new(256, DIR_INDEX, 5), &e(&[b'x'; 256]), &LIM).is_err());
+    }
+
+    /// An index a listing cannot resume after would be listed again and
+    /// again (the cookie of the next one saturates).
+    #[test]
+    fn directory_indexes_stay_below_what_a_listing_can_resume_from() {
+        let at = |index: u64| {
+            DirEntry::encode_all(&[DirEntry {
+                ino: 300,
+                kind: 8,
+                index,
+                name: b"a".to_vec(),
+            }])
+        };
+        let idx = |i| Key::new(256, DIR_INDEX, i);
+        assert!(check_item(&idx(MAX_DIR_INDEX), &at(MAX_DIR_INDEX), &LIM).is_ok());
+        for bad in [MAX_DIR_INDEX + 1, (1 << 62) - 1, u64::MAX] {
+            assert!(check_item(&idx(bad), &at(bad), &LIM).is_err(), "{bad}");
+            let by_name = Key::new(256, DIR_ITEM, name_hash(b"a"));
+            assert!(check_item(&by_name, &at(bad), &LIM).is_err(), "{bad}");
+            let back = Key::new(300, INODE_REF, 300);
+            assert!(check_item(&back, &at(bad), &LIM).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn root_items_are_keyed_at_offset_zero() {
+        let item = RootItem {
+            bytenr: 1 << 20,
+            generation: 3,
+            level: 0,
+            last_snapshot: 0,
+            parent_id: 0,
+            flags: 0,
+            created: 1,
+            name: Vec::new(),
+            ident: None,
+        }
+        .encode();
+        assert!(check_item(&Key::new(256, ROOT_ITEM, 0), &item, &LIM).is_ok());
+        let moved = Key::new(256, ROOT_ITEM, u64::MAX - 4095);
+        assert!(check_item(&moved, &item, &LIM).is_err());
     }
 }

@@ -45,9 +45,14 @@ pub(crate) fn lookup<B: BlockRead + ?Sized>(
 /// The index the next entry of `dir` gets: one past the highest in use.
 fn next_index(tx: &Txn<'_>, tree: u64, dir: u64) -> Result<u64> {
     let root = tx.root_of(tree)?;
-    last_index(tx, &root, dir)?
-        .checked_add(1)
-        .ok_or_else(|| Error::corrupt(dir, "directory index at the end of its range"))
+    let last = last_index(tx, &root, dir)?;
+    if last >= crate::format::checker::MAX_DIR_INDEX {
+        return Err(Error::corrupt(
+            dir,
+            "directory index at the end of its range",
+        ));
+    }
+    Ok(last + 1)
 }
 
 /// The highest index in use in `dir` (1 when it has no entries: indexes

@@ -16,7 +16,9 @@
 //! holds the last index in bits 32..62 and the next index to list in bits
 //! 0..32; one without is a plain next index (unbounded), used when either
 //! number does not fit. Directory indexes count the names ever made in a
-//! directory and stay far below 2^62.
+//! directory and stay far below 2^62; the item checker refuses any above
+//! `format::checker::MAX_DIR_INDEX` (2^62-2), so the next index always
+//! fits the unbounded form and no listing can hand out one offset twice.
 
 const BOUNDED: u64 = 1 << 62;
 const LAST_FIELD: u64 = (1 << 30) - 1;
