@@ -16,8 +16,9 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["fuse"],
     &["send"],
+    &["check"],
     &["fs"],
-    &["check", "scrub"],
+    &["scrub"],
     &["balance"],
     &["engine"],
     &["qgroup"],

@@ -1,12 +1,16 @@
 //! The fsync log a crash left: what replay would make of it.
 //!
-//! The examination is the one the engine makes at open before it trusts
+//! Nothing here judges the log by rules of its own: `check` runs the
+//! mount's replay, in memory on a read-only engine, and reports what it
+//! did. First the examination the engine makes at open before it trusts
 //! a log root (`txn::log`): every block as its parent names it, every item
 //! through the checker, everything it names inside block groups of the
-//! last commit and free there, the data under its checksums. `check`
-//! reports its verdict: a pending log and what it would replay, a root
-//! that did not reach the disk whole (a warning: an fsync that never
-//! returned), and a root that is wrong as written (a problem).
+//! last commit and free there, the data under its checksums. Then the
+//! replay itself (`fs::log`), which leaves out the inodes it cannot use
+//! and says why. `check` reports a pending log and what it would replay,
+//! a root that did not reach the disk whole (a warning: an fsync that
+//! never returned), a root that is wrong as written, every inode replay
+//! would leave out, and a replay that would fail (problems).
 
 use super::Report;
 use crate::dev::Device;
@@ -15,10 +19,16 @@ use std::sync::Arc;
 /// Adds the verdict on the log `dev`'s superblock names, if any.
 pub(super) fn check_log(dev: Arc<dyn Device>, report: &mut Report) {
     let engine = match super::open_read_only(dev) {
-        Ok(e) => e,
+        Ok(e) => Arc::new(e),
         // The POSIX checks report an image that does not open.
         Err(_) => return,
     };
+    if engine.log_found().is_none() {
+        return;
+    }
+    if let Err(e) = crate::fs::Fs::new(engine.clone()) {
+        report.problem("fsync log", format!("replaying it fails: {e}"));
+    }
     let Some(v) = engine.log_found() else {
         return;
     };

@@ -85,7 +85,7 @@ fn bad(key: &Key, reason: impl Into<String>) -> Error {
 /// read (an item of a kind the log does not hold, no mode or inode item),
 /// is left out with an ERROR line: it keeps the last commit's state, and
 /// the rest of the log replays.
-fn read_log(tx: &Txn<'_>) -> Result<(BTreeMap<u64, Logged>, Csums)> {
+fn read_log(tx: &mut Txn<'_>) -> Result<(BTreeMap<u64, Logged>, Csums)> {
     let refused = tx.refused_log_inodes();
     let mut by_ino: BTreeMap<u64, Logged> = BTreeMap::new();
     let mut unreadable: BTreeMap<u64, Error> = BTreeMap::new();
@@ -104,17 +104,17 @@ fn read_log(tx: &Txn<'_>) -> Result<(BTreeMap<u64, Logged>, Csums)> {
             unreadable.insert(k.objectid, e);
         }
     }
-    for (ino, l) in &by_ino {
-        if !unreadable.contains_key(ino) && !is_complete(l) {
-            let e = bad(
-                &Key::new(*ino, LOG_INODE, 0),
-                "logged inode without its mode or inode item",
-            );
-            unreadable.insert(*ino, e);
+    for (&node, l) in &by_ino {
+        if unreadable.contains_key(&node) {
+            continue;
+        }
+        if let Err(why) = is_complete(node, l) {
+            unreadable.insert(node, bad(&Key::new(node, LOG_INODE, 0), why));
         }
     }
     for (node, e) in unreadable {
         tracing::error!(node, "replay leaves out an inode of the fsync log: {e}");
+        tx.note_replay_refusal(node, e.to_string());
         by_ino.remove(&node);
     }
     Ok((by_ino, csums))
@@ -142,13 +142,22 @@ fn add_item(l: &mut Logged, k: &Key, d: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Whether the log holds all replay needs of an inode.
-fn is_complete(l: &Logged) -> bool {
-    match l.mode {
-        Some(MODE_GONE) => true,
-        Some(MODE_FULL | MODE_NAMES) => l.inode.is_some(),
-        _ => false,
+/// Whether the log holds all replay needs of an inode (`node`, a node
+/// id): its mode, its inode item, and a name for an inode that says it
+/// has links (replay gives a logged inode exactly its logged names, so
+/// one logged without them would lose every name: a file deleted, a
+/// directory left with entries and no name).
+fn is_complete(node: u64, l: &Logged) -> std::result::Result<(), &'static str> {
+    let item = match (l.mode, &l.inode) {
+        (Some(MODE_GONE), _) => return Ok(()),
+        (Some(MODE_FULL | MODE_NAMES), Some(item)) => item,
+        _ => return Err("logged inode without its mode or inode item"),
+    };
+    let (_, ino) = crate::fs::split_node(node);
+    if ino != ROOT_DIR_INO && item.nlink > 0 && l.refs.is_empty() {
+        return Err("logged inode with links but no names");
     }
+    Ok(())
 }
 
 fn apply(tx: &mut Txn<'_>, tree: u64, logged: BTreeMap<u64, Logged>, csums: &Csums) -> Result<()> {
@@ -271,6 +280,8 @@ fn restore_names(
                     parent,
                     "logged name in a directory that does not exist"
                 );
+                let why = format!("logged name in directory {parent}, which does not exist");
+                tx.note_replay_refusal(crate::fs::node_id(tree, ino), why);
                 continue;
             }
         }
@@ -280,6 +291,8 @@ fn restore_names(
                 // Subvolume links change only in commits: the log cannot
                 // have seen this name free.
                 tracing::error!(ino, parent, "logged name held by a subvolume");
+                let why = format!("logged name in directory {parent} held by a subvolume");
+                tx.note_replay_refusal(crate::fs::node_id(tree, ino), why);
                 continue;
             }
             dir::remove(tx, tree, parent, &e.name)?;
@@ -302,8 +315,13 @@ fn recount_links(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
     let names = dir::refs_of(tx, &root, ino)?.len();
     let nameless = names == 0 && ino != ROOT_DIR_INO;
     if nameless && is_dir(inode.mode) && !dir::is_empty(tx, &root, ino)? {
-        tracing::error!(ino, "log replay left a directory with entries and no name");
-        return Ok(());
+        // Committing this would leak the directory and all below it: the
+        // replay fails instead, nothing of it reaches the disk, and the
+        // log stays for `nologreplay` or `canopy check` to look at.
+        return Err(Error::corrupt(
+            ino,
+            "log replay would leave a directory with entries and no name",
+        ));
     }
     // Named again, or deleted now: either way no longer an orphan.
     let orphan = crate::fs::ops::orphan_key(ino);

@@ -243,6 +243,20 @@ impl Txn<'_> {
             .unwrap_or_default()
     }
 
+    /// Records that replay leaves out `node` of the pending log, for a
+    /// reason only replay can see (an item it cannot use, a name it may
+    /// not give): [`Engine::log_found`] then names it beside the inodes
+    /// the examination at open refused, so `canopy check`, which runs the
+    /// same replay in memory, reports exactly what replay leaves out.
+    pub fn note_replay_refusal(&mut self, node: u64, reason: String) {
+        let Some(v) = self.st.log_found.as_mut() else {
+            return;
+        };
+        if v.skipped.iter().all(|s| s.node != node) {
+            v.skipped.push(SkippedInode { node, reason });
+        }
+    }
+
     /// Claims a data extent the pending log names and no extent item
     /// records: it becomes an extent of the running transaction, which
     /// the items the replay inserts then reference. Extents the extent
