@@ -27,8 +27,14 @@
 //! - every item of every leaf, by the item checker ([`crate::format::checker`]);
 //! - with quotas on, every quota group's numbers against a count made
 //!   from scratch, and memberships recorded both ways;
-//! - a pending fsync log, examined as replay would before trusting it
-//!   (`log`): what it would replay, or why a root cannot be.
+//! - a pending fsync log, replayed in memory exactly as a mount would
+//!   (`log`): what it would replay, which inodes it would leave out and
+//!   why, or why a root cannot be replayed;
+//! - only with [`check_data_sums`] (`--check-data-csum`): file data
+//!   itself, every sector read and compared with its checksum, as scrub
+//!   does. Without it the data is never read: check proves each data
+//!   extent has its checksums, and a flipped data sector is scrub's to
+//!   find.
 
 mod log;
 mod posix;
@@ -123,4 +129,48 @@ pub fn check_all(dev: Arc<dyn Device>, progress: &dyn Fn(u64, u64)) -> Result<Re
         quota::check_quota(dev, &mut report);
     }
     Ok(report)
+}
+
+/// Reads every data extent (and tree block) of a structurally sound image
+/// and compares it with its checksums (`canopy::scrub`, offline and
+/// unthrottled), adding a problem for each bad sector, each file it
+/// reaches, and each extent without checksums.
+pub fn check_data_sums(dev: Arc<dyn Device>, report: &mut Report) {
+    let engine = match open_read_only(dev) {
+        Ok(e) => e,
+        Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),
+    };
+    let pace = crate::scrub::Pace { throttle: false };
+    let scrubbed = match crate::scrub::run(&engine, &crate::scrub::Control::default(), pace) {
+        Ok(r) => r,
+        Err(e) => return report.problem("data", format!("cannot read: {e}")),
+    };
+    for b in &scrubbed.bad_tree_blocks {
+        report.problem(
+            format!("tree block {} (tree {})", b.bytenr, b.tree),
+            &b.error,
+        );
+    }
+    for s in &scrubbed.bad_data_sectors {
+        report.problem(format!("data sector {s}"), "checksum mismatch");
+    }
+    let files = scrubbed.damaged_files.iter().map(|f| (f, "damaged data"));
+    let unsummed = scrubbed
+        .unsummed_files
+        .iter()
+        .map(|f| (f, "data without checksums"));
+    for (f, what) in files.chain(unsummed) {
+        let ranges: Vec<String> = f.ranges.iter().map(|(s, e)| format!("{s}..{e}")).collect();
+        report.problem(
+            format!(
+                "file {} (inode {})",
+                f.path.as_deref().unwrap_or("(no path)"),
+                f.ino
+            ),
+            format!("{what} at bytes {}", ranges.join(", ")),
+        );
+    }
+    for e in &scrubbed.errors {
+        report.problem("data", e);
+    }
 }

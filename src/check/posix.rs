@@ -6,14 +6,26 @@
 //! deletion. Subvolume links: every entry naming a subvolume has its
 //! ROOT_REF and ROOT_BACKREF with the same directory, name and index, and
 //! every subvolume has exactly one link.
+//!
+//! And what a read will rely on, as the mount would meet it: inode
+//! numbers a node id can carry (`fs::LAST_LOCAL_INO`), in items and in
+//! entries; a symlink's data covering exactly its size, inline without a
+//! NUL; compressed inline extents that decode with their codec; every
+//! regular data extent covered exactly by one checksum item, and no
+//! checksum item for anything else.
 
 use super::Report;
 use crate::dev::Device;
 use crate::format::inode::{extref_hash, DirEntry, InodeItem, ROOT_DIR_INO};
-use crate::format::key_type::{
-    DIR_INDEX, DIR_ITEM, INODE_EXTREF, INODE_ITEM, INODE_REF, ORPHAN_ITEM, ROOT_BACKREF, ROOT_REF,
+use crate::format::items::{
+    ExtentItem, FileExtentItem, COMPRESS_NONE, FILE_EXTENT_INLINE, FILE_EXTENT_REG,
 };
-use crate::format::{tree_id, Key};
+use crate::format::key_type::{
+    DIR_INDEX, DIR_ITEM, EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, INODE_EXTREF, INODE_ITEM,
+    INODE_REF, ORPHAN_ITEM, ROOT_BACKREF, ROOT_REF, XATTR_ITEM,
+};
+use crate::format::{tree_id, Key, CSUM_OBJECTID, SECTORSIZE};
+use crate::fs::LAST_LOCAL_INO;
 use crate::tree::Cursor;
 use crate::Engine;
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,6 +34,11 @@ use std::sync::Arc;
 #[derive(Default)]
 struct Inode {
     item: Option<InodeItem>,
+    /// For a symlink: how far its data covers from offset 0 without a
+    /// gap (its size at least: an extent ends on a sector), and whether
+    /// an inline piece holds a NUL.
+    link_covered: u64,
+    link_nul: bool,
     /// Names pointing at it (DIR_ITEM entries).
     names: u32,
     subdirs: u32,
@@ -37,14 +54,79 @@ pub(super) fn check_trees(dev: Arc<dyn Device>, report: &mut Report) {
     };
     let ids = engine.read(|r| Ok(r.tree_ids())).unwrap_or_default();
     let mut links = Links::new();
+    let mut summed = Summed::new();
     for id in ids.iter().copied().filter(|&i| tree_id::is_shareable(i)) {
-        if let Err(e) = check_tree(&engine, id, &mut links, report) {
+        if let Err(e) = check_tree(&engine, id, (&mut links, &mut summed), report) {
             report.problem(format!("tree {id}"), e.to_string());
         }
     }
     if let Err(e) = check_links(&engine, &ids, &links, report) {
         report.problem("root tree", e.to_string());
     }
+    if let Err(e) = check_sums(&engine, &summed, report) {
+        report.problem("checksum tree", e.to_string());
+    }
+}
+
+/// Data extents reads verify against checksums: address → (length, one
+/// holder as `tree {t} inode {i}`).
+type Summed = BTreeMap<u64, (u64, String)>;
+
+/// Whether the extent tree records a data extent at `bytenr`.
+fn is_data_extent(r: &crate::txn::Reader<'_>, bytenr: u64) -> crate::Result<bool> {
+    let c = Cursor::seek(
+        r,
+        &r.root(tree_id::EXTENT)?,
+        &Key::new(bytenr, EXTENT_ITEM, 0),
+    )?;
+    let Some(it) = c
+        .item()
+        .filter(|i| i.key.objectid == bytenr && i.key.ty == EXTENT_ITEM)
+    else {
+        return Ok(false);
+    };
+    Ok(ExtentItem::decode(&it.data).is_ok_and(|e| !e.is_tree_block()))
+}
+
+/// Every regular data extent has exactly one checksum item, keyed at its
+/// address, with one sum per sector (a read of a sector without one is
+/// EIO); every checksum item belongs to such an extent.
+fn check_sums(engine: &Engine, summed: &Summed, report: &mut Report) -> crate::Result<()> {
+    let mut seen = BTreeSet::new();
+    engine.read(|r| {
+        let mut c = Cursor::seek(r, &r.root(tree_id::CSUM)?, &Key::MIN)?;
+        while let Some(it) = c.item() {
+            let k = it.key;
+            if k.objectid == CSUM_OBJECTID && k.ty == EXTENT_CSUM {
+                let sectors = (it.data.len() / 4) as u64;
+                match summed.get(&k.offset) {
+                    Some((len, holder)) if sectors * u64::from(SECTORSIZE) != *len => {
+                        report.problem(
+                            format!("data extent {} of {holder}", k.offset),
+                            format!("{sectors} sector checksums for an extent of {len} bytes"),
+                        );
+                    }
+                    Some(_) => {}
+                    // A data extent only a deleted subvolume still holds
+                    // (the cleaner has yet to drop it) keeps its sums.
+                    None if is_data_extent(r, k.offset)? => {}
+                    None => {
+                        report.problem(format!("checksum item {k}"), "checksums of no data extent")
+                    }
+                }
+                seen.insert(k.offset);
+            }
+            c.next(r)?;
+        }
+        Ok(())
+    })?;
+    for (bytenr, (len, holder)) in summed.iter().filter(|(b, _)| !seen.contains(*b)) {
+        report.problem(
+            format!("data extent {bytenr} of {holder}"),
+            format!("{len} bytes without checksums (reads of it fail)"),
+        );
+    }
+    Ok(())
 }
 
 /// Subvolume links: (parent tree, subvolume, directory, name, index).
@@ -120,7 +202,7 @@ fn check_links(
 fn check_tree(
     engine: &Engine,
     tree: u64,
-    links: &mut Links,
+    (links, summed): (&mut Links, &mut Summed),
     report: &mut Report,
 ) -> crate::Result<()> {
     let mut scan = TreeScan::new(tree);
@@ -129,6 +211,9 @@ fn check_tree(
         let mut c = Cursor::seek(r, &root, &Key::MIN)?;
         while let Some(it) = c.item() {
             scan.note(it.key, &it.data, links, report);
+            if it.key.ty == EXTENT_DATA {
+                scan.note_extent(it.key, &it.data, summed, report);
+            }
             c.next(r)?;
         }
         Ok(())
@@ -163,6 +248,21 @@ impl TreeScan {
 
     fn note(&mut self, k: Key, data: &[u8], links: &mut Links, report: &mut Report) {
         let loc = || format!("tree {} item {k}", self.tree);
+        let of_inode = [
+            INODE_ITEM,
+            INODE_REF,
+            INODE_EXTREF,
+            DIR_ITEM,
+            DIR_INDEX,
+            XATTR_ITEM,
+            EXTENT_DATA,
+        ];
+        if of_inode.contains(&k.ty) && k.objectid > LAST_LOCAL_INO {
+            report.problem(
+                loc(),
+                format!("inode number above {LAST_LOCAL_INO}, the last a subvolume has"),
+            );
+        }
         match k.ty {
             INODE_ITEM => match InodeItem::decode(data) {
                 Ok(i) => self.inodes.entry(k.objectid).or_default().item = Some(i),
@@ -183,6 +283,12 @@ impl TreeScan {
                         if e.is_subvolume() {
                             links.insert((self.tree, e.ino, k.objectid, e.name.clone(), e.index));
                             continue;
+                        }
+                        if e.ino > LAST_LOCAL_INO {
+                            report.problem(
+                                loc(),
+                                format!("entry names inode {}, above {LAST_LOCAL_INO}", e.ino),
+                            );
                         }
                         self.inodes.entry(e.ino).or_default().names += 1;
                         self.named.insert((e.ino, k.objectid, e.name.clone()));
@@ -213,6 +319,41 @@ impl TreeScan {
                 self.orphans.insert(k.offset);
             }
             _ => {}
+        }
+    }
+
+    /// A file extent item: what a read of it will need (checksums, a
+    /// codec that decodes it, a symlink's whole target).
+    fn note_extent(&mut self, k: Key, data: &[u8], summed: &mut Summed, report: &mut Report) {
+        let loc = || format!("tree {} item {k}", self.tree);
+        let Ok(fe) = FileExtentItem::decode(data) else {
+            // The item checker reports it.
+            return;
+        };
+        let holder = || format!("tree {} inode {}", self.tree, k.objectid);
+        if fe.kind == FILE_EXTENT_REG && fe.disk_bytenr != 0 {
+            summed
+                .entry(fe.disk_bytenr)
+                .or_insert_with(|| (fe.disk_num_bytes, holder()));
+        }
+        let inline = fe.kind == FILE_EXTENT_INLINE;
+        if inline && fe.compression != COMPRESS_NONE {
+            if let Err(e) = crate::compress::decode(fe.compression, &fe.inline_data, fe.ram_bytes) {
+                report.problem(loc(), format!("inline extent does not decode: {e}"));
+            }
+        }
+        let Some(i) = self.inodes.get_mut(&k.objectid) else {
+            return;
+        };
+        if i.item.as_ref().map(|i| i.mode & libc::S_IFMT) != Some(libc::S_IFLNK) {
+            return;
+        }
+        let len = if inline { fe.ram_bytes } else { fe.num_bytes };
+        if k.offset == i.link_covered && (inline || fe.disk_bytenr != 0) {
+            i.link_covered = i.link_covered.saturating_add(len);
+        }
+        if inline && fe.compression == COMPRESS_NONE && fe.inline_data.contains(&0) {
+            i.link_nul = true;
         }
     }
 
@@ -248,6 +389,19 @@ impl TreeScan {
                 report.problem(
                     &loc,
                     format!("{} entries by name but {} by index", i.entries, i.indexes),
+                );
+            }
+            if item.mode & libc::S_IFMT == libc::S_IFLNK
+                && (i.link_covered < item.size || i.link_nul)
+            {
+                report.problem(
+                    &loc,
+                    format!(
+                        "symlink of {} bytes whose data does not match (covers {}{})",
+                        item.size,
+                        i.link_covered,
+                        if i.link_nul { ", holds a NUL" } else { "" }
+                    ),
                 );
             }
             let is_dir = item.mode & libc::S_IFMT == libc::S_IFDIR;

@@ -14,6 +14,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 /// A tree block as found by the walk.
 pub(super) struct FoundBlock {
     pub level: u8,
+    /// As its header says (the parent's record of it is checked apart).
+    pub generation: u64,
     pub owner: u64,
     pub holders: Vec<RefHolder>,
 }
@@ -252,6 +254,7 @@ impl Walker<'_> {
             bytenr,
             FoundBlock {
                 level: node.level,
+                generation: node.generation,
                 owner: node.owner,
                 holders: vec![holder],
             },

@@ -18,7 +18,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::inode::DirEntry;
-use crate::format::items::{ExtentItem, FileExtentItem, FILE_EXTENT_INLINE};
+use crate::format::items::{ExtentItem, FileExtentItem, FILE_EXTENT_INLINE, FILE_EXTENT_PREALLOC};
 use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, INODE_REF};
 use crate::format::tree_id::{EXTENT, FS};
 use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
@@ -94,12 +94,21 @@ pub struct Report {
     pub tree_blocks: u64,
     pub data_extents: u64,
     pub data_bytes: u64,
-    /// Data extents with no checksums to compare (preallocated space).
+    /// Data extents with no checksums to compare: preallocated space,
+    /// which holds no data yet.
     pub unchecked_extents: u64,
     pub bad_tree_blocks: Vec<BadBlock>,
     /// Damaged data sectors, by device address.
     pub bad_data_sectors: Vec<u64>,
     pub damaged_files: Vec<DamagedFile>,
+    /// Data extents files read that have no checksum item (reads of them
+    /// fail), by device address: damage of the checksum tree, not of the
+    /// data, reported apart from mismatches.
+    #[serde(default)]
+    pub unsummed_extents: Vec<u64>,
+    /// The files those extents belong to.
+    #[serde(default)]
+    pub unsummed_files: Vec<DamagedFile>,
     /// Why parts could not be scrubbed at all (the extent tree unreadable).
     pub errors: Vec<String>,
     pub cancelled: bool,
@@ -110,6 +119,7 @@ impl Report {
     pub fn is_clean(&self) -> bool {
         self.bad_tree_blocks.is_empty()
             && self.bad_data_sectors.is_empty()
+            && self.unsummed_extents.is_empty()
             && self.errors.is_empty()
     }
 }
@@ -148,6 +158,10 @@ pub fn run(engine: &Engine, ctl: &Control, pace: Pace) -> Result<Report> {
     }
     if !report.bad_data_sectors.is_empty() {
         report.damaged_files = engine.read(|r| damaged_files(r, &report.bad_data_sectors))?;
+    }
+    if !report.unsummed_extents.is_empty() {
+        let starts = report.unsummed_extents.clone();
+        report.unsummed_files = engine.read(|r| files_of_extents(r, &starts))?;
     }
     report.seconds = started.elapsed().as_secs_f64();
     crate::sync::lock(&ctl.progress).finished = true;
@@ -217,7 +231,12 @@ fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Res
         &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr),
     )?
     else {
-        report.unchecked_extents += 1;
+        if is_preallocated(r, bytenr)? {
+            report.unchecked_extents += 1;
+        } else {
+            tracing::error!(bytenr, "scrub: data extent without checksums");
+            report.unsummed_extents.push(bytenr);
+        }
         return Ok(len);
     };
     let mut buf = vec![0u8; len.min(READ_CHUNK) as usize];
@@ -240,6 +259,91 @@ fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Res
         at += n as u64;
     }
     Ok(len)
+}
+
+/// Whether the data extent at `bytenr` is preallocated space: writes
+/// into such space go elsewhere (copy on write), so an extent is
+/// preallocated for every holder or for none, and one holder tells.
+/// Anything unreadable on the way answers no, and the extent is reported.
+fn is_preallocated(r: &Reader<'_>, bytenr: u64) -> Result<bool> {
+    let extents = r.root(EXTENT)?;
+    let mut leaf = None;
+    crate::extent::for_each_backref(r, &extents, bytenr, |holder, _| {
+        if let crate::txn::RefHolder::DataLeaf(at) = holder {
+            leaf = Some(at);
+            return Ok(std::ops::ControlFlow::Break(()));
+        }
+        Ok(std::ops::ControlFlow::Continue(()))
+    })?;
+    let Some(leaf) = leaf else { return Ok(false) };
+    let Ok(Some(item)) = r.get(
+        EXTENT,
+        &Key::new(
+            leaf,
+            EXTENT_ITEM,
+            crate::tree::BlockRead::nodesize(r) as u64,
+        ),
+    ) else {
+        return Ok(false);
+    };
+    let Ok(generation) = ExtentItem::decode(&item).map(|e| e.generation) else {
+        return Ok(false);
+    };
+    let Ok(node) = crate::tree::BlockRead::read_node(r, leaf, generation) else {
+        return Ok(false);
+    };
+    let crate::format::node::Body::Leaf(items) = &node.body else {
+        return Ok(false);
+    };
+    Ok(items
+        .iter()
+        .filter(|it| it.key.ty == EXTENT_DATA)
+        .filter_map(|it| FileExtentItem::decode(&it.data).ok())
+        .find(|fe| fe.disk_extent().is_some_and(|(b, _)| b == bytenr))
+        .is_some_and(|fe| fe.kind == FILE_EXTENT_PREALLOC))
+}
+
+/// The files whose extents start at `starts`, with the byte ranges of
+/// each that the extent holds.
+fn files_of_extents(r: &Reader<'_>, starts: &[u64]) -> Result<Vec<DamagedFile>> {
+    let starts: std::collections::BTreeSet<u64> = starts.iter().copied().collect();
+    let mut ranges: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut c = r.cursor(FS, &Key::MIN)?;
+    while let Some(it) = c.item() {
+        if it.key.ty == EXTENT_DATA {
+            if let Ok(fe) = FileExtentItem::decode(&it.data) {
+                if fe.disk_extent().is_some_and(|(b, _)| starts.contains(&b)) {
+                    let at = it.key.offset;
+                    ranges
+                        .entry(it.key.objectid)
+                        .or_default()
+                        .push((at, at.saturating_add(fe.num_bytes)));
+                }
+            }
+        }
+        c.next(r)?;
+    }
+    Ok(ranges
+        .into_iter()
+        .map(|(ino, rs)| DamagedFile {
+            ino,
+            path: path_of(r, ino),
+            ranges: merge(rs),
+        })
+        .collect())
+}
+
+/// Sorted, overlapping and touching ranges joined.
+fn merge(mut rs: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    rs.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in rs {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    merged
 }
 
 /// The files whose extents cover the bad sectors, with the byte ranges.
@@ -279,20 +383,10 @@ fn damaged_files(r: &Reader<'_>, bad: &[u64]) -> Result<Vec<DamagedFile>> {
     }
     Ok(ranges
         .into_iter()
-        .map(|(ino, mut rs)| {
-            rs.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::new();
-            for (s, e) in rs {
-                match merged.last_mut() {
-                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                    _ => merged.push((s, e)),
-                }
-            }
-            DamagedFile {
-                ino,
-                path: path_of(r, ino),
-                ranges: merged,
-            }
+        .map(|(ino, rs)| DamagedFile {
+            ino,
+            path: path_of(r, ino),
+            ranges: merge(rs),
         })
         .collect())
 }

@@ -13,6 +13,12 @@ pub struct Args {
     /// Do not show a progress bar.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Also read every data extent and verify it against its checksums,
+    /// as `canopy scrub` does. Without it, check reads metadata only: it
+    /// proves every data extent has its checksums, but a flipped data
+    /// sector is found only by reading it (scrub, or this option).
+    #[arg(long)]
+    check_data_csum: bool,
     /// Unmounted image file, block device or rbd:POOL/IMAGE.
     #[arg(value_parser = crate::image_arg())]
     image: Source,
@@ -40,7 +46,13 @@ pub fn run(a: Args) -> ExitCode {
             b.set_position(done);
         }
     };
-    let report = canopy::check::check_all(std::sync::Arc::from(dev), &progress);
+    let dev: std::sync::Arc<dyn canopy::dev::Device> = std::sync::Arc::from(dev);
+    let report = canopy::check::check_all(dev.clone(), &progress).map(|mut r| {
+        if a.check_data_csum && r.is_clean() {
+            canopy::check::check_data_sums(dev, &mut r);
+        }
+        r
+    });
     if let Some(b) = &bar {
         b.finish_and_clear();
     }

@@ -77,8 +77,10 @@ enum Command {
     Mkfs(mkfs::Args),
     /// Mount an image through FUSE (daemonizes unless -f).
     Mount(mount::Args),
-    /// Check an unmounted image read-only: checksums, trees, reference
-    /// counts and free space.
+    /// Check an unmounted image read-only: tree block checksums, trees,
+    /// items, reference counts, free space, names and links, checksum
+    /// coverage, quotas and a pending fsync log. File data is read only
+    /// with --check-data-csum (scrub reads it too).
     Check(check::Args),
     /// Read back every tree block and data extent and verify its checksum,
     /// on an unmounted image or a mount point; lists damaged files.

@@ -267,6 +267,18 @@ fn print_report(path: &dyn Display, r: &Report) {
             ranges.join(", ")
         );
     }
+    for b in &r.unsummed_extents {
+        println!("ERROR data extent at {b}: no checksums (reads of it fail)");
+    }
+    for f in &r.unsummed_files {
+        let ranges: Vec<String> = f.ranges.iter().map(|(s, e)| format!("{s}..{e}")).collect();
+        println!(
+            "file without checksums {} (inode {}): bytes {}",
+            f.path.as_deref().unwrap_or("(no path)"),
+            f.ino,
+            ranges.join(", ")
+        );
+    }
     for e in &r.errors {
         println!("ERROR {e}");
     }
@@ -282,10 +294,12 @@ fn print_report(path: &dyn Display, r: &Report) {
             "no damage found".to_string()
         } else {
             format!(
-                "{} damaged tree blocks, {} damaged data sectors, {} damaged files",
+                "{} damaged tree blocks, {} damaged data sectors, {} damaged files, \
+                 {} data extents without checksums",
                 r.bad_tree_blocks.len(),
                 r.bad_data_sectors.len(),
-                r.damaged_files.len()
+                r.damaged_files.len(),
+                r.unsummed_extents.len()
             )
         }
     );

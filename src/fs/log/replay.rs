@@ -304,6 +304,26 @@ fn restore_names(
     Ok(())
 }
 
+/// Gives directory `ino` back a name the last commit gave it, where that
+/// name is free and its directory still is one; the directory it is
+/// named in, if it got one.
+fn restore_committed_name(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<Option<u64>> {
+    let Some(committed) = tx.committed_root(tree) else {
+        return Ok(None);
+    };
+    for e in dir::refs_of(tx, &committed, ino)? {
+        let parent_is_dir = matches!(load_inode_tx(tx, tree, e.ino), Ok(p) if is_dir(p.mode));
+        let root = tx.root_of(tree)?;
+        if e.ino == ino || !parent_is_dir || dir::lookup(tx, &root, e.ino, &e.name)?.is_some() {
+            continue;
+        }
+        let kind = crate::fs::dtype(libc::S_IFDIR);
+        dir::add_at(tx, tree, e.ino, &e.name, ino, kind, e.index)?;
+        return Ok(Some(e.ino));
+    }
+    Ok(None)
+}
+
 /// Pass 4: a file's link count is its number of names, and with none it
 /// goes; a directory's is 2 plus its subdirectories.
 fn recount_links(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
@@ -315,13 +335,24 @@ fn recount_links(tx: &mut Txn<'_>, tree: u64, ino: u64) -> Result<()> {
     let names = dir::refs_of(tx, &root, ino)?.len();
     let nameless = names == 0 && ino != ROOT_DIR_INO;
     if nameless && is_dir(inode.mode) && !dir::is_empty(tx, &root, ino)? {
-        // Committing this would leak the directory and all below it: the
-        // replay fails instead, nothing of it reaches the disk, and the
-        // log stays for `nologreplay` or `canopy check` to look at.
-        return Err(Error::corrupt(
-            ino,
-            "log replay would leave a directory with entries and no name",
-        ));
+        // Committing this would leak the directory and all below it: it
+        // gets back the name the last commit gave it.
+        let Some(parent) = restore_committed_name(tx, tree, ino)? else {
+            // No such name is free: the replay fails, nothing of it
+            // reaches the disk, and the log stays for `nologreplay`,
+            // `canopy check` or `rescue zero-log`.
+            return Err(Error::corrupt(
+                ino,
+                "log replay would leave a directory with entries and no name",
+            ));
+        };
+        tracing::error!(ino, "log replay keeps a directory's committed name");
+        let why = "its logged names would leave a directory with entries and no name; \
+                   it keeps its committed name"
+            .to_string();
+        tx.note_replay_refusal(crate::fs::node_id(tree, ino), why);
+        recount_links(tx, tree, parent)?;
+        return recount_links(tx, tree, ino);
     }
     // Named again, or deleted now: either way no longer an orphan.
     let orphan = crate::fs::ops::orphan_key(ino);
