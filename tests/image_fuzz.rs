@@ -14,7 +14,9 @@
 //! - block header generation, owner, level, nritems, flags;
 //! - a block's generation with its parent pointer patched to match;
 //! - child pointers of internal nodes (address, generation, key);
-//! - whole blocks copied over others (address field fixed).
+//! - whole blocks copied over others (address field fixed);
+//! - a name's directory index changed everywhere it is recorded (index
+//!   key, entries, back-reference), so the items agree with each other.
 //!
 //! Then the oracle: `check::check_all` on the result. If it calls the
 //! image clean, (a) a read-only open and a walk of everything reachable
@@ -24,7 +26,8 @@
 //! listing may return more entries than the directory's index items (and
 //! the log's items) allow, repeat a name, or fail to advance its offset.
 //! A panic, a hang (120 s) or an allocation over 256 MiB fails the test
-//! in every mode.
+//! in every mode. A data checksum mismatch alone is reported but passes:
+//! `check` does not read file data (scrub does).
 //!
 //! Environment: `CANOPY_FUZZ_SEED` (the first case's seed; each case
 //! prints the seed that reruns it alone with `CANOPY_FUZZ_CASES=1`),
@@ -213,10 +216,11 @@ enum Kind {
     GenerationWithParent,
     ChildPtr,
     BlockSwap,
+    Renumber,
 }
 
 /// Kinds and their weights.
-const KINDS: [(Kind, u64); 11] = [
+const KINDS: [(Kind, u64); 12] = [
     (Kind::ItemField, 5),
     (Kind::KeyField, 4),
     (Kind::KeyOrder, 1),
@@ -228,6 +232,7 @@ const KINDS: [(Kind, u64); 11] = [
     (Kind::GenerationWithParent, 1),
     (Kind::ChildPtr, 2),
     (Kind::BlockSwap, 1),
+    (Kind::Renumber, 2),
 ];
 
 fn pick_weighted<T: Copy>(rng: &mut Rng, choices: &[(T, u64)]) -> Option<T> {
@@ -306,6 +311,7 @@ fn mutate_one(img: &mut [u8], blocks: &[Block], kind: Kind, rng: &mut Rng) -> Op
         Kind::Header => {
             let b = pick_block(rng, blocks, |_| true)?;
             let at = b.addr as usize;
+            let before = img[at..at + HEADER_SIZE].to_vec();
             let what = match rng.below(5) {
                 0 => {
                     let old = get_u64(img, at + OFF_GENERATION);
@@ -340,6 +346,9 @@ fn mutate_one(img: &mut [u8], blocks: &[Block], kind: Kind, rng: &mut Rng) -> Op
                     format!("header flags {old:#x} -> {v:#x}")
                 }
             };
+            if img[at..at + HEADER_SIZE] == before[..] {
+                return None;
+            }
             reseal(img, b.addr);
             Some(format!("{}: {what}", block_name(b)))
         }
@@ -408,6 +417,7 @@ fn mutate_one(img: &mut [u8], blocks: &[Block], kind: Kind, rng: &mut Rng) -> Op
             reseal(img, b.addr);
             Some(format!("{}: {what}", block_name(b)))
         }
+        Kind::Renumber => renumber(img, blocks, rng),
         Kind::BlockSwap => {
             let dst = pick_block(rng, blocks, |_| true)?;
             let src = if rng.below(2) == 0 {
@@ -428,6 +438,103 @@ fn mutate_one(img: &mut [u8], blocks: &[Block], kind: Kind, rng: &mut Rng) -> Op
             ))
         }
     }
+}
+
+/// The entries of a directory item, directory index or inode
+/// back-reference: (start in the data, inode, index, name).
+fn entries(data: &[u8]) -> Vec<(usize, u64, u64, Vec<u8>)> {
+    let mut out = vec![];
+    let mut at = 0;
+    while at + 19 <= data.len() {
+        let ino = u64::from_le_bytes(data[at..at + 8].try_into().expect("8"));
+        let index = u64::from_le_bytes(data[at + 9..at + 17].try_into().expect("8"));
+        let len = usize::from(u16::from_le_bytes([data[at + 17], data[at + 18]]));
+        let Some(name) = data.get(at + 19..at + 19 + len) else {
+            break;
+        };
+        out.push((at, ino, index, name.to_vec()));
+        at += 19 + len;
+    }
+    out
+}
+
+const NAMED: [u8; 4] = [DIR_ITEM, DIR_INDEX, INODE_REF, INODE_EXTREF];
+
+/// One name given another directory index everywhere it is recorded in
+/// its tree (the directory item, the index item's key and entry, the
+/// inode's back-reference), so the items still agree: an index at the
+/// end of the range, past it, or colliding.
+fn renumber(img: &mut [u8], blocks: &[Block], rng: &mut Rng) -> Option<String> {
+    let b = pick_block(rng, blocks, |b| b.is_file_leaf())?;
+    let node = node_at(img, b.addr)?;
+    let named: Vec<_> = node
+        .items()
+        .iter()
+        .filter(|i| NAMED.contains(&i.key.ty))
+        .collect();
+    let it = named.get(rng.below(named.len().max(1) as u64) as usize)?;
+    let (_, ino, old, name) = entries(&it.data).into_iter().next()?;
+    // (directory, inode) of the name.
+    let (dir, child) = if it.key.ty == DIR_ITEM || it.key.ty == DIR_INDEX {
+        (it.key.objectid, ino)
+    } else {
+        (ino, it.key.objectid)
+    };
+    let v = match rng.below(10) {
+        0 => (1 << 62) - 2,
+        1 => (1 << 62) - 1,
+        2 => 1 << 62,
+        3 => 1 << 63,
+        4 => u64::MAX,
+        5 => u64::from(u32::MAX) + 1,
+        6 => old + 1,
+        7 => 2,
+        8 => 1,
+        _ => rng.next(),
+    };
+    let mut touched = 0;
+    for o in blocks.iter().filter(|o| o.level == 0 && o.tree == b.tree) {
+        let Some(mut n) = node_at(img, o.addr) else {
+            continue;
+        };
+        let Body::Leaf(items) = &mut n.body else {
+            continue;
+        };
+        let mut changed = false;
+        for item in items.iter_mut().filter(|i| NAMED.contains(&i.key.ty)) {
+            let on_dir = item.key.ty == DIR_ITEM || item.key.ty == DIR_INDEX;
+            for (at, ino, index, nm) in entries(&item.data) {
+                let pair = if on_dir {
+                    (item.key.objectid, ino)
+                } else {
+                    (ino, item.key.objectid)
+                };
+                if pair != (dir, child) || nm != name || index != old {
+                    continue;
+                }
+                item.data[at + 9..at + 17].copy_from_slice(&v.to_le_bytes());
+                if item.key.ty == DIR_INDEX {
+                    item.key.offset = v;
+                }
+                changed = true;
+                touched += 1;
+            }
+        }
+        if changed {
+            items.sort_by_key(|i| i.key);
+            items.dedup_by_key(|i| i.key);
+            if !store(img, &n) {
+                return None;
+            }
+        }
+    }
+    (touched > 0).then(|| {
+        format!(
+            "{}: {:?} (inode {child} in directory {dir}) index {old} -> {v} in {touched} items",
+            tree_name(b.tree),
+            String::from_utf8_lossy(&name)
+        )
+    })
 }
 
 /// A decoded-item change to item `i` of a leaf, re-encoded sorted.
@@ -886,6 +993,30 @@ fn first_problem(r: &canopy::check::Report) -> String {
     })
 }
 
+/// A violation that the design allows for now: `check` does not read
+/// file data, so a data checksum that does not match is for scrub to
+/// find (issue 58 asks for `check --check-data-csum`). Reported, never
+/// failing the test.
+const DATA_CSUM: &str = "data-csum-mismatch (scrub's to find)";
+
+struct Verdicts<'a>(&'a mut Vec<(&'static str, String)>);
+
+impl Verdicts<'_> {
+    fn push(&mut self, kind: &'static str, what: String) {
+        self.0.push((kind, what));
+    }
+
+    /// One violation of `kind` for these messages, if any; of kind
+    /// `DATA_CSUM` if all of them are data checksum mismatches.
+    fn all(&mut self, kind: &'static str, msgs: &[String]) {
+        if msgs.is_empty() {
+            return;
+        }
+        let csum = msgs.iter().all(|m| m.contains("data checksum mismatch"));
+        self.push(if csum { DATA_CSUM } else { kind }, msgs.join(" | "));
+    }
+}
+
 fn run_case(images: &Images, seed: u64) -> CaseResult {
     let mut rng = Rng(seed | 1);
     let logged = rng.below(2) == 0;
@@ -928,50 +1059,40 @@ fn run_case(images: &Images, seed: u64) -> CaseResult {
         return res;
     }
     res.check_clean = true;
-    let v = &mut res.violations;
+    let mut v = Verdicts(&mut res.violations);
     // (a) Read-only: no EIO, no ERROR line.
     let dev = Arc::new(MemDevice::from_bytes(bad.clone()));
     match open(&dev, true) {
-        Err(e) => v.push(("ro-open-refused", e)),
+        Err(e) => v.push("ro-open-refused", e),
         Ok(fs) => {
             let mut out = Outcome::default();
             walk(&fs, &bounds, &mut out);
             drop(fs);
-            if !out.eio.is_empty() {
-                v.push(("ro-walk-eio", out.eio.join(" | ")));
-            }
+            v.all("ro-walk-eio", &out.eio);
             for (kind, what) in out.listing {
-                v.push((kind, what));
+                v.push(kind, what);
             }
         }
     }
-    let errors = take_errors();
-    if !errors.is_empty() {
-        v.push(("ro-error-logged", errors.join(" | ")));
-    }
+    v.all("ro-error-logged", &take_errors());
     // (b) Read-write: the exercise and a sync leave a clean image.
     let dev = Arc::new(MemDevice::from_bytes(bad));
     match open(&dev, false) {
-        Err(e) => v.push(("rw-open-refused", e)),
+        Err(e) => v.push("rw-open-refused", e),
         Ok(fs) => {
             let mut out = Outcome::default();
             exercise(&fs, &bounds, &mut out);
             if let Some(why) = fs.engine().shutdown_reason() {
-                v.push(("rw-shut-down", format!("{why:?}")));
+                v.push("rw-shut-down", format!("{why:?}"));
             }
             drop(fs);
-            if !out.eio.is_empty() {
-                v.push(("rw-eio", out.eio.join(" | ")));
-            }
-            let errors = take_errors();
-            if !errors.is_empty() {
-                v.push(("rw-error-logged", errors.join(" | ")));
-            }
+            v.all("rw-eio", &out.eio);
+            v.all("rw-error-logged", &take_errors());
             let copy = Arc::new(MemDevice::from_bytes(dev.snapshot()));
             match canopy::check::check_all(copy, &|_, _| {}) {
                 Ok(r) if r.is_clean() => {}
-                Ok(r) => v.push(("rw-made-damage", first_problem(&r))),
-                Err(e) => v.push(("rw-made-damage", format!("check failed: {e}"))),
+                Ok(r) => v.push("rw-made-damage", first_problem(&r)),
+                Err(e) => v.push("rw-made-damage", format!("check failed: {e}")),
             }
         }
     }
@@ -1163,6 +1284,7 @@ fn image_fuzz_oracle() {
     }
     assert!(fatal.is_empty(), "{} panics or hangs (above)", fatal.len());
     assert!(ran > 0);
+    violations.retain(|v| v.kind != DATA_CSUM);
     if !report_only {
         assert!(
             violations.is_empty(),
