@@ -7,8 +7,9 @@
 //! every xattr listed, then written to.
 //!
 //! Any panic, abort, hang or allocation sized by the disk fails the test:
-//! the watchdog fails it after [`HANG_SECS`], and the allocator below
-//! aborts the process on any single allocation over [`ALLOC_LIMIT`].
+//! the watchdog fails it after [`HANG_SECS`], and the allocator
+//! (`common::guard`) aborts the process on any single allocation over
+//! 256 MiB.
 //!
 //! `structure_aware_fuzz` runs for `CANOPY_FUZZ_SECS` seconds (a few by
 //! default; docs/testing.md describes the CPU-hour run). `corpus` replays
@@ -22,62 +23,18 @@ use canopy::format::node::{Body, Node};
 use canopy::fs::{Fs, Owner, SetAttr};
 use canopy::{Engine, Error, FormatOptions, OpenOptions};
 use common::Rng;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// No single allocation may come near the image's size (32 MiB): the
-/// largest legitimate one is a read buffer or the image copy itself.
-const ALLOC_LIMIT: usize = 256 << 20;
 const IMAGE_SIZE: u64 = 32 << 20;
 const NODESIZE: u32 = 4096;
 const HANG_SECS: u64 = 120;
 const ME: Owner = Owner { uid: 0, gid: 0 };
 
-struct Guard;
-
-// SAFETY: forwards to the system allocator; only refuses (by aborting) the
-// allocations the test forbids.
-unsafe impl GlobalAlloc for Guard {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() > ALLOC_LIMIT {
-            disk_sized(layout.size());
-        }
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if layout.size() > ALLOC_LIMIT {
-            disk_sized(layout.size());
-        }
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        if new > ALLOC_LIMIT {
-            disk_sized(new);
-        }
-        unsafe { System.realloc(ptr, layout, new) }
-    }
-}
-
-/// Reports without allocating, then aborts: an allocator may not unwind.
-fn disk_sized(size: usize) -> ! {
-    let mut msg = *b"FAIL: allocation of 0x0000000000000000 bytes sized by the disk\n";
-    let hex = b"0123456789abcdef";
-    for i in 0..16 {
-        msg[22 + i] = hex[(size >> (60 - 4 * i)) & 15];
-    }
-    // SAFETY: writing a stack buffer to stderr.
-    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
-    std::process::abort()
-}
-
 #[global_allocator]
-static GUARD: Guard = Guard;
+static GUARD: common::guard::Guard = common::guard::Guard;
 
 /// A filesystem holding every kind of thing the fs layer decodes: inline
 /// and extent files, a sparse file, short and long symlinks, hard links

@@ -51,6 +51,8 @@ pub fn reopen(dev: &Arc<MemDevice>, fs: canopy::fs::Fs) -> canopy::fs::Fs {
     canopy::fs::Fs::new(Arc::new(e)).expect("fs")
 }
 
+pub mod guard;
+pub mod images;
 pub mod model;
 pub mod mounted;
 pub mod paths;
