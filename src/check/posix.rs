@@ -9,8 +9,8 @@
 //!
 //! And what a read will rely on, as the mount would meet it: inode
 //! numbers a node id can carry (`fs::LAST_LOCAL_INO`), in items and in
-//! entries; a symlink's data covering exactly its size, inline without a
-//! NUL; compressed inline extents that decode with their codec; every
+//! entries; a symlink's data read as readlink reads it (filling its
+//! size, no NUL); compressed inline extents that decode with their codec; every
 //! regular data extent covered exactly by one checksum item, and no
 //! checksum item for anything else.
 
@@ -34,11 +34,6 @@ use std::sync::Arc;
 #[derive(Default)]
 struct Inode {
     item: Option<InodeItem>,
-    /// For a symlink: how far its data covers from offset 0 without a
-    /// gap (its size at least: an extent ends on a sector), and whether
-    /// an inline piece holds a NUL.
-    link_covered: u64,
-    link_nul: bool,
     /// Names pointing at it (DIR_ITEM entries).
     names: u32,
     subdirs: u32,
@@ -220,6 +215,7 @@ fn check_tree(
     })?;
     scan.report_names(report);
     scan.report_inodes(report);
+    scan.check_symlinks(engine, report);
     Ok(())
 }
 
@@ -233,7 +229,14 @@ struct TreeScan {
     /// child's back-references do.
     named: BTreeSet<(u64, u64, Vec<u8>)>,
     referenced: BTreeSet<(u64, u64, Vec<u8>)>,
+    /// Every entry as its DIR_ITEM and as its DIR_INDEX record it:
+    /// (directory, name, inode, type, index). A listing reads the index, a
+    /// lookup the name: the two must say the same.
+    by_name: BTreeSet<Entry>,
+    by_index: BTreeSet<Entry>,
 }
+
+type Entry = (u64, Vec<u8>, u64, u8, u64);
 
 impl TreeScan {
     fn new(tree: u64) -> TreeScan {
@@ -243,6 +246,8 @@ impl TreeScan {
             orphans: BTreeSet::new(),
             named: BTreeSet::new(),
             referenced: BTreeSet::new(),
+            by_name: BTreeSet::new(),
+            by_index: BTreeSet::new(),
         }
     }
 
@@ -275,6 +280,13 @@ impl TreeScan {
                         dir.entries += entries.len() as u64;
                     } else {
                         dir.indexes += entries.len() as u64;
+                    }
+                    let set = match k.ty {
+                        DIR_ITEM => &mut self.by_name,
+                        _ => &mut self.by_index,
+                    };
+                    for e in &entries {
+                        set.insert((k.objectid, e.name.clone(), e.ino, e.kind, e.index));
                     }
                     for e in entries.iter().filter(|_| k.ty == DIR_ITEM) {
                         if u32::from(e.d_type()) << 12 == libc::S_IFDIR {
@@ -322,8 +334,8 @@ impl TreeScan {
         }
     }
 
-    /// A file extent item: what a read of it will need (checksums, a
-    /// codec that decodes it, a symlink's whole target).
+    /// A file extent item: what a read of it will need (checksums, and a
+    /// codec that decodes inline data).
     fn note_extent(&mut self, k: Key, data: &[u8], summed: &mut Summed, report: &mut Report) {
         let loc = || format!("tree {} item {k}", self.tree);
         let Ok(fe) = FileExtentItem::decode(data) else {
@@ -342,22 +354,41 @@ impl TreeScan {
                 report.problem(loc(), format!("inline extent does not decode: {e}"));
             }
         }
-        let Some(i) = self.inodes.get_mut(&k.objectid) else {
-            return;
-        };
-        if i.item.as_ref().map(|i| i.mode & libc::S_IFMT) != Some(libc::S_IFLNK) {
-            return;
-        }
-        let len = if inline { fe.ram_bytes } else { fe.num_bytes };
-        if k.offset == i.link_covered && (inline || fe.disk_bytenr != 0) {
-            i.link_covered = i.link_covered.saturating_add(len);
-        }
-        if inline && fe.compression == COMPRESS_NONE && fe.inline_data.contains(&0) {
-            i.link_nul = true;
+    }
+
+    /// Every symlink read as readlink reads it: its data must fill its
+    /// size exactly, without a NUL.
+    fn check_symlinks(&self, engine: &Engine, report: &mut Report) {
+        for (&ino, i) in &self.inodes {
+            let Some(item) = i.item.as_ref() else {
+                continue;
+            };
+            if item.mode & libc::S_IFMT != libc::S_IFLNK {
+                continue;
+            }
+            if let Err(e) = crate::fs::committed_symlink(engine, self.tree, ino, item.size) {
+                report.problem(format!("tree {} inode {ino}", self.tree), e.to_string());
+            }
         }
     }
 
     fn report_names(&self, report: &mut Report) {
+        let sides = [
+            (&self.by_name, &self.by_index, "by name", "by index"),
+            (&self.by_index, &self.by_name, "by index", "by name"),
+        ];
+        for (one, other, is, isnt) in sides {
+            for (dir, name, ino, kind, index) in one.difference(other) {
+                report.problem(
+                    format!("tree {} directory {dir}", self.tree),
+                    format!(
+                        "entry '{}' (inode {ino}, type {kind}, index {index}) is listed {is} \
+                         but not {isnt}",
+                        String::from_utf8_lossy(name)
+                    ),
+                );
+            }
+        }
         for (ino, dir, name) in self.named.difference(&self.referenced) {
             let name = String::from_utf8_lossy(name);
             report.problem(
@@ -389,19 +420,6 @@ impl TreeScan {
                 report.problem(
                     &loc,
                     format!("{} entries by name but {} by index", i.entries, i.indexes),
-                );
-            }
-            if item.mode & libc::S_IFMT == libc::S_IFLNK
-                && (i.link_covered < item.size || i.link_nul)
-            {
-                report.problem(
-                    &loc,
-                    format!(
-                        "symlink of {} bytes whose data does not match (covers {}{})",
-                        item.size,
-                        i.link_covered,
-                        if i.link_nul { ", holds a NUL" } else { "" }
-                    ),
                 );
             }
             let is_dir = item.mode & libc::S_IFMT == libc::S_IFDIR;

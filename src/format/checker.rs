@@ -424,6 +424,15 @@ fn check_file_extent(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         if fe.num_bytes == 0 || !fe.num_bytes.is_multiple_of(u64::from(SECTORSIZE)) {
             return fail(format!("file extent of {} bytes", fe.num_bytes));
         }
+        // Extents sit on sector boundaries of the file (only inline data
+        // may end between them); a truncate or punch would cut one into
+        // pieces that are not whole sectors.
+        if !key.offset.is_multiple_of(u64::from(SECTORSIZE)) {
+            return fail(format!(
+                "file extent at unaligned file offset {}",
+                key.offset
+            ));
+        }
         if fe.disk_bytenr != 0 {
             check_device_range(fe.disk_bytenr, fe.disk_num_bytes, limits, "data extent")?;
             if !fe.disk_num_bytes.is_multiple_of(u64::from(SECTORSIZE)) {
@@ -548,6 +557,9 @@ mod tests {
         assert!(check_item(&far, &reg(2 << 20, 8192, 0, 8192), &LIM).is_err());
         // A hole (no disk extent) is fine anywhere inside the file.
         assert!(check_item(&k, &reg(0, 0, 0, 1 << 20), &LIM).is_ok());
+        // But on a sector boundary, like every extent.
+        let unaligned = Key::new(300, EXTENT_DATA, 4097);
+        assert!(check_item(&unaligned, &reg(2 << 20, 8192, 0, 4096), &LIM).is_err());
     }
 
     #[test]

@@ -194,6 +194,19 @@ impl Node {
         b
     }
 
+    /// Whether `b`, read from `bytenr` where a block was expected and
+    /// found wanting, can be a write that never reached the disk: torn
+    /// (its checksum fails) or stale (a block once written there whole:
+    /// another generation, tree or filesystem). A block whose checksum
+    /// holds but that does not decode for any other reason was written
+    /// wrong: damage, not a lost write.
+    pub fn could_be_lost_write(b: &[u8], bytenr: u64, fsid: &[u8; 16]) -> bool {
+        if b.len() < HEADER_SIZE || le_u32(b, OFF_CSUM) != crc(&b[OFF_FSID..]) {
+            return true;
+        }
+        &b[OFF_FSID..OFF_FSID + 16] != fsid || Node::decode(b, bytenr, fsid).is_ok()
+    }
+
     /// Decodes and validates a block read from `bytenr`.
     pub fn decode(b: &[u8], bytenr: u64, fsid: &[u8; 16]) -> Result<Node> {
         let bad = |why: String| Error::corrupt(bytenr, why);

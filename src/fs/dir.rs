@@ -47,9 +47,12 @@ fn next_index(tx: &Txn<'_>, tree: u64, dir: u64) -> Result<u64> {
     let root = tx.root_of(tree)?;
     let last = last_index(tx, &root, dir)?;
     if last >= crate::format::checker::MAX_DIR_INDEX {
-        return Err(Error::corrupt(
-            dir,
-            "directory index at the end of its range",
+        // Not damage (the checker allows the last index): the directory
+        // has used every readdir position it can hand out, as a
+        // directory may use up its link count.
+        return Err(super::errno(
+            libc::EMLINK,
+            "the directory has used every index it can have",
         ));
     }
     Ok(last + 1)

@@ -47,7 +47,9 @@ pub use atime::{AccessAtOpen, AtimePolicy};
 pub use balance::{BalanceState, BalanceStatus};
 pub use daemon::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
-pub use ops::{Attr, DirListing, DirListingPlus, NewNode, Owner, SetAttr, StatFs};
+pub use ops::{
+    committed_symlink, Attr, DirListing, DirListingPlus, NewNode, Owner, SetAttr, StatFs,
+};
 pub use quota::{QgroupRow, QuotaChange, RescanStatus};
 pub use subvol::SubvolInfo;
 pub use view::SubvolView;

@@ -585,21 +585,9 @@ impl Subvol {
                 if i.mode & libc::S_IFMT != libc::S_IFLNK {
                     return Err(errno(libc::EINVAL, "not a symlink"));
                 }
-                // The checker bounds a symlink's size by 4095 bytes; its
-                // data must fill exactly that, with no hole and no NUL.
-                let root = r.root(self.tree)?;
-                let whole = file::covered(r, &root, ino, i.size)? == i.size;
-                let plan = file::plan_read(r, &root, &r.root(CSUM)?, ino, 0, i.size)?;
-                Ok((plan, whole, i.size))
+                plan_link(r, self.tree, ino, i.size)
             },
-            |(plan, whole, size), dev| {
-                let target = plan.execute(dev)?;
-                if !whole || target.contains(&0) {
-                    return Err(super::inode_key(ino)
-                        .bad(format!("symlink of {size} bytes whose data does not match")));
-                }
-                Ok(target)
-            },
+            |plan, dev| read_link(ino, plan, dev),
         )
     }
 
@@ -758,4 +746,49 @@ impl Subvol {
             files: self.next_ino.load(std::sync::atomic::Ordering::Relaxed) - ROOT_DIR_INO,
         }
     }
+}
+
+/// How to read the target of symlink `ino` (`size` bytes) in `tree`:
+/// the plan, and whether its data covers the whole size.
+fn plan_link(
+    r: &crate::txn::Reader<'_>,
+    tree: u64,
+    ino: u64,
+    size: u64,
+) -> Result<(file::ReadPlan, bool, u64)> {
+    // The checker bounds a symlink's size by 4095 bytes; its data must
+    // fill exactly that, with no hole and no NUL.
+    let root = r.root(tree)?;
+    let whole = file::covered(r, &root, ino, size)? == size;
+    let plan = file::plan_read(r, &root, &r.root(CSUM)?, ino, 0, size)?;
+    Ok((plan, whole, size))
+}
+
+fn read_link(
+    ino: u64,
+    (plan, whole, size): (file::ReadPlan, bool, u64),
+    dev: &crate::txn::DataDevice<'_>,
+) -> Result<Vec<u8>> {
+    let target = plan.execute(dev)?;
+    if !whole || target.contains(&0) {
+        return Err(
+            super::inode_key(ino).bad(format!("symlink of {size} bytes whose data does not match"))
+        );
+    }
+    Ok(target)
+}
+
+/// The target of symlink `ino` of `size` bytes in subvolume `tree` as
+/// the last commit has it, checked as readlink checks it (`canopy
+/// check` reads every symlink this way).
+pub fn committed_symlink(
+    engine: &crate::Engine,
+    tree: u64,
+    ino: u64,
+    size: u64,
+) -> Result<Vec<u8>> {
+    engine.read_unlocked(
+        |r| plan_link(r, tree, ino, size),
+        |p, dev| read_link(ino, p, dev),
+    )
 }

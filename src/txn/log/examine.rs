@@ -157,6 +157,17 @@ impl Rejection {
     }
 }
 
+/// Whether the log block at `bytenr`, refused by the walk, can be a log
+/// write a crash cut short (see [`crate::format::node::Node::could_be_lost_write`]);
+/// a block that cannot be read at all counts as one.
+fn could_be_lost_write(sh: &Shared, bytenr: u64) -> bool {
+    let mut buf = vec![0u8; sh.nodesize];
+    if sh.dev.read_at(&mut buf, bytenr).is_err() {
+        return true;
+    }
+    crate::format::node::Node::could_be_lost_write(&buf, bytenr, &sh.fsid)
+}
+
 /// Reads every block of the log at `ptr` and everything it names, and
 /// says whether replaying it is safe:
 /// - every block is the one its parent names (checksum, address,
@@ -183,7 +194,11 @@ fn examine(
             // What was read of a write that never landed must not be
             // taken for the blocks later written there.
             seen.into_iter().for_each(|b| sh.cache.remove(b));
-            return Ok(Err(Rejection::torn(format!("block {bytenr}: {reason}"))));
+            let why = format!("block {bytenr}: {reason}");
+            return Ok(Err(match could_be_lost_write(sh, bytenr) {
+                true => Rejection::torn(why),
+                false => Rejection::invalid(why),
+            }));
         }
         Err(e) => return Err(e),
     };

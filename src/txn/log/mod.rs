@@ -257,6 +257,16 @@ impl Txn<'_> {
         }
     }
 
+    /// Whether `(bytenr, len)` is a data extent the pending log names
+    /// that the last commit lacks (written after it) and that no replayed
+    /// item has claimed yet.
+    pub fn is_new_log_extent(&self, bytenr: u64, len: u64) -> bool {
+        self.st
+            .pending_log
+            .as_ref()
+            .is_some_and(|p| p.extents.contains(&(bytenr, len)))
+    }
+
     /// Claims a data extent the pending log names and no extent item
     /// records: it becomes an extent of the running transaction, which
     /// the items the replay inserts then reference. Extents the extent
