@@ -329,6 +329,22 @@ fn cases() -> Vec<(&'static str, bool, Change, &'static str, String)> {
             "log dir0/file1 dir1/file2-renamed".into(),
         ),
         (
+            // A file's back-reference re-keyed to a logged directory:
+            // replay used to give the directory a second name.
+            "log-ref-rekeyed-to-a-directory",
+            true,
+            Box::new(|img: &mut Vec<u8>| {
+                let fs = read_only(img, true);
+                let dir = resolve(&fs, "logged-dir").expect("logged-dir").ino;
+                let file = resolve(&fs, "logged-dir/hard-link").expect("hard-link").ino;
+                drop(fs);
+                let k = Key::new(file, INODE_REF, dir);
+                assert!(edit_item(img, log, k, |i| i.key.objectid = dir) > 0);
+            }),
+            "directory with more than one name",
+            "log logged-dir dir1/file2-renamed".into(),
+        ),
+        (
             "log-data-without-checksums",
             true,
             Box::new(|img: &mut Vec<u8>| {
@@ -520,7 +536,7 @@ fn found_corpus() {
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .collect();
-    assert!(lines.len() >= 12, "{} images", lines.len());
+    assert!(lines.len() >= 14, "{} images", lines.len());
     for line in lines {
         let f: Vec<&str> = line.split('\t').collect();
         let [file, says, outcome] = f[..] else {

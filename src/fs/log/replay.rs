@@ -163,7 +163,8 @@ fn unsummed_extent(tx: &Txn<'_>, l: &Logged, csums: &Csums) -> Option<Key> {
 /// id): its mode, its inode item, and a name for an inode that says it
 /// has links (replay gives a logged inode exactly its logged names, so
 /// one logged without them would lose every name: a file deleted, a
-/// directory left with entries and no name).
+/// directory left with entries and no name); a directory has one name
+/// at most.
 fn is_complete(node: u64, l: &Logged) -> std::result::Result<(), &'static str> {
     let item = match (l.mode, &l.inode) {
         (Some(MODE_GONE), _) => return Ok(()),
@@ -173,6 +174,9 @@ fn is_complete(node: u64, l: &Logged) -> std::result::Result<(), &'static str> {
     let (_, ino) = crate::fs::split_node(node);
     if ino != ROOT_DIR_INO && item.nlink > 0 && l.refs.is_empty() {
         return Err("logged inode with links but no names");
+    }
+    if is_dir(item.mode) && l.refs.len() > 1 {
+        return Err("logged directory with more than one name");
     }
     Ok(())
 }
