@@ -34,6 +34,8 @@ use std::sync::Arc;
 #[derive(Default)]
 struct Inode {
     item: Option<InodeItem>,
+    /// File types its names (entries and back-references) carry.
+    kinds: BTreeSet<u8>,
     /// Names pointing at it (DIR_ITEM entries).
     names: u32,
     subdirs: u32,
@@ -302,7 +304,9 @@ impl TreeScan {
                                 format!("entry names inode {}, above {LAST_LOCAL_INO}", e.ino),
                             );
                         }
-                        self.inodes.entry(e.ino).or_default().names += 1;
+                        let child = self.inodes.entry(e.ino).or_default();
+                        child.names += 1;
+                        child.kinds.insert(e.kind);
                         self.named.insert((e.ino, k.objectid, e.name.clone()));
                     }
                 }
@@ -310,6 +314,8 @@ impl TreeScan {
             },
             INODE_REF => match DirEntry::decode_all(data) {
                 Ok(refs) => {
+                    let kinds = &mut self.inodes.entry(k.objectid).or_default().kinds;
+                    kinds.extend(refs.iter().map(|e| e.kind));
                     for e in refs {
                         self.referenced.insert((k.objectid, k.offset, e.name));
                     }
@@ -420,6 +426,13 @@ impl TreeScan {
                 report.problem(
                     &loc,
                     format!("{} entries by name but {} by index", i.entries, i.indexes),
+                );
+            }
+            let kind = crate::fs::dtype(item.mode);
+            if let Some(other) = i.kinds.iter().find(|&&k| k != kind) {
+                report.problem(
+                    &loc,
+                    format!("named with file type {other}, but its mode says {kind}"),
                 );
             }
             let is_dir = item.mode & libc::S_IFMT == libc::S_IFDIR;

@@ -142,6 +142,12 @@ pub(super) fn check_extents(sb: &Superblock, found: &Found, report: &mut Report)
                 // As scrub reads it: a block older than its allocation is
                 // a write that never reached the disk, whatever the parent
                 // (patched along with it) says.
+                if let Some(i) = rec.item.filter(|i| i.level != b.level) {
+                    report.problem(
+                        &loc,
+                        format!("level {}, its extent item says {}", b.level, i.level),
+                    );
+                }
                 if let Some(i) = rec.item.filter(|i| b.generation < i.generation) {
                     report.problem(
                         &loc,

@@ -164,7 +164,8 @@ fn unsummed_extent(tx: &Txn<'_>, l: &Logged, csums: &Csums) -> Option<Key> {
 /// has links (replay gives a logged inode exactly its logged names, so
 /// one logged without them would lose every name: a file deleted, a
 /// directory left with entries and no name); a directory has one name
-/// at most.
+/// at most; every name carries the inode's file type (the directory
+/// entry replay writes takes it, and link counts follow it).
 fn is_complete(node: u64, l: &Logged) -> std::result::Result<(), &'static str> {
     let item = match (l.mode, &l.inode) {
         (Some(MODE_GONE), _) => return Ok(()),
@@ -177,6 +178,9 @@ fn is_complete(node: u64, l: &Logged) -> std::result::Result<(), &'static str> {
     }
     if is_dir(item.mode) && l.refs.len() > 1 {
         return Err("logged directory with more than one name");
+    }
+    if l.refs.iter().any(|r| r.kind != crate::fs::dtype(item.mode)) {
+        return Err("logged name whose file type is not the inode's");
     }
     Ok(())
 }
