@@ -575,14 +575,31 @@ fn found_corpus() {
     }
 }
 
-/// A flipped data sector: `check` reads no data and calls the image
+/// Flipped data sectors: `check` reads no data and calls the image
 /// clean (scrub's to find, by design); `check --check-data-csum` names
-/// the sector and the file.
+/// each sector and every file it reaches, in a subvolume and in the
+/// snapshot sharing the extent too.
 #[test]
 fn check_data_csum_finds_a_flipped_data_sector() {
     let mut img = rich_image();
     let fe = first_extent(&img, "dir1/file3");
     img[fe.disk_bytenr as usize + 5000] ^= 0x20;
+    // And one the subvolume shares with its snapshot.
+    let shared = {
+        let fs = read_only(&img, false);
+        let node = resolve(&fs, "vol/file4").expect("vol/file4").ino;
+        let (tree, ino) = canopy::fs::split_node(node);
+        drop(fs);
+        let key = Key::new(ino, EXTENT_DATA, 0);
+        live_blocks(&img)
+            .into_iter()
+            .filter(|b| b.level == 0 && b.tree == tree)
+            .filter_map(|b| node_at(&img, b.addr))
+            .find_map(|n| n.items().iter().find(|i| i.key == key).cloned())
+            .map(|i| FileExtentItem::decode(&i.data).expect("extent"))
+            .expect("vol/file4's first extent")
+    };
+    img[shared.disk_bytenr as usize + 10] ^= 0x01;
     let dev = Arc::new(MemDevice::from_bytes(img));
     let mut report = canopy::check::check_all(dev.clone(), &|_, _| {}).expect("check ran");
     assert!(report.is_clean(), "{:#?}", report.problems);
@@ -603,4 +620,10 @@ fn check_data_csum_finds_a_flipped_data_sector() {
             .any(|p| p.contains("/dir1/file3") && p.contains("4096..8192")),
         "{said:#?}"
     );
+    for path in ["/vol/file4", "/vol-snap/file4"] {
+        let named = said
+            .iter()
+            .any(|p| p.contains(path) && p.contains("0..4096"));
+        assert!(named, "{path}: {said:#?}");
+    }
 }

@@ -13,14 +13,16 @@
 //! took, so it leaves at least a fifth of the device's time (and every
 //! gap between batches) to the mount's own reads and writes.
 //!
-//! Damaged data sectors are mapped back to files through the fs tree's
-//! file extent items, and files to paths through their back-references.
+//! Damaged data sectors, and data extents without checksums, are mapped
+//! back to files through the file extent items of every file tree (the
+//! top level, subvolumes and snapshots), and files to paths through their
+//! back-references and each subvolume's link.
 
 use crate::error::{Error, Result};
 use crate::format::inode::DirEntry;
 use crate::format::items::{ExtentItem, FileExtentItem, FILE_EXTENT_INLINE, FILE_EXTENT_PREALLOC};
-use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, INODE_REF};
-use crate::format::tree_id::{EXTENT, FS};
+use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, INODE_REF, ROOT_BACKREF};
+use crate::format::tree_id::{is_shareable, EXTENT, FS, ROOT};
 use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
 use crate::txn::{Engine, Reader};
 use serde::{Deserialize, Serialize};
@@ -84,6 +86,9 @@ pub struct BadBlock {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DamagedFile {
     pub ino: u64,
+    /// The file tree holding it: 5, or a subvolume's or snapshot's id.
+    #[serde(default = "top_level")]
+    pub tree: u64,
     /// None when no name leads to it (its metadata is damaged too).
     pub path: Option<String>,
     pub ranges: Vec<(u64, u64)>,
@@ -122,6 +127,10 @@ impl Report {
             && self.unsummed_extents.is_empty()
             && self.errors.is_empty()
     }
+}
+
+fn top_level() -> u64 {
+    FS
 }
 
 /// How to pace the work.
@@ -307,30 +316,43 @@ fn is_preallocated(r: &Reader<'_>, bytenr: u64) -> Result<bool> {
 /// each that the extent holds.
 fn files_of_extents(r: &Reader<'_>, starts: &[u64]) -> Result<Vec<DamagedFile>> {
     let starts: std::collections::BTreeSet<u64> = starts.iter().copied().collect();
-    let mut ranges: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
-    let mut c = r.cursor(FS, &Key::MIN)?;
-    while let Some(it) = c.item() {
-        if it.key.ty == EXTENT_DATA {
-            if let Ok(fe) = FileExtentItem::decode(&it.data) {
-                if fe.disk_extent().is_some_and(|(b, _)| starts.contains(&b)) {
-                    let at = it.key.offset;
-                    ranges
-                        .entry(it.key.objectid)
-                        .or_default()
-                        .push((at, at.saturating_add(fe.num_bytes)));
+    files_touching(r, |at, fe| match fe.disk_extent() {
+        Some((b, _)) if starts.contains(&b) => vec![(at, at.saturating_add(fe.num_bytes))],
+        _ => vec![],
+    })
+}
+
+/// Every file of every file tree (the top level and each subvolume or
+/// snapshot: a shared extent damages every file holding it) for which
+/// `ranges` finds file byte ranges in one of its extent items (given the
+/// item's file offset), with those ranges merged and a path.
+fn files_touching(
+    r: &Reader<'_>,
+    ranges: impl Fn(u64, &FileExtentItem) -> Vec<(u64, u64)>,
+) -> Result<Vec<DamagedFile>> {
+    let mut out = Vec::new();
+    for tree in r.tree_ids().into_iter().filter(|&t| is_shareable(t)) {
+        let mut found: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+        let mut c = r.cursor(tree, &Key::MIN)?;
+        while let Some(it) = c.item() {
+            if it.key.ty == EXTENT_DATA {
+                if let Ok(fe) = FileExtentItem::decode(&it.data) {
+                    let rs = ranges(it.key.offset, &fe);
+                    if !rs.is_empty() {
+                        found.entry(it.key.objectid).or_default().extend(rs);
+                    }
                 }
             }
+            c.next(r)?;
         }
-        c.next(r)?;
-    }
-    Ok(ranges
-        .into_iter()
-        .map(|(ino, rs)| DamagedFile {
+        out.extend(found.into_iter().map(|(ino, rs)| DamagedFile {
             ino,
-            path: path_of(r, ino),
+            tree,
+            path: path_of(r, tree, ino),
             ranges: merge(rs),
-        })
-        .collect())
+        }));
+    }
+    Ok(out)
 }
 
 /// Sorted, overlapping and touching ranges joined.
@@ -349,66 +371,75 @@ fn merge(mut rs: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 /// The files whose extents cover the bad sectors, with the byte ranges.
 fn damaged_files(r: &Reader<'_>, bad: &[u64]) -> Result<Vec<DamagedFile>> {
     let bad: std::collections::BTreeSet<u64> = bad.iter().copied().collect();
-    let mut ranges: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
-    let mut c = r.cursor(FS, &Key::MIN)?;
-    while let Some(it) = c.item() {
-        if it.key.ty == EXTENT_DATA {
-            if let Ok(fe) = FileExtentItem::decode(&it.data) {
-                if fe.kind != FILE_EXTENT_INLINE && fe.disk_bytenr != 0 && fe.compression != 0 {
-                    // A bad sector of a compressed extent loses all the
-                    // file bytes the extent decodes to.
-                    let end = fe.disk_bytenr.saturating_add(fe.disk_num_bytes);
-                    if bad.range(fe.disk_bytenr..end).next().is_some() {
-                        let at = it.key.offset;
-                        ranges
-                            .entry(it.key.objectid)
-                            .or_default()
-                            .push((at, at.saturating_add(fe.num_bytes)));
-                    }
-                } else if fe.kind != FILE_EXTENT_INLINE && fe.disk_bytenr != 0 {
-                    let used = fe.disk_bytenr.saturating_add(fe.offset);
-                    let end = used.saturating_add(fe.num_bytes);
-                    for &s in bad.range(used / SECTOR * SECTOR..end) {
-                        let from = s.max(used) - used;
-                        let to = (s + SECTOR).min(end) - used;
-                        ranges
-                            .entry(it.key.objectid)
-                            .or_default()
-                            .push((it.key.offset + from, it.key.offset + to));
-                    }
-                }
-            }
+    files_touching(r, |at, fe| {
+        if fe.kind == FILE_EXTENT_INLINE || fe.disk_bytenr == 0 {
+            return vec![];
         }
-        c.next(r)?;
-    }
-    Ok(ranges
-        .into_iter()
-        .map(|(ino, rs)| DamagedFile {
-            ino,
-            path: path_of(r, ino),
-            ranges: merge(rs),
-        })
-        .collect())
+        if fe.compression != 0 {
+            // A bad sector of a compressed extent loses all the file
+            // bytes the extent decodes to.
+            let end = fe.disk_bytenr.saturating_add(fe.disk_num_bytes);
+            return match bad.range(fe.disk_bytenr..end).next() {
+                Some(_) => vec![(at, at.saturating_add(fe.num_bytes))],
+                None => vec![],
+            };
+        }
+        let used = fe.disk_bytenr.saturating_add(fe.offset);
+        let end = used.saturating_add(fe.num_bytes);
+        bad.range(used / SECTOR * SECTOR..end)
+            .map(|&s| {
+                let (from, to) = (s.max(used) - used, (s + SECTOR).min(end) - used);
+                (at + from, at + to)
+            })
+            .collect()
+    })
 }
 
-/// A path from the root to `ino` through its first name at each level;
-/// None if a link is missing or loops.
-fn path_of(r: &Reader<'_>, ino: u64) -> Option<String> {
+/// The first name the item at or after `key` (of its object and type)
+/// in tree `in_tree` holds, and (its key's offset, the entry's inode):
+/// for a back-reference (parent directory, parent directory), for a
+/// subvolume's link (parent tree, directory in it).
+fn first_name(r: &Reader<'_>, in_tree: u64, key: Key) -> Option<(String, (u64, u64))> {
+    let c = r.cursor(in_tree, &key).ok()?;
+    let it = c
+        .item()
+        .filter(|i| i.key.objectid == key.objectid && i.key.ty == key.ty)?;
+    let e = DirEntry::decode_all(&it.data).ok()?.into_iter().next()?;
+    let name = String::from_utf8_lossy(&e.name).into_owned();
+    Some((name, (it.key.offset, e.ino)))
+}
+
+/// A path from the top to `ino` of file tree `tree` through its first
+/// name at each level, and through each subvolume's link (its
+/// ROOT_BACKREF) up to the top level; None if a link is missing or loops.
+fn path_of(r: &Reader<'_>, tree: u64, ino: u64) -> Option<String> {
     let root = crate::format::inode::ROOT_DIR_INO;
     let mut parts = Vec::new();
     let mut seen = HashSet::new();
-    let mut at = ino;
-    while at != root {
-        if !seen.insert(at) {
+    let (mut tree, mut at) = (tree, ino);
+    loop {
+        if !seen.insert((tree, at)) {
             return None;
         }
-        let c = r.cursor(FS, &Key::new(at, INODE_REF, 0)).ok()?;
-        let it = c
-            .item()
-            .filter(|i| i.key.objectid == at && i.key.ty == INODE_REF)?;
-        let first = DirEntry::decode_all(&it.data).ok()?.into_iter().next()?;
-        parts.push(String::from_utf8_lossy(&first.name).into_owned());
-        at = it.key.offset;
+        if at == root && tree == FS {
+            break;
+        }
+        // A subvolume's root is named by its link in the parent tree
+        // (keyed by the subvolume, naming the parent tree and the
+        // directory there), anything else by its first back-reference in
+        // its own tree (keyed by the inode, naming the parent directory).
+        let at_root = at == root;
+        let (in_tree, key) = match at_root {
+            true => (ROOT, Key::new(tree, ROOT_BACKREF, 0)),
+            false => (tree, Key::new(at, INODE_REF, 0)),
+        };
+        let (name, (offset, ino)) = first_name(r, in_tree, key)?;
+        parts.push(name);
+        (tree, at) = if at_root {
+            (offset, ino)
+        } else {
+            (tree, offset)
+        };
     }
     parts.reverse();
     Some(format!("/{}", parts.join("/")))
