@@ -139,15 +139,15 @@ pub(super) fn check_extents(sb: &Superblock, found: &Found, report: &mut Report)
                 if rec.item.is_some_and(|i| !i.is_tree_block()) || rec.len != ns {
                     report.problem(&loc, "extent item is not a tree block of nodesize");
                 }
-                // As scrub reads it: a block older than its allocation is
-                // a write that never reached the disk, whatever the parent
-                // (patched along with it) says.
                 if let Some(i) = rec.item.filter(|i| i.level != b.level) {
                     report.problem(
                         &loc,
                         format!("level {}, its extent item says {}", b.level, i.level),
                     );
                 }
+                // As scrub reads it: a block older than its allocation is
+                // a write that never reached the disk, whatever the parent
+                // (patched along with it) says.
                 if let Some(i) = rec.item.filter(|i| b.generation < i.generation) {
                     report.problem(
                         &loc,

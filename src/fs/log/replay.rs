@@ -22,7 +22,7 @@ use crate::format::{Key, CSUM_OBJECTID};
 use crate::fs::{checked, dir, file, inode_key, is_dir, load_inode_tx, store_inode};
 use crate::txn::Txn;
 use crate::Engine;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// What the log holds for one inode.
 #[derive(Default)]
@@ -104,13 +104,14 @@ fn read_log(tx: &mut Txn<'_>) -> Result<(BTreeMap<u64, Logged>, Csums)> {
             unreadable.insert(k.objectid, e);
         }
     }
+    let new_extents = tx.new_log_extents();
     for (&node, l) in &by_ino {
         if unreadable.contains_key(&node) {
             continue;
         }
         if let Err(why) = is_complete(node, l) {
             unreadable.insert(node, bad(&Key::new(node, LOG_INODE, 0), why));
-        } else if let Some(k) = unsummed_extent(tx, l, &csums) {
+        } else if let Some(k) = unsummed_extent(l, &new_extents, &csums) {
             let why = "logged data written after the last commit without its checksums";
             unreadable.insert(node, bad(&k, why));
         }
@@ -146,15 +147,15 @@ fn add_item(l: &mut Logged, k: &Key, d: &[u8]) -> Result<()> {
 }
 
 /// A logged extent item of `l` whose data was written after the last
-/// commit and whose checksums the log lacks: replayed, every read of it
-/// would fail. (Preallocated space has none and needs none.)
-fn unsummed_extent(tx: &Txn<'_>, l: &Logged, csums: &Csums) -> Option<Key> {
+/// commit (`new`) and whose checksums the log lacks: replayed, every read
+/// of it would fail. (Preallocated space has none and needs none.)
+fn unsummed_extent(l: &Logged, new: &HashSet<(u64, u64)>, csums: &Csums) -> Option<Key> {
     l.extents
         .iter()
         .filter(|(_, fe)| fe.kind == crate::format::items::FILE_EXTENT_REG)
         .find(|(_, fe)| {
             fe.disk_extent()
-                .is_some_and(|(b, len)| tx.is_new_log_extent(b, len) && !csums.contains_key(&b))
+                .is_some_and(|e| new.contains(&e) && !csums.contains_key(&e.0))
         })
         .map(|(k, _)| *k)
 }

@@ -257,14 +257,15 @@ impl Txn<'_> {
         }
     }
 
-    /// Whether `(bytenr, len)` is a data extent the pending log names
-    /// that the last commit lacks (written after it) and that no replayed
-    /// item has claimed yet.
-    pub fn is_new_log_extent(&self, bytenr: u64, len: u64) -> bool {
+    /// The data extents `(bytenr, len)` the pending log names that the
+    /// last commit lacks (written after it) and that no replayed item has
+    /// claimed yet.
+    pub fn new_log_extents(&self) -> HashSet<(u64, u64)> {
         self.st
             .pending_log
             .as_ref()
-            .is_some_and(|p| p.extents.contains(&(bytenr, len)))
+            .map(|p| p.extents.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Claims a data extent the pending log names and no extent item
