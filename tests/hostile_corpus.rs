@@ -136,17 +136,6 @@ fn first_extent(img: &[u8], path: &str) -> FileExtentItem {
         .expect("a first extent")
 }
 
-fn read_only(img: &[u8], replay: bool) -> Fs {
-    let opts = OpenOptions {
-        read_only: true,
-        replay_log: replay,
-        ..OpenOptions::default()
-    };
-    let dev = Arc::new(MemDevice::from_bytes(img.to_vec()));
-    let e = Engine::open(dev as Arc<dyn Device>, &opts).expect("open");
-    Fs::new(Arc::new(e)).expect("fs")
-}
-
 type Change = Box<dyn Fn(&mut Vec<u8>)>;
 
 /// (name, with a pending log, change, what check says, outcome).
@@ -399,12 +388,6 @@ fn make_found_corpus() {
         verdicts.push_str(&format!("{name}.img.zst\t{says}\t{outcome}\n"));
     }
     std::fs::write(dir.join("verdicts.txt"), verdicts).expect("write verdicts");
-}
-
-/// A path's content, None if it does not resolve.
-fn content_of(fs: &Fs, path: &str) -> Option<Vec<u8>> {
-    let a = resolve(fs, path).ok()?;
-    Some(fs.read(a.ino, 0, a.size as u32).expect("read"))
 }
 
 /// Every name under the top, counted; each file read (its first MiB),

@@ -20,18 +20,18 @@ mod common;
 use canopy::dev::{Device, MemDevice};
 use canopy::format::key_type::*;
 use canopy::format::node::{Body, Node};
-use canopy::fs::{Fs, Owner, SetAttr};
-use canopy::{Engine, Error, FormatOptions, OpenOptions};
+use canopy::fs::{Fs, SetAttr};
+use canopy::{Engine, Error, OpenOptions};
+use common::images::{
+    content_of, fresh_fs, mk, populate, read_only, resolve, IMAGE_SIZE, ME, NODESIZE,
+};
 use common::Rng;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const IMAGE_SIZE: u64 = 32 << 20;
-const NODESIZE: u32 = 4096;
 const HANG_SECS: u64 = 120;
-const ME: Owner = Owner { uid: 0, gid: 0 };
 
 #[global_allocator]
 static GUARD: common::guard::Guard = common::guard::Guard;
@@ -43,38 +43,24 @@ static GUARD: common::guard::Guard = common::guard::Guard;
 fn sample_image() -> Vec<u8> {
     let (dev, fs) = fresh_fs();
     let root = 256;
-    let mk = |parent, name: &str, mode, target: Option<&[u8]>| {
-        fs.create(parent, name.as_bytes(), mode, 0, ME, target)
-            .expect("create")
-            .ino
-    };
     let mut dirs = vec![root];
     for d in 0..4 {
-        dirs.push(mk(root, &format!("dir{d}"), libc::S_IFDIR | 0o755, None));
+        dirs.push(mk(
+            &fs,
+            root,
+            &format!("dir{d}"),
+            libc::S_IFDIR | 0o755,
+            None,
+        ));
     }
     let mut deep = dirs[1];
     for d in 0..12 {
-        deep = mk(deep, &format!("level{d}"), libc::S_IFDIR | 0o700, None);
+        deep = mk(&fs, deep, &format!("level{d}"), libc::S_IFDIR | 0o700, None);
     }
     for (i, &dir) in dirs.iter().enumerate() {
-        for f in 0..6 {
-            let ino = mk(dir, &format!("file{f}"), libc::S_IFREG | 0o644, None);
-            let len = [10, 2000, 5000, 70_000, 300_000, 0][f];
-            let data: Vec<u8> = (0..len).map(|b| (b * 31 + i * 7 + f) as u8).collect();
-            fs.write(ino, 0, &data).expect("write");
-            if f == 3 {
-                fs.write(ino, 1 << 20, b"past a hole")
-                    .expect("sparse write");
-            }
-            fs.setxattr(ino, b"user.tag", format!("{i}/{f}").as_bytes(), 0)
-                .expect("xattr");
-        }
-        mk(dir, "short-link", libc::S_IFLNK | 0o777, Some(b"file1"));
-        let long = vec![b'x'; 3000];
-        mk(dir, "long-link", libc::S_IFLNK | 0o777, Some(&long));
-        mk(dir, "fifo", libc::S_IFIFO | 0o600, None);
+        populate(&fs, dir, i);
     }
-    let many = mk(root, "many-names", libc::S_IFREG | 0o600, None);
+    let many = mk(&fs, root, "many-names", libc::S_IFREG | 0o600, None);
     for n in 0..200 {
         let name = format!("alias-with-a-fairly-long-name-number-{n:04}");
         fs.link(many, dirs[n % dirs.len()], name.as_bytes())
@@ -83,17 +69,6 @@ fn sample_image() -> Vec<u8> {
     fs.sync().expect("sync");
     drop(fs);
     dev.snapshot()
-}
-
-/// A new filesystem on an image of `IMAGE_SIZE`.
-fn fresh_fs() -> (Arc<MemDevice>, Fs) {
-    let dev = Arc::new(MemDevice::new(IMAGE_SIZE));
-    let opts = FormatOptions {
-        nodesize: NODESIZE,
-        ..Default::default()
-    };
-    let e = Engine::format(dev.clone() as Arc<dyn Device>, &opts).expect("format");
-    (dev, Fs::new(Arc::new(e)).expect("fs"))
 }
 
 /// Every tree block in the image that decodes (live or stale) and
@@ -422,15 +397,6 @@ fn verdict_lines(dir: &Path, fields: &[&str]) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The attributes at `path`, or the error of the first component that fails.
-fn resolve(fs: &Fs, path: &str) -> Result<canopy::fs::Attr, Error> {
-    let mut at = fs.getattr(256)?;
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        at = fs.lookup(at.ino, part.as_bytes())?;
-    }
-    Ok(at)
-}
-
 /// Everything a user would do to the one path: any of it may fail, and
 /// one of them must fail with EIO.
 fn touch_path(fs: &Fs, path: &str) -> Vec<i32> {
@@ -545,17 +511,6 @@ fn put(at: usize, v: impl AsRef<[u8]>) -> impl Fn(&mut Vec<u8>) {
     move |d: &mut Vec<u8>| d[at..at + v.len()].copy_from_slice(&v)
 }
 
-/// `img` opened read-only (a pending log replays in memory).
-fn read_only_fs(img: &[u8]) -> Fs {
-    let dev = Arc::new(MemDevice::from_bytes(img.to_vec()));
-    let opts = OpenOptions {
-        read_only: true,
-        ..Default::default()
-    };
-    let e = Engine::open(dev as Arc<dyn Device>, &opts).expect("open");
-    Fs::new(Arc::new(e)).expect("fs")
-}
-
 /// Writes the corpus (`cargo test --test hostile_fs make_corpus -- --ignored`).
 /// Each image is the sample with one targeted corruption.
 #[test]
@@ -564,7 +519,7 @@ fn make_corpus() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images");
     std::fs::create_dir_all(&dir).unwrap();
     let clean = sample_image();
-    let fs = read_only_fs(&clean);
+    let fs = read_only(&clean, true);
     let ino = |p: &str| resolve(&fs, p).unwrap().ino;
     let k = canopy::Key::new;
     let name5 = canopy::format::inode::name_hash(b"file5");
@@ -726,12 +681,6 @@ fn patch_log_item(img: &mut [u8], key: canopy::Key, change: &dyn Fn(&mut Vec<u8>
     );
 }
 
-/// The content of `path`, None if it does not resolve.
-fn content_of(fs: &Fs, path: &str) -> Option<Vec<u8>> {
-    let a = resolve(fs, path).ok()?;
-    Some(fs.read(a.ino, 0, a.size as u32).expect("read"))
-}
-
 /// Images with a damaged pending log (`tests/images/log/`): check names
 /// the damage, the mount replays the log but for the damaged inode,
 /// which reads as the last commit has it (as `nologreplay` shows it), and
@@ -793,7 +742,7 @@ fn make_log_corpus() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images/log");
     std::fs::create_dir_all(&dir).unwrap();
     let crashed = sample_with_log();
-    let fs = read_only_fs(&crashed);
+    let fs = read_only(&crashed, true);
     let ino = |p: &str| resolve(&fs, p).unwrap().ino;
     let (file1, fsynced) = (ino("dir0/file1"), ino("fsynced"));
     let tree_root = canopy::txn::read_best_superblock(&MemDevice::from_bytes(crashed.clone()))

@@ -44,7 +44,7 @@ pub fn fresh_fs() -> (Arc<MemDevice>, Fs) {
     (dev, Fs::new(Arc::new(e)).expect("fs"))
 }
 
-fn mk(fs: &Fs, parent: u64, name: &str, mode: u32, target: Option<&[u8]>) -> u64 {
+pub fn mk(fs: &Fs, parent: u64, name: &str, mode: u32, target: Option<&[u8]>) -> u64 {
     fs.create(parent, name.as_bytes(), mode, 0, ME, target)
         .unwrap_or_else(|e| panic!("create {name}: {e}"))
         .ino
@@ -64,7 +64,7 @@ fn text(len: usize, seed: usize) -> Vec<u8> {
 
 /// Files of every shape in `dir`: inline, one extent, many extents, a
 /// sparse file, empty; symlinks short and long, a fifo, xattrs.
-fn populate(fs: &Fs, dir: u64, salt: usize) {
+pub fn populate(fs: &Fs, dir: u64, salt: usize) {
     for f in 0..6 {
         let ino = mk(fs, dir, &format!("file{f}"), libc::S_IFREG | 0o644, None);
         let len = [10, 2000, 5000, 70_000, 300_000, 0][f];
@@ -166,6 +166,24 @@ pub fn resolve(fs: &Fs, path: &str) -> canopy::Result<canopy::fs::Attr> {
         at = fs.lookup(at.ino, part.as_bytes())?;
     }
     Ok(at)
+}
+
+/// `img` opened read-only; a pending log replays in memory if `replay`.
+pub fn read_only(img: &[u8], replay: bool) -> Fs {
+    let opts = OpenOptions {
+        read_only: true,
+        replay_log: replay,
+        ..OpenOptions::default()
+    };
+    let dev = Arc::new(MemDevice::from_bytes(img.to_vec()));
+    let e = Engine::open(dev as Arc<dyn Device>, &opts).expect("open");
+    Fs::new(Arc::new(e)).expect("fs")
+}
+
+/// The content of `path`, None if it does not resolve.
+pub fn content_of(fs: &Fs, path: &str) -> Option<Vec<u8>> {
+    let a = resolve(fs, path).ok()?;
+    Some(fs.read(a.ino, 0, a.size as u32).expect("read"))
 }
 
 /// `rich_image` as a crash left it after a run of fsyncs: a file
