@@ -377,13 +377,11 @@ fn load_roots(st: &mut State, sh: &Shared, root: RootPtr) -> Result<()> {
             dirty: false,
         },
     );
+    let limits = sh.item_limits();
     for (k, d) in items_of_type(st, sh, &root, ROOT_ITEM)? {
         // The item checker's rules (a key offset of 0 among them: a second
         // item for one tree would give it a second root, and the next
         // commit would write both).
-        let limits = format::checker::Limits {
-            device_size: sh.dev.size(),
-        };
         format::checker::check_item(&k, &d, &limits).map_err(|e| Error::corrupt(root.bytenr, e))?;
         let item = RootItem::decode(&d).map_err(|e| Error::corrupt(root.bytenr, e))?;
         if item.generation > st.sb.generation || item.level > format::node::MAX_LEVEL {
