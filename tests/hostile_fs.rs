@@ -23,7 +23,7 @@ use canopy::format::node::{Body, Node};
 use canopy::fs::{Fs, SetAttr};
 use canopy::{Engine, Error, OpenOptions};
 use common::images::{
-    content_of, fresh_fs, mk, populate, read_only, resolve, IMAGE_SIZE, ME, NODESIZE,
+    assert_log_replays, fresh_fs, mk, populate, read_only, resolve, IMAGE_SIZE, ME, NODESIZE,
 };
 use common::Rng;
 use std::collections::HashSet;
@@ -702,35 +702,7 @@ fn log_corpus() {
             "{file}: check should report {says:?}, said {:#?}",
             report.problems
         );
-        let open = |replay_log: bool, dev: Arc<MemDevice>| {
-            let opts = OpenOptions {
-                read_only: !replay_log,
-                replay_log,
-                ..OpenOptions::default()
-            };
-            let e = Engine::open(dev as Arc<dyn Device>, &opts).expect("open");
-            Fs::new(Arc::new(e)).unwrap_or_else(|e| panic!("{file}: replay failed: {e}"))
-        };
-        let last_commit = open(false, Arc::new(MemDevice::from_bytes(img.clone())));
-        let dev = Arc::new(MemDevice::from_bytes(img.clone()));
-        let fs = open(true, dev.clone());
-        assert_eq!(
-            content_of(&fs, kept),
-            content_of(&last_commit, kept),
-            "{file}: {kept} must keep its committed state"
-        );
-        let now = content_of(&fs, replayed);
-        assert!(now.is_some(), "{file}: {replayed} is gone");
-        assert_ne!(
-            now,
-            content_of(&last_commit, replayed),
-            "{file}: {replayed} not replayed"
-        );
-        let mut out = Outcome::default();
-        walk(&fs, &mut out);
-        assert!(out.files > 100, "{file}: {out:?}");
-        drop(fs);
-        common::assert_clean(dev.as_ref());
+        assert_log_replays(file, &img, kept, replayed);
     }
 }
 
