@@ -1224,10 +1224,10 @@ fn damage_log_leaf(dev: &canopy::dev::MemDevice, change: impl Fn(&mut canopy::fo
     let mut buf = vec![0u8; 4096];
     dev.read_at(&mut buf, sb.log_root).expect("read");
     let mut node = Node::decode(&buf, sb.log_root, &[0x42; 16]).expect("decode");
-    let Body::Leaf(items) = &mut node.body else {
+    let Body::Leaf(leaf) = &mut node.body else {
         panic!("a one-block log is a leaf");
     };
-    items.iter_mut().for_each(change);
+    leaf.edit().iter_mut().for_each(change);
     dev.write_at(&node.encode(&[0x42; 16], 4096), sb.log_root)
         .expect("write");
 }
@@ -1336,7 +1336,7 @@ fn hostile_log_items_never_lock_the_filesystem_away() {
             continue;
         }
         kinds.insert(item.key.ty);
-        for (how, data) in item_damage(&item.data) {
+        for (how, data) in item_damage(item.data) {
             cases += 1;
             let what = format!("item {} {how}", item.key);
             let img = crashed(&dev);

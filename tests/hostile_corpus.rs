@@ -52,11 +52,13 @@ fn edit_leaves(
         let Some(mut node) = node_at(img, b.addr) else {
             continue;
         };
-        let Body::Leaf(items) = &mut node.body else {
+        let Body::Leaf(leaf) = &mut node.body else {
             continue;
         };
-        if f(items) {
+        let mut items = leaf.edit();
+        if f(&mut items) {
             items.sort_by_key(|i| i.key);
+            drop(items);
             assert!(store(img, &node), "leaf {} still fits", b.addr);
             changed += 1;
         }
@@ -130,7 +132,7 @@ fn first_extent(img: &[u8], path: &str) -> FileExtentItem {
             Body::Leaf(items) => items
                 .into_iter()
                 .find(|i| i.key == key)
-                .map(|i| FileExtentItem::decode(&i.data).expect("extent")),
+                .map(|i| FileExtentItem::decode(i.data).expect("extent")),
             Body::Internal(_) => None,
         })
         .expect("a first extent")
@@ -348,7 +350,7 @@ fn cases() -> Vec<(&'static str, bool, Change, &'static str, String)> {
                     };
                     if let Body::Leaf(items) = n.body {
                         for i in items.iter().filter(|i| i.key == key) {
-                            bytenr = FileExtentItem::decode(&i.data).ok().map(|f| f.disk_bytenr);
+                            bytenr = FileExtentItem::decode(i.data).ok().map(|f| f.disk_bytenr);
                         }
                     }
                 }
@@ -513,7 +515,7 @@ fn check_data_csum_finds_a_flipped_data_sector() {
             .into_iter()
             .filter(|b| b.level == 0 && b.tree == tree)
             .filter_map(|b| node_at(&img, b.addr))
-            .find_map(|n| n.items().iter().find(|i| i.key == key).cloned())
+            .find_map(|n| n.items().iter().find(|i| i.key == key).map(|i| i.to_item()))
             .map(|i| FileExtentItem::decode(&i.data).expect("extent"))
             .expect("vol/file4's first extent")
     };

@@ -108,9 +108,10 @@ fn interesting(rng: &mut Rng) -> u64 {
 
 /// One structure-aware change to one item of a leaf.
 fn mutate_leaf(node: &mut Node, rng: &mut Rng) {
-    let Body::Leaf(items) = &mut node.body else {
+    let Body::Leaf(leaf) = &mut node.body else {
         return;
     };
+    let mut items = leaf.edit();
     if items.is_empty() {
         return;
     }
@@ -495,13 +496,15 @@ fn patch_leaf(
 ) -> bool {
     let ns = NODESIZE as usize;
     let mut node = Node::decode(&img[at..at + ns], at as u64, fsid).expect("leaf");
-    let Body::Leaf(items) = &mut node.body else {
+    let Body::Leaf(leaf) = &mut node.body else {
         return false;
     };
+    let mut items = leaf.edit();
     let Some(it) = items.iter_mut().find(|i| i.key == key) else {
         return false;
     };
     change(&mut it.data);
+    drop(items);
     img[at..at + ns].copy_from_slice(&node.encode(fsid, ns));
     true
 }
@@ -627,12 +630,14 @@ fn a_directory_index_at_the_end_of_its_range_fails_creates() {
     for at in fs_leaves(&img, &fsid) {
         let at = at as usize;
         let mut node = Node::decode(&img[at..at + ns], at as u64, &fsid).expect("leaf");
-        let Body::Leaf(items) = &mut node.body else {
+        let Body::Leaf(leaf) = &mut node.body else {
             continue;
         };
         let index = canopy::Key::new(dir, DIR_INDEX, 2);
+        let mut items = leaf.edit();
         if let Some(it) = items.iter_mut().find(|i| i.key == index) {
             it.key.offset = u64::MAX;
+            drop(items);
             img[at..at + ns].copy_from_slice(&node.encode(&fsid, ns));
             hits += 1;
         }

@@ -315,7 +315,7 @@ fn extents_in(tx: &Txn<'_>, start: u64, end: u64) -> Result<Vec<(u64, u64, Exten
             break;
         }
         if k.ty == EXTENT_ITEM {
-            let item = ExtentItem::decode(&it.data).map_err(|e| Error::corrupt(k.objectid, e))?;
+            let item = ExtentItem::decode(it.data).map_err(|e| Error::corrupt(k.objectid, e))?;
             if !item.is_tree_block() {
                 data += k.offset;
             }

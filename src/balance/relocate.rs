@@ -269,13 +269,14 @@ pub(crate) fn move_data(
 fn repoint_items(leaf: &mut Node, old: u64, len: u64, new: u64) -> Result<u32> {
     let mut moved = 0;
     if let Body::Leaf(items) = &mut leaf.body {
-        for it in items.iter_mut() {
-            if data_ref_of(&it.key, &it.data) != Some((old, len)) {
+        for i in 0..items.len() {
+            let key = items.key(i);
+            if data_ref_of(&key, items.data(i)) != Some((old, len)) {
                 continue;
             }
-            let mut fe = FileExtentItem::decode(&it.data).map_err(|e| it.key.bad(e))?;
+            let mut fe = FileExtentItem::decode(items.data(i)).map_err(|e| key.bad(e))?;
             fe.disk_bytenr = new;
-            it.data = fe.encode();
+            items.replace_data(i, &fe.encode());
             moved += 1;
         }
     }

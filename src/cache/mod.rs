@@ -173,7 +173,7 @@ mod tests {
             owner: 5,
             flags: 0,
             level: 0,
-            body: Body::Leaf(Vec::new()),
+            body: Body::Leaf(crate::format::node::Leaf::new()),
         })
     }
 

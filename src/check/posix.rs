@@ -82,7 +82,7 @@ fn is_data_extent(r: &crate::txn::Reader<'_>, bytenr: u64) -> crate::Result<bool
     else {
         return Ok(false);
     };
-    Ok(ExtentItem::decode(&it.data).is_ok_and(|e| !e.is_tree_block()))
+    Ok(ExtentItem::decode(it.data).is_ok_and(|e| !e.is_tree_block()))
 }
 
 /// Every regular data extent has exactly one checksum item, keyed at its
@@ -144,7 +144,7 @@ fn check_links(
         while let Some(it) = c.item() {
             let k = it.key;
             if k.ty == ROOT_REF || k.ty == ROOT_BACKREF {
-                match DirEntry::decode_all(&it.data).map_err(|e| e.to_string()) {
+                match DirEntry::decode_all(it.data).map_err(|e| e.to_string()) {
                     Ok(v) if v.len() == 1 => {
                         let e = &v[0];
                         let (parent, sub, set) = if k.ty == ROOT_REF {
@@ -207,9 +207,9 @@ fn check_tree(
         let root = r.root(tree)?;
         let mut c = Cursor::seek(r, &root, &Key::MIN)?;
         while let Some(it) = c.item() {
-            scan.note(it.key, &it.data, links, report);
+            scan.note(it.key, it.data, links, report);
             if it.key.ty == EXTENT_DATA {
-                scan.note_extent(it.key, &it.data, summed, report);
+                scan.note_extent(it.key, it.data, summed, report);
             }
             c.next(r)?;
         }

@@ -4,7 +4,7 @@ use super::Report;
 use crate::dev::Device;
 use crate::format::items::{DroppedBlock, FileExtentItem, RootItem};
 use crate::format::key_type::{DROPPED_BLOCK, EXTENT_DATA, ROOT_ITEM};
-use crate::format::node::{Body, Item, Node, Ptr};
+use crate::format::node::{Body, Item, ItemRef, Node, Ptr};
 use crate::format::superblock::Superblock;
 use crate::format::superblock::INCOMPAT_DROP_QUEUE;
 use crate::format::{tree_id, Key, DROP_QUEUE_OBJECTID};
@@ -275,8 +275,8 @@ impl Walker<'_> {
                 self.visit_children(tree, &node, &ptrs[skip.min(ptrs.len())..], bounds, report);
             }
             Body::Leaf(items) => {
-                let items = items.get(skip..).unwrap_or_default();
-                self.visit_leaf(tree, bytenr, items, report);
+                let items: Vec<ItemRef<'_>> = items.iter().skip(skip).collect();
+                self.visit_leaf(tree, bytenr, &items, report);
             }
         }
     }
@@ -310,12 +310,12 @@ impl Walker<'_> {
         }
     }
 
-    fn visit_leaf(&mut self, tree: u64, bytenr: u64, items: &[Item], report: &mut Report) {
+    fn visit_leaf(&mut self, tree: u64, bytenr: u64, items: &[ItemRef<'_>], report: &mut Report) {
         let limits = crate::format::checker::Limits {
             device_size: self.dev.size(),
         };
         for it in items {
-            if let Err(why) = crate::format::checker::check_item(&it.key, &it.data, &limits) {
+            if let Err(why) = crate::format::checker::check_item(&it.key, it.data, &limits) {
                 report.problem(
                     format!("tree {tree} leaf {bytenr} item {}", it.key),
                     format!("bad item: {why}"),
@@ -323,7 +323,7 @@ impl Walker<'_> {
             }
         }
         for it in items.iter().filter(|it| it.key.ty == EXTENT_DATA) {
-            let fe = match FileExtentItem::decode(&it.data) {
+            let fe = match FileExtentItem::decode(it.data) {
                 Ok(fe) => fe,
                 Err(e) => {
                     report.problem(format!("tree {tree} leaf {bytenr} item {}", it.key), e);
@@ -353,7 +353,7 @@ impl Walker<'_> {
                 .items
                 .entry(tree)
                 .or_default()
-                .extend(items.iter().cloned());
+                .extend(items.iter().map(|it| it.to_item()));
         }
     }
 }
@@ -403,7 +403,7 @@ fn check_keys(node: &Node, b: &Bounds, loc: &str, report: &mut Report) {
         );
     }
     let last = match &node.body {
-        Body::Leaf(v) => v.last().map(|i| i.key),
+        Body::Leaf(v) => v.last_key(),
         Body::Internal(v) => v.last().map(|p| p.key),
     };
     if b.lo.is_some_and(|lo| first < lo) || last.zip(b.hi).is_some_and(|(l, hi)| l >= hi) {

@@ -106,7 +106,7 @@ pub fn find_extent_item<B: BlockRead + ?Sized>(
     if it.key.objectid != bytenr || it.key.ty != EXTENT_ITEM {
         return Ok(None);
     }
-    let item = ExtentItem::decode(&it.data).map_err(|e| Error::corrupt(bytenr, e))?;
+    let item = ExtentItem::decode(it.data).map_err(|e| Error::corrupt(bytenr, e))?;
     Ok(Some((it.key, item)))
 }
 

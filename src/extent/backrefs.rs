@@ -50,7 +50,7 @@ pub fn for_each_backref<B: BlockRead + ?Sized>(
             TREE_BLOCK_REF => Some((RefHolder::TreeRoot(k.offset), 1)),
             SHARED_BLOCK_REF => Some((RefHolder::TreeParent(k.offset), 1)),
             SHARED_DATA_REF => {
-                let n = decode_ref_count(&it.data).map_err(|e| Error::corrupt(bytenr, e))?;
+                let n = decode_ref_count(it.data).map_err(|e| Error::corrupt(bytenr, e))?;
                 Some((RefHolder::DataLeaf(k.offset), i64::from(n)))
             }
             _ => None,

@@ -422,7 +422,7 @@ fn read_queue<B: BlockRead + ?Sized>(
         {
             break;
         }
-        let d = DroppedBlock::decode(&it.data).map_err(|e| Error::corrupt(it.key.offset, e))?;
+        let d = DroppedBlock::decode(it.data).map_err(|e| Error::corrupt(it.key.offset, e))?;
         out.push((it.key.offset, d));
         c.next(b)?;
     }

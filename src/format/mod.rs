@@ -10,6 +10,7 @@ pub mod checker;
 pub mod inode;
 pub mod items;
 pub mod key;
+pub mod leaf;
 pub mod node;
 pub mod qgroup;
 pub mod superblock;

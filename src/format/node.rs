@@ -30,18 +30,7 @@ const OFF_FLAGS: usize = 72;
 const OFF_NRITEMS: usize = 80;
 const OFF_LEVEL: usize = 84;
 
-/// One item of a leaf.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Item {
-    pub key: Key,
-    pub data: Vec<u8>,
-}
-
-impl Item {
-    pub fn size_on_disk(&self) -> usize {
-        ITEM_HEADER_SIZE + self.data.len()
-    }
-}
+pub use super::leaf::{Item, ItemRef, Leaf};
 
 /// One pointer of an internal node. The generation lets a reader detect a
 /// stale or misdirected child block.
@@ -54,7 +43,7 @@ pub struct Ptr {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Body {
-    Leaf(Vec<Item>),
+    Leaf(Leaf),
     Internal(Vec<Ptr>),
 }
 
@@ -76,14 +65,13 @@ impl Body {
     /// changed, and a copy of exactly its length would be copied once
     /// more by the first insert that grows it.
     pub fn clone_with_room(&self, extra: usize) -> Body {
-        fn grown<T: Clone>(v: &[T], extra: usize) -> Vec<T> {
-            let mut copy = Vec::with_capacity(v.len() + extra);
-            copy.extend_from_slice(v);
-            copy
-        }
         match self {
-            Body::Leaf(items) => Body::Leaf(grown(items, extra)),
-            Body::Internal(ptrs) => Body::Internal(grown(ptrs, extra)),
+            Body::Leaf(items) => Body::Leaf(items.clone_with_room(extra)),
+            Body::Internal(ptrs) => {
+                let mut copy = Vec::with_capacity(ptrs.len() + extra);
+                copy.extend_from_slice(ptrs);
+                Body::Internal(copy)
+            }
         }
     }
 }
@@ -107,7 +95,7 @@ impl Node {
             owner,
             flags: 0,
             level: 0,
-            body: Body::Leaf(Vec::new()),
+            body: Body::Leaf(Leaf::new()),
         }
     }
 
@@ -124,22 +112,16 @@ impl Node {
 
     pub fn first_key(&self) -> Option<Key> {
         match &self.body {
-            Body::Leaf(v) => v.first().map(|i| i.key),
+            Body::Leaf(v) => v.first_key(),
             Body::Internal(v) => v.first().map(|p| p.key),
         }
     }
 
-    /// Memory this decoded block holds, for the cache's budget: the node,
-    /// its entry vector and each item's data.
+    /// Memory this decoded block holds, for the cache's budget: the node
+    /// and its entries (a leaf's slots and data buffer).
     pub fn memory_bytes(&self) -> usize {
         let entries = match &self.body {
-            Body::Leaf(items) => {
-                items.capacity() * std::mem::size_of::<Item>()
-                    + items
-                        .iter()
-                        .map(|i| i.data.capacity() + ALLOCATION_OVERHEAD)
-                        .sum::<usize>()
-            }
+            Body::Leaf(items) => items.memory_bytes() + ALLOCATION_OVERHEAD,
             Body::Internal(ptrs) => ptrs.capacity() * std::mem::size_of::<Ptr>(),
         };
         std::mem::size_of::<Node>() + ALLOCATION_OVERHEAD + entries
@@ -149,15 +131,17 @@ impl Node {
     pub fn used_bytes(&self) -> usize {
         HEADER_SIZE
             + match &self.body {
-                Body::Leaf(v) => v.iter().map(Item::size_on_disk).sum::<usize>(),
+                Body::Leaf(v) => v.content_bytes(),
                 Body::Internal(v) => v.len() * PTR_SIZE,
             }
     }
 
-    pub fn items(&self) -> &[Item] {
+    /// A leaf's items (none for an internal node).
+    pub fn items(&self) -> &Leaf {
+        static NONE: Leaf = Leaf::new();
         match &self.body {
             Body::Leaf(v) => v,
-            Body::Internal(_) => &[],
+            Body::Internal(_) => &NONE,
         }
     }
 
@@ -250,7 +234,7 @@ impl Node {
     }
 }
 
-fn encode_items(b: &mut [u8], items: &[Item]) {
+fn encode_items(b: &mut [u8], items: &Leaf) {
     let mut data_end = b.len();
     for (i, it) in items.iter().enumerate() {
         let at = HEADER_SIZE + i * ITEM_HEADER_SIZE;
@@ -258,12 +242,12 @@ fn encode_items(b: &mut [u8], items: &[Item]) {
         it.key.encode(&mut b[at..]);
         put_u32(b, at + KEY_SIZE, start as u32);
         put_u32(b, at + KEY_SIZE + 4, it.data.len() as u32);
-        b[start..data_end].copy_from_slice(&it.data);
+        b[start..data_end].copy_from_slice(it.data);
         data_end = start;
     }
 }
 
-fn decode_items(b: &[u8], n: usize) -> std::result::Result<Vec<Item>, String> {
+fn decode_items(b: &[u8], n: usize) -> std::result::Result<Leaf, String> {
     let headers_end = n
         .checked_mul(ITEM_HEADER_SIZE)
         .and_then(|x| x.checked_add(HEADER_SIZE))
@@ -286,13 +270,15 @@ fn decode_items(b: &[u8], n: usize) -> std::result::Result<Vec<Item>, String> {
                 "item {i} data [{start}, +{size}) is not packed below {data_end}"
             ));
         }
-        items.push(Item {
-            key,
-            data: b[start..data_end].to_vec(),
-        });
+        items.push((key, start, size));
         data_end = start;
     }
-    Ok(items)
+    // The data area, item 0's data last, copied once; slots point into it.
+    let area = b[data_end..].to_vec();
+    let slots = items
+        .into_iter()
+        .map(|(key, start, size)| (key, (start - data_end) as u32, size as u32));
+    Ok(Leaf::from_parts(area, slots))
 }
 
 fn decode_ptrs(b: &[u8], n: usize) -> std::result::Result<Vec<Ptr>, String> {
@@ -344,7 +330,7 @@ mod tests {
     fn leaf_roundtrip_and_corruption_detected() {
         let fsid = [7u8; 16];
         let mut n = Node::new_leaf(1 << 20, 3, 5);
-        n.body = Body::Leaf(vec![
+        n.body = Body::Leaf(Leaf::from(vec![
             Item {
                 key: Key::new(1, 1, 0),
                 data: vec![1, 2, 3],
@@ -353,7 +339,7 @@ mod tests {
                 key: Key::new(2, 1, 0),
                 data: vec![],
             },
-        ]);
+        ]));
         let b = n.encode(&fsid, 4096);
         assert_eq!(Node::decode(&b, 1 << 20, &fsid).unwrap(), n);
         assert!(Node::decode(&b, 2 << 20, &fsid).is_err());

@@ -149,7 +149,7 @@ pub(crate) fn refs_of<B: BlockRead + ?Sized>(
         if it.key.objectid != ino || (it.key.ty != INODE_REF && it.key.ty != INODE_EXTREF) {
             break;
         }
-        out.extend(decode(b, &it.key, &it.data)?);
+        out.extend(decode(b, &it.key, it.data)?);
         c.next(b)?;
     }
     Ok(out)
@@ -309,7 +309,7 @@ pub(crate) fn parent_of<B: BlockRead + ?Sized>(
     let parent = match c.item() {
         Some(i) if i.key.objectid == dir && i.key.ty == INODE_REF => Some(i.key.offset),
         Some(i) if i.key.objectid == dir && i.key.ty == INODE_EXTREF => {
-            decode(b, &i.key, &i.data)?.first().map(|e| e.ino)
+            decode(b, &i.key, i.data)?.first().map(|e| e.ino)
         }
         _ => None,
     };
@@ -367,7 +367,7 @@ pub(crate) fn list<B: BlockRead + ?Sized>(
         if it.key.objectid != dir || it.key.ty != DIR_INDEX || it.key.offset > last {
             break;
         }
-        out.extend(decode(b, &it.key, &it.data)?);
+        out.extend(decode(b, &it.key, it.data)?);
         c.next(b)?;
     }
     Ok(out)

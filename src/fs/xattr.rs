@@ -127,7 +127,7 @@ pub(crate) fn all<B: BlockRead + ?Sized>(b: &B, root: &RootPtr, ino: u64) -> Res
         if it.key.objectid != ino || it.key.ty != XATTR_ITEM {
             break;
         }
-        out.extend(decode(b, &it.key, &it.data)?);
+        out.extend(decode(b, &it.key, it.data)?);
         c.next(b)?;
     }
     Ok(out)

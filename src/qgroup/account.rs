@@ -175,7 +175,7 @@ fn rescan_batch(tx: &mut Txn<'_>, cursor: u64) -> Result<Option<u64>> {
                 break;
             }
             let item =
-                ExtentItem::decode(&it.data).map_err(|e| Error::corrupt(it.key.objectid, e))?;
+                ExtentItem::decode(it.data).map_err(|e| Error::corrupt(it.key.objectid, e))?;
             batch.push((it.key.objectid, it.key.offset, !item.is_tree_block()));
         }
         if c.next(tx)?.is_none() {

@@ -156,7 +156,7 @@ impl Qgroups {
     pub fn load<B: BlockRead + ?Sized>(b: &B, root: &RootPtr) -> Result<Qgroups> {
         let mut q = Qgroups::default();
         let mut c = Cursor::seek(b, root, &Key::MIN)?;
-        let mut cur = c.item().map(|it| (it.key, it.data.clone()));
+        let mut cur = c.item().map(|it| (it.key, it.data.to_vec()));
         while let Some((key, data)) = cur {
             crate::format::qgroup::check(&key, &data).map_err(|e| bad(&key, e))?;
             match key.ty {
@@ -183,7 +183,7 @@ impl Qgroups {
                 }
                 _ => {}
             }
-            cur = c.next(b)?.map(|it| (it.key, it.data.clone()));
+            cur = c.next(b)?.map(|it| (it.key, it.data.to_vec()));
         }
         Ok(q)
     }

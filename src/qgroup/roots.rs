@@ -355,7 +355,7 @@ impl<'a> Reach<'a> {
                 continue;
             }
             for it in node.items() {
-                if let Some((d, len)) = data_ref_of(&it.key, &it.data) {
+                if let Some((d, len)) = data_ref_of(&it.key, it.data) {
                     if !spend(traced, d, (len, true)) {
                         return Ok(false);
                     }
@@ -488,7 +488,7 @@ impl State {
         )?;
         let item = match c.item() {
             Some(it) if it.key.objectid == bytenr && it.key.ty == EXTENT_ITEM => {
-                ExtentItem::decode(&it.data).map_err(|e| Error::corrupt(bytenr, e))?
+                ExtentItem::decode(it.data).map_err(|e| Error::corrupt(bytenr, e))?
             }
             _ => {
                 self.absent.insert(bytenr);
@@ -636,7 +636,7 @@ pub fn compute_usage<B: BlockRead + ?Sized>(b: &B, trees: &[(u64, RootPtr)]) -> 
                 }
             } else {
                 for it in node.items() {
-                    if let Some((d, len)) = data_ref_of(&it.key, &it.data) {
+                    if let Some((d, len)) = data_ref_of(&it.key, it.data) {
                         reach(&mut data, d, len, &roots);
                     }
                 }

@@ -189,7 +189,7 @@ fn scrub_batch(
     let (mut extents, mut bytes) = (0, 0);
     loop {
         let Some(it) = c.item() else { return Ok(None) };
-        let (key, data) = (it.key, it.data.clone());
+        let (key, data) = (it.key, it.data.to_vec());
         if extents >= BATCH_EXTENTS || bytes >= BATCH_BYTES {
             return Ok(Some(key));
         }
@@ -307,7 +307,7 @@ fn is_preallocated(r: &Reader<'_>, bytenr: u64) -> Result<bool> {
     Ok(items
         .iter()
         .filter(|it| it.key.ty == EXTENT_DATA)
-        .filter_map(|it| FileExtentItem::decode(&it.data).ok())
+        .filter_map(|it| FileExtentItem::decode(it.data).ok())
         .find(|fe| fe.disk_extent().is_some_and(|(b, _)| b == bytenr))
         .is_some_and(|fe| fe.kind == FILE_EXTENT_PREALLOC))
 }
@@ -336,7 +336,7 @@ fn files_touching(
         let mut c = r.cursor(tree, &Key::MIN)?;
         while let Some(it) = c.item() {
             if it.key.ty == EXTENT_DATA {
-                if let Ok(fe) = FileExtentItem::decode(&it.data) {
+                if let Ok(fe) = FileExtentItem::decode(it.data) {
                     let rs = ranges(it.key.offset, &fe);
                     if !rs.is_empty() {
                         found.entry(it.key.objectid).or_default().extend(rs);
@@ -404,7 +404,7 @@ fn first_name(r: &Reader<'_>, in_tree: u64, key: Key) -> Option<(String, (u64, u
     let it = c
         .item()
         .filter(|i| i.key.objectid == key.objectid && i.key.ty == key.ty)?;
-    let e = DirEntry::decode_all(&it.data).ok()?.into_iter().next()?;
+    let e = DirEntry::decode_all(it.data).ok()?.into_iter().next()?;
     let name = String::from_utf8_lossy(&e.name).into_owned();
     Some((name, (it.key.offset, e.ino)))
 }

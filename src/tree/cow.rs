@@ -106,7 +106,7 @@ pub(crate) fn cow_path<B: BlockWrite + ?Sized>(
     loop {
         let node = b.node_mut(at)?;
         if node.is_leaf() {
-            let slot = match node.items().binary_search_by(|it| it.key.cmp(key)) {
+            let slot = match node.items().search(key) {
                 Ok(i) | Err(i) => i,
             };
             path.push(Step { bytenr: at, slot });

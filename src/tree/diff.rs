@@ -35,7 +35,7 @@ fn one_way<B: BlockRead + ?Sized>(
     while let Some(node) = stack.pop() {
         if node.is_leaf() {
             for it in node.items() {
-                if super::get(b, other, &it.key)?.as_deref() != Some(&it.data[..]) {
+                if super::get(b, other, &it.key)?.as_deref() != Some(it.data) {
                     f(&it.key);
                 }
             }

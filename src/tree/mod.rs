@@ -159,8 +159,8 @@ pub(crate) fn entry_refs(body: &Body, range: std::ops::Range<usize>, mut f: impl
             .iter()
             .for_each(|p| f(EntryRef::Block(p.bytenr))),
         Body::Leaf(items) => {
-            for it in &items[range] {
-                if let Some((bytenr, len)) = crate::format::items::data_ref_of(&it.key, &it.data) {
+            for it in items.iter().skip(range.start).take(range.len()) {
+                if let Some((bytenr, len)) = crate::format::items::data_ref_of(&it.key, it.data) {
                     f(EntryRef::Data(bytenr, len));
                 }
             }

@@ -7,7 +7,7 @@ use super::rebalance::fix_up_leaf;
 use super::{max_item_size, BlockWrite, RootPtr};
 use crate::error::{Error, Result};
 use crate::format::items::data_ref_of;
-use crate::format::node::{Body, Item};
+use crate::format::node::{Body, Leaf};
 use crate::format::Key;
 
 fn check_size<B: BlockWrite + ?Sized>(b: &B, data: &[u8]) -> Result<()> {
@@ -32,7 +32,7 @@ fn leaf_of<'b, B: BlockWrite + ?Sized>(
     b: &'b mut B,
     root: &RootPtr,
     path: &[Step],
-) -> Result<(Step, &'b mut Vec<Item>)> {
+) -> Result<(Step, &'b mut Leaf)> {
     let Some(step) = path.last().copied() else {
         return Err(Error::corrupt(root.bytenr, "empty path"));
     };
@@ -58,18 +58,17 @@ fn set_item<B: BlockWrite + ?Sized>(
 ) -> Result<Option<Vec<u8>>> {
     check_size(b, &data)?;
     let path = cow_path(b, owner, root, &key)?;
-    // Taken before the data moves into the leaf: nothing is copied.
     let new_ref = data_ref_of(&key, &data);
     let new_len = data.len();
     let (leaf_step, items) = leaf_of(b, root, &path)?;
     let slot = leaf_step.slot;
-    let exists = items.get(slot).is_some_and(|it| it.key == key);
+    let exists = slot < items.len() && items.key(slot) == key;
     let old = match (exists, change) {
         (true, Change::Insert) => return Err(Error::Exists),
         (false, Change::Replace) => return Err(Error::NotFound),
-        (true, _) => Some(std::mem::replace(&mut items[slot].data, data)),
+        (true, _) => Some(items.replace_data(slot, &data)),
         (false, _) => {
-            items.insert(slot, Item { key, data });
+            items.insert(slot, key, &data);
             None
         }
     };
@@ -133,7 +132,7 @@ pub fn delete<B: BlockWrite + ?Sized>(
         return Err(Error::NotFound);
     }
     let old = items.remove(leaf_step.slot);
-    note_data_ref(b, leaf_step.bytenr, key, &old.data, -1);
+    note_data_ref(b, leaf_step.bytenr, key, &old, -1);
     fix_up_leaf(b, owner, root, &path)?;
-    Ok(old.data)
+    Ok(old)
 }

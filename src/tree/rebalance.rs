@@ -17,28 +17,25 @@
 use super::cow::{cow_child, Step};
 use super::{count_entry_refs, BlockWrite, Holder, RootPtr};
 use crate::error::{Error, Result};
-use crate::format::node::{Body, Ptr, HEADER_SIZE, ITEM_HEADER_SIZE, PTR_SIZE};
+use crate::format::node::{Body, Leaf, Ptr, HEADER_SIZE, PTR_SIZE};
 
 pub(super) fn entry_sizes(body: &Body) -> Vec<usize> {
     match body {
-        Body::Leaf(items) => items
-            .iter()
-            .map(|i| ITEM_HEADER_SIZE + i.data.len())
-            .collect(),
+        Body::Leaf(items) => (0..items.len()).map(|i| items.entry_size(i)).collect(),
         Body::Internal(ptrs) => vec![PTR_SIZE; ptrs.len()],
     }
 }
 
 pub(super) fn content_bytes(body: &Body) -> usize {
     match body {
-        Body::Leaf(items) => items.iter().map(|i| ITEM_HEADER_SIZE + i.data.len()).sum(),
+        Body::Leaf(items) => items.content_bytes(),
         Body::Internal(ptrs) => ptrs.len() * PTR_SIZE,
     }
 }
 
 fn empty_like(body: &Body) -> Body {
     match body {
-        Body::Leaf(_) => Body::Leaf(Vec::new()),
+        Body::Leaf(_) => Body::Leaf(Leaf::new()),
         Body::Internal(_) => Body::Internal(Vec::new()),
     }
 }
@@ -52,7 +49,7 @@ fn split_off(body: &mut Body, at: usize) -> Body {
 
 fn append(body: &mut Body, other: Body) {
     match (body, other) {
-        (Body::Leaf(a), Body::Leaf(b)) => a.extend(b),
+        (Body::Leaf(a), Body::Leaf(b)) => a.append(&b),
         (Body::Internal(a), Body::Internal(b)) => a.extend(b),
         _ => {}
     }
@@ -67,7 +64,7 @@ fn len(body: &Body) -> usize {
 
 fn first_key(body: &Body) -> Option<crate::format::Key> {
     match body {
-        Body::Leaf(v) => v.first().map(|i| i.key),
+        Body::Leaf(v) => v.first_key(),
         Body::Internal(v) => v.first().map(|p| p.key),
     }
 }
@@ -201,8 +198,8 @@ fn merge_child<B: BlockWrite + ?Sized>(
     let l = cow_child(b, owner, parent, ls)?;
     let r = cow_child(b, owner, parent, rs)?;
     let cap = b.nodesize() - HEADER_SIZE;
-    let lbody = std::mem::replace(&mut b.node_mut(l)?.body, Body::Leaf(Vec::new()));
-    let rbody = std::mem::replace(&mut b.node_mut(r)?.body, Body::Leaf(Vec::new()));
+    let lbody = std::mem::replace(&mut b.node_mut(l)?.body, Body::Leaf(Leaf::new()));
+    let rbody = std::mem::replace(&mut b.node_mut(r)?.body, Body::Leaf(Leaf::new()));
     let nl = len(&lbody);
     let nr = len(&rbody);
     if content_bytes(&lbody) + content_bytes(&rbody) <= cap {
@@ -288,7 +285,7 @@ pub(super) fn move_leading<B: BlockWrite + ?Sized>(
     to: u64,
     k: usize,
 ) -> Result<usize> {
-    let mut moved = std::mem::replace(&mut b.node_mut(from)?.body, Body::Leaf(Vec::new()));
+    let mut moved = std::mem::replace(&mut b.node_mut(from)?.body, Body::Leaf(Leaf::new()));
     let kept = split_off(&mut moved, k);
     move_refs(b, &moved, 0..k, from, to);
     append(&mut b.node_mut(to)?.body, moved);
@@ -334,7 +331,7 @@ fn shift_to_sibling<B: BlockWrite + ?Sized>(
                 let right = cow_child(b, owner, parent, slot + 1)?;
                 let moved = split_off(&mut b.node_mut(child)?.body, sizes.len() - k);
                 move_refs(b, &moved, 0..k, child, right);
-                let old = std::mem::replace(&mut b.node_mut(right)?.body, Body::Leaf(Vec::new()));
+                let old = std::mem::replace(&mut b.node_mut(right)?.body, Body::Leaf(Leaf::new()));
                 let mut all = moved;
                 append(&mut all, old);
                 b.node_mut(right)?.body = all;

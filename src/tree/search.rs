@@ -3,7 +3,7 @@
 
 use super::{child_slot, read_child, BlockRead, RootPtr};
 use crate::error::Result;
-use crate::format::node::{Item, Node};
+use crate::format::node::{ItemRef, Node};
 use crate::format::Key;
 use std::sync::Arc;
 
@@ -28,10 +28,7 @@ pub fn get_with<B: BlockRead + ?Sized, R>(
         node = read_child(b, &ptr, node.level)?;
     }
     let items = node.items();
-    Ok(items
-        .binary_search_by(|it| it.key.cmp(key))
-        .ok()
-        .map(|i| f(&items[i].data)))
+    Ok(items.search(key).ok().map(|i| f(items.data(i))))
 }
 
 /// Number of blocks in the tree at `root`. Reads only the internal nodes
@@ -96,7 +93,7 @@ impl Cursor {
             path.push((node, slot));
             node = child;
         }
-        let slot = match node.items().binary_search_by(|it| it.key.cmp(key)) {
+        let slot = match node.items().search(key) {
             Ok(i) | Err(i) => i,
         };
         path.push((node, slot));
@@ -119,7 +116,7 @@ impl Cursor {
     }
 
     /// The item under the cursor; None past the end.
-    pub fn item(&self) -> Option<&Item> {
+    pub fn item(&self) -> Option<ItemRef<'_>> {
         let (leaf, slot) = self.path.last()?;
         leaf.items().get(*slot)
     }
@@ -130,7 +127,7 @@ impl Cursor {
     }
 
     /// Moves to the next item and returns it.
-    pub fn next<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<&Item>> {
+    pub fn next<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<ItemRef<'_>>> {
         if let Some((_, slot)) = self.path.last_mut() {
             *slot += 1;
         }
@@ -140,7 +137,7 @@ impl Cursor {
 
     /// Moves to the previous item and returns it; at the first item, stays
     /// and returns None.
-    pub fn prev<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<&Item>> {
+    pub fn prev<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<ItemRef<'_>>> {
         let depth = self.path.len();
         if self.path[depth - 1].1 > 0 {
             self.path[depth - 1].1 -= 1;
@@ -163,7 +160,7 @@ impl Cursor {
 
     /// Moves to the first item of the next leaf; None at the last leaf.
     /// Walking a range leaf by leaf visits each leaf exactly once.
-    pub fn next_leaf<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<&Item>> {
+    pub fn next_leaf<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<ItemRef<'_>>> {
         let depth = self.path.len();
         let n = self.path[depth - 1].0.nritems();
         let before = self.path[depth - 1].0.bytenr;
@@ -177,7 +174,7 @@ impl Cursor {
 
     /// Moves to the last item of the previous leaf; None at the first leaf
     /// (the cursor then stays on the first item).
-    pub fn prev_leaf<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<&Item>> {
+    pub fn prev_leaf<B: BlockRead + ?Sized>(&mut self, b: &B) -> Result<Option<ItemRef<'_>>> {
         let depth = self.path.len();
         self.path[depth - 1].1 = 0;
         self.prev(b)

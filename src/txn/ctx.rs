@@ -103,13 +103,13 @@ fn collect_range<B: BlockRead + ?Sized>(
 ) -> Result<Vec<(Key, Vec<u8>)>> {
     let mut out = Vec::new();
     let mut c = Cursor::seek(b, root, start)?;
-    let mut cur = c.item().map(|it| (it.key, it.data.clone()));
+    let mut cur = c.item().map(|it| (it.key, it.data.to_vec()));
     while let Some((k, d)) = cur {
         if k >= *end {
             break;
         }
         out.push((k, d));
-        cur = c.next(b)?.map(|it| (it.key, it.data.clone()));
+        cur = c.next(b)?.map(|it| (it.key, it.data.to_vec()));
     }
     Ok(out)
 }
@@ -679,7 +679,7 @@ impl BlockWrite for Txn<'_> {
             bytenr
         };
         let body = if level == 0 {
-            Body::Leaf(Vec::new())
+            Body::Leaf(crate::format::node::Leaf::new())
         } else {
             Body::Internal(Vec::new())
         };

@@ -214,8 +214,7 @@ impl Shared {
     fn check_leaf(&self, node: &Node) {
         let limits = self.item_limits();
         for item in node.items() {
-            let Err(why) = crate::format::checker::check_item(&item.key, &item.data, &limits)
-            else {
+            let Err(why) = crate::format::checker::check_item(&item.key, item.data, &limits) else {
                 continue;
             };
             let mut seen = crate::sync::lock(&self.reported);

@@ -347,12 +347,12 @@ fn items_of_type(st: &State, sh: &Shared, root: &RootPtr, ty: u8) -> Result<Vec<
     let l = Loader { st, sh };
     let mut c = Cursor::seek(&l, root, &Key::MIN)?;
     let mut out = Vec::new();
-    let mut cur = c.item().map(|i| (i.key, i.data.clone()));
+    let mut cur = c.item().map(|i| (i.key, i.data.to_vec()));
     while let Some((k, d)) = cur {
         if k.ty == ty {
             out.push((k, d));
         }
-        cur = c.next(&l)?.map(|i| (i.key, i.data.clone()));
+        cur = c.next(&l)?.map(|i| (i.key, i.data.to_vec()));
     }
     Ok(out)
 }

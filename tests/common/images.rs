@@ -353,7 +353,7 @@ pub fn live_blocks(img: &[u8]) -> Vec<Block> {
             }
             Body::Leaf(items) if tree == tree_id::ROOT => {
                 for it in items.iter().filter(|i| i.key.ty == ROOT_ITEM) {
-                    if let Ok(r) = RootItem::decode(&it.data) {
+                    if let Ok(r) = RootItem::decode(it.data) {
                         queue.push((r.bytenr, it.key.objectid, None));
                     }
                 }

@@ -369,7 +369,7 @@ pub(crate) fn renumber(img: &mut [u8], blocks: &[Block], rng: &mut Rng) -> Optio
         .filter(|i| NAMED.contains(&i.key.ty))
         .collect();
     let it = named.get(rng.below(named.len().max(1) as u64) as usize)?;
-    let (_, ino, old, name) = entries(&it.data).into_iter().next()?;
+    let (_, ino, old, name) = entries(it.data).into_iter().next()?;
     // (directory, inode) of the name.
     let (dir, child) = if it.key.ty == DIR_ITEM || it.key.ty == DIR_INDEX {
         (it.key.objectid, ino)
@@ -393,9 +393,10 @@ pub(crate) fn renumber(img: &mut [u8], blocks: &[Block], rng: &mut Rng) -> Optio
         let Some(mut n) = node_at(img, o.addr) else {
             continue;
         };
-        let Body::Leaf(items) = &mut n.body else {
+        let Body::Leaf(leaf) = &mut n.body else {
             continue;
         };
+        let mut items = leaf.edit();
         let mut changed = false;
         for item in items.iter_mut().filter(|i| NAMED.contains(&i.key.ty)) {
             let on_dir = item.key.ty == DIR_ITEM || item.key.ty == DIR_INDEX;
@@ -419,6 +420,7 @@ pub(crate) fn renumber(img: &mut [u8], blocks: &[Block], rng: &mut Rng) -> Optio
         if changed {
             items.sort_by_key(|i| i.key);
             items.dedup_by_key(|i| i.key);
+            drop(items);
             if !store(img, &n) {
                 return None;
             }
@@ -435,9 +437,10 @@ pub(crate) fn renumber(img: &mut [u8], blocks: &[Block], rng: &mut Rng) -> Optio
 
 /// A decoded-item change to item `i` of a leaf, re-encoded sorted.
 pub(crate) fn change_item(node: &mut Node, i: usize, kind: Kind, rng: &mut Rng) -> Option<String> {
-    let Body::Leaf(items) = &mut node.body else {
+    let Body::Leaf(leaf) = &mut node.body else {
         return None;
     };
+    let mut items = leaf.edit();
     let key = items[i].key;
     let what = match kind {
         Kind::ItemField => {

@@ -52,7 +52,7 @@ pub(crate) fn first_items<B: BlockRead + ?Sized>(
         if out.len() >= max || it.key.objectid != ino || it.key.ty != EXTENT_DATA {
             break;
         }
-        out.push((it.key.offset, decode(b, &it.key, &it.data)?));
+        out.push((it.key.offset, decode(b, &it.key, it.data)?));
         c.next(b)?;
     }
     Ok(out)
@@ -78,7 +78,7 @@ pub(crate) fn last_items<B: BlockRead + ?Sized>(
         if out.len() >= max || it.key.objectid != ino || it.key.ty != EXTENT_DATA {
             break;
         }
-        let fe = decode(b, &it.key, &it.data)?;
+        let fe = decode(b, &it.key, it.data)?;
         if it.key.offset + item_len(&fe) <= from {
             break;
         }
@@ -174,7 +174,7 @@ pub(crate) fn items_in<B: BlockRead + ?Sized>(
             if it.key.offset >= end {
                 break;
             }
-            let fe = decode(b, &it.key, &it.data)?;
+            let fe = decode(b, &it.key, it.data)?;
             if it.key.offset + item_len(&fe) > start {
                 out.push((it.key.offset, fe));
             }
@@ -270,7 +270,7 @@ pub(crate) fn hint_before<B: BlockRead + ?Sized>(
     if it.key.objectid != ino || it.key.ty != EXTENT_DATA {
         return Ok(0);
     }
-    let fe = decode(b, &it.key, &it.data)?;
+    let fe = decode(b, &it.key, it.data)?;
     Ok(on_device(&fe).map_or(0, |(_, end)| end))
 }
 
@@ -632,7 +632,7 @@ pub(crate) fn seek<B: BlockRead + ?Sized>(
             if k >= size {
                 break;
             }
-            let fe = decode(b, &it.key, &it.data)?;
+            let fe = decode(b, &it.key, it.data)?;
             let end = k + item_len(&fe);
             let is_data = fe.kind == FILE_EXTENT_INLINE
                 || (fe.kind == FILE_EXTENT_REG && fe.disk_bytenr != 0);

@@ -425,7 +425,7 @@ fn walk_log(
             }
             Body::Leaf(leaf) => {
                 for it in leaf {
-                    if let Err(why) = crate::format::checker::check_item(&it.key, &it.data, &limits)
+                    if let Err(why) = crate::format::checker::check_item(&it.key, it.data, &limits)
                     {
                         let why = format!("item {} in block {}: {why}", it.key, node.bytenr);
                         if it.key.objectid == CSUM_OBJECTID {
@@ -434,7 +434,7 @@ fn walk_log(
                         found.skipped.entry(it.key.objectid).or_insert(why);
                         continue;
                     }
-                    found.note(&it.key, &it.data);
+                    found.note(&it.key, it.data);
                 }
             }
         }
@@ -484,7 +484,7 @@ impl Reader<'_> {
         else {
             return Ok(ExtentAt::Absent);
         };
-        let data = crate::format::items::ExtentItem::decode(&it.data)
+        let data = crate::format::items::ExtentItem::decode(it.data)
             .is_ok_and(|e| !e.is_tree_block() && it.key.offset == len);
         Ok(if data {
             ExtentAt::Data
