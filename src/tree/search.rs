@@ -31,6 +31,47 @@ pub fn get_with<B: BlockRead + ?Sized, R>(
     Ok(items.search(key).ok().map(|i| f(items.data(i))))
 }
 
+/// What `f` makes of the data of the item with each of `keys` (ascending;
+/// repeats allowed), in that order; `None` where a key is absent. The
+/// path from the root is kept between keys and climbed only as far as
+/// the next key leaves it, so keys that share a leaf cost one descent: a
+/// directory listing's inodes, looked up in inode order, mostly do.
+pub fn get_many_with<B: BlockRead + ?Sized, R>(
+    b: &B,
+    root: &RootPtr,
+    keys: &[Key],
+    mut f: impl FnMut(&Key, &[u8]) -> R,
+) -> Result<Vec<Option<R>>> {
+    debug_assert!(keys.windows(2).all(|w| w[0] <= w[1]));
+    let mut out = Vec::with_capacity(keys.len());
+    // Each node on the path with the key its subtree ends before (None:
+    // the tree's end).
+    let mut path: Vec<(Arc<Node>, Option<Key>)> =
+        vec![(b.read_node(root.bytenr, root.generation)?, None)];
+    for key in keys {
+        while path.len() > 1
+            && path
+                .last()
+                .is_some_and(|(_, end)| end.is_some_and(|e| *key >= e))
+        {
+            path.pop();
+        }
+        while let Some((node, end)) = path.last().filter(|(n, _)| !n.is_leaf()) {
+            let ptrs = node.ptrs();
+            let slot = child_slot(ptrs, key);
+            let child_end = ptrs.get(slot + 1).map(|p| p.key).or(*end);
+            let child = read_child(b, &ptrs[slot], node.level)?;
+            path.push((child, child_end));
+        }
+        let leaf = match path.last() {
+            Some((leaf, _)) => leaf.items(),
+            None => break,
+        };
+        out.push(leaf.search(key).ok().map(|i| f(key, leaf.data(i))));
+    }
+    Ok(out)
+}
+
 /// Number of blocks in the tree at `root`. Reads only the internal nodes
 /// (a level-1 node's pointers count its leaves), so it costs about one
 /// block read per hundred blocks counted.

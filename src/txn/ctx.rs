@@ -144,6 +144,16 @@ impl<'a> Reader<'a> {
         tree::get_with(self, &root_of(self.st, tree)?, key, f)
     }
 
+    /// [`tree::get_many_with`] in `tree`: one lookup for many sorted keys.
+    pub fn get_many_with<R>(
+        &self,
+        tree: u64,
+        keys: &[Key],
+        f: impl FnMut(&Key, &[u8]) -> R,
+    ) -> Result<Vec<Option<R>>> {
+        tree::get_many_with(self, &root_of(self.st, tree)?, keys, f)
+    }
+
     pub fn range(&self, tree: u64, start: &Key, end: &Key) -> Result<Vec<(Key, Vec<u8>)>> {
         collect_range(self, &root_of(self.st, tree)?, start, end)
     }

@@ -306,10 +306,29 @@ impl Harness {
                 .collect();
             assert_eq!(got.len(), want.len(), "tree {id} item count");
             assert!(got == want, "tree {id} contents differ");
+            self.verify_many(id);
         }
         let trees = self.engine().read(|r| Ok(r.tree_ids())).expect("ids");
         for id in self.model.keys() {
             assert!(trees.contains(id), "tree {id} missing");
+        }
+    }
+
+    /// Looks up every key of tree `id`, some twice, and keys it lacks,
+    /// in one sorted `get_many_with`: each answer must be the model's.
+    fn verify_many(&self, id: u64) {
+        let mut keys: Vec<Key> = self.model[&id].keys().copied().collect();
+        keys.extend((0..1500u16).step_by(11).map(item_key));
+        keys.extend(self.model[&id].keys().step_by(5).copied());
+        keys.sort();
+        let got = self
+            .engine()
+            .read(|r| r.get_many_with(id, &keys, |k, d| (*k, d.to_vec())))
+            .expect("get_many_with");
+        assert_eq!(got.len(), keys.len());
+        for (key, found) in keys.iter().zip(got) {
+            let want = self.model[&id].get(key).map(|v| (*key, v.clone()));
+            assert!(found == want, "tree {id} key {key}: get_many_with differs");
         }
     }
 
