@@ -155,27 +155,34 @@ impl Node {
     /// Encodes into `nodesize` bytes with the checksum filled in.
     pub fn encode(&self, fsid: &[u8; 16], nodesize: usize) -> Vec<u8> {
         let mut b = vec![0u8; nodesize];
+        self.encode_into(fsid, &mut b);
+        b
+    }
+
+    /// Encodes into `b` (zeroed, one block long) with the checksum filled
+    /// in: a commit encodes its blocks straight into the buffers it
+    /// writes.
+    pub fn encode_into(&self, fsid: &[u8; 16], b: &mut [u8]) {
         b[OFF_FSID..OFF_FSID + 16].copy_from_slice(fsid);
-        put_u64(&mut b, OFF_BYTENR, self.bytenr);
-        put_u64(&mut b, OFF_GENERATION, self.generation);
-        put_u64(&mut b, OFF_OWNER, self.owner);
-        put_u64(&mut b, OFF_FLAGS, self.flags);
-        put_u32(&mut b, OFF_NRITEMS, self.nritems() as u32);
+        put_u64(b, OFF_BYTENR, self.bytenr);
+        put_u64(b, OFF_GENERATION, self.generation);
+        put_u64(b, OFF_OWNER, self.owner);
+        put_u64(b, OFF_FLAGS, self.flags);
+        put_u32(b, OFF_NRITEMS, self.nritems() as u32);
         b[OFF_LEVEL] = self.level;
         match &self.body {
-            Body::Leaf(items) => encode_items(&mut b, items),
+            Body::Leaf(items) => encode_items(b, items),
             Body::Internal(ptrs) => {
                 for (i, p) in ptrs.iter().enumerate() {
                     let at = HEADER_SIZE + i * PTR_SIZE;
                     p.key.encode(&mut b[at..]);
-                    put_u64(&mut b, at + KEY_SIZE, p.bytenr);
-                    put_u64(&mut b, at + KEY_SIZE + 8, p.generation);
+                    put_u64(b, at + KEY_SIZE, p.bytenr);
+                    put_u64(b, at + KEY_SIZE + 8, p.generation);
                 }
             }
         }
         let sum = crc(&b[OFF_FSID..]);
-        put_u32(&mut b, OFF_CSUM, sum);
-        b
+        put_u32(b, OFF_CSUM, sum);
     }
 
     /// Whether `b`, read from `bytenr` where a block was expected and

@@ -226,6 +226,12 @@ impl Fs {
         self.core.budget.set_limit(bytes);
     }
 
+    /// Bytes of tree blocks the running transaction changed (see
+    /// `dirty_metadata=`).
+    pub fn dirty_metadata_bytes(&self) -> u64 {
+        self.core.engine.dirty_metadata_bytes()
+    }
+
     /// Bytes of written data buffered before writers flush.
     pub fn dirty_limit(&self) -> u64 {
         self.core.budget.limit()

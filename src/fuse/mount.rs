@@ -279,8 +279,9 @@ impl Helpers {
     }
 }
 
-/// Commits every `commit=` seconds and follows remounts until a signal
-/// or an unmount ends the session.
+/// Commits every `commit=` seconds, or sooner once the running
+/// transaction changed `dirty_metadata=` bytes of tree blocks, and
+/// follows remounts until a signal or an unmount ends the session.
 fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &MountOptions) {
     let mut last_commit = Instant::now();
     let mut last_look = Instant::now();
@@ -294,7 +295,9 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
             last_look = Instant::now();
         }
         let writable = !opts.read_only && !fs.is_remounted_read_only();
-        if writable && last_commit.elapsed() >= Duration::from_secs(opts.commit_secs) {
+        let due = last_commit.elapsed() >= Duration::from_secs(opts.commit_secs)
+            || fs.dirty_metadata_bytes() >= opts.dirty_metadata;
+        if writable && due {
             match fs.sync() {
                 // The shutdown was logged once, with its cause.
                 Ok(()) | Err(Error::Aborted(_)) => {}
@@ -614,6 +617,17 @@ mod tests {
             Some(10 << 20)
         );
         assert!(MountOptions::parse("dirty_limit=lots").is_err());
+        assert_eq!(
+            MountOptions::parse("dirty_metadata=64M")
+                .unwrap()
+                .dirty_metadata,
+            64 << 20
+        );
+        assert_eq!(
+            MountOptions::default().dirty_metadata,
+            super::super::options::DEFAULT_DIRTY_METADATA
+        );
+        assert!(MountOptions::parse("dirty_metadata").is_err());
         assert_eq!(
             MountOptions::parse("readahead=1M").unwrap().readahead,
             1 << 20

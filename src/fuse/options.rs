@@ -25,6 +25,11 @@ pub struct MountOptions {
     /// (no `dirty_limit=`) follows the kernel's global dirty limit, at
     /// most 64 MiB (see `fuse::bdi`).
     pub dirty_limit: Option<u64>,
+    /// Bytes of changed tree blocks a transaction may gather before it is
+    /// committed early (`dirty_metadata=`): a commit holds its blocks in
+    /// memory until they are written, so this bounds the daemon's memory
+    /// under metadata work, as `commit=` bounds its time.
+    pub dirty_metadata: u64,
     /// Keep the kernel's strict per-mount dirty limit for FUSE (1% of
     /// the global limit; `strict_limit`) instead of the share a kernel
     /// filesystem gets (see `fuse::bdi`).
@@ -71,6 +76,10 @@ pub struct MountOptions {
 /// Default for the `max_background=` option (the kernel's own is 12).
 pub const DEFAULT_MAX_BACKGROUND: u16 = 16;
 
+/// Default for the `dirty_metadata=` option: about 2,000 blocks of 16
+/// KiB, a few seconds of creates in large directories.
+pub const DEFAULT_DIRTY_METADATA: u64 = 32 << 20;
+
 /// Default for the `readahead=` option.
 pub const DEFAULT_READAHEAD: u64 = 4 << 20;
 
@@ -90,6 +99,7 @@ impl Default for MountOptions {
             threads: 4,
             transport: super::Transport::Auto,
             dirty_limit: None,
+            dirty_metadata: DEFAULT_DIRTY_METADATA,
             strict_limit: false,
             max_background: DEFAULT_MAX_BACKGROUND,
             atime: crate::fs::AtimePolicy::Relative,
@@ -254,6 +264,13 @@ impl MountOptions {
             "readahead" => {
                 let v = value.ok_or_else(|| Error::Invalid("readahead needs a size".into()))?;
                 o.readahead = crate::units::parse_size(v).map_err(Error::Invalid)?;
+            }
+            "dirty_metadata" => {
+                let v =
+                    value.ok_or_else(|| Error::Invalid("dirty_metadata needs a size".into()))?;
+                o.dirty_metadata = crate::units::parse_size(v)
+                    .map_err(Error::Invalid)?
+                    .max(1 << 20);
             }
             "dirty_limit" => {
                 let v = value.ok_or_else(|| Error::Invalid("dirty_limit needs a size".into()))?;

@@ -151,9 +151,10 @@ impl Engine {
         self.shared.dev.barrier()
     }
 
-    fn write_blocks(&self, blocks: &[(u64, Vec<u8>)]) -> Result<()> {
-        for (offset, bytes) in coalesce(blocks) {
-            self.shared.dev.write_at(&bytes, offset)?;
+    /// Writes runs of encoded blocks ([`encode_runs`]).
+    fn write_blocks(&self, runs: &[(u64, Vec<u8>)]) -> Result<()> {
+        for (offset, bytes) in runs {
+            self.shared.dev.write_at(bytes, *offset)?;
         }
         Ok(())
     }
@@ -243,12 +244,38 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
 
 /// The blocks' bytes as they go to disk, in address order.
 fn encode(nodes: &BlockMap<Arc<Node>>, sh: &super::Shared) -> Vec<(u64, Vec<u8>)> {
-    let mut blocks: Vec<(u64, Vec<u8>)> = nodes
-        .iter()
-        .map(|(&bytenr, n)| (bytenr, n.encode(&sh.fsid, sh.nodesize)))
-        .collect();
-    blocks.sort_unstable_by_key(|b| b.0);
-    blocks
+    encode_runs(nodes.values().map(|n| &**n).collect(), sh)
+}
+
+/// Encodes `nodes` in address order into runs of adjacent blocks, each
+/// one write of at most [`MAX_WRITE_BYTES`]. Each block is encoded where
+/// it is written from: a commit holds its dirty blocks once more while
+/// it writes, not twice (encoded, then merged).
+pub(super) fn encode_runs(mut nodes: Vec<&Node>, sh: &super::Shared) -> Vec<(u64, Vec<u8>)> {
+    let ns = sh.nodesize;
+    nodes.sort_unstable_by_key(|n| n.bytenr);
+    let mut runs: Vec<(u64, usize)> = Vec::new();
+    for n in &nodes {
+        match runs.last_mut() {
+            Some((start, len))
+                if *start + (*len * ns) as u64 == n.bytenr
+                    && (*len + 1) * ns <= MAX_WRITE_BYTES =>
+            {
+                *len += 1
+            }
+            _ => runs.push((n.bytenr, 1)),
+        }
+    }
+    let mut nodes = nodes.into_iter();
+    runs.into_iter()
+        .map(|(start, len)| {
+            let mut buf = vec![0u8; len * ns];
+            for (block, n) in buf.chunks_exact_mut(ns).zip(nodes.by_ref()) {
+                n.encode_into(&sh.fsid, block);
+            }
+            (start, buf)
+        })
+        .collect()
 }
 
 /// Repeats the index updates until a round changes nothing.
@@ -266,19 +293,4 @@ fn settle(tx: &mut Txn<'_>) -> Result<()> {
         }
     }
     Err(Error::corrupt(0, "commit did not settle"))
-}
-
-/// Merges blocks at adjacent addresses into larger writes.
-fn coalesce(blocks: &[(u64, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
-    let mut out: Vec<(u64, Vec<u8>)> = Vec::new();
-    for (off, bytes) in blocks {
-        if let Some((s, buf)) = out.last_mut() {
-            if *s + buf.len() as u64 == *off && buf.len() + bytes.len() <= MAX_WRITE_BYTES {
-                buf.extend_from_slice(bytes);
-                continue;
-            }
-        }
-        out.push((*off, bytes.clone()));
-    }
-    out
 }

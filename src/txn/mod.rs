@@ -406,6 +406,13 @@ impl Engine {
         self.shared.nodesize
     }
 
+    /// Bytes of tree blocks the running transaction made or changed:
+    /// what its commit will encode and write, held in memory until then.
+    pub fn dirty_metadata_bytes(&self) -> u64 {
+        let blocks = crate::sync::read(&self.state).dirty.len();
+        (blocks * self.shared.nodesize) as u64
+    }
+
     pub fn fsid(&self) -> [u8; 16] {
         self.shared.fsid
     }

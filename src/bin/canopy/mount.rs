@@ -23,7 +23,9 @@ pub struct Args {
     /// root turns on with `echo 1 > /sys/module/fuse/parameters/enable_uring`
     /// on Linux 6.14 or later; uring refuses to mount without it),
     /// dirty_limit=SIZE (written data buffered before it is flushed;
-    /// default 64M), readahead=SIZE (how far the kernel reads ahead of a
+    /// default 64M), dirty_metadata=SIZE (changed tree blocks a
+    /// transaction gathers before it is committed early; default 32M),
+    /// readahead=SIZE (how far the kernel reads ahead of a
     /// sequential reader; default 4M, 0 keeps the kernel's 128K),
     /// writeback_cache (the kernel buffers writes; ENOSPC then shows at
     /// fsync or close, see README), compress=zstd[:LEVEL]|lz4|no (compress

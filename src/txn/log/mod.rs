@@ -492,12 +492,7 @@ impl Engine {
 }
 
 fn encode(sh: &super::Shared, nodes: &[Arc<Node>]) -> Vec<(u64, Vec<u8>)> {
-    let mut blocks: Vec<(u64, Vec<u8>)> = nodes
-        .iter()
-        .map(|n| (n.bytenr, n.encode(&sh.fsid, sh.nodesize)))
-        .collect();
-    blocks.sort_unstable_by_key(|b| b.0);
-    blocks
+    super::commit::encode_runs(nodes.iter().map(|n| &**n).collect(), sh)
 }
 
 /// Makes `sb` name the log at `ptr` (replay's feature bit included).
