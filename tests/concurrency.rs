@@ -193,3 +193,46 @@ fn concurrent_commits_write_in_generation_order() {
     drop(reopened);
     common::assert_clean(dev.as_ref());
 }
+
+/// A writer that takes the running transaction past its bound on changed
+/// tree blocks wakes a committer waiting for it, once; a small
+/// transaction asks for nothing.
+#[test]
+fn a_transaction_past_its_metadata_bound_asks_for_a_commit() {
+    let (_dev, e) = common::mem_engine(128 << 20, 4096);
+    let e = Arc::new(e);
+    let limit = 16 * 4096;
+    e.set_dirty_metadata_limit(limit);
+    let waiter = {
+        let e = e.clone();
+        thread::spawn(move || e.wait_commit_wanted(Duration::from_secs(60)))
+    };
+    let mut batches = 0;
+    while e.dirty_metadata_bytes() < limit {
+        e.write(|tx| {
+            for i in 0..50 {
+                tx.put(FS, Key::new(batches, TEST_ITEM, i), vec![7; 200])?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        batches += 1;
+        assert!(batches < 1000, "the tree never grew past the bound");
+    }
+    assert!(
+        waiter.join().unwrap(),
+        "the waiting committer was not woken"
+    );
+    assert!(
+        !e.wait_commit_wanted(Duration::ZERO),
+        "one crossing is one request, taken by the waiter"
+    );
+    e.commit().unwrap();
+    e.write(|tx| tx.put(FS, Key::new(0, TEST_ITEM, 0), vec![1; 8]).map(drop))
+        .unwrap();
+    assert!(e.dirty_metadata_bytes() < limit);
+    assert!(
+        !e.wait_commit_wanted(Duration::ZERO),
+        "a small transaction asked"
+    );
+}

@@ -226,10 +226,16 @@ impl Fs {
         self.core.budget.set_limit(bytes);
     }
 
-    /// Bytes of tree blocks the running transaction changed (see
-    /// `dirty_metadata=`).
-    pub fn dirty_metadata_bytes(&self) -> u64 {
-        self.core.engine.dirty_metadata_bytes()
+    /// Sets the bytes of changed tree blocks past which the running
+    /// transaction asks to be committed (`dirty_metadata=`).
+    pub fn set_dirty_metadata_limit(&self, bytes: u64) {
+        self.core.engine.set_dirty_metadata_limit(bytes);
+    }
+
+    /// Waits at most `timeout` for the running transaction to ask to be
+    /// committed; true if it did.
+    pub fn wait_commit_wanted(&self, timeout: std::time::Duration) -> bool {
+        self.core.engine.wait_commit_wanted(timeout)
     }
 
     /// Bytes of written data buffered before writers flush.

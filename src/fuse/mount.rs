@@ -285,8 +285,9 @@ impl Helpers {
 fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &MountOptions) {
     let mut last_commit = Instant::now();
     let mut last_look = Instant::now();
+    fs.set_dirty_metadata_limit(opts.dirty_metadata);
     while !STOP.load(Ordering::SeqCst) && !session.running.finished() {
-        std::thread::sleep(Duration::from_millis(100));
+        let wanted = fs.wait_commit_wanted(Duration::from_millis(100));
         if !opts.read_only && last_look.elapsed() >= Duration::from_secs(1) {
             follow_remount(fs, mount_path);
             if opts.dirty_limit.is_none() {
@@ -295,8 +296,7 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
             last_look = Instant::now();
         }
         let writable = !opts.read_only && !fs.is_remounted_read_only();
-        let due = last_commit.elapsed() >= Duration::from_secs(opts.commit_secs)
-            || fs.dirty_metadata_bytes() >= opts.dirty_metadata;
+        let due = wanted || last_commit.elapsed() >= Duration::from_secs(opts.commit_secs);
         if writable && due {
             match fs.sync() {
                 // The shutdown was logged once, with its cause.

@@ -57,7 +57,7 @@ use crate::format::node::Node;
 use crate::format::superblock::Superblock;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 /// A tree's root as the running transaction sees it.
@@ -241,6 +241,28 @@ pub struct Engine {
     /// blocks it will release without the state lock, which is safe only
     /// while no other step can free them.
     cleaner_turn: Mutex<()>,
+    /// Tells the committer that the running transaction grew past its
+    /// bound on changed tree blocks (see [`Engine::wait_commit_wanted`]).
+    commit_wanted: CommitWanted,
+}
+
+/// A bound on the running transaction's changed tree blocks and the
+/// signal a writer gives once it is crossed.
+struct CommitWanted {
+    /// Bytes of changed tree blocks past which a commit is wanted.
+    limit: AtomicU64,
+    wanted: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Default for CommitWanted {
+    fn default() -> CommitWanted {
+        CommitWanted {
+            limit: AtomicU64::new(u64::MAX),
+            wanted: Mutex::new(false),
+            cv: Condvar::new(),
+        }
+    }
 }
 
 /// Why the engine shut down, once it has. Checked by every buffered
@@ -319,7 +341,42 @@ impl Engine {
             Err(e) => self.fail(e),
             Ok(_) => {}
         }
+        let dirty = (st.dirty.len() * self.shared.nodesize) as u64;
+        drop(st);
+        if dirty >= self.commit_wanted.limit.load(Ordering::Relaxed) {
+            self.want_commit();
+        }
         r
+    }
+
+    /// Sets the bytes of changed tree blocks past which a writer asks for
+    /// a commit ([`Engine::wait_commit_wanted`]); `u64::MAX`, the default,
+    /// never asks.
+    pub fn set_dirty_metadata_limit(&self, bytes: u64) {
+        self.commit_wanted.limit.store(bytes, Ordering::Relaxed);
+    }
+
+    fn want_commit(&self) {
+        let mut wanted = crate::sync::lock(&self.commit_wanted.wanted);
+        if !*wanted {
+            *wanted = true;
+            self.commit_wanted.cv.notify_all();
+        }
+    }
+
+    /// Waits at most `timeout` for a writer to find the running
+    /// transaction past its bound on changed tree blocks; true if one did
+    /// (the request is taken: the caller commits). The mount's commit
+    /// loop waits here, so the bound is kept within a few operations, not
+    /// within its polling interval.
+    pub fn wait_commit_wanted(&self, timeout: std::time::Duration) -> bool {
+        let wanted = crate::sync::lock(&self.commit_wanted.wanted);
+        let (mut wanted, _) = self
+            .commit_wanted
+            .cv
+            .wait_timeout_while(wanted, timeout, |w| !*w)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::take(&mut *wanted)
     }
 
     /// Runs `f` against the current state (including uncommitted changes)

@@ -126,6 +126,7 @@ fn new_engine(
         state: RwLock::new(st),
         failed: Failure::default(),
         cleaner_turn: Mutex::new(()),
+        commit_wanted: Default::default(),
         read_only: opts.read_only,
         settle_early_at: opts.settle_early_at.max(1),
     }
