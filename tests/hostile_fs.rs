@@ -23,7 +23,7 @@ use canopy::format::node::{Body, Node};
 use canopy::fs::{Fs, SetAttr};
 use canopy::{Engine, Error, OpenOptions};
 use common::images::{
-    assert_log_replays, fresh_fs, mk, populate, read_only, resolve, IMAGE_SIZE, ME, NODESIZE,
+    assert_log_replays, fresh_fs, populated_tree, read_only, resolve, IMAGE_SIZE, ME, NODESIZE,
 };
 use common::Rng;
 use std::collections::HashSet;
@@ -42,30 +42,7 @@ static GUARD: common::guard::Guard = common::guard::Guard;
 /// files and a deep directory chain.
 fn sample_image() -> Vec<u8> {
     let (dev, fs) = fresh_fs();
-    let root = 256;
-    let mut dirs = vec![root];
-    for d in 0..4 {
-        dirs.push(mk(
-            &fs,
-            root,
-            &format!("dir{d}"),
-            libc::S_IFDIR | 0o755,
-            None,
-        ));
-    }
-    let mut deep = dirs[1];
-    for d in 0..12 {
-        deep = mk(&fs, deep, &format!("level{d}"), libc::S_IFDIR | 0o700, None);
-    }
-    for (i, &dir) in dirs.iter().enumerate() {
-        populate(&fs, dir, i);
-    }
-    let many = mk(&fs, root, "many-names", libc::S_IFREG | 0o600, None);
-    for n in 0..200 {
-        let name = format!("alias-with-a-fairly-long-name-number-{n:04}");
-        fs.link(many, dirs[n % dirs.len()], name.as_bytes())
-            .expect("link");
-    }
+    populated_tree(&fs, 4, 12, 200);
     fs.sync().expect("sync");
     drop(fs);
     dev.snapshot()

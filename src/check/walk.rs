@@ -4,7 +4,8 @@ use super::Report;
 use crate::dev::Device;
 use crate::format::items::{DroppedBlock, FileExtentItem, RootItem};
 use crate::format::key_type::{DROPPED_BLOCK, EXTENT_DATA, ROOT_ITEM};
-use crate::format::node::{Body, Item, ItemRef, Node, Ptr};
+use crate::format::leaf;
+use crate::format::node::{Body, Item, Node, Ptr};
 use crate::format::superblock::Superblock;
 use crate::format::superblock::INCOMPAT_DROP_QUEUE;
 use crate::format::{tree_id, Key, DROP_QUEUE_OBJECTID};
@@ -275,8 +276,7 @@ impl Walker<'_> {
                 self.visit_children(tree, &node, &ptrs[skip.min(ptrs.len())..], bounds, report);
             }
             Body::Leaf(items) => {
-                let items: Vec<ItemRef<'_>> = items.iter().skip(skip).collect();
-                self.visit_leaf(tree, bytenr, &items, report);
+                self.visit_leaf(tree, bytenr, items.range(skip..items.len()), report);
             }
         }
     }
@@ -310,11 +310,11 @@ impl Walker<'_> {
         }
     }
 
-    fn visit_leaf(&mut self, tree: u64, bytenr: u64, items: &[ItemRef<'_>], report: &mut Report) {
+    fn visit_leaf(&mut self, tree: u64, bytenr: u64, items: leaf::Iter<'_>, report: &mut Report) {
         let limits = crate::format::checker::Limits {
             device_size: self.dev.size(),
         };
-        for it in items {
+        for it in items.clone() {
             if let Err(why) = crate::format::checker::check_item(&it.key, it.data, &limits) {
                 report.problem(
                     format!("tree {tree} leaf {bytenr} item {}", it.key),
@@ -322,7 +322,7 @@ impl Walker<'_> {
                 );
             }
         }
-        for it in items.iter().filter(|it| it.key.ty == EXTENT_DATA) {
+        for it in items.clone().filter(|it| it.key.ty == EXTENT_DATA) {
             let fe = match FileExtentItem::decode(it.data) {
                 Ok(fe) => fe,
                 Err(e) => {
@@ -353,7 +353,7 @@ impl Walker<'_> {
                 .items
                 .entry(tree)
                 .or_default()
-                .extend(items.iter().map(|it| it.to_item()));
+                .extend(items.map(|it| it.to_item()));
         }
     }
 }

@@ -135,9 +135,15 @@ impl Leaf {
     }
 
     pub fn iter(&self) -> Iter<'_> {
+        self.range(0..self.len())
+    }
+
+    /// Items `range` (clamped to the leaf), in order.
+    pub fn range(&self, range: std::ops::Range<usize>) -> Iter<'_> {
+        let end = range.end.min(self.len());
         Iter {
             leaf: self,
-            range: 0..self.len(),
+            range: range.start.min(end)..end,
         }
     }
 
@@ -222,7 +228,8 @@ impl Leaf {
     /// Moves items `at..` into a new leaf, as `Vec::split_off` does.
     pub fn split_off(&mut self, at: usize) -> Leaf {
         let tail = self.slots.split_off(at);
-        let mut out = Leaf::with_capacity(tail.len(), 0);
+        let bytes = tail.iter().map(|s| s.len as usize).sum();
+        let mut out = Leaf::with_capacity(tail.len(), bytes);
         for s in &tail {
             out.push(s.key, self.slice(s));
             self.garbage += s.len as usize;

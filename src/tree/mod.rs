@@ -159,7 +159,7 @@ pub(crate) fn entry_refs(body: &Body, range: std::ops::Range<usize>, mut f: impl
             .iter()
             .for_each(|p| f(EntryRef::Block(p.bytenr))),
         Body::Leaf(items) => {
-            for it in items.iter().skip(range.start).take(range.len()) {
+            for it in items.range(range) {
                 if let Some((bytenr, len)) = crate::format::items::data_ref_of(&it.key, it.data) {
                     f(EntryRef::Data(bytenr, len));
                 }

@@ -88,6 +88,37 @@ pub fn populate(fs: &Fs, dir: u64, salt: usize) {
     mk(fs, dir, "fifo", libc::S_IFIFO | 0o600, None);
 }
 
+/// Under the root directory: `dirs` directories, a chain `depth` deep
+/// below the first, every one of them (root included) `populate`d, and
+/// one file with `aliases` extra names spread over them (extended
+/// back-references once a directory holds many).
+pub fn populated_tree(fs: &Fs, dirs: usize, depth: usize, aliases: usize) {
+    let root = 256;
+    let mut all = vec![root];
+    for d in 0..dirs {
+        all.push(mk(
+            fs,
+            root,
+            &format!("dir{d}"),
+            libc::S_IFDIR | 0o755,
+            None,
+        ));
+    }
+    let mut deep = all[1];
+    for d in 0..depth {
+        deep = mk(fs, deep, &format!("level{d}"), libc::S_IFDIR | 0o700, None);
+    }
+    for (i, &dir) in all.iter().enumerate() {
+        populate(fs, dir, i);
+    }
+    let many = mk(fs, root, "many-names", libc::S_IFREG | 0o600, None);
+    for n in 0..aliases {
+        let name = format!("alias-with-a-fairly-long-name-number-{n:04}");
+        fs.link(many, all[n % all.len()], name.as_bytes())
+            .expect("link");
+    }
+}
+
 /// What a realistic image holds: directories (one deep chain), inline,
 /// multi-extent and sparse files, hard links (one inode with many names,
 /// for extended back-references), symlinks, xattrs, a fifo; a directory
@@ -98,29 +129,7 @@ pub fn populate(fs: &Fs, dir: u64, salt: usize) {
 pub fn rich_image() -> Vec<u8> {
     let (dev, fs) = fresh_fs();
     let root = 256;
-    let mut dirs = vec![root];
-    for d in 0..3 {
-        dirs.push(mk(
-            &fs,
-            root,
-            &format!("dir{d}"),
-            libc::S_IFDIR | 0o755,
-            None,
-        ));
-    }
-    let mut deep = dirs[1];
-    for d in 0..6 {
-        deep = mk(&fs, deep, &format!("level{d}"), libc::S_IFDIR | 0o700, None);
-    }
-    for (i, &dir) in dirs.iter().enumerate() {
-        populate(&fs, dir, i);
-    }
-    let many = mk(&fs, root, "many-names", libc::S_IFREG | 0o600, None);
-    for n in 0..60 {
-        let name = format!("alias-with-a-fairly-long-name-number-{n:04}");
-        fs.link(many, dirs[n % dirs.len()], name.as_bytes())
-            .expect("link");
-    }
+    populated_tree(&fs, 3, 6, 60);
     // Compressed files: the property on a directory, inherited.
     let zdir = mk(&fs, root, "zdir", libc::S_IFDIR | 0o755, None);
     fs.setxattr(zdir, canopy::compress::PROPERTY, b"zstd", 0)
