@@ -36,6 +36,7 @@ pub mod format;
 pub mod fs;
 pub mod fuse;
 pub mod qgroup;
+pub mod receive;
 pub mod scrub;
 pub mod send;
 pub mod stream;

@@ -549,35 +549,49 @@ fn paths_that_leave_the_subvolume_are_refused() {
 }
 
 #[test]
-fn an_interrupted_receive_leaves_nothing() {
+fn an_interrupted_or_killed_receive_leaves_nothing() {
     if !can_mount() {
         return;
     }
     let (m, good) = with_a_stream();
-    // SIGTERM while the stream still comes.
-    let dir_in = m.p("in");
-    fs::create_dir_all(&dir_in).unwrap();
-    let mut child = canopy()
-        .args(["receive", "-q"])
-        .arg(&dir_in)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    std::io::Write::write_all(&mut stdin, &good[..good.len() / 2]).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let st = child.wait().unwrap();
-    drop(stdin);
-    assert!(!st.success());
-    assert_eq!(
-        fs::read_dir(&dir_in).unwrap().count(),
-        0,
-        "an interrupted receive left something"
-    );
-    let list = canopy_ok(&["subvolume", "list", "."], &m.mnt);
-    assert!(!list.contains("in/"), "a subvolume is left: {list}");
+    // SIGTERM, then SIGKILL, while the stream still comes.
+    for (i, signal) in [libc::SIGTERM, libc::SIGKILL].into_iter().enumerate() {
+        let dir_in = m.p(&format!("in{i}"));
+        fs::create_dir_all(&dir_in).unwrap();
+        let mut child = canopy()
+            .args(["receive", "-q"])
+            .arg(&dir_in)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        std::io::Write::write_all(&mut stdin, &good[..good.len() / 2]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert_eq!(
+            fs::read_dir(&dir_in).unwrap().count(),
+            1,
+            "nothing received yet"
+        );
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let st = child.wait().unwrap();
+        drop(stdin);
+        assert!(!st.success());
+        // A killed command cannot wait for the daemon's deletion.
+        let gone = || fs::read_dir(&dir_in).unwrap().count() == 0;
+        for _ in 0..100 {
+            if gone() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(gone(), "receive stopped by signal {signal} left something");
+        let list = canopy_ok(&["subvolume", "list", "."], &m.mnt);
+        assert!(
+            !list.contains(&format!("in{i}/")),
+            "a subvolume is left: {list}"
+        );
+    }
 }
 
 #[test]

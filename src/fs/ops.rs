@@ -164,7 +164,7 @@ pub struct StatFs {
 }
 
 /// Who creates a new inode.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Owner {
     pub uid: u32,
     pub gid: u32,

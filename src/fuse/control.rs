@@ -83,6 +83,9 @@ pub enum Request {
     SubvolList,
     /// `canopy send`: the answer is the stream (see `fuse::send`).
     Send(crate::send::Request),
+    /// `canopy receive`: the streams follow the request line (see
+    /// `fuse::receive`).
+    Receive(crate::receive::Request),
     /// The end of `canopy receive`: the subvolume whose root is `node`
     /// was received from `received_uuid` (hex, as `subvolume show` prints
     /// it) at the sender's `stransid`; it becomes read-only.
@@ -188,6 +191,9 @@ pub struct Response {
     /// The sizes before and after, after a resize request.
     #[serde(default)]
     pub grown: Option<crate::txn::Grown>,
+    /// How a receive goes (every answer but its last).
+    #[serde(default)]
+    pub receive: Option<crate::receive::Event>,
 }
 
 impl Response {
@@ -207,6 +213,7 @@ impl Response {
             compsize: None,
             send: None,
             grown: None,
+            receive: None,
         }
     }
 
@@ -216,6 +223,11 @@ impl Response {
             error: Some(e.to_string()),
             ..Response::ok()
         }
+    }
+
+    /// Success or the error.
+    pub(super) fn of_unit(r: Result<()>) -> Response {
+        Response::of(r.map(|()| None))
     }
 
     fn of(r: Result<Option<Vec<crate::fs::SubvolInfo>>>) -> Response {
@@ -608,13 +620,22 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line)?;
+    let mut r = BufReader::new(&s);
+    r.read_line(&mut line)?;
+    // A receive's stream follows its line: what was read past the line
+    // is its start.
+    let read_ahead = r.buffer().to_vec();
     let resp = match serde_json::from_str::<Request>(&line) {
         Ok(Request::Send(mut req)) => {
             req.snapshot = d.node(req.snapshot);
             req.parent = req.parent.map(|p| d.node(p));
             req.clone_sources = req.clone_sources.iter().map(|&c| d.node(c)).collect();
             super::send::serve(s, fs.clone(), req);
+            return Ok(());
+        }
+        Ok(Request::Receive(mut req)) => {
+            req.dir = d.node(req.dir);
+            super::receive::serve(s, read_ahead, fs.clone(), d.notifier.clone(), req);
             return Ok(());
         }
         Err(e) => Response::of(Err(Error::Invalid(format!("bad request: {e}")))),

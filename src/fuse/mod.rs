@@ -21,6 +21,7 @@ pub mod mount;
 mod notify;
 mod options;
 mod proto;
+pub mod receive;
 mod reply;
 mod request;
 pub mod send;

@@ -1,0 +1,190 @@
+//! `canopy receive` over the control socket. After the request line the
+//! command copies its input (the send streams) to the socket and shuts
+//! its sending half when the input ends; the daemon reads the streams
+//! from the socket and applies them (`receive`), answering with JSON
+//! lines: one per event (progress, a subvolume received) with `receive`
+//! set, then the last one, without it: success or the error. The command
+//! going away mid-stream ends the input early, and the daemon deletes
+//! the partial subvolume. A receive runs on its own thread, so other
+//! commands are answered meanwhile.
+
+use super::control::{socket_path, Request, Response};
+use crate::error::{Error, Result};
+use crate::fs::Fs;
+use crate::receive::{self, Event, KernelCache};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+
+/// How much of the stream the daemon reads at once.
+const READ_BUFFER: usize = 1 << 20;
+
+/// The kernel's caches of the mount, told of the receive's changes.
+struct Kernel {
+    notifier: super::Notifier,
+    /// The node the mount's root has in `fs` (the kernel calls it 1).
+    root: u64,
+}
+
+impl Kernel {
+    fn kernel_node(&self, node: u64) -> u64 {
+        if node == self.root {
+            1
+        } else {
+            node
+        }
+    }
+}
+
+impl KernelCache for Kernel {
+    fn entry_changed(&self, dir: u64, name: &[u8]) {
+        // ENOENT: the kernel does not hold the directory; nothing to drop.
+        let _ = self.notifier.inval_entry(self.kernel_node(dir), name);
+    }
+
+    fn node_changed(&self, node: u64) {
+        let _ = self.notifier.inval_inode(self.kernel_node(node), 0, 0);
+    }
+}
+
+/// Answers a receive request on its own thread.
+/// `read_ahead`: the stream's first bytes, read with the request line.
+pub(super) fn serve(
+    s: UnixStream,
+    read_ahead: Vec<u8>,
+    fs: Arc<Fs>,
+    notifier: super::Notifier,
+    req: receive::Request,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("canopy-receive".into())
+        .spawn(move || {
+            if let Err(e) = receive_from(&s, read_ahead, &fs, notifier, &req) {
+                tracing::warn!(error = %e, "receive: the command went away");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start a receive thread");
+    }
+}
+
+fn answer(mut s: &UnixStream, resp: &Response) -> std::io::Result<()> {
+    let mut line = serde_json::to_string(resp).unwrap_or_else(|_| "{}".into());
+    line.push('\n');
+    s.write_all(line.as_bytes())
+}
+
+fn receive_from(
+    s: &UnixStream,
+    read_ahead: Vec<u8>,
+    fs: &Fs,
+    notifier: super::Notifier,
+    req: &receive::Request,
+) -> std::io::Result<()> {
+    s.set_read_timeout(None)?;
+    let kernel = Kernel {
+        notifier,
+        root: fs.root_node(),
+    };
+    // Events are best effort: a command gone away shows as the input's
+    // early end, which fails the receive.
+    let mut events = |e: Event| {
+        let _ = answer(
+            s,
+            &Response {
+                receive: Some(e),
+                ..Response::ok()
+            },
+        );
+    };
+    let input = BufReader::with_capacity(READ_BUFFER, std::io::Cursor::new(read_ahead).chain(s));
+    let result = receive::receive(fs, req, input, &kernel, &mut events);
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "receive failed");
+    }
+    answer(s, &Response::of_unit(result))
+}
+
+/// A receive asked of the daemon of a mount.
+pub struct Session {
+    s: UnixStream,
+    shown: String,
+}
+
+/// Ends a receive's input early, from another thread (a signal's): the
+/// daemon then deletes the partial subvolume and answers.
+pub struct Interrupter(UnixStream);
+
+impl Interrupter {
+    pub fn interrupt(&self) {
+        let _ = self.0.shutdown(Shutdown::Write);
+    }
+}
+
+impl Session {
+    /// Asks the daemon of `mountpoint` for a receive.
+    pub fn start(mountpoint: &Path, req: &receive::Request) -> Result<Session> {
+        let shown = mountpoint.display().to_string();
+        let mut s = UnixStream::connect(socket_path(mountpoint)).map_err(|e| {
+            Error::Invalid(format!(
+                "no Canopy daemon answers for {shown} ({e}); is it a Canopy mount point?"
+            ))
+        })?;
+        let mut line = serde_json::to_string(&Request::Receive(req.clone()))
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        line.push('\n');
+        s.write_all(line.as_bytes())
+            .map_err(|e| Error::io(format!("talking to the daemon of {shown}"), e))?;
+        Ok(Session { s, shown })
+    }
+
+    pub fn interrupter(&self) -> Result<Interrupter> {
+        self.s
+            .try_clone()
+            .map(Interrupter)
+            .map_err(|e| Error::io("cloning the control socket", e))
+    }
+
+    /// Copies `input` to the daemon (on a thread of its own) and calls
+    /// `events` with what the daemon reports, until its last answer.
+    pub fn run(self, mut input: Box<dyn Read + Send>, events: &mut dyn FnMut(Event)) -> Result<()> {
+        let talk = |e| Error::io(format!("talking to the daemon of {}", self.shown), e);
+        let mut to = self.s.try_clone().map_err(talk)?;
+        // The daemon may stop reading early (an error, or -e): the copy
+        // then fails, and the answer says why.
+        std::thread::Builder::new()
+            .name("receive-input".into())
+            .spawn(move || {
+                let _ = std::io::copy(&mut input, &mut to);
+                let _ = to.shutdown(Shutdown::Write);
+            })
+            .map_err(|e| Error::io("starting the input thread", e))?;
+        let mut r = BufReader::new(&self.s);
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line).map_err(talk)? == 0 {
+                return Err(Error::Invalid(format!(
+                    "the daemon of {} went away during the receive",
+                    self.shown
+                )));
+            }
+            let resp: Response = serde_json::from_str(&line).map_err(|e| {
+                Error::Invalid(format!(
+                    "the daemon of {} answered {line:?}: {e}",
+                    self.shown
+                ))
+            })?;
+            match resp.receive {
+                Some(e) => events(e),
+                None if resp.ok => return Ok(()),
+                None => {
+                    return Err(Error::Invalid(
+                        resp.error.unwrap_or_else(|| "receive failed".into()),
+                    ))
+                }
+            }
+        }
+    }
+}
