@@ -9,7 +9,7 @@ use crate::{Engine, OpenOptions};
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 pub use super::options::{MountOptions, DEFAULT_READAHEAD};
@@ -304,7 +304,28 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
                 Err(e) => tracing::error!(error = %e, "periodic commit failed"),
             }
             last_commit = Instant::now();
+            release_free_memory();
         }
+    }
+}
+
+/// How the program's allocator gives its free pages back to the system
+/// (set by the program, which chose the allocator).
+static RELEASE_FREE_MEMORY: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what runs after each commit of the mount loop to give the
+/// allocator's free pages back to the system. A commit frees the running
+/// transaction's blocks in one burst, and an allocator that purges free
+/// pages only from inside later allocations (mimalloc) would otherwise
+/// keep them resident while the daemon idles: after a million creates in
+/// 1,000 directories, up to 100 MB (issue 54).
+pub fn set_free_memory_release(release: fn()) {
+    let _ = RELEASE_FREE_MEMORY.set(release);
+}
+
+fn release_free_memory() {
+    if let Some(release) = RELEASE_FREE_MEMORY.get() {
+        release();
     }
 }
 

@@ -53,11 +53,21 @@ fn tune_allocator() {
         // SAFETY: sets a plain integer option of the allocator.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1) };
     }
+    canopy::fuse::mount::set_free_memory_release(collect_free_pages);
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none_or(|v| v != "1") {
         // SAFETY: a prctl with integer arguments; it affects only this
         // process's later page faults.
         unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
     }
+}
+
+/// A forced collect: purges every free page of mimalloc's arenas,
+/// whichever thread freed it (an unforced one purged nothing here). Run
+/// after each commit of a mount: with it the daemon held 238-243 MB after
+/// `sync` following a million creates, against 243-435 MB without.
+fn collect_free_pages() {
+    // SAFETY: takes and returns no pointers; any thread may collect.
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 #[derive(Parser)]

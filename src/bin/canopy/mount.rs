@@ -16,7 +16,7 @@ pub struct Args {
     /// Mount options, comma-separated: ro, rw, relatime (default), noatime,
     /// strictatime, nodev, nosuid, noexec, allow_other,
     /// default_permissions, commit=SECONDS, cache_size=SIZE (memory for
-    /// decoded tree blocks; default 128M; cache_blocks=N asks for N blocks
+    /// decoded tree blocks; default 64M; cache_blocks=N asks for N blocks
     /// of 16 KiB), threads=N,
     /// transport=auto|uring|dev (how requests reach the daemon: auto, the
     /// default, uses FUSE over io_uring when the kernel offers it, which
