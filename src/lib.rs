@@ -6,7 +6,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`fuse`] | the FUSE adapter, mount options, the control socket |
-//! | [`send`] | `canopy send`: a read-only subvolume as a send stream |
+//! | [`send`], [`receive`] | `canopy send`: a read-only subvolume as a send stream; `canopy receive`: streams applied in the daemon |
 //! | [`fs`] | POSIX semantics: inodes, directories, files, subvolumes |
 //! | [`check`], [`scrub`] | the consistency checker; reading back every checksum |
 //! | [`balance`] | emptying block groups while mounted |

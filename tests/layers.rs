@@ -15,7 +15,7 @@ use std::path::Path;
 /// Top to bottom; modules in one row are one layer.
 const LAYERS: &[&[&str]] = &[
     &["fuse"],
-    &["send"],
+    &["send", "receive"],
     &["check"],
     &["fs"],
     &["scrub"],
