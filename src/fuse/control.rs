@@ -243,24 +243,55 @@ impl Response {
 
 /// Sends one request to the daemon serving `mountpoint`.
 pub fn request(mountpoint: &Path, req: &Request) -> Result<Response> {
+    let s = open_request(mountpoint, req)?;
+    let mut answer = String::new();
+    BufReader::new(s)
+        .read_line(&mut answer)
+        .map_err(|e| talking(mountpoint, e))?;
+    parse_response(mountpoint, &answer)
+}
+
+/// Connects to the daemon serving `mountpoint` and sends `req`'s line;
+/// what follows on the socket is the request's own (answers, a stream).
+pub(super) fn open_request(mountpoint: &Path, req: &Request) -> Result<UnixStream> {
     let path = socket_path(mountpoint);
-    let shown = mountpoint.display();
     let mut s = UnixStream::connect(&path).map_err(|e| {
         Error::Invalid(format!(
-            "no Canopy daemon answers for {shown} ({}: {e}); is it a Canopy mount point?",
+            "no Canopy daemon answers for {} ({}: {e}); is it a Canopy mount point?",
+            mountpoint.display(),
             path.display()
         ))
     })?;
     let mut line = serde_json::to_string(req).map_err(|e| Error::Invalid(e.to_string()))?;
     line.push('\n');
     s.write_all(line.as_bytes())
-        .map_err(|e| Error::io(format!("talking to the daemon of {shown}"), e))?;
-    let mut answer = String::new();
-    BufReader::new(s)
-        .read_line(&mut answer)
-        .map_err(|e| Error::io(format!("talking to the daemon of {shown}"), e))?;
-    serde_json::from_str(&answer)
-        .map_err(|e| Error::Invalid(format!("the daemon of {shown} answered {answer:?}: {e}")))
+        .map_err(|e| talking(mountpoint, e))?;
+    Ok(s)
+}
+
+/// An I/O error on the socket to the daemon of `mountpoint`.
+pub(super) fn talking(mountpoint: &Path, e: std::io::Error) -> Error {
+    Error::io(
+        format!("talking to the daemon of {}", mountpoint.display()),
+        e,
+    )
+}
+
+/// One answer line of the daemon of `mountpoint`, parsed.
+pub(super) fn parse_response(mountpoint: &Path, line: &str) -> Result<Response> {
+    serde_json::from_str(line).map_err(|e| {
+        Error::Invalid(format!(
+            "the daemon of {} answered {line:?}: {e}",
+            mountpoint.display()
+        ))
+    })
+}
+
+/// Writes `resp` as one answer line.
+pub(super) fn write_response(mut s: &UnixStream, resp: &Response) -> std::io::Result<()> {
+    let mut line = serde_json::to_string(resp).unwrap_or_else(|_| "{}".into());
+    line.push('\n');
+    s.write_all(line.as_bytes())
 }
 
 /// A background scrub in the daemon.
@@ -699,7 +730,5 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         }
         Ok(req) => Response::of(d.subvolume(req)),
     };
-    let mut out = serde_json::to_string(&resp).unwrap_or_else(|_| "{}".into());
-    out.push('\n');
-    (&s).write_all(out.as_bytes())
+    write_response(&s, &resp)
 }

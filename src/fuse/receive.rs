@@ -8,14 +8,14 @@
 //! the partial subvolume. A receive runs on its own thread, so other
 //! commands are answered meanwhile.
 
-use super::control::{socket_path, Request, Response};
+use super::control::{open_request, parse_response, talking, write_response, Request, Response};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
 use crate::receive::{self, Event, KernelCache};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// How much of the stream the daemon reads at once.
@@ -70,12 +70,6 @@ pub(super) fn serve(
     }
 }
 
-fn answer(mut s: &UnixStream, resp: &Response) -> std::io::Result<()> {
-    let mut line = serde_json::to_string(resp).unwrap_or_else(|_| "{}".into());
-    line.push('\n');
-    s.write_all(line.as_bytes())
-}
-
 fn receive_from(
     s: &UnixStream,
     read_ahead: Vec<u8>,
@@ -91,7 +85,7 @@ fn receive_from(
     // Events are best effort: a command gone away shows as the input's
     // early end, which fails the receive.
     let mut events = |e: Event| {
-        let _ = answer(
+        let _ = write_response(
             s,
             &Response {
                 receive: Some(e),
@@ -104,13 +98,13 @@ fn receive_from(
     if let Err(e) = &result {
         tracing::warn!(error = %e, "receive failed");
     }
-    answer(s, &Response::of_unit(result))
+    write_response(s, &Response::of_unit(result))
 }
 
 /// A receive asked of the daemon of a mount.
 pub struct Session {
     s: UnixStream,
-    shown: String,
+    mountpoint: PathBuf,
 }
 
 /// Ends a receive's input early, from another thread (a signal's): the
@@ -126,18 +120,11 @@ impl Interrupter {
 impl Session {
     /// Asks the daemon of `mountpoint` for a receive.
     pub fn start(mountpoint: &Path, req: &receive::Request) -> Result<Session> {
-        let shown = mountpoint.display().to_string();
-        let mut s = UnixStream::connect(socket_path(mountpoint)).map_err(|e| {
-            Error::Invalid(format!(
-                "no Canopy daemon answers for {shown} ({e}); is it a Canopy mount point?"
-            ))
-        })?;
-        let mut line = serde_json::to_string(&Request::Receive(req.clone()))
-            .map_err(|e| Error::Invalid(e.to_string()))?;
-        line.push('\n');
-        s.write_all(line.as_bytes())
-            .map_err(|e| Error::io(format!("talking to the daemon of {shown}"), e))?;
-        Ok(Session { s, shown })
+        let s = open_request(mountpoint, &Request::Receive(req.clone()))?;
+        Ok(Session {
+            s,
+            mountpoint: mountpoint.to_path_buf(),
+        })
     }
 
     pub fn interrupter(&self) -> Result<Interrupter> {
@@ -150,8 +137,8 @@ impl Session {
     /// Copies `input` to the daemon (on a thread of its own) and calls
     /// `events` with what the daemon reports, until its last answer.
     pub fn run(self, mut input: Box<dyn Read + Send>, events: &mut dyn FnMut(Event)) -> Result<()> {
-        let talk = |e| Error::io(format!("talking to the daemon of {}", self.shown), e);
-        let mut to = self.s.try_clone().map_err(talk)?;
+        let mnt = self.mountpoint.as_path();
+        let mut to = self.s.try_clone().map_err(|e| talking(mnt, e))?;
         // The daemon may stop reading early (an error, or -e): the copy
         // then fails, and the answer says why.
         std::thread::Builder::new()
@@ -164,18 +151,13 @@ impl Session {
         let mut r = BufReader::new(&self.s);
         loop {
             let mut line = String::new();
-            if r.read_line(&mut line).map_err(talk)? == 0 {
+            if r.read_line(&mut line).map_err(|e| talking(mnt, e))? == 0 {
                 return Err(Error::Invalid(format!(
                     "the daemon of {} went away during the receive",
-                    self.shown
+                    mnt.display()
                 )));
             }
-            let resp: Response = serde_json::from_str(&line).map_err(|e| {
-                Error::Invalid(format!(
-                    "the daemon of {} answered {line:?}: {e}",
-                    self.shown
-                ))
-            })?;
+            let resp = parse_response(mnt, &line)?;
             match resp.receive {
                 Some(e) => events(e),
                 None if resp.ok => return Ok(()),

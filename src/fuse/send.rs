@@ -6,7 +6,7 @@
 //! of what is sent so far. A send runs on its own thread, so other
 //! commands are answered meanwhile.
 
-use super::control::{socket_path, Request, Response};
+use super::control::{open_request, parse_response, talking, write_response, Request, Response};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
 use crate::send::{self, Summary};
@@ -115,9 +115,7 @@ fn stream_to(s: &UnixStream, fs: &Fs, req: &send::Request) -> std::io::Result<()
             Response::failed(e)
         }
     };
-    let mut line = serde_json::to_string(&resp).unwrap_or_else(|_| "{}".into());
-    line.push('\n');
-    (&mut &*s).write_all(line.as_bytes())
+    write_response(s, &resp)
 }
 
 /// Asks the daemon of `mountpoint` for a send and copies the stream to
@@ -129,17 +127,8 @@ pub fn request(
     out: &mut dyn Write,
     progress: &mut dyn FnMut(u64, &Summary),
 ) -> Result<Summary> {
-    let shown = mountpoint.display();
-    let talk = |e| Error::io(format!("talking to the daemon of {shown}"), e);
-    let mut s = UnixStream::connect(socket_path(mountpoint)).map_err(|e| {
-        Error::Invalid(format!(
-            "no Canopy daemon answers for {shown} ({e}); is it a Canopy mount point?"
-        ))
-    })?;
-    let mut line = serde_json::to_string(&Request::Send(req.clone()))
-        .map_err(|e| Error::Invalid(e.to_string()))?;
-    line.push('\n');
-    s.write_all(line.as_bytes()).map_err(talk)?;
+    let talk = |e| talking(mountpoint, e);
+    let s = open_request(mountpoint, &Request::Send(req.clone()))?;
     let mut r = BufReader::with_capacity(FRAME, s);
     let mut buf = Vec::new();
     let mut copied = 0u64;
@@ -170,8 +159,7 @@ pub fn request(
         .map_err(|e| Error::io("writing the stream", e))?;
     let mut answer = String::new();
     r.read_line(&mut answer).map_err(talk)?;
-    let resp: Response = serde_json::from_str(&answer)
-        .map_err(|e| Error::Invalid(format!("the daemon of {shown} answered {answer:?}: {e}")))?;
+    let resp = parse_response(mountpoint, &answer)?;
     match (resp.ok, resp.send) {
         (true, Some(summary)) => Ok(summary),
         _ => Err(Error::Invalid(

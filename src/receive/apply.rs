@@ -82,20 +82,16 @@ impl<'a> Target<'a> {
                 return Ok(*node);
             }
         }
-        let node = self.tree.node(self.fs, path)?;
-        let a = self
-            .fs
-            .getattr(node)
-            .map_err(|e| failed("opening", path, e))?;
+        let a = self.tree.attr(self.fs, path)?;
         if a.mode & libc::S_IFMT != libc::S_IFREG {
             return Err(Error::Invalid(format!(
                 "opening {}: not a regular file",
                 shown(path)
             )));
         }
-        self.file = Some((path.to_vec(), node));
-        self.touched.insert(node);
-        Ok(node)
+        self.file = Some((path.to_vec(), a.ino));
+        self.touched.insert(a.ino);
+        Ok(a.ino)
     }
 
     pub fn apply(&mut self, c: Command, find: &mut FindSource<'_>) -> Result<()> {
@@ -297,13 +293,13 @@ impl<'a> Target<'a> {
     fn apply_attr(&mut self, c: Command) -> Result<()> {
         match c {
             Command::SetXattr { path, name, data } => {
-                let node = self.attr_node(&path)?;
+                let (node, _) = self.attr_node(&path)?;
                 self.fs
                     .setxattr(node, &name, &data, 0)
                     .map_err(|e| failed("setxattr", &path, e))
             }
             Command::RemoveXattr { path, name } => {
-                let node = self.attr_node(&path)?;
+                let (node, _) = self.attr_node(&path)?;
                 self.fs
                     .removexattr(node, &name)
                     .map_err(|e| failed("removexattr", &path, e))
@@ -328,13 +324,9 @@ impl<'a> Target<'a> {
                 self.set(&path, &s, "chown")
             }
             Command::Chmod { path, mode } => {
-                let node = self.attr_node(&path)?;
-                let a = self
-                    .fs
-                    .getattr(node)
-                    .map_err(|e| failed("chmod", &path, e))?;
+                let (node, kind) = self.attr_node(&path)?;
                 // A symlink has no mode of its own to change.
-                if a.mode & libc::S_IFMT == libc::S_IFLNK {
+                if kind == libc::S_IFLNK {
                     return Ok(());
                 }
                 let s = SetAttr {
@@ -363,18 +355,22 @@ impl<'a> Target<'a> {
         }
     }
 
-    /// The node of `path` for an attribute change, noted as changed.
-    fn attr_node(&mut self, path: &[u8]) -> Result<u64> {
-        let node = match &self.file {
-            Some((p, node)) if p == path => *node,
-            _ => self.tree.node(self.fs, path)?,
+    /// The node of `path` for an attribute change and its file type,
+    /// noted as changed.
+    fn attr_node(&mut self, path: &[u8]) -> Result<(u64, u32)> {
+        let (node, kind) = match &self.file {
+            Some((p, node)) if p == path => (*node, libc::S_IFREG),
+            _ => {
+                let a = self.tree.attr(self.fs, path)?;
+                (a.ino, a.mode & libc::S_IFMT)
+            }
         };
         self.touched.insert(node);
-        Ok(node)
+        Ok((node, kind))
     }
 
     fn set(&mut self, path: &[u8], s: &SetAttr, what: &str) -> Result<()> {
-        let node = self.attr_node(path)?;
+        let (node, _) = self.attr_node(path)?;
         self.setattr(node, s, (what, path))
     }
 
@@ -393,11 +389,11 @@ fn bad_id(path: &[u8]) -> Error {
 
 /// The regular file `path` beneath the subvolume root `root`.
 fn clone_source(fs: &Fs, root: u64, path: &[u8]) -> Result<u64> {
-    let node = Tree::new(root)
-        .node(fs, path)
+    let a = Tree::new(root)
+        .attr(fs, path)
         .map_err(|e| Error::Invalid(format!("the source of a clone: {e}")))?;
-    match fs.getattr(node)?.mode & libc::S_IFMT {
-        libc::S_IFREG => Ok(node),
+    match a.mode & libc::S_IFMT {
+        libc::S_IFREG => Ok(a.ino),
         _ => Err(Error::Invalid(format!(
             "the source of a clone, {}, is not a regular file",
             shown(path)

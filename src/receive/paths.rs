@@ -6,7 +6,7 @@
 //! leave the subvolume.
 
 use crate::error::{Error, Result};
-use crate::fs::Fs;
+use crate::fs::{Attr, Fs};
 
 /// The subvolume being received, and the directory resolved last (a
 /// stream names many entries of one directory in a row).
@@ -96,13 +96,19 @@ impl Tree {
 
     /// The node `path` names (the empty path: the root).
     pub fn node(&mut self, fs: &Fs, path: &[u8]) -> Result<u64> {
-        if path.is_empty() {
-            return Ok(self.root);
-        }
-        let at = self.entry(fs, path)?;
-        fs.lookup(at.dir, at.name)
-            .map(|a| a.ino)
-            .map_err(|e| Error::Invalid(format!("looking up {}: {e}", shown(path))))
+        self.attr(fs, path).map(|a| a.ino)
+    }
+
+    /// The attributes of what `path` names (the empty path: the root).
+    pub fn attr(&mut self, fs: &Fs, path: &[u8]) -> Result<Attr> {
+        let found = match path.is_empty() {
+            true => fs.getattr(self.root),
+            false => {
+                let at = self.entry(fs, path)?;
+                fs.lookup(at.dir, at.name)
+            }
+        };
+        found.map_err(|e| Error::Invalid(format!("looking up {}: {e}", shown(path))))
     }
 
     /// Walks `dir` (checked, not empty) down from the root, each
