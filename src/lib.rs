@@ -18,6 +18,7 @@
 //! | [`alloc`] | block groups and free space (by start and by length) |
 //! | [`cache`], [`compress`], [`stream`] | the bounded cache of clean tree blocks; the codecs of compressed extents; the btrfs send stream |
 //! | [`format`] | the on-disk format: keys, blocks, superblock, items |
+//! | [`volume`] | the copies of each block group (`dup`), a device that writes every copy |
 //! | [`dev`] | devices: image files, memory, crash recording |
 //! | [`error`], `sync`, [`units`] | errors, lock helpers, sizes |
 //!
@@ -44,6 +45,7 @@ pub(crate) mod sync;
 pub mod tree;
 pub mod txn;
 pub mod units;
+pub mod volume;
 
 pub use error::{Error, Result};
 pub use format::Key;

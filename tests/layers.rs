@@ -28,6 +28,7 @@ const LAYERS: &[&[&str]] = &[
     &["alloc"],
     &["cache", "compress", "stream"],
     &["format"],
+    &["volume"],
     &["dev"],
     &["error", "sync", "units"],
 ];

@@ -32,6 +32,8 @@ pub struct BlockGroup {
     /// Bytes held by extents (pinned frees already subtracted).
     pub used: u64,
     pub free: FreeIndex,
+    /// Where the second copy lies (the `dup` profile; see `volume`).
+    pub mirror: Option<u64>,
 }
 
 impl BlockGroup {
@@ -51,6 +53,7 @@ impl BlockGroup {
             kind,
             used,
             free: FreeIndex::default(),
+            mirror: None,
         }
     }
 }

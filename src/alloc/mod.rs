@@ -24,6 +24,13 @@
 //! ([`Claims`], set by the reservations in `txn::space`), and a group that
 //! empties goes back to the unallocated pool at the next commit, so space
 //! moves between data and metadata as needs change.
+//!
+//! A group of the `dup` profile (tree blocks, by default on images of a
+//! GiB or more) takes two ranges of the device: the group's own, where its
+//! first copy lies, and its mirror, which holds nothing else and contains
+//! no superblock copy. The allocator records both in the [`ChunkMap`] it
+//! shares with the engine's [`crate::volume::Volume`], which writes every
+//! copy.
 
 mod freespace;
 pub mod groups;
@@ -33,7 +40,10 @@ pub use groups::{BlockGroup, GroupKind};
 
 use crate::error::{Error, Result};
 use crate::format::items::{BG_DATA, BG_METADATA, BG_MIXED, BG_SYSTEM};
+use crate::format::superblock::{Profile, SystemChunk};
 use crate::format::{RESERVED_START, SUPER_OFFSETS, SUPER_SIZE};
+use crate::volume::{ChunkMap, Mirror};
+use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -109,11 +119,20 @@ pub struct Allocator {
     /// superblock knows them yet, so a log must not name their space
     /// (see `txn::log`).
     added_since_commit: BTreeSet<u64>,
+    /// Profile of new groups for tree blocks (metadata, system, mixed).
+    metadata_profile: Profile,
+    /// Profile of new data groups.
+    data_profile: Profile,
+    /// Second copies, shared with the engine's volume.
+    map: Arc<ChunkMap>,
 }
 
 impl Allocator {
     pub fn new(device_bytes: u64, mixed: bool) -> Allocator {
         Allocator {
+            metadata_profile: Profile::Single,
+            data_profile: Profile::Single,
+            map: Arc::new(ChunkMap::default()),
             groups: BTreeMap::new(),
             device_bytes,
             mixed,
@@ -125,6 +144,48 @@ impl Allocator {
             pending: BTreeSet::new(),
             added_since_commit: BTreeSet::new(),
         }
+    }
+
+    /// Sets the profiles new groups get.
+    pub fn set_profiles(&mut self, metadata: Profile, data: Profile) {
+        self.metadata_profile = metadata;
+        self.data_profile = data;
+    }
+
+    /// The profile new groups of `kind` get.
+    pub fn profile(&self, kind: GroupKind) -> Profile {
+        match kind {
+            GroupKind::Data => self.data_profile,
+            GroupKind::Metadata | GroupKind::System | GroupKind::Mixed => self.metadata_profile,
+        }
+    }
+
+    /// Device bytes a group of `kind` costs per byte it holds.
+    fn copies(&self, kind: GroupKind) -> u64 {
+        match self.profile(self.group_kind(kind)) {
+            Profile::Single => 1,
+            Profile::Dup => 2,
+        }
+    }
+
+    /// The map of second copies the engine's volume writes through.
+    pub fn chunk_map(&self) -> Arc<ChunkMap> {
+        self.map.clone()
+    }
+
+    /// The system groups' second copies, for the superblock.
+    pub fn system_chunks(&self) -> Vec<SystemChunk> {
+        self.groups
+            .values()
+            .filter(|g| g.kind == GroupKind::System)
+            .filter_map(|g| {
+                g.mirror.map(|mirror| SystemChunk {
+                    start: g.start,
+                    len: g.len,
+                    mirror,
+                })
+            })
+            .collect()
     }
 
     /// Moves the end of the device groups may use to `device_bytes`
@@ -157,9 +218,16 @@ impl Allocator {
         }
     }
 
-    /// Adds a group loaded from disk; its free space follows with
-    /// [`Allocator::load_free`].
-    pub fn load_group(&mut self, start: u64, len: u64, flags: u64, used: u64) -> Result<()> {
+    /// Adds a group loaded from disk, with the second copy its item names;
+    /// its free space follows with [`Allocator::load_free`].
+    pub fn load_group(
+        &mut self,
+        start: u64,
+        len: u64,
+        flags: u64,
+        used: u64,
+        mirror: Option<u64>,
+    ) -> Result<()> {
         let kind = GroupKind::from_flags(flags)
             .ok_or_else(|| Error::corrupt(start, format!("block group flags {flags:#x}")))?;
         if (kind == GroupKind::Mixed) != self.mixed {
@@ -171,12 +239,45 @@ impl Allocator {
         if start.checked_add(len).is_none_or(|e| e > self.device_bytes) || start < RESERVED_START {
             return Err(Error::corrupt(start, "block group outside the device"));
         }
-        if self.group_containing(start).is_some() {
+        if self.occupied().any(|(s, e)| s < start + len && start < e) {
             return Err(Error::corrupt(start, "block groups overlap"));
         }
-        self.groups
-            .insert(start, BlockGroup::new(start, len, kind, used));
+        if let Some(m) = mirror {
+            let inside = m >= RESERVED_START && m.checked_add(len).is_some_and(|e| e <= self.device_bytes);
+            if !inside || super_bytes_in(m, len) != 0 {
+                return Err(Error::corrupt(start, format!("second copy at {m} outside the usable device")));
+            }
+            let taken = self.occupied().any(|(s, e)| s < m + len && m < e);
+            if taken || (m < start + len && start < m + len) {
+                return Err(Error::corrupt(start, format!("second copy at {m} overlaps a block group")));
+            }
+        }
+        let mut g = BlockGroup::new(start, len, kind, used);
+        g.mirror = mirror;
+        self.insert_group(g);
         Ok(())
+    }
+
+    /// Puts a group in the table and its second copy in the chunk map.
+    fn insert_group(&mut self, g: BlockGroup) {
+        if let Some(mirror) = g.mirror {
+            self.map.insert(Mirror {
+                start: g.start,
+                len: g.len,
+                mirror,
+            });
+        }
+        self.groups.insert(g.start, g);
+    }
+
+    /// Every device range a group holds, first copies and mirrors, in no
+    /// particular order.
+    fn occupied(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.groups.values().flat_map(|g| {
+            let own = (g.start, g.start + g.len);
+            let mirror = g.mirror.map(|m| (m, m + g.len));
+            std::iter::once(own).chain(mirror)
+        })
     }
 
     /// Adds a free extent loaded from the by-start free-space tree.
@@ -414,6 +515,7 @@ impl Allocator {
         self.readonly.remove(&start);
         self.pending.remove(&start);
         tracing::debug!(start, "block group emptied: back to unallocated space");
+        self.map.remove(start);
         self.groups.remove(&start)
     }
 
@@ -497,7 +599,11 @@ impl Allocator {
 
     /// Device space not in any group.
     pub fn unallocated_bytes(&self) -> u64 {
-        let grouped: u64 = self.groups.values().map(|g| g.len).sum();
+        let grouped: u64 = self
+            .groups
+            .values()
+            .map(|g| g.len * if g.mirror.is_some() { 2 } else { 1 })
+            .sum();
         let supers_outside: u64 = SUPER_OFFSETS
             .iter()
             .filter(|&&s| s >= RESERVED_START && s + SUPER_SIZE <= self.device_bytes)
@@ -540,7 +646,11 @@ impl Allocator {
     /// Whether claims `c` can all be met at once, from the groups' free
     /// space and the unallocated pool.
     pub fn can_meet(&self, c: &Claims) -> bool {
-        let short: u64 = self.shortfalls(c).iter().map(|s| s.1).sum();
+        let short: u64 = self
+            .shortfalls(c)
+            .iter()
+            .map(|s| s.1 * self.copies(s.0))
+            .sum();
         short <= self.unallocated_bytes()
     }
 
@@ -577,43 +687,83 @@ impl Allocator {
         self.shortfalls(&self.claims)
             .iter()
             .filter(|s| s.0 != kind)
-            .map(|s| s.1)
+            .map(|s| s.1 * self.copies(s.0))
             .sum()
     }
 
-    /// Carves a new block group of `kind` able to hold `want` bytes.
+    /// Carves a new block group of `kind` able to hold `want` bytes (and
+    /// its mirror, for the `dup` profile).
     fn add_group(&mut self, kind: GroupKind, want: u64) -> Result<()> {
+        let copies = self.copies(kind);
         let room = self
             .unallocated_bytes()
-            .saturating_sub(self.kept_for_others(kind));
+            .saturating_sub(self.kept_for_others(kind))
+            / copies;
         let target = groups::default_size(kind, self.device_bytes)
             .max(want.next_multiple_of(1 << 20))
             .min(room.max(want));
-        let (start, len) = self.find_device_gap(target, want).ok_or(Error::NoSpace)?;
+        let (start, len, mirror) = match copies {
+            1 => {
+                let (start, len) = self.find_device_gap(target, want, None).ok_or(Error::NoSpace)?;
+                (start, len, None)
+            }
+            _ => self.find_dup_gaps(target, want).ok_or(Error::NoSpace)?,
+        };
         let mut g = BlockGroup::new(start, len, kind, 0);
+        g.mirror = mirror;
         for (s, l) in free_ranges_excluding_supers(start, len) {
             g.free.insert(s, l);
             self.journal.push(FreeOp::Add(s, l));
         }
         self.dirty_groups.insert(start);
         self.added_since_commit.insert(start);
-        tracing::debug!(start, len, ?kind, "new block group");
-        self.groups.insert(start, g);
+        tracing::debug!(start, len, ?kind, ?mirror, "new block group");
+        self.insert_group(g);
         Ok(())
     }
 
-    /// The first gap between groups that holds `min` free bytes once any
-    /// superblock copy in it is cut out; up to `target` bytes of it.
-    fn find_device_gap(&self, target: u64, min: u64) -> Option<(u64, u64)> {
-        let sector = crate::format::SECTORSIZE as u64;
+    /// Two ranges for a `dup` group: the group's own (`min` usable
+    /// bytes, up to `target`) and a mirror of the same length with no
+    /// superblock copy inside.
+    fn find_dup_gaps(&self, target: u64, min: u64) -> Option<(u64, u64, Option<u64>)> {
+        let mut target = target.max(min);
+        loop {
+            if let Some((start, len)) = self.find_device_gap(target, min, None) {
+                let mirror = self.find_clean_gap(len, (start, start + len));
+                if let Some(m) = mirror {
+                    return Some((start, len, Some(m)));
+                }
+            }
+            if target <= min {
+                return None;
+            }
+            target = (target / 2).max(min);
+        }
+    }
+
+    /// The gaps between occupied ranges (groups and mirrors), in order,
+    /// with `also` counted as occupied.
+    fn device_gaps(&self, also: Option<(u64, u64)>) -> Vec<(u64, u64)> {
+        let mut taken: Vec<(u64, u64)> = self.occupied().chain(also).collect();
+        taken.push((self.device_bytes, self.device_bytes));
+        taken.sort_unstable();
+        let mut gaps = Vec::new();
         let mut at = RESERVED_START;
-        let ends = self
-            .groups
-            .values()
-            .map(|g| (g.start, g.start + g.len))
-            .chain(std::iter::once((self.device_bytes, self.device_bytes)));
-        for (gs, ge) in ends {
-            let gap = gs.saturating_sub(at) / sector * sector;
+        for (s, e) in taken {
+            if s > at {
+                gaps.push((at, s.min(self.device_bytes)));
+            }
+            at = at.max(e);
+        }
+        gaps
+    }
+
+    /// The first gap that holds `min` free bytes once any superblock
+    /// copy in it is cut out; up to `target` bytes of it.
+    fn find_device_gap(&self, target: u64, min: u64, also: Option<(u64, u64)>) -> Option<(u64, u64)> {
+        let sector = crate::format::SECTORSIZE as u64;
+        for (at, end) in self.device_gaps(also) {
+            let gap = (end - at) / sector * sector;
             let mut len = gap.min(target.max(min));
             while len < gap && len - super_bytes_in(at, len) < min {
                 len = (len + SUPER_SIZE).min(gap);
@@ -621,14 +771,36 @@ impl Allocator {
             if len > 0 && len - super_bytes_in(at, len) >= min {
                 return Some((at, len));
             }
-            at = at.max(ge);
         }
         None
     }
 
-    /// Kinds of tree blocks: the root tree lives in system groups.
+    /// The start of `len` unoccupied bytes, apart from `also`, holding no
+    /// superblock copy: where a mirror can go.
+    fn find_clean_gap(&self, len: u64, also: (u64, u64)) -> Option<u64> {
+        let sector = crate::format::SECTORSIZE as u64;
+        for (gap_start, end) in self.device_gaps(Some(also)) {
+            let mut at = gap_start.next_multiple_of(sector);
+            while at.checked_add(len).is_some_and(|e| e <= end) {
+                let Some(&s) = SUPER_OFFSETS
+                    .iter()
+                    .find(|&&s| s + SUPER_SIZE > at && s < at + len)
+                else {
+                    return Some(at);
+                };
+                at = (s + SUPER_SIZE).next_multiple_of(sector);
+            }
+        }
+        None
+    }
+
+    /// Kinds of tree blocks: the root tree and the block group tree live
+    /// in system groups, whose second copies the superblock names, so
+    /// both can be read from either copy before the block groups are
+    /// loaded.
     pub fn kind_for_tree(tree_id: u64) -> GroupKind {
-        if tree_id == crate::format::tree_id::ROOT {
+        use crate::format::tree_id::{BLOCK_GROUP, ROOT};
+        if tree_id == ROOT || tree_id == BLOCK_GROUP {
             GroupKind::System
         } else {
             GroupKind::Metadata
@@ -737,7 +909,7 @@ mod tests {
         let (a_start, b_start) = (RESERVED_START, RESERVED_START + 4 * MIB);
         let mut a = Allocator::new(RESERVED_START + 8 * MIB, false);
         for start in [a_start, b_start] {
-            a.load_group(start, 4 * MIB, BG_DATA, 0).expect("group");
+            a.load_group(start, 4 * MIB, BG_DATA, 0, None).expect("group");
             a.load_free(start, 4 * MIB).expect("free");
         }
         assert_eq!(a.unallocated_bytes(), 0);

@@ -493,6 +493,17 @@ fn check_block_group(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
             key.offset, bg.used
         ));
     }
+    if let Some(mirror) = bg.mirror {
+        check_device_range(mirror, key.offset, limits, "second copy of a block group")?;
+        if mirror < key.objectid.saturating_add(key.offset)
+            && key.objectid < mirror.saturating_add(key.offset)
+        {
+            return fail(format!(
+                "block group {} and its second copy at {mirror} overlap",
+                key.objectid
+            ));
+        }
+    }
     Ok(())
 }
 

@@ -231,33 +231,67 @@ pub const BG_SYSTEM: u64 = 2;
 pub const BG_METADATA: u64 = 4;
 /// Data and tree blocks in one group (small images: see `alloc`).
 pub const BG_MIXED: u64 = BG_DATA | BG_METADATA;
+/// The group has a second copy on the same device (the DUP profile): its
+/// item carries where, and every write goes to both.
+pub const BG_DUP: u64 = 32;
 
 /// `(start, BLOCK_GROUP_ITEM, length)` in the block group tree.
+///
+/// 16 bytes (used, flags), or 24 with [`BG_DUP`]: then the device offset
+/// of the second copy follows. A group's start is also where its first
+/// copy lies, so reading needs no mapping; only the second copy does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockGroupItem {
     pub used: u64,
+    /// The kind (`BG_DATA`, `BG_SYSTEM`, `BG_METADATA`, `BG_MIXED`),
+    /// without the profile bit: that is `mirror`.
     pub flags: u64,
+    /// Where the second copy starts, for a DUP group.
+    pub mirror: Option<u64>,
 }
 
 pub const BLOCK_GROUP_ITEM_SIZE: usize = 16;
+pub const BLOCK_GROUP_DUP_ITEM_SIZE: usize = 24;
 
 impl BlockGroupItem {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; BLOCK_GROUP_ITEM_SIZE];
+        let Some(mirror) = self.mirror else {
+            let mut b = vec![0u8; BLOCK_GROUP_ITEM_SIZE];
+            put_u64(&mut b, 0, self.used);
+            put_u64(&mut b, 8, self.flags);
+            return b;
+        };
+        let mut b = vec![0u8; BLOCK_GROUP_DUP_ITEM_SIZE];
         put_u64(&mut b, 0, self.used);
-        put_u64(&mut b, 8, self.flags);
+        put_u64(&mut b, 8, self.flags | BG_DUP);
+        put_u64(&mut b, 16, mirror);
         b
     }
 
     pub fn decode(b: &[u8]) -> DecodeResult<BlockGroupItem> {
         need(b, BLOCK_GROUP_ITEM_SIZE, "block group")?;
-        let flags = le_u64(b, 8);
+        let raw = le_u64(b, 8);
+        let flags = raw & !BG_DUP;
         if ![BG_DATA, BG_SYSTEM, BG_METADATA, BG_MIXED].contains(&flags) {
-            return Err(format!("block group flags {flags:#x} invalid"));
+            return Err(format!("block group flags {raw:#x} invalid"));
+        }
+        let mirror = if raw & BG_DUP != 0 {
+            need(b, BLOCK_GROUP_DUP_ITEM_SIZE, "DUP block group")?;
+            Some(le_u64(b, 16))
+        } else {
+            None
+        };
+        let want = match mirror {
+            Some(_) => BLOCK_GROUP_DUP_ITEM_SIZE,
+            None => BLOCK_GROUP_ITEM_SIZE,
+        };
+        if b.len() != want {
+            return Err(format!("block group item of {} bytes", b.len()));
         }
         Ok(BlockGroupItem {
             used: le_u64(b, 0),
             flags,
+            mirror,
         })
     }
 }

@@ -34,6 +34,13 @@ const OFF_LOG_PREV_ROOT: usize = 432;
 const OFF_LOG_PREV_GENERATION: usize = 440;
 const OFF_LOG_PREV_LEVEL: usize = 448;
 const OFF_LOG_NONCE: usize = 456;
+const OFF_METADATA_PROFILE: usize = 464;
+const OFF_DATA_PROFILE: usize = 465;
+const OFF_SYSTEM_CHUNKS: usize = 468;
+const OFF_SYSTEM_ARRAY: usize = 472;
+const SYSTEM_CHUNK_BYTES: usize = 24;
+/// Most system groups the superblock can name (the array's room).
+pub const SYSTEM_CHUNKS_MAX: usize = 128;
 const SUPER_BYTES: usize = 4096;
 
 /// Every block group holds data and tree blocks alike (images under
@@ -61,8 +68,14 @@ pub const INCOMPAT_SUBVOL_UUIDS: u64 = 32;
 /// takes compression on regular extents only, would refuse those files.
 /// Set for good by the first one written.
 pub const INCOMPAT_COMPRESSED_INLINE: u64 = 64;
+/// Tree blocks may have a second copy (the DUP profile): block group
+/// items may name one and the superblock names the system groups' (see
+/// `Superblock::system_chunks`). Older code would write one copy and let
+/// the other go stale, and a later repair would bring the stale one back.
+pub const INCOMPAT_DUP: u64 = 128;
 /// Incompatible features this code understands.
-pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS
+pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
+    | INCOMPAT_MIXED_GROUPS
     | INCOMPAT_LOG_TREE
     | INCOMPAT_DROP_QUEUE
     | INCOMPAT_LOG_CHECKED
@@ -72,6 +85,59 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_GROUPS
 /// Read-only-compatible features this code understands.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;
 pub const CSUM_CRC32C: u16 = 0;
+
+/// How many copies a kind of block group keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// One copy.
+    #[default]
+    Single,
+    /// Two copies on the one device.
+    Dup,
+}
+
+impl Profile {
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Single => "single",
+            Profile::Dup => "dup",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Profile> {
+        match s.to_ascii_lowercase().as_str() {
+            "single" => Some(Profile::Single),
+            "dup" => Some(Profile::Dup),
+            _ => None,
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            Profile::Single => 0,
+            Profile::Dup => 1,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<Profile> {
+        match c {
+            0 => Some(Profile::Single),
+            1 => Some(Profile::Dup),
+            _ => None,
+        }
+    }
+}
+
+/// A system group and where its second copy lies: the superblock carries
+/// these so that the root tree and the block group tree, which live in
+/// system groups, can be read from either copy before the block group
+/// items (which name every group's copies) are loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SystemChunk {
+    pub start: u64,
+    pub len: u64,
+    pub mirror: u64,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -102,6 +168,12 @@ pub struct Superblock {
     pub compat_ro: u64,
     pub incompat: u64,
     pub label: String,
+    /// Profile of new metadata and system groups (and mixed ones).
+    pub metadata_profile: Profile,
+    /// Profile of new data groups.
+    pub data_profile: Profile,
+    /// The DUP system groups, at the last commit.
+    pub system_chunks: Vec<SystemChunk>,
 }
 
 impl Superblock {
@@ -144,6 +216,16 @@ impl Superblock {
         b[OFF_LOG_PREV_LEVEL] = self.log_prev_level;
         put_u64(&mut b, OFF_LOG_NONCE, self.log_nonce);
         put_u32(&mut b, OFF_VERSION, FORMAT_VERSION);
+        b[OFF_METADATA_PROFILE] = self.metadata_profile.code();
+        b[OFF_DATA_PROFILE] = self.data_profile.code();
+        let chunks = &self.system_chunks[..self.system_chunks.len().min(SYSTEM_CHUNKS_MAX)];
+        put_u32(&mut b, OFF_SYSTEM_CHUNKS, chunks.len() as u32);
+        for (i, c) in chunks.iter().enumerate() {
+            let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES;
+            put_u64(&mut b, at, c.start);
+            put_u64(&mut b, at + 8, c.len);
+            put_u64(&mut b, at + 16, c.mirror);
+        }
         let label = self.label.as_bytes();
         let n = label.len().min(LABEL_MAX);
         b[OFF_LABEL..OFF_LABEL + n].copy_from_slice(&label[..n]);
@@ -198,6 +280,11 @@ impl Superblock {
             compat_ro: le_u64(b, OFF_COMPAT_RO),
             incompat: le_u64(b, OFF_INCOMPAT),
             label: String::from_utf8_lossy(&label_bytes[..label_len]).into_owned(),
+            metadata_profile: Profile::from_code(b[OFF_METADATA_PROFILE])
+                .ok_or_else(|| bad("unknown metadata profile"))?,
+            data_profile: Profile::from_code(b[OFF_DATA_PROFILE])
+                .ok_or_else(|| bad("unknown data profile"))?,
+            system_chunks: decode_system_chunks(b).map_err(|why| bad(&why))?,
         };
         sb.validate().map_err(|why| bad(&why))?;
         Ok(sb)
@@ -239,6 +326,23 @@ impl Superblock {
         {
             return Err(format!("log tree at bad address {}", self.log_root));
         }
+        let dup = self.incompat & INCOMPAT_DUP != 0;
+        let uses_dup = self.metadata_profile == Profile::Dup
+            || self.data_profile == Profile::Dup
+            || !self.system_chunks.is_empty();
+        if uses_dup && !dup {
+            return Err("a second copy without its feature bit".into());
+        }
+        for c in &self.system_chunks {
+            let sector = u64::from(self.sectorsize);
+            let fits = |at: u64| {
+                at.is_multiple_of(sector) && at.checked_add(c.len).is_some_and(|e| e <= self.total_bytes)
+            };
+            let apart = c.mirror >= c.start.saturating_add(c.len) || c.start >= c.mirror.saturating_add(c.len);
+            if c.len == 0 || !fits(c.start) || !fits(c.mirror) || !apart {
+                return Err(format!("system group at {} and its copy at {}", c.start, c.mirror));
+            }
+        }
         let checked = self.incompat & INCOMPAT_LOG_CHECKED != 0;
         if checked && !has_log {
             return Err("a checked log without a log tree".into());
@@ -259,4 +363,21 @@ impl Superblock {
         }
         Ok(())
     }
+}
+
+fn decode_system_chunks(b: &[u8]) -> std::result::Result<Vec<SystemChunk>, String> {
+    let n = le_u32(b, OFF_SYSTEM_CHUNKS) as usize;
+    if n > SYSTEM_CHUNKS_MAX {
+        return Err(format!("{n} system groups named, at most {SYSTEM_CHUNKS_MAX} fit"));
+    }
+    Ok((0..n)
+        .map(|i| {
+            let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES;
+            SystemChunk {
+                start: le_u64(b, at),
+                len: le_u64(b, at + 8),
+                mirror: le_u64(b, at + 16),
+            }
+        })
+        .collect())
 }

@@ -82,6 +82,19 @@ pub struct BadBlock {
     pub error: String,
 }
 
+/// A bad copy of a block that has a good one: repaired, unless the scrub
+/// was read-only.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BadCopy {
+    pub bytenr: u64,
+    /// Which copy (0: the one at `bytenr` itself).
+    pub copy: usize,
+    /// The tree that allocated the block.
+    pub tree: u64,
+    pub error: String,
+    pub repaired: bool,
+}
+
 /// A file with damaged data: its byte ranges `[start, end)`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DamagedFile {
@@ -102,7 +115,11 @@ pub struct Report {
     /// Data extents with no checksums to compare: preallocated space,
     /// which holds no data yet.
     pub unchecked_extents: u64,
+    /// Tree blocks every copy of which is bad: lost.
     pub bad_tree_blocks: Vec<BadBlock>,
+    /// Bad copies of blocks with a good copy (`dup`).
+    #[serde(default)]
+    pub bad_copies: Vec<BadCopy>,
     /// Damaged data sectors, by device address.
     pub bad_data_sectors: Vec<u64>,
     pub damaged_files: Vec<DamagedFile>,
@@ -121,8 +138,11 @@ pub struct Report {
 }
 
 impl Report {
+    /// Nothing is lost and nothing is left bad: copies that were
+    /// repaired do not count.
     pub fn is_clean(&self) -> bool {
-        self.bad_tree_blocks.is_empty()
+        self.bad_copies.iter().all(|c| c.repaired)
+            && self.bad_tree_blocks.is_empty()
             && self.bad_data_sectors.is_empty()
             && self.unsummed_extents.is_empty()
             && self.errors.is_empty()
@@ -214,19 +234,28 @@ fn scrub_tree_block(
     item: &ExtentItem,
     report: &mut Report,
 ) -> Result<u64> {
-    match r.verify_block_on_disk(key.objectid, item.generation) {
-        Ok(true) => report.tree_blocks += 1,
-        Ok(false) => {}
-        Err(e @ (Error::Corrupt { .. } | Error::Io { .. })) => {
-            report.tree_blocks += 1;
-            tracing::error!(bytenr = key.objectid, error = %e, "scrub: damaged tree block");
-            report.bad_tree_blocks.push(BadBlock {
-                bytenr: key.objectid,
-                tree: item.owner,
-                error: e.to_string(),
-            });
-        }
-        Err(e) => return Err(e),
+    let Some(verdict) = r.verify_block_on_disk(key.objectid, item.generation) else {
+        return Ok(key.offset);
+    };
+    report.tree_blocks += 1;
+    if verdict.lost() {
+        let e = &verdict.bad[0].1;
+        tracing::error!(bytenr = key.objectid, error = %e, "scrub: damaged tree block");
+        report.bad_tree_blocks.push(BadBlock {
+            bytenr: key.objectid,
+            tree: item.owner,
+            error: e.to_string(),
+        });
+        return Ok(key.offset);
+    }
+    for (copy, e) in &verdict.bad {
+        report.bad_copies.push(BadCopy {
+            bytenr: key.objectid,
+            copy: *copy,
+            tree: item.owner,
+            error: e.to_string(),
+            repaired: verdict.repaired,
+        });
     }
     Ok(key.offset)
 }

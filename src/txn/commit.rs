@@ -1,6 +1,7 @@
 //! The commit: settle every index, encode the dirty blocks, write them,
 //! barrier, write the superblocks, barrier.
 
+use crate::dev::Device;
 use super::{persist, Engine, State, Txn};
 use crate::cache::BlockMap;
 use crate::error::{Error, Result};
@@ -162,7 +163,9 @@ impl Engine {
     /// Writes every copy inside the filesystem (not the device: space a
     /// device grew by is not the filesystem's until it is resized).
     fn write_superblocks(&self, sb: &Superblock) -> Result<()> {
-        let dev = &self.shared.dev;
+        // Superblock copies lie outside the volume's mapping (a group
+        // may span one, but never uses its bytes).
+        let dev = self.shared.dev.raw();
         for &off in SUPER_OFFSETS.iter() {
             if off + SUPER_SIZE <= sb.total_bytes {
                 dev.write_at(&sb.encode(off), off)?;
@@ -225,6 +228,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     sb.root_generation = root.generation;
     sb.root_level = root.level;
     sb.bytes_used = st.alloc.bytes_used();
+    sb.system_chunks = st.alloc.system_chunks();
     for m in st.mechanisms {
         m.sealed(&mut st.slots, &mut sb);
     }

@@ -1,6 +1,7 @@
 //! The views through which callers and the tree layer see the state: a
 //! [`Txn`] (writer, joined to the running transaction) and a [`Reader`].
 
+use crate::dev::Device;
 use super::refs::{ExtentKind, PendingExtent, RefHolder};
 use super::Slots;
 use super::{Need, RootState, Shared, State};
@@ -19,13 +20,9 @@ fn read_block(st: &State, sh: &Shared, bytenr: u64, generation: u64) -> Result<A
     let node = if let Some(n) = block_in_memory(st, sh, bytenr) {
         n
     } else {
-        let mut buf = vec![0u8; sh.nodesize];
-        sh.dev.read_at(&mut buf, bytenr)?;
-        let n = Arc::new(Node::decode(&buf, bytenr, &sh.fsid)?);
+        let n = Arc::new(super::copies::read_tree_block(sh, bytenr, generation)?);
         sh.check_leaf(&n);
-        if n.generation == generation {
-            sh.cache.insert(n.clone());
-        }
+        sh.cache.insert(n.clone());
         n
     };
     if node.generation != generation {
@@ -193,31 +190,20 @@ impl<'a> Reader<'a> {
         self.sh.dev.prefetch(bytenr, len);
     }
 
-    /// Reads the tree block at `bytenr` from the device, bypassing every
-    /// cache, and checks it as a first read would (checksum, fsid, own
-    /// address, layout, and a generation no newer than `generation`, the
-    /// one its extent item records). Ok(false): the block is dirty or
-    /// being written, so the disk does not hold it yet. A block reachable
-    /// from the state cannot be reused while the caller holds the state.
-    pub fn verify_block_on_disk(&self, bytenr: u64, generation: u64) -> Result<bool> {
+    /// Reads every copy of the tree block at `bytenr` from the device,
+    /// bypassing every cache, checks each as a first read would
+    /// (checksum, fsid, own address, layout, and a generation no newer
+    /// than `generation`, the one its extent item records), and rewrites
+    /// bad copies from a good one. None: the block is dirty or being
+    /// written, so the disk does not hold it yet. A block reachable from
+    /// the state cannot be reused while the caller holds the state.
+    pub fn verify_block_on_disk(&self, bytenr: u64, generation: u64) -> Option<super::CopiesVerdict> {
         if self.st.dirty.contains_key(&bytenr)
             || crate::sync::lock(&self.sh.inflight).contains_key(&bytenr)
         {
-            return Ok(false);
+            return None;
         }
-        let mut buf = vec![0u8; self.sh.nodesize];
-        self.sh.dev.read_at(&mut buf, bytenr)?;
-        let n = Node::decode(&buf, bytenr, &self.sh.fsid)?;
-        if n.generation < generation {
-            return Err(Error::corrupt(
-                bytenr,
-                format!(
-                    "block has generation {}, older than its allocation in {generation} (a lost write)",
-                    n.generation
-                ),
-            ));
-        }
-        Ok(true)
+        Some(super::copies::verify_copies(self.sh, bytenr, generation))
     }
 }
 

@@ -26,6 +26,7 @@
 //! never reused in the transaction that freed them (`extent::apply` pins
 //! them like any other).
 
+use crate::dev::Device;
 use super::{Engine, Shared, State, Txn};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;

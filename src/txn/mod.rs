@@ -24,6 +24,8 @@
 //! image keeps its last commit.
 
 mod commit;
+mod copies;
+pub use copies::CopiesVerdict;
 mod ctx;
 mod flight;
 mod grow;
@@ -182,7 +184,8 @@ pub(crate) type Mechanisms = &'static [&'static dyn Mechanism];
 
 /// What readers and the commit I/O share outside the state lock.
 pub(crate) struct Shared {
-    pub dev: Arc<dyn Device>,
+    /// The device as the engine sees it: every write reaches each copy.
+    pub dev: Arc<crate::volume::Volume>,
     pub cache: BlockCache,
     pub inflight: Mutex<BlockMap<Arc<Node>>>,
     pub fsid: [u8; 16],
@@ -442,6 +445,23 @@ impl Engine {
     /// Whether data and tree blocks share block groups.
     pub fn is_mixed(&self) -> bool {
         crate::sync::read(&self.state).alloc.is_mixed()
+    }
+
+    /// Profiles new (metadata, data) groups get.
+    pub fn profiles(&self) -> (crate::format::superblock::Profile, crate::format::superblock::Profile) {
+        let st = crate::sync::read(&self.state);
+        (st.sb.metadata_profile, st.sb.data_profile)
+    }
+
+    /// The groups with a second copy, and where it lies.
+    pub fn mirrors(&self) -> Vec<crate::volume::Mirror> {
+        self.shared.dev.map().all()
+    }
+
+    /// Errors the device gave and copies repaired since open: reads
+    /// failed, copies found bad, copies repaired, writes failed.
+    pub fn device_errors(&self) -> [u64; 4] {
+        self.shared.dev.errors.snapshot()
     }
 
     /// Whether the engine was opened read-only.

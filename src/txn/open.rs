@@ -8,7 +8,7 @@ use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::items::{BlockGroupItem, RootItem};
 use crate::format::key_type::{BLOCK_GROUP_ITEM, FREE_EXTENT, ROOT_ITEM};
-use crate::format::superblock::{Superblock, INCOMPAT_MIXED_GROUPS};
+use crate::format::superblock::{Profile, Superblock, INCOMPAT_DUP, INCOMPAT_MIXED_GROUPS};
 use crate::format::{self, tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
 use crate::tree::{BlockRead, Cursor, RootPtr};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -23,6 +23,12 @@ pub struct FormatOptions {
     /// Mixed block groups (data and tree blocks together); None chooses
     /// them for devices under [`MIXED_BELOW_BYTES`].
     pub mixed: Option<bool>,
+    /// Profile of tree block groups; None: `dup` on split groups (two
+    /// copies, as mkfs.btrfs does on one device), `single` on mixed ones
+    /// (where a second copy would double the data too).
+    pub metadata_profile: Option<Profile>,
+    /// Profile of data groups.
+    pub data_profile: Profile,
 }
 
 /// Devices smaller than this get mixed block groups by default: split
@@ -37,6 +43,8 @@ impl Default for FormatOptions {
             label: String::new(),
             fsid: None,
             mixed: None,
+            metadata_profile: None,
+            data_profile: Profile::Single,
         }
     }
 }
@@ -55,6 +63,9 @@ pub struct OpenOptions {
     /// (`-o ro,nologreplay`), and a writable one drops the log at its
     /// first commit (`canopy rescue zero-log`).
     pub replay_log: bool,
+    /// Rewrite bad copies of `dup` blocks from good ones even though the
+    /// open is read-only (an offline scrub); a writable open always does.
+    pub repair_when_read_only: bool,
 }
 
 impl Default for OpenOptions {
@@ -64,6 +75,7 @@ impl Default for OpenOptions {
             cache_bytes: crate::cache::DEFAULT_BYTES,
             settle_early_at: super::SETTLE_EARLY_AT,
             replay_log: true,
+            repair_when_read_only: false,
         }
     }
 }
@@ -105,6 +117,8 @@ fn new_engine(
     nodesize: usize,
     opts: &OpenOptions,
 ) -> Engine {
+    let dev = Arc::new(crate::volume::Volume::new(dev, st.alloc.chunk_map()));
+    dev.set_repairs(!opts.read_only || opts.repair_when_read_only);
     Engine {
         shared: Shared {
             dev,
@@ -134,6 +148,18 @@ fn new_engine(
 
 fn empty_state(sb: Superblock, transid: u64, device_bytes: u64, mechanisms: Mechanisms) -> State {
     let mixed = sb.incompat & INCOMPAT_MIXED_GROUPS != 0;
+    let mut alloc = Allocator::new(device_bytes, mixed);
+    alloc.set_profiles(sb.metadata_profile, sb.data_profile);
+    // The system groups' copies, so the root tree and the block group
+    // tree read from either before the block group items are loaded.
+    let map = alloc.chunk_map();
+    for c in &sb.system_chunks {
+        map.insert(crate::volume::Mirror {
+            start: c.start,
+            len: c.len,
+            mirror: c.mirror,
+        });
+    }
     State {
         transid,
         sb,
@@ -144,7 +170,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64, mechanisms: Mech
         refs: DelayedRefs::default(),
         slots: Slots::default(),
         mechanisms,
-        alloc: Allocator::new(device_bytes, mixed),
+        alloc,
         data_reserved: 0,
         flushing: 0,
         tree_blocks: Default::default(),
@@ -191,6 +217,18 @@ impl Engine {
         }
         let fsid = opts.fsid.unwrap_or_else(random_fsid);
         let mixed = opts.mixed.unwrap_or(size < MIXED_BELOW_BYTES);
+        let metadata_profile = opts.metadata_profile.unwrap_or(match mixed {
+            true => Profile::Single,
+            false => Profile::Dup,
+        });
+        if mixed && metadata_profile != opts.data_profile {
+            return Err(Error::Invalid(format!(
+                "mixed block groups hold data and metadata together: their profiles must match (metadata {}, data {})",
+                metadata_profile.name(),
+                opts.data_profile.name()
+            )));
+        }
+        let dup = metadata_profile == Profile::Dup || opts.data_profile == Profile::Dup;
         let sb = Superblock {
             fsid,
             flags: 0,
@@ -211,8 +249,11 @@ impl Engine {
             sectorsize: format::SECTORSIZE,
             compat: 0,
             compat_ro: 0,
-            incompat: if mixed { INCOMPAT_MIXED_GROUPS } else { 0 },
+            incompat: if mixed { INCOMPAT_MIXED_GROUPS } else { 0 } | if dup { INCOMPAT_DUP } else { 0 },
             label: opts.label.clone(),
+            metadata_profile,
+            data_profile: opts.data_profile,
+            system_chunks: Vec::new(),
         };
         let total = sb.total_bytes;
         let st = empty_state(sb, 1, total, mechanisms);
@@ -419,12 +460,14 @@ fn load_roots(st: &mut State, sh: &Shared, root: RootPtr) -> Result<()> {
 fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
     let bg_root = st.roots[&tree_id::BLOCK_GROUP].ptr;
     let groups = items_of_type(st, sh, &bg_root, BLOCK_GROUP_ITEM)?;
-    let free_root = st.roots[&tree_id::FREE_BY_START].ptr;
-    let free = items_of_type(st, sh, &free_root, FREE_EXTENT)?;
     for (k, d) in groups {
         let g = BlockGroupItem::decode(&d).map_err(|e| Error::corrupt(k.objectid, e))?;
-        st.alloc.load_group(k.objectid, k.offset, g.flags, g.used)?;
+        st.alloc
+            .load_group(k.objectid, k.offset, g.flags, g.used, g.mirror)?;
     }
+    // Read after the groups, whose second copies it may need.
+    let free_root = st.roots[&tree_id::FREE_BY_START].ptr;
+    let free = items_of_type(st, sh, &free_root, FREE_EXTENT)?;
     for (k, _) in free {
         st.alloc.load_free(k.objectid, k.offset)?;
     }

@@ -45,6 +45,7 @@ pub(super) fn write_block_groups(tx: &mut Txn<'_>) -> Result<bool> {
         let item = BlockGroupItem {
             used: g.used,
             flags: g.kind.flags(),
+            mirror: g.mirror,
         };
         let key = Key::new(g.start, BLOCK_GROUP_ITEM, g.len);
         let data = item.encode();

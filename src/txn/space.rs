@@ -50,10 +50,10 @@ const COMMIT_BYTES_PER_EXTENT: u64 = 256;
 /// commit: a file extent item (78) and the commit's items.
 pub const EXTENT_ITEMS_BYTES: u64 = 80 + COMMIT_BYTES_PER_EXTENT;
 
-/// Trees the commit itself edits; the root tree lives in system groups.
-const COMMIT_TREES: [u64; 6] = [
+/// Trees the commit itself edits in metadata groups; the root tree and
+/// the block group tree live in system groups.
+const COMMIT_TREES: [u64; 5] = [
     tree_id::EXTENT,
-    tree_id::BLOCK_GROUP,
     tree_id::CSUM,
     tree_id::QUOTA,
     tree_id::FREE_BY_START,
@@ -167,8 +167,9 @@ impl State {
                 .map(|m| m.commit_entries(&self.slots, max_entries_per_block(ns)))
                 .sum::<u64>();
         let growth = Self::blocks_for_bytes(ns, changed * COMMIT_BYTES_PER_EXTENT);
-        let root_tree = self.tree_blocks.get(&tree_id::ROOT).copied().unwrap_or(1)
-            + self.path_blocks(tree_id::ROOT)
+        let system_tree = |t| self.tree_blocks.get(&t).copied().unwrap_or(1) + self.path_blocks(t);
+        let root_tree = system_tree(tree_id::ROOT)
+            + system_tree(tree_id::BLOCK_GROUP)
             + Self::blocks_for_bytes(ns, self.roots.len() as u64 * 128);
         (copies + growth, root_tree)
     }

@@ -2,7 +2,12 @@
 
 use anyhow::{bail, Context, Result};
 use canopy::dev::{Access, Device, OpenHow, Source};
+use canopy::format::superblock::Profile;
 use canopy::{Engine, FormatOptions};
+
+fn parse_profile(s: &str) -> std::result::Result<Profile, String> {
+    Profile::parse(s).ok_or_else(|| format!("unknown profile {s:?}: single or dup (one device)"))
+}
 use std::sync::Arc;
 
 #[derive(clap::Args)]
@@ -27,6 +32,15 @@ pub struct Args {
     /// Separate data and metadata block groups, whatever the size.
     #[arg(long)]
     no_mixed: bool,
+    /// Profile of tree blocks: `dup` (two copies on the device, so a bad
+    /// sector is repaired from the other; the default with separate
+    /// groups, as mkfs.btrfs on one device) or `single` (the default with
+    /// mixed groups, where a second copy would double the data too).
+    #[arg(short = 'm', long = "metadata", value_name = "PROFILE", value_parser = parse_profile)]
+    metadata: Option<Profile>,
+    /// Profile of file data: `single` (the default) or `dup`.
+    #[arg(short = 'd', long = "data", value_name = "PROFILE", value_parser = parse_profile)]
+    data: Option<Profile>,
     /// Overwrite an existing filesystem.
     #[arg(short = 'f', long)]
     force: bool,
@@ -121,6 +135,12 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
         label: a.label.clone(),
         fsid: None,
         mixed: Some(mixed),
+        // Mixed groups hold both: one profile named sets the other.
+        metadata_profile: a.metadata.or(a.data.filter(|_| mixed)),
+        data_profile: a
+            .data
+            .or(a.metadata.filter(|_| mixed))
+            .unwrap_or(Profile::Single),
     };
     let dev: Arc<dyn Device> = Arc::from(dev);
     let engine = Arc::new(
@@ -131,6 +151,7 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
     let fsid = engine.fsid();
     let (used, free) = engine.space();
     let mixed = engine.is_mixed();
+    let (metadata, data) = engine.profiles();
     drop(engine);
     if !a.quiet {
         println!("Created Canopy filesystem on {}", a.image);
@@ -153,6 +174,8 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
                 "separate data, metadata and system"
             }
         );
+        println!("  metadata:  {}", metadata.name());
+        println!("  data:      {}", data.name());
         println!("  used:      {used} bytes, free: {free} bytes");
     }
     Ok(())

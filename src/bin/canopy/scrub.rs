@@ -24,6 +24,10 @@ pub struct Args {
     /// Do not show a progress bar.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Report bad copies of `dup` blocks without rewriting them from the
+    /// good copy (an unmounted image is then opened for reading only).
+    #[arg(short = 'r', long)]
+    readonly: bool,
     /// On a mount point: start the scrub in the daemon and return at once
     /// (follow it with `canopy scrub status`).
     #[arg(short = 'b', long)]
@@ -103,7 +107,11 @@ fn show(bar: &Option<ProgressBar>, p: &Progress) {
 
 fn offline(a: &Args, image: &Source) -> ExitCode {
     let what = format!("canopy scrub: {image}");
-    let dev = match image.open(Access::Share, OpenHow::default()) {
+    let access = match a.readonly {
+        true => Access::Share,
+        false => Access::Write,
+    };
+    let dev = match image.open(access, OpenHow::default()) {
         Ok(d) => d,
         Err(e) => {
             let hint = if e.to_string().contains("mounted") {
@@ -116,6 +124,7 @@ fn offline(a: &Args, image: &Source) -> ExitCode {
     };
     let ro = OpenOptions {
         read_only: true,
+        repair_when_read_only: !a.readonly,
         ..Default::default()
     };
     let engine = match Engine::open(Arc::from(dev), &ro) {
@@ -251,8 +260,18 @@ fn cancel(mnt: &Path) -> ExitCode {
 fn print_report(path: &dyn Display, r: &Report) {
     for b in &r.bad_tree_blocks {
         println!(
-            "ERROR tree block {} (tree {}): {}",
+            "ERROR tree block {} (tree {}): every copy bad: {}",
             b.bytenr, b.tree, b.error
+        );
+    }
+    for c in &r.bad_copies {
+        println!(
+            "{} tree block {} (tree {}) copy {}: {}",
+            if c.repaired { "corrected" } else { "ERROR" },
+            c.bytenr,
+            c.tree,
+            c.copy,
+            c.error
         );
     }
     for s in &r.bad_data_sectors {
@@ -291,12 +310,17 @@ fn print_report(path: &dyn Display, r: &Report) {
         r.seconds,
         if r.cancelled { ", cancelled" } else { "" },
         if r.is_clean() {
-            "no damage found".to_string()
+            match r.bad_copies.len() {
+                0 => "no damage found".to_string(),
+                n => format!("{n} bad copies of tree blocks corrected, nothing lost"),
+            }
         } else {
             format!(
-                "{} damaged tree blocks, {} damaged data sectors, {} damaged files, \
-                 {} data extents without checksums",
+                "{} damaged tree blocks, {} bad copies ({} corrected), {} damaged data sectors, \
+                 {} damaged files, {} data extents without checksums",
                 r.bad_tree_blocks.len(),
+                r.bad_copies.len(),
+                r.bad_copies.iter().filter(|c| c.repaired).count(),
                 r.bad_data_sectors.len(),
                 r.damaged_files.len(),
                 r.unsummed_extents.len()

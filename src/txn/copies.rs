@@ -1,0 +1,156 @@
+//! Reading a tree block from a good copy and repairing the bad ones.
+//!
+//! A block of a `dup` group has two copies (see `volume`). A read checks
+//! the first; when it cannot be read, fails its checks (checksum, address,
+//! filesystem) or is older than its parent says (a lost write), the next
+//! copy is tried, and the good bytes are written back over every bad copy
+//! at once. The block is reachable from the state the caller holds, so it
+//! cannot be freed and reused meanwhile, and the bytes written are the
+//! ones its parent's checksum and generation vouch for.
+
+use super::Shared;
+use crate::error::{Error, Result};
+use crate::format::node::Node;
+use std::sync::atomic::Ordering;
+
+/// Reads the block at `bytenr` that its parent expects at `generation`.
+pub(super) fn read_tree_block(sh: &Shared, bytenr: u64, generation: u64) -> Result<Node> {
+    let len = sh.nodesize as u64;
+    let copies = sh.dev.copies(bytenr, len);
+    let mut buf = vec![0u8; sh.nodesize];
+    let mut bad: Vec<(usize, Error)> = Vec::new();
+    for copy in 0..copies {
+        match read_copy(sh, &mut buf, bytenr, generation, copy) {
+            Ok(node) => {
+                repair(sh, &buf, &node, &bad, copy);
+                return Ok(node);
+            }
+            Err(e) => bad.push((copy, e)),
+        }
+    }
+    match bad.into_iter().next() {
+        Some((_, e)) => Err(e),
+        None => Err(Error::corrupt(bytenr, "block has no copy")),
+    }
+}
+
+/// Copy `copy` of the block, checked.
+fn read_copy(sh: &Shared, buf: &mut [u8], bytenr: u64, generation: u64, copy: usize) -> Result<Node> {
+    sh.dev.read_copy(buf, bytenr, copy)?;
+    let checked = Node::decode(buf, bytenr, &sh.fsid).and_then(|n| match n.generation == generation {
+        true => Ok(n),
+        false => Err(Error::corrupt(
+            bytenr,
+            format!(
+                "block has generation {}, its parent expected {generation}",
+                n.generation
+            ),
+        )),
+    });
+    if checked.is_err() {
+        sh.dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
+    }
+    checked
+}
+
+/// Writes the good copy's bytes over each bad copy, and says so (unless
+/// the volume takes no repairs: a read-only open).
+fn repair(sh: &Shared, good: &[u8], node: &Node, bad: &[(usize, Error)], good_copy: usize) {
+    for (copy, why) in bad {
+        if !sh.dev.repairs() {
+            tracing::warn!(
+                logical = node.bytenr,
+                copy,
+                tree = node.owner,
+                "tree block read from copy {good_copy}, copy {copy} is bad ({why}); read-only, not repaired"
+            );
+            continue;
+        }
+        let physical = sh.dev.physical(node.bytenr, good.len() as u64, *copy).unwrap_or(0);
+        match sh.dev.write_copy(good, node.bytenr, *copy) {
+            Ok(()) => {
+                sh.dev.errors.corrected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    logical = node.bytenr,
+                    copy,
+                    physical,
+                    tree = node.owner,
+                    "repaired a tree block from copy {good_copy}: {why}"
+                );
+            }
+            Err(e) => tracing::error!(
+                logical = node.bytenr,
+                copy,
+                physical,
+                tree = node.owner,
+                "could not repair a tree block ({why}): {e}"
+            ),
+        }
+    }
+}
+
+/// What scrub found of a tree block's copies.
+#[derive(Debug)]
+pub struct CopiesVerdict {
+    /// Copies the block has.
+    pub copies: usize,
+    /// The bad copies, and what was wrong with each.
+    pub bad: Vec<(usize, Error)>,
+    /// Whether the bad copies were rewritten from a good one (there was
+    /// one, and the volume takes repairs).
+    pub repaired: bool,
+}
+
+impl CopiesVerdict {
+    /// Every copy is bad: the block is lost.
+    pub fn lost(&self) -> bool {
+        self.bad.len() == self.copies
+    }
+}
+
+/// Reads every copy of the tree block at `bytenr` and checks each as a
+/// first read would, with a generation no older than `generation` (the
+/// one its extent item records: an older one is a lost write); rewrites
+/// the bad copies from a good one.
+pub(super) fn verify_copies(sh: &Shared, bytenr: u64, generation: u64) -> CopiesVerdict {
+    let copies = sh.dev.copies(bytenr, sh.nodesize as u64);
+    let mut buf = vec![0u8; sh.nodesize];
+    let mut good: Option<(usize, Vec<u8>, Node)> = None;
+    let mut bad = Vec::new();
+    for copy in 0..copies {
+        let checked = sh
+            .dev
+            .read_copy(&mut buf, bytenr, copy)
+            .and_then(|()| Node::decode(&buf, bytenr, &sh.fsid))
+            .and_then(|n| match n.generation >= generation {
+                true => Ok(n),
+                false => Err(Error::corrupt(
+                    bytenr,
+                    format!(
+                        "block has generation {}, older than its allocation in {generation} (a lost write)",
+                        n.generation
+                    ),
+                )),
+            });
+        match checked {
+            Ok(n) if good.is_none() => good = Some((copy, buf.clone(), n)),
+            Ok(_) => {}
+            Err(e) => {
+                sh.dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
+                bad.push((copy, e));
+            }
+        }
+    }
+    let repaired = match &good {
+        Some((copy, bytes, node)) if !bad.is_empty() && sh.dev.repairs() => {
+            repair(sh, bytes, node, &bad, *copy);
+            true
+        }
+        _ => false,
+    };
+    CopiesVerdict {
+        copies,
+        bad,
+        repaired,
+    }
+}
