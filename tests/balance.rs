@@ -121,10 +121,13 @@ fn balance_everything_with(mixed: bool, compression: canopy::compress::Policy) {
     );
     // Nothing unshared, and the extent and checksum trees repacked after
     // the moves' back-references and checksums were rewritten: used bytes
-    // do not grow.
+    // do not grow, but for one block per repacked tree (the commit after
+    // the last repack step may split a leaf the repack filled to the
+    // brim). Unsharing any of the 300 files would cost far more.
     let after = used(&fs);
+    let slack = canopy::balance::REPACKED.len() as u64 * 4096;
     assert!(
-        after <= before,
+        after <= before + slack,
         "used {before} before, {after} after: something was unshared"
     );
     drop(fs);

@@ -102,7 +102,12 @@ proptest! {
             log_prev_level: 0,
             log_nonce: 0, total_bytes: 1 << 30,
             bytes_used: 1 << 20, nodesize: 16384, sectorsize: 4096, compat: 0, compat_ro: 0,
-            incompat: 0, label: "x".into(),
+            incompat: canopy::format::superblock::INCOMPAT_DUP, label: "x".into(),
+            metadata_profile: canopy::format::superblock::Profile::Dup,
+            data_profile: canopy::format::superblock::Profile::Single,
+            system_chunks: vec![canopy::format::superblock::SystemChunk {
+                start: 1 << 20, len: 1 << 20, mirror: 4 << 20,
+            }],
         };
         let mut b = sb.encode(65536);
         for (at, v) in edits {

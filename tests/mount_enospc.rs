@@ -283,8 +283,14 @@ fn torture(size: &str, how: Fill) {
             first = got;
             if matches!(how, Fill::Dd) && image_bytes >= 256 * MIB {
                 let share = got as f64 / image_bytes as f64;
+                // From 1 GiB tree blocks are kept twice (`dup`): the first
+                // metadata group (1/64 of the device) costs as much again.
+                let least = match image_bytes >= 1024 * MIB {
+                    true => 0.97 - 1.0 / 64.0,
+                    false => 0.97,
+                };
                 assert!(
-                    share >= 0.97,
+                    share >= least,
                     "dd filled {:.1}% of a {size} image",
                     share * 100.0
                 );

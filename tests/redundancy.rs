@@ -10,7 +10,7 @@ use canopy::format::superblock::Profile;
 use canopy::fs::{Fs, Owner};
 use canopy::volume::Mirror;
 use canopy::{Engine, OpenOptions};
-use common::mounted::canopy;
+use common::mounted::{canopy, canopy_ok};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,7 +26,11 @@ fn mkfs(dir: &Path, args: &[&str]) -> PathBuf {
         .arg(&img)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     img
 }
 
@@ -41,7 +45,14 @@ fn open(img: &Path, read_only: bool) -> Engine {
 
 /// Contents of file `i`: some inline, some in extents.
 fn content(i: usize) -> Vec<u8> {
-    common::noise(if i % 3 == 0 { 300 } else { 9000 + i * 17 }, i as u64)
+    common::noise(
+        if i.is_multiple_of(3) {
+            300
+        } else {
+            9000 + i * 17
+        },
+        i as u64,
+    )
 }
 
 /// 600 files in 12 directories, committed.
@@ -50,7 +61,14 @@ fn populate(img: &Path) {
     for d in 0..12 {
         let name = format!("dir{d}");
         let dir = fs
-            .create(ROOT_DIR, name.as_bytes(), libc::S_IFDIR | 0o755, 0, ME, None)
+            .create(
+                ROOT_DIR,
+                name.as_bytes(),
+                libc::S_IFDIR | 0o755,
+                0,
+                ME,
+                None,
+            )
             .unwrap();
         for f in 0..50 {
             let i = d * 50 + f;
@@ -134,20 +152,30 @@ fn mkfs_keeps_two_copies_of_tree_blocks_by_default_from_a_gib() {
     for m in &ms {
         assert!(m.mirror >= m.start + m.len || m.mirror + m.len <= m.start);
         for s in canopy::format::SUPER_OFFSETS {
-            assert!(s + 4096 <= m.mirror || s >= m.mirror + m.len, "{m:?} holds a superblock copy");
+            assert!(
+                s + 4096 <= m.mirror || s >= m.mirror + m.len,
+                "{m:?} holds a superblock copy"
+            );
         }
     }
     drop(e);
     let single = tempfile::tempdir().unwrap();
     let img = mkfs(single.path(), &["-m", "single"]);
-    assert_eq!(open(&img, true).profiles(), (Profile::Single, Profile::Single));
+    assert_eq!(
+        open(&img, true).profiles(),
+        (Profile::Single, Profile::Single)
+    );
     assert!(mirrors(&img).is_empty());
     let out = canopy()
         .args(["mkfs", "-f", "-m", "raid7"])
         .arg(&img)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "an unknown profile is a usage error");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown profile is a usage error"
+    );
 }
 
 #[test]
@@ -162,17 +190,34 @@ fn every_tree_block_survives_the_loss_of_either_copy() {
     for m in &ms {
         scribble(&img, m.start, m.len);
     }
+    let out = canopy().arg("check").arg(&img).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success() && text.contains("scrub` repairs"),
+        "{text}"
+    );
     let [_, corrupt, corrected, _] = read_all(&img);
-    assert!(corrupt > 0 && corrected == corrupt, "{corrupt} bad, {corrected} repaired");
+    assert!(
+        corrupt > 0 && corrected == corrupt,
+        "{corrupt} bad, {corrected} repaired"
+    );
     // Scrub repairs the blocks the reads did not reach.
     let (code, v) = scrub_json(&[img_s]);
     assert_eq!(code, 0, "{v}");
     assert!(v["bad_tree_blocks"].as_array().unwrap().is_empty(), "{v}");
     let copies = v["bad_copies"].as_array().unwrap();
-    assert!(copies.iter().all(|c| c["repaired"] == true && c["copy"] == 0), "{v}");
+    assert!(
+        copies
+            .iter()
+            .all(|c| c["repaired"] == true && c["copy"] == 0),
+        "{v}"
+    );
     let (code, v) = scrub_json(&[img_s]);
     assert_eq!(code, 0, "{v}");
-    assert!(v["bad_copies"].as_array().unwrap().is_empty(), "repaired for good: {v}");
+    assert!(
+        v["bad_copies"].as_array().unwrap().is_empty(),
+        "repaired for good: {v}"
+    );
 
     // Now every second copy: the repaired first copies carry it alone.
     for m in &ms {
@@ -182,7 +227,10 @@ fn every_tree_block_survives_the_loss_of_either_copy() {
     let (code, v) = scrub_json(&[img_s]);
     assert_eq!(code, 0, "{v}");
     let copies = v["bad_copies"].as_array().unwrap();
-    assert!(!copies.is_empty() && copies.iter().all(|c| c["copy"] == 1), "{v}");
+    assert!(
+        !copies.is_empty() && copies.iter().all(|c| c["copy"] == 1),
+        "{v}"
+    );
     check_clean(&img);
 }
 
@@ -194,10 +242,21 @@ fn a_read_only_scrub_reports_bad_copies_and_leaves_them() {
     let m = mirrors(&img)[0];
     scribble(&img, m.mirror, m.len);
     let img_s = img.to_str().unwrap();
+    // check reads the first copies; with data checks it reads them all.
+    check_clean(&img);
+    let out = canopy()
+        .args(["check", "--check-data-csum", img_s])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success() && text.contains("copy 1"), "{text}");
     let (code, v) = scrub_json(&["-r", img_s]);
     assert_eq!(code, 3, "{v}");
     let copies = v["bad_copies"].as_array().unwrap();
-    assert!(!copies.is_empty() && copies.iter().all(|c| c["repaired"] == false), "{v}");
+    assert!(
+        !copies.is_empty() && copies.iter().all(|c| c["repaired"] == false),
+        "{v}"
+    );
     let (code, _) = scrub_json(&["-r", img_s]);
     assert_eq!(code, 3, "still bad: nothing was written");
     let (code, v) = scrub_json(&[img_s]);
@@ -231,4 +290,112 @@ fn a_block_bad_in_both_copies_is_lost_and_said_so() {
     assert_eq!(lost[0]["bytenr"], leaf);
     let fs = Fs::new(Arc::new(open(&img, true)));
     assert!(fs.is_err(), "the top-level file tree cannot be read");
+}
+
+#[test]
+fn file_data_in_two_copies_survives_the_loss_of_either() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = mkfs(dir.path(), &["-d", "dup"]);
+    assert_eq!(open(&img, true).profiles(), (Profile::Dup, Profile::Dup));
+    populate(&img);
+    let ms = mirrors(&img);
+    let img_s = img.to_str().unwrap();
+    for m in &ms {
+        scribble(&img, m.start, m.len);
+    }
+    let [_, corrupt, corrected, _] = read_all(&img);
+    assert!(
+        corrupt > 0 && corrected == corrupt,
+        "{corrupt} bad, {corrected} repaired"
+    );
+    let (code, v) = scrub_json(&[img_s]);
+    assert_eq!(code, 0, "{v}");
+    assert!(v["bad_data_sectors"].as_array().unwrap().is_empty(), "{v}");
+    for m in &ms {
+        scribble(&img, m.mirror, m.len);
+    }
+    read_all(&img);
+    let (code, v) = scrub_json(&[img_s]);
+    assert_eq!(code, 0, "{v}");
+    let copies = v["bad_copies"].as_array().unwrap();
+    assert!(
+        copies.iter().any(|c| c["data"] == true && c["copy"] == 1),
+        "{v}"
+    );
+    let (code, v) = scrub_json(&[img_s]);
+    assert_eq!(code, 0, "{v}");
+    assert!(v["bad_copies"].as_array().unwrap().is_empty(), "{v}");
+    check_clean(&img);
+}
+
+fn device_stats(m: &common::mounted::Mounted, extra: &[&str]) -> (i32, serde_json::Value) {
+    let out = canopy()
+        .args(["device", "stats", "--json"])
+        .args(extra)
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code().unwrap_or(-1), v)
+}
+
+/// Through a real mount: a bad first copy of every tree block is read
+/// from the second while files are read, counted in `canopy device
+/// stats` (kept across mounts, zeroed by `-z`), and an online scrub
+/// repairs the rest.
+#[test]
+fn a_mount_reads_through_bad_copies_and_counts_them() {
+    if !common::mounted::can_mount() || common::mounted::rbd_conf().is_some() {
+        return;
+    }
+    let mut m = common::mounted::Mounted::with_size("1G");
+    for d in 0..4 {
+        std::fs::create_dir(m.p(&format!("d{d}"))).unwrap();
+        for f in 0..100 {
+            std::fs::write(m.p(&format!("d{d}/f{f}")), content(d * 100 + f)).unwrap();
+        }
+    }
+    canopy_ok(&["sync", "."], &m.mnt);
+    let (code, v) = device_stats(&m, &["-c"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v[0]["corrected_errs"], 0, "{v}");
+    m.unmount();
+    for mirror in mirrors(&m.img) {
+        scribble(&m.img, mirror.start, mirror.len);
+    }
+    m.mount("");
+    for d in 0..4 {
+        for f in 0..100 {
+            let got = std::fs::read(m.p(&format!("d{d}/f{f}"))).unwrap();
+            assert!(got == content(d * 100 + f), "d{d}/f{f}");
+        }
+    }
+    let (code, v) = device_stats(&m, &["-c"]);
+    assert_eq!(code, 64, "-c: errors were counted: {v}");
+    let corrected = v[0]["corrected_errs"].as_u64().unwrap();
+    assert!(
+        corrected > 0 && v[0]["corruption_errs"].as_u64().unwrap() >= corrected,
+        "{v}"
+    );
+    let scrub = canopy().args(["scrub", "-q"]).arg(&m.mnt).output().unwrap();
+    assert!(
+        scrub.status.success(),
+        "{}",
+        String::from_utf8_lossy(&scrub.stdout)
+    );
+    canopy_ok(&["sync", "."], &m.mnt);
+    m.unmount();
+    m.mount("");
+    let (_, v) = device_stats(&m, &["-z"]);
+    assert!(
+        v[0]["corrected_errs"].as_u64().unwrap() >= corrected,
+        "kept across mounts: {v}"
+    );
+    let (_, v) = device_stats(&m, &[]);
+    assert_eq!(v[0]["corrected_errs"], 0, "zeroed: {v}");
+    let text = canopy_ok(&["device", "stats", "."], &m.mnt);
+    assert!(text.contains("].corrected_errs"), "{text}");
+    m.unmount();
+    m.check();
 }

@@ -43,9 +43,9 @@ use crate::format::items::{BG_DATA, BG_METADATA, BG_MIXED, BG_SYSTEM};
 use crate::format::superblock::{Profile, SystemChunk};
 use crate::format::{RESERVED_START, SUPER_OFFSETS, SUPER_SIZE};
 use crate::volume::{ChunkMap, Mirror};
-use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// The order `SpaceUsage` lists kinds in, as btrfs does.
 const KIND_ORDER: [&str; 4] = ["data", "mixed", "metadata", "system"];
@@ -91,6 +91,9 @@ pub struct SpaceUsage {
 pub struct KindUsage {
     /// `data`, `metadata`, `system` or `mixed`.
     pub kind: String,
+    /// `single` or `dup`: how many copies the groups keep.
+    #[serde(default)]
+    pub profile: String,
     pub groups: u64,
     /// Bytes of those groups.
     pub size: u64,
@@ -243,13 +246,20 @@ impl Allocator {
             return Err(Error::corrupt(start, "block groups overlap"));
         }
         if let Some(m) = mirror {
-            let inside = m >= RESERVED_START && m.checked_add(len).is_some_and(|e| e <= self.device_bytes);
+            let inside =
+                m >= RESERVED_START && m.checked_add(len).is_some_and(|e| e <= self.device_bytes);
             if !inside || super_bytes_in(m, len) != 0 {
-                return Err(Error::corrupt(start, format!("second copy at {m} outside the usable device")));
+                return Err(Error::corrupt(
+                    start,
+                    format!("second copy at {m} outside the usable device"),
+                ));
             }
             let taken = self.occupied().any(|(s, e)| s < m + len && m < e);
             if taken || (m < start + len && start < m + len) {
-                return Err(Error::corrupt(start, format!("second copy at {m} overlaps a block group")));
+                return Err(Error::corrupt(
+                    start,
+                    format!("second copy at {m} overlaps a block group"),
+                ));
             }
         }
         let mut g = BlockGroup::new(start, len, kind, used);
@@ -575,11 +585,20 @@ impl Allocator {
         let mut kinds: Vec<KindUsage> = Vec::new();
         for g in self.groups.values() {
             let name = g.kind.name();
-            let k = match kinds.iter().position(|k| k.kind == name) {
+            let profile = match g.mirror {
+                Some(_) => Profile::Dup,
+                None => Profile::Single,
+            }
+            .name();
+            let k = match kinds
+                .iter()
+                .position(|k| k.kind == name && k.profile == profile)
+            {
                 Some(i) => &mut kinds[i],
                 None => {
                     kinds.push(KindUsage {
                         kind: name.to_string(),
+                        profile: profile.to_string(),
                         ..KindUsage::default()
                     });
                     kinds.last_mut().expect("just pushed")
@@ -704,7 +723,9 @@ impl Allocator {
             .min(room.max(want));
         let (start, len, mirror) = match copies {
             1 => {
-                let (start, len) = self.find_device_gap(target, want, None).ok_or(Error::NoSpace)?;
+                let (start, len) = self
+                    .find_device_gap(target, want, None)
+                    .ok_or(Error::NoSpace)?;
                 (start, len, None)
             }
             _ => self.find_dup_gaps(target, want).ok_or(Error::NoSpace)?,
@@ -760,7 +781,12 @@ impl Allocator {
 
     /// The first gap that holds `min` free bytes once any superblock
     /// copy in it is cut out; up to `target` bytes of it.
-    fn find_device_gap(&self, target: u64, min: u64, also: Option<(u64, u64)>) -> Option<(u64, u64)> {
+    fn find_device_gap(
+        &self,
+        target: u64,
+        min: u64,
+        also: Option<(u64, u64)>,
+    ) -> Option<(u64, u64)> {
         let sector = crate::format::SECTORSIZE as u64;
         for (at, end) in self.device_gaps(also) {
             let gap = (end - at) / sector * sector;
@@ -909,7 +935,8 @@ mod tests {
         let (a_start, b_start) = (RESERVED_START, RESERVED_START + 4 * MIB);
         let mut a = Allocator::new(RESERVED_START + 8 * MIB, false);
         for start in [a_start, b_start] {
-            a.load_group(start, 4 * MIB, BG_DATA, 0, None).expect("group");
+            a.load_group(start, 4 * MIB, BG_DATA, 0, None)
+                .expect("group");
             a.load_free(start, 4 * MIB).expect("free");
         }
         assert_eq!(a.unallocated_bytes(), 0);
@@ -949,6 +976,42 @@ mod tests {
     }
 
     #[test]
+    fn dup_groups_take_a_mirror_apart_from_everything_and_from_superblocks() {
+        let mut a = Allocator::new(200 * MIB, false);
+        a.set_profiles(Profile::Dup, Profile::Single);
+        let unallocated = a.unallocated_bytes();
+        let mut taken = 0;
+        while let Ok((_, len)) = a.alloc(GroupKind::Metadata, MIB, MIB, 0) {
+            taken += len;
+        }
+        a.alloc(GroupKind::System, 4096, 4096, 0)
+            .expect("a system group");
+        let groups: Vec<&BlockGroup> = a.groups().collect();
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for g in &groups {
+            let m = g.mirror.expect("every tree block group has a second copy");
+            assert_eq!(super_bytes_in(m, g.len), 0, "{g:?}");
+            ranges.push((g.start, g.start + g.len));
+            ranges.push((m, m + g.len));
+        }
+        ranges.sort_unstable();
+        assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "{ranges:?}");
+        assert_eq!(a.chunk_map().all().len(), groups.len());
+        // Two device bytes per byte held.
+        assert!(
+            taken * 2 <= unallocated && taken * 2 > unallocated * 8 / 10,
+            "{taken} of {unallocated}"
+        );
+        assert_eq!(a.system_chunks().len(), 1);
+        // Data stays single.
+        assert!(
+            a.alloc(GroupKind::Data, MIB, MIB, 0).is_err()
+                || a.groups()
+                    .any(|g| g.kind == GroupKind::Data && g.mirror.is_none())
+        );
+    }
+
+    #[test]
     fn usage_sums_groups_per_kind() {
         let (mut a, first, _) = two_groups();
         a.alloc(GroupKind::Data, MIB, MIB, first).expect("alloc");
@@ -959,6 +1022,7 @@ mod tests {
             u.kinds,
             vec![KindUsage {
                 kind: "data".into(),
+                profile: "single".into(),
                 groups: 2,
                 size: 8 * MIB,
                 used: MIB,

@@ -218,6 +218,59 @@ fn groups(found: &Found, total: u64, report: &mut Report) -> Vec<Group> {
     out
 }
 
+/// Second copies (`dup`): each lies inside the filesystem apart from
+/// every group and every other copy, holds no superblock copy, and the
+/// superblock names exactly the system groups' copies (it reads the root
+/// and block group trees through them).
+fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
+    let mut ranges: Vec<(u64, u64, String)> = groups
+        .iter()
+        .map(|g| (g.start, g.start + g.len, format!("block group {}", g.start)))
+        .collect();
+    let mut system = Vec::new();
+    for g in groups {
+        let Some(m) = g.item.mirror else { continue };
+        let loc = format!("second copy of block group {}", g.start);
+        if m < RESERVED_START || m.checked_add(g.len).is_none_or(|e| e > sb.total_bytes) {
+            report.problem(&loc, format!("at {m}: outside the filesystem"));
+            continue;
+        }
+        if crate::alloc::super_bytes_in(m, g.len) != 0 {
+            report.problem(&loc, format!("at {m}: holds a superblock copy"));
+        }
+        ranges.push((m, m + g.len, loc));
+        if GroupKind::from_flags(g.item.flags) == Some(GroupKind::System) {
+            system.push(crate::format::superblock::SystemChunk {
+                start: g.start,
+                len: g.len,
+                mirror: m,
+            });
+        }
+    }
+    ranges.sort_unstable_by_key(|r| (r.0, r.1));
+    for pair in ranges.windows(2) {
+        if pair[1].0 < pair[0].1 {
+            report.problem(&pair[1].2, format!("overlaps {}", pair[0].2));
+        }
+    }
+    if system != sb.system_chunks {
+        report.problem(
+            "superblock",
+            format!(
+                "names the system groups' copies {:?}, the block group tree {:?}",
+                sb.system_chunks, system
+            ),
+        );
+    }
+    let any = groups.iter().any(|g| g.item.mirror.is_some());
+    if any && sb.incompat & crate::format::superblock::INCOMPAT_DUP == 0 {
+        report.problem(
+            "superblock",
+            "block groups with second copies but no dup feature bit",
+        );
+    }
+}
+
 fn group_of(groups: &[Group], at: u64) -> Option<&Group> {
     let i = groups.partition_point(|g| g.start <= at);
     groups[..i].last().filter(|g| at < g.start + g.len)
@@ -244,6 +297,7 @@ pub(super) fn check_space(device_bytes: u64, sb: &Superblock, found: &Found, rep
         report.problem("superblock", "filesystem larger than the device");
     }
     let groups = groups(found, sb.total_bytes, report);
+    check_mirrors(&groups, sb, report);
     let mut used_by_group: BTreeMap<u64, u64> = BTreeMap::new();
     let mut occupied: Vec<(u64, u64)> = Vec::new();
     let mut prev_end = 0;

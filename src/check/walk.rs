@@ -2,7 +2,7 @@
 
 use super::Report;
 use crate::dev::Device;
-use crate::format::items::{DroppedBlock, FileExtentItem, RootItem};
+use crate::format::items::{BlockGroupItem, DroppedBlock, FileExtentItem, RootItem};
 use crate::format::key_type::{DROPPED_BLOCK, EXTENT_DATA, ROOT_ITEM};
 use crate::format::leaf;
 use crate::format::node::{Body, Item, Node, Ptr};
@@ -10,6 +10,7 @@ use crate::format::superblock::Superblock;
 use crate::format::superblock::INCOMPAT_DROP_QUEUE;
 use crate::format::{tree_id, Key, DROP_QUEUE_OBJECTID};
 use crate::txn::RefHolder;
+use crate::volume::{ChunkMap, Mirror};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A tree block as found by the walk.
@@ -68,6 +69,9 @@ struct Walker<'a> {
     read: u64,
     estimate: u64,
     progress: &'a dyn Fn(u64, u64),
+    /// Second copies: the superblock's system groups at first, every
+    /// group's once the block group tree has been walked.
+    mirrors: ChunkMap,
 }
 
 /// Key bounds a block must respect: `lo <= key < hi`.
@@ -92,7 +96,15 @@ pub(super) fn walk_all(
         read: 0,
         estimate: (sb.bytes_used / u64::from(sb.nodesize)).max(1),
         progress,
+        mirrors: ChunkMap::default(),
     };
+    for c in &sb.system_chunks {
+        w.mirrors.insert(Mirror {
+            start: c.start,
+            len: c.len,
+            mirror: c.mirror,
+        });
+    }
     let root_tree = (sb.root, sb.root_generation, sb.root_level);
     w.walk_tree(tree_id::ROOT, root_tree, report);
     let mut trees = vec![];
@@ -111,7 +123,12 @@ pub(super) fn walk_all(
         }
     }
     report.trees = trees.len() + 1;
-    for (id, ri) in trees {
+    // The block group tree first: it names the other groups' copies.
+    trees.sort_by_key(|(id, _)| *id != tree_id::BLOCK_GROUP);
+    for (i, (id, ri)) in trees.into_iter().enumerate() {
+        if i == 1 {
+            w.learn_mirrors();
+        }
         if ri.generation > sb.generation {
             report.problem(
                 format!("root item of tree {id}"),
@@ -202,7 +219,36 @@ impl Walker<'_> {
         report.queued_blocks = queue.len() as u64;
     }
 
-    fn read_block(&mut self, bytenr: u64) -> crate::error::Result<Node> {
+    /// Reads the block from its first copy, or from its second when the
+    /// first cannot be read, fails its checks or is older than its parent
+    /// says; a bad copy with a good one is reported (scrub repairs it).
+    fn read_block(
+        &mut self,
+        bytenr: u64,
+        generation: u64,
+        report: &mut Report,
+    ) -> crate::error::Result<Node> {
+        let first = self.read_copy(bytenr, bytenr, generation);
+        let Err(e) = first else { return first };
+        let ns = u64::from(self.sb.nodesize);
+        let Some(at) = self.mirrors.mirror_of(bytenr, ns) else {
+            return Err(e);
+        };
+        let second = self.read_copy(bytenr, at, generation);
+        if second.is_ok() {
+            report.problem(
+                format!("tree block {bytenr} copy 0"),
+                format!("{e}; copy 1 (at {at}) is good: `canopy scrub` repairs it"),
+            );
+            return second;
+        }
+        Err(e)
+    }
+
+    /// The copy of block `bytenr` at device offset `at`, checked, with a
+    /// generation other than `generation` an error (the walk then tries
+    /// the other copy; the header checks report a mismatch of both).
+    fn read_copy(&mut self, bytenr: u64, at: u64, generation: u64) -> crate::error::Result<Node> {
         let mut buf = vec![0u8; self.sb.nodesize as usize];
         if bytenr
             .checked_add(buf.len() as u64)
@@ -213,12 +259,57 @@ impl Walker<'_> {
                 "block beyond the end of the filesystem",
             ));
         }
-        self.dev.read_at(&mut buf, bytenr)?;
+        if at
+            .checked_add(buf.len() as u64)
+            .is_none_or(|e| e > self.sb.total_bytes)
+        {
+            return Err(crate::Error::corrupt(
+                bytenr,
+                "copy beyond the end of the filesystem",
+            ));
+        }
+        self.dev.read_at(&mut buf, at)?;
         self.read += 1;
         if self.read.is_multiple_of(256) {
             (self.progress)(self.read, self.estimate.max(self.read));
         }
-        Node::decode(&buf, bytenr, &self.sb.fsid)
+        let node = Node::decode(&buf, bytenr, &self.sb.fsid)?;
+        if node.generation != generation
+            && self.mirrors.mirror_of(bytenr, buf.len() as u64).is_some()
+        {
+            return Err(crate::Error::corrupt(
+                bytenr,
+                format!(
+                    "generation {} where its parent expects {generation}",
+                    node.generation
+                ),
+            ));
+        }
+        Ok(node)
+    }
+
+    /// Learns the second copies of every group from the block group
+    /// tree, once it has been walked.
+    fn learn_mirrors(&mut self) {
+        for it in self
+            .found
+            .items
+            .get(&tree_id::BLOCK_GROUP)
+            .into_iter()
+            .flatten()
+        {
+            if let Ok(BlockGroupItem {
+                mirror: Some(mirror),
+                ..
+            }) = BlockGroupItem::decode(&it.data)
+            {
+                self.mirrors.insert(Mirror {
+                    start: it.key.objectid,
+                    len: it.key.offset,
+                    mirror,
+                });
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -244,7 +335,7 @@ impl Walker<'_> {
             }
             return;
         }
-        let node = match self.read_block(bytenr) {
+        let node = match self.read_block(bytenr, generation, report) {
             Ok(n) => n,
             Err(e) => {
                 report.problem(loc, e.to_string());

@@ -96,6 +96,10 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         }
         BALANCE_GROUP if key.objectid == super::BALANCE_OBJECTID => check_empty(data),
         BALANCE_ITEM | BALANCE_GROUP => fail("balance item outside the balance's key range"),
+        DEVICE_STATS if key.objectid == super::DEVICE_STATS_OBJECTID && key.offset == 1 => {
+            super::items::DeviceStats::decode(data).map(drop)
+        }
+        DEVICE_STATS => fail("device stats of a device that is not devid 1"),
         QGROUP_STATUS | QGROUP_INFO | QGROUP_LIMIT | QGROUP_RELATION => {
             super::qgroup::check(key, data)
         }

@@ -296,6 +296,42 @@ impl BlockGroupItem {
     }
 }
 
+/// A device's error counters since they were last reset (`canopy device
+/// stats`): reads that failed, copies found bad (checksum, address or
+/// generation), bad copies rewritten from a good one, writes that failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub read_errors: u64,
+    pub corruption_errors: u64,
+    pub corrected: u64,
+    pub write_errors: u64,
+}
+
+pub const DEVICE_STATS_SIZE: usize = 32;
+
+impl DeviceStats {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; DEVICE_STATS_SIZE];
+        put_u64(&mut b, 0, self.read_errors);
+        put_u64(&mut b, 8, self.corruption_errors);
+        put_u64(&mut b, 16, self.corrected);
+        put_u64(&mut b, 24, self.write_errors);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> DecodeResult<DeviceStats> {
+        if b.len() != DEVICE_STATS_SIZE {
+            return Err(format!("device stats of {} bytes", b.len()));
+        }
+        Ok(DeviceStats {
+            read_errors: le_u64(b, 0),
+            corruption_errors: le_u64(b, 8),
+            corrected: le_u64(b, 16),
+            write_errors: le_u64(b, 24),
+        })
+    }
+}
+
 pub const FILE_EXTENT_INLINE: u8 = 0;
 pub const FILE_EXTENT_REG: u8 = 1;
 pub const FILE_EXTENT_PREALLOC: u8 = 2;

@@ -138,6 +138,9 @@ pub mod key_type {
     /// `(BALANCE_OBJECTID, BALANCE_GROUP, start)`: a group it has still to
     /// empty.
     pub const BALANCE_GROUP: u8 = 249;
+    /// `(DEVICE_STATS_OBJECTID, DEVICE_STATS, devid)` in the root tree:
+    /// the device's error counters ([`crate::format::items::DeviceStats`]).
+    pub const DEVICE_STATS: u8 = 251;
     pub const QGROUP_STATUS: u8 = 240;
     pub const QGROUP_INFO: u8 = 242;
     pub const QGROUP_LIMIT: u8 = 244;
@@ -149,6 +152,9 @@ pub const CSUM_OBJECTID: u64 = u64::MAX - 9;
 
 /// Objectid of a balance's items in the root tree.
 pub const BALANCE_OBJECTID: u64 = u64::MAX - 3;
+
+/// Objectid of the devices' error counters in the root tree.
+pub const DEVICE_STATS_OBJECTID: u64 = u64::MAX - 11;
 
 /// Objectid of the drop queue's items in the root tree.
 pub const DROP_QUEUE_OBJECTID: u64 = u64::MAX - 10;

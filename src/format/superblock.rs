@@ -336,11 +336,16 @@ impl Superblock {
         for c in &self.system_chunks {
             let sector = u64::from(self.sectorsize);
             let fits = |at: u64| {
-                at.is_multiple_of(sector) && at.checked_add(c.len).is_some_and(|e| e <= self.total_bytes)
+                at.is_multiple_of(sector)
+                    && at.checked_add(c.len).is_some_and(|e| e <= self.total_bytes)
             };
-            let apart = c.mirror >= c.start.saturating_add(c.len) || c.start >= c.mirror.saturating_add(c.len);
+            let apart = c.mirror >= c.start.saturating_add(c.len)
+                || c.start >= c.mirror.saturating_add(c.len);
             if c.len == 0 || !fits(c.start) || !fits(c.mirror) || !apart {
-                return Err(format!("system group at {} and its copy at {}", c.start, c.mirror));
+                return Err(format!(
+                    "system group at {} and its copy at {}",
+                    c.start, c.mirror
+                ));
             }
         }
         let checked = self.incompat & INCOMPAT_LOG_CHECKED != 0;
@@ -368,7 +373,9 @@ impl Superblock {
 fn decode_system_chunks(b: &[u8]) -> std::result::Result<Vec<SystemChunk>, String> {
     let n = le_u32(b, OFF_SYSTEM_CHUNKS) as usize;
     if n > SYSTEM_CHUNKS_MAX {
-        return Err(format!("{n} system groups named, at most {SYSTEM_CHUNKS_MAX} fit"));
+        return Err(format!(
+            "{n} system groups named, at most {SYSTEM_CHUNKS_MAX} fit"
+        ));
     }
     Ok((0..n)
         .map(|i| {

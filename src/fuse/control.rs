@@ -135,6 +135,37 @@ pub enum Request {
     BalancePause,
     BalanceResume,
     BalanceCancel,
+    /// `canopy device stats [-z]`: the error counters, then zeroed if
+    /// `reset`.
+    DeviceStats {
+        reset: bool,
+    },
+}
+
+/// One device's error counters (`canopy device stats`), as btrfs names
+/// them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub devid: u64,
+    pub read_io_errs: u64,
+    pub write_io_errs: u64,
+    /// Copies read whole but wrong: checksum, address or generation.
+    pub corruption_errs: u64,
+    /// Bad copies rewritten from a good one.
+    pub corrected_errs: u64,
+}
+
+impl DeviceStats {
+    fn of(counts: [u64; 4]) -> DeviceStats {
+        let [read, corrupt, corrected, write] = counts;
+        DeviceStats {
+            devid: 1,
+            read_io_errs: read,
+            write_io_errs: write,
+            corruption_errs: corrupt,
+            corrected_errs: corrected,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -194,6 +225,9 @@ pub struct Response {
     /// How a receive goes (every answer but its last).
     #[serde(default)]
     pub receive: Option<crate::receive::Event>,
+    /// Error counters per device, after a device stats request.
+    #[serde(default)]
+    pub devices: Option<Vec<DeviceStats>>,
 }
 
 impl Response {
@@ -214,6 +248,7 @@ impl Response {
             send: None,
             grown: None,
             receive: None,
+            devices: None,
         }
     }
 
@@ -701,6 +736,17 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             Err(e) => Response::of(Err(e)),
         },
         Ok(Request::SubvolSync) => Response::of(fs.clean_deleted().map(|()| None)),
+        Ok(Request::DeviceStats { reset }) => {
+            let engine = fs.engine();
+            let stats = DeviceStats::of(engine.device_errors());
+            if reset {
+                engine.reset_device_errors();
+            }
+            Response {
+                devices: Some(vec![stats]),
+                ..Response::ok()
+            }
+        }
         Ok(req @ (Request::ScrubStart | Request::ScrubStatus | Request::ScrubCancel)) => {
             scrub_request(req, scrub, fs)
         }

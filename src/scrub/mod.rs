@@ -24,7 +24,7 @@ use crate::format::items::{ExtentItem, FileExtentItem, FILE_EXTENT_INLINE, FILE_
 use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, INODE_REF, ROOT_BACKREF};
 use crate::format::tree_id::{is_shareable, EXTENT, FS, ROOT};
 use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
-use crate::txn::{Engine, Reader};
+use crate::txn::{DataCopies, Engine, Reader};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,6 +93,9 @@ pub struct BadCopy {
     pub tree: u64,
     pub error: String,
     pub repaired: bool,
+    /// A data sector (`bytenr` is its address), not a tree block.
+    #[serde(default)]
+    pub data: bool,
 }
 
 /// A file with damaged data: its byte ranges `[start, end)`.
@@ -255,6 +258,7 @@ fn scrub_tree_block(
             tree: item.owner,
             error: e.to_string(),
             repaired: verdict.repaired,
+            data: false,
         });
     }
     Ok(key.offset)
@@ -277,21 +281,42 @@ fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Res
         }
         return Ok(len);
     };
-    let mut buf = vec![0u8; len.min(READ_CHUNK) as usize];
+    let copies = r.data_copies(bytenr, len);
+    let mut bufs = vec![vec![0u8; len.min(READ_CHUNK) as usize]; copies];
     let mut at = 0;
     while at < len {
         let n = (len - at).min(READ_CHUNK) as usize;
-        let chunk = &mut buf[..n];
-        let read = r.read_data(bytenr + at, chunk);
-        for (i, sector) in chunk.chunks(SECTOR as usize).enumerate() {
+        let read: Vec<bool> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(copy, b)| r.read_data_copy(bytenr + at, &mut b[..n], copy).is_ok())
+            .collect();
+        for i in 0..n.div_ceil(SECTOR as usize) {
             let index = (at / SECTOR) as usize + i;
             let want = sums
                 .get(index * 4..index * 4 + 4)
                 .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
-            if read.is_err() || want != Some(crate::format::crc(sector)) {
-                let addr = bytenr + at + i as u64 * SECTOR;
+            let span = i * SECTOR as usize..((i + 1) * SECTOR as usize).min(n);
+            let good: Vec<bool> = (0..copies)
+                .map(|c| read[c] && want == Some(crate::format::crc(&bufs[c][span.clone()])))
+                .collect();
+            let addr = bytenr + at + i as u64 * SECTOR;
+            let Some(source) = good.iter().position(|&g| g) else {
                 tracing::error!(bytenr = addr, "scrub: data checksum mismatch");
                 report.bad_data_sectors.push(addr);
+                continue;
+            };
+            for copy in (0..copies).filter(|&c| !good[c]) {
+                let sector = &bufs[source][span.clone()];
+                let repaired = r.repair_data_copy(addr, sector, copy, source);
+                report.bad_copies.push(BadCopy {
+                    bytenr: addr,
+                    copy,
+                    tree: 0,
+                    error: "data checksum mismatch".into(),
+                    repaired,
+                    data: true,
+                });
             }
         }
         at += n as u64;

@@ -1,9 +1,9 @@
 //! The commit: settle every index, encode the dirty blocks, write them,
 //! barrier, write the superblocks, barrier.
 
-use crate::dev::Device;
 use super::{persist, Engine, State, Txn};
 use crate::cache::BlockMap;
+use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::node::Node;
 use crate::format::superblock::Superblock;
@@ -193,6 +193,9 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     // ending left its extents unreferenced, and this fold frees them.
     st.refs.release_all();
     let mut tx = Txn::new(st, sh);
+    // Once per commit, outside the settle loop: reads beside the commit
+    // may count errors meanwhile.
+    persist::write_device_stats(&mut tx)?;
     settle(&mut tx)?;
     // Accounting writes quota items, which the indexes must follow.
     let mut accounted = false;

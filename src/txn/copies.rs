@@ -35,18 +35,25 @@ pub(super) fn read_tree_block(sh: &Shared, bytenr: u64, generation: u64) -> Resu
 }
 
 /// Copy `copy` of the block, checked.
-fn read_copy(sh: &Shared, buf: &mut [u8], bytenr: u64, generation: u64, copy: usize) -> Result<Node> {
+fn read_copy(
+    sh: &Shared,
+    buf: &mut [u8],
+    bytenr: u64,
+    generation: u64,
+    copy: usize,
+) -> Result<Node> {
     sh.dev.read_copy(buf, bytenr, copy)?;
-    let checked = Node::decode(buf, bytenr, &sh.fsid).and_then(|n| match n.generation == generation {
-        true => Ok(n),
-        false => Err(Error::corrupt(
-            bytenr,
-            format!(
-                "block has generation {}, its parent expected {generation}",
-                n.generation
-            ),
-        )),
-    });
+    let checked =
+        Node::decode(buf, bytenr, &sh.fsid).and_then(|n| match n.generation == generation {
+            true => Ok(n),
+            false => Err(Error::corrupt(
+                bytenr,
+                format!(
+                    "block has generation {}, its parent expected {generation}",
+                    n.generation
+                ),
+            )),
+        });
     if checked.is_err() {
         sh.dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
     }
@@ -66,7 +73,10 @@ fn repair(sh: &Shared, good: &[u8], node: &Node, bad: &[(usize, Error)], good_co
             );
             continue;
         }
-        let physical = sh.dev.physical(node.bytenr, good.len() as u64, *copy).unwrap_or(0);
+        let physical = sh
+            .dev
+            .physical(node.bytenr, good.len() as u64, *copy)
+            .unwrap_or(0);
         match sh.dev.write_copy(good, node.bytenr, *copy) {
             Ok(()) => {
                 sh.dev.errors.corrected.fetch_add(1, Ordering::Relaxed);
@@ -152,5 +162,80 @@ pub(super) fn verify_copies(sh: &Shared, bytenr: u64, generation: u64) -> Copies
         copies,
         bad,
         repaired,
+    }
+}
+
+/// Data bytes at `bytenr` as copy `copy` holds them, and how many copies
+/// they have: for readers that verify checksums themselves (`fs`'s file
+/// reads, scrub) and fall back to another copy.
+pub(crate) trait DataCopies {
+    fn shared(&self) -> &Shared;
+
+    /// How many copies `[bytenr, bytenr + len)` has.
+    fn data_copies(&self, bytenr: u64, len: u64) -> usize {
+        self.shared().dev.copies(bytenr, len)
+    }
+
+    /// Reads copy `copy` of `buf.len()` data bytes at `bytenr`.
+    fn read_data_copy(&self, bytenr: u64, buf: &mut [u8], copy: usize) -> Result<()> {
+        self.shared().dev.read_copy(buf, bytenr, copy)
+    }
+
+    /// Notes a copy found bad, and rewrites it from `good` (the bytes
+    /// copy `good_copy` holds, which matched their checksums) unless the
+    /// volume takes no repairs. The extent cannot be freed meanwhile: the
+    /// caller holds the state or a data read epoch (see `flight`).
+    /// Returns whether the copy was rewritten.
+    fn repair_data_copy(&self, bytenr: u64, good: &[u8], copy: usize, good_copy: usize) -> bool {
+        let dev = &self.shared().dev;
+        dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
+        if !dev.repairs() {
+            tracing::warn!(
+                logical = bytenr,
+                copy,
+                "data read from copy {good_copy}, copy {copy} is bad; read-only, not repaired"
+            );
+            return false;
+        }
+        let physical = dev.physical(bytenr, good.len() as u64, copy).unwrap_or(0);
+        match dev.write_copy(good, bytenr, copy) {
+            Ok(()) => {
+                dev.errors.corrected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    logical = bytenr,
+                    copy,
+                    physical,
+                    "repaired data from copy {good_copy}"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::error!(
+                    logical = bytenr,
+                    copy,
+                    physical,
+                    "could not repair data: {e}"
+                );
+                false
+            }
+        }
+    }
+}
+
+impl DataCopies for super::Reader<'_> {
+    fn shared(&self) -> &Shared {
+        self.sh
+    }
+}
+
+impl DataCopies for super::Txn<'_> {
+    fn shared(&self) -> &Shared {
+        self.sh
+    }
+}
+
+impl DataCopies for super::DataDevice<'_> {
+    fn shared(&self) -> &Shared {
+        self.sh
     }
 }

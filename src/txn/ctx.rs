@@ -1,11 +1,11 @@
 //! The views through which callers and the tree layer see the state: a
 //! [`Txn`] (writer, joined to the running transaction) and a [`Reader`].
 
-use crate::dev::Device;
 use super::refs::{ExtentKind, PendingExtent, RefHolder};
 use super::Slots;
 use super::{Need, RootState, Shared, State};
 use crate::alloc::{Allocator, GroupKind};
+use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::items::{RootItem, SubvolIdent};
 use crate::format::node::{Body, Node};
@@ -114,7 +114,7 @@ fn collect_range<B: BlockRead + ?Sized>(
 /// A read-only view of the current state.
 pub struct Reader<'a> {
     st: &'a State,
-    sh: &'a Shared,
+    pub(in crate::txn) sh: &'a Shared,
 }
 
 impl<'a> Reader<'a> {
@@ -197,7 +197,11 @@ impl<'a> Reader<'a> {
     /// bad copies from a good one. None: the block is dirty or being
     /// written, so the disk does not hold it yet. A block reachable from
     /// the state cannot be reused while the caller holds the state.
-    pub fn verify_block_on_disk(&self, bytenr: u64, generation: u64) -> Option<super::CopiesVerdict> {
+    pub fn verify_block_on_disk(
+        &self,
+        bytenr: u64,
+        generation: u64,
+    ) -> Option<super::CopiesVerdict> {
         if self.st.dirty.contains_key(&bytenr)
             || crate::sync::lock(&self.sh.inflight).contains_key(&bytenr)
         {

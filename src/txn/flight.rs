@@ -26,8 +26,8 @@
 //! never reused in the transaction that freed them (`extent::apply` pins
 //! them like any other).
 
-use crate::dev::Device;
 use super::{Engine, Shared, State, Txn};
+use crate::dev::Device;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -284,7 +284,7 @@ impl Txn<'_> {
 
 /// The device, for data reads outside the state lock.
 pub struct DataDevice<'a> {
-    sh: &'a Shared,
+    pub(in crate::txn) sh: &'a Shared,
 }
 
 impl DataDevice<'_> {

@@ -11,8 +11,8 @@
 //! written by every commit from then on. Shrinking, which must first
 //! move everything out of the space given up, is not supported yet.
 
-use crate::dev::Device;
 use super::Engine;
+use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::SECTORSIZE;
 

@@ -26,6 +26,7 @@
 mod commit;
 mod copies;
 pub use copies::CopiesVerdict;
+pub(crate) use copies::DataCopies;
 mod ctx;
 mod flight;
 mod grow;
@@ -448,7 +449,12 @@ impl Engine {
     }
 
     /// Profiles new (metadata, data) groups get.
-    pub fn profiles(&self) -> (crate::format::superblock::Profile, crate::format::superblock::Profile) {
+    pub fn profiles(
+        &self,
+    ) -> (
+        crate::format::superblock::Profile,
+        crate::format::superblock::Profile,
+    ) {
         let st = crate::sync::read(&self.state);
         (st.sb.metadata_profile, st.sb.data_profile)
     }
@@ -458,10 +464,19 @@ impl Engine {
         self.shared.dev.map().all()
     }
 
-    /// Errors the device gave and copies repaired since open: reads
-    /// failed, copies found bad, copies repaired, writes failed.
+    /// The device's error counters since they were last reset (kept in
+    /// the image by each commit): reads failed, copies found bad, copies
+    /// repaired, writes failed.
     pub fn device_errors(&self) -> [u64; 4] {
         self.shared.dev.errors.snapshot()
+    }
+
+    /// Sets the error counters to zero; the next commit (which this asks
+    /// for) records it.
+    pub fn reset_device_errors(&self) {
+        let mut st = crate::sync::write(&self.state);
+        self.shared.dev.errors.set([0; 4]);
+        st.superblock_changed = true;
     }
 
     /// Whether the engine was opened read-only.

@@ -249,7 +249,8 @@ impl Engine {
             sectorsize: format::SECTORSIZE,
             compat: 0,
             compat_ro: 0,
-            incompat: if mixed { INCOMPAT_MIXED_GROUPS } else { 0 } | if dup { INCOMPAT_DUP } else { 0 },
+            incompat: if mixed { INCOMPAT_MIXED_GROUPS } else { 0 }
+                | if dup { INCOMPAT_DUP } else { 0 },
             label: opts.label.clone(),
             metadata_profile,
             data_profile: opts.data_profile,
@@ -306,6 +307,7 @@ impl Engine {
         {
             let mut st = crate::sync::write(&engine.state);
             load_roots(&mut st, &engine.shared, root)?;
+            load_device_stats(&st, &engine.shared)?;
             load_space(&mut st, &engine.shared)?;
             count_tree_blocks(&mut st, &engine.shared)?;
             open_mechanisms(&mut st, &engine.shared)?;
@@ -486,6 +488,22 @@ fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
             ));
         }
     }
+    Ok(())
+}
+
+/// The device's error counters as the last commit recorded them.
+fn load_device_stats(st: &State, sh: &Shared) -> Result<()> {
+    let key = super::persist::device_stats_key();
+    let Some(data) = super::Reader::new(st, sh).get(tree_id::ROOT, &key)? else {
+        return Ok(());
+    };
+    let s = crate::format::items::DeviceStats::decode(&data).map_err(|e| Error::corrupt(0, e))?;
+    sh.dev.errors.set([
+        s.read_errors,
+        s.corruption_errors,
+        s.corrected,
+        s.write_errors,
+    ]);
     Ok(())
 }
 

@@ -37,6 +37,34 @@ pub(super) fn write_root_items(tx: &mut Txn<'_>) -> Result<bool> {
     Ok(did)
 }
 
+/// Records the device's error counters in the root tree when they differ
+/// from what it holds (an image that never saw an error gets no item).
+pub(super) fn write_device_stats(tx: &mut Txn<'_>) -> Result<()> {
+    let [read_errors, corruption_errors, corrected, write_errors] = tx.sh.dev.errors.snapshot();
+    let stats = crate::format::items::DeviceStats {
+        read_errors,
+        corruption_errors,
+        corrected,
+        write_errors,
+    };
+    let key = device_stats_key();
+    let have = tx.get(ROOT, &key)?;
+    let data = stats.encode();
+    if have.is_none() && stats == Default::default() || have.as_deref() == Some(&data[..]) {
+        return Ok(());
+    }
+    tx.put(ROOT, key, data).map(drop)
+}
+
+/// Where devid 1's error counters live.
+pub(super) fn device_stats_key() -> Key {
+    Key::new(
+        crate::format::DEVICE_STATS_OBJECTID,
+        crate::format::key_type::DEVICE_STATS,
+        1,
+    )
+}
+
 /// Writes the usage of every block group that changed.
 pub(super) fn write_block_groups(tx: &mut Txn<'_>) -> Result<bool> {
     let groups = tx.allocator().take_dirty_groups();

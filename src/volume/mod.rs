@@ -76,16 +76,17 @@ impl ChunkMap {
         }
     }
 
-    /// The device offset of copy 1 of `[offset, offset + len)`.
-    fn mirror_of(&self, offset: u64, len: u64) -> Option<u64> {
+    /// The device offset of copy 1 of `[offset, offset + len)`: None
+    /// unless the range lies inside one mirrored group.
+    pub fn mirror_of(&self, offset: u64, len: u64) -> Option<u64> {
         let map = crate::sync::read(&self.mirrors);
         let (_, m) = map.range(..=offset).next_back()?;
         (offset.checked_add(len)? <= m.end()).then_some(m.mirror + (offset - m.start))
     }
 }
 
-/// Errors found and repaired on a volume's device since it was opened
-/// (`canopy device stats`).
+/// Errors found and repaired on a volume's device (`canopy device
+/// stats`): loaded from the image at open, written back by each commit.
 #[derive(Default)]
 pub struct ErrorCounts {
     /// Reads the device failed.
@@ -107,6 +108,14 @@ impl ErrorCounts {
             self.corrected.load(Ordering::Relaxed),
             self.write.load(Ordering::Relaxed),
         ]
+    }
+
+    /// Sets the counters (to what the image recorded, or to zero).
+    pub fn set(&self, counts: [u64; 4]) {
+        self.read.store(counts[0], Ordering::Relaxed);
+        self.corrupt.store(counts[1], Ordering::Relaxed);
+        self.corrected.store(counts[2], Ordering::Relaxed);
+        self.write.store(counts[3], Ordering::Relaxed);
     }
 }
 
@@ -159,7 +168,10 @@ impl Volume {
     pub fn physical(&self, offset: u64, len: u64, copy: usize) -> Result<u64> {
         match copy {
             0 => Ok(offset),
-            1 => self.map.mirror_of(offset, len).ok_or_else(|| no_copy(offset, copy)),
+            1 => self
+                .map
+                .mirror_of(offset, len)
+                .ok_or_else(|| no_copy(offset, copy)),
             _ => Err(no_copy(offset, copy)),
         }
     }
@@ -265,9 +277,11 @@ mod tests {
         let buf = vec![7u8; 8192];
         vol.write_at(&buf, (128 << 10) - 4096).expect("write");
         let mut got = vec![0u8; 4096];
-        raw.read_at(&mut got, (512 << 10) + (60 << 10)).expect("read");
+        raw.read_at(&mut got, (512 << 10) + (60 << 10))
+            .expect("read");
         assert_eq!(got, vec![7u8; 4096]);
-        raw.read_at(&mut got, (512 << 10) + (64 << 10)).expect("read");
+        raw.read_at(&mut got, (512 << 10) + (64 << 10))
+            .expect("read");
         assert_eq!(got, vec![0u8; 4096], "past the group's end is not mirrored");
         assert_eq!(vol.copies((128 << 10) - 4096, 4096), 2);
         assert_eq!(vol.copies((128 << 10) - 4096, 8192), 1);

@@ -20,15 +20,17 @@ use std::path::PathBuf;
 #[derive(Subcommand)]
 pub enum Command {
     /// Device size, bytes in block groups and in none, and per kind of
-    /// group (data, metadata, system, or mixed on small images) how many
-    /// groups, their size and the bytes their extents hold. Then the
+    /// group (data, metadata, system, or mixed on small images) and
+    /// profile (single, or dup: two copies, each taking device space) how
+    /// many groups, their size and the bytes their extents hold. Then the
     /// writeback limits in effect: whether the kernel buffers writes
     /// (writeback_cache), its global dirty limit, the mount's backing
     /// device (strict_limit, max_ratio, max_bytes, read-ahead), FUSE's
     /// background request limits, and Canopy's own dirty_limit.
     Usage {
         /// One JSON object: device_bytes, unallocated, kinds (kind,
-        /// groups, size, used) and writeback (the limits, by name).
+        /// profile, groups, size, used) and writeback (the limits, by
+        /// name).
         #[arg(long)]
         json: bool,
         /// Sizes in bytes.
@@ -280,7 +282,8 @@ fn print_writeback(w: &WritebackLimits, raw: bool) {
 }
 
 fn print_usage(u: &SpaceUsage, raw: bool) {
-    let allocated: u64 = u.kinds.iter().map(|k| k.size).sum();
+    let copies = |k: &canopy::alloc::KindUsage| if k.profile == "dup" { 2 } else { 1 };
+    let allocated: u64 = u.kinds.iter().map(|k| k.size * copies(k)).sum();
     let used: u64 = u.kinds.iter().map(|k| k.used).sum();
     println!("Device size:   {:>12}", size(u.device_bytes, raw));
     println!("Allocated:     {:>12}", size(allocated, raw));
@@ -295,8 +298,8 @@ fn print_usage(u: &SpaceUsage, raw: bool) {
         };
         let groups = format!("{} group{}", k.groups, if k.groups == 1 { "" } else { "s" });
         println!(
-            "{:<9} {groups:>11}: size {:>12}, used {:>12} ({share:.1}%)",
-            k.kind,
+            "{:<16} {groups:>11}: size {:>12}, used {:>12} ({share:.1}%)",
+            format!("{},{}", k.kind, k.profile),
             size(k.size, raw),
             size(k.used, raw)
         );

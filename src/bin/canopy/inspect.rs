@@ -96,6 +96,12 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
             "bytes_used": sb.bytes_used,
             "nodesize": sb.nodesize,
             "sectorsize": sb.sectorsize,
+            "incompat": sb.incompat,
+            "metadata_profile": sb.metadata_profile.name(),
+            "data_profile": sb.data_profile.name(),
+            "system_chunks": sb.system_chunks.iter().map(|c| serde_json::json!({
+                "start": c.start, "len": c.len, "mirror": c.mirror,
+            })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -109,6 +115,15 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
         println!("bytes_used\t{}", sb.bytes_used);
         println!("nodesize\t{}", sb.nodesize);
         println!("sectorsize\t{}", sb.sectorsize);
+        println!("incompat\t{:#x}", sb.incompat);
+        println!("metadata\t{}", sb.metadata_profile.name());
+        println!("data\t\t{}", sb.data_profile.name());
+        for c in &sb.system_chunks {
+            println!(
+                "system group\t{} ({} bytes), second copy at {}",
+                c.start, c.len, c.mirror
+            );
+        }
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 
 mod balance;
 mod check;
+mod device;
 mod filesystem;
 mod inspect;
 mod mkfs;
@@ -117,6 +118,9 @@ enum Command {
     /// Show how a mounted filesystem's device is carved into block groups.
     #[command(subcommand)]
     Filesystem(filesystem::Command),
+    /// Error counters of a mounted filesystem's devices.
+    #[command(subcommand)]
+    Device(device::Command),
     /// Write a read-only subvolume as a btrfs send stream (whole, or the
     /// difference from a parent snapshot with -p).
     Send(send::Args),
@@ -170,6 +174,10 @@ fn main() -> ExitCode {
         Command::Qgroup(c) => quota::run_qgroup(c),
         Command::Balance(c) => balance::run(c),
         Command::Filesystem(c) => filesystem::run(c),
+        Command::Device(c) => match device::run(c) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

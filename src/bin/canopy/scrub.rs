@@ -265,11 +265,13 @@ fn print_report(path: &dyn Display, r: &Report) {
         );
     }
     for c in &r.bad_copies {
+        let what = match c.data {
+            true => format!("data sector {}", c.bytenr),
+            false => format!("tree block {} (tree {})", c.bytenr, c.tree),
+        };
         println!(
-            "{} tree block {} (tree {}) copy {}: {}",
+            "{} {what} copy {}: {}",
             if c.repaired { "corrected" } else { "ERROR" },
-            c.bytenr,
-            c.tree,
             c.copy,
             c.error
         );
@@ -312,7 +314,7 @@ fn print_report(path: &dyn Display, r: &Report) {
         if r.is_clean() {
             match r.bad_copies.len() {
                 0 => "no damage found".to_string(),
-                n => format!("{n} bad copies of tree blocks corrected, nothing lost"),
+                n => format!("{n} bad copies corrected, nothing lost"),
             }
         } else {
             format!(

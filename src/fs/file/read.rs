@@ -8,7 +8,7 @@ use crate::format::items::{FILE_EXTENT_INLINE, FILE_EXTENT_REG};
 use crate::format::key_type::EXTENT_CSUM;
 use crate::format::{Key, CSUM_OBJECTID};
 use crate::tree::{BlockRead, RootPtr};
-use crate::txn::Txn;
+use crate::txn::DataCopies;
 /// Reads `[offset, offset+len)` of the file (already clamped to its size)
 /// through `b` itself: for inline data and the engine's tests. File reads
 /// of extents go through [`plan_read`] and the device outside the lock.
@@ -179,8 +179,7 @@ fn read_compressed<D: DataRead + ?Sized>(
         ));
     }
     let mut frame = vec![0u8; disk_len as usize];
-    d.read_bytes(bytenr, &mut frame)?;
-    verify(bytenr, &frame, sums)?;
+    read_verified(d, bytenr, &mut frame, sums)?;
     let decoded = match ram_bytes {
         Some(ram) => crate::compress::decode_prefix(kind, &frame, ram, out),
         None => crate::compress::decode_into(kind, &frame, out),
@@ -227,8 +226,7 @@ impl ReadPlan {
                     skip: 0,
                     sums,
                 } if *len as usize == *n => {
-                    d.read_bytes(*bytenr, dst)?;
-                    verify(*bytenr, dst, sums)?;
+                    read_verified(d, *bytenr, dst, sums)?;
                 }
                 Source::Extent {
                     bytenr,
@@ -237,8 +235,7 @@ impl ReadPlan {
                     sums,
                 } => {
                     let mut buf = vec![0u8; *len as usize];
-                    d.read_bytes(*bytenr, &mut buf)?;
-                    verify(*bytenr, &buf, sums)?;
+                    read_verified(d, *bytenr, &mut buf, sums)?;
                     dst.copy_from_slice(&buf[*skip..*skip + *n]);
                 }
                 Source::Compressed {
@@ -272,6 +269,34 @@ impl ReadPlan {
         }
         Ok(())
     }
+}
+
+/// Reads `buf.len()` bytes at `bytenr` and checks them against `sums`;
+/// when the first copy cannot be read or does not match, the others are
+/// tried (the `dup` profile), and the first that matches is returned and
+/// written back over the bad ones.
+fn read_verified<D: DataRead + ?Sized>(
+    d: &D,
+    bytenr: u64,
+    buf: &mut [u8],
+    sums: &[u8],
+) -> Result<()> {
+    let first = d
+        .read_bytes(bytenr, buf)
+        .and_then(|()| verify(bytenr, buf, sums));
+    let Err(e) = first else { return Ok(()) };
+    let copies = d.copies(bytenr, buf.len() as u64);
+    for copy in 1..copies {
+        let good = d.read_copy(bytenr, buf, copy).is_ok()
+            && crate::format::first_bad_sector(buf, sums).is_none();
+        if good {
+            for bad in 0..copy {
+                d.repair(bytenr, buf, bad, copy);
+            }
+            return Ok(());
+        }
+    }
+    Err(e)
 }
 
 /// Checks every sector of `buf`, read from `bytenr`, against `sums`.
@@ -311,25 +336,31 @@ pub(crate) fn device_ranges<B: BlockRead + ?Sized>(
     Ok(out)
 }
 
-/// Reads data bytes of an extent (the engine's device access).
+/// Reads data bytes of an extent (the engine's device access), from
+/// any of its copies.
 pub(crate) trait DataRead {
     fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()>;
+    /// How many copies `[bytenr, bytenr + len)` has.
+    fn copies(&self, bytenr: u64, len: u64) -> usize;
+    fn read_copy(&self, bytenr: u64, buf: &mut [u8], copy: usize) -> Result<()>;
+    /// Rewrites bad copy `copy` with `good`, read from `good_copy`.
+    fn repair(&self, bytenr: u64, good: &[u8], copy: usize, good_copy: usize);
 }
 
-impl DataRead for Txn<'_> {
+impl<T: DataCopies> DataRead for T {
     fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_data(bytenr, buf)
+        self.read_data_copy(bytenr, buf, 0)
     }
-}
 
-impl DataRead for crate::txn::Reader<'_> {
-    fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_data(bytenr, buf)
+    fn copies(&self, bytenr: u64, len: u64) -> usize {
+        self.data_copies(bytenr, len)
     }
-}
 
-impl DataRead for crate::txn::DataDevice<'_> {
-    fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_data(bytenr, buf)
+    fn read_copy(&self, bytenr: u64, buf: &mut [u8], copy: usize) -> Result<()> {
+        self.read_data_copy(bytenr, buf, copy)
+    }
+
+    fn repair(&self, bytenr: u64, good: &[u8], copy: usize, good_copy: usize) {
+        self.repair_data_copy(bytenr, good, copy, good_copy);
     }
 }

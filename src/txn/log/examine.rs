@@ -5,8 +5,8 @@
 //! last commit; an inode whose items fail is left out while the rest
 //! replays. `canopy check` reads the verdict (`Engine::log_found`).
 
-use crate::dev::Device;
 use super::{name_log, DroppedRoot, LogVerdict, PendingLog, SkippedInode};
+use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, LOG_INODE};
 use crate::format::node::Body;

@@ -1,0 +1,104 @@
+//! `canopy device stats`: a mounted filesystem's error counters per
+//! device, after `btrfs device stats`.
+
+use anyhow::{Context, Result};
+use canopy::fuse::control::{DeviceStats, Request};
+use clap::Subcommand;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Read and write errors, copies found bad (checksum, address or an
+    /// older generation) and bad copies repaired from a good one, per
+    /// device, since the counters were last reset (the image keeps them).
+    Stats {
+        /// Print the counters as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Zero the counters after printing them.
+        #[arg(short = 'z', long)]
+        reset: bool,
+        /// Exit 64 if any counter is not zero (as btrfs device stats -c).
+        #[arg(short = 'c', long)]
+        check: bool,
+        /// A mounted Canopy filesystem (any path on it).
+        path: PathBuf,
+    },
+}
+
+/// `-c` found a counter that is not zero.
+const EXIT_ERRORS: u8 = 64;
+
+pub fn run(c: Command) -> Result<ExitCode> {
+    let Command::Stats {
+        json,
+        reset,
+        check,
+        path,
+    } = c;
+    let r = crate::quota::ask(&path, &Request::DeviceStats { reset })?;
+    let devices = r.devices.context("the daemon sent no device counters")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&devices)?);
+    } else {
+        let name = mount_source(&path).unwrap_or_else(|| format!("devid:{}", 1));
+        for d in &devices {
+            print_device(&name, d);
+        }
+    }
+    let any = devices
+        .iter()
+        .any(|d| d.read_io_errs + d.write_io_errs + d.corruption_errs + d.corrected_errs > 0);
+    Ok(match check && any {
+        true => ExitCode::from(EXIT_ERRORS),
+        false => ExitCode::SUCCESS,
+    })
+}
+
+fn print_device(name: &str, d: &DeviceStats) {
+    for (what, n) in [
+        ("write_io_errs", d.write_io_errs),
+        ("read_io_errs", d.read_io_errs),
+        ("corruption_errs", d.corruption_errs),
+        ("corrected_errs", d.corrected_errs),
+    ] {
+        println!("[{name}].{what:<16} {n}");
+    }
+}
+
+/// The image the mount holding `path` was made from, as the mount table
+/// names it.
+fn mount_source(path: &Path) -> Option<String> {
+    let canon = path.canonicalize().ok()?;
+    let mnt = crate::sync::mount_point(&canon).ok()?;
+    let table = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    table.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (source, at) = (f.next()?, f.next()?);
+        (Path::new(&unescape(at)) == mnt).then(|| unescape(source))
+    })
+}
+
+/// The mount table's octal escapes (`\040` for a space) undone.
+fn unescape(s: &str) -> String {
+    let mut out = Vec::new();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let digits = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], digits) {
+            (b'\\', Some(d)) => {
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
