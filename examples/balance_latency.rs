@@ -119,6 +119,7 @@ fn main() -> Res<()> {
     let args = BalanceArgs {
         data: Filter::Skip,
         metadata: Filter::All,
+        ..Default::default()
     };
     fs.balance_start(args)?;
     let status = fs.balance_wait();

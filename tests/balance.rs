@@ -251,6 +251,7 @@ fn a_paused_balance_survives_remount_and_cancel_forgets_it() {
     let args = BalanceArgs {
         data: Filter::UsageBelow(100),
         metadata: Filter::Skip,
+        ..Default::default()
     };
     fs.balance_start(args).expect("start");
     fs.balance_pause().expect("pause");
@@ -363,6 +364,7 @@ fn metadata_balance_does_not_grow_used_space() {
     let metadata = BalanceArgs {
         data: Filter::Skip,
         metadata: Filter::All,
+        ..Default::default()
     };
     fs.balance_start(metadata).expect("start");
     assert_eq!(fs.balance_wait().state, BalanceState::Finished);
@@ -390,6 +392,7 @@ fn a_balance_step_leaves_an_open_flights_extents_alone() {
             let data = BalanceArgs {
                 data: Filter::All,
                 metadata: Filter::Skip,
+                ..Default::default()
             };
             canopy::balance::start(tx, data).map(drop)
         })

@@ -542,6 +542,7 @@ fn balance_when_full(size: u64, mixed: bool, fill: u64) {
     let data_only = BalanceArgs {
         data: Filter::All,
         metadata: Filter::Skip,
+        ..Default::default()
     };
     fs.balance_start(data_only)
         .unwrap_or_else(|e| panic!("{what}: balance after deleting: {e}"));

@@ -399,3 +399,136 @@ fn a_mount_reads_through_bad_copies_and_counts_them() {
     m.unmount();
     m.check();
 }
+
+/// Kinds of group and the profiles they have, from `filesystem usage`'s
+/// numbers.
+fn profiles_in_use(e: &Engine) -> Vec<(String, String)> {
+    e.usage()
+        .kinds
+        .into_iter()
+        .map(|k| (k.kind, k.profile))
+        .collect()
+}
+
+/// `balance start -mconvert=dup` gives an image made with one copy a
+/// second copy of every tree block, online, and `-mconvert=single` takes
+/// it away again; files and quotas stay as they were.
+#[test]
+fn balance_converts_tree_blocks_between_one_and_two_copies() {
+    use canopy::balance::{BalanceArgs, Filter};
+    use canopy::dev::MemDevice;
+    use canopy::fs::BalanceState;
+    let dev = Arc::new(MemDevice::new(256 << 20));
+    let opts = canopy::FormatOptions {
+        mixed: Some(false),
+        metadata_profile: Some(Profile::Single),
+        ..Default::default()
+    };
+    let e = Engine::format(dev.clone() as Arc<dyn Device>, &opts).unwrap();
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    let dir = fs
+        .create(ROOT_DIR, b"d", libc::S_IFDIR | 0o755, 0, ME, None)
+        .unwrap();
+    let mut files = Vec::new();
+    for i in 0..400 {
+        let a = fs
+            .create(
+                dir.ino,
+                format!("f{i}").as_bytes(),
+                libc::S_IFREG | 0o644,
+                0,
+                ME,
+                None,
+            )
+            .unwrap();
+        fs.write(a.ino, 0, &content(i)).unwrap();
+        files.push(a.ino);
+    }
+    fs.sync().unwrap();
+    assert!(fs.engine().mirrors().is_empty());
+    let to = |p| BalanceArgs {
+        data: Filter::Skip,
+        metadata: Filter::Skip,
+        data_convert: None,
+        metadata_convert: Some(p),
+    };
+    fs.balance_start(to(Profile::Dup)).unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.sync().unwrap();
+    assert_eq!(fs.engine().profiles().0, Profile::Dup);
+    for (kind, profile) in profiles_in_use(fs.engine()) {
+        let want = if kind == "data" { "single" } else { "dup" };
+        assert_eq!(profile, want, "{kind} groups");
+    }
+    // The second copies are real: every first copy can go.
+    let mirrors = fs.engine().mirrors();
+    drop(fs);
+    for m in &mirrors {
+        let mut at = m.start;
+        while at < m.start + m.len {
+            if !canopy::format::SUPER_OFFSETS.contains(&at) {
+                dev.write_at(&[0xa5; 4096], at).unwrap();
+            }
+            at += 4096;
+        }
+    }
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    for (i, &ino) in files.iter().enumerate() {
+        let want = content(i);
+        assert!(fs.read(ino, 0, want.len() as u32).unwrap() == want, "f{i}");
+    }
+    fs.balance_start(to(Profile::Single)).unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.sync().unwrap();
+    assert!(
+        fs.engine().mirrors().is_empty(),
+        "{:?}",
+        fs.engine().mirrors()
+    );
+    assert!(profiles_in_use(fs.engine())
+        .iter()
+        .all(|(_, p)| p == "single"));
+    drop(fs);
+    common::assert_fs_clean(&dev);
+}
+
+/// `rescue super-recover`: a bad primary superblock copy is rewritten
+/// from the good ones, only with -y, and the image checks clean after.
+#[test]
+fn super_recover_rewrites_a_bad_primary_superblock() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = mkfs(dir.path(), &[]);
+    populate(&img);
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    f.write_all_at(&[0x5a; 512], 64 << 10).unwrap();
+    drop(f);
+    let out = canopy().arg("check").arg(&img).output().unwrap();
+    assert!(!out.status.success(), "check sees the bad copy");
+    let run = |extra: &[&str]| {
+        canopy()
+            .args(["rescue", "super-recover", "--json"])
+            .args(extra)
+            .arg(&img)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(1), "without -y nothing is written");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["written"], false, "{v}");
+    assert_eq!(v["copies"][0]["rewrite"], true, "{v}");
+    assert_eq!(v["copies"][1]["rewrite"], false, "{v}");
+    let out = run(&["-y"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["written"], true, "{v}");
+    check_clean(&img);
+    let out = run(&[]);
+    assert!(out.status.success(), "nothing left to do");
+    read_all(&img);
+}

@@ -147,6 +147,13 @@ class CanopyOld(Canopy):
     base_opts = ""
 
 
+class CanopySingle(Canopy):
+    """Canopy keeping one copy of tree blocks (`mkfs -m single`): the
+    cost of the default second copy (issue 55) in an A/B."""
+    def mkfs(self):
+        sh(f"'{self.binary}' mkfs -q -m single -s {self.size} '{self.image}'")
+
+
 class CanopyWbc(Canopy):
     """Canopy with `-o writeback_cache`: the kernel buffers writes, and its
     dirty limits govern them (issue 40, the `dirty` workload)."""
@@ -449,6 +456,7 @@ class PassthroughHp(Fs):
 DRIVERS = {
     "canopy": Canopy,
     "canopy-old": CanopyOld,
+    "canopy-single": CanopySingle,
     "canopy-zstd": CanopyZstd,
     "canopy-wbc": CanopyWbc,
     "btrfs-zstd": BtrfsZstd,

@@ -50,14 +50,24 @@ use crate::txn::{Need, Reader, Txn};
 use serde::{Deserialize, Serialize};
 
 pub use crate::format::balance::{BalanceArgs, Filter};
+use crate::format::superblock::Profile;
 
-/// Whether `args` chooses a group of `kind` with `used` of `len` bytes
-/// used.
-fn wants(args: &BalanceArgs, kind: GroupKind, used: u64, len: u64) -> bool {
-    let filter = match kind {
-        GroupKind::Data => args.data,
-        GroupKind::Metadata | GroupKind::System => args.metadata,
-        GroupKind::Mixed => args.data.or(args.metadata),
+/// Whether `args` chooses a group of `kind` and `profile` with `used` of
+/// `len` bytes used. A conversion chooses only groups of another profile,
+/// all of them unless a filter narrows them.
+fn wants(args: &BalanceArgs, kind: GroupKind, profile: Profile, used: u64, len: u64) -> bool {
+    let (filter, convert) = match kind {
+        GroupKind::Data => (args.data, args.data_convert),
+        GroupKind::Metadata | GroupKind::System => (args.metadata, args.metadata_convert),
+        GroupKind::Mixed => (
+            args.data.or(args.metadata),
+            args.data_convert.or(args.metadata_convert),
+        ),
+    };
+    let filter = match convert {
+        Some(target) if target == profile => return false,
+        Some(_) => filter.or(Filter::All),
+        None => filter,
     };
     match filter {
         Filter::Skip => false,
@@ -124,10 +134,11 @@ pub fn start(tx: &mut Txn<'_>, args: BalanceArgs) -> Result<usize> {
             "a balance is already running or paused (resume or cancel it)",
         ));
     }
+    convert(tx, &args)?;
     let chosen: Vec<u64> = tx
         .allocator()
         .groups()
-        .filter(|g| g.used > 0 && wants(&args, g.kind, g.used, g.len))
+        .filter(|g| g.used > 0 && wants(&args, g.kind, profile_of(g), g.used, g.len))
         .map(|g| g.start)
         .collect();
     tx.reserve(&Need::items(ROOT, 1 + chosen.len() as u64))?;
@@ -137,6 +148,37 @@ pub fn start(tx: &mut Txn<'_>, args: BalanceArgs) -> Result<usize> {
         tx.allocator().set_pending(g, true);
     }
     Ok(chosen.len())
+}
+
+/// How many copies a group keeps.
+fn profile_of(g: &crate::alloc::BlockGroup) -> Profile {
+    match g.mirror {
+        Some(_) => Profile::Dup,
+        None => Profile::Single,
+    }
+}
+
+/// Gives new groups the profiles a conversion asks for, from now on (the
+/// superblock keeps them, so a resumed balance and later groups follow).
+/// Mixed groups hold data and metadata together: a conversion of one is
+/// one of both.
+fn convert(tx: &mut Txn<'_>, args: &BalanceArgs) -> Result<()> {
+    let (d, m) = (args.data_convert, args.metadata_convert);
+    if d.is_none() && m.is_none() {
+        return Ok(());
+    }
+    if tx.allocator().is_mixed() && d.is_some() && m.is_some() && d != m {
+        return Err(Error::Invalid(
+            "mixed block groups hold data and metadata together: convert both to one profile"
+                .into(),
+        ));
+    }
+    let (d, m) = match tx.allocator().is_mixed() {
+        true => (d.or(m), m.or(d)),
+        false => (d, m),
+    };
+    tx.set_profiles(m, d);
+    Ok(())
 }
 
 /// Marks a recorded balance paused (or running again): a paused

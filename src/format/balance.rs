@@ -1,6 +1,7 @@
 //! The balance items of the root tree (see `crate::balance`): what a
 //! recorded balance empties, and whether it is paused.
 
+use super::superblock::Profile;
 use serde::{Deserialize, Serialize};
 
 /// Which groups of one kind a balance empties.
@@ -45,14 +46,44 @@ impl Filter {
 
 /// Which groups a balance empties: data groups, metadata and system
 /// groups (mixed groups by whichever filter is given, data's first).
+/// With a conversion (`-dconvert=`, `-mconvert=`), new groups of the kind
+/// get that profile from the start, and the balance empties the groups of
+/// the kind that have another (those the filter chooses, or all of them
+/// when no filter is given): what is moved lands in groups of the new
+/// profile.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BalanceArgs {
     pub data: Filter,
     pub metadata: Filter,
+    #[serde(default)]
+    pub data_convert: Option<Profile>,
+    #[serde(default)]
+    pub metadata_convert: Option<Profile>,
 }
 
-const ITEM_SIZE: usize = 5;
+/// The item: data filter (2 bytes), metadata filter (2), paused (1), and
+/// since conversions, the data and metadata targets (1 each: 0 none, 1
+/// single, 2 dup). Items of 5 bytes convert nothing.
+const ITEM_SIZE: usize = 7;
+const OLD_ITEM_SIZE: usize = 5;
 const NO_USAGE: u8 = 255;
+
+fn encode_convert(p: Option<Profile>) -> u8 {
+    match p {
+        None => 0,
+        Some(Profile::Single) => 1,
+        Some(Profile::Dup) => 2,
+    }
+}
+
+fn decode_convert(b: u8) -> std::result::Result<Option<Profile>, String> {
+    match b {
+        0 => Ok(None),
+        1 => Ok(Some(Profile::Single)),
+        2 => Ok(Some(Profile::Dup)),
+        _ => Err(format!("balance conversion target {b} is not valid")),
+    }
+}
 
 impl BalanceArgs {
     /// Everything (what `canopy balance start MNT` with no filter means).
@@ -60,6 +91,8 @@ impl BalanceArgs {
         BalanceArgs {
             data: Filter::All,
             metadata: Filter::All,
+            data_convert: None,
+            metadata_convert: None,
         }
     }
 
@@ -67,12 +100,21 @@ impl BalanceArgs {
     pub fn encode(&self, paused: bool) -> Vec<u8> {
         let (d, du) = self.data.encode();
         let (m, mu) = self.metadata.encode();
-        vec![d, du, m, mu, u8::from(paused)]
+        let (dc, mc) = (
+            encode_convert(self.data_convert),
+            encode_convert(self.metadata_convert),
+        );
+        vec![d, du, m, mu, u8::from(paused), dc, mc]
     }
 
     /// The arguments and the paused flag of a balance item.
     pub fn decode(b: &[u8]) -> std::result::Result<(BalanceArgs, bool), String> {
-        let [d, du, m, mu, paused] = <[u8; ITEM_SIZE]>::try_from(b)
+        let (fixed, converts) = match b.len() {
+            ITEM_SIZE => b.split_at(OLD_ITEM_SIZE),
+            OLD_ITEM_SIZE => (b, &[0u8, 0][..]),
+            n => return Err(format!("balance item of {n} bytes")),
+        };
+        let [d, du, m, mu, paused] = <[u8; OLD_ITEM_SIZE]>::try_from(fixed)
             .map_err(|_| format!("balance item of {} bytes", b.len()))?;
         if paused > 1 {
             return Err("balance paused flag is not 0 or 1".into());
@@ -81,6 +123,8 @@ impl BalanceArgs {
             BalanceArgs {
                 data: Filter::decode(d, du)?,
                 metadata: Filter::decode(m, mu)?,
+                data_convert: decode_convert(converts[0])?,
+                metadata_convert: decode_convert(converts[1])?,
             },
             paused == 1,
         ))

@@ -560,6 +560,27 @@ impl<'a> Txn<'a> {
         self.st.transid
     }
 
+    /// Changes the profiles new (metadata, data) groups get; None keeps
+    /// one. The superblock records them at the commit, with the feature
+    /// bit a second copy needs.
+    pub fn set_profiles(
+        &mut self,
+        metadata: Option<crate::format::superblock::Profile>,
+        data: Option<crate::format::superblock::Profile>,
+    ) {
+        use crate::format::superblock::{Profile, INCOMPAT_DUP};
+        let sb = &mut self.st.sb;
+        sb.metadata_profile = metadata.unwrap_or(sb.metadata_profile);
+        sb.data_profile = data.unwrap_or(sb.data_profile);
+        if sb.metadata_profile == Profile::Dup || sb.data_profile == Profile::Dup {
+            sb.incompat |= INCOMPAT_DUP;
+        }
+        self.st
+            .alloc
+            .set_profiles(sb.metadata_profile, sb.data_profile);
+        self.st.superblock_changed = true;
+    }
+
     pub fn nodesize_bytes(&self) -> usize {
         self.sh.nodesize
     }

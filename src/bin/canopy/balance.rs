@@ -6,6 +6,7 @@
 use crate::quota::{ask, size};
 use anyhow::{bail, Result};
 use canopy::balance::{BalanceArgs, Filter};
+use canopy::format::superblock::Profile;
 use canopy::fs::{BalanceState, BalanceStatus};
 use canopy::fuse::control::Request;
 use clap::Subcommand;
@@ -20,12 +21,17 @@ pub enum Command {
     /// extents move once: nothing is unshared and no qgroup number
     /// changes. Waits with a progress bar unless --bg.
     Start {
-        /// Data groups; `-dusage=N`: only those used below N percent.
-        #[arg(short = 'd', value_name = "usage=N", num_args = 0..=1,
+        /// Data groups; filters, comma-separated: `usage=N` (only those
+        /// used below N percent), `convert=single|dup` (give every data
+        /// group that profile: new groups get it, and the groups of
+        /// another profile are emptied into them; `soft` is accepted and
+        /// changes nothing: groups already converted are always skipped).
+        #[arg(short = 'd', value_name = "FILTERS", num_args = 0..=1,
               require_equals = true, default_missing_value = "")]
         data: Option<String>,
-        /// Metadata and system groups; `-musage=N` as for -d.
-        #[arg(short = 'm', value_name = "usage=N", num_args = 0..=1,
+        /// Metadata and system groups; filters as for -d (`-mconvert=dup`
+        /// keeps two copies of every tree block).
+        #[arg(short = 'm', value_name = "FILTERS", num_args = 0..=1,
               require_equals = true, default_missing_value = "")]
         metadata: Option<String>,
         /// Return once the balance has started; it runs in the daemon.
@@ -106,28 +112,47 @@ pub fn run(c: Command) -> Result<()> {
     }
 }
 
-/// `-d`/`-m` as btrfs takes them: absent, bare, or `usage=N` (0..=100).
+/// `-d`/`-m` as btrfs takes them: absent, bare, or comma-separated
+/// filters: `usage=N` (0..=100), `convert=PROFILE`, `soft`.
 fn balance_args(data: Option<&str>, metadata: Option<&str>) -> Result<BalanceArgs> {
     if data.is_none() && metadata.is_none() {
         return Ok(BalanceArgs::all());
     }
+    let skip = (Filter::Skip, None);
+    let (data, data_convert) = data.map_or(Ok(skip), |f| filters(f, "-d"))?;
+    let (metadata, metadata_convert) = metadata.map_or(Ok(skip), |f| filters(f, "-m"))?;
     Ok(BalanceArgs {
-        data: data.map_or(Ok(Filter::Skip), |f| filter(f, "-d"))?,
-        metadata: metadata.map_or(Ok(Filter::Skip), |f| filter(f, "-m"))?,
+        data,
+        metadata,
+        data_convert,
+        metadata_convert,
     })
 }
 
-fn filter(f: &str, flag: &str) -> Result<Filter> {
-    if f.is_empty() {
-        return Ok(Filter::All);
+/// One flag's filters: which groups (all unless `usage=N` narrows them)
+/// and the profile to convert them to.
+fn filters(f: &str, flag: &str) -> Result<(Filter, Option<Profile>)> {
+    let mut filter = Filter::All;
+    let mut convert = None;
+    for part in f.split(',').filter(|p| !p.is_empty()) {
+        if part == "soft" {
+            continue;
+        }
+        if let Some(n) = part.strip_prefix("usage=") {
+            filter = match n.parse::<u8>() {
+                Ok(p) if p <= 100 => Filter::UsageBelow(p),
+                _ => bail!("{flag}usage={n}: N is a percentage, 0 to 100"),
+            };
+        } else if let Some(p) = part.strip_prefix("convert=") {
+            convert = match Profile::parse(p) {
+                Some(p) => Some(p),
+                None => bail!("{flag}convert={p}: the profiles are single and dup (one device)"),
+            };
+        } else {
+            bail!("{flag}{part}: the filters are usage=N, convert=PROFILE and soft");
+        }
     }
-    let Some(n) = f.strip_prefix("usage=") else {
-        bail!("{flag}{f}: the only filter is usage=N");
-    };
-    match n.parse::<u8>() {
-        Ok(p) if p <= 100 => Ok(Filter::UsageBelow(p)),
-        _ => bail!("{flag}usage={n}: N is a percentage, 0 to 100"),
-    }
+    Ok((filter, convert))
 }
 
 /// Follows the balance with a progress bar until it ends; an error if it

@@ -15,6 +15,24 @@ pub enum Command {
     /// lost. For a log that keeps the image from mounting; replay
     /// already passes over a damaged log root on its own.
     ZeroLog(ZeroLogArgs),
+    /// Rewrite every superblock copy that is bad or older than the newest
+    /// good one, after checking that the filesystem it names opens (as
+    /// `btrfs rescue super-recover`). Says what it would write; writes
+    /// only with -y.
+    SuperRecover(SuperRecoverArgs),
+}
+
+#[derive(clap::Args)]
+pub struct SuperRecoverArgs {
+    /// Write the copies (without it, only say what would be written).
+    #[arg(short = 'y', long = "yes")]
+    yes: bool,
+    /// Print the copies and what was done as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Unmounted image file, block device or rbd:POOL/IMAGE.
+    #[arg(value_parser = crate::image_arg())]
+    image: Source,
 }
 
 #[derive(clap::Args)]
@@ -30,6 +48,107 @@ pub struct ZeroLogArgs {
 pub fn run(c: Command) -> Result<()> {
     match c {
         Command::ZeroLog(a) => zero_log(&a),
+        Command::SuperRecover(a) => super_recover(&a),
+    }
+}
+
+/// One superblock copy and what recovery does with it.
+#[derive(serde::Serialize)]
+struct SuperCopy {
+    offset: u64,
+    /// Its generation, when it is valid.
+    generation: Option<u64>,
+    /// Why it is not, when it is not.
+    error: Option<String>,
+    rewrite: bool,
+}
+
+fn super_recover(a: &SuperRecoverArgs) -> Result<()> {
+    let shown = &a.image;
+    let access = if a.yes { Access::Write } else { Access::Share };
+    let dev: Arc<dyn Device> = Arc::from(
+        a.image
+            .open(access, OpenHow::default())
+            .with_context(|| format!("opening {shown}"))?,
+    );
+    let best = canopy::txn::read_best_superblock(dev.as_ref())
+        .with_context(|| format!("{shown}: no superblock copy is good; nothing to recover from"))?;
+    let opts = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    Engine::open(dev.clone(), &opts).with_context(|| {
+        format!(
+            "{shown}: the newest good superblock copy (generation {}) names a filesystem that does not open",
+            best.generation
+        )
+    })?;
+    let copies: Vec<SuperCopy> = canopy::txn::read_super_copies(dev.as_ref())
+        .into_iter()
+        .filter(|(off, _)| off + canopy::format::SUPER_SIZE <= best.total_bytes)
+        .map(|(offset, r)| {
+            let generation = r.as_ref().ok().map(|sb| sb.generation);
+            SuperCopy {
+                offset,
+                generation,
+                error: r.err().map(|e| e.to_string()),
+                rewrite: generation != Some(best.generation),
+            }
+        })
+        .collect();
+    let todo = copies.iter().filter(|c| c.rewrite).count();
+    let write = a.yes && todo > 0;
+    if write {
+        for c in copies.iter().filter(|c| c.rewrite) {
+            dev.write_at(&best.encode(c.offset), c.offset)
+                .with_context(|| format!("writing the superblock copy at {}", c.offset))?;
+        }
+        dev.barrier().context("flushing the superblock copies")?;
+    }
+    if a.json {
+        let v = serde_json::json!({
+            "generation": best.generation,
+            "copies": copies,
+            "written": write,
+        });
+        println!("{v}");
+    } else {
+        for c in &copies {
+            let state = match (&c.error, c.generation) {
+                (Some(e), _) => format!("bad: {e}"),
+                (None, Some(g)) if g == best.generation => format!("good (generation {g})"),
+                (None, g) => format!("older (generation {})", g.unwrap_or(0)),
+            };
+            let action = match (c.rewrite, write) {
+                (false, _) => "",
+                (true, true) => ": rewritten",
+                (true, false) => ": would be rewritten",
+            };
+            println!("superblock copy at {}: {state}{action}", c.offset);
+        }
+    }
+    match (todo, a.yes) {
+        (0, _) => {
+            if !a.json {
+                println!(
+                    "{shown}: every superblock copy is good (generation {})",
+                    best.generation
+                );
+            }
+            Ok(())
+        }
+        (n, true) => {
+            if !a.json {
+                println!(
+                    "{shown}: {n} superblock copies rewritten from generation {}",
+                    best.generation
+                );
+            }
+            Ok(())
+        }
+        (n, false) => anyhow::bail!(
+            "{n} superblock copies need rewriting; nothing written: run again with -y"
+        ),
     }
 }
 
