@@ -308,7 +308,7 @@ fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Res
             };
             for copy in (0..copies).filter(|&c| !good[c]) {
                 let sector = &bufs[source][span.clone()];
-                let repaired = r.repair_data_copy(addr, sector, copy, source);
+                let repaired = r.repair_data_copy(addr, sector, (copy, source), None);
                 report.bad_copies.push(BadCopy {
                     bytenr: addr,
                     copy,

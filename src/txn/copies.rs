@@ -81,6 +81,7 @@ fn repair(sh: &Shared, good: &[u8], node: &Node, bad: &[(usize, Error)], good_co
             Ok(()) => {
                 sh.dev.errors.corrected.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
+                    devid = 1,
                     logical = node.bytenr,
                     copy,
                     physical,
@@ -182,38 +183,54 @@ pub(crate) trait DataCopies {
     }
 
     /// Notes a copy found bad, and rewrites it from `good` (the bytes
-    /// copy `good_copy` holds, which matched their checksums) unless the
-    /// volume takes no repairs. The extent cannot be freed meanwhile: the
-    /// caller holds the state or a data read epoch (see `flight`).
-    /// Returns whether the copy was rewritten.
-    fn repair_data_copy(&self, bytenr: u64, good: &[u8], copy: usize, good_copy: usize) -> bool {
+    /// another copy holds, which matched their checksums) unless the
+    /// volume takes no repairs; `copies` is (bad copy, good copy), `ino`
+    /// the file read, when the reader knows it. The extent cannot be
+    /// freed meanwhile: the caller holds the state or a data read epoch
+    /// (see `flight`). Returns whether the copy was rewritten.
+    fn repair_data_copy(
+        &self,
+        bytenr: u64,
+        good: &[u8],
+        copies: (usize, usize),
+        ino: Option<u64>,
+    ) -> bool {
+        let (copy, good_copy) = copies;
         let dev = &self.shared().dev;
         dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
+        let physical = dev.physical(bytenr, good.len() as u64, copy).unwrap_or(0);
+        let ino = ino.map_or_else(|| "unknown".to_string(), |i| i.to_string());
         if !dev.repairs() {
             tracing::warn!(
+                devid = 1,
                 logical = bytenr,
                 copy,
+                physical,
+                ino,
                 "data read from copy {good_copy}, copy {copy} is bad; read-only, not repaired"
             );
             return false;
         }
-        let physical = dev.physical(bytenr, good.len() as u64, copy).unwrap_or(0);
         match dev.write_copy(good, bytenr, copy) {
             Ok(()) => {
                 dev.errors.corrected.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
+                    devid = 1,
                     logical = bytenr,
                     copy,
                     physical,
+                    ino,
                     "repaired data from copy {good_copy}"
                 );
                 true
             }
             Err(e) => {
                 tracing::error!(
+                    devid = 1,
                     logical = bytenr,
                     copy,
                     physical,
+                    ino,
                     "could not repair data: {e}"
                 );
                 false

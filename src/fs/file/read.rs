@@ -51,6 +51,8 @@ enum Source {
 /// part of the result, and the checksums to verify them with. Executed
 /// after the lock is gone (`Engine::read_unlocked`).
 pub(crate) struct ReadPlan {
+    /// The file read (named when a bad copy is repaired).
+    ino: u64,
     len: usize,
     /// (offset in the result, length, source); the rest reads as zeros.
     parts: Vec<(usize, usize, Source)>,
@@ -85,6 +87,7 @@ pub(crate) fn plan_read<B: BlockRead + ?Sized>(
         }
     }
     Ok(ReadPlan {
+        ino,
         len: len as usize,
         parts,
     })
@@ -168,6 +171,7 @@ fn plan_compressed<B: BlockRead + ?Sized>(
 /// `ram_bytes` given, the part of it from the start a read needs.
 fn read_compressed<D: DataRead + ?Sized>(
     d: &D,
+    ino: u64,
     (bytenr, disk_len, kind): (u64, u64, u8),
     (sums, ram_bytes): (&[u8], Option<u64>),
     out: &mut [u8],
@@ -179,7 +183,7 @@ fn read_compressed<D: DataRead + ?Sized>(
         ));
     }
     let mut frame = vec![0u8; disk_len as usize];
-    read_verified(d, bytenr, &mut frame, sums)?;
+    read_verified(d, ino, bytenr, &mut frame, sums)?;
     let decoded = match ram_bytes {
         Some(ram) => crate::compress::decode_prefix(kind, &frame, ram, out),
         None => crate::compress::decode_into(kind, &frame, out),
@@ -226,7 +230,7 @@ impl ReadPlan {
                     skip: 0,
                     sums,
                 } if *len as usize == *n => {
-                    read_verified(d, *bytenr, dst, sums)?;
+                    read_verified(d, self.ino, *bytenr, dst, sums)?;
                 }
                 Source::Extent {
                     bytenr,
@@ -235,7 +239,7 @@ impl ReadPlan {
                     sums,
                 } => {
                     let mut buf = vec![0u8; *len as usize];
-                    read_verified(d, *bytenr, &mut buf, sums)?;
+                    read_verified(d, self.ino, *bytenr, &mut buf, sums)?;
                     dst.copy_from_slice(&buf[*skip..*skip + *n]);
                 }
                 Source::Compressed {
@@ -250,7 +254,7 @@ impl ReadPlan {
                     // The whole extent wanted (an aligned reader's): decoded
                     // in place.
                     if *skip == 0 && *n as u64 == *ram_bytes {
-                        read_compressed(d, at, (sums, None), dst)?;
+                        read_compressed(d, self.ino, at, (sums, None), dst)?;
                         continue;
                     }
                     // Decoded as far as the read needs.
@@ -262,7 +266,7 @@ impl ReadPlan {
                         ));
                     }
                     let mut plain = vec![0u8; upto];
-                    read_compressed(d, at, (sums, Some(*ram_bytes)), &mut plain)?;
+                    read_compressed(d, self.ino, at, (sums, Some(*ram_bytes)), &mut plain)?;
                     dst.copy_from_slice(&plain[*skip..]);
                 }
             }
@@ -277,6 +281,7 @@ impl ReadPlan {
 /// written back over the bad ones.
 fn read_verified<D: DataRead + ?Sized>(
     d: &D,
+    ino: u64,
     bytenr: u64,
     buf: &mut [u8],
     sums: &[u8],
@@ -291,7 +296,7 @@ fn read_verified<D: DataRead + ?Sized>(
             && crate::format::first_bad_sector(buf, sums).is_none();
         if good {
             for bad in 0..copy {
-                d.repair(bytenr, buf, bad, copy);
+                d.repair(bytenr, buf, (bad, copy), Some(ino));
             }
             return Ok(());
         }
@@ -343,8 +348,9 @@ pub(crate) trait DataRead {
     /// How many copies `[bytenr, bytenr + len)` has.
     fn copies(&self, bytenr: u64, len: u64) -> usize;
     fn read_copy(&self, bytenr: u64, buf: &mut [u8], copy: usize) -> Result<()>;
-    /// Rewrites bad copy `copy` with `good`, read from `good_copy`.
-    fn repair(&self, bytenr: u64, good: &[u8], copy: usize, good_copy: usize);
+    /// Rewrites bad copy `copies.0` with `good`, read from `copies.1`,
+    /// naming inode `ino` in the log line.
+    fn repair(&self, bytenr: u64, good: &[u8], copies: (usize, usize), ino: Option<u64>);
 }
 
 impl<T: DataCopies> DataRead for T {
@@ -360,7 +366,7 @@ impl<T: DataCopies> DataRead for T {
         self.read_data_copy(bytenr, buf, copy)
     }
 
-    fn repair(&self, bytenr: u64, good: &[u8], copy: usize, good_copy: usize) {
-        self.repair_data_copy(bytenr, good, copy, good_copy);
+    fn repair(&self, bytenr: u64, good: &[u8], copies: (usize, usize), ino: Option<u64>) {
+        self.repair_data_copy(bytenr, good, copies, ino);
     }
 }
