@@ -396,8 +396,26 @@ fn a_mount_reads_through_bad_copies_and_counts_them() {
     assert_eq!(v[0]["corrected_errs"], 0, "zeroed: {v}");
     let text = canopy_ok(&["device", "stats", "."], &m.mnt);
     assert!(text.contains("].corrected_errs"), "{text}");
+    let online: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["filesystem", "show", "--json", "."], &m.mnt)).unwrap();
+    let dev = &online["devices"][0];
+    assert_eq!(dev["size"], 1u64 << 30, "{online}");
+    assert_eq!(dev["path"], m.img.to_str().unwrap(), "{online}");
     m.unmount();
     m.check();
+    let img = m.img.to_str().unwrap();
+    let offline: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["filesystem", "show", "--json", img], &m.mnt)).unwrap();
+    assert_eq!(offline["uuid"], online["uuid"], "{offline}");
+    assert_eq!(
+        offline["devices"][0]["allocated"], dev["allocated"],
+        "{offline}"
+    );
+    let text = canopy_ok(&["filesystem", "show", img], &m.mnt);
+    assert!(
+        text.contains("Total devices 1") && text.contains("devid    1"),
+        "{text}"
+    );
 }
 
 /// Kinds of group and the profiles they have, from `filesystem usage`'s

@@ -86,6 +86,25 @@ pub struct SpaceUsage {
     pub kinds: Vec<KindUsage>,
 }
 
+/// A filesystem and its devices (`canopy filesystem show`, after
+/// `btrfs filesystem show`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesystemShow {
+    pub label: String,
+    pub uuid: String,
+    /// Bytes extents hold (each counted once, however many copies).
+    pub bytes_used: u64,
+    pub devices: Vec<DeviceShow>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceShow {
+    pub devid: u64,
+    pub size: u64,
+    /// Bytes of the device in block groups, second copies included.
+    pub allocated: u64,
+}
+
 /// The groups of one kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KindUsage {

@@ -228,6 +228,9 @@ pub struct Response {
     /// Error counters per device, after a device stats request.
     #[serde(default)]
     pub devices: Option<Vec<DeviceStats>>,
+    /// The filesystem and its devices, after a usage request.
+    #[serde(default)]
+    pub show: Option<crate::alloc::FilesystemShow>,
 }
 
 impl Response {
@@ -249,6 +252,7 @@ impl Response {
             grown: None,
             receive: None,
             devices: None,
+            show: None,
         }
     }
 
@@ -715,6 +719,7 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         },
         Ok(Request::Usage) => Response {
             usage: Some(fs.engine().usage()),
+            show: Some(fs.engine().show()),
             ..Response::of(Ok(None))
         },
         Ok(Request::Extents { node }) => match fs.extent_map(d.node(node)) {

@@ -509,6 +509,29 @@ impl Engine {
         self.shared.fsid
     }
 
+    /// The filesystem's label (empty for none).
+    pub fn label(&self) -> String {
+        crate::sync::read(&self.state).sb.label.clone()
+    }
+
+    /// Who the filesystem is and what its devices hold (`canopy
+    /// filesystem show`).
+    pub fn show(&self) -> crate::alloc::FilesystemShow {
+        let st = crate::sync::read(&self.state);
+        let usage = st.alloc.usage();
+        let allocated = usage.device_bytes.saturating_sub(usage.unallocated);
+        crate::alloc::FilesystemShow {
+            label: st.sb.label.clone(),
+            uuid: crate::format::uuid::shown(&self.shared.fsid),
+            bytes_used: st.alloc.bytes_used(),
+            devices: vec![crate::alloc::DeviceShow {
+                devid: 1,
+                size: usage.device_bytes,
+                allocated,
+            }],
+        }
+    }
+
     /// Bytes in use and bytes free (for statfs).
     pub fn space(&self) -> (u64, u64) {
         let st = crate::sync::read(&self.state);

@@ -69,7 +69,7 @@ fn print_device(name: &str, d: &DeviceStats) {
 
 /// The image the mount holding `path` was made from, as the mount table
 /// names it.
-fn mount_source(path: &Path) -> Option<String> {
+pub(crate) fn mount_source(path: &Path) -> Option<String> {
     let canon = path.canonicalize().ok()?;
     let mnt = crate::sync::mount_point(&canon).ok()?;
     let table = std::fs::read_to_string("/proc/self/mounts").ok()?;

@@ -19,6 +19,21 @@ use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// The filesystem's label and uuid, bytes used, and each device with
+    /// its size and the bytes of it in block groups (second copies
+    /// included), as `btrfs filesystem show`.
+    Show {
+        /// One JSON object: label, uuid, bytes_used, devices (devid,
+        /// size, allocated, path).
+        #[arg(long)]
+        json: bool,
+        /// Sizes in bytes.
+        #[arg(long, short = 'b')]
+        raw: bool,
+        /// A mount point (or any path on the mount), or an unmounted
+        /// image, block device or rbd:POOL/IMAGE.
+        path: PathBuf,
+    },
     /// Device size, bytes in block groups and in none, and per kind of
     /// group (data, metadata, system, or mixed on small images) and
     /// profile (single, or dup: two copies, each taking device space) how
@@ -85,6 +100,7 @@ pub enum Command {
 
 pub fn run(c: Command) -> Result<()> {
     match c {
+        Command::Show { json, raw, path } => show(&path, json, raw),
         Command::Usage { json, raw, path } => {
             let usage = ask(&path, &Request::Usage)?
                 .usage
@@ -279,6 +295,55 @@ fn print_writeback(w: &WritebackLimits, raw: bool) {
         "  Canopy dirty limit:      {}{follows}",
         bytes(w.canopy_dirty_limit)
     );
+}
+
+/// `filesystem show`: through the daemon for a mount, read-only here for
+/// an unmounted image.
+fn show(path: &std::path::Path, json: bool, raw: bool) -> Result<()> {
+    let (show, device) = if path.is_dir() {
+        let show = ask(path, &Request::Usage)?
+            .show
+            .context("the daemon sent no filesystem (an older version?)")?;
+        (show, crate::device::mount_source(path))
+    } else {
+        let image = canopy::dev::Source::from_arg(path.as_os_str())?;
+        let dev = image.open(canopy::dev::Access::Share, canopy::dev::OpenHow::default())?;
+        let opts = canopy::OpenOptions {
+            read_only: true,
+            ..Default::default()
+        };
+        let engine = canopy::Engine::open(std::sync::Arc::from(dev), &opts)
+            .with_context(|| format!("opening {}", path.display()))?;
+        (engine.show(), Some(image.to_string()))
+    };
+    if json {
+        let mut v = serde_json::to_value(&show)?;
+        if let Some(d) = &device {
+            v["devices"][0]["path"] = serde_json::Value::from(d.as_str());
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let label = match show.label.is_empty() {
+        true => "none".to_string(),
+        false => format!("'{}'", show.label),
+    };
+    println!("Label: {label}  uuid: {}", show.uuid);
+    println!(
+        "\tTotal devices {} FS bytes used {}",
+        show.devices.len(),
+        size(show.bytes_used, raw)
+    );
+    for d in &show.devices {
+        println!(
+            "\tdevid {:>4} size {} used {} path {}",
+            d.devid,
+            size(d.size, raw),
+            size(d.allocated, raw),
+            device.as_deref().unwrap_or("?")
+        );
+    }
+    Ok(())
 }
 
 fn print_usage(u: &SpaceUsage, raw: bool) {
