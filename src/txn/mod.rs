@@ -519,7 +519,8 @@ impl Engine {
     pub fn show(&self) -> crate::alloc::FilesystemShow {
         let st = crate::sync::read(&self.state);
         let usage = st.alloc.usage();
-        let allocated = usage.device_bytes.saturating_sub(usage.unallocated);
+        let copies = |k: &crate::alloc::KindUsage| if k.profile == "dup" { 2 } else { 1 };
+        let allocated = usage.kinds.iter().map(|k| k.size * copies(k)).sum();
         crate::alloc::FilesystemShow {
             label: st.sb.label.clone(),
             uuid: crate::format::uuid::shown(&self.shared.fsid),
