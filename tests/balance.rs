@@ -418,3 +418,37 @@ fn a_balance_step_leaves_an_open_flights_extents_alone() {
         .commit()
         .expect("the commit finds the flight's extent referenced");
 }
+
+/// Converting tree blocks between one and two copies moves every
+/// metadata block (snapshots' shared ones once): files, quota numbers and
+/// the accounting stay exact, and each step leaves the image clean.
+#[test]
+fn converting_profiles_keeps_snapshots_and_quotas_exact() {
+    use canopy::format::superblock::Profile;
+    let (dev, fs) = fresh(256, false);
+    populate(&fs, 300);
+    let (files, groups) = (contents(&fs), qgroups(&fs));
+    for target in [Profile::Single, Profile::Dup] {
+        let args = BalanceArgs {
+            data: Filter::Skip,
+            metadata: Filter::Skip,
+            metadata_convert: Some(target),
+            ..Default::default()
+        };
+        fs.balance_start(args).expect("start");
+        let st = fs.balance_wait();
+        assert_eq!(st.state, BalanceState::Finished, "{st:?}");
+        fs.sync().expect("sync");
+        let mirrored = !fs.engine().mirrors().is_empty();
+        assert_eq!(mirrored, target == Profile::Dup, "to {target:?}");
+        assert_eq!(contents(&fs), files, "to {target:?}");
+        assert_quota_exact(&fs);
+        assert_eq!(
+            qgroups(&fs),
+            groups,
+            "to {target:?}: quota numbers did not move"
+        );
+    }
+    drop(fs);
+    common::assert_fs_clean(&dev);
+}
