@@ -732,7 +732,14 @@ impl Allocator {
     /// Carves a new block group of `kind` able to hold `want` bytes (and
     /// its mirror, for the `dup` profile).
     fn add_group(&mut self, kind: GroupKind, want: u64) -> Result<()> {
-        let copies = self.copies(kind);
+        let mut copies = self.copies(kind);
+        // The superblock names every mirrored system group; past what it
+        // holds, a new one keeps one copy (system groups are 1-32 MiB and
+        // hold two small trees: this takes a pathological image).
+        let named = self.system_chunks().len();
+        if kind == GroupKind::System && named >= crate::format::superblock::SYSTEM_CHUNKS_MAX {
+            copies = 1;
+        }
         let room = self
             .unallocated_bytes()
             .saturating_sub(self.kept_for_others(kind))
@@ -1028,6 +1035,23 @@ mod tests {
                 || a.groups()
                     .any(|g| g.kind == GroupKind::Data && g.mirror.is_none())
         );
+    }
+
+    #[test]
+    fn system_groups_past_what_the_superblock_names_keep_one_copy() {
+        let max = crate::format::superblock::SYSTEM_CHUNKS_MAX;
+        let mut a = Allocator::new(RESERVED_START + 600 * MIB, false);
+        a.set_profiles(Profile::Dup, Profile::Single);
+        for _ in 0..max + 5 {
+            a.alloc(GroupKind::System, MIB, MIB, 0)
+                .expect("a system group");
+        }
+        assert_eq!(a.system_chunks().len(), max);
+        let single = a
+            .groups()
+            .filter(|g| g.kind == GroupKind::System && g.mirror.is_none())
+            .count();
+        assert!(single >= 5, "{single} single system groups");
     }
 
     #[test]
