@@ -550,3 +550,55 @@ fn super_recover_rewrites_a_bad_primary_superblock() {
     assert!(out.status.success(), "nothing left to do");
     read_all(&img);
 }
+
+/// A superblock whose system array names a "second copy" no block group
+/// item confirms (a stale or hostile image): the array serves only to
+/// read the root and block group trees, so writes are never mirrored
+/// over space the filesystem does not give that copy.
+#[test]
+fn a_system_array_entry_no_group_confirms_is_never_written() {
+    use canopy::dev::MemDevice;
+    use canopy::format::superblock::SystemChunk;
+    const MIB: u64 = 1 << 20;
+    let dev = Arc::new(MemDevice::new(256 * MIB));
+    let opts = canopy::FormatOptions {
+        mixed: Some(false),
+        ..Default::default()
+    };
+    let e = Engine::format(dev.clone() as Arc<dyn Device>, &opts).unwrap();
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    let a = fs
+        .create(ROOT_DIR, b"a", libc::S_IFREG | 0o644, 0, ME, None)
+        .unwrap();
+    fs.write(a.ino, 0, &content(1)).unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    // Unallocated space, filled with a pattern, named as the mirror of
+    // everything the filesystem writes to.
+    // Not a group's start, so no item's entry replaces it by chance.
+    let (start, len, mirror) = (MIB + 512 * 1024, 100 * MIB, 150 * MIB);
+    let pattern = vec![0x77u8; MIB as usize];
+    for i in 0..len / MIB {
+        dev.write_at(&pattern, mirror + i * MIB).unwrap();
+    }
+    let mut sb = canopy::txn::read_best_superblock(dev.as_ref()).unwrap();
+    sb.system_chunks.push(SystemChunk { start, len, mirror });
+    for &off in canopy::format::SUPER_OFFSETS.iter() {
+        if off + 4096 <= dev.size() {
+            dev.write_at(&sb.encode(off), off).unwrap();
+        }
+    }
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    let b = fs
+        .create(ROOT_DIR, b"b", libc::S_IFREG | 0o644, 0, ME, None)
+        .unwrap();
+    fs.write(b.ino, 0, &vec![9u8; 4 << 20]).unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    let mut got = vec![0u8; MIB as usize];
+    for i in 0..len / MIB {
+        dev.read_at(&mut got, mirror + i * MIB).unwrap();
+        assert!(got == pattern, "MiB {} of the named mirror was written", i);
+    }
+}

@@ -462,6 +462,11 @@ fn load_roots(st: &mut State, sh: &Shared, root: RootPtr) -> Result<()> {
 fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
     let bg_root = st.roots[&tree_id::BLOCK_GROUP].ptr;
     let groups = items_of_type(st, sh, &bg_root, BLOCK_GROUP_ITEM)?;
+    // The block group items name every copy: what the superblock's
+    // system array said served to read this far and goes, so that a
+    // stale or hostile entry no item confirms never has writes mirrored
+    // over other groups' space.
+    sh.dev.map().clear();
     for (k, d) in groups {
         let g = BlockGroupItem::decode(&d).map_err(|e| Error::corrupt(k.objectid, e))?;
         st.alloc

@@ -51,6 +51,12 @@ impl ChunkMap {
         crate::sync::write(&self.mirrors).remove(&start);
     }
 
+    /// Forgets every entry (before the block group items, which name
+    /// every copy, replace what the superblock named).
+    pub fn clear(&self) {
+        crate::sync::write(&self.mirrors).clear();
+    }
+
     /// Every mirrored group.
     pub fn all(&self) -> Vec<Mirror> {
         crate::sync::read(&self.mirrors).values().copied().collect()
