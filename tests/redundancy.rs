@@ -322,6 +322,9 @@ fn file_data_in_two_copies_survives_the_loss_of_either() {
         copies.iter().any(|c| c["data"] == true && c["copy"] == 1),
         "{v}"
     );
+    // The files whose data had a bad copy, by path.
+    let files = v["repaired_files"].as_array().unwrap();
+    assert!(files.iter().any(|f| f["path"] == "/dir0/file1"), "{v}");
     let (code, v) = scrub_json(&[img_s]);
     assert_eq!(code, 0, "{v}");
     assert!(v["bad_copies"].as_array().unwrap().is_empty(), "{v}");

@@ -126,6 +126,10 @@ pub struct Report {
     /// Damaged data sectors, by device address.
     pub bad_data_sectors: Vec<u64>,
     pub damaged_files: Vec<DamagedFile>,
+    /// The files whose data had a bad copy that another copy repaired
+    /// (or, with `-r`, could repair), with the byte ranges.
+    #[serde(default)]
+    pub repaired_files: Vec<DamagedFile>,
     /// Data extents files read that have no checksum item (reads of them
     /// fail), by device address: damage of the checksum tree, not of the
     /// data, reported apart from mismatches.
@@ -190,6 +194,15 @@ pub fn run(engine: &Engine, ctl: &Control, pace: Pace) -> Result<Report> {
     }
     if !report.bad_data_sectors.is_empty() {
         report.damaged_files = engine.read(|r| damaged_files(r, &report.bad_data_sectors))?;
+    }
+    let copies: Vec<u64> = report
+        .bad_copies
+        .iter()
+        .filter(|c| c.data)
+        .map(|c| c.bytenr)
+        .collect();
+    if !copies.is_empty() {
+        report.repaired_files = engine.read(|r| damaged_files(r, &copies))?;
     }
     if !report.unsummed_extents.is_empty() {
         let starts = report.unsummed_extents.clone();

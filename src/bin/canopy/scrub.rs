@@ -288,6 +288,15 @@ fn print_report(path: &dyn Display, r: &Report) {
             ranges.join(", ")
         );
     }
+    for f in &r.repaired_files {
+        let ranges: Vec<String> = f.ranges.iter().map(|(s, e)| format!("{s}..{e}")).collect();
+        println!(
+            "file with a bad copy {} (inode {}): bytes {}",
+            f.path.as_deref().unwrap_or("(no path)"),
+            f.ino,
+            ranges.join(", ")
+        );
+    }
     for b in &r.unsummed_extents {
         println!("ERROR data extent at {b}: no checksums (reads of it fail)");
     }
