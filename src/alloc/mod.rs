@@ -120,6 +120,16 @@ pub struct KindUsage {
     pub used: u64,
 }
 
+impl KindUsage {
+    /// Device bytes the groups take: their size times their copies.
+    pub fn device_bytes(&self) -> u64 {
+        match self.profile == Profile::Dup.name() {
+            true => 2 * self.size,
+            false => self.size,
+        }
+    }
+}
+
 pub struct Allocator {
     groups: BTreeMap<u64, BlockGroup>,
     device_bytes: u64,
@@ -736,8 +746,9 @@ impl Allocator {
         // The superblock names every mirrored system group; past what it
         // holds, a new one keeps one copy (system groups are 1-32 MiB and
         // hold two small trees: this takes a pathological image).
-        let named = self.system_chunks().len();
-        if kind == GroupKind::System && named >= crate::format::superblock::SYSTEM_CHUNKS_MAX {
+        if kind == GroupKind::System
+            && self.system_chunks().len() >= crate::format::superblock::SYSTEM_CHUNKS_MAX
+        {
             copies = 1;
         }
         let room = self

@@ -152,12 +152,8 @@ pub fn check_data_sums(dev: Arc<dyn Device>, report: &mut Report) {
         );
     }
     for c in &scrubbed.bad_copies {
-        let what = match c.data {
-            true => format!("data sector {}", c.bytenr),
-            false => format!("tree block {} (tree {})", c.bytenr, c.tree),
-        };
         report.problem(
-            format!("{what} copy {}", c.copy),
+            format!("{} copy {}", c.what(), c.copy),
             format!(
                 "{}; another copy is good: `canopy scrub` repairs it",
                 c.error

@@ -399,6 +399,13 @@ pub fn mounted_read_only(mountpoint: &Path) -> Option<bool> {
     })
 }
 
+/// The image the `fuse.canopy` mount on `mountpoint` was made from, as
+/// /proc/self/mountinfo names its source; None when no such mount is
+/// listed.
+pub fn mount_source(mountpoint: &Path) -> Option<String> {
+    our_mount(mountpoint, |_, s| Some(unescape_mountinfo(s.get(1)?)))
+}
+
 /// mountinfo writes space, tab, newline and backslash as `\NNN` (octal).
 fn unescape_mountinfo(field: &str) -> String {
     let b = field.as_bytes();

@@ -98,6 +98,16 @@ pub struct BadCopy {
     pub data: bool,
 }
 
+impl BadCopy {
+    /// What the copy is of, as reports name it.
+    pub fn what(&self) -> String {
+        match self.data {
+            true => format!("data sector {}", self.bytenr),
+            false => format!("tree block {} (tree {})", self.bytenr, self.tree),
+        }
+    }
+}
+
 /// A file with damaged data: its byte ranges `[start, end)`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DamagedFile {

@@ -63,39 +63,58 @@ fn read_copy(
 /// Writes the good copy's bytes over each bad copy, and says so (unless
 /// the volume takes no repairs: a read-only open).
 fn repair(sh: &Shared, good: &[u8], node: &Node, bad: &[(usize, Error)], good_copy: usize) {
+    let what = format!("tree block (tree {})", node.owner);
     for (copy, why) in bad {
-        if !sh.dev.repairs() {
+        rewrite_copy(sh, node.bytenr, good, (*copy, good_copy), &what, why);
+    }
+}
+
+/// Rewrites bad copy `copies.0` of `[logical, logical + good.len())`
+/// with `good`, read from copy `copies.1`, and logs one line naming the
+/// device, both addresses, the copy, `what` it is and `why` it was bad.
+/// Nothing is written when the volume takes no repairs. Returns whether
+/// the copy was rewritten.
+fn rewrite_copy(
+    sh: &Shared,
+    logical: u64,
+    good: &[u8],
+    (copy, good_copy): (usize, usize),
+    what: &str,
+    why: &dyn std::fmt::Display,
+) -> bool {
+    let dev = &sh.dev;
+    let physical = dev.physical(logical, good.len() as u64, copy).unwrap_or(0);
+    if !dev.repairs() {
+        tracing::warn!(
+            devid = 1,
+            logical,
+            copy,
+            physical,
+            "{what} read from copy {good_copy}, copy {copy} is bad ({why}); read-only, not repaired"
+        );
+        return false;
+    }
+    match dev.write_copy(good, logical, copy) {
+        Ok(()) => {
+            dev.errors.corrected.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
-                logical = node.bytenr,
-                copy,
-                tree = node.owner,
-                "tree block read from copy {good_copy}, copy {copy} is bad ({why}); read-only, not repaired"
-            );
-            continue;
-        }
-        let physical = sh
-            .dev
-            .physical(node.bytenr, good.len() as u64, *copy)
-            .unwrap_or(0);
-        match sh.dev.write_copy(good, node.bytenr, *copy) {
-            Ok(()) => {
-                sh.dev.errors.corrected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    devid = 1,
-                    logical = node.bytenr,
-                    copy,
-                    physical,
-                    tree = node.owner,
-                    "repaired a tree block from copy {good_copy}: {why}"
-                );
-            }
-            Err(e) => tracing::error!(
-                logical = node.bytenr,
+                devid = 1,
+                logical,
                 copy,
                 physical,
-                tree = node.owner,
-                "could not repair a tree block ({why}): {e}"
-            ),
+                "repaired {what} from copy {good_copy}: {why}"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::error!(
+                devid = 1,
+                logical,
+                copy,
+                physical,
+                "could not repair {what} ({why}): {e}"
+            );
+            false
         }
     }
 }
@@ -195,47 +214,13 @@ pub(crate) trait DataCopies {
         copies: (usize, usize),
         ino: Option<u64>,
     ) -> bool {
-        let (copy, good_copy) = copies;
-        let dev = &self.shared().dev;
-        dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
-        let physical = dev.physical(bytenr, good.len() as u64, copy).unwrap_or(0);
-        let ino = ino.map_or_else(|| "unknown".to_string(), |i| i.to_string());
-        if !dev.repairs() {
-            tracing::warn!(
-                devid = 1,
-                logical = bytenr,
-                copy,
-                physical,
-                ino,
-                "data read from copy {good_copy}, copy {copy} is bad; read-only, not repaired"
-            );
-            return false;
-        }
-        match dev.write_copy(good, bytenr, copy) {
-            Ok(()) => {
-                dev.errors.corrected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    devid = 1,
-                    logical = bytenr,
-                    copy,
-                    physical,
-                    ino,
-                    "repaired data from copy {good_copy}"
-                );
-                true
-            }
-            Err(e) => {
-                tracing::error!(
-                    devid = 1,
-                    logical = bytenr,
-                    copy,
-                    physical,
-                    ino,
-                    "could not repair data: {e}"
-                );
-                false
-            }
-        }
+        let sh = self.shared();
+        sh.dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
+        let what = match ino {
+            Some(ino) => format!("data of inode {ino}"),
+            None => "data".to_string(),
+        };
+        rewrite_copy(sh, bytenr, good, copies, &what, &"checksum mismatch")
     }
 }
 

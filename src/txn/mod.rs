@@ -519,8 +519,7 @@ impl Engine {
     pub fn show(&self) -> crate::alloc::FilesystemShow {
         let st = crate::sync::read(&self.state);
         let usage = st.alloc.usage();
-        let copies = |k: &crate::alloc::KindUsage| if k.profile == "dup" { 2 } else { 1 };
-        let allocated = usage.kinds.iter().map(|k| k.size * copies(k)).sum();
+        let allocated = usage.kinds.iter().map(|k| k.device_bytes()).sum();
         crate::alloc::FilesystemShow {
             label: st.sb.label.clone(),
             uuid: crate::format::uuid::shown(&self.shared.fsid),

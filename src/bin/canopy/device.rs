@@ -72,33 +72,5 @@ fn print_device(name: &str, d: &DeviceStats) {
 pub(crate) fn mount_source(path: &Path) -> Option<String> {
     let canon = path.canonicalize().ok()?;
     let mnt = crate::sync::mount_point(&canon).ok()?;
-    let table = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    table.lines().find_map(|l| {
-        let mut f = l.split_whitespace();
-        let (source, at) = (f.next()?, f.next()?);
-        (Path::new(&unescape(at)) == mnt).then(|| unescape(source))
-    })
-}
-
-/// The mount table's octal escapes (`\040` for a space) undone.
-fn unescape(s: &str) -> String {
-    let mut out = Vec::new();
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        let digits = b
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match (b[i], digits) {
-            (b'\\', Some(d)) => {
-                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    canopy::fuse::mount::mount_source(&mnt)
 }

@@ -347,8 +347,7 @@ fn show(path: &std::path::Path, json: bool, raw: bool) -> Result<()> {
 }
 
 fn print_usage(u: &SpaceUsage, raw: bool) {
-    let copies = |k: &canopy::alloc::KindUsage| if k.profile == "dup" { 2 } else { 1 };
-    let allocated: u64 = u.kinds.iter().map(|k| k.size * copies(k)).sum();
+    let allocated: u64 = u.kinds.iter().map(|k| k.device_bytes()).sum();
     let used: u64 = u.kinds.iter().map(|k| k.used).sum();
     println!("Device size:   {:>12}", size(u.device_bytes, raw));
     println!("Allocated:     {:>12}", size(allocated, raw));

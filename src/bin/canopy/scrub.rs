@@ -257,6 +257,19 @@ fn cancel(mnt: &Path) -> ExitCode {
     }
 }
 
+/// One line per file: `label` PATH (inode N): bytes START..END, ...
+fn print_files(label: &str, files: &[canopy::scrub::DamagedFile]) {
+    for f in files {
+        let ranges: Vec<String> = f.ranges.iter().map(|(s, e)| format!("{s}..{e}")).collect();
+        println!(
+            "{label} {} (inode {}): bytes {}",
+            f.path.as_deref().unwrap_or("(no path)"),
+            f.ino,
+            ranges.join(", ")
+        );
+    }
+}
+
 fn print_report(path: &dyn Display, r: &Report) {
     for b in &r.bad_tree_blocks {
         println!(
@@ -265,13 +278,10 @@ fn print_report(path: &dyn Display, r: &Report) {
         );
     }
     for c in &r.bad_copies {
-        let what = match c.data {
-            true => format!("data sector {}", c.bytenr),
-            false => format!("tree block {} (tree {})", c.bytenr, c.tree),
-        };
         println!(
-            "{} {what} copy {}: {}",
+            "{} {} copy {}: {}",
             if c.repaired { "corrected" } else { "ERROR" },
+            c.what(),
             c.copy,
             c.error
         );
@@ -279,36 +289,12 @@ fn print_report(path: &dyn Display, r: &Report) {
     for s in &r.bad_data_sectors {
         println!("ERROR data sector at {s}: checksum mismatch");
     }
-    for f in &r.damaged_files {
-        let ranges: Vec<String> = f.ranges.iter().map(|(s, e)| format!("{s}..{e}")).collect();
-        println!(
-            "damaged file {} (inode {}): bytes {}",
-            f.path.as_deref().unwrap_or("(no path)"),
-            f.ino,
-            ranges.join(", ")
-        );
-    }
-    for f in &r.repaired_files {
-        let ranges: Vec<String> = f.ranges.iter().map(|(s, e)| format!("{s}..{e}")).collect();
-        println!(
-            "file with a bad copy {} (inode {}): bytes {}",
-            f.path.as_deref().unwrap_or("(no path)"),
-            f.ino,
-            ranges.join(", ")
-        );
-    }
+    print_files("damaged file", &r.damaged_files);
+    print_files("file with a bad copy", &r.repaired_files);
     for b in &r.unsummed_extents {
         println!("ERROR data extent at {b}: no checksums (reads of it fail)");
     }
-    for f in &r.unsummed_files {
-        let ranges: Vec<String> = f.ranges.iter().map(|(s, e)| format!("{s}..{e}")).collect();
-        println!(
-            "file without checksums {} (inode {}): bytes {}",
-            f.path.as_deref().unwrap_or("(no path)"),
-            f.ino,
-            ranges.join(", ")
-        );
-    }
+    print_files("file without checksums", &r.unsummed_files);
     for e in &r.errors {
         println!("ERROR {e}");
     }
