@@ -22,11 +22,22 @@ impl Engine {
     /// Writes a new empty filesystem to `dev` (generation 1) and returns it
     /// open.
     pub fn format(dev: Arc<dyn Device>, opts: &FormatOptions) -> Result<Engine> {
-        Engine::format_with(dev, opts, &MECHANISMS)
+        Engine::format_with(vec![dev], opts, &MECHANISMS)
+    }
+
+    /// Writes a new empty filesystem over `devs` (device ids 1, 2, ... in
+    /// order) and returns it open.
+    pub fn format_devices(devs: Vec<Arc<dyn Device>>, opts: &FormatOptions) -> Result<Engine> {
+        Engine::format_with(devs, opts, &MECHANISMS)
     }
 
     /// Opens the filesystem on `dev` at its newest valid superblock.
     pub fn open(dev: Arc<dyn Device>, opts: &OpenOptions) -> Result<Engine> {
-        Engine::open_with(dev, opts, &MECHANISMS)
+        Engine::open_with(vec![dev], opts, &MECHANISMS)
+    }
+
+    /// Opens the filesystem whose devices are `devs`, in any order.
+    pub fn open_devices(devs: Vec<Arc<dyn Device>>, opts: &OpenOptions) -> Result<Engine> {
+        Engine::open_with(devs, opts, &MECHANISMS)
     }
 }

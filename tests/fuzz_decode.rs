@@ -93,8 +93,13 @@ proptest! {
     }
 
     #[test]
-    fn mutated_superblocks(edits in proptest::collection::vec((32usize..4096, any::<u8>()), 1..8)) {
-        let sb = Superblock {
+    fn mutated_superblocks(
+        edits in proptest::collection::vec((32usize..4096, any::<u8>()), 1..8),
+        devices in any::<bool>(),
+    ) {
+        use canopy::format::items::Stripe;
+        use canopy::format::superblock::{DeviceItem, INCOMPAT_DEVICES};
+        let mut sb = Superblock {
             fsid: FSID, flags: 0, generation: 9, root: 1 << 20, root_generation: 9, root_level: 1,
             log_root: 0, log_root_generation: 0, log_root_level: 0,
             log_prev_root: 0,
@@ -106,10 +111,21 @@ proptest! {
             metadata_profile: canopy::format::superblock::Profile::Dup,
             data_profile: canopy::format::superblock::Profile::Single,
             system_chunks: vec![canopy::format::superblock::SystemChunk {
-                start: 1 << 20, len: 1 << 20, mirror: 4 << 20,
+                start: 1 << 20, len: 1 << 20, extra: vec![Stripe { devid: 1, offset: 4 << 20 }],
             }],
+            devid: 1,
+            devices: vec![DeviceItem { devid: 1, bytes: 1 << 30, uuid: [0; 16] }],
         };
-        let mut b = sb.encode(65536);
+        if devices {
+            sb.incompat |= INCOMPAT_DEVICES;
+            sb.metadata_profile = canopy::format::superblock::Profile::Raid1c3;
+            sb.devid = 2;
+            sb.devices = (1..=3).map(|devid| DeviceItem { devid, bytes: 1 << 30, uuid: [devid as u8; 16] }).collect();
+            sb.system_chunks[0].extra = vec![Stripe { devid: 2, offset: 1 << 20 }, Stripe { devid: 3, offset: 1 << 20 }];
+        }
+        let b0 = sb.encode(65536);
+        prop_assert_eq!(Superblock::decode(&b0, 65536).expect("round trip"), sb.clone());
+        let mut b = b0;
         for (at, v) in edits {
             b[at] = v;
         }

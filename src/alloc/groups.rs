@@ -1,6 +1,8 @@
 //! Block groups: what kind of extents a range of the device holds.
 
 use super::FreeIndex;
+use crate::format::items::Stripe;
+use crate::format::superblock::Profile;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GroupKind {
@@ -32,8 +34,8 @@ pub struct BlockGroup {
     /// Bytes held by extents (pinned frees already subtracted).
     pub used: u64,
     pub free: FreeIndex,
-    /// Where the second copy lies (the `dup` profile; see `volume`).
-    pub mirror: Option<u64>,
+    /// Where the copies beyond the first lie (see `volume`).
+    pub extra: Vec<Stripe>,
 }
 
 impl BlockGroup {
@@ -53,8 +55,28 @@ impl BlockGroup {
             kind,
             used,
             free: FreeIndex::default(),
-            mirror: None,
+            extra: Vec::new(),
         }
+    }
+
+    /// The profile its copies make.
+    pub fn profile(&self) -> Profile {
+        match self.extra.as_slice() {
+            [] => Profile::Single,
+            [s] if s.devid == crate::volume::PRIMARY_DEVID => Profile::Dup,
+            [_] => Profile::Raid1,
+            _ => Profile::Raid1c3,
+        }
+    }
+
+    /// Every device range it takes: (devid, start, end).
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        let own = (crate::volume::PRIMARY_DEVID, self.start, self.start + self.len);
+        std::iter::once(own).chain(
+            self.extra
+                .iter()
+                .map(|s| (s.devid, s.offset, s.offset + self.len)),
+        )
     }
 }
 

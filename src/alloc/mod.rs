@@ -28,9 +28,12 @@
 //! A group of the `dup` profile (tree blocks, by default on images of a
 //! GiB or more) takes two ranges of the device: the group's own, where its
 //! first copy lies, and its mirror, which holds nothing else and contains
-//! no superblock copy. The allocator records both in the [`ChunkMap`] it
-//! shares with the engine's [`crate::volume::Volume`], which writes every
-//! copy.
+//! no superblock copy. A `raid1` group's second copy lies on another
+//! device, a `raid1c3` group's second and third on two others, each on
+//! the device with the most unallocated space that has room. The first
+//! copy of every group lies on device 1 (see `volume`). The allocator
+//! records the copies in the [`ChunkMap`] it shares with the engine's
+//! [`crate::volume::Volume`], which writes every copy.
 
 mod freespace;
 pub mod groups;
@@ -39,10 +42,10 @@ pub use freespace::FreeIndex;
 pub use groups::{BlockGroup, GroupKind};
 
 use crate::error::{Error, Result};
-use crate::format::items::{BG_DATA, BG_METADATA, BG_MIXED, BG_SYSTEM};
+use crate::format::items::{Stripe, BG_DATA, BG_METADATA, BG_MIXED, BG_SYSTEM};
 use crate::format::superblock::{Profile, SystemChunk};
 use crate::format::{RESERVED_START, SUPER_OFFSETS, SUPER_SIZE};
-use crate::volume::{ChunkMap, Mirror};
+use crate::volume::{Chunk, ChunkMap, PRIMARY_DEVID};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -75,6 +78,25 @@ pub struct Claims {
     pub block: u64,
 }
 
+/// Device bytes new groups take: on device 1, and on the other devices
+/// together (`pairs`: some need two of those, raid1c3).
+#[derive(Clone, Copy, Debug, Default)]
+struct Need {
+    primary: u64,
+    others: u64,
+    pairs: bool,
+}
+
+impl Need {
+    fn plus(self, o: Need) -> Need {
+        Need {
+            primary: self.primary + o.primary,
+            others: self.others + o.others,
+            pairs: self.pairs || o.pairs,
+        }
+    }
+}
+
 /// How the device is carved into groups, per kind (`canopy filesystem
 /// usage`, after `btrfs filesystem usage`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +125,10 @@ pub struct DeviceShow {
     pub size: u64,
     /// Bytes of the device in block groups, second copies included.
     pub allocated: u64,
+    /// The filesystem names the device but the open found it missing
+    /// (a degraded mount).
+    #[serde(default)]
+    pub missing: bool,
 }
 
 /// The groups of one kind.
@@ -123,10 +149,8 @@ pub struct KindUsage {
 impl KindUsage {
     /// Device bytes the groups take: their size times their copies.
     pub fn device_bytes(&self) -> u64 {
-        match self.profile == Profile::Dup.name() {
-            true => 2 * self.size,
-            false => self.size,
-        }
+        let copies = Profile::parse(&self.profile).map_or(1, Profile::copies);
+        copies as u64 * self.size
     }
 }
 
@@ -157,6 +181,12 @@ pub struct Allocator {
     data_profile: Profile,
     /// Second copies, shared with the engine's volume.
     map: Arc<ChunkMap>,
+    /// Every device's usable bytes, by devid (device 1's is
+    /// `device_bytes`).
+    other_devices: BTreeMap<u64, u64>,
+    /// Most system groups the superblock names (see
+    /// [`Allocator::system_chunks`]).
+    system_chunks_max: usize,
 }
 
 impl Allocator {
@@ -165,6 +195,8 @@ impl Allocator {
             metadata_profile: Profile::Single,
             data_profile: Profile::Single,
             map: Arc::new(ChunkMap::default()),
+            other_devices: BTreeMap::new(),
+            system_chunks_max: crate::format::superblock::SYSTEM_CHUNKS_MAX,
             groups: BTreeMap::new(),
             device_bytes,
             mixed,
@@ -192,12 +224,31 @@ impl Allocator {
         }
     }
 
-    /// Device bytes a group of `kind` costs per byte it holds.
-    fn copies(&self, kind: GroupKind) -> u64 {
-        match self.profile(self.group_kind(kind)) {
-            Profile::Single => 1,
-            Profile::Dup => 2,
+    /// Sets the devices beyond device 1 (devid, usable bytes) and how
+    /// many system groups the superblock can name.
+    pub fn set_devices(&mut self, others: BTreeMap<u64, u64>, system_chunks_max: usize) {
+        self.other_devices = others;
+        self.other_devices.remove(&PRIMARY_DEVID);
+        self.system_chunks_max = system_chunks_max;
+    }
+
+    /// Every device's id and usable bytes, device 1 first.
+    pub fn devices(&self) -> Vec<(u64, u64)> {
+        std::iter::once((PRIMARY_DEVID, self.device_bytes))
+            .chain(self.other_devices.iter().map(|(&d, &b)| (d, b)))
+            .collect()
+    }
+
+    fn device_size(&self, devid: u64) -> Option<u64> {
+        match devid {
+            PRIMARY_DEVID => Some(self.device_bytes),
+            _ => self.other_devices.get(&devid).copied(),
         }
+    }
+
+    /// The profile new groups of `kind` get on this image.
+    fn new_profile(&self, kind: GroupKind) -> Profile {
+        self.profile(self.group_kind(kind))
     }
 
     /// The map of second copies the engine's volume writes through.
@@ -205,17 +256,15 @@ impl Allocator {
         self.map.clone()
     }
 
-    /// The system groups' second copies, for the superblock.
+    /// The system groups' other copies, for the superblock.
     pub fn system_chunks(&self) -> Vec<SystemChunk> {
         self.groups
             .values()
-            .filter(|g| g.kind == GroupKind::System)
-            .filter_map(|g| {
-                g.mirror.map(|mirror| SystemChunk {
-                    start: g.start,
-                    len: g.len,
-                    mirror,
-                })
+            .filter(|g| g.kind == GroupKind::System && !g.extra.is_empty())
+            .map(|g| SystemChunk {
+                start: g.start,
+                len: g.len,
+                extra: g.extra.clone(),
             })
             .collect()
     }
@@ -250,15 +299,15 @@ impl Allocator {
         }
     }
 
-    /// Adds a group loaded from disk, with the second copy its item names;
-    /// its free space follows with [`Allocator::load_free`].
+    /// Adds a group loaded from disk, with the copies its item names; its
+    /// free space follows with [`Allocator::load_free`].
     pub fn load_group(
         &mut self,
         start: u64,
         len: u64,
         flags: u64,
         used: u64,
-        mirror: Option<u64>,
+        extra: Vec<Stripe>,
     ) -> Result<()> {
         let kind = GroupKind::from_flags(flags)
             .ok_or_else(|| Error::corrupt(start, format!("block group flags {flags:#x}")))?;
@@ -271,51 +320,66 @@ impl Allocator {
         if start.checked_add(len).is_none_or(|e| e > self.device_bytes) || start < RESERVED_START {
             return Err(Error::corrupt(start, "block group outside the device"));
         }
-        if self.occupied().any(|(s, e)| s < start + len && start < e) {
-            return Err(Error::corrupt(start, "block groups overlap"));
-        }
-        if let Some(m) = mirror {
-            let inside =
-                m >= RESERVED_START && m.checked_add(len).is_some_and(|e| e <= self.device_bytes);
-            if !inside || super_bytes_in(m, len) != 0 {
-                return Err(Error::corrupt(
-                    start,
-                    format!("second copy at {m} outside the usable device"),
-                ));
-            }
-            let taken = self.occupied().any(|(s, e)| s < m + len && m < e);
-            if taken || (m < start + len && start < m + len) {
-                return Err(Error::corrupt(
-                    start,
-                    format!("second copy at {m} overlaps a block group"),
-                ));
-            }
-        }
         let mut g = BlockGroup::new(start, len, kind, used);
-        g.mirror = mirror;
+        g.extra = extra;
+        let ranges: Vec<(u64, u64, u64)> = g.ranges().collect();
+        for (i, &(devid, s, e)) in ranges.iter().enumerate() {
+            self.check_copy_range(start, devid, s, e, i > 0)?;
+            let clash = ranges[..i]
+                .iter()
+                .any(|&(d, os, oe)| d == devid && os < e && s < oe);
+            if clash {
+                return Err(Error::corrupt(
+                    start,
+                    format!("copies of the block group overlap on device {devid}"),
+                ));
+            }
+        }
         self.insert_group(g);
         Ok(())
     }
 
-    /// Puts a group in the table and its second copy in the chunk map.
+    /// A loaded group's copy `[s, e)` on `devid` lies inside that device,
+    /// apart from every other group's ranges and (for copies beyond the
+    /// first) from superblock copies.
+    fn check_copy_range(&self, group: u64, devid: u64, s: u64, e: u64, extra: bool) -> Result<()> {
+        let size = self.device_size(devid).ok_or_else(|| {
+            Error::corrupt(group, format!("block group copy on unknown device {devid}"))
+        })?;
+        if s < RESERVED_START || e > size || (extra && super_bytes_in(s, e - s) != 0) {
+            return Err(Error::corrupt(
+                group,
+                format!("copy at {s} on device {devid} outside the usable device"),
+            ));
+        }
+        if self.occupied(devid).any(|(os, oe)| os < e && s < oe) {
+            return Err(Error::corrupt(
+                group,
+                format!("copy at {s} on device {devid} overlaps a block group"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Puts a group in the table and its other copies in the chunk map.
     fn insert_group(&mut self, g: BlockGroup) {
-        if let Some(mirror) = g.mirror {
-            self.map.insert(Mirror {
+        if !g.extra.is_empty() {
+            self.map.insert(Chunk {
                 start: g.start,
                 len: g.len,
-                mirror,
+                extra: g.extra.clone(),
             });
         }
         self.groups.insert(g.start, g);
     }
 
-    /// Every device range a group holds, first copies and mirrors, in no
-    /// particular order.
-    fn occupied(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.groups.values().flat_map(|g| {
-            let own = (g.start, g.start + g.len);
-            let mirror = g.mirror.map(|m| (m, m + g.len));
-            std::iter::once(own).chain(mirror)
+    /// Every range of device `devid` a group holds, in no particular
+    /// order.
+    fn occupied(&self, devid: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.groups.values().flat_map(move |g| {
+            g.ranges()
+                .filter(move |r| r.0 == devid)
+                .map(|(_, s, e)| (s, e))
         })
     }
 
@@ -574,7 +638,7 @@ impl Allocator {
     /// Free bytes: in groups, plus device space not yet in any group.
     pub fn bytes_free(&self) -> u64 {
         let in_groups: u64 = self.groups.values().map(|g| g.free.total()).sum();
-        in_groups + self.unallocated_bytes()
+        in_groups + self.room_for(GroupKind::Data, Need::default())
     }
 
     /// Unpinned free bytes in the groups holding extents of `kind` that
@@ -614,11 +678,7 @@ impl Allocator {
         let mut kinds: Vec<KindUsage> = Vec::new();
         for g in self.groups.values() {
             let name = g.kind.name();
-            let profile = match g.mirror {
-                Some(_) => Profile::Dup,
-                None => Profile::Single,
-            }
-            .name();
+            let profile = g.profile().name();
             let k = match kinds
                 .iter()
                 .position(|k| k.kind == name && k.profile == profile)
@@ -645,23 +705,82 @@ impl Allocator {
         }
     }
 
-    /// Device space not in any group.
+    /// Device space not in any group, on every device.
     pub fn unallocated_bytes(&self) -> u64 {
-        let grouped: u64 = self
-            .groups
-            .values()
-            .map(|g| g.len * if g.mirror.is_some() { 2 } else { 1 })
-            .sum();
+        self.devices()
+            .iter()
+            .map(|&(devid, _)| self.unallocated_on(devid))
+            .sum()
+    }
+
+    /// Bytes of device `devid` that groups take.
+    pub fn allocated_on(&self, devid: u64) -> u64 {
+        self.occupied(devid).map(|(s, e)| e - s).sum()
+    }
+
+    /// Space of device `devid` in no group (superblock copies, which no
+    /// group's range holds, left out).
+    pub fn unallocated_on(&self, devid: u64) -> u64 {
+        let Some(size) = self.device_size(devid) else {
+            return 0;
+        };
+        let grouped: u64 = self.occupied(devid).map(|(s, e)| e - s).sum();
         let supers_outside: u64 = SUPER_OFFSETS
             .iter()
-            .filter(|&&s| s >= RESERVED_START && s + SUPER_SIZE <= self.device_bytes)
-            .filter(|&&s| self.group_containing(s).is_none())
+            .filter(|&&s| s >= RESERVED_START && s + SUPER_SIZE <= size)
+            .filter(|&&s| devid != PRIMARY_DEVID || self.group_containing(s).is_none())
             .count() as u64
             * SUPER_SIZE;
-        self.device_bytes
-            .saturating_sub(RESERVED_START)
+        size.saturating_sub(RESERVED_START)
             .saturating_sub(grouped)
             .saturating_sub(supers_outside)
+    }
+
+    /// Device bytes `short` bytes of new groups of `kind` take: on device
+    /// 1 and on the others.
+    fn cost(&self, kind: GroupKind, short: u64) -> Need {
+        let p = self.new_profile(kind);
+        let on_primary = p.copies_on_primary() as u64;
+        Need {
+            primary: short * on_primary,
+            others: short * (p.copies() as u64 - on_primary),
+            pairs: p == Profile::Raid1c3,
+        }
+    }
+
+    /// Device bytes the devices besides device 1 can take for new
+    /// groups; `pairs` when each group needs two of them (raid1c3): then
+    /// the largest can hold no more than all the others together.
+    fn others_capacity(&self, pairs: bool) -> u64 {
+        let free: Vec<u64> = self
+            .other_devices
+            .keys()
+            .map(|&d| self.unallocated_on(d))
+            .collect();
+        let sum: u64 = free.iter().sum();
+        let max = free.iter().copied().max().unwrap_or(0);
+        match pairs {
+            true => sum.min(2 * (sum - max)),
+            false => sum,
+        }
+    }
+
+    /// Bytes a new group of `kind` could hold, from unallocated space
+    /// less what `keep` leaves for other kinds.
+    fn room_for(&self, kind: GroupKind, keep: Need) -> u64 {
+        let p = self.new_profile(kind);
+        let on_primary = p.copies_on_primary() as u64;
+        let primary = self
+            .unallocated_on(PRIMARY_DEVID)
+            .saturating_sub(keep.primary)
+            / on_primary;
+        let elsewhere = p.copies() as u64 - on_primary;
+        if elsewhere == 0 {
+            return primary;
+        }
+        let pairs = keep.pairs || p == Profile::Raid1c3;
+        let others = self.others_capacity(pairs).saturating_sub(keep.others) / elsewhere;
+        primary.min(others)
     }
 
     /// What each kind still lacks beyond the free space of its groups, to
@@ -694,12 +813,12 @@ impl Allocator {
     /// Whether claims `c` can all be met at once, from the groups' free
     /// space and the unallocated pool.
     pub fn can_meet(&self, c: &Claims) -> bool {
-        let short: u64 = self
+        let need = self
             .shortfalls(c)
             .iter()
-            .map(|s| s.1 * self.copies(s.0))
-            .sum();
-        short <= self.unallocated_bytes()
+            .fold(Need::default(), |n, s| n.plus(self.cost(s.0, s.1)));
+        need.primary <= self.unallocated_on(PRIMARY_DEVID)
+            && need.others <= self.others_capacity(need.pairs)
     }
 
     /// Most pieces an allocation of `len` bytes of `kind`, in pieces of at
@@ -731,65 +850,54 @@ impl Allocator {
     }
 
     /// Unallocated bytes a new group of `kind` must leave for the others.
-    fn kept_for_others(&self, kind: GroupKind) -> u64 {
+    fn kept_for_others(&self, kind: GroupKind) -> Need {
         self.shortfalls(&self.claims)
             .iter()
             .filter(|s| s.0 != kind)
-            .map(|s| s.1 * self.copies(s.0))
-            .sum()
+            .fold(Need::default(), |n, s| n.plus(self.cost(s.0, s.1)))
     }
 
-    /// Carves a new block group of `kind` able to hold `want` bytes (and
-    /// its mirror, for the `dup` profile).
+    /// Carves a new block group of `kind` able to hold `want` bytes, with
+    /// the copies its profile keeps.
     fn add_group(&mut self, kind: GroupKind, want: u64) -> Result<()> {
-        let mut copies = self.copies(kind);
-        // The superblock names every mirrored system group; past what it
-        // holds, a new one keeps one copy (system groups are 1-32 MiB and
-        // hold two small trees: this takes a pathological image).
-        if kind == GroupKind::System
-            && self.system_chunks().len() >= crate::format::superblock::SYSTEM_CHUNKS_MAX
-        {
-            copies = 1;
+        let mut profile = self.new_profile(kind);
+        // The superblock names every system group with more copies; past
+        // what it holds, a new one keeps one copy (system groups are 1-32
+        // MiB and hold two small trees: this takes a pathological image).
+        if kind == GroupKind::System && self.system_chunks().len() >= self.system_chunks_max {
+            profile = Profile::Single;
         }
-        let room = self
-            .unallocated_bytes()
-            .saturating_sub(self.kept_for_others(kind))
-            / copies;
+        let room = match profile == self.new_profile(kind) {
+            true => self.room_for(kind, self.kept_for_others(kind)),
+            false => self.unallocated_on(PRIMARY_DEVID),
+        };
         let target = groups::default_size(kind, self.device_bytes)
             .max(want.next_multiple_of(1 << 20))
             .min(room.max(want));
-        let (start, len, mirror) = match copies {
-            1 => {
-                let (start, len) = self
-                    .find_device_gap(target, want, None)
-                    .ok_or(Error::NoSpace)?;
-                (start, len, None)
-            }
-            _ => self.find_dup_gaps(target, want).ok_or(Error::NoSpace)?,
-        };
+        let (start, len, extra) = self.place(profile, target, want).ok_or(Error::NoSpace)?;
         let mut g = BlockGroup::new(start, len, kind, 0);
-        g.mirror = mirror;
+        g.extra = extra;
         for (s, l) in free_ranges_excluding_supers(start, len) {
             g.free.insert(s, l);
             self.journal.push(FreeOp::Add(s, l));
         }
         self.dirty_groups.insert(start);
         self.added_since_commit.insert(start);
-        tracing::debug!(start, len, ?kind, ?mirror, "new block group");
+        tracing::debug!(start, len, ?kind, extra = ?g.extra, "new block group");
         self.insert_group(g);
         Ok(())
     }
 
-    /// Two ranges for a `dup` group: the group's own (`min` usable
-    /// bytes, up to `target`) and a mirror of the same length with no
-    /// superblock copy inside.
-    fn find_dup_gaps(&self, target: u64, min: u64) -> Option<(u64, u64, Option<u64>)> {
+    /// Where a new group of `profile` goes: its own range on device 1
+    /// (`min` usable bytes, up to `target`) and its other copies, each of
+    /// the same length with no superblock copy inside. Halves the target
+    /// until every copy finds room.
+    fn place(&self, profile: Profile, target: u64, min: u64) -> Option<(u64, u64, Vec<Stripe>)> {
         let mut target = target.max(min);
         loop {
             if let Some((start, len)) = self.find_device_gap(target, min, None) {
-                let mirror = self.find_clean_gap(len, (start, start + len));
-                if let Some(m) = mirror {
-                    return Some((start, len, Some(m)));
+                if let Some(extra) = self.place_copies(profile, start, len) {
+                    return Some((start, len, extra));
                 }
             }
             if target <= min {
@@ -799,25 +907,51 @@ impl Allocator {
         }
     }
 
-    /// The gaps between occupied ranges (groups and mirrors), in order,
-    /// with `also` counted as occupied.
-    fn device_gaps(&self, also: Option<(u64, u64)>) -> Vec<(u64, u64)> {
-        let mut taken: Vec<(u64, u64)> = self.occupied().chain(also).collect();
-        taken.push((self.device_bytes, self.device_bytes));
+    /// The copies beyond the first of a group at `[start, start + len)`:
+    /// on device 1 apart from it (dup), or on other devices, those with
+    /// the most unallocated space first (raid1, raid1c3).
+    fn place_copies(&self, profile: Profile, start: u64, len: u64) -> Option<Vec<Stripe>> {
+        if profile == Profile::Dup {
+            let offset = self.find_clean_gap(PRIMARY_DEVID, len, Some((start, start + len)))?;
+            return Some(vec![Stripe {
+                devid: PRIMARY_DEVID,
+                offset,
+            }]);
+        }
+        let want = profile.copies() - 1;
+        let mut devices: Vec<u64> = self.other_devices.keys().copied().collect();
+        devices.sort_by_key(|&d| std::cmp::Reverse(self.unallocated_on(d)));
+        let extra: Vec<Stripe> = devices
+            .into_iter()
+            .filter_map(|devid| {
+                let offset = self.find_clean_gap(devid, len, None)?;
+                Some(Stripe { devid, offset })
+            })
+            .take(want)
+            .collect();
+        (extra.len() == want).then_some(extra)
+    }
+
+    /// The gaps between occupied ranges of device `devid`, in order, with
+    /// `also` counted as occupied.
+    fn device_gaps(&self, devid: u64, also: Option<(u64, u64)>) -> Vec<(u64, u64)> {
+        let size = self.device_size(devid).unwrap_or(0);
+        let mut taken: Vec<(u64, u64)> = self.occupied(devid).chain(also).collect();
+        taken.push((size, size));
         taken.sort_unstable();
         let mut gaps = Vec::new();
         let mut at = RESERVED_START;
         for (s, e) in taken {
             if s > at {
-                gaps.push((at, s.min(self.device_bytes)));
+                gaps.push((at, s.min(size)));
             }
             at = at.max(e);
         }
         gaps
     }
 
-    /// The first gap that holds `min` free bytes once any superblock
-    /// copy in it is cut out; up to `target` bytes of it.
+    /// The first gap of device 1 that holds `min` free bytes once any
+    /// superblock copy in it is cut out; up to `target` bytes of it.
     fn find_device_gap(
         &self,
         target: u64,
@@ -825,7 +959,7 @@ impl Allocator {
         also: Option<(u64, u64)>,
     ) -> Option<(u64, u64)> {
         let sector = crate::format::SECTORSIZE as u64;
-        for (at, end) in self.device_gaps(also) {
+        for (at, end) in self.device_gaps(PRIMARY_DEVID, also) {
             let gap = (end - at) / sector * sector;
             let mut len = gap.min(target.max(min));
             while len < gap && len - super_bytes_in(at, len) < min {
@@ -838,11 +972,11 @@ impl Allocator {
         None
     }
 
-    /// The start of `len` unoccupied bytes, apart from `also`, holding no
-    /// superblock copy: where a mirror can go.
-    fn find_clean_gap(&self, len: u64, also: (u64, u64)) -> Option<u64> {
+    /// The start of `len` unoccupied bytes of device `devid`, apart from
+    /// `also`, holding no superblock copy: where a copy can go.
+    fn find_clean_gap(&self, devid: u64, len: u64, also: Option<(u64, u64)>) -> Option<u64> {
         let sector = crate::format::SECTORSIZE as u64;
-        for (gap_start, end) in self.device_gaps(Some(also)) {
+        for (gap_start, end) in self.device_gaps(devid, also) {
             let mut at = gap_start.next_multiple_of(sector);
             while at.checked_add(len).is_some_and(|e| e <= end) {
                 let Some(&s) = SUPER_OFFSETS
@@ -972,7 +1106,7 @@ mod tests {
         let (a_start, b_start) = (RESERVED_START, RESERVED_START + 4 * MIB);
         let mut a = Allocator::new(RESERVED_START + 8 * MIB, false);
         for start in [a_start, b_start] {
-            a.load_group(start, 4 * MIB, BG_DATA, 0, None)
+            a.load_group(start, 4 * MIB, BG_DATA, 0, Vec::new())
                 .expect("group");
             a.load_free(start, 4 * MIB).expect("free");
         }
@@ -1026,7 +1160,8 @@ mod tests {
         let groups: Vec<&BlockGroup> = a.groups().collect();
         let mut ranges: Vec<(u64, u64)> = Vec::new();
         for g in &groups {
-            let m = g.mirror.expect("every tree block group has a second copy");
+            assert_eq!(g.profile(), Profile::Dup, "{g:?}");
+            let m = g.extra[0].offset;
             assert_eq!(super_bytes_in(m, g.len), 0, "{g:?}");
             ranges.push((g.start, g.start + g.len));
             ranges.push((m, m + g.len));
@@ -1044,7 +1179,7 @@ mod tests {
         assert!(
             a.alloc(GroupKind::Data, MIB, MIB, 0).is_err()
                 || a.groups()
-                    .any(|g| g.kind == GroupKind::Data && g.mirror.is_none())
+                    .any(|g| g.kind == GroupKind::Data && g.extra.is_empty())
         );
     }
 
@@ -1060,9 +1195,68 @@ mod tests {
         assert_eq!(a.system_chunks().len(), max);
         let single = a
             .groups()
-            .filter(|g| g.kind == GroupKind::System && g.mirror.is_none())
+            .filter(|g| g.kind == GroupKind::System && g.extra.is_empty())
             .count();
         assert!(single >= 5, "{single} single system groups");
+    }
+
+    /// Every range of every device the groups take, sorted, per device.
+    fn ranges_by_device(a: &Allocator) -> BTreeMap<u64, Vec<(u64, u64)>> {
+        let mut by: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+        for g in a.groups() {
+            for (d, s, e) in g.ranges() {
+                by.entry(d).or_default().push((s, e));
+            }
+        }
+        for r in by.values_mut() {
+            r.sort_unstable();
+            assert!(r.windows(2).all(|w| w[0].1 <= w[1].0), "{r:?}");
+        }
+        by
+    }
+
+    #[test]
+    fn raid1_groups_keep_their_second_copy_on_another_device_until_it_is_full() {
+        let mut a = Allocator::new(200 * MIB, false);
+        a.set_devices(BTreeMap::from([(2, 120 * MIB)]), 64);
+        a.set_profiles(Profile::Raid1, Profile::Raid1);
+        let mut held = 0;
+        while let Ok((_, len)) = a.alloc(GroupKind::Data, MIB, MIB, 0) {
+            held += len;
+        }
+        for g in a.groups() {
+            assert_eq!(g.profile(), Profile::Raid1, "{g:?}");
+            assert_eq!(g.extra[0].devid, 2);
+            assert_eq!(super_bytes_in(g.extra[0].offset, g.len), 0, "{g:?}");
+        }
+        ranges_by_device(&a);
+        // Device 2 (119 MiB usable, less one superblock copy) bounds it.
+        assert!(held <= 119 * MIB && held > 100 * MIB, "{held}");
+        assert!(a.unallocated_on(2) < 16 * MIB);
+        assert!(!a.can_meet(&Claims {
+            data: a.free_in(GroupKind::Data) + 32 * MIB,
+            ..Claims::default()
+        }));
+    }
+
+    #[test]
+    fn raid1c3_groups_take_two_other_devices_and_the_largest_cannot_pair_with_itself() {
+        let mut a = Allocator::new(300 * MIB, false);
+        a.set_devices(BTreeMap::from([(2, 300 * MIB), (3, 60 * MIB)]), 64);
+        a.set_profiles(Profile::Raid1c3, Profile::Raid1c3);
+        let before = a.others_capacity(true);
+        assert!(before <= 2 * 59 * MIB, "{before}");
+        let mut held = 0;
+        while let Ok((_, len)) = a.alloc(GroupKind::Metadata, MIB, MIB, 0) {
+            held += len;
+        }
+        for g in a.groups() {
+            let mut devs: Vec<u64> = g.extra.iter().map(|s| s.devid).collect();
+            devs.sort_unstable();
+            assert_eq!(devs, vec![2, 3], "{g:?}");
+        }
+        ranges_by_device(&a);
+        assert!(held <= 59 * MIB && held > 40 * MIB, "{held}");
     }
 
     #[test]

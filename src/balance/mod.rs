@@ -150,12 +150,9 @@ pub fn start(tx: &mut Txn<'_>, args: BalanceArgs) -> Result<usize> {
     Ok(chosen.len())
 }
 
-/// How many copies a group keeps.
+/// How many copies a group keeps, and where.
 fn profile_of(g: &crate::alloc::BlockGroup) -> Profile {
-    match g.mirror {
-        Some(_) => Profile::Dup,
-        None => Profile::Single,
-    }
+    g.profile()
 }
 
 /// Gives new groups the profiles a conversion asks for, from now on (the
@@ -177,8 +174,7 @@ fn convert(tx: &mut Txn<'_>, args: &BalanceArgs) -> Result<()> {
         true => (d.or(m), m.or(d)),
         false => (d, m),
     };
-    tx.set_profiles(m, d);
-    Ok(())
+    tx.set_profiles(m, d)
 }
 
 /// Marks a recorded balance paused (or running again): a paused

@@ -94,39 +94,107 @@ impl Report {
 /// blocks read so far and an estimate of the total. Fails only when no
 /// superblock can be read at all.
 pub fn check(dev: &dyn Device, progress: &dyn Fn(u64, u64)) -> Result<Report> {
-    let sb = crate::txn::read_best_superblock(dev)?;
-    let mut report = Report {
-        generation: sb.generation,
-        bytes_used: sb.bytes_used,
-        ..Default::default()
-    };
-    walk::check_super_copies(dev, &sb, &mut report);
-    let found = walk::walk_all(dev, &sb, &mut report, progress);
+    check_devices(&[dev], progress)
+}
+
+/// [`check`] of a filesystem over several devices, given in any order.
+/// A device the filesystem names but that is not given is a problem, and
+/// the copies it holds go unchecked.
+pub fn check_devices(devs: &[&dyn Device], progress: &dyn Fn(u64, u64)) -> Result<Report> {
+    let mut report = Report::default();
+    let (sb, by_id) = assemble(devs, &mut report)?;
+    report.generation = sb.generation;
+    report.bytes_used = sb.bytes_used;
+    for (&devid, dev) in &by_id {
+        walk::check_super_copies(devid, *dev, &sb, &mut report);
+    }
+    let found = walk::walk_all(&by_id, &sb, &mut report, progress);
     space::check_extents(&sb, &found, &mut report);
-    space::check_space(dev.size(), &sb, &found, &mut report);
+    let primary = by_id.get(&1).map_or(sb.total_bytes, |d| d.size());
+    space::check_space(primary, &sb, &found, &mut report);
     Ok(report)
+}
+
+/// The newest superblock among `devs` and the devices by the devid their
+/// copies name; devices of another filesystem, named twice or missing are
+/// problems. Fails when the first device has no superblock.
+fn assemble<'a>(
+    devs: &[&'a dyn Device],
+    report: &mut Report,
+) -> Result<(crate::format::superblock::Superblock, walk::Devices<'a>)> {
+    let mut found = Vec::new();
+    for (i, &dev) in devs.iter().enumerate() {
+        match crate::txn::read_best_superblock(dev) {
+            Ok(sb) => found.push((sb, dev)),
+            Err(e) if i == 0 => return Err(e),
+            Err(e) => report.problem(format!("device given as number {}", i + 1), e.to_string()),
+        }
+    }
+    let best = found
+        .iter()
+        .map(|(sb, _)| sb)
+        .max_by_key(|sb| sb.generation)
+        .cloned()
+        .ok_or_else(|| crate::Error::NotCanopy("no device given".into()))?;
+    let mut by_id = walk::Devices::new();
+    for (sb, dev) in found {
+        let known = best
+            .devices
+            .iter()
+            .find(|d| d.devid == sb.devid)
+            .zip(sb.devices.iter().find(|d| d.devid == sb.devid))
+            .is_some_and(|(a, b)| a.uuid == b.uuid);
+        if sb.fsid != best.fsid || !known {
+            report.problem(
+                format!("device {}", sb.devid),
+                "belongs to another filesystem, or is no longer one of this one's devices",
+            );
+        } else if by_id.insert(sb.devid, dev).is_some() {
+            report.problem(format!("device {}", sb.devid), "given twice");
+        }
+    }
+    for d in best.devices.iter().filter(|d| !by_id.contains_key(&d.devid)) {
+        report.problem(
+            format!("device {}", d.devid),
+            format!(
+                "missing ({} bytes, uuid {}): the copies it holds were not checked",
+                d.bytes,
+                crate::format::uuid::shown(&d.uuid)
+            ),
+        );
+    }
+    Ok((best, by_id))
 }
 
 /// The image opened read-only, for the checks that read trees through
 /// the engine once the structure is known to be sound.
-fn open_read_only(dev: Arc<dyn Device>) -> Result<crate::Engine> {
+fn open_read_only(devs: Vec<Arc<dyn Device>>) -> Result<crate::Engine> {
     let opts = crate::OpenOptions {
         read_only: true,
         ..Default::default()
     };
-    crate::Engine::open(dev, &opts)
+    crate::Engine::open_devices(devs, &opts)
 }
 
 /// [`check`], then, when the structure is sound, the POSIX-level checks of
 /// every fs tree (entries, link counts, orphans).
 pub fn check_all(dev: Arc<dyn Device>, progress: &dyn Fn(u64, u64)) -> Result<Report> {
-    let mut report = check(dev.as_ref(), progress)?;
+    check_all_devices(vec![dev], progress)
+}
+
+/// [`check_all`] of a filesystem over several devices.
+pub fn check_all_devices(
+    devs: Vec<Arc<dyn Device>>,
+    progress: &dyn Fn(u64, u64),
+) -> Result<Report> {
+    let borrowed: Vec<&dyn Device> = devs.iter().map(|d| d.as_ref()).collect();
+    let mut report = check_devices(&borrowed, progress)?;
     if report.is_clean() {
-        log::check_log(dev.clone(), &mut report);
+        log::check_log(devs.clone(), &mut report);
     }
     if report.is_clean() {
-        posix::check_trees(dev.clone(), &mut report);
-        quota::check_quota(dev, &mut report);
+        posix::check_trees(devs.clone(), &mut report);
+        quota::check_quota(devs, &mut report);
     }
     Ok(report)
 }
@@ -136,7 +204,12 @@ pub fn check_all(dev: Arc<dyn Device>, progress: &dyn Fn(u64, u64)) -> Result<Re
 /// unthrottled), adding a problem for each bad sector, each file it
 /// reaches, and each extent without checksums.
 pub fn check_data_sums(dev: Arc<dyn Device>, report: &mut Report) {
-    let engine = match open_read_only(dev) {
+    check_data_sums_devices(vec![dev], report)
+}
+
+/// [`check_data_sums`] of a filesystem over several devices.
+pub fn check_data_sums_devices(devs: Vec<Arc<dyn Device>>, report: &mut Report) {
+    let engine = match open_read_only(devs) {
         Ok(e) => e,
         Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),
     };

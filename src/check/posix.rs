@@ -44,7 +44,7 @@ struct Inode {
 }
 
 /// Reads every fs tree through a read-only engine.
-pub(super) fn check_trees(dev: Arc<dyn Device>, report: &mut Report) {
+pub(super) fn check_trees(dev: Vec<Arc<dyn Device>>, report: &mut Report) {
     let engine = match super::open_read_only(dev) {
         Ok(e) => e,
         Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),

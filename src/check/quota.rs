@@ -13,7 +13,7 @@ use crate::format::Key;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-pub(super) fn check_quota(dev: Arc<dyn Device>, report: &mut Report) {
+pub(super) fn check_quota(dev: Vec<Arc<dyn Device>>, report: &mut Report) {
     let engine = match super::open_read_only(dev) {
         Ok(e) => e,
         Err(e) => return report.problem("quota tree", format!("cannot open: {e}")),

@@ -218,39 +218,56 @@ fn groups(found: &Found, total: u64, report: &mut Report) -> Vec<Group> {
     out
 }
 
-/// Second copies (`dup`): each lies inside the filesystem apart from
-/// every group and every other copy, holds no superblock copy, and the
-/// superblock names exactly the system groups' copies (it reads the root
-/// and block group trees through them).
+/// Copies beyond the first (dup, raid1, raid1c3): each lies inside its
+/// device (one the superblock names) apart from every group and every
+/// other copy there, holds no superblock copy, and the superblock names
+/// exactly the system groups' copies (it reads the root and block group
+/// trees through them).
 fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
-    let mut ranges: Vec<(u64, u64, String)> = groups
-        .iter()
-        .map(|g| (g.start, g.start + g.len, format!("block group {}", g.start)))
-        .collect();
+    let mut ranges: BTreeMap<u64, Vec<(u64, u64, String)>> = BTreeMap::new();
+    ranges.entry(1).or_default().extend(
+        groups
+            .iter()
+            .map(|g| (g.start, g.start + g.len, format!("block group {}", g.start))),
+    );
     let mut system = Vec::new();
     for g in groups {
-        let Some(m) = g.item.mirror else { continue };
-        let loc = format!("second copy of block group {}", g.start);
-        if m < RESERVED_START || m.checked_add(g.len).is_none_or(|e| e > sb.total_bytes) {
-            report.problem(&loc, format!("at {m}: outside the filesystem"));
+        if g.item.extra.is_empty() {
             continue;
         }
-        if crate::alloc::super_bytes_in(m, g.len) != 0 {
-            report.problem(&loc, format!("at {m}: holds a superblock copy"));
+        for (i, st) in g.item.extra.iter().enumerate() {
+            let (m, devid) = (st.offset, st.devid);
+            let loc = format!("copy {} of block group {}", i + 1, g.start);
+            let Some(size) = sb.device_bytes(devid) else {
+                report.problem(&loc, format!("on device {devid}, which the superblock lacks"));
+                continue;
+            };
+            if m < RESERVED_START || m.checked_add(g.len).is_none_or(|e| e > size) {
+                report.problem(&loc, format!("at {m}: outside device {devid}"));
+                continue;
+            }
+            if crate::alloc::super_bytes_in(m, g.len) != 0 {
+                report.problem(&loc, format!("at {m}: holds a superblock copy"));
+            }
+            ranges.entry(devid).or_default().push((m, m + g.len, loc));
         }
-        ranges.push((m, m + g.len, loc));
         if GroupKind::from_flags(g.item.flags) == Some(GroupKind::System) {
             system.push(crate::format::superblock::SystemChunk {
                 start: g.start,
                 len: g.len,
-                mirror: m,
+                extra: g.item.extra.clone(),
             });
         }
     }
-    ranges.sort_unstable_by_key(|r| (r.0, r.1));
-    for pair in ranges.windows(2) {
-        if pair[1].0 < pair[0].1 {
-            report.problem(&pair[1].2, format!("overlaps {}", pair[0].2));
+    for (devid, mut on) in ranges {
+        on.sort_unstable_by_key(|r| (r.0, r.1));
+        for pair in on.windows(2) {
+            if pair[1].0 < pair[0].1 {
+                report.problem(
+                    &pair[1].2,
+                    format!("overlaps {} on device {devid}", pair[0].2),
+                );
+            }
         }
     }
     if system != sb.system_chunks {
@@ -262,7 +279,7 @@ fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
             ),
         );
     }
-    let any = groups.iter().any(|g| g.item.mirror.is_some());
+    let any = groups.iter().any(|g| !g.item.extra.is_empty());
     if any && sb.incompat & crate::format::superblock::INCOMPAT_DUP == 0 {
         report.problem(
             "superblock",

@@ -10,7 +10,7 @@ use crate::format::superblock::Superblock;
 use crate::format::superblock::INCOMPAT_DROP_QUEUE;
 use crate::format::{tree_id, Key, DROP_QUEUE_OBJECTID};
 use crate::txn::RefHolder;
-use crate::volume::{ChunkMap, Mirror};
+use crate::volume::{Chunk, ChunkMap};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A tree block as found by the walk.
@@ -43,18 +43,36 @@ pub(super) struct Found {
 /// The holder the walk records for a queued block: the queue itself.
 pub(super) const QUEUE_HOLDER: RefHolder = RefHolder::TreeRoot(DROP_QUEUE_OBJECTID);
 
-pub(super) fn check_super_copies(dev: &dyn Device, best: &Superblock, report: &mut Report) {
+/// The filesystem's devices the check was given, by devid.
+pub(super) type Devices<'a> = BTreeMap<u64, &'a dyn Device>;
+
+/// Every superblock copy on device `devid`: whole, of the newest
+/// generation (an older one is a warning) and naming that device.
+pub(super) fn check_super_copies(
+    devid: u64,
+    dev: &dyn Device,
+    best: &Superblock,
+    report: &mut Report,
+) {
+    let name = |off: u64| match best.devices.len() {
+        1 => format!("superblock copy at {off}"),
+        _ => format!("superblock copy at {off} of device {devid}"),
+    };
     for (off, r) in crate::txn::read_super_copies(dev) {
         match r {
+            Ok(sb) if sb.devid != devid => report.problem(
+                name(off),
+                format!("names device {} on device {devid}", sb.devid),
+            ),
             Ok(sb) if sb.generation == best.generation => {}
             Ok(sb) => report.warnings.push(super::Problem {
-                location: format!("superblock copy at {off}"),
+                location: name(off),
                 message: format!(
                     "generation {} older than {}",
                     sb.generation, best.generation
                 ),
             }),
-            Err(e) => report.problem(format!("superblock copy at {off}"), e.to_string()),
+            Err(e) => report.problem(name(off), e.to_string()),
         }
     }
 }
@@ -63,7 +81,7 @@ struct Walker<'a> {
     /// Entries of the next block read whose references are already gone
     /// (a queued block's progress); reset once used.
     skip_entries: usize,
-    dev: &'a dyn Device,
+    devs: &'a Devices<'a>,
     sb: &'a Superblock,
     found: Found,
     read: u64,
@@ -83,14 +101,14 @@ struct Bounds {
 }
 
 pub(super) fn walk_all(
-    dev: &dyn Device,
+    devs: &Devices<'_>,
     sb: &Superblock,
     report: &mut Report,
     progress: &dyn Fn(u64, u64),
 ) -> Found {
     let mut w = Walker {
         skip_entries: 0,
-        dev,
+        devs,
         sb,
         found: Found::default(),
         read: 0,
@@ -99,10 +117,10 @@ pub(super) fn walk_all(
         mirrors: ChunkMap::default(),
     };
     for c in &sb.system_chunks {
-        w.mirrors.insert(Mirror {
+        w.mirrors.insert(Chunk {
             start: c.start,
             len: c.len,
-            mirror: c.mirror,
+            extra: c.extra.clone(),
         });
     }
     let root_tree = (sb.root, sb.root_generation, sb.root_level);
@@ -219,64 +237,82 @@ impl Walker<'_> {
         report.queued_blocks = queue.len() as u64;
     }
 
-    /// Reads the block from its first copy, or from its second when the
+    /// Reads the block from its first copy, or from the next when the
     /// first cannot be read, fails its checks or is older than its parent
-    /// says; a bad copy with a good one is reported (scrub repairs it).
+    /// says; a bad copy before a good one is reported (scrub repairs it).
+    /// Copies on a missing device are skipped (its absence is reported).
     fn read_block(
         &mut self,
         bytenr: u64,
         generation: u64,
         report: &mut Report,
     ) -> crate::error::Result<Node> {
-        let first = self.read_copy(bytenr, bytenr, generation);
-        let Err(e) = first else { return first };
         let ns = u64::from(self.sb.nodesize);
-        let Some(at) = self.mirrors.mirror_of(bytenr, ns) else {
-            return Err(e);
-        };
-        let second = self.read_copy(bytenr, at, generation);
-        if second.is_ok() {
-            report.problem(
-                format!("tree block {bytenr} copy 0"),
-                format!("{e}; copy 1 (at {at}) is good: `canopy scrub` repairs it"),
-            );
-            return second;
+        let copies = self.mirrors.copies(bytenr, ns);
+        let mut bad: Vec<(usize, crate::Error)> = Vec::new();
+        for copy in 0..copies {
+            let Some(s) = self.mirrors.stripe_of(bytenr, ns, copy) else {
+                continue;
+            };
+            if !self.devs.contains_key(&s.devid) {
+                continue;
+            }
+            match self.read_copy(bytenr, copy, generation) {
+                Ok(node) => {
+                    for (c, e) in bad {
+                        report.problem(
+                            format!("tree block {bytenr} copy {c}"),
+                            format!("{e}; copy {copy} is good: `canopy scrub` repairs it"),
+                        );
+                    }
+                    return Ok(node);
+                }
+                Err(e) => bad.push((copy, e)),
+            }
         }
-        Err(e)
+        match bad.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Err(crate::Error::corrupt(
+                bytenr,
+                "every copy lies on a missing device",
+            )),
+        }
     }
 
-    /// The copy of block `bytenr` at device offset `at`, checked, with a
-    /// generation other than `generation` an error (the walk then tries
-    /// the other copy; the header checks report a mismatch of both).
-    fn read_copy(&mut self, bytenr: u64, at: u64, generation: u64) -> crate::error::Result<Node> {
+    /// Copy `copy` of block `bytenr`, checked, with a generation other
+    /// than `generation` an error where there are other copies (the walk
+    /// then tries the next; the header checks report a mismatch of all).
+    fn read_copy(&mut self, bytenr: u64, copy: usize, generation: u64) -> crate::error::Result<Node> {
         let mut buf = vec![0u8; self.sb.nodesize as usize];
-        if bytenr
-            .checked_add(buf.len() as u64)
-            .is_none_or(|e| e > self.sb.total_bytes)
-        {
+        let len = buf.len() as u64;
+        if bytenr.checked_add(len).is_none_or(|e| e > self.sb.total_bytes) {
             return Err(crate::Error::corrupt(
                 bytenr,
                 "block beyond the end of the filesystem",
             ));
         }
-        if at
-            .checked_add(buf.len() as u64)
-            .is_none_or(|e| e > self.sb.total_bytes)
-        {
+        let stripe = self
+            .mirrors
+            .stripe_of(bytenr, len, copy)
+            .ok_or_else(|| crate::Error::corrupt(bytenr, format!("block has no copy {copy}")))?;
+        let device_end = self.sb.device_bytes(stripe.devid).unwrap_or(0);
+        let dev = self.devs.get(&stripe.devid).copied();
+        let (Some(dev), true) = (
+            dev,
+            stripe.offset.checked_add(len).is_some_and(|e| e <= device_end),
+        ) else {
             return Err(crate::Error::corrupt(
                 bytenr,
-                "copy beyond the end of the filesystem",
+                format!("copy {copy} beyond the end of device {}", stripe.devid),
             ));
-        }
-        self.dev.read_at(&mut buf, at)?;
+        };
+        dev.read_at(&mut buf, stripe.offset)?;
         self.read += 1;
         if self.read.is_multiple_of(256) {
             (self.progress)(self.read, self.estimate.max(self.read));
         }
         let node = Node::decode(&buf, bytenr, &self.sb.fsid)?;
-        if node.generation != generation
-            && self.mirrors.mirror_of(bytenr, buf.len() as u64).is_some()
-        {
+        if node.generation != generation && self.mirrors.copies(bytenr, len) > 1 {
             return Err(crate::Error::corrupt(
                 bytenr,
                 format!(
@@ -288,8 +324,8 @@ impl Walker<'_> {
         Ok(node)
     }
 
-    /// Learns the second copies of every group from the block group
-    /// tree, once it has been walked.
+    /// Learns the copies of every group from the block group tree, once
+    /// it has been walked.
     fn learn_mirrors(&mut self) {
         for it in self
             .found
@@ -298,16 +334,14 @@ impl Walker<'_> {
             .into_iter()
             .flatten()
         {
-            if let Ok(BlockGroupItem {
-                mirror: Some(mirror),
-                ..
-            }) = BlockGroupItem::decode(&it.data)
-            {
-                self.mirrors.insert(Mirror {
-                    start: it.key.objectid,
-                    len: it.key.offset,
-                    mirror,
-                });
+            if let Ok(g) = BlockGroupItem::decode(&it.data) {
+                if !g.extra.is_empty() {
+                    self.mirrors.insert(Chunk {
+                        start: it.key.objectid,
+                        len: it.key.offset,
+                        extra: g.extra,
+                    });
+                }
             }
         }
     }
@@ -403,7 +437,7 @@ impl Walker<'_> {
 
     fn visit_leaf(&mut self, tree: u64, bytenr: u64, items: leaf::Iter<'_>, report: &mut Report) {
         let limits = crate::format::checker::Limits {
-            device_size: self.dev.size(),
+            device_size: self.devs.get(&1).map_or(self.sb.total_bytes, |d| d.size()),
         };
         for it in items.clone() {
             if let Err(why) = crate::format::checker::check_item(&it.key, it.data, &limits) {

@@ -63,7 +63,7 @@ pub struct BalanceArgs {
 
 /// The item: data filter (2 bytes), metadata filter (2), paused (1), and
 /// since conversions, the data and metadata targets (1 each: 0 none, 1
-/// single, 2 dup). Items of 5 bytes convert nothing.
+/// single, 2 dup, 3 raid1, 4 raid1c3). Items of 5 bytes convert nothing.
 const ITEM_SIZE: usize = 7;
 const OLD_ITEM_SIZE: usize = 5;
 const NO_USAGE: u8 = 255;
@@ -73,6 +73,8 @@ fn encode_convert(p: Option<Profile>) -> u8 {
         None => 0,
         Some(Profile::Single) => 1,
         Some(Profile::Dup) => 2,
+        Some(Profile::Raid1) => 3,
+        Some(Profile::Raid1c3) => 4,
     }
 }
 
@@ -81,6 +83,8 @@ fn decode_convert(b: u8) -> std::result::Result<Option<Profile>, String> {
         0 => Ok(None),
         1 => Ok(Some(Profile::Single)),
         2 => Ok(Some(Profile::Dup)),
+        3 => Ok(Some(Profile::Raid1)),
+        4 => Ok(Some(Profile::Raid1c3)),
         _ => Err(format!("balance conversion target {b} is not valid")),
     }
 }

@@ -497,14 +497,23 @@ fn check_block_group(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
             key.offset, bg.used
         ));
     }
-    if let Some(mirror) = bg.mirror {
-        check_device_range(mirror, key.offset, limits, "second copy of a block group")?;
-        if mirror < key.objectid.saturating_add(key.offset)
-            && key.objectid < mirror.saturating_add(key.offset)
+    for s in &bg.extra {
+        let what = format!("copy of block group {} on device {}", key.objectid, s.devid);
+        // Other devices' sizes are the allocator's to check, at load.
+        let range_limits = match s.devid {
+            1 => *limits,
+            _ => Limits {
+                device_size: u64::MAX,
+            },
+        };
+        check_device_range(s.offset, key.offset, &range_limits, &what)?;
+        if s.devid == 1
+            && s.offset < key.objectid.saturating_add(key.offset)
+            && key.objectid < s.offset.saturating_add(key.offset)
         {
             return fail(format!(
-                "block group {} and its second copy at {mirror} overlap",
-                key.objectid
+                "block group {} and its second copy at {} overlap",
+                key.objectid, s.offset
             ));
         }
     }

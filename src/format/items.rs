@@ -234,66 +234,121 @@ pub const BG_MIXED: u64 = BG_DATA | BG_METADATA;
 /// The group has a second copy on the same device (the DUP profile): its
 /// item carries where, and every write goes to both.
 pub const BG_DUP: u64 = 32;
+/// The group has a second copy on another device (RAID1).
+pub const BG_RAID1: u64 = 16;
+/// The group has two more copies, on two other devices (RAID1C3).
+pub const BG_RAID1C3: u64 = 512;
+const BG_PROFILES: u64 = BG_DUP | BG_RAID1 | BG_RAID1C3;
+
+/// One copy of a group beyond the first: `offset` on device `devid`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stripe {
+    pub devid: u64,
+    pub offset: u64,
+}
 
 /// `(start, BLOCK_GROUP_ITEM, length)` in the block group tree.
 ///
-/// 16 bytes (used, flags), or 24 with [`BG_DUP`]: then the device offset
-/// of the second copy follows. A group's start is also where its first
-/// copy lies, so reading needs no mapping; only the second copy does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// used u64, flags u64 (kind and profile bit), then the copies beyond the
+/// first: nothing for a single group (16 bytes); with [`BG_DUP`] the
+/// device-1 offset of the second copy (24 bytes); with [`BG_RAID1`] the
+/// second copy's devid and offset (32 bytes); with [`BG_RAID1C3`] two such
+/// pairs (48 bytes). A group's start is also where its first copy lies on
+/// device 1, so reading needs no mapping; only the other copies do.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockGroupItem {
     pub used: u64,
     /// The kind (`BG_DATA`, `BG_SYSTEM`, `BG_METADATA`, `BG_MIXED`),
-    /// without the profile bit: that is `mirror`.
+    /// without the profile bit: that follows from `extra`.
     pub flags: u64,
-    /// Where the second copy starts, for a DUP group.
-    pub mirror: Option<u64>,
+    /// Where the copies beyond the first lie.
+    pub extra: Vec<Stripe>,
 }
 
 pub const BLOCK_GROUP_ITEM_SIZE: usize = 16;
-pub const BLOCK_GROUP_DUP_ITEM_SIZE: usize = 24;
 
 impl BlockGroupItem {
+    /// The profile bit the copies make: DUP for one more copy on device
+    /// 1, RAID1 for one on another device, RAID1C3 for two.
+    fn profile_bit(&self) -> u64 {
+        match self.extra.as_slice() {
+            [] => 0,
+            [s] if s.devid == 1 => BG_DUP,
+            [_] => BG_RAID1,
+            _ => BG_RAID1C3,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        let Some(mirror) = self.mirror else {
-            let mut b = vec![0u8; BLOCK_GROUP_ITEM_SIZE];
-            put_u64(&mut b, 0, self.used);
-            put_u64(&mut b, 8, self.flags);
-            return b;
-        };
-        let mut b = vec![0u8; BLOCK_GROUP_DUP_ITEM_SIZE];
+        let bit = self.profile_bit();
+        let mut b = vec![0u8; BLOCK_GROUP_ITEM_SIZE];
         put_u64(&mut b, 0, self.used);
-        put_u64(&mut b, 8, self.flags | BG_DUP);
-        put_u64(&mut b, 16, mirror);
+        put_u64(&mut b, 8, self.flags | bit);
+        for s in &self.extra {
+            if bit != BG_DUP {
+                b.extend_from_slice(&s.devid.to_le_bytes());
+            }
+            b.extend_from_slice(&s.offset.to_le_bytes());
+        }
         b
     }
 
     pub fn decode(b: &[u8]) -> DecodeResult<BlockGroupItem> {
         need(b, BLOCK_GROUP_ITEM_SIZE, "block group")?;
         let raw = le_u64(b, 8);
-        let flags = raw & !BG_DUP;
+        let flags = raw & !BG_PROFILES;
         if ![BG_DATA, BG_SYSTEM, BG_METADATA, BG_MIXED].contains(&flags) {
             return Err(format!("block group flags {raw:#x} invalid"));
         }
-        let mirror = if raw & BG_DUP != 0 {
-            need(b, BLOCK_GROUP_DUP_ITEM_SIZE, "DUP block group")?;
-            Some(le_u64(b, 16))
-        } else {
-            None
-        };
-        let want = match mirror {
-            Some(_) => BLOCK_GROUP_DUP_ITEM_SIZE,
-            None => BLOCK_GROUP_ITEM_SIZE,
+        let (want, extra) = match raw & BG_PROFILES {
+            0 => (16, Vec::new()),
+            BG_DUP if b.len() == 24 => (
+                24,
+                vec![Stripe {
+                    devid: 1,
+                    offset: le_u64(b, 16),
+                }],
+            ),
+            BG_RAID1 if b.len() == 32 => (32, stripes_at(b, 1)),
+            BG_RAID1C3 if b.len() == 48 => (48, stripes_at(b, 2)),
+            bits @ (BG_DUP | BG_RAID1 | BG_RAID1C3) => {
+                return Err(format!(
+                    "block group item of {} bytes with profile bits {bits:#x}",
+                    b.len()
+                ))
+            }
+            _ => return Err(format!("block group flags {raw:#x} invalid")),
         };
         if b.len() != want {
             return Err(format!("block group item of {} bytes", b.len()));
         }
+        if raw & (BG_RAID1 | BG_RAID1C3) != 0 {
+            let mut devids: Vec<u64> = extra.iter().map(|s| s.devid).collect();
+            devids.sort_unstable();
+            devids.dedup();
+            if devids.len() != extra.len() || devids.contains(&0) || devids.contains(&1) {
+                return Err(format!(
+                    "block group copies on devices {:?}: each must be another device than 1 and than each other",
+                    extra.iter().map(|s| s.devid).collect::<Vec<_>>()
+                ));
+            }
+        }
         Ok(BlockGroupItem {
             used: le_u64(b, 0),
             flags,
-            mirror,
+            extra,
         })
     }
+}
+
+/// `n` (devid, offset) pairs from byte 16.
+fn stripes_at(b: &[u8], n: usize) -> Vec<Stripe> {
+    (0..n)
+        .map(|i| Stripe {
+            devid: le_u64(b, 16 + 16 * i),
+            offset: le_u64(b, 24 + 16 * i),
+        })
+        .collect()
 }
 
 /// A device's error counters since they were last reset (`canopy device

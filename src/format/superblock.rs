@@ -5,6 +5,7 @@
 //! torn superblock write falls back to the previous commit.
 
 use super::{crc, le_u16, le_u32, le_u64, put_u16, put_u32, put_u64, FORMAT_VERSION, MAGIC};
+use super::items::Stripe;
 use crate::error::{Error, Result};
 
 const OFF_CSUM: usize = 0;
@@ -38,9 +39,26 @@ const OFF_METADATA_PROFILE: usize = 464;
 const OFF_DATA_PROFILE: usize = 465;
 const OFF_SYSTEM_CHUNKS: usize = 468;
 const OFF_SYSTEM_ARRAY: usize = 472;
+/// A system group's entry without [`INCOMPAT_DEVICES`]: start, length,
+/// device-1 offset of the second copy.
 const SYSTEM_CHUNK_BYTES: usize = 24;
+/// A system group's entry with [`INCOMPAT_DEVICES`]: start, length, then
+/// two (devid, offset) pairs for the copies beyond the first (devid 0:
+/// none).
+const SYSTEM_CHUNK_BYTES_DEVICES: usize = 48;
 /// Most system groups the superblock can name (the array's room).
 pub const SYSTEM_CHUNKS_MAX: usize = 128;
+/// The same with [`INCOMPAT_DEVICES`], whose entries are twice as long.
+pub const SYSTEM_CHUNKS_MAX_DEVICES: usize = 64;
+/// With [`INCOMPAT_DEVICES`]: the devid of the device this copy lies on.
+const OFF_DEVID: usize = 3544;
+const OFF_DEVICE_COUNT: usize = 3552;
+/// With [`INCOMPAT_DEVICES`]: the filesystem's devices, 32 bytes each
+/// (devid u64, size u64, uuid 16 bytes).
+const OFF_DEVICE_TABLE: usize = 3560;
+const DEVICE_ITEM_BYTES: usize = 32;
+/// Most devices a filesystem has.
+pub const DEVICES_MAX: usize = 16;
 const SUPER_BYTES: usize = 4096;
 
 /// Every block group holds data and tree blocks alike (images under
@@ -73,8 +91,14 @@ pub const INCOMPAT_COMPRESSED_INLINE: u64 = 64;
 /// `Superblock::system_chunks`). Older code would write one copy and let
 /// the other go stale, and a later repair would bring the stale one back.
 pub const INCOMPAT_DUP: u64 = 128;
+/// The filesystem may span several devices: the superblock carries the
+/// device table and its system array names copies by device; block
+/// groups may keep copies on other devices (RAID1, RAID1C3). Older code
+/// would open device 1 alone and write one copy.
+pub const INCOMPAT_DEVICES: u64 = 256;
 /// Incompatible features this code understands.
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
+    | INCOMPAT_DEVICES
     | INCOMPAT_MIXED_GROUPS
     | INCOMPAT_LOG_TREE
     | INCOMPAT_DROP_QUEUE
@@ -95,6 +119,10 @@ pub enum Profile {
     Single,
     /// Two copies on the one device.
     Dup,
+    /// Two copies on two devices.
+    Raid1,
+    /// Three copies on three devices.
+    Raid1c3,
 }
 
 impl Profile {
@@ -102,6 +130,8 @@ impl Profile {
         match self {
             Profile::Single => "single",
             Profile::Dup => "dup",
+            Profile::Raid1 => "raid1",
+            Profile::Raid1c3 => "raid1c3",
         }
     }
 
@@ -109,35 +139,81 @@ impl Profile {
         match s.to_ascii_lowercase().as_str() {
             "single" => Some(Profile::Single),
             "dup" => Some(Profile::Dup),
+            "raid1" => Some(Profile::Raid1),
+            "raid1c3" => Some(Profile::Raid1c3),
             _ => None,
         }
     }
+
+    /// Copies a group of this profile keeps.
+    pub fn copies(self) -> usize {
+        match self {
+            Profile::Single => 1,
+            Profile::Dup | Profile::Raid1 => 2,
+            Profile::Raid1c3 => 3,
+        }
+    }
+
+    /// Copies that lie on device 1 (which holds the first copy of every
+    /// group): the rest lie on other devices.
+    pub fn copies_on_primary(self) -> usize {
+        match self {
+            Profile::Dup => 2,
+            _ => 1,
+        }
+    }
+
+    /// Devices the profile needs.
+    pub fn min_devices(self) -> usize {
+        match self {
+            Profile::Single | Profile::Dup => 1,
+            Profile::Raid1 => 2,
+            Profile::Raid1c3 => 3,
+        }
+    }
+
+    /// Every profile, for messages.
+    pub const ALL: [Profile; 4] = [
+        Profile::Single,
+        Profile::Dup,
+        Profile::Raid1,
+        Profile::Raid1c3,
+    ];
 
     fn code(self) -> u8 {
         match self {
             Profile::Single => 0,
             Profile::Dup => 1,
+            Profile::Raid1 => 2,
+            Profile::Raid1c3 => 3,
         }
     }
 
     fn from_code(c: u8) -> Option<Profile> {
-        match c {
-            0 => Some(Profile::Single),
-            1 => Some(Profile::Dup),
-            _ => None,
-        }
+        Profile::ALL.into_iter().find(|p| p.code() == c)
     }
 }
 
-/// A system group and where its second copy lies: the superblock carries
+/// A system group and where its other copies lie: the superblock carries
 /// these so that the root tree and the block group tree, which live in
-/// system groups, can be read from either copy before the block group
+/// system groups, can be read from any copy before the block group
 /// items (which name every group's copies) are loaded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SystemChunk {
     pub start: u64,
     pub len: u64,
-    pub mirror: u64,
+    pub extra: Vec<Stripe>,
+}
+
+/// One device of the filesystem, as every superblock copy names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceItem {
+    pub devid: u64,
+    /// Bytes of the device the filesystem uses.
+    pub bytes: u64,
+    /// Tells this device from another that once had its devid (one
+    /// replaced, then found again).
+    pub uuid: [u8; 16],
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,8 +249,13 @@ pub struct Superblock {
     pub metadata_profile: Profile,
     /// Profile of new data groups.
     pub data_profile: Profile,
-    /// The DUP system groups, at the last commit.
+    /// The system groups with more than one copy, at the last commit.
     pub system_chunks: Vec<SystemChunk>,
+    /// The device this copy lies on (1 without [`INCOMPAT_DEVICES`]).
+    pub devid: u64,
+    /// The filesystem's devices, by devid; without [`INCOMPAT_DEVICES`]
+    /// one, device 1, of `total_bytes` (and a zero uuid).
+    pub devices: Vec<DeviceItem>,
 }
 
 impl Superblock {
@@ -219,13 +300,17 @@ impl Superblock {
         put_u32(&mut b, OFF_VERSION, FORMAT_VERSION);
         b[OFF_METADATA_PROFILE] = self.metadata_profile.code();
         b[OFF_DATA_PROFILE] = self.data_profile.code();
-        let chunks = &self.system_chunks[..self.system_chunks.len().min(SYSTEM_CHUNKS_MAX)];
-        put_u32(&mut b, OFF_SYSTEM_CHUNKS, chunks.len() as u32);
-        for (i, c) in chunks.iter().enumerate() {
-            let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES;
-            put_u64(&mut b, at, c.start);
-            put_u64(&mut b, at + 8, c.len);
-            put_u64(&mut b, at + 16, c.mirror);
+        self.encode_system_chunks(&mut b);
+        if self.has_device_table() {
+            put_u64(&mut b, OFF_DEVID, self.devid);
+            let devices = &self.devices[..self.devices.len().min(DEVICES_MAX)];
+            put_u32(&mut b, OFF_DEVICE_COUNT, devices.len() as u32);
+            for (i, d) in devices.iter().enumerate() {
+                let at = OFF_DEVICE_TABLE + i * DEVICE_ITEM_BYTES;
+                put_u64(&mut b, at, d.devid);
+                put_u64(&mut b, at + 8, d.bytes);
+                b[at + 16..at + 32].copy_from_slice(&d.uuid);
+            }
         }
         let label = self.label.as_bytes();
         let n = label.len().min(LABEL_MAX);
@@ -233,6 +318,49 @@ impl Superblock {
         let sum = crc(&b[OFF_FSID..]);
         put_u32(&mut b, OFF_CSUM, sum);
         b
+    }
+
+    /// Whether the superblock carries the device table (and the longer
+    /// system array entries).
+    pub fn has_device_table(&self) -> bool {
+        self.incompat & INCOMPAT_DEVICES != 0
+    }
+
+    /// Most system groups the array holds in this layout.
+    pub fn system_chunks_max(&self) -> usize {
+        match self.has_device_table() {
+            true => SYSTEM_CHUNKS_MAX_DEVICES,
+            false => SYSTEM_CHUNKS_MAX,
+        }
+    }
+
+    /// The size device `devid` has in the table.
+    pub fn device_bytes(&self, devid: u64) -> Option<u64> {
+        self.devices
+            .iter()
+            .find(|d| d.devid == devid)
+            .map(|d| d.bytes)
+    }
+
+    fn encode_system_chunks(&self, b: &mut [u8]) {
+        let chunks = &self.system_chunks[..self.system_chunks.len().min(self.system_chunks_max())];
+        put_u32(b, OFF_SYSTEM_CHUNKS, chunks.len() as u32);
+        for (i, c) in chunks.iter().enumerate() {
+            if !self.has_device_table() {
+                let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES;
+                put_u64(b, at, c.start);
+                put_u64(b, at + 8, c.len);
+                put_u64(b, at + 16, c.extra.first().map_or(0, |s| s.offset));
+                continue;
+            }
+            let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES_DEVICES;
+            put_u64(b, at, c.start);
+            put_u64(b, at + 8, c.len);
+            for (j, s) in c.extra.iter().take(2).enumerate() {
+                put_u64(b, at + 16 + 16 * j, s.devid);
+                put_u64(b, at + 24 + 16 * j, s.offset);
+            }
+        }
     }
 
     /// Decodes the copy read from `bytenr`; any inconsistency is an error.
@@ -285,8 +413,25 @@ impl Superblock {
                 .ok_or_else(|| bad("unknown metadata profile"))?,
             data_profile: Profile::from_code(b[OFF_DATA_PROFILE])
                 .ok_or_else(|| bad("unknown data profile"))?,
-            system_chunks: decode_system_chunks(b).map_err(|why| bad(&why))?,
+            system_chunks: Vec::new(),
+            devid: 1,
+            devices: Vec::new(),
         };
+        let mut sb = sb;
+        sb.system_chunks = decode_system_chunks(b, sb.has_device_table()).map_err(|why| bad(&why))?;
+        match sb.has_device_table() {
+            true => {
+                sb.devid = le_u64(b, OFF_DEVID);
+                sb.devices = decode_devices(b).map_err(|why| bad(&why))?;
+            }
+            false => {
+                sb.devices = vec![DeviceItem {
+                    devid: 1,
+                    bytes: sb.total_bytes,
+                    uuid: [0; 16],
+                }]
+            }
+        }
         sb.validate().map_err(|why| bad(&why))?;
         Ok(sb)
     }
@@ -328,26 +473,21 @@ impl Superblock {
             return Err(format!("log tree at bad address {}", self.log_root));
         }
         let dup = self.incompat & INCOMPAT_DUP != 0;
-        let uses_dup = self.metadata_profile == Profile::Dup
-            || self.data_profile == Profile::Dup
+        let uses_dup = self.metadata_profile != Profile::Single
+            || self.data_profile != Profile::Single
             || !self.system_chunks.is_empty();
         if uses_dup && !dup {
             return Err("a second copy without its feature bit".into());
         }
+        let spans = [self.metadata_profile, self.data_profile]
+            .iter()
+            .any(|p| p.min_devices() > 1);
+        if spans && !self.has_device_table() {
+            return Err("a profile over several devices without the device table".into());
+        }
+        self.validate_devices()?;
         for c in &self.system_chunks {
-            let sector = u64::from(self.sectorsize);
-            let fits = |at: u64| {
-                at.is_multiple_of(sector)
-                    && at.checked_add(c.len).is_some_and(|e| e <= self.total_bytes)
-            };
-            let apart = c.mirror >= c.start.saturating_add(c.len)
-                || c.start >= c.mirror.saturating_add(c.len);
-            if c.len == 0 || !fits(c.start) || !fits(c.mirror) || !apart {
-                return Err(format!(
-                    "system group at {} and its copy at {}",
-                    c.start, c.mirror
-                ));
-            }
+            self.validate_system_chunk(c)?;
         }
         let checked = self.incompat & INCOMPAT_LOG_CHECKED != 0;
         if checked && !has_log {
@@ -371,20 +511,109 @@ impl Superblock {
     }
 }
 
-fn decode_system_chunks(b: &[u8]) -> std::result::Result<Vec<SystemChunk>, String> {
+impl Superblock {
+    /// The device table names device 1 (big enough for the logical
+    /// address space) and this copy's device, each id once.
+    fn validate_devices(&self) -> std::result::Result<(), String> {
+        let mut ids: Vec<u64> = self.devices.iter().map(|d| d.devid).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() != self.devices.len() || ids.first() == Some(&0) {
+            return Err("the device table names a device twice, or device 0".into());
+        }
+        if self.device_bytes(1).is_none_or(|b| b < self.total_bytes) {
+            return Err("the device table lacks device 1 or makes it too small".into());
+        }
+        if self.device_bytes(self.devid).is_none() {
+            return Err(format!("copy of device {}, which the table lacks", self.devid));
+        }
+        Ok(())
+    }
+
+    /// A system group's copies lie inside their devices, sector-aligned,
+    /// on distinct devices, and (on device 1) apart from the group.
+    fn validate_system_chunk(&self, c: &SystemChunk) -> std::result::Result<(), String> {
+        let sector = u64::from(self.sectorsize);
+        let bad = || format!("system group at {} and its copies {:?}", c.start, c.extra);
+        let fits = |devid: u64, at: u64| {
+            at.is_multiple_of(sector)
+                && self
+                    .device_bytes(devid)
+                    .is_some_and(|size| at.checked_add(c.len).is_some_and(|e| e <= size))
+        };
+        if c.len == 0 || c.extra.is_empty() || !fits(1, c.start) {
+            return Err(bad());
+        }
+        for (i, s) in c.extra.iter().enumerate() {
+            let apart = s.devid != 1
+                || s.offset >= c.start.saturating_add(c.len)
+                || c.start >= s.offset.saturating_add(c.len);
+            let repeated = c.extra[..i].iter().any(|o| o.devid == s.devid);
+            if !fits(s.devid, s.offset) || !apart || repeated {
+                return Err(bad());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn decode_system_chunks(
+    b: &[u8],
+    devices: bool,
+) -> std::result::Result<Vec<SystemChunk>, String> {
     let n = le_u32(b, OFF_SYSTEM_CHUNKS) as usize;
-    if n > SYSTEM_CHUNKS_MAX {
-        return Err(format!(
-            "{n} system groups named, at most {SYSTEM_CHUNKS_MAX} fit"
-        ));
+    let max = match devices {
+        true => SYSTEM_CHUNKS_MAX_DEVICES,
+        false => SYSTEM_CHUNKS_MAX,
+    };
+    if n > max {
+        return Err(format!("{n} system groups named, at most {max} fit"));
+    }
+    Ok((0..n)
+        .map(|i| match devices {
+            false => {
+                let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES;
+                SystemChunk {
+                    start: le_u64(b, at),
+                    len: le_u64(b, at + 8),
+                    extra: vec![Stripe {
+                        devid: 1,
+                        offset: le_u64(b, at + 16),
+                    }],
+                }
+            }
+            true => {
+                let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES_DEVICES;
+                SystemChunk {
+                    start: le_u64(b, at),
+                    len: le_u64(b, at + 8),
+                    extra: (0..2)
+                        .map(|j| Stripe {
+                            devid: le_u64(b, at + 16 + 16 * j),
+                            offset: le_u64(b, at + 24 + 16 * j),
+                        })
+                        .filter(|s| s.devid != 0)
+                        .collect(),
+                }
+            }
+        })
+        .collect())
+}
+
+fn decode_devices(b: &[u8]) -> std::result::Result<Vec<DeviceItem>, String> {
+    let n = le_u32(b, OFF_DEVICE_COUNT) as usize;
+    if n == 0 || n > DEVICES_MAX {
+        return Err(format!("{n} devices named, 1 to {DEVICES_MAX} fit"));
     }
     Ok((0..n)
         .map(|i| {
-            let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES;
-            SystemChunk {
-                start: le_u64(b, at),
-                len: le_u64(b, at + 8),
-                mirror: le_u64(b, at + 16),
+            let at = OFF_DEVICE_TABLE + i * DEVICE_ITEM_BYTES;
+            let mut uuid = [0u8; 16];
+            uuid.copy_from_slice(&b[at + 16..at + 32]);
+            DeviceItem {
+                devid: le_u64(b, at),
+                bytes: le_u64(b, at + 8),
+                uuid,
             }
         })
         .collect())

@@ -156,10 +156,10 @@ pub struct DeviceStats {
 }
 
 impl DeviceStats {
-    fn of(counts: [u64; 4]) -> DeviceStats {
+    fn of(devid: u64, counts: [u64; 4]) -> DeviceStats {
         let [read, corrupt, corrected, write] = counts;
         DeviceStats {
-            devid: 1,
+            devid,
             read_io_errs: read,
             write_io_errs: write,
             corruption_errs: corrupt,
@@ -743,12 +743,16 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         Ok(Request::SubvolSync) => Response::of(fs.clean_deleted().map(|()| None)),
         Ok(Request::DeviceStats { reset }) => {
             let engine = fs.engine();
-            let stats = DeviceStats::of(engine.device_errors());
+            let stats = engine
+                .device_errors()
+                .into_iter()
+                .map(|(devid, counts)| DeviceStats::of(devid, counts))
+                .collect();
             if reset {
                 engine.reset_device_errors();
             }
             Response {
-                devices: Some(vec![stats]),
+                devices: Some(stats),
                 ..Response::ok()
             }
         }

@@ -106,13 +106,17 @@ fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 /// Opens the image (replaying a crash's log unless `nologreplay`) with
 /// the mount's settings.
 fn open_fs(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<Fs>> {
-    let dev = open_device(image, opts, io_flusher)?;
-    let engine = Engine::open(
-        dev,
+    let mut devs = vec![open_device(image, opts, io_flusher)?];
+    for other in &opts.devices {
+        devs.push(open_other_device(other, opts)?);
+    }
+    let engine = Engine::open_devices(
+        devs,
         &OpenOptions {
             read_only: opts.read_only,
             cache_bytes: opts.cache_bytes,
             replay_log: opts.log_replay,
+            degraded: opts.degraded,
             ..OpenOptions::default()
         },
     )?;
@@ -156,6 +160,19 @@ fn open_device(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<
     }
     // The crash campaign's power-cut mode, when its environment asks.
     crate::dev::powercut::from_env(Arc::new(file))
+}
+
+/// Opens a device named by `device=`, claimed like the one mounted (the
+/// crash campaign's power-cut journal covers the mounted one only).
+fn open_other_device(source: &Source, opts: &MountOptions) -> Result<Arc<dyn Device>> {
+    let access = match opts.read_only {
+        true => Access::Share,
+        false => Access::Write,
+    };
+    let how = OpenHow {
+        takeover: opts.takeover && source.path().is_none(),
+    };
+    Ok(Arc::from(source.open(access, how)?))
 }
 
 /// A live session: the threads serving it, and whether Canopy mounted

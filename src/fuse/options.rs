@@ -71,6 +71,12 @@ pub struct MountOptions {
     /// `canopy mount --break-lock` sets): for RBD images, break its lock
     /// and blocklist it first, so a paused writer can never write again.
     pub takeover: bool,
+    /// The filesystem's other devices (`device=PATH`, once each, as btrfs
+    /// takes them), beside the one mounted.
+    pub devices: Vec<crate::dev::Source>,
+    /// Mount although devices are missing, reading the copies left
+    /// (`degraded`; needs `ro` in this version).
+    pub degraded: bool,
 }
 
 /// Default for the `max_background=` option (the kernel's own is 12).
@@ -112,6 +118,8 @@ impl Default for MountOptions {
             log_replay: true,
             compression: crate::compress::Policy::default(),
             takeover: false,
+            devices: Vec::new(),
+            degraded: false,
         }
     }
 }
@@ -231,6 +239,11 @@ impl MountOptions {
             }
             "writeback_cache" => o.writeback_cache = true,
             "takeover" => o.takeover = true,
+            "degraded" => o.degraded = true,
+            "device" => {
+                let v = value.ok_or_else(|| Error::Invalid("device needs a path".into()))?;
+                o.devices.push(v.parse()?);
+            }
             "strict_limit" => o.strict_limit = true,
             "nostrict_limit" => o.strict_limit = false,
             "max_background" => o.max_background = num(value)?.clamp(1, u16::MAX.into()) as u16,

@@ -160,15 +160,20 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes every copy inside the filesystem (not the device: space a
-    /// device grew by is not the filesystem's until it is resized).
+    /// Writes every copy inside the filesystem's part of each device
+    /// (not the device's end: space a device grew by is not the
+    /// filesystem's until it is resized), each naming its own device.
     fn write_superblocks(&self, sb: &Superblock) -> Result<()> {
         // Superblock copies lie outside the volume's mapping (a group
         // may span one, but never uses its bytes).
-        let dev = self.shared.dev.raw();
-        for &off in SUPER_OFFSETS.iter() {
-            if off + SUPER_SIZE <= sb.total_bytes {
-                dev.write_at(&sb.encode(off), off)?;
+        for (devid, dev) in self.shared.dev.devices() {
+            let bytes = sb.device_bytes(devid).unwrap_or(0);
+            let mut own = sb.clone();
+            own.devid = devid;
+            for &off in SUPER_OFFSETS.iter() {
+                if off + SUPER_SIZE <= bytes {
+                    dev.write_at(&own.encode(off), off)?;
+                }
             }
         }
         Ok(())

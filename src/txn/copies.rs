@@ -55,7 +55,7 @@ fn read_copy(
             )),
         });
     if checked.is_err() {
-        sh.dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
+        sh.dev.note_corrupt(bytenr, buf.len() as u64, copy);
     }
     checked
 }
@@ -83,10 +83,13 @@ fn rewrite_copy(
     why: &dyn std::fmt::Display,
 ) -> bool {
     let dev = &sh.dev;
-    let physical = dev.physical(logical, good.len() as u64, copy).unwrap_or(0);
+    let len = good.len() as u64;
+    let (devid, physical) = dev
+        .stripe(logical, len, copy)
+        .map_or((0, 0), |s| (s.devid, s.offset));
     if !dev.repairs() {
         tracing::warn!(
-            devid = 1,
+            devid,
             logical,
             copy,
             physical,
@@ -96,9 +99,11 @@ fn rewrite_copy(
     }
     match dev.write_copy(good, logical, copy) {
         Ok(()) => {
-            dev.errors.corrected.fetch_add(1, Ordering::Relaxed);
+            dev.errors(devid)
+                .corrected
+                .fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
-                devid = 1,
+                devid,
                 logical,
                 copy,
                 physical,
@@ -108,7 +113,7 @@ fn rewrite_copy(
         }
         Err(e) => {
             tracing::error!(
-                devid = 1,
+                devid,
                 logical,
                 copy,
                 physical,
@@ -166,7 +171,7 @@ pub(super) fn verify_copies(sh: &Shared, bytenr: u64, generation: u64) -> Copies
             Ok(n) if good.is_none() => good = Some((copy, buf.clone(), n)),
             Ok(_) => {}
             Err(e) => {
-                sh.dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
+                sh.dev.note_corrupt(bytenr, sh.nodesize as u64, copy);
                 bad.push((copy, e));
             }
         }
@@ -215,7 +220,7 @@ pub(crate) trait DataCopies {
         ino: Option<u64>,
     ) -> bool {
         let sh = self.shared();
-        sh.dev.errors.corrupt.fetch_add(1, Ordering::Relaxed);
+        sh.dev.note_corrupt(bytenr, good.len() as u64, copies.0);
         let what = match ino {
             Some(ino) => format!("data of inode {ino}"),
             None => "data".to_string(),

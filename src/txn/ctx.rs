@@ -567,18 +567,29 @@ impl<'a> Txn<'a> {
         &mut self,
         metadata: Option<crate::format::superblock::Profile>,
         data: Option<crate::format::superblock::Profile>,
-    ) {
+    ) -> Result<()> {
         use crate::format::superblock::{Profile, INCOMPAT_DUP};
         let sb = &mut self.st.sb;
+        let devices = sb.devices.len();
+        for p in [metadata, data].into_iter().flatten() {
+            if p.min_devices() > devices {
+                return Err(Error::Invalid(format!(
+                    "the {} profile needs {} devices; the filesystem has {devices}",
+                    p.name(),
+                    p.min_devices()
+                )));
+            }
+        }
         sb.metadata_profile = metadata.unwrap_or(sb.metadata_profile);
         sb.data_profile = data.unwrap_or(sb.data_profile);
-        if sb.metadata_profile == Profile::Dup || sb.data_profile == Profile::Dup {
+        if sb.metadata_profile != Profile::Single || sb.data_profile != Profile::Single {
             sb.incompat |= INCOMPAT_DUP;
         }
         self.st
             .alloc
             .set_profiles(sb.metadata_profile, sb.data_profile);
         self.st.superblock_changed = true;
+        Ok(())
     }
 
     pub fn nodesize_bytes(&self) -> usize {

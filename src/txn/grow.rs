@@ -67,6 +67,9 @@ impl Engine {
             if new_bytes > old_bytes {
                 tx.st.alloc.grow(new_bytes);
                 tx.st.sb.total_bytes = new_bytes;
+                for d in tx.st.sb.devices.iter_mut().filter(|d| d.devid == 1) {
+                    d.bytes = d.bytes.max(new_bytes);
+                }
                 tx.st.superblock_changed = true;
             }
             Ok(Grown {

@@ -25,6 +25,7 @@
 
 mod commit;
 mod copies;
+mod devices;
 pub use copies::CopiesVerdict;
 pub(crate) use copies::DataCopies;
 mod ctx;
@@ -459,24 +460,41 @@ impl Engine {
         (st.sb.metadata_profile, st.sb.data_profile)
     }
 
-    /// The groups with a second copy, and where it lies.
-    pub fn mirrors(&self) -> Vec<crate::volume::Mirror> {
+    /// The groups with more than one copy, and where those lie.
+    pub fn mirrors(&self) -> Vec<crate::volume::Chunk> {
         self.shared.dev.map().all()
     }
 
-    /// The device's error counters since they were last reset (kept in
-    /// the image by each commit): reads failed, copies found bad, copies
-    /// repaired, writes failed.
-    pub fn device_errors(&self) -> [u64; 4] {
-        self.shared.dev.errors.snapshot()
+    /// Each device's error counters since they were last reset (kept in
+    /// the image by each commit), by devid: reads failed, copies found
+    /// bad, copies repaired, writes failed.
+    pub fn device_errors(&self) -> Vec<(u64, [u64; 4])> {
+        self.shared
+            .dev
+            .all_errors()
+            .map(|(devid, e)| (devid, e.snapshot()))
+            .collect()
     }
 
-    /// Sets the error counters to zero; the next commit (which this asks
-    /// for) records it.
+    /// Sets every device's error counters to zero; the next commit
+    /// (which this asks for) records it.
     pub fn reset_device_errors(&self) {
         let mut st = crate::sync::write(&self.state);
-        self.shared.dev.errors.set([0; 4]);
+        for (_, e) in self.shared.dev.all_errors() {
+            e.set([0; 4]);
+        }
         st.superblock_changed = true;
+    }
+
+    /// The filesystem's devices as its superblock names them, and which
+    /// are present.
+    pub fn devices(&self) -> Vec<(crate::format::superblock::DeviceItem, bool)> {
+        let st = crate::sync::read(&self.state);
+        st.sb
+            .devices
+            .iter()
+            .map(|d| (*d, self.shared.dev.device(d.devid).is_some()))
+            .collect()
     }
 
     /// Whether the engine was opened read-only.
@@ -518,17 +536,22 @@ impl Engine {
     /// filesystem show`).
     pub fn show(&self) -> crate::alloc::FilesystemShow {
         let st = crate::sync::read(&self.state);
-        let usage = st.alloc.usage();
-        let allocated = usage.kinds.iter().map(|k| k.device_bytes()).sum();
+        let devices = st
+            .alloc
+            .devices()
+            .into_iter()
+            .map(|(devid, size)| crate::alloc::DeviceShow {
+                devid,
+                size,
+                allocated: st.alloc.allocated_on(devid),
+                missing: self.shared.dev.device(devid).is_none(),
+            })
+            .collect();
         crate::alloc::FilesystemShow {
             label: st.sb.label.clone(),
             uuid: crate::format::uuid::shown(&self.shared.fsid),
             bytes_used: st.alloc.bytes_used(),
-            devices: vec![crate::alloc::DeviceShow {
-                devid: 1,
-                size: usage.device_bytes,
-                allocated,
-            }],
+            devices,
         }
     }
 

@@ -8,7 +8,9 @@ use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::items::{BlockGroupItem, RootItem};
 use crate::format::key_type::{BLOCK_GROUP_ITEM, FREE_EXTENT, ROOT_ITEM};
-use crate::format::superblock::{Profile, Superblock, INCOMPAT_DUP, INCOMPAT_MIXED_GROUPS};
+use crate::format::superblock::{
+    Profile, Superblock, INCOMPAT_DEVICES, INCOMPAT_DUP, INCOMPAT_MIXED_GROUPS,
+};
 use crate::format::{self, tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
 use crate::tree::{BlockRead, Cursor, RootPtr};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -66,6 +68,9 @@ pub struct OpenOptions {
     /// Rewrite bad copies of `dup` blocks from good ones even though the
     /// open is read-only (an offline scrub); a writable open always does.
     pub repair_when_read_only: bool,
+    /// Open although devices the filesystem names are missing, reading
+    /// the copies left (`-o degraded`; read-only in this version).
+    pub degraded: bool,
 }
 
 impl Default for OpenOptions {
@@ -76,6 +81,7 @@ impl Default for OpenOptions {
             settle_early_at: super::SETTLE_EARLY_AT,
             replay_log: true,
             repair_when_read_only: false,
+            degraded: false,
         }
     }
 }
@@ -111,13 +117,18 @@ pub fn random_fsid() -> [u8; 16] {
 }
 
 fn new_engine(
-    dev: Arc<dyn Device>,
+    devices: BTreeMap<u64, Arc<dyn Device>>,
     st: State,
     fsid: [u8; 16],
     nodesize: usize,
     opts: &OpenOptions,
 ) -> Engine {
-    let dev = Arc::new(crate::volume::Volume::new(dev, st.alloc.chunk_map()));
+    let sizes: BTreeMap<u64, u64> = st.sb.devices.iter().map(|d| (d.devid, d.bytes)).collect();
+    let dev = Arc::new(crate::volume::Volume::with_devices(
+        devices,
+        &sizes,
+        st.alloc.chunk_map(),
+    ));
     dev.set_repairs(!opts.read_only || opts.repair_when_read_only);
     Engine {
         shared: Shared {
@@ -150,14 +161,16 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64, mechanisms: Mech
     let mixed = sb.incompat & INCOMPAT_MIXED_GROUPS != 0;
     let mut alloc = Allocator::new(device_bytes, mixed);
     alloc.set_profiles(sb.metadata_profile, sb.data_profile);
+    let others = sb.devices.iter().map(|d| (d.devid, d.bytes)).collect();
+    alloc.set_devices(others, sb.system_chunks_max());
     // The system groups' copies, so the root tree and the block group
-    // tree read from either before the block group items are loaded.
+    // tree read from any before the block group items are loaded.
     let map = alloc.chunk_map();
     for c in &sb.system_chunks {
-        map.insert(crate::volume::Mirror {
+        map.insert(crate::volume::Chunk {
             start: c.start,
             len: c.len,
-            mirror: c.mirror,
+            extra: c.extra.clone(),
         });
     }
     State {
@@ -196,10 +209,11 @@ impl Engine {
     /// open, with `mechanisms` called at the transaction's fixed points
     /// (`Engine::format` in engine.rs passes Canopy's).
     pub(crate) fn format_with(
-        dev: Arc<dyn Device>,
+        devs: Vec<Arc<dyn Device>>,
         opts: &FormatOptions,
         mechanisms: Mechanisms,
     ) -> Result<Engine> {
+        let table = super::devices::new_table(&devs)?;
         let ns = opts.nodesize;
         if !ns.is_power_of_two() || !(format::MIN_NODESIZE..=format::MAX_NODESIZE).contains(&ns) {
             return Err(Error::Invalid(format!(
@@ -209,18 +223,24 @@ impl Engine {
         if opts.label.len() > format::superblock::LABEL_MAX {
             return Err(Error::Invalid("label longer than 255 bytes".into()));
         }
-        let size = dev.size();
-        if size < MIN_DEVICE_BYTES {
-            return Err(Error::Invalid(format!(
-                "device of {size} bytes is smaller than the minimum {MIN_DEVICE_BYTES}"
-            )));
-        }
+        let size = table[0].bytes;
         let fsid = opts.fsid.unwrap_or_else(random_fsid);
         let mixed = opts.mixed.unwrap_or(size < MIXED_BELOW_BYTES);
-        let metadata_profile = opts.metadata_profile.unwrap_or(match mixed {
-            true => Profile::Single,
-            false => Profile::Dup,
+        let metadata_profile = opts.metadata_profile.unwrap_or(match (mixed, devs.len()) {
+            (true, _) => Profile::Single,
+            (false, 1) => Profile::Dup,
+            (false, _) => Profile::Raid1,
         });
+        for p in [metadata_profile, opts.data_profile] {
+            if p.min_devices() > devs.len() {
+                return Err(Error::Invalid(format!(
+                    "the {} profile needs {} devices, {} given",
+                    p.name(),
+                    p.min_devices(),
+                    devs.len()
+                )));
+            }
+        }
         if mixed && metadata_profile != opts.data_profile {
             return Err(Error::Invalid(format!(
                 "mixed block groups hold data and metadata together: their profiles must match (metadata {}, data {})",
@@ -228,7 +248,8 @@ impl Engine {
                 opts.data_profile.name()
             )));
         }
-        let dup = metadata_profile == Profile::Dup || opts.data_profile == Profile::Dup;
+        let dup = metadata_profile != Profile::Single || opts.data_profile != Profile::Single;
+        let spans = devs.len() > 1 || metadata_profile.min_devices() > 1;
         let sb = Superblock {
             fsid,
             flags: 0,
@@ -243,22 +264,30 @@ impl Engine {
             log_prev_generation: 0,
             log_prev_level: 0,
             log_nonce: 0,
-            total_bytes: size - size % u64::from(format::SECTORSIZE),
+            total_bytes: size,
             bytes_used: 0,
             nodesize: ns,
             sectorsize: format::SECTORSIZE,
             compat: 0,
             compat_ro: 0,
             incompat: if mixed { INCOMPAT_MIXED_GROUPS } else { 0 }
-                | if dup { INCOMPAT_DUP } else { 0 },
+                | if dup { INCOMPAT_DUP } else { 0 }
+                | if spans { INCOMPAT_DEVICES } else { 0 },
             label: opts.label.clone(),
             metadata_profile,
             data_profile: opts.data_profile,
             system_chunks: Vec::new(),
+            devid: 1,
+            devices: table,
         };
         let total = sb.total_bytes;
         let st = empty_state(sb, 1, total, mechanisms);
-        let engine = new_engine(dev, st, fsid, ns as usize, &OpenOptions::default());
+        let devices = devs
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| (i as u64 + 1, d))
+            .collect();
+        let engine = new_engine(devices, st, fsid, ns as usize, &OpenOptions::default());
         engine.write(|tx| {
             tx.create_tree(tree_id::ROOT, b"")?;
             for id in INITIAL_TREES {
@@ -274,20 +303,22 @@ impl Engine {
     /// `mechanisms` called at the transaction's fixed points
     /// (`Engine::open` in engine.rs passes Canopy's).
     pub(crate) fn open_with(
-        dev: Arc<dyn Device>,
+        devs: Vec<Arc<dyn Device>>,
         opts: &OpenOptions,
         mechanisms: Mechanisms,
     ) -> Result<Engine> {
-        let sb = read_best_superblock(dev.as_ref())?;
-        if sb.total_bytes > dev.size() {
-            return Err(Error::corrupt(
-                0,
-                format!(
-                    "filesystem of {} bytes on a device of {}",
-                    sb.total_bytes,
-                    dev.size()
-                ),
-            ));
+        let super::devices::Assembled { sb, devices } = super::devices::assemble(devs, opts)?;
+        for (devid, dev) in &devices {
+            let want = sb.device_bytes(*devid).unwrap_or(0);
+            if want > dev.size() {
+                return Err(Error::corrupt(
+                    0,
+                    format!(
+                        "device {devid} of the filesystem holds {want} bytes, but is {} bytes long",
+                        dev.size()
+                    ),
+                ));
+            }
         }
         let unknown_ro = sb.compat_ro & !crate::format::superblock::COMPAT_RO_SUPPORTED;
         if unknown_ro != 0 && !opts.read_only {
@@ -303,7 +334,7 @@ impl Engine {
             level: sb.root_level,
         };
         let st = empty_state(sb.clone(), sb.generation + 1, sb.total_bytes, mechanisms);
-        let engine = new_engine(dev, st, fsid, ns, opts);
+        let engine = new_engine(devices, st, fsid, ns, opts);
         {
             let mut st = crate::sync::write(&engine.state);
             load_roots(&mut st, &engine.shared, root)?;
@@ -470,7 +501,7 @@ fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
     for (k, d) in groups {
         let g = BlockGroupItem::decode(&d).map_err(|e| Error::corrupt(k.objectid, e))?;
         st.alloc
-            .load_group(k.objectid, k.offset, g.flags, g.used, g.mirror)?;
+            .load_group(k.objectid, k.offset, g.flags, g.used, g.extra)?;
     }
     // Read after the groups, whose second copies it may need.
     let free_root = st.roots[&tree_id::FREE_BY_START].ptr;
@@ -496,19 +527,23 @@ fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
     Ok(())
 }
 
-/// The device's error counters as the last commit recorded them.
+/// The devices' error counters as the last commit recorded them.
 fn load_device_stats(st: &State, sh: &Shared) -> Result<()> {
-    let key = super::persist::device_stats_key();
-    let Some(data) = super::Reader::new(st, sh).get(tree_id::ROOT, &key)? else {
-        return Ok(());
-    };
-    let s = crate::format::items::DeviceStats::decode(&data).map_err(|e| Error::corrupt(0, e))?;
-    sh.dev.errors.set([
-        s.read_errors,
-        s.corruption_errors,
-        s.corrected,
-        s.write_errors,
-    ]);
+    let devids: Vec<u64> = sh.dev.all_errors().map(|(d, _)| d).collect();
+    for devid in devids {
+        let key = super::persist::device_stats_key(devid);
+        let Some(data) = super::Reader::new(st, sh).get(tree_id::ROOT, &key)? else {
+            continue;
+        };
+        let s =
+            crate::format::items::DeviceStats::decode(&data).map_err(|e| Error::corrupt(0, e))?;
+        sh.dev.errors(devid).set([
+            s.read_errors,
+            s.corruption_errors,
+            s.corrected,
+            s.write_errors,
+        ]);
+    }
     Ok(())
 }
 

@@ -40,28 +40,36 @@ pub(super) fn write_root_items(tx: &mut Txn<'_>) -> Result<bool> {
 /// Records the device's error counters in the root tree when they differ
 /// from what it holds (an image that never saw an error gets no item).
 pub(super) fn write_device_stats(tx: &mut Txn<'_>) -> Result<()> {
-    let [read_errors, corruption_errors, corrected, write_errors] = tx.sh.dev.errors.snapshot();
-    let stats = crate::format::items::DeviceStats {
-        read_errors,
-        corruption_errors,
-        corrected,
-        write_errors,
-    };
-    let key = device_stats_key();
-    let have = tx.get(ROOT, &key)?;
-    let data = stats.encode();
-    if have.is_none() && stats == Default::default() || have.as_deref() == Some(&data[..]) {
-        return Ok(());
+    let counts: Vec<(u64, [u64; 4])> = tx
+        .sh
+        .dev
+        .all_errors()
+        .map(|(devid, e)| (devid, e.snapshot()))
+        .collect();
+    for (devid, [read_errors, corruption_errors, corrected, write_errors]) in counts {
+        let stats = crate::format::items::DeviceStats {
+            read_errors,
+            corruption_errors,
+            corrected,
+            write_errors,
+        };
+        let key = device_stats_key(devid);
+        let have = tx.get(ROOT, &key)?;
+        let data = stats.encode();
+        if have.is_none() && stats == Default::default() || have.as_deref() == Some(&data[..]) {
+            continue;
+        }
+        tx.put(ROOT, key, data)?;
     }
-    tx.put(ROOT, key, data).map(drop)
+    Ok(())
 }
 
-/// Where devid 1's error counters live.
-pub(super) fn device_stats_key() -> Key {
+/// Where device `devid`'s error counters live.
+pub(super) fn device_stats_key(devid: u64) -> Key {
     Key::new(
         crate::format::DEVICE_STATS_OBJECTID,
         crate::format::key_type::DEVICE_STATS,
-        1,
+        devid,
     )
 }
 
@@ -73,7 +81,7 @@ pub(super) fn write_block_groups(tx: &mut Txn<'_>) -> Result<bool> {
         let item = BlockGroupItem {
             used: g.used,
             flags: g.kind.flags(),
-            mirror: g.mirror,
+            extra: g.extra.clone(),
         };
         let key = Key::new(g.start, BLOCK_GROUP_ITEM, g.len);
         let data = item.encode();

@@ -1,19 +1,22 @@
-//! Volumes: the copies of each block group, and a device that writes
-//! every copy.
+//! Volumes: the devices of a filesystem, the copies of each block group,
+//! and a device that writes every copy.
 //!
-//! Addresses above this layer are logical: a block group's start. A group
-//! of the `single` profile is one range of the device at that address; a
-//! `dup` group has a second range elsewhere on the same device (its
-//! mirror). The first copy always lies at the logical address itself, so
-//! an image reads without the map (old images have no map at all) and
-//! only writes and repairs need it.
+//! Addresses above this layer are logical: a block group's start. The
+//! first copy of every group lies on device 1 at the logical address
+//! itself, so an image reads without the map (old images have no map at
+//! all) and only writes and repairs need it. A group of the `single`
+//! profile has that copy only; `dup` has a second range on device 1
+//! (its mirror); `raid1` a second copy on another device; `raid1c3` two
+//! more, on two other devices. Copy 0 on device 1 is this version's
+//! layout rule: device 1 holds every group once, so its size bounds the
+//! filesystem's (docs/architecture.md, "Devices").
 //!
 //! [`Volume`] is the device the engine uses: a write lands on every copy,
-//! a read comes from the first, and [`Volume::read_copy`] and
-//! [`Volume::write_copy`] let a reader that found a bad copy try another
-//! and put the good bytes back (see `txn`'s block reads and `scrub`).
-//! [`ChunkMap`] is shared with the allocator, which records each group's
-//! copies as it makes and removes groups.
+//! a read comes from the first copy whose device is present, and
+//! [`Volume::read_copy`] and [`Volume::write_copy`] let a reader that
+//! found a bad copy try another and put the good bytes back (see `txn`'s
+//! block reads and `scrub`). [`ChunkMap`] is shared with the allocator,
+//! which records each group's copies as it makes and removes groups.
 
 use crate::dev::Device;
 use crate::error::{Error, Result};
@@ -21,78 +24,110 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-/// Where the second copy of a group lies: `[mirror, mirror + len)` holds
-/// what `[start, start + len)` holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mirror {
+/// The device that holds the first copy of every group (and the one a
+/// single-device filesystem has).
+pub const PRIMARY_DEVID: u64 = 1;
+
+pub use crate::format::items::Stripe;
+
+/// A group with more than one copy: `[start, start + len)` on device 1,
+/// and the same bytes at each of `extra`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
     pub start: u64,
     pub len: u64,
-    pub mirror: u64,
+    pub extra: Vec<Stripe>,
 }
 
-impl Mirror {
+impl Chunk {
     fn end(&self) -> u64 {
         self.start + self.len
     }
+
+    /// Every copy, the first included.
+    pub fn stripes(&self) -> impl Iterator<Item = Stripe> + '_ {
+        std::iter::once(Stripe {
+            devid: PRIMARY_DEVID,
+            offset: self.start,
+        })
+        .chain(self.extra.iter().copied())
+    }
 }
 
-/// The groups that have a second copy, by start.
+/// The groups that have more than one copy, by start.
 #[derive(Default)]
 pub struct ChunkMap {
-    mirrors: RwLock<BTreeMap<u64, Mirror>>,
+    chunks: RwLock<BTreeMap<u64, Chunk>>,
 }
 
 impl ChunkMap {
-    pub fn insert(&self, m: Mirror) {
-        crate::sync::write(&self.mirrors).insert(m.start, m);
+    pub fn insert(&self, c: Chunk) {
+        crate::sync::write(&self.chunks).insert(c.start, c);
     }
 
     pub fn remove(&self, start: u64) {
-        crate::sync::write(&self.mirrors).remove(&start);
+        crate::sync::write(&self.chunks).remove(&start);
     }
 
     /// Forgets every entry (before the block group items, which name
     /// every copy, replace what the superblock named).
     pub fn clear(&self) {
-        crate::sync::write(&self.mirrors).clear();
+        crate::sync::write(&self.chunks).clear();
     }
 
-    /// Every mirrored group.
-    pub fn all(&self) -> Vec<Mirror> {
-        crate::sync::read(&self.mirrors).values().copied().collect()
+    /// Every group with more than one copy.
+    pub fn all(&self) -> Vec<Chunk> {
+        crate::sync::read(&self.chunks).values().cloned().collect()
     }
 
-    /// The mirrored groups that overlap `[offset, offset + len)`.
-    fn overlapping(&self, offset: u64, len: u64) -> Vec<Mirror> {
+    /// The groups with more than one copy that overlap
+    /// `[offset, offset + len)`.
+    fn overlapping(&self, offset: u64, len: u64) -> Vec<Chunk> {
         let end = offset.saturating_add(len);
-        let map = crate::sync::read(&self.mirrors);
+        let map = crate::sync::read(&self.chunks);
         map.range(..end)
             .rev()
-            .take_while(|(_, m)| m.end() > offset)
-            .map(|(_, m)| *m)
+            .take_while(|(_, c)| c.end() > offset)
+            .map(|(_, c)| c.clone())
             .collect()
     }
 
-    /// How many copies `[offset, offset + len)` has: 2 when it lies
-    /// inside one mirrored group, else 1.
+    /// How many copies `[offset, offset + len)` has: those of the group
+    /// it lies inside, else 1.
     pub fn copies(&self, offset: u64, len: u64) -> usize {
-        match self.mirror_of(offset, len) {
-            Some(_) => 2,
+        let map = crate::sync::read(&self.chunks);
+        match Self::containing(&map, offset, len) {
+            Some(c) => 1 + c.extra.len(),
             None => 1,
         }
     }
 
-    /// The device offset of copy 1 of `[offset, offset + len)`: None
-    /// unless the range lies inside one mirrored group.
-    pub fn mirror_of(&self, offset: u64, len: u64) -> Option<u64> {
-        let map = crate::sync::read(&self.mirrors);
-        let (_, m) = map.range(..=offset).next_back()?;
-        (offset.checked_add(len)? <= m.end()).then_some(m.mirror + (offset - m.start))
+    /// Where copy `copy` of `[offset, offset + len)` lies: None unless
+    /// the range has that copy.
+    pub fn stripe_of(&self, offset: u64, len: u64, copy: usize) -> Option<Stripe> {
+        if copy == 0 {
+            return Some(Stripe {
+                devid: PRIMARY_DEVID,
+                offset,
+            });
+        }
+        let map = crate::sync::read(&self.chunks);
+        let c = Self::containing(&map, offset, len)?;
+        let s = c.extra.get(copy - 1)?;
+        Some(Stripe {
+            devid: s.devid,
+            offset: s.offset + (offset - c.start),
+        })
+    }
+
+    fn containing(map: &BTreeMap<u64, Chunk>, offset: u64, len: u64) -> Option<&Chunk> {
+        let (_, c) = map.range(..=offset).next_back()?;
+        (offset.checked_add(len)? <= c.end()).then_some(c)
     }
 }
 
-/// Errors found and repaired on a volume's device (`canopy device
-/// stats`): loaded from the image at open, written back by each commit.
+/// Errors found and repaired on one device (`canopy device stats`):
+/// loaded from the image at open, written back by each commit.
 #[derive(Default)]
 pub struct ErrorCounts {
     /// Reads the device failed.
@@ -125,21 +160,43 @@ impl ErrorCounts {
     }
 }
 
-/// The engine's device: the raw device plus the map of second copies.
+/// The engine's device: the filesystem's devices by id plus the map of
+/// copies. A device missing from a degraded open is absent from
+/// `devices`; its copies fail to read and write.
 pub struct Volume {
-    raw: Arc<dyn Device>,
+    devices: BTreeMap<u64, Arc<dyn Device>>,
+    /// Device 1's size as the filesystem recorded it, for a degraded
+    /// open without it.
+    primary_bytes: u64,
     map: Arc<ChunkMap>,
-    pub errors: ErrorCounts,
+    errors: BTreeMap<u64, ErrorCounts>,
     /// Whether bad copies may be rewritten (not on a read-only open).
     repairs: std::sync::atomic::AtomicBool,
 }
 
 impl Volume {
+    /// A volume of one device (id 1).
     pub fn new(raw: Arc<dyn Device>, map: Arc<ChunkMap>) -> Volume {
+        let sizes = BTreeMap::from([(PRIMARY_DEVID, raw.size())]);
+        Volume::with_devices(BTreeMap::from([(PRIMARY_DEVID, raw)]), &sizes, map)
+    }
+
+    /// A volume of `devices` by id; `sizes` names every device the
+    /// filesystem has, present or not, with its size.
+    pub fn with_devices(
+        devices: BTreeMap<u64, Arc<dyn Device>>,
+        sizes: &BTreeMap<u64, u64>,
+        map: Arc<ChunkMap>,
+    ) -> Volume {
         Volume {
-            raw,
+            primary_bytes: sizes.get(&PRIMARY_DEVID).copied().unwrap_or(0),
+            errors: sizes
+                .keys()
+                .chain(devices.keys())
+                .map(|&d| (d, ErrorCounts::default()))
+                .collect(),
+            devices,
             map,
-            errors: ErrorCounts::default(),
             repairs: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -155,14 +212,33 @@ impl Volume {
         self.repairs.store(on, Ordering::Relaxed);
     }
 
-    /// The device below, for what lives outside every group (superblock
-    /// copies).
-    pub fn raw(&self) -> &dyn Device {
-        self.raw.as_ref()
+    /// Device `devid`, when present.
+    pub fn device(&self, devid: u64) -> Option<&dyn Device> {
+        self.devices.get(&devid).map(|d| d.as_ref())
+    }
+
+    /// The present devices, by id: superblock copies live on each,
+    /// outside every group.
+    pub fn devices(&self) -> impl Iterator<Item = (u64, &dyn Device)> {
+        self.devices.iter().map(|(&id, d)| (id, d.as_ref()))
     }
 
     pub fn map(&self) -> &Arc<ChunkMap> {
         &self.map
+    }
+
+    /// The error counters of device `devid` (those of an unknown device
+    /// count nowhere).
+    pub fn errors(&self, devid: u64) -> &ErrorCounts {
+        static NOWHERE: std::sync::OnceLock<ErrorCounts> = std::sync::OnceLock::new();
+        self.errors
+            .get(&devid)
+            .unwrap_or_else(|| NOWHERE.get_or_init(ErrorCounts::default))
+    }
+
+    /// Every device's counters, by id.
+    pub fn all_errors(&self) -> impl Iterator<Item = (u64, &ErrorCounts)> {
+        self.errors.iter().map(|(&id, e)| (id, e))
     }
 
     /// How many copies `[offset, offset + len)` has.
@@ -170,93 +246,154 @@ impl Volume {
         self.map.copies(offset, len)
     }
 
-    /// Where copy `copy` of `offset` lies on the device.
-    pub fn physical(&self, offset: u64, len: u64, copy: usize) -> Result<u64> {
-        match copy {
-            0 => Ok(offset),
-            1 => self
-                .map
-                .mirror_of(offset, len)
-                .ok_or_else(|| no_copy(offset, copy)),
-            _ => Err(no_copy(offset, copy)),
-        }
+    /// Where copy `copy` of `offset` lies.
+    pub fn stripe(&self, offset: u64, len: u64, copy: usize) -> Result<Stripe> {
+        self.map
+            .stripe_of(offset, len, copy)
+            .ok_or_else(|| Error::Invalid(format!("logical {offset} has no copy {copy}")))
+    }
+
+    /// The device id of copy `copy` of `offset` (for error counters and
+    /// messages); 0 when there is no such copy.
+    pub fn devid_of(&self, offset: u64, len: u64, copy: usize) -> u64 {
+        self.stripe(offset, len, copy).map_or(0, |s| s.devid)
+    }
+
+    fn present(&self, s: Stripe) -> Result<&dyn Device> {
+        self.device(s.devid).ok_or_else(|| missing(s.devid))
     }
 
     /// Reads copy `copy` of `buf.len()` bytes at logical `offset`.
     pub fn read_copy(&self, buf: &mut [u8], offset: u64, copy: usize) -> Result<()> {
-        let at = self.physical(offset, buf.len() as u64, copy)?;
-        let r = self.raw.read_at(buf, at);
-        if r.is_err() {
-            self.errors.read.fetch_add(1, Ordering::Relaxed);
+        let s = self.stripe(offset, buf.len() as u64, copy)?;
+        let r = self.present(s).and_then(|d| d.read_at(buf, s.offset));
+        if r.is_err() && self.device(s.devid).is_some() {
+            self.errors(s.devid).read.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
 
     /// Writes `buf` over copy `copy` only (a repair).
     pub fn write_copy(&self, buf: &[u8], offset: u64, copy: usize) -> Result<()> {
-        let at = self.physical(offset, buf.len() as u64, copy)?;
-        self.counted_write(self.raw.write_at(buf, at))
+        let s = self.stripe(offset, buf.len() as u64, copy)?;
+        let r = self.present(s).and_then(|d| d.write_at(buf, s.offset));
+        self.counted_write(s.devid, r)
     }
 
-    fn counted_write(&self, r: Result<()>) -> Result<()> {
+    /// Counts a copy read whole but found wrong.
+    pub fn note_corrupt(&self, offset: u64, len: u64, copy: usize) {
+        let devid = self.devid_of(offset, len, copy);
+        self.errors(devid).corrupt.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn counted_write(&self, devid: u64, r: Result<()>) -> Result<()> {
         if r.is_err() {
-            self.errors.write.fetch_add(1, Ordering::Relaxed);
+            self.errors(devid).write.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
 
-    /// Writes the parts of `buf` (at logical `offset`) that lie in
-    /// mirrored groups to their second copies.
-    fn write_mirrors(&self, buf: &[u8], offset: u64, data: bool) -> Result<()> {
+    /// Writes `buf` (at logical `offset`) to copy 0 and, for the parts
+    /// that lie in groups with more copies, to each of them.
+    fn write_all(&self, buf: &[u8], offset: u64, data: bool) -> Result<()> {
+        let put = |s: Stripe, part: &[u8]| {
+            let r = self.present(s).and_then(|d| match data {
+                true => d.write_data_at(part, s.offset),
+                false => d.write_at(part, s.offset),
+            });
+            self.counted_write(s.devid, r)
+        };
+        put(
+            Stripe {
+                devid: PRIMARY_DEVID,
+                offset,
+            },
+            buf,
+        )?;
         let len = buf.len() as u64;
-        for m in self.map.overlapping(offset, len) {
-            let from = offset.max(m.start);
-            let to = (offset + len).min(m.end());
+        for c in self.map.overlapping(offset, len) {
+            let from = offset.max(c.start);
+            let to = (offset + len).min(c.end());
             let part = &buf[(from - offset) as usize..(to - offset) as usize];
-            let at = m.mirror + (from - m.start);
-            let r = match data {
-                true => self.raw.write_data_at(part, at),
-                false => self.raw.write_at(part, at),
-            };
-            self.counted_write(r)?;
+            for s in &c.extra {
+                put(
+                    Stripe {
+                        devid: s.devid,
+                        offset: s.offset + (from - c.start),
+                    },
+                    part,
+                )?;
+            }
         }
         Ok(())
     }
+
+    fn primary(&self) -> Option<&dyn Device> {
+        self.device(PRIMARY_DEVID)
+    }
 }
 
-fn no_copy(offset: u64, copy: usize) -> Error {
-    Error::Invalid(format!("logical {offset} has no copy {copy}"))
+fn missing(devid: u64) -> Error {
+    Error::io(
+        format!("reaching device {devid}"),
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("device {devid} is missing (a degraded mount)"),
+        ),
+    )
 }
 
 impl Device for Volume {
+    /// Reads the first copy whose device is present (in a degraded open
+    /// without device 1, the second).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.read_copy(buf, offset, 0)
+        if self.primary().is_some() {
+            return self.read_copy(buf, offset, 0);
+        }
+        let copies = self.copies(offset, buf.len() as u64);
+        let mut last = None;
+        for copy in 1..copies {
+            match self.read_copy(buf, offset, copy) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| missing(PRIMARY_DEVID)))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.counted_write(self.raw.write_at(buf, offset))?;
-        self.write_mirrors(buf, offset, false)
+        self.write_all(buf, offset, false)
     }
 
     fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.counted_write(self.raw.write_data_at(buf, offset))?;
-        self.write_mirrors(buf, offset, true)
+        self.write_all(buf, offset, true)
     }
 
+    /// Every present device's barrier: a commit's blocks lie on all of
+    /// them.
     fn barrier(&self) -> Result<()> {
-        self.raw.barrier()
+        for d in self.devices.values() {
+            d.barrier()?;
+        }
+        Ok(())
     }
 
+    /// Device 1's size: the end of the logical address space.
     fn size(&self) -> u64 {
-        self.raw.size()
+        self.primary().map_or(self.primary_bytes, |d| d.size())
     }
 
     fn refresh_size(&self) -> Result<u64> {
-        self.raw.refresh_size()
+        match self.primary() {
+            Some(d) => d.refresh_size(),
+            None => Ok(self.primary_bytes),
+        }
     }
 
     fn prefetch(&self, offset: u64, len: u64) {
-        self.raw.prefetch(offset, len)
+        if let Some(d) = self.primary() {
+            d.prefetch(offset, len)
+        }
     }
 }
 
@@ -265,28 +402,49 @@ mod tests {
     use super::*;
     use crate::dev::MemDevice;
 
-    fn volume() -> (Arc<MemDevice>, Volume) {
-        let raw = Arc::new(MemDevice::new(1 << 20));
-        let map = Arc::new(ChunkMap::default());
-        map.insert(Mirror {
+    fn chunk(extra: Vec<Stripe>) -> Chunk {
+        Chunk {
             start: 64 << 10,
             len: 64 << 10,
-            mirror: 512 << 10,
-        });
-        (raw.clone(), Volume::new(raw, map))
+            extra,
+        }
+    }
+
+    fn volume(devices: usize, extra: Vec<Stripe>) -> (Vec<Arc<MemDevice>>, Volume) {
+        let raws: Vec<Arc<MemDevice>> = (0..devices)
+            .map(|_| Arc::new(MemDevice::new(1 << 20)))
+            .collect();
+        let map = Arc::new(ChunkMap::default());
+        map.insert(chunk(extra));
+        let devs: BTreeMap<u64, Arc<dyn Device>> = raws
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i as u64 + 1, r.clone() as Arc<dyn Device>))
+            .collect();
+        let sizes = devs.keys().map(|&d| (d, 1 << 20)).collect();
+        (raws, Volume::with_devices(devs, &sizes, map))
+    }
+
+    fn dup() -> Vec<Stripe> {
+        vec![Stripe {
+            devid: 1,
+            offset: 512 << 10,
+        }]
     }
 
     #[test]
     fn writes_reach_both_copies_and_only_the_mirrored_part() {
-        let (raw, vol) = volume();
+        let (raw, vol) = volume(1, dup());
         // Straddles the end of the mirrored group.
         let buf = vec![7u8; 8192];
         vol.write_at(&buf, (128 << 10) - 4096).expect("write");
         let mut got = vec![0u8; 4096];
-        raw.read_at(&mut got, (512 << 10) + (60 << 10))
+        raw[0]
+            .read_at(&mut got, (512 << 10) + (60 << 10))
             .expect("read");
         assert_eq!(got, vec![7u8; 4096]);
-        raw.read_at(&mut got, (512 << 10) + (64 << 10))
+        raw[0]
+            .read_at(&mut got, (512 << 10) + (64 << 10))
             .expect("read");
         assert_eq!(got, vec![0u8; 4096], "past the group's end is not mirrored");
         assert_eq!(vol.copies((128 << 10) - 4096, 4096), 2);
@@ -295,9 +453,11 @@ mod tests {
 
     #[test]
     fn a_bad_copy_is_read_and_repaired_by_copy() {
-        let (raw, vol) = volume();
+        let (raw, vol) = volume(1, dup());
         vol.write_at(&[1u8; 4096], 64 << 10).expect("write");
-        raw.write_at(&[9u8; 4096], 64 << 10).expect("damage copy 0");
+        raw[0]
+            .write_at(&[9u8; 4096], 64 << 10)
+            .expect("damage copy 0");
         let mut got = vec![0u8; 4096];
         vol.read_copy(&mut got, 64 << 10, 1).expect("copy 1");
         assert_eq!(got, vec![1u8; 4096]);
@@ -305,5 +465,51 @@ mod tests {
         vol.read_at(&mut got, 64 << 10).expect("copy 0");
         assert_eq!(got, vec![1u8; 4096]);
         assert!(vol.read_copy(&mut got, 0, 1).is_err(), "unmapped: one copy");
+    }
+
+    #[test]
+    fn raid1c3_copies_land_on_their_devices() {
+        let extra = vec![
+            Stripe {
+                devid: 2,
+                offset: 128 << 10,
+            },
+            Stripe {
+                devid: 3,
+                offset: 256 << 10,
+            },
+        ];
+        let (raw, vol) = volume(3, extra);
+        vol.write_at(&[5u8; 4096], (64 << 10) + 4096).expect("write");
+        let mut got = vec![0u8; 4096];
+        raw[1].read_at(&mut got, (128 << 10) + 4096).expect("dev 2");
+        assert_eq!(got, vec![5u8; 4096]);
+        raw[2].read_at(&mut got, (256 << 10) + 4096).expect("dev 3");
+        assert_eq!(got, vec![5u8; 4096]);
+        assert_eq!(vol.copies(64 << 10, 4096), 3);
+        assert_eq!(vol.devid_of(64 << 10, 4096, 2), 3);
+        raw[1].write_at(&[0u8; 4096], (128 << 10) + 4096).expect("damage");
+        vol.read_copy(&mut got, (64 << 10) + 4096, 1).expect("copy 1");
+        assert_eq!(got, vec![0u8; 4096], "copy 1 is device 2's");
+    }
+
+    #[test]
+    fn a_volume_without_device_1_reads_the_next_copy_and_names_the_missing_device() {
+        let raw2 = Arc::new(MemDevice::new(1 << 20));
+        raw2.write_at(&[3u8; 4096], 128 << 10).expect("write");
+        let map = Arc::new(ChunkMap::default());
+        map.insert(chunk(vec![Stripe {
+            devid: 2,
+            offset: 128 << 10,
+        }]));
+        let devs: BTreeMap<u64, Arc<dyn Device>> = BTreeMap::from([(2, raw2 as Arc<dyn Device>)]);
+        let sizes = BTreeMap::from([(1, 1 << 20), (2, 1 << 20)]);
+        let vol = Volume::with_devices(devs, &sizes, map);
+        let mut got = vec![0u8; 4096];
+        vol.read_at(&mut got, 64 << 10).expect("copy 1 on device 2");
+        assert_eq!(got, vec![3u8; 4096]);
+        let err = vol.read_at(&mut got, 0).expect_err("one copy, on device 1");
+        assert!(err.to_string().contains("device 1 is missing"), "{err}");
+        assert_eq!(vol.size(), 1 << 20);
     }
 }

@@ -100,7 +100,15 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
             "metadata_profile": sb.metadata_profile.name(),
             "data_profile": sb.data_profile.name(),
             "system_chunks": sb.system_chunks.iter().map(|c| serde_json::json!({
-                "start": c.start, "len": c.len, "mirror": c.mirror,
+                "start": c.start, "len": c.len,
+                "copies": c.extra.iter().map(|s| serde_json::json!({
+                    "devid": s.devid, "offset": s.offset,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+            "devid": sb.devid,
+            "devices": sb.devices.iter().map(|d| serde_json::json!({
+                "devid": d.devid, "bytes": d.bytes,
+                "uuid": canopy::format::uuid::shown(&d.uuid),
             })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -119,9 +127,25 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
         println!("metadata\t{}", sb.metadata_profile.name());
         println!("data\t\t{}", sb.data_profile.name());
         for c in &sb.system_chunks {
+            let copies: Vec<String> = c
+                .extra
+                .iter()
+                .map(|s| format!("device {} at {}", s.devid, s.offset))
+                .collect();
             println!(
-                "system group\t{} ({} bytes), second copy at {}",
-                c.start, c.len, c.mirror
+                "system group\t{} ({} bytes), other copies: {}",
+                c.start,
+                c.len,
+                copies.join(", ")
+            );
+        }
+        println!("devid		{}", sb.devid);
+        for d in &sb.devices {
+            println!(
+                "device		{} ({} bytes, uuid {})",
+                d.devid,
+                d.bytes,
+                canopy::format::uuid::shown(&d.uuid)
             );
         }
     }

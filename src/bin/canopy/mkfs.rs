@@ -6,7 +6,9 @@ use canopy::format::superblock::Profile;
 use canopy::{Engine, FormatOptions};
 
 fn parse_profile(s: &str) -> std::result::Result<Profile, String> {
-    Profile::parse(s).ok_or_else(|| format!("unknown profile {s:?}: single or dup (one device)"))
+    Profile::parse(s).ok_or_else(|| {
+        format!("unknown profile {s:?}: single or dup (one device), raid1 (two or more), raid1c3 (three or more)")
+    })
 }
 use std::sync::Arc;
 
@@ -34,11 +36,14 @@ pub struct Args {
     no_mixed: bool,
     /// Profile of tree blocks: `dup` (two copies on the device, so a bad
     /// sector is repaired from the other; the default with separate
-    /// groups, as mkfs.btrfs on one device) or `single` (the default with
-    /// mixed groups, where a second copy would double the data too).
+    /// groups on one device, as mkfs.btrfs), `raid1` (two copies on two
+    /// devices; the default with several), `raid1c3` (three on three), or
+    /// `single` (the default with mixed groups, where a second copy would
+    /// double the data too).
     #[arg(short = 'm', long = "metadata", value_name = "PROFILE", value_parser = parse_profile)]
     metadata: Option<Profile>,
-    /// Profile of file data: `single` (the default) or `dup`.
+    /// Profile of file data: `single` (the default), `dup`, `raid1` or
+    /// `raid1c3`.
     #[arg(short = 'd', long = "data", value_name = "PROFILE", value_parser = parse_profile)]
     data: Option<Profile>,
     /// Overwrite an existing filesystem.
@@ -47,9 +52,13 @@ pub struct Args {
     /// Print nothing on success.
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// Image file, block device, or rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH].
-    #[arg(value_parser = crate::image_arg())]
-    image: Source,
+    /// Image files, block devices, or rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH]:
+    /// the filesystem's devices, devid 1, 2, ... in this order. Device 1
+    /// holds the first copy of every block group, so its size bounds the
+    /// filesystem's; the others hold the further copies of raid1 and
+    /// raid1c3 groups.
+    #[arg(value_parser = crate::image_arg(), required = true, num_args = 1..)]
+    images: Vec<Source>,
 }
 
 /// Known signatures: (offset, magic, name).
@@ -71,8 +80,10 @@ fn existing_filesystem(dev: &dyn Device) -> Option<&'static str> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if !a.image.exists() && a.size.is_none() {
-        bail!("{} does not exist; give --size to create it", a.image);
+    for image in &a.images {
+        if !image.exists() && a.size.is_none() {
+            bail!("{image} does not exist; give --size to create it");
+        }
     }
     if let Some(size) = a.size.filter(|&s| s < canopy::txn::MIN_DEVICE_BYTES) {
         bail!(
@@ -80,14 +91,26 @@ pub fn run(a: Args) -> Result<()> {
             canopy::txn::MIN_DEVICE_BYTES
         );
     }
-    let created = match a.size {
-        Some(size) => a.image.create(size)?,
-        None => false,
-    };
-    let r = format_image(&a, !created);
-    if r.is_err() && created {
+    let mut created = Vec::new();
+    let mut r = Ok(());
+    for image in &a.images {
+        match a.size.map(|size| image.create(size)) {
+            Some(Ok(true)) => created.push(image),
+            Some(Err(e)) => {
+                r = Err(e.into());
+                break;
+            }
+            _ => {}
+        }
+    }
+    if r.is_ok() {
+        r = format_images(&a, &created);
+    }
+    if r.is_err() {
         // Leave nothing behind that this run created.
-        a.image.remove_created();
+        for image in created {
+            image.remove_created();
+        }
     }
     r
 }
@@ -110,21 +133,32 @@ fn nodesize_for(asked: Option<u32>, mixed: bool) -> Result<u32> {
     }
 }
 
-fn format_image(a: &Args, exists: bool) -> Result<()> {
-    let dev = a.image.open(Access::Write, OpenHow::default())?;
-    if let Some(size) = a.size {
-        if dev.size() < size {
-            bail!("{} holds only {} bytes", a.image, dev.size());
+/// Opens every device to write, refusing one that holds a filesystem
+/// (unless `--force`) or is smaller than `--size`.
+fn open_images(a: &Args, created: &[&Source]) -> Result<Vec<Arc<dyn Device>>> {
+    let mut devs: Vec<Arc<dyn Device>> = Vec::new();
+    for image in &a.images {
+        let dev = image.open(Access::Write, OpenHow::default())?;
+        if let Some(size) = a.size {
+            if dev.size() < size {
+                bail!("{image} holds only {} bytes", dev.size());
+            }
         }
-    }
-    if exists && !a.force {
-        if let Some(fs) = existing_filesystem(dev.as_ref()) {
-            bail!(
-                "{} already holds a {fs} filesystem; use --force to overwrite it",
-                a.image
-            );
+        if !created.contains(&image) && !a.force {
+            if let Some(fs) = existing_filesystem(dev.as_ref()) {
+                bail!("{image} already holds a {fs} filesystem; use --force to overwrite it");
+            }
         }
+        devs.push(Arc::from(dev));
     }
+    Ok(devs)
+}
+
+fn format_images(a: &Args, created: &[&Source]) -> Result<()> {
+    let devs = open_images(a, created)?;
+    let dev = devs[0].clone();
+    let names: Vec<String> = a.images.iter().map(|i| i.to_string()).collect();
+    let name = names.join(", ");
     let mixed = match (a.mixed, a.no_mixed) {
         (true, _) => true,
         (_, true) => false,
@@ -142,9 +176,8 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
             .or(a.metadata.filter(|_| mixed))
             .unwrap_or(Profile::Single),
     };
-    let dev: Arc<dyn Device> = Arc::from(dev);
     let engine = Arc::new(
-        Engine::format(dev.clone(), &opts).with_context(|| format!("formatting {}", a.image))?,
+        Engine::format_devices(devs.clone(), &opts).with_context(|| format!("formatting {name}"))?,
     );
     // The root directory, so that even a first read-only mount works.
     drop(canopy::fs::Fs::new(engine.clone()).context("creating the root directory")?);
@@ -154,7 +187,7 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
     let (metadata, data) = engine.profiles();
     drop(engine);
     if !a.quiet {
-        println!("Created Canopy filesystem on {}", a.image);
+        println!("Created Canopy filesystem on {name}");
         println!(
             "  label:     {}",
             if a.label.is_empty() {
@@ -165,6 +198,11 @@ fn format_image(a: &Args, exists: bool) -> Result<()> {
         );
         println!("  uuid:      {}", canopy::format::uuid::shown(&fsid));
         println!("  size:      {} bytes", dev.size());
+        if devs.len() > 1 {
+            for (i, (d, n)) in devs.iter().zip(&names).enumerate() {
+                println!("  device {}:  {n} ({} bytes)", i + 1, d.size());
+            }
+        }
         println!("  nodesize:  {}", opts.nodesize);
         println!(
             "  groups:    {}",
