@@ -8,7 +8,7 @@ mod common;
 use canopy::dev::{Device, FileDevice};
 use canopy::format::superblock::Profile;
 use canopy::fs::{Fs, Owner};
-use canopy::volume::Mirror;
+use canopy::volume::{Chunk, Stripe};
 use canopy::{Engine, OpenOptions};
 use common::mounted::{canopy, canopy_ok};
 use std::os::unix::fs::FileExt;
@@ -98,10 +98,19 @@ fn read_all(img: &Path) -> [u64; 4] {
         }
     }
     fs.sync().unwrap();
-    engine.device_errors()
+    let errors = engine.device_errors();
+    assert_eq!(errors.len(), 1, "one device: {errors:?}");
+    errors[0].1
 }
 
-fn mirrors(img: &Path) -> Vec<Mirror> {
+/// Where a dup group's second copy starts.
+fn mirror_at(c: &Chunk) -> u64 {
+    assert_eq!(c.extra.len(), 1, "{c:?}");
+    assert_eq!(c.extra[0].devid, 1, "{c:?}");
+    c.extra[0].offset
+}
+
+fn mirrors(img: &Path) -> Vec<Chunk> {
     open(img, true).mirrors()
 }
 
@@ -150,10 +159,11 @@ fn mkfs_keeps_two_copies_of_tree_blocks_by_default_from_a_gib() {
     let ms = e.mirrors();
     assert!(ms.len() >= 2, "a system and a metadata group: {ms:?}");
     for m in &ms {
-        assert!(m.mirror >= m.start + m.len || m.mirror + m.len <= m.start);
+        let at = mirror_at(m);
+        assert!(at >= m.start + m.len || at + m.len <= m.start);
         for s in canopy::format::SUPER_OFFSETS {
             assert!(
-                s + 4096 <= m.mirror || s >= m.mirror + m.len,
+                s + 4096 <= at || s >= at + m.len,
                 "{m:?} holds a superblock copy"
             );
         }
@@ -221,7 +231,7 @@ fn every_tree_block_survives_the_loss_of_either_copy() {
 
     // Now every second copy: the repaired first copies carry it alone.
     for m in &ms {
-        scribble(&img, m.mirror, m.len);
+        scribble(&img, mirror_at(m), m.len);
     }
     read_all(&img);
     let (code, v) = scrub_json(&[img_s]);
@@ -239,8 +249,8 @@ fn a_read_only_scrub_reports_bad_copies_and_leaves_them() {
     let dir = tempfile::tempdir().unwrap();
     let img = mkfs(dir.path(), &[]);
     populate(&img);
-    let m = mirrors(&img)[0];
-    scribble(&img, m.mirror, m.len);
+    let m = mirrors(&img)[0].clone();
+    scribble(&img, mirror_at(&m), m.len);
     let img_s = img.to_str().unwrap();
     // check reads the first copies; with data checks it reads them all.
     check_clean(&img);
@@ -282,7 +292,7 @@ fn a_block_bad_in_both_copies_is_lost_and_said_so() {
         .expect("the file tree's root lies in a dup group");
     drop(e);
     scribble(&img, leaf, 16384);
-    scribble(&img, mirror.mirror + (leaf - mirror.start), 16384);
+    scribble(&img, mirror_at(&mirror) + (leaf - mirror.start), 16384);
     let (code, v) = scrub_json(&[img.to_str().unwrap()]);
     assert_eq!(code, 3, "{v}");
     let lost = v["bad_tree_blocks"].as_array().unwrap();
@@ -312,7 +322,7 @@ fn file_data_in_two_copies_survives_the_loss_of_either() {
     assert_eq!(code, 0, "{v}");
     assert!(v["bad_data_sectors"].as_array().unwrap().is_empty(), "{v}");
     for m in &ms {
-        scribble(&img, m.mirror, m.len);
+        scribble(&img, mirror_at(m), m.len);
     }
     read_all(&img);
     let (code, v) = scrub_json(&[img_s]);
@@ -585,7 +595,14 @@ fn a_system_array_entry_no_group_confirms_is_never_written() {
         dev.write_at(&pattern, mirror + i * MIB).unwrap();
     }
     let mut sb = canopy::txn::read_best_superblock(dev.as_ref()).unwrap();
-    sb.system_chunks.push(SystemChunk { start, len, mirror });
+    sb.system_chunks.push(SystemChunk {
+        start,
+        len,
+        extra: vec![Stripe {
+            devid: 1,
+            offset: mirror,
+        }],
+    });
     for &off in canopy::format::SUPER_OFFSETS.iter() {
         if off + 4096 <= dev.size() {
             dev.write_at(&sb.encode(off), off).unwrap();

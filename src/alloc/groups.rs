@@ -71,7 +71,11 @@ impl BlockGroup {
 
     /// Every device range it takes: (devid, start, end).
     pub fn ranges(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-        let own = (crate::volume::PRIMARY_DEVID, self.start, self.start + self.len);
+        let own = (
+            crate::volume::PRIMARY_DEVID,
+            self.start,
+            self.start + self.len,
+        );
         std::iter::once(own).chain(
             self.extra
                 .iter()

@@ -101,6 +101,7 @@ impl Need {
 /// usage`, after `btrfs filesystem usage`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpaceUsage {
+    /// Every device's size, summed.
     pub device_bytes: u64,
     /// Device space in no group: new groups of any kind come from here,
     /// and balance gives emptied groups back to it.
@@ -129,6 +130,9 @@ pub struct DeviceShow {
     /// (a degraded mount).
     #[serde(default)]
     pub missing: bool,
+    /// What the opener called it, when it named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// The groups of one kind.
@@ -699,7 +703,7 @@ impl Allocator {
         }
         kinds.sort_by_key(|k| KIND_ORDER.iter().position(|&n| n == k.kind));
         SpaceUsage {
-            device_bytes: self.device_bytes,
+            device_bytes: self.devices().iter().map(|d| d.1).sum(),
             unallocated: self.unallocated_bytes(),
             kinds,
         }

@@ -153,7 +153,11 @@ fn assemble<'a>(
             report.problem(format!("device {}", sb.devid), "given twice");
         }
     }
-    for d in best.devices.iter().filter(|d| !by_id.contains_key(&d.devid)) {
+    for d in best
+        .devices
+        .iter()
+        .filter(|d| !by_id.contains_key(&d.devid))
+    {
         report.problem(
             format!("device {}", d.devid),
             format!(

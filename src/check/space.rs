@@ -239,7 +239,10 @@ fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
             let (m, devid) = (st.offset, st.devid);
             let loc = format!("copy {} of block group {}", i + 1, g.start);
             let Some(size) = sb.device_bytes(devid) else {
-                report.problem(&loc, format!("on device {devid}, which the superblock lacks"));
+                report.problem(
+                    &loc,
+                    format!("on device {devid}, which the superblock lacks"),
+                );
                 continue;
             };
             if m < RESERVED_START || m.checked_add(g.len).is_none_or(|e| e > size) {

@@ -282,10 +282,18 @@ impl Walker<'_> {
     /// Copy `copy` of block `bytenr`, checked, with a generation other
     /// than `generation` an error where there are other copies (the walk
     /// then tries the next; the header checks report a mismatch of all).
-    fn read_copy(&mut self, bytenr: u64, copy: usize, generation: u64) -> crate::error::Result<Node> {
+    fn read_copy(
+        &mut self,
+        bytenr: u64,
+        copy: usize,
+        generation: u64,
+    ) -> crate::error::Result<Node> {
         let mut buf = vec![0u8; self.sb.nodesize as usize];
         let len = buf.len() as u64;
-        if bytenr.checked_add(len).is_none_or(|e| e > self.sb.total_bytes) {
+        if bytenr
+            .checked_add(len)
+            .is_none_or(|e| e > self.sb.total_bytes)
+        {
             return Err(crate::Error::corrupt(
                 bytenr,
                 "block beyond the end of the filesystem",
@@ -299,7 +307,10 @@ impl Walker<'_> {
         let dev = self.devs.get(&stripe.devid).copied();
         let (Some(dev), true) = (
             dev,
-            stripe.offset.checked_add(len).is_some_and(|e| e <= device_end),
+            stripe
+                .offset
+                .checked_add(len)
+                .is_some_and(|e| e <= device_end),
         ) else {
             return Err(crate::Error::corrupt(
                 bytenr,

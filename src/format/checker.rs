@@ -96,10 +96,13 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         }
         BALANCE_GROUP if key.objectid == super::BALANCE_OBJECTID => check_empty(data),
         BALANCE_ITEM | BALANCE_GROUP => fail("balance item outside the balance's key range"),
-        DEVICE_STATS if key.objectid == super::DEVICE_STATS_OBJECTID && key.offset == 1 => {
+        DEVICE_STATS
+            if key.objectid == super::DEVICE_STATS_OBJECTID
+                && (1..=super::superblock::DEVICES_MAX as u64).contains(&key.offset) =>
+        {
             super::items::DeviceStats::decode(data).map(drop)
         }
-        DEVICE_STATS => fail("device stats of a device that is not devid 1"),
+        DEVICE_STATS => fail("device stats outside their key range (devids 1 to 16)"),
         QGROUP_STATUS | QGROUP_INFO | QGROUP_LIMIT | QGROUP_RELATION => {
             super::qgroup::check(key, data)
         }

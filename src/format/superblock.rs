@@ -4,8 +4,8 @@
 //! checksummed; at open the valid copy with the highest generation wins, so a
 //! torn superblock write falls back to the previous commit.
 
-use super::{crc, le_u16, le_u32, le_u64, put_u16, put_u32, put_u64, FORMAT_VERSION, MAGIC};
 use super::items::Stripe;
+use super::{crc, le_u16, le_u32, le_u64, put_u16, put_u32, put_u64, FORMAT_VERSION, MAGIC};
 use crate::error::{Error, Result};
 
 const OFF_CSUM: usize = 0;
@@ -418,7 +418,8 @@ impl Superblock {
             devices: Vec::new(),
         };
         let mut sb = sb;
-        sb.system_chunks = decode_system_chunks(b, sb.has_device_table()).map_err(|why| bad(&why))?;
+        sb.system_chunks =
+            decode_system_chunks(b, sb.has_device_table()).map_err(|why| bad(&why))?;
         match sb.has_device_table() {
             true => {
                 sb.devid = le_u64(b, OFF_DEVID);
@@ -525,7 +526,10 @@ impl Superblock {
             return Err("the device table lacks device 1 or makes it too small".into());
         }
         if self.device_bytes(self.devid).is_none() {
-            return Err(format!("copy of device {}, which the table lacks", self.devid));
+            return Err(format!(
+                "copy of device {}, which the table lacks",
+                self.devid
+            ));
         }
         Ok(())
     }
@@ -557,10 +561,7 @@ impl Superblock {
     }
 }
 
-fn decode_system_chunks(
-    b: &[u8],
-    devices: bool,
-) -> std::result::Result<Vec<SystemChunk>, String> {
+fn decode_system_chunks(b: &[u8], devices: bool) -> std::result::Result<Vec<SystemChunk>, String> {
     let n = le_u32(b, OFF_SYSTEM_CHUNKS) as usize;
     let max = match devices {
         true => SYSTEM_CHUNKS_MAX_DEVICES,

@@ -117,6 +117,10 @@ fn open_fs(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<
             cache_bytes: opts.cache_bytes,
             replay_log: opts.log_replay,
             degraded: opts.degraded,
+            device_names: std::iter::once(image)
+                .chain(&opts.devices)
+                .map(|s| s.to_string())
+                .collect(),
             ..OpenOptions::default()
         },
     )?;

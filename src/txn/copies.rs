@@ -99,9 +99,7 @@ fn rewrite_copy(
     }
     match dev.write_copy(good, logical, copy) {
         Ok(()) => {
-            dev.errors(devid)
-                .corrected
-                .fetch_add(1, Ordering::Relaxed);
+            dev.errors(devid).corrected.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 devid,
                 logical,

@@ -51,18 +51,24 @@ pub(super) fn new_table(devs: &[Arc<dyn Device>]) -> Result<Vec<DeviceItem>> {
 pub(super) struct Assembled {
     pub sb: Superblock,
     pub devices: BTreeMap<u64, Arc<dyn Device>>,
+    /// What the opener called each device, by devid.
+    pub names: BTreeMap<u64, String>,
 }
 
 /// Matches `devs` (in any order) to the device table of their newest
 /// superblock. Refuses devices of another filesystem, unknown or
 /// repeated ones, and (unless `opts.degraded`) a missing one.
 pub(super) fn assemble(devs: Vec<Arc<dyn Device>>, opts: &OpenOptions) -> Result<Assembled> {
+    let name = |i: usize| {
+        opts.device_names
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| format!("device {} given", i + 1))
+    };
     let mut found: Vec<(Superblock, Arc<dyn Device>)> = Vec::new();
     for (i, dev) in devs.into_iter().enumerate() {
         let sb = read_best_superblock(dev.as_ref()).map_err(|e| match e {
-            Error::NotCanopy(why) => {
-                Error::NotCanopy(format!("device given as number {}: {why}", i + 1))
-            }
+            Error::NotCanopy(why) if i > 0 => Error::NotCanopy(format!("{}: {why}", name(i))),
             e => e,
         })?;
         found.push((sb, dev));
@@ -73,8 +79,9 @@ pub(super) fn assemble(devs: Vec<Arc<dyn Device>>, opts: &OpenOptions) -> Result
         .map(|(sb, _)| sb.clone())
         .ok_or_else(|| Error::Invalid("no device given".into()))?;
     let mut devices: BTreeMap<u64, Arc<dyn Device>> = BTreeMap::new();
+    let mut names = BTreeMap::new();
     for (i, (sb, dev)) in found.into_iter().enumerate() {
-        let which = format!("the device given as number {}", i + 1);
+        let which = name(i);
         if sb.fsid != newest.fsid {
             return Err(Error::Invalid(format!(
                 "{which} belongs to another filesystem ({} rather than {})",
@@ -108,6 +115,9 @@ pub(super) fn assemble(devs: Vec<Arc<dyn Device>>, opts: &OpenOptions) -> Result
             );
         }
         devices.insert(sb.devid, dev);
+        if let Some(n) = opts.device_names.get(i) {
+            names.insert(sb.devid, n.clone());
+        }
     }
     let missing: Vec<&DeviceItem> = newest
         .devices
@@ -120,6 +130,7 @@ pub(super) fn assemble(devs: Vec<Arc<dyn Device>>, opts: &OpenOptions) -> Result
     Ok(Assembled {
         sb: newest,
         devices,
+        names,
     })
 }
 
@@ -149,6 +160,9 @@ fn refuse_missing(missing: &[&DeviceItem], opts: &OpenOptions) -> Result<()> {
             names.join(", ")
         )));
     }
-    tracing::warn!("degraded: {} missing; reading the copies left", names.join(", "));
+    tracing::warn!(
+        "degraded: {} missing; reading the copies left",
+        names.join(", ")
+    );
     Ok(())
 }

@@ -249,6 +249,9 @@ pub struct Engine {
     /// Tells the committer that the running transaction grew past its
     /// bound on changed tree blocks (see [`Engine::wait_commit_wanted`]).
     commit_wanted: CommitWanted,
+    /// What the opener called each device (`OpenOptions::device_names`),
+    /// by devid.
+    device_names: BTreeMap<u64, String>,
 }
 
 /// A bound on the running transaction's changed tree blocks and the
@@ -486,6 +489,11 @@ impl Engine {
         st.superblock_changed = true;
     }
 
+    /// What the opener called each device, by devid (devices it named).
+    pub fn device_names(&self) -> &BTreeMap<u64, String> {
+        &self.device_names
+    }
+
     /// The filesystem's devices as its superblock names them, and which
     /// are present.
     pub fn devices(&self) -> Vec<(crate::format::superblock::DeviceItem, bool)> {
@@ -545,6 +553,7 @@ impl Engine {
                 size,
                 allocated: st.alloc.allocated_on(devid),
                 missing: self.shared.dev.device(devid).is_none(),
+                path: self.device_names.get(&devid).cloned(),
             })
             .collect();
         crate::alloc::FilesystemShow {

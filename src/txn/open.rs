@@ -71,6 +71,9 @@ pub struct OpenOptions {
     /// Open although devices the filesystem names are missing, reading
     /// the copies left (`-o degraded`; read-only in this version).
     pub degraded: bool,
+    /// What to call the devices given, in the order given (paths, for
+    /// messages and `filesystem show`); "device N given" where absent.
+    pub device_names: Vec<String>,
 }
 
 impl Default for OpenOptions {
@@ -82,6 +85,7 @@ impl Default for OpenOptions {
             replay_log: true,
             repair_when_read_only: false,
             degraded: false,
+            device_names: Vec::new(),
         }
     }
 }
@@ -154,6 +158,7 @@ fn new_engine(
         commit_wanted: Default::default(),
         read_only: opts.read_only,
         settle_early_at: opts.settle_early_at.max(1),
+        device_names: BTreeMap::new(),
     }
 }
 
@@ -307,7 +312,8 @@ impl Engine {
         opts: &OpenOptions,
         mechanisms: Mechanisms,
     ) -> Result<Engine> {
-        let super::devices::Assembled { sb, devices } = super::devices::assemble(devs, opts)?;
+        let super::devices::Assembled { sb, devices, names } =
+            super::devices::assemble(devs, opts)?;
         for (devid, dev) in &devices {
             let want = sb.device_bytes(*devid).unwrap_or(0);
             if want > dev.size() {
@@ -334,7 +340,8 @@ impl Engine {
             level: sb.root_level,
         };
         let st = empty_state(sb.clone(), sb.generation + 1, sb.total_bytes, mechanisms);
-        let engine = new_engine(devices, st, fsid, ns, opts);
+        let mut engine = new_engine(devices, st, fsid, ns, opts);
+        engine.device_names = names;
         {
             let mut st = crate::sync::write(&engine.state);
             load_roots(&mut st, &engine.shared, root)?;

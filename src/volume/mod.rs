@@ -480,7 +480,8 @@ mod tests {
             },
         ];
         let (raw, vol) = volume(3, extra);
-        vol.write_at(&[5u8; 4096], (64 << 10) + 4096).expect("write");
+        vol.write_at(&[5u8; 4096], (64 << 10) + 4096)
+            .expect("write");
         let mut got = vec![0u8; 4096];
         raw[1].read_at(&mut got, (128 << 10) + 4096).expect("dev 2");
         assert_eq!(got, vec![5u8; 4096]);
@@ -488,8 +489,11 @@ mod tests {
         assert_eq!(got, vec![5u8; 4096]);
         assert_eq!(vol.copies(64 << 10, 4096), 3);
         assert_eq!(vol.devid_of(64 << 10, 4096, 2), 3);
-        raw[1].write_at(&[0u8; 4096], (128 << 10) + 4096).expect("damage");
-        vol.read_copy(&mut got, (64 << 10) + 4096, 1).expect("copy 1");
+        raw[1]
+            .write_at(&[0u8; 4096], (128 << 10) + 4096)
+            .expect("damage");
+        vol.read_copy(&mut got, (64 << 10) + 4096, 1)
+            .expect("copy 1");
         assert_eq!(got, vec![0u8; 4096], "copy 1 is device 2's");
     }
 

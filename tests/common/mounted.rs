@@ -223,6 +223,22 @@ impl Mounted {
         m
     }
 
+    /// Mounts `img` (made by the caller in `dir`) on `mnt` with `opts`:
+    /// for images `with_size` cannot make (several devices).
+    #[allow(dead_code)]
+    pub fn over(dir: tempfile::TempDir, img: PathBuf, mnt: PathBuf, opts: &str) -> Mounted {
+        let mut m = Mounted {
+            _dir: dir,
+            _rbd: None,
+            img,
+            mnt,
+            daemon: None,
+            killed: false,
+        };
+        m.mount(opts);
+        m
+    }
+
     /// Mounts with `opts` and, after them, the options in
     /// `CANOPY_TEST_MOUNT_OPTS` (scripts/test.sh runs the mount tests once
     /// more with `writeback_cache` there).

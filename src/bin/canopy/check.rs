@@ -1,6 +1,6 @@
 //! `canopy check`: read-only consistency check.
 
-use canopy::dev::{Access, OpenHow, Source};
+use canopy::dev::{Access, Source};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -19,6 +19,11 @@ pub struct Args {
     /// sector is found only by reading it (scrub, or this option).
     #[arg(long)]
     check_data_csum: bool,
+    /// Another device of the filesystem (repeat for each; a filesystem
+    /// over several devices is checked whole or its missing devices are
+    /// reported).
+    #[arg(long = "device", value_name = "DEV", value_parser = crate::image_arg())]
+    devices: Vec<Source>,
     /// Unmounted image file, block device or rbd:POOL/IMAGE.
     #[arg(value_parser = crate::image_arg())]
     image: Source,
@@ -28,8 +33,8 @@ const EXIT_PROBLEMS: u8 = 4;
 const EXIT_OPERATIONAL: u8 = 8;
 
 pub fn run(a: Args) -> ExitCode {
-    let dev = match a.image.open(Access::Peek, OpenHow::default()) {
-        Ok(d) => d,
+    let devs = match crate::Devices::open(&a.image, &a.devices, Access::Peek) {
+        Ok(d) => d.devs,
         Err(e) => return fail(&a, &e.to_string()),
     };
     let bar = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
@@ -46,10 +51,9 @@ pub fn run(a: Args) -> ExitCode {
             b.set_position(done);
         }
     };
-    let dev: std::sync::Arc<dyn canopy::dev::Device> = std::sync::Arc::from(dev);
-    let report = canopy::check::check_all(dev.clone(), &progress).map(|mut r| {
+    let report = canopy::check::check_all_devices(devs.clone(), &progress).map(|mut r| {
         if a.check_data_csum && r.is_clean() {
-            canopy::check::check_data_sums(dev, &mut r);
+            canopy::check::check_data_sums_devices(devs, &mut r);
         }
         r
     });

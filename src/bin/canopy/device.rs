@@ -42,8 +42,12 @@ pub fn run(c: Command) -> Result<ExitCode> {
     if json {
         println!("{}", serde_json::to_string_pretty(&devices)?);
     } else {
-        let name = mount_source(&path).unwrap_or_else(|| format!("devid:{}", 1));
+        let names = device_names(&path);
         for d in &devices {
+            let name = names
+                .iter()
+                .find(|(id, _)| *id == d.devid)
+                .map_or_else(|| format!("devid:{}", d.devid), |(_, n)| n.clone());
             print_device(&name, d);
         }
     }
@@ -65,6 +69,25 @@ fn print_device(name: &str, d: &DeviceStats) {
     ] {
         println!("[{name}].{what:<16} {n}");
     }
+}
+
+/// What the daemon of the mount holding `path` calls each device, by
+/// devid (device 1 from the mount table if the daemon names none).
+fn device_names(path: &Path) -> Vec<(u64, String)> {
+    let show = crate::quota::ask(path, &Request::Usage)
+        .ok()
+        .and_then(|r| r.show);
+    let mut names: Vec<(u64, String)> = show
+        .into_iter()
+        .flat_map(|s| s.devices)
+        .filter_map(|d| Some((d.devid, d.path?)))
+        .collect();
+    if !names.iter().any(|(id, _)| *id == 1) {
+        if let Some(n) = mount_source(path) {
+            names.push((1, n));
+        }
+    }
+    names
 }
 
 /// The image the mount holding `path` was made from, as the mount table

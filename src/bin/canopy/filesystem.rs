@@ -30,6 +30,9 @@ pub enum Command {
         /// Sizes in bytes.
         #[arg(long, short = 'b')]
         raw: bool,
+        /// Another device of an unmounted filesystem (repeat for each).
+        #[arg(long = "device", value_name = "DEV", value_parser = crate::image_arg())]
+        devices: Vec<canopy::dev::Source>,
         /// A mount point (or any path on the mount), or an unmounted
         /// image, block device or rbd:POOL/IMAGE.
         path: PathBuf,
@@ -100,7 +103,12 @@ pub enum Command {
 
 pub fn run(c: Command) -> Result<()> {
     match c {
-        Command::Show { json, raw, path } => show(&path, json, raw),
+        Command::Show {
+            json,
+            raw,
+            devices,
+            path,
+        } => show(&path, &devices, json, raw),
         Command::Usage { json, raw, path } => {
             let usage = ask(&path, &Request::Usage)?
                 .usage
@@ -299,29 +307,40 @@ fn print_writeback(w: &WritebackLimits, raw: bool) {
 
 /// `filesystem show`: through the daemon for a mount, read-only here for
 /// an unmounted image.
-fn show(path: &std::path::Path, json: bool, raw: bool) -> Result<()> {
-    let (show, device) = if path.is_dir() {
-        let show = ask(path, &Request::Usage)?
+fn show(
+    path: &std::path::Path,
+    others: &[canopy::dev::Source],
+    json: bool,
+    raw: bool,
+) -> Result<()> {
+    let mut show = if path.is_dir() {
+        let mut show = ask(path, &Request::Usage)?
             .show
             .context("the daemon sent no filesystem (an older version?)")?;
-        (show, crate::device::mount_source(path))
+        // An older daemon names no device: the mount table names the first.
+        if let Some(d) = show.devices.first_mut().filter(|d| d.path.is_none()) {
+            d.path = crate::device::mount_source(path);
+        }
+        show
     } else {
         let image = canopy::dev::Source::from_arg(path.as_os_str())?;
-        let dev = image.open(canopy::dev::Access::Share, canopy::dev::OpenHow::default())?;
-        let opts = canopy::OpenOptions {
+        let devs = crate::Devices::open(&image, others, canopy::dev::Access::Share)?;
+        let opts = devs.options(canopy::OpenOptions {
             read_only: true,
             ..Default::default()
-        };
-        let engine = canopy::Engine::open(std::sync::Arc::from(dev), &opts)
+        });
+        let engine = canopy::Engine::open_devices(devs.devs.clone(), &opts)
             .with_context(|| format!("opening {}", path.display()))?;
-        (engine.show(), Some(image.to_string()))
+        engine.show()
     };
+    for d in show.devices.iter_mut().filter(|d| d.path.is_none()) {
+        d.path = Some(match d.missing {
+            true => "<missing>".into(),
+            false => format!("devid:{}", d.devid),
+        });
+    }
     if json {
-        let mut v = serde_json::to_value(&show)?;
-        if let Some(d) = &device {
-            v["devices"][0]["path"] = serde_json::Value::from(d.as_str());
-        }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", serde_json::to_string_pretty(&show)?);
         return Ok(());
     }
     let label = match show.label.is_empty() {
@@ -340,8 +359,11 @@ fn show(path: &std::path::Path, json: bool, raw: bool) -> Result<()> {
             d.devid,
             size(d.size, raw),
             size(d.allocated, raw),
-            device.as_deref().unwrap_or("?")
+            d.path.as_deref().unwrap_or("?")
         );
+    }
+    if show.devices.iter().any(|d| d.missing) {
+        println!("\t*** Some devices missing");
     }
     Ok(())
 }

@@ -247,3 +247,39 @@ pub fn image_arg() -> impl clap::builder::TypedValueParser<Value = canopy::dev::
     use clap::builder::TypedValueParser;
     clap::builder::OsStringValueParser::new().try_map(|s| canopy::dev::Source::from_arg(&s))
 }
+
+/// The devices of a filesystem an offline command works on: `image`
+/// (usually device 1) and the others it names with `--device`, each
+/// opened with `access`.
+pub struct Devices {
+    pub devs: Vec<std::sync::Arc<dyn canopy::dev::Device>>,
+    /// What the user called them, in the same order.
+    pub names: Vec<String>,
+}
+
+impl Devices {
+    pub fn open(
+        image: &canopy::dev::Source,
+        others: &[canopy::dev::Source],
+        access: canopy::dev::Access,
+    ) -> canopy::Result<Devices> {
+        let mut d = Devices {
+            devs: Vec::new(),
+            names: Vec::new(),
+        };
+        for source in std::iter::once(image).chain(others) {
+            let dev = source.open(access, canopy::dev::OpenHow::default())?;
+            d.devs.push(std::sync::Arc::from(dev));
+            d.names.push(source.to_string());
+        }
+        Ok(d)
+    }
+
+    /// Open options that name the devices as the user did.
+    pub fn options(&self, base: canopy::OpenOptions) -> canopy::OpenOptions {
+        canopy::OpenOptions {
+            device_names: self.names.clone(),
+            ..base
+        }
+    }
+}

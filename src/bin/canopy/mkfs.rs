@@ -177,7 +177,8 @@ fn format_images(a: &Args, created: &[&Source]) -> Result<()> {
             .unwrap_or(Profile::Single),
     };
     let engine = Arc::new(
-        Engine::format_devices(devs.clone(), &opts).with_context(|| format!("formatting {name}"))?,
+        Engine::format_devices(devs.clone(), &opts)
+            .with_context(|| format!("formatting {name}"))?,
     );
     // The root directory, so that even a first read-only mount works.
     drop(canopy::fs::Fs::new(engine.clone()).context("creating the root directory")?);

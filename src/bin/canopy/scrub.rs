@@ -1,7 +1,7 @@
 //! `canopy scrub`: read every tree block and data extent back and verify
 //! its checksum, on an unmounted image or through a mount's daemon.
 
-use canopy::dev::{Access, OpenHow, Source};
+use canopy::dev::{Access, Source};
 use canopy::fuse::control::{self, Request, Response, ScrubState, ScrubStatus};
 use canopy::scrub::{Control, Pace, Progress, Report};
 use canopy::{Engine, OpenOptions};
@@ -32,6 +32,9 @@ pub struct Args {
     /// (follow it with `canopy scrub status`).
     #[arg(short = 'b', long)]
     background: bool,
+    /// Another device of an unmounted filesystem (repeat for each).
+    #[arg(long = "device", value_name = "DEV", value_parser = crate::image_arg())]
+    devices: Vec<Source>,
     /// An unmounted image (scrubbed here: a file, block device or
     /// rbd:POOL/IMAGE) or a mount point (scrubbed by its daemon in the
     /// background, throttled).
@@ -111,7 +114,7 @@ fn offline(a: &Args, image: &Source) -> ExitCode {
         true => Access::Share,
         false => Access::Write,
     };
-    let dev = match image.open(access, OpenHow::default()) {
+    let devs = match crate::Devices::open(image, &a.devices, access) {
         Ok(d) => d,
         Err(e) => {
             let hint = if e.to_string().contains("mounted") {
@@ -122,12 +125,12 @@ fn offline(a: &Args, image: &Source) -> ExitCode {
             return fail(a.json, &what, &format!("{e}{hint}"));
         }
     };
-    let ro = OpenOptions {
+    let ro = devs.options(OpenOptions {
         read_only: true,
         repair_when_read_only: !a.readonly,
         ..Default::default()
-    };
-    let engine = match Engine::open(Arc::from(dev), &ro) {
+    });
+    let engine = match Engine::open_devices(devs.devs.clone(), &ro) {
         Ok(e) => e,
         Err(e) => return fail(a.json, &what, &e.to_string()),
     };

@@ -1,0 +1,381 @@
+//! Filesystems over several devices: mkfs names each device and keeps
+//! tree blocks (and with `-d raid1`, data) on two or three of them; a
+//! device wiped whole is read around and repaired from the others; a
+//! missing one is refused by name unless the open is degraded (and then
+//! read-only), where every file still reads back; devices of another
+//! filesystem, or one named twice, are refused; through a real mount,
+//! `-o device=` names the others.
+
+mod common;
+
+use canopy::balance::{BalanceArgs, Filter};
+use canopy::dev::{Device, MemDevice};
+use canopy::format::superblock::Profile;
+use canopy::fs::{BalanceState, Fs, Owner};
+use canopy::volume::Chunk;
+use canopy::{Engine, FormatOptions, OpenOptions};
+use common::mounted::{canopy, canopy_ok};
+use std::sync::Arc;
+
+const ME: Owner = Owner { uid: 0, gid: 0 };
+const ROOT_DIR: u64 = 256;
+const MIB: u64 = 1 << 20;
+
+fn content(i: usize) -> Vec<u8> {
+    common::noise(
+        if i.is_multiple_of(4) {
+            200
+        } else {
+            7000 + i * 31
+        },
+        i as u64,
+    )
+}
+
+fn mem_devices(n: usize, size: u64) -> Vec<Arc<MemDevice>> {
+    (0..n).map(|_| Arc::new(MemDevice::new(size))).collect()
+}
+
+fn as_devices(devs: &[Arc<MemDevice>]) -> Vec<Arc<dyn Device>> {
+    devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect()
+}
+
+fn format(devs: &[Arc<MemDevice>], metadata: Profile, data: Profile) -> Engine {
+    let opts = FormatOptions {
+        mixed: Some(false),
+        metadata_profile: Some(metadata),
+        data_profile: data,
+        ..Default::default()
+    };
+    Engine::format_devices(as_devices(devs), &opts).unwrap()
+}
+
+fn open(devs: Vec<Arc<dyn Device>>, read_only: bool, degraded: bool) -> canopy::Result<Engine> {
+    let opts = OpenOptions {
+        read_only,
+        degraded,
+        ..Default::default()
+    };
+    Engine::open_devices(devs, &opts)
+}
+
+/// 300 files in 6 directories, committed.
+fn populate(fs: &Fs) {
+    for d in 0..6 {
+        let dir = fs
+            .create(
+                ROOT_DIR,
+                format!("d{d}").as_bytes(),
+                libc::S_IFDIR | 0o755,
+                0,
+                ME,
+                None,
+            )
+            .unwrap();
+        for f in 0..50 {
+            let i = d * 50 + f;
+            let a = fs
+                .create(
+                    dir.ino,
+                    format!("f{i}").as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    0,
+                    ME,
+                    None,
+                )
+                .unwrap();
+            fs.write(a.ino, 0, &content(i)).unwrap();
+        }
+    }
+    fs.sync().unwrap();
+}
+
+/// Reads every file `populate` wrote and compares it.
+fn verify(fs: &Fs) {
+    for d in 0..6 {
+        let dir = fs.lookup(ROOT_DIR, format!("d{d}").as_bytes()).unwrap();
+        for f in 0..50 {
+            let i = d * 50 + f;
+            let a = fs.lookup(dir.ino, format!("f{i}").as_bytes()).unwrap();
+            let want = content(i);
+            let got = fs.read(a.ino, 0, want.len() as u32 + 10).unwrap();
+            assert!(got == want, "f{i} reads back different bytes");
+        }
+    }
+}
+
+/// Overwrites every copy that lies on `devid` with garbage (superblock
+/// copies, which lie outside every copy, stay).
+fn wipe_copies_on(devs: &[Arc<MemDevice>], chunks: &[Chunk], devid: u64) {
+    let dev = &devs[devid as usize - 1];
+    let garbage = vec![0x5au8; MIB as usize];
+    for c in chunks {
+        for s in c.stripes().filter(|s| s.devid == devid) {
+            let mut at = s.offset;
+            while at < s.offset + c.len {
+                let n = (s.offset + c.len - at).min(MIB);
+                dev.write_at(&garbage[..n as usize], at).unwrap();
+                at += n;
+            }
+        }
+    }
+}
+
+fn check_clean(devs: &[Arc<MemDevice>]) {
+    let r = canopy::check::check_all_devices(as_devices(devs), &|_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
+fn raid1_keeps_every_group_on_both_devices_and_survives_either_wiped() {
+    let devs = mem_devices(2, 512 * MIB);
+    let e = format(&devs, Profile::Raid1, Profile::Raid1);
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    populate(&fs);
+    let chunks = fs.engine().mirrors();
+    let kinds: Vec<(String, String)> = fs
+        .engine()
+        .usage()
+        .kinds
+        .into_iter()
+        .map(|k| (k.kind, k.profile))
+        .collect();
+    for (kind, profile) in &kinds {
+        assert_eq!(profile, "raid1", "{kind}: {kinds:?}");
+    }
+    for c in &chunks {
+        assert_eq!(c.extra.len(), 1, "{c:?}");
+        assert_eq!(c.extra[0].devid, 2, "{c:?}");
+    }
+    let show = fs.engine().show();
+    assert_eq!(show.devices.len(), 2);
+    assert_eq!(show.devices[0].allocated, show.devices[1].allocated);
+    drop(fs);
+    check_clean(&devs);
+
+    for lost in [2, 1] {
+        wipe_copies_on(&devs, &chunks, lost);
+        let fs = Fs::new(Arc::new(open(as_devices(&devs), false, false).unwrap())).unwrap();
+        verify(&fs);
+        let ctl = canopy::scrub::Control::default();
+        let pace = canopy::scrub::Pace { throttle: false };
+        let r = canopy::scrub::run(fs.engine(), &ctl, pace).unwrap();
+        assert!(r.bad_tree_blocks.is_empty() && r.bad_data_sectors.is_empty());
+        let errors = fs.engine().device_errors();
+        let on = |devid: u64| errors.iter().find(|e| e.0 == devid).unwrap().1;
+        assert!(
+            on(lost)[2] > 0,
+            "copies on device {lost} corrected: {errors:?}"
+        );
+        assert_eq!(
+            on(3 - lost)[2],
+            0,
+            "nothing to correct on the other: {errors:?}"
+        );
+        fs.engine().reset_device_errors();
+        fs.sync().unwrap();
+        drop(fs);
+        check_clean(&devs);
+    }
+}
+
+#[test]
+fn a_missing_device_is_refused_by_name_unless_the_open_is_degraded_and_read_only() {
+    let devs = mem_devices(2, 256 * MIB);
+    let e = format(&devs, Profile::Raid1, Profile::Raid1);
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    populate(&fs);
+    drop(fs);
+    for (given, missing) in [(1, 2), (2, 1)] {
+        let only = vec![devs[given - 1].clone() as Arc<dyn Device>];
+        let err = open(only.clone(), true, false).map(drop).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("device {missing} ")),
+            "{err}"
+        );
+        let err = open(only.clone(), false, true).map(drop).unwrap_err();
+        assert!(err.to_string().contains("read-only"), "{err}");
+        let fs = Fs::new(Arc::new(open(only, true, true).unwrap())).unwrap();
+        verify(&fs);
+        let show = fs.engine().show();
+        assert!(show.devices[missing - 1].missing, "{show:?}");
+        assert!(!show.devices[given - 1].missing, "{show:?}");
+    }
+    // Named in either order, the devices make the filesystem.
+    let reversed = vec![devs[1].clone() as Arc<dyn Device>, devs[0].clone()];
+    let fs = Fs::new(Arc::new(open(reversed, true, false).unwrap())).unwrap();
+    verify(&fs);
+}
+
+#[test]
+fn devices_of_another_filesystem_or_named_twice_are_refused() {
+    let devs = mem_devices(2, 256 * MIB);
+    drop(format(&devs, Profile::Raid1, Profile::Single));
+    let other = mem_devices(2, 256 * MIB);
+    drop(format(&other, Profile::Raid1, Profile::Single));
+    let mixed = vec![devs[0].clone() as Arc<dyn Device>, other[1].clone()];
+    let err = open(mixed, true, false).map(drop).unwrap_err();
+    assert!(err.to_string().contains("another filesystem"), "{err}");
+    let twice = vec![devs[0].clone() as Arc<dyn Device>, devs[0].clone()];
+    let err = open(twice, true, false).map(drop).unwrap_err();
+    assert!(err.to_string().contains("again"), "{err}");
+    let blank = Arc::new(MemDevice::new(64 * MIB));
+    let with_blank = vec![devs[0].clone() as Arc<dyn Device>, devs[1].clone(), blank];
+    assert!(open(with_blank, true, false).is_err());
+    // Too few devices for the profile.
+    let one = mem_devices(1, 256 * MIB);
+    let opts = FormatOptions {
+        mixed: Some(false),
+        metadata_profile: Some(Profile::Raid1),
+        ..Default::default()
+    };
+    let err = Engine::format_devices(as_devices(&one), &opts)
+        .map(drop)
+        .unwrap_err();
+    assert!(err.to_string().contains("needs 2 devices"), "{err}");
+}
+
+#[test]
+fn raid1c3_reads_everything_with_two_of_three_devices_wiped() {
+    let devs = mem_devices(3, 384 * MIB);
+    let e = format(&devs, Profile::Raid1c3, Profile::Raid1c3);
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    populate(&fs);
+    let chunks = fs.engine().mirrors();
+    for c in &chunks {
+        let mut on: Vec<u64> = c.stripes().map(|s| s.devid).collect();
+        on.sort_unstable();
+        assert_eq!(on, vec![1, 2, 3], "{c:?}");
+    }
+    drop(fs);
+    wipe_copies_on(&devs, &chunks, 1);
+    wipe_copies_on(&devs, &chunks, 3);
+    let fs = Fs::new(Arc::new(open(as_devices(&devs), false, false).unwrap())).unwrap();
+    verify(&fs);
+    let ctl = canopy::scrub::Control::default();
+    let pace = canopy::scrub::Pace { throttle: false };
+    canopy::scrub::run(fs.engine(), &ctl, pace).unwrap();
+    fs.sync().unwrap();
+    drop(fs);
+    check_clean(&devs);
+}
+
+/// `balance -mconvert=raid1 -dconvert=raid1` moves a two-device
+/// filesystem made with one device's profiles onto both, and back.
+#[test]
+fn balance_converts_between_one_device_and_two() {
+    let devs = mem_devices(2, 384 * MIB);
+    let e = format(&devs, Profile::Dup, Profile::Single);
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    populate(&fs);
+    let to = |m, d| BalanceArgs {
+        data: Filter::All,
+        metadata: Filter::All,
+        data_convert: Some(d),
+        metadata_convert: Some(m),
+    };
+    for (m, d) in [
+        (Profile::Raid1, Profile::Raid1),
+        (Profile::Dup, Profile::Single),
+    ] {
+        fs.balance_start(to(m, d)).unwrap();
+        assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+        fs.sync().unwrap();
+        for k in fs.engine().usage().kinds {
+            let want = if k.kind == "data" { d } else { m };
+            assert_eq!(k.profile, want.name(), "{k:?}");
+        }
+        verify(&fs);
+    }
+    let err = fs
+        .balance_start(to(Profile::Raid1c3, Profile::Single))
+        .map(drop)
+        .unwrap_err();
+    assert!(err.to_string().contains("needs 3 devices"), "{err}");
+    drop(fs);
+    check_clean(&devs);
+}
+
+/// Through a real mount: `mkfs A B`, `mount A -o device=B`; the tools
+/// name both devices; a mount without B is refused, and `-o degraded,ro`
+/// from either device alone reads every file.
+#[test]
+fn a_mount_names_its_devices_and_mounts_degraded_read_only() {
+    if !common::mounted::can_mount() || common::mounted::rbd_conf().is_some() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = canopy()
+        .args(["mkfs", "-q", "-s", "1G", "-d", "raid1"])
+        .args([&a, &b])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let device_opt = format!("device={}", b.display());
+    let mut m = common::mounted::Mounted::over(dir, a.clone(), mnt.clone(), &device_opt);
+    for i in 0..200 {
+        std::fs::write(m.p(&format!("f{i}")), content(i)).unwrap();
+    }
+    canopy_ok(&["sync", "."], &mnt);
+    let show: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["filesystem", "show", "--json", "."], &mnt)).unwrap();
+    let paths: Vec<&str> = show["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, [a.to_str().unwrap(), b.to_str().unwrap()], "{show}");
+    let stats: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["device", "stats", "--json", "."], &mnt)).unwrap();
+    assert_eq!(stats.as_array().unwrap().len(), 2, "{stats}");
+    m.unmount();
+    let check = canopy()
+        .arg("check")
+        .arg(&a)
+        .arg("--device")
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let alone = canopy().arg("check").arg(&a).output().unwrap();
+    assert_eq!(
+        alone.status.code(),
+        Some(4),
+        "device 2 missing is a problem"
+    );
+
+    let refused = canopy()
+        .args(["mount", "-f"])
+        .args([&a, &mnt])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("device 2") && err.contains("degraded"),
+        "{err}"
+    );
+    for img in [&a, &b] {
+        m.img = img.to_path_buf();
+        m.mount("degraded,ro");
+        for i in 0..200 {
+            let got = std::fs::read(m.p(&format!("f{i}"))).unwrap();
+            assert!(got == content(i), "f{i} from {}", img.display());
+        }
+        let text = canopy_ok(&["filesystem", "show", "."], &mnt);
+        assert!(text.contains("missing"), "{text}");
+        m.unmount();
+    }
+}
