@@ -240,12 +240,7 @@ pub const BG_RAID1: u64 = 16;
 pub const BG_RAID1C3: u64 = 512;
 const BG_PROFILES: u64 = BG_DUP | BG_RAID1 | BG_RAID1C3;
 
-/// One copy of a group beyond the first: `offset` on device `devid`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Stripe {
-    pub devid: u64,
-    pub offset: u64,
-}
+pub use crate::volume::Stripe;
 
 /// `(start, BLOCK_GROUP_ITEM, length)` in the block group tree.
 ///

@@ -28,7 +28,12 @@ use std::sync::{Arc, RwLock};
 /// single-device filesystem has).
 pub const PRIMARY_DEVID: u64 = 1;
 
-pub use crate::format::items::Stripe;
+/// One copy of a group's bytes: `offset` on device `devid`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stripe {
+    pub devid: u64,
+    pub offset: u64,
+}
 
 /// A group with more than one copy: `[start, start + len)` on device 1,
 /// and the same bytes at each of `extra`.

@@ -54,10 +54,13 @@ fn open_device(image: &Source) -> Result<Arc<dyn Device>> {
     Ok(Arc::from(image.open(Access::Peek, OpenHow::default())?))
 }
 
+/// The filesystem on `image`, read-only; one device of several opens
+/// alone (degraded), reading the copies it holds.
 fn open(image: &Source) -> Result<(Arc<dyn Device>, Engine)> {
     let dev = open_device(image)?;
     let opts = OpenOptions {
         read_only: true,
+        degraded: true,
         ..Default::default()
     };
     let e = Engine::open(dev.clone(), &opts)?;

@@ -40,6 +40,9 @@ pub struct ZeroLogArgs {
     /// Print what was dropped as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Another device of the filesystem (repeat for each).
+    #[arg(long = "device", value_name = "DEV", value_parser = crate::image_arg())]
+    devices: Vec<Source>,
     /// Unmounted image file, block device or rbd:POOL/IMAGE.
     #[arg(value_parser = crate::image_arg())]
     image: Source,
@@ -73,8 +76,11 @@ fn super_recover(a: &SuperRecoverArgs) -> Result<()> {
     );
     let best = canopy::txn::read_best_superblock(dev.as_ref())
         .with_context(|| format!("{shown}: no superblock copy is good; nothing to recover from"))?;
+    // One device of several opens alone, degraded: its own copies are
+    // what is recovered.
     let opts = OpenOptions {
         read_only: true,
+        degraded: true,
         ..OpenOptions::default()
     };
     Engine::open(dev.clone(), &opts).with_context(|| {
@@ -85,7 +91,10 @@ fn super_recover(a: &SuperRecoverArgs) -> Result<()> {
     })?;
     let copies: Vec<SuperCopy> = canopy::txn::read_super_copies(dev.as_ref())
         .into_iter()
-        .filter(|(off, _)| off + canopy::format::SUPER_SIZE <= best.total_bytes)
+        .filter(|(off, _)| {
+            let own = best.device_bytes(best.devid).unwrap_or(best.total_bytes);
+            off + canopy::format::SUPER_SIZE <= own
+        })
         .map(|(offset, r)| {
             let generation = r.as_ref().ok().map(|sb| sb.generation);
             SuperCopy {
@@ -154,22 +163,19 @@ fn super_recover(a: &SuperRecoverArgs) -> Result<()> {
 
 fn zero_log(a: &ZeroLogArgs) -> Result<()> {
     let shown = &a.image;
-    let dev: Arc<dyn Device> = Arc::from(
-        a.image
-            .open(Access::Write, OpenHow::default())
-            .with_context(|| format!("opening {shown}"))?,
-    );
-    let found = what_the_log_holds(dev.clone()).with_context(|| format!("reading {shown}"))?;
+    let devs = crate::Devices::open(&a.image, &a.devices, Access::Write)
+        .with_context(|| format!("opening {shown}"))?;
+    let found = what_the_log_holds(&devs).with_context(|| format!("reading {shown}"))?;
     let Some(found) = found else {
         report(a, None, None);
         return Ok(());
     };
-    let engine = Engine::open(
-        dev,
-        &OpenOptions {
+    let engine = Engine::open_devices(
+        devs.devs.clone(),
+        &devs.options(OpenOptions {
             replay_log: false,
             ..OpenOptions::default()
-        },
+        }),
     )
     .with_context(|| format!("opening {shown}"))?;
     let generation = engine
@@ -180,12 +186,12 @@ fn zero_log(a: &ZeroLogArgs) -> Result<()> {
 }
 
 /// The log the image names, examined as a mount would (read-only).
-fn what_the_log_holds(dev: Arc<dyn Device>) -> canopy::Result<Option<LogVerdict>> {
-    let opts = OpenOptions {
+fn what_the_log_holds(devs: &crate::Devices) -> canopy::Result<Option<LogVerdict>> {
+    let opts = devs.options(OpenOptions {
         read_only: true,
         ..OpenOptions::default()
-    };
-    Ok(Engine::open(dev, &opts)?.log_found())
+    });
+    Ok(Engine::open_devices(devs.devs.clone(), &opts)?.log_found())
 }
 
 fn report(a: &ZeroLogArgs, found: Option<&LogVerdict>, generation: Option<u64>) {
