@@ -433,6 +433,7 @@ fn converting_profiles_keeps_snapshots_and_quotas_exact() {
             data: Filter::Skip,
             metadata: Filter::Skip,
             metadata_convert: Some(target),
+            devid: None,
             ..Default::default()
         };
         fs.balance_start(args).expect("start");

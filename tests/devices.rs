@@ -273,6 +273,7 @@ fn balance_converts_between_one_device_and_two() {
         metadata: Filter::All,
         data_convert: Some(d),
         metadata_convert: Some(m),
+        devid: None,
     };
     for (m, d) in [
         (Profile::Raid1, Profile::Raid1),
@@ -378,4 +379,117 @@ fn a_mount_names_its_devices_and_mounts_degraded_read_only() {
         assert!(text.contains("missing"), "{text}");
         m.unmount();
     }
+}
+
+/// `device add`, a conversion onto the new device, and `device remove`
+/// of another: every copy follows, the removed device's superblocks are
+/// wiped, and what cannot go (device 1, a device raid1 still needs) is
+/// refused.
+#[test]
+fn devices_added_and_removed_carry_every_copy() {
+    let devs = mem_devices(3, 384 * MIB);
+    let fs = Fs::new(Arc::new(format(&devs[..1], Profile::Dup, Profile::Single))).unwrap();
+    populate(&fs);
+    let add = |i: usize| fs.device_add(devs[i].clone(), format!("dev{i}"));
+    assert_eq!(add(1).unwrap(), 2);
+    let err = add(1).map(drop).unwrap_err();
+    assert!(err.to_string().contains("already device 2"), "{err}");
+    fs.balance_start(BalanceArgs {
+        data: Filter::All,
+        metadata: Filter::All,
+        data_convert: Some(Profile::Raid1),
+        metadata_convert: Some(Profile::Raid1),
+        devid: None,
+    })
+    .unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.sync().unwrap();
+    for k in fs.engine().usage().kinds {
+        assert_eq!(k.profile, "raid1", "{k:?}");
+    }
+    drop(fs);
+    let two = || vec![devs[0].clone() as Arc<dyn Device>, devs[1].clone()];
+    let err = open(vec![devs[0].clone()], false, false)
+        .map(drop)
+        .unwrap_err();
+    assert!(err.to_string().contains("device 2 "), "{err}");
+    let chunks = open(two(), true, false).unwrap().mirrors();
+    wipe_copies_on(&devs, &chunks, 1);
+    let fs = Fs::new(Arc::new(open(two(), false, false).unwrap())).unwrap();
+    verify(&fs);
+
+    assert_eq!(fs.device_add(devs[2].clone(), "dev2".into()).unwrap(), 3);
+    fs.device_remove_start(2).unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.device_remove_finish(2).unwrap();
+    assert!(fs
+        .engine()
+        .mirrors()
+        .iter()
+        .all(|c| c.stripes().all(|s| s.devid != 2)));
+    assert_eq!(canopy::dev::existing_filesystem(devs[1].as_ref()), None);
+    let err = fs.device_remove_start(1).map(drop).unwrap_err();
+    assert!(err.to_string().contains("device 1"), "{err}");
+    let err = fs.device_remove_start(3).map(drop).unwrap_err();
+    assert!(err.to_string().contains("needs 2 devices"), "{err}");
+    verify(&fs);
+    fs.sync().unwrap();
+    drop(fs);
+    let left = [devs[0].clone(), devs[2].clone()];
+    let reopened = open(as_devices(&left), true, false).unwrap();
+    assert_eq!(reopened.devices().len(), 2);
+    drop(reopened);
+    let r = canopy::check::check_all_devices(as_devices(&left), &|_, _| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+    // The removed device is no longer taken for one of the filesystem's.
+    assert!(open(as_devices(&devs), true, false).is_err());
+}
+
+/// Through a real mount: `device add` (a relative path), a conversion,
+/// `device remove` refused while raid1 needs the device and done after
+/// converting back; the image then checks clean alone.
+#[test]
+fn device_add_and_remove_through_a_mount() {
+    if !common::mounted::can_mount() || common::mounted::rbd_conf().is_some() {
+        return;
+    }
+    let mut m = common::mounted::Mounted::with_size("1G");
+    let dir = m.img.parent().unwrap().to_path_buf();
+    std::fs::File::create(dir.join("b.img"))
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    for i in 0..100 {
+        std::fs::write(m.p(&format!("f{i}")), content(i)).unwrap();
+    }
+    let mnt = m.mnt.to_str().unwrap().to_string();
+    let added = canopy_ok(&["device", "add", "b.img", &mnt], &dir);
+    assert!(added.contains("device 2"), "{added}");
+    canopy_ok(&["balance", "start", "-mconvert=raid1", &mnt], &dir);
+    let show: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["filesystem", "show", "--json", &mnt], &dir)).unwrap();
+    let b = dir.join("b.img");
+    assert_eq!(show["devices"][1]["path"], b.to_str().unwrap(), "{show}");
+    assert!(
+        show["devices"][1]["allocated"].as_u64().unwrap() > 0,
+        "{show}"
+    );
+    let refused = canopy()
+        .args(["device", "remove", "b.img", &mnt])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("needs 2 devices"), "{err}");
+    canopy_ok(&["balance", "start", "-mconvert=dup", &mnt], &dir);
+    canopy_ok(&["device", "remove", "2", &mnt], &dir);
+    let show: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["filesystem", "show", "--json", &mnt], &dir)).unwrap();
+    assert_eq!(show["devices"].as_array().unwrap().len(), 1, "{show}");
+    for i in 0..100 {
+        assert!(std::fs::read(m.p(&format!("f{i}"))).unwrap() == content(i));
+    }
+    m.unmount();
+    m.check();
 }

@@ -482,6 +482,7 @@ fn balance_converts_tree_blocks_between_one_and_two_copies() {
         metadata: Filter::Skip,
         data_convert: None,
         metadata_convert: Some(p),
+        devid: None,
     };
     fs.balance_start(to(Profile::Dup)).unwrap();
     assert_eq!(fs.balance_wait().state, BalanceState::Finished);

@@ -191,6 +191,9 @@ pub struct Allocator {
     /// Most system groups the superblock names (see
     /// [`Allocator::system_chunks`]).
     system_chunks_max: usize,
+    /// Devices being emptied (`canopy device remove`): no new copy goes
+    /// there, and their space counts for nobody.
+    leaving: BTreeSet<u64>,
 }
 
 impl Allocator {
@@ -201,6 +204,7 @@ impl Allocator {
             map: Arc::new(ChunkMap::default()),
             other_devices: BTreeMap::new(),
             system_chunks_max: crate::format::superblock::SYSTEM_CHUNKS_MAX,
+            leaving: BTreeSet::new(),
             groups: BTreeMap::new(),
             device_bytes,
             mixed,
@@ -234,6 +238,23 @@ impl Allocator {
         self.other_devices = others;
         self.other_devices.remove(&PRIMARY_DEVID);
         self.system_chunks_max = system_chunks_max;
+    }
+
+    /// Marks device `devid` as being emptied (no new copy goes there, and
+    /// the groups with a copy there take no new extents) or not.
+    pub fn set_leaving(&mut self, devid: u64, leaving: bool) {
+        match leaving {
+            true => self.leaving.insert(devid),
+            false => self.leaving.remove(&devid),
+        };
+    }
+
+    /// The devices besides device 1 that take new copies.
+    fn staying_others(&self) -> impl Iterator<Item = u64> + '_ {
+        self.other_devices
+            .keys()
+            .copied()
+            .filter(|d| !self.leaving.contains(d))
     }
 
     /// Every device's id and usable bytes, device 1 first.
@@ -423,8 +444,8 @@ impl Allocator {
     /// The whole `max` is looked for in the existing groups first, then in
     /// a new group; only when neither has it does a shorter piece (at least
     /// `min`) do, so fragmented free space still takes a write while a
-    /// clean device keeps its extents long. Groups a balance will empty
-    /// come last.
+    /// clean device keeps its extents long. Groups a balance will empty,
+    /// and groups of another profile than new ones get, come last.
     pub fn alloc(&mut self, kind: GroupKind, min: u64, max: u64, hint: u64) -> Result<(u64, u64)> {
         let (start, len) = self.alloc_transient(kind, min, max, hint)?;
         self.journal.push(FreeOp::Remove(start, len));
@@ -484,10 +505,16 @@ impl Allocator {
         hint: u64,
         pending: bool,
     ) -> Option<(u64, u64)> {
-        // The hint's own group first, then the others nearest the hint first.
+        // The hint's own group first, then the others nearest the hint
+        // first. Groups of another profile than new ones get (a
+        // conversion left them, or will empty them) come last, as those
+        // a balance will empty.
+        let profile = self.new_profile(kind);
+        let last_resort =
+            |g: &BlockGroup| self.pending.contains(&g.start) || g.profile() != profile;
         let mut order: Vec<&BlockGroup> = self
             .writable_groups(kind)
-            .filter(|g| self.pending.contains(&g.start) == pending)
+            .filter(|g| last_resort(g) == pending)
             .collect();
         order.sort_by_key(|g| {
             if hint >= g.start && hint < g.start + g.len {
@@ -657,6 +684,7 @@ impl Allocator {
         self.groups
             .values()
             .filter(move |g| g.kind == kind && !self.readonly.contains(&g.start))
+            .filter(|g| !g.ranges().any(|r| self.leaving.contains(&r.0)))
     }
 
     /// Makes the group at `start` take no new extents (balance empties
@@ -757,9 +785,8 @@ impl Allocator {
     /// the largest can hold no more than all the others together.
     fn others_capacity(&self, pairs: bool) -> u64 {
         let free: Vec<u64> = self
-            .other_devices
-            .keys()
-            .map(|&d| self.unallocated_on(d))
+            .staying_others()
+            .map(|d| self.unallocated_on(d))
             .collect();
         let sum: u64 = free.iter().sum();
         let max = free.iter().copied().max().unwrap_or(0);
@@ -923,7 +950,7 @@ impl Allocator {
             }]);
         }
         let want = profile.copies() - 1;
-        let mut devices: Vec<u64> = self.other_devices.keys().copied().collect();
+        let mut devices: Vec<u64> = self.staying_others().collect();
         devices.sort_by_key(|&d| std::cmp::Reverse(self.unallocated_on(d)));
         let extra: Vec<Stripe> = devices
             .into_iter()

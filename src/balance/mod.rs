@@ -76,6 +76,15 @@ fn wants(args: &BalanceArgs, kind: GroupKind, profile: Profile, used: u64, len: 
     }
 }
 
+/// Whether `args` converts groups of `kind` to another profile.
+fn converts(args: &BalanceArgs, kind: GroupKind) -> bool {
+    match kind {
+        GroupKind::Data => args.data_convert.is_some(),
+        GroupKind::Metadata | GroupKind::System => args.metadata_convert.is_some(),
+        GroupKind::Mixed => args.data_convert.or(args.metadata_convert).is_some(),
+    }
+}
+
 fn item_key() -> Key {
     Key::new(BALANCE_OBJECTID, BALANCE_ITEM, 0)
 }
@@ -138,7 +147,14 @@ pub fn start(tx: &mut Txn<'_>, args: BalanceArgs) -> Result<usize> {
     let chosen: Vec<u64> = tx
         .allocator()
         .groups()
-        .filter(|g| g.used > 0 && wants(&args, g.kind, profile_of(g), g.used, g.len))
+        .filter(|g| {
+            // An empty group is given back by the next commit; one that
+            // must go (another profile, the device leaving) is chosen
+            // all the same, so that nothing new lands in it meanwhile.
+            let must_go = args.devid.is_some() || converts(&args, g.kind);
+            (g.used > 0 || must_go) && wants(&args, g.kind, profile_of(g), g.used, g.len)
+        })
+        .filter(|g| args.devid.is_none_or(|d| g.ranges().any(|r| r.0 == d)))
         .map(|g| g.start)
         .collect();
     tx.reserve(&Need::items(ROOT, 1 + chosen.len() as u64))?;

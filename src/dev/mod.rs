@@ -25,6 +25,7 @@ mod mem;
 pub mod powercut;
 #[cfg(canopy_rbd)]
 mod rbd;
+mod signature;
 pub mod source;
 
 pub use exclusive::Access;
@@ -32,6 +33,7 @@ pub use file::FileDevice;
 pub use mem::MemDevice;
 #[cfg(canopy_rbd)]
 pub use rbd::RbdDevice;
+pub use signature::existing_filesystem;
 pub use source::{OpenHow, RbdSpec, Source};
 
 use crate::error::Result;

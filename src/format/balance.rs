@@ -59,12 +59,18 @@ pub struct BalanceArgs {
     pub data_convert: Option<Profile>,
     #[serde(default)]
     pub metadata_convert: Option<Profile>,
+    /// Only groups with a copy on this device (`-ddevid=N`; what `canopy
+    /// device remove` moves off the device it empties).
+    #[serde(default)]
+    pub devid: Option<u64>,
 }
 
 /// The item: data filter (2 bytes), metadata filter (2), paused (1), and
 /// since conversions, the data and metadata targets (1 each: 0 none, 1
-/// single, 2 dup, 3 raid1, 4 raid1c3). Items of 5 bytes convert nothing.
+/// single, 2 dup, 3 raid1, 4 raid1c3); and with a device filter, its
+/// devid (u64, 15 bytes in all). Items of 5 bytes convert nothing.
 const ITEM_SIZE: usize = 7;
+const DEVID_ITEM_SIZE: usize = 15;
 const OLD_ITEM_SIZE: usize = 5;
 const NO_USAGE: u8 = 255;
 
@@ -97,6 +103,7 @@ impl BalanceArgs {
             metadata: Filter::All,
             data_convert: None,
             metadata_convert: None,
+            devid: None,
         }
     }
 
@@ -108,11 +115,26 @@ impl BalanceArgs {
             encode_convert(self.data_convert),
             encode_convert(self.metadata_convert),
         );
-        vec![d, du, m, mu, u8::from(paused), dc, mc]
+        let mut b = vec![d, du, m, mu, u8::from(paused), dc, mc];
+        if let Some(devid) = self.devid {
+            b.extend_from_slice(&devid.to_le_bytes());
+        }
+        b
     }
 
     /// The arguments and the paused flag of a balance item.
     pub fn decode(b: &[u8]) -> std::result::Result<(BalanceArgs, bool), String> {
+        let (b, devid) = match b.len() {
+            DEVID_ITEM_SIZE => {
+                let (head, id) = b.split_at(ITEM_SIZE);
+                let id = u64::from_le_bytes(id.try_into().map_err(|_| "balance devid")?);
+                if id == 0 {
+                    return Err("balance device filter names devid 0".into());
+                }
+                (head, Some(id))
+            }
+            _ => (b, None),
+        };
         let (fixed, converts) = match b.len() {
             ITEM_SIZE => b.split_at(OLD_ITEM_SIZE),
             OLD_ITEM_SIZE => (b, &[0u8, 0][..]),
@@ -129,6 +151,7 @@ impl BalanceArgs {
                 metadata: Filter::decode(m, mu)?,
                 data_convert: decode_convert(converts[0])?,
                 metadata_convert: decode_convert(converts[1])?,
+                devid,
             },
             paused == 1,
         ))

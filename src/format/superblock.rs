@@ -619,3 +619,47 @@ fn decode_devices(b: &[u8]) -> std::result::Result<Vec<DeviceItem>, String> {
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::{Device, MemDevice};
+
+    /// What mkfs and `device add` look for is what a superblock holds.
+    #[test]
+    fn a_written_superblock_is_recognised_as_canopy() {
+        let dev = MemDevice::new(1 << 20);
+        assert_eq!(crate::dev::existing_filesystem(&dev), None);
+        let sb = Superblock {
+            fsid: [1; 16],
+            flags: 0,
+            generation: 1,
+            root: 1 << 20,
+            root_generation: 1,
+            root_level: 0,
+            log_root: 0,
+            log_root_generation: 0,
+            log_root_level: 0,
+            log_prev_root: 0,
+            log_prev_generation: 0,
+            log_prev_level: 0,
+            log_nonce: 0,
+            total_bytes: 1 << 30,
+            bytes_used: 0,
+            nodesize: 16384,
+            sectorsize: 4096,
+            compat: 0,
+            compat_ro: 0,
+            incompat: 0,
+            label: String::new(),
+            metadata_profile: Profile::Single,
+            data_profile: Profile::Single,
+            system_chunks: Vec::new(),
+            devid: 1,
+            devices: Vec::new(),
+        };
+        let off = super::super::SUPER_OFFSETS[0];
+        dev.write_at(&sb.encode(off), off).expect("write");
+        assert_eq!(crate::dev::existing_filesystem(&dev), Some("Canopy"));
+    }
+}

@@ -137,7 +137,7 @@ impl Core {
         crate::sync::lock(&self.balance_status)
     }
 
-    fn check_balance_writable(&self) -> Result<()> {
+    pub(super) fn check_balance_writable(&self) -> Result<()> {
         if self.remounted_ro.load(Ordering::Relaxed) {
             return Err(Error::ReadOnly);
         }

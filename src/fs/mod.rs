@@ -23,6 +23,7 @@ pub mod balance;
 pub mod compression;
 mod daemon;
 mod data;
+mod devices;
 mod dir;
 pub mod extents;
 mod file;

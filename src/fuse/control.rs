@@ -140,6 +140,28 @@ pub enum Request {
     DeviceStats {
         reset: bool,
     },
+    /// `canopy device add DEV`: the daemon opens `path` (an absolute
+    /// path or an `rbd:` name) and adds it; `force` writes over another
+    /// filesystem's signature.
+    DeviceAdd {
+        path: String,
+        force: bool,
+    },
+    /// `canopy device remove`, first step: stop new copies going to the
+    /// device (`device`: a devid or a path it was named by) and start the
+    /// balance that moves the others off; answers its devid and the
+    /// balance.
+    DeviceRemoveStart {
+        device: String,
+    },
+    /// Last step, once that balance has finished.
+    DeviceRemoveFinish {
+        devid: u64,
+    },
+    /// Gives the removal up: the device takes new copies again.
+    DeviceRemoveAbort {
+        devid: u64,
+    },
 }
 
 /// One device's error counters (`canopy device stats`), as btrfs names
@@ -231,6 +253,9 @@ pub struct Response {
     /// The filesystem and its devices, after a usage request.
     #[serde(default)]
     pub show: Option<crate::alloc::FilesystemShow>,
+    /// The device added, or being removed.
+    #[serde(default)]
+    pub devid: Option<u64>,
 }
 
 impl Response {
@@ -253,6 +278,7 @@ impl Response {
             receive: None,
             devices: None,
             show: None,
+            devid: None,
         }
     }
 
@@ -670,6 +696,65 @@ fn scrub_request(req: Request, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) -> Respons
     }
 }
 
+/// A device command: the devid it is about, and after a removal's
+/// first step the balance moving the copies off.
+fn device_request(req: Request, fs: &Fs) -> Response {
+    let r = match req {
+        Request::DeviceAdd { path, force } => add_device(fs, &path, force),
+        Request::DeviceRemoveStart { device } => {
+            device_of(fs, &device).and_then(|devid| fs.device_remove_start(devid).map(|_| devid))
+        }
+        Request::DeviceRemoveFinish { devid } => fs.device_remove_finish(devid).map(|()| devid),
+        Request::DeviceRemoveAbort { devid } => fs.device_remove_abort(devid).map(|()| devid),
+        _ => Err(Error::Invalid("not a device request".into())),
+    };
+    match r {
+        Ok(devid) => Response {
+            devid: Some(devid),
+            balance: Some(fs.balance_status()),
+            ..Response::ok()
+        },
+        Err(e) => Response::failed(e),
+    }
+}
+
+/// Opens `path` to write and adds it, refusing one that holds a
+/// filesystem unless `force`.
+fn add_device(fs: &Fs, path: &str, force: bool) -> Result<u64> {
+    let source: crate::dev::Source = path.parse()?;
+    let dev = source.open(crate::dev::Access::Write, crate::dev::OpenHow::default())?;
+    if !force {
+        if let Some(what) = crate::dev::existing_filesystem(dev.as_ref()) {
+            return Err(Error::Invalid(format!(
+                "{path} holds a {what} filesystem; use --force to overwrite it"
+            )));
+        }
+    }
+    fs.device_add(Arc::from(dev), source.to_string())
+}
+
+/// The devid `device` names: a number, or a path (or `rbd:` name) the
+/// device was named by at mount or when it was added.
+fn device_of(fs: &Fs, device: &str) -> Result<u64> {
+    if let Ok(devid) = device.parse::<u64>() {
+        return Ok(devid);
+    }
+    let canon = |s: &str| {
+        std::fs::canonicalize(s).map_or_else(|_| s.to_string(), |p| p.display().to_string())
+    };
+    let want = canon(device);
+    fs.engine()
+        .device_names()
+        .into_iter()
+        .find(|(_, name)| canon(name) == want)
+        .map(|(devid, _)| devid)
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "{device} is none of the filesystem's devices (see canopy filesystem show)"
+            ))
+        })
+}
+
 /// A balance command: the balance's status after it.
 fn balance_request(req: Request, fs: &Fs) -> Response {
     let r = match req {
@@ -756,6 +841,12 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
                 ..Response::ok()
             }
         }
+        Ok(
+            req @ (Request::DeviceAdd { .. }
+            | Request::DeviceRemoveStart { .. }
+            | Request::DeviceRemoveFinish { .. }
+            | Request::DeviceRemoveAbort { .. }),
+        ) => device_request(req, fs),
         Ok(req @ (Request::ScrubStart | Request::ScrubStatus | Request::ScrubCancel)) => {
             scrub_request(req, scrub, fs)
         }

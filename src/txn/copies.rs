@@ -19,7 +19,14 @@ pub(super) fn read_tree_block(sh: &Shared, bytenr: u64, generation: u64) -> Resu
     let copies = sh.dev.copies(bytenr, len);
     let mut buf = vec![0u8; sh.nodesize];
     let mut bad: Vec<(usize, Error)> = Vec::new();
+    let mut missing: Option<usize> = None;
     for copy in 0..copies {
+        // A copy on a device a degraded open lacks is neither read nor
+        // bad: it is just not there.
+        if !sh.dev.copy_present(bytenr, len, copy) {
+            missing.get_or_insert(copy);
+            continue;
+        }
         match read_copy(sh, &mut buf, bytenr, generation, copy) {
             Ok(node) => {
                 repair(sh, &buf, &node, &bad, copy);
@@ -28,9 +35,16 @@ pub(super) fn read_tree_block(sh: &Shared, bytenr: u64, generation: u64) -> Resu
             Err(e) => bad.push((copy, e)),
         }
     }
-    match bad.into_iter().next() {
-        Some((_, e)) => Err(e),
-        None => Err(Error::corrupt(bytenr, "block has no copy")),
+    match (bad.into_iter().next(), missing) {
+        (Some((_, e)), _) => Err(e),
+        (None, Some(_)) => Err(Error::io(
+            format!("reading tree block {bytenr}"),
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "every copy lies on a missing device (a degraded mount)",
+            ),
+        )),
+        (None, None) => Err(Error::corrupt(bytenr, "block has no copy")),
     }
 }
 

@@ -9,11 +9,13 @@
 //! but nobody gave is refused by name unless the open is degraded.
 
 use super::open::{random_fsid, read_best_superblock, MIN_DEVICE_BYTES};
-use super::OpenOptions;
+use super::{Engine, OpenOptions, Txn};
 use crate::dev::Device;
 use crate::error::{Error, Result};
-use crate::format::superblock::{DeviceItem, Superblock};
-use crate::format::SECTORSIZE;
+use crate::format::superblock::{
+    DeviceItem, Superblock, DEVICES_MAX, INCOMPAT_DEVICES, SYSTEM_CHUNKS_MAX_DEVICES,
+};
+use crate::format::{SECTORSIZE, SUPER_OFFSETS, SUPER_SIZE};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -165,4 +167,171 @@ fn refuse_missing(missing: &[&DeviceItem], opts: &OpenOptions) -> Result<()> {
         names.join(", ")
     );
     Ok(())
+}
+
+impl Engine {
+    /// Adds `dev` to the filesystem as its next devid (`canopy device
+    /// add`) and commits: from then on every superblock names it, and
+    /// new groups may keep copies there (existing ones move with a
+    /// balance, `-mconvert=raid1` for example). `name` is what
+    /// `filesystem show` calls it.
+    pub fn add_device(&self, dev: Arc<dyn Device>, name: String) -> Result<u64> {
+        let bytes = dev.size() - dev.size() % u64::from(SECTORSIZE);
+        if bytes < MIN_DEVICE_BYTES {
+            return Err(Error::Invalid(format!(
+                "{name} holds {bytes} bytes, less than the minimum {MIN_DEVICE_BYTES}"
+            )));
+        }
+        if let Ok(sb) = read_best_superblock(dev.as_ref()) {
+            if sb.fsid == self.shared.fsid {
+                return Err(Error::Invalid(format!(
+                    "{name} is already device {} of this filesystem",
+                    sb.devid
+                )));
+            }
+        }
+        let devid = self.write(|tx| {
+            refuse_while_degraded(tx)?;
+            let sb = &mut tx.st.sb;
+            if sb.devices.len() >= DEVICES_MAX {
+                return Err(Error::Invalid(format!(
+                    "the filesystem has {DEVICES_MAX} devices, the most it can have"
+                )));
+            }
+            if !sb.has_device_table() {
+                if tx.st.alloc.system_chunks().len() > SYSTEM_CHUNKS_MAX_DEVICES {
+                    return Err(Error::Invalid(format!(
+                        "more than {SYSTEM_CHUNKS_MAX_DEVICES} system groups with two copies: balance the system groups first"
+                    )));
+                }
+                sb.incompat |= INCOMPAT_DEVICES;
+            }
+            let devid = sb.devices.iter().map(|d| d.devid).max().unwrap_or(0) + 1;
+            sb.devices.push(DeviceItem {
+                devid,
+                bytes,
+                uuid: random_fsid(),
+            });
+            devices_changed(tx);
+            self.shared.dev.add_device(devid, dev.clone());
+            Ok(devid)
+        })?;
+        crate::sync::write(&self.device_names).insert(devid, name);
+        self.commit()?;
+        tracing::info!(devid, bytes, "device added");
+        Ok(devid)
+    }
+
+    /// Marks device `devid` as being emptied, so that no new copy goes
+    /// there (`canopy device remove` sets it before its balance), or
+    /// not.
+    pub fn set_device_leaving(&self, devid: u64, leaving: bool) -> Result<()> {
+        self.write(|tx| {
+            tx.st.alloc.set_leaving(devid, leaving);
+            Ok(())
+        })
+    }
+
+    /// Whether device `devid` can leave the filesystem once no copy lies
+    /// on it: it is one of its devices other than device 1, and the
+    /// profiles new groups get can be kept by the devices left.
+    pub fn check_removable(&self, devid: u64) -> Result<()> {
+        let st = crate::sync::read(&self.state);
+        removable(&st.sb, devid)
+    }
+
+    /// Takes device `devid` out of the filesystem (`canopy device
+    /// remove`, once a balance moved every copy off it): commits a
+    /// device table without it, then wipes its superblock copies so that
+    /// it is never taken for one of the filesystem's devices again.
+    pub fn remove_device(&self, devid: u64) -> Result<()> {
+        let dev = self.write(|tx| {
+            refuse_while_degraded(tx)?;
+            removable(&tx.st.sb, devid)?;
+            let left = tx.st.alloc.allocated_on(devid);
+            if left > 0 {
+                return Err(Error::Posix(
+                    libc::EBUSY,
+                    "copies still lie on the device (a balance must move them first)",
+                ));
+            }
+            tx.st.sb.devices.retain(|d| d.devid != devid);
+            tx.st.alloc.set_leaving(devid, false);
+            devices_changed(tx);
+            let key = super::persist::device_stats_key(devid);
+            if tx.get(crate::format::tree_id::ROOT, &key)?.is_some() {
+                tx.delete(crate::format::tree_id::ROOT, &key)?;
+            }
+            Ok(self.shared.dev.remove_device(devid))
+        })?;
+        crate::sync::write(&self.device_names).remove(&devid);
+        self.commit()?;
+        if let Some(dev) = dev {
+            wipe_superblocks(dev.as_ref())?;
+        }
+        tracing::info!(devid, "device removed");
+        Ok(())
+    }
+}
+
+/// Adding or removing a device while one is missing would write a table
+/// the missing one never sees.
+fn refuse_while_degraded(tx: &Txn<'_>) -> Result<()> {
+    match tx
+        .st
+        .sb
+        .devices
+        .iter()
+        .find(|d| tx.sh.dev.device(d.devid).is_none())
+    {
+        Some(d) => Err(Error::Invalid(format!(
+            "device {} is missing: the filesystem's devices cannot change while it is",
+            d.devid
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The allocator follows the device table, and the next commit writes it.
+fn devices_changed(tx: &mut Txn<'_>) {
+    let sb = &tx.st.sb;
+    let others = sb.devices.iter().map(|d| (d.devid, d.bytes)).collect();
+    let max = sb.system_chunks_max();
+    tx.st.alloc.set_devices(others, max);
+    tx.st.superblock_changed = true;
+}
+
+fn removable(sb: &Superblock, devid: u64) -> Result<()> {
+    if devid == crate::volume::PRIMARY_DEVID {
+        return Err(Error::Invalid(
+            "device 1 holds the first copy of every block group in this version: it cannot be removed".into(),
+        ));
+    }
+    if sb.device_bytes(devid).is_none() {
+        return Err(Error::Invalid(format!(
+            "the filesystem has no device {devid}"
+        )));
+    }
+    let left = sb.devices.len() - 1;
+    for p in [sb.metadata_profile, sb.data_profile] {
+        if p.min_devices() > left {
+            return Err(Error::Invalid(format!(
+                "the {} profile needs {} devices and {left} would be left: convert first (canopy balance start -mconvert=dup -dconvert=single)",
+                p.name(),
+                p.min_devices()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Zeroes every superblock copy on `dev` (the magic with it), durably.
+fn wipe_superblocks(dev: &dyn Device) -> Result<()> {
+    let zeros = vec![0u8; SUPER_SIZE as usize];
+    for &off in SUPER_OFFSETS.iter() {
+        if off + SUPER_SIZE <= dev.size() {
+            dev.write_at(&zeros, off)?;
+        }
+    }
+    dev.barrier()
 }

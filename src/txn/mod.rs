@@ -249,9 +249,9 @@ pub struct Engine {
     /// Tells the committer that the running transaction grew past its
     /// bound on changed tree blocks (see [`Engine::wait_commit_wanted`]).
     commit_wanted: CommitWanted,
-    /// What the opener called each device (`OpenOptions::device_names`),
-    /// by devid.
-    device_names: BTreeMap<u64, String>,
+    /// What the opener called each device (`OpenOptions::device_names`,
+    /// and `add_device`'s name), by devid.
+    device_names: RwLock<BTreeMap<u64, String>>,
 }
 
 /// A bound on the running transaction's changed tree blocks and the
@@ -475,6 +475,7 @@ impl Engine {
         self.shared
             .dev
             .all_errors()
+            .into_iter()
             .map(|(devid, e)| (devid, e.snapshot()))
             .collect()
     }
@@ -490,8 +491,8 @@ impl Engine {
     }
 
     /// What the opener called each device, by devid (devices it named).
-    pub fn device_names(&self) -> &BTreeMap<u64, String> {
-        &self.device_names
+    pub fn device_names(&self) -> BTreeMap<u64, String> {
+        crate::sync::read(&self.device_names).clone()
     }
 
     /// The filesystem's devices as its superblock names them, and which
@@ -553,7 +554,7 @@ impl Engine {
                 size,
                 allocated: st.alloc.allocated_on(devid),
                 missing: self.shared.dev.device(devid).is_none(),
-                path: self.device_names.get(&devid).cloned(),
+                path: crate::sync::read(&self.device_names).get(&devid).cloned(),
             })
             .collect();
         crate::alloc::FilesystemShow {

@@ -158,7 +158,7 @@ fn new_engine(
         commit_wanted: Default::default(),
         read_only: opts.read_only,
         settle_early_at: opts.settle_early_at.max(1),
-        device_names: BTreeMap::new(),
+        device_names: RwLock::new(BTreeMap::new()),
     }
 }
 
@@ -340,8 +340,8 @@ impl Engine {
             level: sb.root_level,
         };
         let st = empty_state(sb.clone(), sb.generation + 1, sb.total_bytes, mechanisms);
-        let mut engine = new_engine(devices, st, fsid, ns, opts);
-        engine.device_names = names;
+        let engine = new_engine(devices, st, fsid, ns, opts);
+        *crate::sync::write(&engine.device_names) = names;
         {
             let mut st = crate::sync::write(&engine.state);
             load_roots(&mut st, &engine.shared, root)?;
@@ -536,7 +536,7 @@ fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
 
 /// The devices' error counters as the last commit recorded them.
 fn load_device_stats(st: &State, sh: &Shared) -> Result<()> {
-    let devids: Vec<u64> = sh.dev.all_errors().map(|(d, _)| d).collect();
+    let devids: Vec<u64> = sh.dev.all_errors().into_iter().map(|(d, _)| d).collect();
     for devid in devids {
         let key = super::persist::device_stats_key(devid);
         let Some(data) = super::Reader::new(st, sh).get(tree_id::ROOT, &key)? else {

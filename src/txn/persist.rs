@@ -44,6 +44,7 @@ pub(super) fn write_device_stats(tx: &mut Txn<'_>) -> Result<()> {
         .sh
         .dev
         .all_errors()
+        .into_iter()
         .map(|(devid, e)| (devid, e.snapshot()))
         .collect();
     for (devid, [read_errors, corruption_errors, corrected, write_errors]) in counts {

@@ -169,12 +169,14 @@ impl ErrorCounts {
 /// copies. A device missing from a degraded open is absent from
 /// `devices`; its copies fail to read and write.
 pub struct Volume {
-    devices: BTreeMap<u64, Arc<dyn Device>>,
+    /// Changes only when a device is added or removed (`canopy device
+    /// add|remove`), under the engine's state lock.
+    devices: RwLock<BTreeMap<u64, Arc<dyn Device>>>,
     /// Device 1's size as the filesystem recorded it, for a degraded
     /// open without it.
     primary_bytes: u64,
     map: Arc<ChunkMap>,
-    errors: BTreeMap<u64, ErrorCounts>,
+    errors: RwLock<BTreeMap<u64, Arc<ErrorCounts>>>,
     /// Whether bad copies may be rewritten (not on a read-only open).
     repairs: std::sync::atomic::AtomicBool,
 }
@@ -195,12 +197,14 @@ impl Volume {
     ) -> Volume {
         Volume {
             primary_bytes: sizes.get(&PRIMARY_DEVID).copied().unwrap_or(0),
-            errors: sizes
-                .keys()
-                .chain(devices.keys())
-                .map(|&d| (d, ErrorCounts::default()))
-                .collect(),
-            devices,
+            errors: RwLock::new(
+                sizes
+                    .keys()
+                    .chain(devices.keys())
+                    .map(|&d| (d, Arc::default()))
+                    .collect(),
+            ),
+            devices: RwLock::new(devices),
             map,
             repairs: std::sync::atomic::AtomicBool::new(true),
         }
@@ -218,14 +222,31 @@ impl Volume {
     }
 
     /// Device `devid`, when present.
-    pub fn device(&self, devid: u64) -> Option<&dyn Device> {
-        self.devices.get(&devid).map(|d| d.as_ref())
+    pub fn device(&self, devid: u64) -> Option<Arc<dyn Device>> {
+        crate::sync::read(&self.devices).get(&devid).cloned()
     }
 
     /// The present devices, by id: superblock copies live on each,
     /// outside every group.
-    pub fn devices(&self) -> impl Iterator<Item = (u64, &dyn Device)> {
-        self.devices.iter().map(|(&id, d)| (id, d.as_ref()))
+    pub fn devices(&self) -> Vec<(u64, Arc<dyn Device>)> {
+        crate::sync::read(&self.devices)
+            .iter()
+            .map(|(&id, d)| (id, d.clone()))
+            .collect()
+    }
+
+    /// Takes a new device as `devid` (`canopy device add`): copies the
+    /// allocator places there from now on are written to it.
+    pub fn add_device(&self, devid: u64, dev: Arc<dyn Device>) {
+        crate::sync::write(&self.devices).insert(devid, dev);
+        crate::sync::write(&self.errors).entry(devid).or_default();
+    }
+
+    /// Lets device `devid` go (`canopy device remove`, once no copy lies
+    /// on it) and returns it.
+    pub fn remove_device(&self, devid: u64) -> Option<Arc<dyn Device>> {
+        crate::sync::write(&self.errors).remove(&devid);
+        crate::sync::write(&self.devices).remove(&devid)
     }
 
     pub fn map(&self) -> &Arc<ChunkMap> {
@@ -234,16 +255,19 @@ impl Volume {
 
     /// The error counters of device `devid` (those of an unknown device
     /// count nowhere).
-    pub fn errors(&self, devid: u64) -> &ErrorCounts {
-        static NOWHERE: std::sync::OnceLock<ErrorCounts> = std::sync::OnceLock::new();
-        self.errors
+    pub fn errors(&self, devid: u64) -> Arc<ErrorCounts> {
+        crate::sync::read(&self.errors)
             .get(&devid)
-            .unwrap_or_else(|| NOWHERE.get_or_init(ErrorCounts::default))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Every device's counters, by id.
-    pub fn all_errors(&self) -> impl Iterator<Item = (u64, &ErrorCounts)> {
-        self.errors.iter().map(|(&id, e)| (id, e))
+    pub fn all_errors(&self) -> Vec<(u64, Arc<ErrorCounts>)> {
+        crate::sync::read(&self.errors)
+            .iter()
+            .map(|(&id, e)| (id, e.clone()))
+            .collect()
     }
 
     /// How many copies `[offset, offset + len)` has.
@@ -258,13 +282,20 @@ impl Volume {
             .ok_or_else(|| Error::Invalid(format!("logical {offset} has no copy {copy}")))
     }
 
+    /// Whether copy `copy` of `[offset, offset + len)` lies on a present
+    /// device (not on one a degraded open is missing).
+    pub fn copy_present(&self, offset: u64, len: u64, copy: usize) -> bool {
+        self.stripe(offset, len, copy)
+            .is_ok_and(|s| self.device(s.devid).is_some())
+    }
+
     /// The device id of copy `copy` of `offset` (for error counters and
     /// messages); 0 when there is no such copy.
     pub fn devid_of(&self, offset: u64, len: u64, copy: usize) -> u64 {
         self.stripe(offset, len, copy).map_or(0, |s| s.devid)
     }
 
-    fn present(&self, s: Stripe) -> Result<&dyn Device> {
+    fn present(&self, s: Stripe) -> Result<Arc<dyn Device>> {
         self.device(s.devid).ok_or_else(|| missing(s.devid))
     }
 
@@ -333,7 +364,7 @@ impl Volume {
         Ok(())
     }
 
-    fn primary(&self) -> Option<&dyn Device> {
+    fn primary(&self) -> Option<Arc<dyn Device>> {
         self.device(PRIMARY_DEVID)
     }
 }
@@ -377,7 +408,7 @@ impl Device for Volume {
     /// Every present device's barrier: a commit's blocks lie on all of
     /// them.
     fn barrier(&self) -> Result<()> {
-        for d in self.devices.values() {
+        for (_, d) in self.devices() {
             d.barrier()?;
         }
         Ok(())

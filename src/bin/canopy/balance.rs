@@ -22,7 +22,8 @@ pub enum Command {
     /// changes. Waits with a progress bar unless --bg.
     Start {
         /// Data groups; filters, comma-separated: `usage=N` (only those
-        /// used below N percent), `convert=single|dup` (give every data
+        /// used below N percent), `devid=N` (only those with a copy on
+        /// device N), `convert=single|dup|raid1|raid1c3` (give every data
         /// group that profile: new groups get it, and the groups of
         /// another profile are emptied into them; `soft` is accepted and
         /// changes nothing: groups already converted are always skipped).
@@ -118,22 +119,28 @@ fn balance_args(data: Option<&str>, metadata: Option<&str>) -> Result<BalanceArg
     if data.is_none() && metadata.is_none() {
         return Ok(BalanceArgs::all());
     }
-    let skip = (Filter::Skip, None);
-    let (data, data_convert) = data.map_or(Ok(skip), |f| filters(f, "-d"))?;
-    let (metadata, metadata_convert) = metadata.map_or(Ok(skip), |f| filters(f, "-m"))?;
+    let skip = (Filter::Skip, None, None);
+    let (data, data_convert, d_devid) = data.map_or(Ok(skip), |f| filters(f, "-d"))?;
+    let (metadata, metadata_convert, m_devid) = metadata.map_or(Ok(skip), |f| filters(f, "-m"))?;
+    let devid = match (d_devid, m_devid) {
+        (Some(a), Some(b)) if a != b => bail!("-ddevid={a} and -mdevid={b}: one device at a time"),
+        (a, b) => a.or(b),
+    };
     Ok(BalanceArgs {
         data,
         metadata,
         data_convert,
         metadata_convert,
+        devid,
     })
 }
 
-/// One flag's filters: which groups (all unless `usage=N` narrows them)
-/// and the profile to convert them to.
-fn filters(f: &str, flag: &str) -> Result<(Filter, Option<Profile>)> {
+/// One flag's filters: which groups (all unless `usage=N` or `devid=N`
+/// narrows them) and the profile to convert them to.
+fn filters(f: &str, flag: &str) -> Result<(Filter, Option<Profile>, Option<u64>)> {
     let mut filter = Filter::All;
     let mut convert = None;
+    let mut devid = None;
     for part in f.split(',').filter(|p| !p.is_empty()) {
         if part == "soft" {
             continue;
@@ -146,18 +153,23 @@ fn filters(f: &str, flag: &str) -> Result<(Filter, Option<Profile>)> {
         } else if let Some(p) = part.strip_prefix("convert=") {
             convert = match Profile::parse(p) {
                 Some(p) => Some(p),
-                None => bail!("{flag}convert={p}: the profiles are single and dup (one device)"),
+                None => bail!("{flag}convert={p}: the profiles are single, dup, raid1 and raid1c3"),
+            };
+        } else if let Some(n) = part.strip_prefix("devid=") {
+            devid = match n.parse::<u64>() {
+                Ok(d) if d > 0 => Some(d),
+                _ => bail!("{flag}devid={n}: N is a device id, 1 or more"),
             };
         } else {
-            bail!("{flag}{part}: the filters are usage=N, convert=PROFILE and soft");
+            bail!("{flag}{part}: the filters are usage=N, devid=N, convert=PROFILE and soft");
         }
     }
-    Ok((filter, convert))
+    Ok((filter, convert, devid))
 }
 
 /// Follows the balance with a progress bar until it ends; an error if it
 /// failed or was cancelled.
-fn watch(path: &Path, first: BalanceStatus) -> Result<()> {
+pub(crate) fn watch(path: &Path, first: BalanceStatus) -> Result<()> {
     let bar = indicatif::ProgressBar::new(first.groups_total);
     bar.set_style(
         indicatif::ProgressStyle::with_template(

@@ -1,5 +1,5 @@
-//! `canopy device stats`: a mounted filesystem's error counters per
-//! device, after `btrfs device stats`.
+//! `canopy device stats|add|remove`: a mounted filesystem's error
+//! counters per device, and its devices, after `btrfs device`.
 
 use anyhow::{Context, Result};
 use canopy::fuse::control::{DeviceStats, Request};
@@ -25,18 +25,52 @@ pub enum Command {
         /// A mounted Canopy filesystem (any path on it).
         path: PathBuf,
     },
+    /// Add a device to a mounted filesystem. Nothing moves onto it yet:
+    /// new groups may keep copies there, and `canopy balance start
+    /// -mconvert=raid1 MNT` (or `-dconvert=raid1`) puts a copy of what is
+    /// there already on it. Mount with `-o device=DEV` from then on.
+    Add {
+        /// Write over a filesystem the device holds.
+        #[arg(short = 'f', long)]
+        force: bool,
+        /// An image file, block device or rbd:POOL/IMAGE.
+        device: String,
+        /// A mounted Canopy filesystem.
+        path: PathBuf,
+    },
+    /// Move every copy off a device, then take it out of the filesystem
+    /// (its superblocks are wiped). Refused for device 1, which holds the
+    /// first copy of every group, and while the profiles need the device
+    /// (convert first: `canopy balance start -mconvert=dup MNT`). Waits,
+    /// with a progress bar.
+    #[command(alias = "delete")]
+    Remove {
+        /// The device: its path as the mount or `device add` named it, or
+        /// its devid.
+        device: String,
+        /// A mounted Canopy filesystem.
+        path: PathBuf,
+    },
 }
 
 /// `-c` found a counter that is not zero.
 const EXIT_ERRORS: u8 = 64;
 
 pub fn run(c: Command) -> Result<ExitCode> {
-    let Command::Stats {
-        json,
-        reset,
-        check,
-        path,
-    } = c;
+    let (json, reset, check, path) = match c {
+        Command::Stats {
+            json,
+            reset,
+            check,
+            path,
+        } => (json, reset, check, path),
+        Command::Add {
+            force,
+            device,
+            path,
+        } => return add(&device, &path, force),
+        Command::Remove { device, path } => return remove(&device, &path),
+    };
     let r = crate::quota::ask(&path, &Request::DeviceStats { reset })?;
     let devices = r.devices.context("the daemon sent no device counters")?;
     if json {
@@ -58,6 +92,48 @@ pub fn run(c: Command) -> Result<ExitCode> {
         true => ExitCode::from(EXIT_ERRORS),
         false => ExitCode::SUCCESS,
     })
+}
+
+/// An absolute path for the daemon (whose working directory is not
+/// ours), unless `device` is a devid or an `rbd:` name.
+fn for_daemon(device: &str) -> String {
+    let plain = device.parse::<u64>().is_err() && !device.starts_with("rbd:");
+    match plain {
+        true => std::fs::canonicalize(device)
+            .map_or_else(|_| device.to_string(), |p| p.display().to_string()),
+        false => device.to_string(),
+    }
+}
+
+fn add(device: &str, path: &Path, force: bool) -> Result<ExitCode> {
+    let r = crate::quota::ask(
+        path,
+        &Request::DeviceAdd {
+            path: for_daemon(device),
+            force,
+        },
+    )?;
+    let devid = r.devid.context("the daemon named no devid")?;
+    println!("added {device} as device {devid}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn remove(device: &str, path: &Path) -> Result<ExitCode> {
+    let r = crate::quota::ask(
+        path,
+        &Request::DeviceRemoveStart {
+            device: for_daemon(device),
+        },
+    )?;
+    let devid = r.devid.context("the daemon named no devid")?;
+    let first = r.balance.unwrap_or_default();
+    if let Err(e) = crate::balance::watch(path, first) {
+        let _ = crate::quota::ask(path, &Request::DeviceRemoveAbort { devid });
+        return Err(e.context(format!("moving the copies off device {devid}")));
+    }
+    crate::quota::ask(path, &Request::DeviceRemoveFinish { devid })?;
+    println!("removed device {devid} ({device})");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_device(name: &str, d: &DeviceStats) {

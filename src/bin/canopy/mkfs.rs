@@ -61,24 +61,6 @@ pub struct Args {
     images: Vec<Source>,
 }
 
-/// Known signatures: (offset, magic, name).
-const SIGNATURES: [(u64, &[u8], &str); 4] = [
-    (1080, &[0x53, 0xef], "ext2/3/4"),
-    (0, b"XFSB", "XFS"),
-    ((64 << 10) + 64, b"_BHRfS_M", "btrfs"),
-    ((64 << 10) + 64, &canopy::format::MAGIC, "Canopy"),
-];
-
-fn existing_filesystem(dev: &dyn Device) -> Option<&'static str> {
-    SIGNATURES.iter().find_map(|&(off, magic, name)| {
-        let mut buf = vec![0u8; magic.len()];
-        (off + magic.len() as u64 <= dev.size()
-            && dev.read_at(&mut buf, off).is_ok()
-            && buf == magic)
-            .then_some(name)
-    })
-}
-
 pub fn run(a: Args) -> Result<()> {
     for image in &a.images {
         if !image.exists() && a.size.is_none() {
@@ -145,7 +127,7 @@ fn open_images(a: &Args, created: &[&Source]) -> Result<Vec<Arc<dyn Device>>> {
             }
         }
         if !created.contains(&image) && !a.force {
-            if let Some(fs) = existing_filesystem(dev.as_ref()) {
+            if let Some(fs) = canopy::dev::existing_filesystem(dev.as_ref()) {
                 bail!("{image} already holds a {fs} filesystem; use --force to overwrite it");
             }
         }
