@@ -1,10 +1,12 @@
 //! Filesystems over several devices: mkfs names each device and keeps
 //! tree blocks (and with `-d raid1`, data) on two or three of them; a
 //! device wiped whole is read around and repaired from the others; a
-//! missing one is refused by name unless the open is degraded (and then
-//! read-only), where every file still reads back; devices of another
-//! filesystem, or one named twice, are refused; through a real mount,
-//! `-o device=` names the others.
+//! missing one is refused by name unless the open is degraded, where
+//! every file still reads back (read-only without device 1; writable
+//! otherwise, until `device remove missing` rebuilds the lost copies);
+//! devices of another filesystem, or one named twice, are refused;
+//! devices are added and removed online; through a real mount, `-o
+//! device=` names the others.
 
 mod common;
 
@@ -180,7 +182,7 @@ fn raid1_keeps_every_group_on_both_devices_and_survives_either_wiped() {
 }
 
 #[test]
-fn a_missing_device_is_refused_by_name_unless_the_open_is_degraded_and_read_only() {
+fn a_missing_device_is_refused_by_name_unless_the_open_is_degraded() {
     let devs = mem_devices(2, 256 * MIB);
     let e = format(&devs, Profile::Raid1, Profile::Raid1);
     let fs = Fs::new(Arc::new(e)).unwrap();
@@ -193,8 +195,10 @@ fn a_missing_device_is_refused_by_name_unless_the_open_is_degraded_and_read_only
             err.to_string().contains(&format!("device {missing} ")),
             "{err}"
         );
-        let err = open(only.clone(), false, true).map(drop).unwrap_err();
-        assert!(err.to_string().contains("read-only"), "{err}");
+        if missing == 1 {
+            let err = open(only.clone(), false, true).map(drop).unwrap_err();
+            assert!(err.to_string().contains("read-only"), "{err}");
+        }
         let fs = Fs::new(Arc::new(open(only, true, true).unwrap())).unwrap();
         verify(&fs);
         let show = fs.engine().show();
@@ -492,4 +496,92 @@ fn device_add_and_remove_through_a_mount() {
     }
     m.unmount();
     m.check();
+}
+
+/// A device lost for good: a degraded writable open keeps working on the
+/// devices left (new groups there), and `device remove missing` rebuilds
+/// the lost copies on them; the filesystem then opens without it.
+#[test]
+fn a_lost_device_is_removed_from_a_degraded_writable_open() {
+    let devs = mem_devices(3, 384 * MIB);
+    let fs = Fs::new(Arc::new(format(&devs, Profile::Raid1, Profile::Raid1))).unwrap();
+    populate(&fs);
+    drop(fs);
+    let left = [devs[0].clone(), devs[1].clone()];
+    let err = open(as_devices(&left), false, false).map(drop).unwrap_err();
+    assert!(err.to_string().contains("device 3 "), "{err}");
+    let without_1 = vec![devs[1].clone() as Arc<dyn Device>, devs[2].clone()];
+    let err = open(without_1, false, true).map(drop).unwrap_err();
+    assert!(err.to_string().contains("read-only"), "{err}");
+    let fs = Fs::new(Arc::new(open(as_devices(&left), false, true).unwrap())).unwrap();
+    verify(&fs);
+    let a = fs
+        .create(
+            ROOT_DIR,
+            b"written degraded",
+            libc::S_IFREG | 0o644,
+            0,
+            ME,
+            None,
+        )
+        .unwrap();
+    fs.write(a.ino, 0, &content(7777)).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.engine().missing_device(), Some(3));
+    fs.device_remove_start(3).unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.device_remove_finish(3).unwrap();
+    assert_eq!(fs.engine().missing_device(), None);
+    for c in fs.engine().mirrors() {
+        let mut on: Vec<u64> = c.stripes().map(|s| s.devid).collect();
+        on.sort_unstable();
+        assert_eq!(on, vec![1, 2], "raid1 on the devices left: {c:?}");
+    }
+    drop(fs);
+    let fs = Fs::new(Arc::new(open(as_devices(&left), false, false).unwrap())).unwrap();
+    verify(&fs);
+    let a = fs.lookup(ROOT_DIR, b"written degraded").unwrap();
+    assert!(fs.read(a.ino, 0, 1 << 20).unwrap() == content(7777));
+    drop(fs);
+    check_clean(&left);
+}
+
+/// Two devices, one lost: the degraded writable open writes new groups
+/// with the one copy left, converts to one device's profiles reading
+/// the copies left, and then lets the lost device go.
+#[test]
+fn the_last_mirror_lost_is_converted_away_then_removed() {
+    let devs = mem_devices(2, 384 * MIB);
+    let fs = Fs::new(Arc::new(format(&devs, Profile::Raid1, Profile::Raid1))).unwrap();
+    populate(&fs);
+    drop(fs);
+    let one = [devs[0].clone()];
+    let fs = Fs::new(Arc::new(open(as_devices(&one), false, true).unwrap())).unwrap();
+    let a = fs
+        .create(ROOT_DIR, b"new", libc::S_IFREG | 0o644, 0, ME, None)
+        .unwrap();
+    fs.write(a.ino, 0, &content(4242)).unwrap();
+    fs.sync().unwrap();
+    let err = fs.device_remove_start(2).map(drop).unwrap_err();
+    assert!(err.to_string().contains("needs 2 devices"), "{err}");
+    fs.balance_start(BalanceArgs {
+        data: Filter::All,
+        metadata: Filter::All,
+        data_convert: Some(Profile::Single),
+        metadata_convert: Some(Profile::Dup),
+        devid: None,
+    })
+    .unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.device_remove_start(2).unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.device_remove_finish(2).unwrap();
+    drop(fs);
+    let fs = Fs::new(Arc::new(open(as_devices(&one), false, false).unwrap())).unwrap();
+    verify(&fs);
+    let a = fs.lookup(ROOT_DIR, b"new").unwrap();
+    assert!(fs.read(a.ino, 0, 1 << 20).unwrap() == content(4242));
+    assert_eq!(fs.engine().devices().len(), 1);
+    drop(fs);
+    check_clean(&one);
 }

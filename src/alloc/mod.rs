@@ -191,9 +191,13 @@ pub struct Allocator {
     /// Most system groups the superblock names (see
     /// [`Allocator::system_chunks`]).
     system_chunks_max: usize,
-    /// Devices being emptied (`canopy device remove`): no new copy goes
-    /// there, and their space counts for nobody.
+    /// Devices being emptied (`canopy device remove`), or missing from a
+    /// degraded open: no new copy goes there, and the groups with a copy
+    /// there take no new extents.
     leaving: BTreeSet<u64>,
+    /// A degraded open writes: a new group keeps the copies the devices
+    /// present can hold when its profile asks for more.
+    degraded: bool,
 }
 
 impl Allocator {
@@ -205,6 +209,7 @@ impl Allocator {
             other_devices: BTreeMap::new(),
             system_chunks_max: crate::format::superblock::SYSTEM_CHUNKS_MAX,
             leaving: BTreeSet::new(),
+            degraded: false,
             groups: BTreeMap::new(),
             device_bytes,
             mixed,
@@ -247,6 +252,15 @@ impl Allocator {
             true => self.leaving.insert(devid),
             false => self.leaving.remove(&devid),
         };
+    }
+
+    /// Devices a degraded open lacks: nothing new goes there, and new
+    /// groups keep the copies the others can hold.
+    pub fn set_missing(&mut self, devids: &[u64]) {
+        for &d in devids {
+            self.leaving.insert(d);
+        }
+        self.degraded = !devids.is_empty();
     }
 
     /// The devices besides device 1 that take new copies.
@@ -509,7 +523,7 @@ impl Allocator {
         // first. Groups of another profile than new ones get (a
         // conversion left them, or will empty them) come last, as those
         // a balance will empty.
-        let profile = self.new_profile(kind);
+        let profile = self.new_group_profile(kind);
         let last_resort =
             |g: &BlockGroup| self.pending.contains(&g.start) || g.profile() != profile;
         let mut order: Vec<&BlockGroup> = self
@@ -773,10 +787,21 @@ impl Allocator {
     fn cost(&self, kind: GroupKind, short: u64) -> Need {
         let p = self.new_profile(kind);
         let on_primary = p.copies_on_primary() as u64;
+        let elsewhere = self.copies_elsewhere(p);
         Need {
             primary: short * on_primary,
-            others: short * (p.copies() as u64 - on_primary),
-            pairs: p == Profile::Raid1c3,
+            others: short * elsewhere,
+            pairs: elsewhere > 1,
+        }
+    }
+
+    /// Copies a new group of profile `p` keeps on devices other than 1:
+    /// fewer than the profile asks when a degraded open lacks devices.
+    fn copies_elsewhere(&self, p: Profile) -> u64 {
+        let want = (p.copies() - p.copies_on_primary()) as u64;
+        match self.degraded {
+            true => want.min(self.staying_others().count() as u64),
+            false => want,
         }
     }
 
@@ -805,11 +830,11 @@ impl Allocator {
             .unallocated_on(PRIMARY_DEVID)
             .saturating_sub(keep.primary)
             / on_primary;
-        let elsewhere = p.copies() as u64 - on_primary;
+        let elsewhere = self.copies_elsewhere(p);
         if elsewhere == 0 {
             return primary;
         }
-        let pairs = keep.pairs || p == Profile::Raid1c3;
+        let pairs = keep.pairs || elsewhere > 1;
         let others = self.others_capacity(pairs).saturating_sub(keep.others) / elsewhere;
         primary.min(others)
     }
@@ -888,19 +913,36 @@ impl Allocator {
             .fold(Need::default(), |n, s| n.plus(self.cost(s.0, s.1)))
     }
 
+    /// The profile a new group of `kind` gets: the superblock's, unless
+    /// the copies cannot be kept. The superblock names every system group
+    /// with more copies; past what it holds, a new one keeps one copy
+    /// (system groups are 1-32 MiB and hold two small trees: this takes
+    /// a pathological image). A degraded open keeps the copies the
+    /// devices present can hold.
+    fn new_group_profile(&self, kind: GroupKind) -> Profile {
+        let kind = self.group_kind(kind);
+        let profile = self.new_profile(kind);
+        if kind == GroupKind::System
+            && profile != Profile::Single
+            && self.system_chunks().len() >= self.system_chunks_max
+        {
+            return Profile::Single;
+        }
+        let wanted = (profile.copies() - profile.copies_on_primary()) as u64;
+        match (wanted, self.copies_elsewhere(profile)) {
+            (w, e) if e >= w => profile,
+            (_, 0) => Profile::Single,
+            _ => Profile::Raid1,
+        }
+    }
+
     /// Carves a new block group of `kind` able to hold `want` bytes, with
     /// the copies its profile keeps.
     fn add_group(&mut self, kind: GroupKind, want: u64) -> Result<()> {
-        let mut profile = self.new_profile(kind);
-        // The superblock names every system group with more copies; past
-        // what it holds, a new one keeps one copy (system groups are 1-32
-        // MiB and hold two small trees: this takes a pathological image).
-        if kind == GroupKind::System && self.system_chunks().len() >= self.system_chunks_max {
-            profile = Profile::Single;
-        }
-        let room = match profile == self.new_profile(kind) {
-            true => self.room_for(kind, self.kept_for_others(kind)),
-            false => self.unallocated_on(PRIMARY_DEVID),
+        let profile = self.new_group_profile(kind);
+        let room = match profile.copies() == 1 {
+            false => self.room_for(kind, self.kept_for_others(kind)),
+            true => self.unallocated_on(PRIMARY_DEVID),
         };
         let target = groups::default_size(kind, self.device_bytes)
             .max(want.next_multiple_of(1 << 20))
@@ -960,6 +1002,15 @@ impl Allocator {
             })
             .take(want)
             .collect();
+        if extra.len() < want && self.degraded {
+            tracing::warn!(
+                start,
+                copies = extra.len() + 1,
+                profile = profile.name(),
+                "degraded: a new group keeps only the copies the devices present can hold"
+            );
+            return Some(extra);
+        }
         (extra.len() == want).then_some(extra)
     }
 

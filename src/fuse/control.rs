@@ -733,11 +733,18 @@ fn add_device(fs: &Fs, path: &str, force: bool) -> Result<u64> {
     fs.device_add(Arc::from(dev), source.to_string())
 }
 
-/// The devid `device` names: a number, or a path (or `rbd:` name) the
-/// device was named by at mount or when it was added.
+/// The devid `device` names: a number, `missing` (the first device a
+/// degraded mount lacks), or a path (or `rbd:` name) the device was named
+/// by at mount or when it was added.
 fn device_of(fs: &Fs, device: &str) -> Result<u64> {
     if let Ok(devid) = device.parse::<u64>() {
         return Ok(devid);
+    }
+    if device == "missing" {
+        return fs
+            .engine()
+            .missing_device()
+            .ok_or_else(|| Error::Invalid("no device is missing".into()));
     }
     let canon = |s: &str| {
         std::fs::canonicalize(s).map_or_else(|_| s.to_string(), |p| p.display().to_string())

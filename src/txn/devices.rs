@@ -152,19 +152,26 @@ fn refuse_missing(missing: &[&DeviceItem], opts: &OpenOptions) -> Result<()> {
         .collect();
     if !opts.degraded {
         return Err(Error::Invalid(format!(
-            "{} missing: name every device (mount -o device=PATH, or --device PATH), or open with the copies left (-o degraded,ro)",
+            "{} missing: name every device (mount -o device=PATH, or --device PATH), or open with the copies left (-o degraded)",
             names.join(", ")
         )));
     }
-    if !opts.read_only {
+    let primary = missing
+        .iter()
+        .any(|d| d.devid == crate::volume::PRIMARY_DEVID);
+    if primary && !opts.read_only {
         return Err(Error::Invalid(format!(
-            "{} missing: a degraded open is read-only in this version (-o degraded,ro)",
+            "{} missing: device 1 holds the first copy of every group, so without it a degraded open is read-only (-o degraded,ro)",
             names.join(", ")
         )));
     }
     tracing::warn!(
-        "degraded: {} missing; reading the copies left",
-        names.join(", ")
+        "degraded: {} missing; reading the copies left{}",
+        names.join(", "),
+        match opts.read_only {
+            true => "",
+            false => ", writing new groups to the devices present",
+        }
     );
     Ok(())
 }
@@ -191,7 +198,6 @@ impl Engine {
             }
         }
         let devid = self.write(|tx| {
-            refuse_while_degraded(tx)?;
             let sb = &mut tx.st.sb;
             if sb.devices.len() >= DEVICES_MAX {
                 return Err(Error::Invalid(format!(
@@ -232,6 +238,13 @@ impl Engine {
         })
     }
 
+    /// The first device the filesystem names that this open lacks
+    /// (`canopy device remove missing`).
+    pub fn missing_device(&self) -> Option<u64> {
+        let st = crate::sync::read(&self.state);
+        missing_devids(&st.sb, &self.shared.dev).first().copied()
+    }
+
     /// Whether device `devid` can leave the filesystem once no copy lies
     /// on it: it is one of its devices other than device 1, and the
     /// profiles new groups get can be kept by the devices left.
@@ -246,7 +259,6 @@ impl Engine {
     /// it is never taken for one of the filesystem's devices again.
     pub fn remove_device(&self, devid: u64) -> Result<()> {
         let dev = self.write(|tx| {
-            refuse_while_degraded(tx)?;
             removable(&tx.st.sb, devid)?;
             let left = tx.st.alloc.allocated_on(devid);
             if left > 0 {
@@ -266,29 +278,13 @@ impl Engine {
         })?;
         crate::sync::write(&self.device_names).remove(&devid);
         self.commit()?;
+        // A missing device is not there to wipe: its table is older than
+        // every present device's, which no longer names it.
         if let Some(dev) = dev {
             wipe_superblocks(dev.as_ref())?;
         }
         tracing::info!(devid, "device removed");
         Ok(())
-    }
-}
-
-/// Adding or removing a device while one is missing would write a table
-/// the missing one never sees.
-fn refuse_while_degraded(tx: &Txn<'_>) -> Result<()> {
-    match tx
-        .st
-        .sb
-        .devices
-        .iter()
-        .find(|d| tx.sh.dev.device(d.devid).is_none())
-    {
-        Some(d) => Err(Error::Invalid(format!(
-            "device {} is missing: the filesystem's devices cannot change while it is",
-            d.devid
-        ))),
-        None => Ok(()),
     }
 }
 
@@ -299,6 +295,15 @@ fn devices_changed(tx: &mut Txn<'_>) {
     let max = sb.system_chunks_max();
     tx.st.alloc.set_devices(others, max);
     tx.st.superblock_changed = true;
+}
+
+/// The devices the table names that the volume lacks (a degraded open).
+pub(super) fn missing_devids(sb: &Superblock, vol: &crate::volume::Volume) -> Vec<u64> {
+    sb.devices
+        .iter()
+        .map(|d| d.devid)
+        .filter(|&d| vol.device(d).is_none())
+        .collect()
 }
 
 fn removable(sb: &Superblock, devid: u64) -> Result<()> {

@@ -342,6 +342,11 @@ impl Engine {
         let st = empty_state(sb.clone(), sb.generation + 1, sb.total_bytes, mechanisms);
         let engine = new_engine(devices, st, fsid, ns, opts);
         *crate::sync::write(&engine.device_names) = names;
+        if !opts.read_only {
+            let mut st = crate::sync::write(&engine.state);
+            let missing = super::devices::missing_devids(&st.sb, &engine.shared.dev);
+            st.alloc.set_missing(&missing);
+        }
         {
             let mut st = crate::sync::write(&engine.state);
             load_roots(&mut st, &engine.shared, root)?;

@@ -333,10 +333,16 @@ impl Volume {
     /// that lie in groups with more copies, to each of them.
     fn write_all(&self, buf: &[u8], offset: u64, data: bool) -> Result<()> {
         let put = |s: Stripe, part: &[u8]| {
-            let r = self.present(s).and_then(|d| match data {
+            // A device a degraded open lacks misses the write; its copy
+            // is stale should it come back, and reads find it so (by
+            // generation or checksum) and heal it.
+            let Some(d) = self.device(s.devid) else {
+                return Ok(());
+            };
+            let r = match data {
                 true => d.write_data_at(part, s.offset),
                 false => d.write_at(part, s.offset),
-            });
+            };
             self.counted_write(s.devid, r)
         };
         put(

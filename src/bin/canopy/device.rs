@@ -45,8 +45,9 @@ pub enum Command {
     /// with a progress bar.
     #[command(alias = "delete")]
     Remove {
-        /// The device: its path as the mount or `device add` named it, or
-        /// its devid.
+        /// The device: its path as the mount or `device add` named it, its
+        /// devid, or `missing` (the first device a degraded mount lacks:
+        /// its copies are rebuilt on the others from the copies left).
         device: String,
         /// A mounted Canopy filesystem.
         path: PathBuf,
@@ -97,7 +98,8 @@ pub fn run(c: Command) -> Result<ExitCode> {
 /// An absolute path for the daemon (whose working directory is not
 /// ours), unless `device` is a devid or an `rbd:` name.
 fn for_daemon(device: &str) -> String {
-    let plain = device.parse::<u64>().is_err() && !device.starts_with("rbd:");
+    let plain =
+        device.parse::<u64>().is_err() && !device.starts_with("rbd:") && device != "missing";
     match plain {
         true => std::fs::canonicalize(device)
             .map_or_else(|_| device.to_string(), |p| p.display().to_string()),
