@@ -52,6 +52,9 @@ def build_parser():
     ap.add_argument("--canopy", default=os.path.join(REPO, "target/release/canopy"),
                     help="canopy binary (default: target/release/canopy, built if missing)")
     ap.add_argument("--mount-opts", default="", help="extra `canopy mount -o` options")
+    ap.add_argument("--devices", type=int, default=1,
+                    help="devices per filesystem (image files; more than 1: mkfs -m raid1 "
+                         "-d raid1, the others named with device= and --device)")
     ap.add_argument("--rbd", default=None, metavar="CEPH_CONF",
                     help="put each image on RBD (rbd:rbd/NAME) on the cluster this ceph.conf names")
     ap.add_argument("--workdir", default=None, help="where images go (default: a new dir in /tmp)")
@@ -126,6 +129,12 @@ def parse_args():
             ap.error(f"bad --size {s!r}")
     if args.power_cut and args.rbd:
         ap.error("--power-cut needs image files (the power-cut device wraps them), not --rbd")
+    if not 1 <= args.devices <= 16:
+        ap.error("--devices takes 1 to 16")
+    if args.devices > 1 and args.rbd:
+        ap.error("--devices puts the other devices in image files, not on --rbd")
+    if args.devices > 1 and args.power_cut:
+        ap.error("--power-cut wraps one device (the first); run --devices with kill -9")
     if args.sector < 512 or args.sector & (args.sector - 1):
         ap.error("--sector takes a power of two of at least 512")
     if args.barriers == "ignored" and not args.power_cut:

@@ -64,6 +64,9 @@ class Round:
         os.makedirs(self.dir)
         os.chmod(self.dir, 0o755)
         self.img = self.image_name()
+        # The filesystem's other devices (--devices), image files beside it.
+        self.others = [os.path.join(self.dir, f"dev{i}.img")
+                       for i in range(2, max(1, args.devices) + 1)]
         self.mnt = os.path.join(self.dir, "mnt")
         os.mkdir(self.mnt)
         self.record = os.path.join(self.dir, "acked.txt")
@@ -89,7 +92,8 @@ class Round:
         self.r["reasons"].append(why)
 
     def mount(self, logname):
-        opts = self.args.mount_opts
+        opts = ",".join([o for o in [self.args.mount_opts] if o]
+                        + [f"device={d}" for d in self.others])
         if self.args.rbd:
             # The killed daemon's client still holds the image's lock until
             # the cluster times it out (30 s): take it over, as an operator
@@ -127,7 +131,9 @@ class Round:
         self.scrub_and_check()
 
     def make_and_mount(self):
-        rc, out = run([self.canopy, "mkfs", "--size", self.size, self.img], timeout=120)
+        profiles = ["-m", "raid1", "-d", "raid1"] if self.others else []
+        rc, out = run([self.canopy, "mkfs", "--size", self.size, *profiles, self.img, *self.others],
+                      timeout=120)
         if rc != 0:
             self.fail(f"mkfs failed: {out.strip()}")
             return False
@@ -520,7 +526,8 @@ class Round:
     def offline_tool(self, tool, keys):
         """`canopy TOOL --json -q IMG` on the unmounted image: its status
         and the keys of its JSON go to r[TOOL_rc] and r[TOOL]; it must exit 0."""
-        rc, out = run([self.canopy, tool, "--json", "-q", self.img], timeout=600,
+        devices = [a for d in self.others for a in ("--device", d)]
+        rc, out = run([self.canopy, tool, "--json", "-q", *devices, self.img], timeout=600,
                       out_path=self.p(f"{tool}.json"))
         self.r[f"{tool}_rc"] = rc
         _, self.r[tool] = summarize_json(out, keys)
