@@ -683,7 +683,7 @@ impl Allocator {
     /// Free bytes: in groups, plus device space not yet in any group.
     pub fn bytes_free(&self) -> u64 {
         let in_groups: u64 = self.groups.values().map(|g| g.free.total()).sum();
-        in_groups + self.room_for(GroupKind::Data, Need::default())
+        in_groups + self.room_for(self.new_group_profile(GroupKind::Data), Need::default())
     }
 
     /// Unpinned free bytes in the groups holding extents of `kind` that
@@ -821,10 +821,9 @@ impl Allocator {
         }
     }
 
-    /// Bytes a new group of `kind` could hold, from unallocated space
-    /// less what `keep` leaves for other kinds.
-    fn room_for(&self, kind: GroupKind, keep: Need) -> u64 {
-        let p = self.new_profile(kind);
+    /// Bytes a new group of profile `p` could hold, from unallocated
+    /// space less what `keep` leaves for other kinds.
+    fn room_for(&self, p: Profile, keep: Need) -> u64 {
         let on_primary = p.copies_on_primary() as u64;
         let primary = self
             .unallocated_on(PRIMARY_DEVID)
@@ -940,9 +939,12 @@ impl Allocator {
     /// the copies its profile keeps.
     fn add_group(&mut self, kind: GroupKind, want: u64) -> Result<()> {
         let profile = self.new_group_profile(kind);
-        let room = match profile.copies() == 1 {
-            false => self.room_for(kind, self.kept_for_others(kind)),
-            true => self.unallocated_on(PRIMARY_DEVID),
+        // A system group past what the superblock names keeps one copy
+        // and takes what room there is; every other keeps what the other
+        // kinds were promised.
+        let room = match profile == self.new_profile(kind) || self.degraded {
+            true => self.room_for(profile, self.kept_for_others(kind)),
+            false => self.unallocated_on(PRIMARY_DEVID),
         };
         let target = groups::default_size(kind, self.device_bytes)
             .max(want.next_multiple_of(1 << 20))
@@ -1043,7 +1045,9 @@ impl Allocator {
         let sector = crate::format::SECTORSIZE as u64;
         for (at, end) in self.device_gaps(PRIMARY_DEVID, also) {
             let gap = (end - at) / sector * sector;
-            let mut len = gap.min(target.max(min));
+            // Whole sectors: a target cut in half, or divided among
+            // copies, need not be.
+            let mut len = gap.min(target.max(min).next_multiple_of(sector));
             while len < gap && len - super_bytes_in(at, len) < min {
                 len = (len + SUPER_SIZE).min(gap);
             }
@@ -1293,6 +1297,10 @@ mod tests {
         for r in by.values_mut() {
             r.sort_unstable();
             assert!(r.windows(2).all(|w| w[0].1 <= w[1].0), "{r:?}");
+            assert!(
+                r.iter().all(|&(s, e)| s % 4096 == 0 && e % 4096 == 0),
+                "whole sectors: {r:?}"
+            );
         }
         by
     }

@@ -494,6 +494,12 @@ fn check_extent(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
 fn check_block_group(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
     let bg = BlockGroupItem::decode(data)?;
     check_device_range(key.objectid, key.offset, limits, "block group")?;
+    if key.offset == 0 || !key.offset.is_multiple_of(u64::from(SECTORSIZE)) {
+        return fail(format!(
+            "block group of {} bytes, not a whole number of sectors",
+            key.offset
+        ));
+    }
     if bg.used > key.offset {
         return fail(format!(
             "block group of {} bytes with {} used",
