@@ -75,7 +75,7 @@ pub struct MountOptions {
     /// takes them), beside the one mounted.
     pub devices: Vec<crate::dev::Source>,
     /// Mount although devices are missing, reading the copies left
-    /// (`degraded`; needs `ro` in this version).
+    /// (`degraded`; read-only without device 1).
     pub degraded: bool,
 }
 

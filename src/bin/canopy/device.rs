@@ -58,26 +58,29 @@ pub enum Command {
 const EXIT_ERRORS: u8 = 64;
 
 pub fn run(c: Command) -> Result<ExitCode> {
-    let (json, reset, check, path) = match c {
+    match c {
         Command::Stats {
             json,
             reset,
             check,
             path,
-        } => (json, reset, check, path),
+        } => stats(&path, json, reset, check),
         Command::Add {
             force,
             device,
             path,
-        } => return add(&device, &path, force),
-        Command::Remove { device, path } => return remove(&device, &path),
-    };
-    let r = crate::quota::ask(&path, &Request::DeviceStats { reset })?;
+        } => add(&device, &path, force),
+        Command::Remove { device, path } => remove(&device, &path),
+    }
+}
+
+fn stats(path: &Path, json: bool, reset: bool, check: bool) -> Result<ExitCode> {
+    let r = crate::quota::ask(path, &Request::DeviceStats { reset })?;
     let devices = r.devices.context("the daemon sent no device counters")?;
     if json {
         println!("{}", serde_json::to_string_pretty(&devices)?);
     } else {
-        let names = device_names(&path);
+        let names = device_names(path);
         for d in &devices {
             let name = names
                 .iter()
