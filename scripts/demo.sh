@@ -99,6 +99,8 @@ echo "Snapshots: canopy subvolume --help. Quota groups: canopy quota --help, can
 echo "Balance: canopy balance --help. Block groups: canopy filesystem usage --help."
 echo "Two copies of tree blocks: canopy mkfs -m dup|single, canopy balance start -mconvert=dup,"
 echo "canopy scrub (repairs bad copies), canopy device stats (errors found and repaired)."
+echo "Several devices: canopy mkfs -d raid1 A B, canopy mount A DIR -o device=B,"
+echo "canopy device add|remove (online), -o degraded when one is lost."
 echo "Compression: canopy mount -o compress=zstd, canopy property set DIR compression zstd|lz4|none,"
 echo "canopy filesystem du PATH (bytes on disk per compression type)."
 echo "Send and receive (btrfs send streams): canopy send --help, canopy receive --help."
