@@ -38,6 +38,7 @@ pub mod fs;
 pub mod fuse;
 pub mod qgroup;
 pub mod receive;
+pub mod replace;
 pub mod scrub;
 pub mod send;
 pub mod stream;

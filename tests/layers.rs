@@ -18,6 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["send", "receive"],
     &["check"],
     &["fs"],
+    &["replace"],
     &["scrub"],
     &["balance"],
     &["engine"],

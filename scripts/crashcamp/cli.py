@@ -133,8 +133,6 @@ def parse_args():
         ap.error("--devices takes 1 to 16")
     if args.devices > 1 and args.rbd:
         ap.error("--devices puts the other devices in image files, not on --rbd")
-    if args.devices > 1 and args.power_cut:
-        ap.error("--power-cut wraps one device (the first); run --devices with kill -9")
     if args.sector < 512 or args.sector & (args.sector - 1):
         ap.error("--sector takes a power of two of at least 512")
     if args.barriers == "ignored" and not args.power_cut:

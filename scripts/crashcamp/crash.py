@@ -111,15 +111,23 @@ class PowerCut:
         return "at a barrier"
 
     def lose_unflushed(self, rd, loss, how):
-        cmd = [self.tool, rd.img, self.journal(rd)]
-        if loss == "sectors":
-            cmd += ["sectors", str(self.sector), str(rd.rng.randrange(1, 1 << 62))]
-        else:
-            cmd += ["all"]
-        rc, out = run(cmd, timeout=300)
-        if rc != 0:
-            raise RuntimeError(f"power_cut failed: {out.strip()}")
-        what = out.strip().splitlines()[-1] if out.strip() else ""
+        """Each device loses its own unflushed writes (the mounted image's
+        journal, then PATH.2, PATH.3, ... for the others), independently:
+        separate disks, each with its own cache."""
+        whats = []
+        for nth, img in enumerate([rd.img, *rd.others], start=1):
+            journal = self.journal(rd) + (f".{nth}" if nth > 1 else "")
+            cmd = [self.tool, img, journal]
+            if loss == "sectors":
+                cmd += ["sectors", str(self.sector), str(rd.rng.randrange(1, 1 << 62))]
+            else:
+                cmd += ["all"]
+            rc, out = run(cmd, timeout=300)
+            if rc != 0:
+                raise RuntimeError(f"power_cut failed on device {nth}: {out.strip()}")
+            what = out.strip().splitlines()[-1] if out.strip() else ""
+            whats.append(what if not rd.others else f"device {nth}: {what}")
+        what = "; ".join(whats)
         note = f"power cut {how}, loss {loss}: {what}"
         rd.r.setdefault("cuts", []).append({"at": how, "loss": loss, "journal": what})
         rd.r["notes"].append(note)

@@ -191,6 +191,8 @@ pub struct Allocator {
     /// Most system groups the superblock names (see
     /// [`Allocator::system_chunks`]).
     system_chunks_max: usize,
+    /// The superblock has the device table (see [`Allocator::set_devices`]).
+    device_table: bool,
     /// Devices being emptied (`canopy device remove`), or missing from a
     /// degraded open: no new copy goes there, and the groups with a copy
     /// there take no new extents.
@@ -208,6 +210,7 @@ impl Allocator {
             map: Arc::new(ChunkMap::default()),
             other_devices: BTreeMap::new(),
             system_chunks_max: crate::format::superblock::SYSTEM_CHUNKS_MAX,
+            device_table: false,
             leaving: BTreeSet::new(),
             degraded: false,
             groups: BTreeMap::new(),
@@ -237,12 +240,27 @@ impl Allocator {
         }
     }
 
-    /// Sets the devices beyond device 1 (devid, usable bytes) and how
-    /// many system groups the superblock can name.
-    pub fn set_devices(&mut self, others: BTreeMap<u64, u64>, system_chunks_max: usize) {
+    /// Sets the devices beyond device 1 (devid, usable bytes) and whether
+    /// the superblock has the device table (it then names up to
+    /// `SYSTEM_CHUNKS_MAX_DEVICES` groups, mixed ones included).
+    pub fn set_devices(&mut self, others: BTreeMap<u64, u64>, device_table: bool) {
+        use crate::format::superblock::{SYSTEM_CHUNKS_MAX, SYSTEM_CHUNKS_MAX_DEVICES};
         self.other_devices = others;
         self.other_devices.remove(&PRIMARY_DEVID);
-        self.system_chunks_max = system_chunks_max;
+        self.device_table = device_table;
+        self.system_chunks_max = match device_table {
+            true => SYSTEM_CHUNKS_MAX_DEVICES,
+            false => SYSTEM_CHUNKS_MAX,
+        };
+    }
+
+    /// Whether the superblock names the copies of groups of `kind`: those
+    /// that hold the root tree and the block group tree, read before the
+    /// block group items are. On a mixed image those are mixed groups;
+    /// only a filesystem of several devices names them (with device 1
+    /// present, copy 0 reads without the map).
+    pub fn named_in_superblock(&self, kind: GroupKind) -> bool {
+        kind == GroupKind::System || kind == GroupKind::Mixed && self.device_table
     }
 
     /// Marks device `devid` as being emptied (no new copy goes there, and
@@ -295,11 +313,13 @@ impl Allocator {
         self.map.clone()
     }
 
-    /// The system groups' other copies, for the superblock.
+    /// The other copies of the groups the superblock names (see
+    /// [`Allocator::named_in_superblock`]), the first that fit.
     pub fn system_chunks(&self) -> Vec<SystemChunk> {
         self.groups
             .values()
-            .filter(|g| g.kind == GroupKind::System && !g.extra.is_empty())
+            .filter(|g| self.named_in_superblock(g.kind) && !g.extra.is_empty())
+            .take(self.system_chunks_max)
             .map(|g| SystemChunk {
                 start: g.start,
                 len: g.len,
@@ -1308,7 +1328,7 @@ mod tests {
     #[test]
     fn raid1_groups_keep_their_second_copy_on_another_device_until_it_is_full() {
         let mut a = Allocator::new(200 * MIB, false);
-        a.set_devices(BTreeMap::from([(2, 120 * MIB)]), 64);
+        a.set_devices(BTreeMap::from([(2, 120 * MIB)]), true);
         a.set_profiles(Profile::Raid1, Profile::Raid1);
         let mut held = 0;
         while let Ok((_, len)) = a.alloc(GroupKind::Data, MIB, MIB, 0) {
@@ -1332,7 +1352,7 @@ mod tests {
     #[test]
     fn raid1c3_groups_take_two_other_devices_and_the_largest_cannot_pair_with_itself() {
         let mut a = Allocator::new(300 * MIB, false);
-        a.set_devices(BTreeMap::from([(2, 300 * MIB), (3, 60 * MIB)]), 64);
+        a.set_devices(BTreeMap::from([(2, 300 * MIB), (3, 60 * MIB)]), true);
         a.set_profiles(Profile::Raid1c3, Profile::Raid1c3);
         let before = a.others_capacity(true);
         assert!(before <= 2 * 59 * MIB, "{before}");

@@ -221,8 +221,10 @@ fn groups(found: &Found, total: u64, report: &mut Report) -> Vec<Group> {
 /// Copies beyond the first (dup, raid1, raid1c3): each lies inside its
 /// device (one the superblock names) apart from every group and every
 /// other copy there, holds no superblock copy, and the superblock names
-/// exactly the system groups' copies (it reads the root and block group
-/// trees through them).
+/// exactly the copies of the groups that hold the root and block group
+/// trees (read through them before the block groups are loaded): the
+/// system groups, and on a mixed image of several devices the mixed
+/// groups, as many as fit.
 fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
     let mut ranges: BTreeMap<u64, Vec<(u64, u64, String)>> = BTreeMap::new();
     ranges.entry(1).or_default().extend(
@@ -254,7 +256,10 @@ fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
             }
             ranges.entry(devid).or_default().push((m, m + g.len, loc));
         }
-        if GroupKind::from_flags(g.item.flags) == Some(GroupKind::System) {
+        let kind = GroupKind::from_flags(g.item.flags);
+        let named = kind == Some(GroupKind::System)
+            || kind == Some(GroupKind::Mixed) && sb.has_device_table();
+        if named && system.len() < sb.system_chunks_max() {
             system.push(crate::format::superblock::SystemChunk {
                 start: g.start,
                 len: g.len,

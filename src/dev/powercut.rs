@@ -17,6 +17,8 @@
 //! The daemon turns it on from its environment ([`from_env`]), so no
 //! mount option a user could meet exists for it:
 //! - `CANOPY_POWERCUT_JOURNAL=PATH`: the journal; the mode is on when set.
+//!   A mount of several devices journals the others at `PATH.2`,
+//!   `PATH.3`, ... in the order its `device=` options name them.
 //! - `CANOPY_POWERCUT_TRIGGER=PATH`: when this file exists, the next
 //!   barrier kills the daemon (SIGKILL) before flushing: a cut exactly at
 //!   a barrier, with everything since the previous one still volatile.
@@ -78,9 +80,20 @@ pub struct PowerCutDevice {
 /// Wraps `inner` in a [`PowerCutDevice`] when the environment asks for
 /// one (see the module comment); returns `inner` itself otherwise.
 pub fn from_env(inner: Arc<dyn Device>) -> Result<Arc<dyn Device>> {
-    let Some(journal) = std::env::var_os("CANOPY_POWERCUT_JOURNAL") else {
+    from_env_for(inner, 1)
+}
+
+/// [`from_env`] for the `nth` device a mount names (1: the one mounted,
+/// 2: the first `device=`, ...): each has its own journal, the first's
+/// path with `.N` appended from the second on, so that a cut loses each
+/// device's unflushed writes independently, as separate disks would.
+pub fn from_env_for(inner: Arc<dyn Device>, nth: usize) -> Result<Arc<dyn Device>> {
+    let Some(mut journal) = std::env::var_os("CANOPY_POWERCUT_JOURNAL") else {
         return Ok(inner);
     };
+    if nth > 1 {
+        journal.push(format!(".{nth}"));
+    }
     let barriers = match std::env::var("CANOPY_POWERCUT_BARRIERS").as_deref() {
         Ok("ignored") => Barriers::Ignored,
         Ok("honest") | Err(_) => Barriers::Honest,

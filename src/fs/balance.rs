@@ -45,6 +45,7 @@ impl Fs {
     /// their extents in the background. Returns the number of groups.
     pub fn balance_start(&self, args: BalanceArgs) -> Result<u64> {
         self.core.check_balance_writable()?;
+        self.check_no_replace()?;
         // Blocks of deleted subvolumes are not extents balance can move:
         // free them first.
         self.clean_deleted()?;

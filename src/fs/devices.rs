@@ -20,6 +20,7 @@ impl Fs {
     /// Adds `dev` (called `name`) to the filesystem; returns its devid.
     pub fn device_add(&self, dev: Arc<dyn Device>, name: String) -> Result<u64> {
         self.core.check_balance_writable()?;
+        self.check_no_replace()?;
         self.core.engine.add_device(dev, name)
     }
 
@@ -27,6 +28,7 @@ impl Fs {
     /// balance moves the groups with a copy there. Returns how many.
     pub fn device_remove_start(&self, devid: u64) -> Result<u64> {
         self.core.check_balance_writable()?;
+        self.check_no_replace()?;
         self.core.engine.check_removable(devid)?;
         if self.core.engine.read(balance::recorded)?.is_some() {
             return Err(Error::Posix(

@@ -38,6 +38,7 @@ pub mod quota;
 mod rangeset;
 mod readahead;
 mod reclaim;
+pub mod replace;
 pub mod setid;
 pub(crate) mod subvol;
 mod view;
@@ -109,6 +110,9 @@ pub(crate) struct Core {
     balance_thread: daemon::Worker,
     balance_status: Arc<std::sync::Mutex<balance::BalanceStatus>>,
     rescan_thread: daemon::Worker,
+    /// The device replace thread, if one runs, and what it reports.
+    replace_thread: daemon::Worker,
+    replace_job: replace::SharedJob,
 }
 
 /// One subvolume (fs tree) of a mount: the POSIX operations on its local
@@ -186,6 +190,8 @@ impl Fs {
             balance_thread: daemon::Worker::default(),
             balance_status: Default::default(),
             rescan_thread: daemon::Worker::default(),
+            replace_thread: daemon::Worker::default(),
+            replace_job: Default::default(),
         });
         let top = core.subvol(FS)?;
         if top.is_empty_tree()? {
@@ -499,6 +505,8 @@ impl Drop for Fs {
         // The balance thread holds the core; it carries on at next mount.
         self.core.balance_thread.stop();
         self.core.rescan_thread.stop();
+        // A replace not finished is given up (nothing of it is on disk).
+        self.core.stop_replace();
         if self.core.budget.buffered() > 0 {
             if let Err(e) = self.core.flush_all() {
                 tracing::error!(error = %e, "flushing buffered data failed");

@@ -162,6 +162,19 @@ pub enum Request {
     DeviceRemoveAbort {
         devid: u64,
     },
+    /// `canopy device replace start`: the daemon opens `target` (an
+    /// absolute path or an `rbd:` name) and starts copying `source` (a
+    /// devid, a path it was named by, or `missing`) to it; `avoid_source`
+    /// reads other copies first (`-r`); `force` writes over another
+    /// filesystem's signature.
+    ReplaceStart {
+        source: String,
+        target: String,
+        avoid_source: bool,
+        force: bool,
+    },
+    ReplaceStatus,
+    ReplaceCancel,
 }
 
 /// One device's error counters (`canopy device stats`), as btrfs names
@@ -256,6 +269,9 @@ pub struct Response {
     /// The device added, or being removed.
     #[serde(default)]
     pub devid: Option<u64>,
+    /// The device replace's status, after a replace request.
+    #[serde(default)]
+    pub replace: Option<crate::fs::replace::ReplaceStatus>,
 }
 
 impl Response {
@@ -279,6 +295,7 @@ impl Response {
             devices: None,
             show: None,
             devid: None,
+            replace: None,
         }
     }
 
@@ -721,6 +738,13 @@ fn device_request(req: Request, fs: &Fs) -> Response {
 /// Opens `path` to write and adds it, refusing one that holds a
 /// filesystem unless `force`.
 fn add_device(fs: &Fs, path: &str, force: bool) -> Result<u64> {
+    let (dev, name) = open_new_device(path, force)?;
+    fs.device_add(dev, name)
+}
+
+/// Opens `path` to write as a device new to the filesystem, refusing one
+/// that holds a filesystem unless `force`; returns it and its name.
+fn open_new_device(path: &str, force: bool) -> Result<(Arc<dyn crate::dev::Device>, String)> {
     let source: crate::dev::Source = path.parse()?;
     let dev = source.open(crate::dev::Access::Write, crate::dev::OpenHow::default())?;
     if !force {
@@ -730,7 +754,29 @@ fn add_device(fs: &Fs, path: &str, force: bool) -> Result<u64> {
             )));
         }
     }
-    fs.device_add(Arc::from(dev), source.to_string())
+    Ok((Arc::from(dev), source.to_string()))
+}
+
+/// A replace command: the replace's status after it.
+fn replace_request(req: Request, fs: &Fs) -> Response {
+    let r = match req {
+        Request::ReplaceStart {
+            source,
+            target,
+            avoid_source,
+            force,
+        } => device_of(fs, &source).and_then(|devid| {
+            let (dev, name) = open_new_device(&target, force)?;
+            let opts = crate::replace::Options { avoid_source };
+            fs.replace_start(devid, dev, name, opts)
+        }),
+        Request::ReplaceCancel => fs.replace_cancel(),
+        _ => Ok(()),
+    };
+    Response {
+        replace: Some(fs.replace_status()),
+        ..Response::of_unit(r)
+    }
 }
 
 /// The devid `device` names: a number, `missing` (the first device a
@@ -854,6 +900,9 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             | Request::DeviceRemoveFinish { .. }
             | Request::DeviceRemoveAbort { .. }),
         ) => device_request(req, fs),
+        Ok(
+            req @ (Request::ReplaceStart { .. } | Request::ReplaceStatus | Request::ReplaceCancel),
+        ) => replace_request(req, fs),
         Ok(req @ (Request::ScrubStart | Request::ScrubStatus | Request::ScrubCancel)) => {
             scrub_request(req, scrub, fs)
         }

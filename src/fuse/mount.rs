@@ -107,8 +107,8 @@ fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 /// the mount's settings.
 fn open_fs(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<Fs>> {
     let mut devs = vec![open_device(image, opts, io_flusher)?];
-    for other in &opts.devices {
-        devs.push(open_other_device(other, opts)?);
+    for (i, other) in opts.devices.iter().enumerate() {
+        devs.push(open_other_device(other, opts, i + 2)?);
     }
     let engine = Engine::open_devices(
         devs,
@@ -166,9 +166,10 @@ fn open_device(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<
     crate::dev::powercut::from_env(Arc::new(file))
 }
 
-/// Opens a device named by `device=`, claimed like the one mounted (the
-/// crash campaign's power-cut journal covers the mounted one only).
-fn open_other_device(source: &Source, opts: &MountOptions) -> Result<Arc<dyn Device>> {
+/// Opens the `nth` device a mount names (2: the first `device=`),
+/// claimed like the one mounted, under the crash campaign's power-cut
+/// journal of its own when the environment asks.
+fn open_other_device(source: &Source, opts: &MountOptions, nth: usize) -> Result<Arc<dyn Device>> {
     let access = match opts.read_only {
         true => Access::Share,
         false => Access::Write,
@@ -176,7 +177,11 @@ fn open_other_device(source: &Source, opts: &MountOptions) -> Result<Arc<dyn Dev
     let how = OpenHow {
         takeover: opts.takeover && source.path().is_none(),
     };
-    Ok(Arc::from(source.open(access, how)?))
+    let dev: Arc<dyn Device> = Arc::from(source.open(access, how)?);
+    match opts.read_only || source.path().is_none() {
+        true => Ok(dev),
+        false => crate::dev::powercut::from_env_for(dev, nth),
+    }
 }
 
 /// A live session: the threads serving it, and whether Canopy mounted

@@ -65,8 +65,18 @@ impl Control {
         self.cancel.store(true, Ordering::SeqCst);
     }
 
-    fn cancelled(&self) -> bool {
+    pub(crate) fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::SeqCst)
+    }
+
+    /// Sets the estimate of the total (at the start).
+    pub(crate) fn set_total(&self, bytes: u64) {
+        crate::sync::lock(&self.progress).bytes_total = bytes;
+    }
+
+    /// Marks the work finished.
+    pub(crate) fn finish(&self) {
+        crate::sync::lock(&self.progress).finished = true;
     }
 
     fn advance(&self, bytes: u64) {
@@ -180,28 +190,16 @@ pub struct Pace {
 /// Scrubs everything the engine's state reaches.
 pub fn run(engine: &Engine, ctl: &Control, pace: Pace) -> Result<Report> {
     let started = Instant::now();
-    crate::sync::lock(&ctl.progress).bytes_total = engine.space().0;
+    ctl.set_total(engine.space().0);
     let mut report = Report::default();
-    let mut next = Some(Key::MIN);
-    while let Some(from) = next {
-        if ctl.cancelled() {
-            report.cancelled = true;
-            break;
+    let walked = walk_extents(engine, ctl, pace, |r, key, item| {
+        match item.is_tree_block() {
+            true => scrub_tree_block(r, key, item, &mut report),
+            false => scrub_data(r, key.objectid, key.offset, &mut report),
         }
-        let t = Instant::now();
-        next = match engine.read(|r| scrub_batch(r, from, ctl, &mut report)) {
-            Ok(n) => n,
-            Err(e) => {
-                report
-                    .errors
-                    .push(format!("extent tree unreadable at or after {from}: {e}"));
-                None
-            }
-        };
-        if pace.throttle {
-            std::thread::sleep((t.elapsed() / 4).min(Duration::from_secs(1)));
-        }
-    }
+    });
+    report.errors.extend(walked.errors);
+    report.cancelled = walked.cancelled;
     if !report.bad_data_sectors.is_empty() {
         report.damaged_files = engine.read(|r| damaged_files(r, &report.bad_data_sectors))?;
     }
@@ -219,17 +217,61 @@ pub fn run(engine: &Engine, ctl: &Control, pace: Pace) -> Result<Report> {
         report.unsummed_files = engine.read(|r| files_of_extents(r, &starts))?;
     }
     report.seconds = started.elapsed().as_secs_f64();
-    crate::sync::lock(&ctl.progress).finished = true;
+    ctl.finish();
     Ok(report)
 }
 
-/// Scrubs extents from `from` on until the batch is full; returns where
+/// How a walk over the extent tree ended.
+pub(crate) struct Walked {
+    pub cancelled: bool,
+    /// Why parts could not be walked (the extent tree unreadable).
+    pub errors: Vec<String>,
+}
+
+/// Calls `visit` on every extent item (tree block or data extent), in
+/// key order, in short batches under the engine's read lock (see the
+/// module's doc), pacing as `pace` says and stopping when `ctl` is
+/// cancelled; `visit` returns the bytes it covered, for the progress.
+pub(crate) fn walk_extents(
+    engine: &Engine,
+    ctl: &Control,
+    pace: Pace,
+    mut visit: impl FnMut(&Reader<'_>, Key, &ExtentItem) -> Result<u64>,
+) -> Walked {
+    let mut walked = Walked {
+        cancelled: false,
+        errors: Vec::new(),
+    };
+    let mut next = Some(Key::MIN);
+    while let Some(from) = next {
+        if ctl.cancelled() {
+            walked.cancelled = true;
+            break;
+        }
+        let t = Instant::now();
+        next = match engine.read(|r| walk_batch(r, from, ctl, &mut visit)) {
+            Ok(n) => n,
+            Err(e) => {
+                walked
+                    .errors
+                    .push(format!("extent tree unreadable at or after {from}: {e}"));
+                None
+            }
+        };
+        if pace.throttle {
+            std::thread::sleep((t.elapsed() / 4).min(Duration::from_secs(1)));
+        }
+    }
+    walked
+}
+
+/// Visits extents from `from` on until the batch is full; returns where
 /// the next batch starts.
-fn scrub_batch(
+fn walk_batch(
     r: &Reader<'_>,
     from: Key,
     ctl: &Control,
-    report: &mut Report,
+    visit: &mut impl FnMut(&Reader<'_>, Key, &ExtentItem) -> Result<u64>,
 ) -> Result<Option<Key>> {
     let mut c = r.cursor(EXTENT, &from)?;
     let (mut extents, mut bytes) = (0, 0);
@@ -241,11 +283,7 @@ fn scrub_batch(
         }
         if key.ty == EXTENT_ITEM {
             let item = ExtentItem::decode(&data).map_err(|e| Error::corrupt(key.objectid, e))?;
-            let len = if item.is_tree_block() {
-                scrub_tree_block(r, key, &item, report)?
-            } else {
-                scrub_data(r, key.objectid, key.offset, report)?
-            };
+            let len = visit(r, key, &item)?;
             ctl.advance(len);
             extents += 1;
             bytes += len;

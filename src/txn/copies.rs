@@ -202,6 +202,44 @@ pub(super) fn verify_copies(sh: &Shared, bytenr: u64, generation: u64) -> Copies
     }
 }
 
+/// The bytes of the first copy, in `order`, of the tree block at
+/// `bytenr` that passes a first read's checks with a generation no older
+/// than `generation`, and which copy it was; the first copy's error when
+/// none does. Nothing is repaired: the caller (a device replace) puts the
+/// bytes elsewhere.
+pub(super) fn first_good_copy(
+    sh: &Shared,
+    bytenr: u64,
+    generation: u64,
+    order: &[usize],
+) -> Result<(usize, Vec<u8>)> {
+    let mut buf = vec![0u8; sh.nodesize];
+    let mut first_error = None;
+    for &copy in order {
+        let checked = sh
+            .dev
+            .read_copy(&mut buf, bytenr, copy)
+            .and_then(|()| Node::decode(&buf, bytenr, &sh.fsid))
+            .and_then(|n| match n.generation >= generation {
+                true => Ok(()),
+                false => Err(Error::corrupt(
+                    bytenr,
+                    format!(
+                        "block has generation {}, older than its allocation in {generation}",
+                        n.generation
+                    ),
+                )),
+            });
+        match checked {
+            Ok(()) => return Ok((copy, buf)),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_error.unwrap_or_else(|| Error::corrupt(bytenr, "block has no copy")))
+}
+
 /// Data bytes at `bytenr` as copy `copy` holds them, and how many copies
 /// they have: for readers that verify checksums themselves (`fs`'s file
 /// reads, scrub) and fall back to another copy.
@@ -211,6 +249,17 @@ pub(crate) trait DataCopies {
     /// How many copies `[bytenr, bytenr + len)` has.
     fn data_copies(&self, bytenr: u64, len: u64) -> usize {
         self.shared().dev.copies(bytenr, len)
+    }
+
+    /// Where copy `copy` of `[bytenr, bytenr + len)` lies.
+    fn copy_stripe(&self, bytenr: u64, len: u64, copy: usize) -> Option<crate::volume::Stripe> {
+        self.shared().dev.stripe(bytenr, len, copy).ok()
+    }
+
+    /// Writes `buf` at physical `offset` of the device a replace is
+    /// filling (`replace`'s copy of what the source holds there).
+    fn write_replace_target(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.shared().dev.write_replace_target(buf, offset)
     }
 
     /// Reads copy `copy` of `buf.len()` data bytes at `bytenr`.

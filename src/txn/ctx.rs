@@ -209,6 +209,25 @@ impl<'a> Reader<'a> {
         }
         Some(super::copies::verify_copies(self.sh, bytenr, generation))
     }
+
+    /// The first good copy, trying copies in `order`, of the tree block
+    /// at `bytenr` (see `copies::first_good_copy`); None while the block
+    /// is not on disk yet (its write will reach every copy).
+    pub fn good_block_on_disk(
+        &self,
+        bytenr: u64,
+        generation: u64,
+        order: &[usize],
+    ) -> Option<Result<(usize, Vec<u8>)>> {
+        if self.st.dirty.contains_key(&bytenr)
+            || crate::sync::lock(&self.sh.inflight).contains_key(&bytenr)
+        {
+            return None;
+        }
+        Some(super::copies::first_good_copy(
+            self.sh, bytenr, generation, order,
+        ))
+    }
 }
 
 impl BlockRead for Reader<'_> {

@@ -189,14 +189,7 @@ impl Engine {
                 "{name} holds {bytes} bytes, less than the minimum {MIN_DEVICE_BYTES}"
             )));
         }
-        if let Ok(sb) = read_best_superblock(dev.as_ref()) {
-            if sb.fsid == self.shared.fsid {
-                return Err(Error::Invalid(format!(
-                    "{name} is already device {} of this filesystem",
-                    sb.devid
-                )));
-            }
-        }
+        self.refuse_own_device(dev.as_ref(), &name)?;
         let devid = self.write(|tx| {
             let sb = &mut tx.st.sb;
             if sb.devices.len() >= DEVICES_MAX {
@@ -226,6 +219,18 @@ impl Engine {
         self.commit()?;
         tracing::info!(devid, bytes, "device added");
         Ok(devid)
+    }
+
+    /// Refuses a device (called `name`) whose superblock names this
+    /// filesystem: one of its devices, or one that was.
+    pub(super) fn refuse_own_device(&self, dev: &dyn Device, name: &str) -> Result<()> {
+        match read_best_superblock(dev) {
+            Ok(sb) if sb.fsid == self.shared.fsid => Err(Error::Invalid(format!(
+                "{name} is already device {} of this filesystem",
+                sb.devid
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Marks device `devid` as being emptied, so that no new copy goes
@@ -289,11 +294,11 @@ impl Engine {
 }
 
 /// The allocator follows the device table, and the next commit writes it.
-fn devices_changed(tx: &mut Txn<'_>) {
+pub(super) fn devices_changed(tx: &mut Txn<'_>) {
     let sb = &tx.st.sb;
     let others = sb.devices.iter().map(|d| (d.devid, d.bytes)).collect();
-    let max = sb.system_chunks_max();
-    tx.st.alloc.set_devices(others, max);
+    let table = sb.has_device_table();
+    tx.st.alloc.set_devices(others, table);
     tx.st.superblock_changed = true;
 }
 
@@ -331,7 +336,7 @@ fn removable(sb: &Superblock, devid: u64) -> Result<()> {
 }
 
 /// Zeroes every superblock copy on `dev` (the magic with it), durably.
-fn wipe_superblocks(dev: &dyn Device) -> Result<()> {
+pub(super) fn wipe_superblocks(dev: &dyn Device) -> Result<()> {
     let zeros = vec![0u8; SUPER_SIZE as usize];
     for &off in SUPER_OFFSETS.iter() {
         if off + SUPER_SIZE <= dev.size() {

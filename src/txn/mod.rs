@@ -26,6 +26,7 @@
 mod commit;
 mod copies;
 mod devices;
+mod replace;
 pub use copies::CopiesVerdict;
 pub(crate) use copies::DataCopies;
 mod ctx;

@@ -167,7 +167,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64, mechanisms: Mech
     let mut alloc = Allocator::new(device_bytes, mixed);
     alloc.set_profiles(sb.metadata_profile, sb.data_profile);
     let others = sb.devices.iter().map(|d| (d.devid, d.bytes)).collect();
-    alloc.set_devices(others, sb.system_chunks_max());
+    alloc.set_devices(others, sb.has_device_table());
     // The system groups' copies, so the root tree and the block group
     // tree read from any before the block group items are loaded.
     let map = alloc.chunk_map();

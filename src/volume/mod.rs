@@ -179,6 +179,18 @@ pub struct Volume {
     errors: RwLock<BTreeMap<u64, Arc<ErrorCounts>>>,
     /// Whether bad copies may be rewritten (not on a read-only open).
     repairs: std::sync::atomic::AtomicBool,
+    /// A device being filled to replace another (`canopy device
+    /// replace`): every write to the source's copies reaches it too.
+    target: RwLock<Option<ReplaceTarget>>,
+}
+
+/// The device a replace fills, and whether a write to it failed (the
+/// replace then fails; the filesystem, which does not need the target
+/// yet, goes on).
+struct ReplaceTarget {
+    source: u64,
+    dev: Arc<dyn Device>,
+    failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Volume {
@@ -207,6 +219,80 @@ impl Volume {
             devices: RwLock::new(devices),
             map,
             repairs: std::sync::atomic::AtomicBool::new(true),
+            target: RwLock::new(None),
+        }
+    }
+
+    /// Starts sending every write to device `source`'s copies to
+    /// `target` too, at the same offsets (present or missing, `source`
+    /// keeps its writes). Returns the flag a failed write to `target`
+    /// sets.
+    pub fn set_replace_target(
+        &self,
+        source: u64,
+        target: Arc<dyn Device>,
+    ) -> Arc<std::sync::atomic::AtomicBool> {
+        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        *crate::sync::write(&self.target) = Some(ReplaceTarget {
+            source,
+            dev: target,
+            failed: failed.clone(),
+        });
+        failed
+    }
+
+    /// Stops writing to the replace target (a replace cancelled or
+    /// failed) and returns it.
+    pub fn clear_replace_target(&self) -> Option<Arc<dyn Device>> {
+        crate::sync::write(&self.target).take().map(|t| t.dev)
+    }
+
+    /// The device being replaced, if a replace is going.
+    pub fn replace_source(&self) -> Option<u64> {
+        crate::sync::read(&self.target).as_ref().map(|t| t.source)
+    }
+
+    /// Writes `buf` at physical `offset` of the replace target: a copy
+    /// of the source's bytes there.
+    pub fn write_replace_target(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let target = crate::sync::read(&self.target);
+        let t = target
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("no device replace is going".into()))?;
+        t.dev.write_at(buf, offset)
+    }
+
+    /// Puts the replace target in its source's place, with fresh error
+    /// counters, and returns the source (None if it was missing). Data
+    /// writes run without the engine's lock, so the target takes the
+    /// source's place before it stops being a target: a write racing
+    /// the swap reaches it one way or the other (or both).
+    pub fn take_replacement(&self) -> Result<Option<Arc<dyn Device>>> {
+        let (source, dev) = crate::sync::read(&self.target)
+            .as_ref()
+            .map(|t| (t.source, t.dev.clone()))
+            .ok_or_else(|| Error::Invalid("no device replace is going".into()))?;
+        crate::sync::write(&self.errors).insert(source, Arc::default());
+        let old = crate::sync::write(&self.devices).insert(source, dev);
+        crate::sync::write(&self.target).take();
+        Ok(old)
+    }
+
+    /// A write meant for device `devid`'s copy at `offset` also goes to
+    /// the replace target when `devid` is being replaced. Its failure is
+    /// the replace's, recorded in the flag.
+    fn mirror_to_target(&self, devid: u64, offset: u64, buf: &[u8], data: bool) {
+        let target = crate::sync::read(&self.target);
+        let Some(t) = target.as_ref().filter(|t| t.source == devid) else {
+            return;
+        };
+        let r = match data {
+            true => t.dev.write_data_at(buf, offset),
+            false => t.dev.write_at(buf, offset),
+        };
+        if let Err(e) = r {
+            tracing::error!(devid, offset, error = %e, "device replace: writing the target failed");
+            t.failed.store(true, Ordering::SeqCst);
         }
     }
 
@@ -312,6 +398,7 @@ impl Volume {
     /// Writes `buf` over copy `copy` only (a repair).
     pub fn write_copy(&self, buf: &[u8], offset: u64, copy: usize) -> Result<()> {
         let s = self.stripe(offset, buf.len() as u64, copy)?;
+        self.mirror_to_target(s.devid, s.offset, buf, false);
         let r = self.present(s).and_then(|d| d.write_at(buf, s.offset));
         self.counted_write(s.devid, r)
     }
@@ -335,7 +422,9 @@ impl Volume {
         let put = |s: Stripe, part: &[u8]| {
             // A device a degraded open lacks misses the write; its copy
             // is stale should it come back, and reads find it so (by
-            // generation or checksum) and heal it.
+            // generation or checksum) and heal it. A device being
+            // replaced passes its writes on to the target, missing or not.
+            self.mirror_to_target(s.devid, s.offset, part, data);
             let Some(d) = self.device(s.devid) else {
                 return Ok(());
             };
@@ -416,6 +505,19 @@ impl Device for Volume {
     fn barrier(&self) -> Result<()> {
         for (_, d) in self.devices() {
             d.barrier()?;
+        }
+        let target = crate::sync::read(&self.target)
+            .as_ref()
+            .map(|t| t.dev.clone());
+        if let Some(t) = target {
+            // The replace's own barrier: a failure fails it, not the
+            // commit.
+            if let Err(e) = t.barrier() {
+                tracing::error!(error = %e, "device replace: the target's barrier failed");
+                if let Some(t) = crate::sync::read(&self.target).as_ref() {
+                    t.failed.store(true, Ordering::SeqCst);
+                }
+            }
         }
         Ok(())
     }

@@ -55,6 +55,7 @@ pub mod guard;
 pub mod images;
 pub mod model;
 pub mod mounted;
+pub mod multi;
 pub mod paths;
 pub mod tree;
 

@@ -1,11 +1,14 @@
-//! `canopy device stats|add|remove`: a mounted filesystem's error
-//! counters per device, and its devices, after `btrfs device`.
+//! `canopy device stats|add|remove|replace`: a mounted filesystem's error
+//! counters per device, and its devices, after `btrfs device` and
+//! `btrfs replace`.
 
 use anyhow::{Context, Result};
+use canopy::fs::replace::{ReplaceState, ReplaceStatus};
 use canopy::fuse::control::{DeviceStats, Request};
 use clap::Subcommand;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum Command {
@@ -52,6 +55,55 @@ pub enum Command {
         /// A mounted Canopy filesystem.
         path: PathBuf,
     },
+    /// Copy everything a device holds to a new device while mounted, then
+    /// put the new one in its place (same devid). Reads come from the
+    /// device being replaced, or from another copy where it is bad or
+    /// missing. Mount with `-o device=NEW` from then on.
+    #[command(subcommand)]
+    Replace(Replace),
+}
+
+#[derive(Subcommand)]
+pub enum Replace {
+    /// Start replacing SOURCE with TARGET. The target must hold at least
+    /// as many bytes as the source. Runs in the background unless -B; a
+    /// replace cut short (unmount, crash, cancel) leaves the filesystem
+    /// on the source and starts over when asked again.
+    Start {
+        /// Read the source only where no other copy is good (for a
+        /// failing or slow source; needs raid1, raid1c3 or dup copies).
+        #[arg(short = 'r')]
+        avoid_source: bool,
+        /// Write over a filesystem the target holds.
+        #[arg(short = 'f', long)]
+        force: bool,
+        /// Wait for the replace to end, with a progress bar.
+        #[arg(short = 'B')]
+        foreground: bool,
+        /// The device to replace: its devid, its path as the mount or
+        /// `device add` named it, or `missing`.
+        source: String,
+        /// The new device: an image file, block device or rbd:POOL/IMAGE.
+        target: String,
+        /// A mounted Canopy filesystem.
+        path: PathBuf,
+    },
+    /// Show how far the replace has come (until it ends, unless -1).
+    Status {
+        /// Print once and return.
+        #[arg(short = '1')]
+        once: bool,
+        /// Print the status as JSON (once).
+        #[arg(long)]
+        json: bool,
+        /// A mounted Canopy filesystem.
+        path: PathBuf,
+    },
+    /// Stop the running replace; the filesystem stays on the source.
+    Cancel {
+        /// A mounted Canopy filesystem.
+        path: PathBuf,
+    },
 }
 
 /// `-c` found a counter that is not zero.
@@ -71,6 +123,118 @@ pub fn run(c: Command) -> Result<ExitCode> {
             path,
         } => add(&device, &path, force),
         Command::Remove { device, path } => remove(&device, &path),
+        Command::Replace(r) => replace(r),
+    }
+}
+
+fn replace(r: Replace) -> Result<ExitCode> {
+    match r {
+        Replace::Start {
+            avoid_source,
+            force,
+            foreground,
+            source,
+            target,
+            path,
+        } => {
+            let req = Request::ReplaceStart {
+                source: for_daemon(&source),
+                target: for_daemon(&target),
+                avoid_source,
+                force,
+            };
+            let st = crate::quota::ask(&path, &req)?.replace.unwrap_or_default();
+            match foreground {
+                true => watch_replace(&path, st),
+                false => {
+                    println!(
+                        "replacing {source} with {target} (canopy device replace status {})",
+                        path.display()
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+            }
+        }
+        Replace::Status { once, json, path } => {
+            let st = crate::quota::ask(&path, &Request::ReplaceStatus)?
+                .replace
+                .unwrap_or_default();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            match once {
+                true => {
+                    println!("{}", replace_line(&st));
+                    Ok(ExitCode::SUCCESS)
+                }
+                false => watch_replace(&path, st),
+            }
+        }
+        Replace::Cancel { path } => {
+            crate::quota::ask(&path, &Request::ReplaceCancel)?;
+            println!("cancelling the replace; the filesystem stays on the source");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Follows a replace until it ends, with a progress bar; fails unless it
+/// finished.
+fn watch_replace(path: &Path, first: ReplaceStatus) -> Result<ExitCode> {
+    let bar = indicatif::ProgressBar::new(first.progress.bytes_total.max(1));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {percent}% {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let mut st = first;
+    while st.state == ReplaceState::Running {
+        bar.set_length(st.progress.bytes_total.max(1));
+        bar.set_position(st.progress.bytes_done.min(st.progress.bytes_total));
+        std::thread::sleep(Duration::from_millis(200));
+        st = crate::quota::ask(path, &Request::ReplaceStatus)?
+            .replace
+            .unwrap_or_default();
+    }
+    bar.finish_and_clear();
+    println!("{}", replace_line(&st));
+    Ok(match st.state {
+        ReplaceState::Finished | ReplaceState::Idle => ExitCode::SUCCESS,
+        _ => ExitCode::FAILURE,
+    })
+}
+
+/// One line on the replace, as `btrfs replace status -1` prints it.
+fn replace_line(st: &ReplaceStatus) -> String {
+    let what = match (st.source, &st.target) {
+        (Some(s), Some(t)) => format!("device {s} to {t}: "),
+        _ => String::new(),
+    };
+    let p = &st.progress;
+    let pct = match p.bytes_total {
+        0 => 0.0,
+        t => 100.0 * p.bytes_done.min(t) as f64 / t as f64,
+    };
+    let counts = st.report.as_ref().map_or(String::new(), |r| {
+        format!(
+            ", {} copied, {} read from other copies, {} uncorrectable",
+            crate::quota::size(r.bytes_copied, false),
+            r.from_other_copies,
+            r.uncorrectable.len()
+        )
+    });
+    let error = st
+        .error
+        .as_ref()
+        .map_or(String::new(), |e| format!(": {e}"));
+    match st.state {
+        ReplaceState::Idle => "never started".into(),
+        ReplaceState::Running => format!("{what}{pct:.1}% done"),
+        ReplaceState::Finished => format!("{what}finished{counts}"),
+        ReplaceState::Cancelled => format!("{what}cancelled at {pct:.1}%{counts}"),
+        ReplaceState::Failed => format!("{what}failed at {pct:.1}%{counts}{error}"),
     }
 }
 

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Device replace and raid1 scrub, a benchmark (not a test).
+
+In one run, on image files on the same disk: a Canopy filesystem over two
+images (`-m raid1 -d raid1`) and a kernel btrfs over two loop devices of
+the same images' size and profiles, each holding the same data (DATA MiB
+in 64 MiB files of random bytes). Per round, page caches dropped first:
+- `canopy scrub` of the mount against `btrfs scrub start -B`;
+- `canopy device replace start -B 2 NEW MNT` against `btrfs replace start
+  -B 2 /dev/loopN MNT`, each to a fresh image of the same size, then
+  back again (so every round replaces the same amount).
+Prints MiB/s of the data (median of ROUNDS) and Canopy's ratio to btrfs.
+Needs root and btrfs-progs.
+
+Usage: python3 bench/replace.py [DATA_MIB] [ROUNDS]   (default 2048 3)
+"""
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+DATA = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
+ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+W = os.environ.get("WORK", "/var/tmp/canopy-replace")
+M = f"{W}/mnt"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CANOPY = f"{ROOT}/target/release/canopy"
+MiB = 1 << 20
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, shell=True, check=True, **kw)
+
+
+def out(cmd):
+    return subprocess.run(cmd, shell=True, check=True, capture_output=True, text=True).stdout
+
+
+def drop_caches():
+    sh("sync; echo 3 > /proc/sys/vm/drop_caches")
+
+
+def timed(cmd):
+    drop_caches()
+    t = time.monotonic()
+    sh(cmd, stdout=subprocess.DEVNULL)
+    return time.monotonic() - t
+
+
+def image(path, mib):
+    """A fully written image, so reads and writes meet the disk, not holes."""
+    sh(f"dd if=/dev/zero of={path} bs=1M count={mib} status=none")
+
+
+def fill():
+    for i in range(DATA // 64):
+        sh(f"cp {W}/src {M}/f{i}")
+
+
+def wait_daemon(img):
+    while subprocess.run(["pgrep", "-f", img], capture_output=True).returncode == 0:
+        time.sleep(0.1)
+
+
+def canopy_rounds(size, rates):
+    a, b, c = (f"{W}/canopy-{n}.img" for n in "abc")
+    for img in (a, b, c):
+        image(img, size)
+    sh(f"{CANOPY} mkfs -f -q -m raid1 -d raid1 {a} {b}")
+    sh(f"{CANOPY} mount {a} {M} -o device={b}")
+    fill()
+    sh(f"{CANOPY} sync {M}")
+    spare, inside = c, b
+    for _ in range(ROUNDS):
+        rates["canopy scrub"].append(DATA / timed(f"{CANOPY} scrub -q {M}"))
+        sh(f"wipefs -a -q {spare}")
+        t = timed(f"{CANOPY} device replace start -B 2 {spare} {M}")
+        rates["canopy replace"].append(DATA / t)
+        spare, inside = inside, spare
+    sh(f"umount {M}")
+    wait_daemon(a)
+    for img in (a, b, c):
+        os.remove(img)
+
+
+def btrfs_rounds(size, rates):
+    imgs = [f"{W}/btrfs-{n}.img" for n in "abc"]
+    for img in imgs:
+        image(img, size)
+    loops = [out(f"losetup -f --show {img}").strip() for img in imgs]
+    try:
+        sh(f"mkfs.btrfs -q -f -m raid1 -d raid1 {loops[0]} {loops[1]} >/dev/null")
+        sh(f"mount {loops[0]} {M}")
+        fill()
+        sh(f"sync -f {M}")
+        spare, inside = loops[2], loops[1]
+        for _ in range(ROUNDS):
+            rates["btrfs scrub"].append(DATA / timed(f"btrfs scrub start -B -q {M}"))
+            sh(f"wipefs -a -q {spare}")
+            t = timed(f"btrfs replace start -B -f 2 {spare} {M}")
+            rates["btrfs replace"].append(DATA / t)
+            spare, inside = inside, spare
+        sh(f"umount {M}")
+    finally:
+        for loop in loops:
+            subprocess.run(["losetup", "-d", loop], check=False)
+        for img in imgs:
+            os.remove(img)
+
+
+def main():
+    os.makedirs(M, exist_ok=True)
+    sh(f"cd {ROOT} && cargo build --release --locked -q")
+    sh(f"head -c 64M /dev/urandom > {W}/src")
+    size = DATA * 3 // 2 + 512
+    rates = {k: [] for k in ("canopy scrub", "btrfs scrub", "canopy replace", "btrfs replace")}
+    canopy_rounds(size, rates)
+    btrfs_rounds(size, rates)
+    os.remove(f"{W}/src")
+    print(f"data {DATA} MiB on two devices of {size} MiB (raid1), {ROUNDS} rounds, medians:")
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    for k, v in med.items():
+        print(f"  {k:16s} {v:8.1f} MiB/s")
+    for what in ("scrub", "replace"):
+        print(f"  {what}: Canopy {med['canopy ' + what] / med['btrfs ' + what]:.2f}x btrfs")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+//! `device replace`: a new device takes an old one's place, online. The
+//! target ends up holding every copy the source held, whatever was
+//! written during the copy: with the source and the other devices it
+//! opens without the old one, alone (degraded) it reads every file, and
+//! the old device no longer looks like part of the filesystem. A bad
+//! source is read around; a missing one is rebuilt from the other
+//! copies; device 1 (a single-device filesystem too) can be replaced;
+//! a cancelled replace leaves everything on the source. Also here: a
+//! mixed-groups filesystem of two devices opens degraded without
+//! device 1, because the superblock names its mixed groups' copies.
+
+mod common;
+
+use canopy::balance::{BalanceArgs, Filter};
+use canopy::dev::MemDevice;
+use canopy::format::superblock::Profile;
+use canopy::fs::replace::{ReplaceState, ReplaceStatus};
+use canopy::fs::{BalanceState, Fs};
+use canopy::replace::Options;
+use common::mounted::canopy_ok;
+use common::multi::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Two devices of raid1 data and metadata, populated.
+fn populated_raid1() -> (Vec<Arc<MemDevice>>, Fs) {
+    let devs = mem_devices(2, 384 * MIB);
+    let fs = Fs::new(Arc::new(format(&devs, Profile::Raid1, Profile::Raid1))).unwrap();
+    populate(&fs);
+    (devs, fs)
+}
+
+fn wait(fs: &Fs) -> ReplaceStatus {
+    loop {
+        let st = fs.replace_status();
+        if st.state != ReplaceState::Running {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Files `extra{i}` in the root directory, written and committed.
+fn write_more(fs: &Fs, range: std::ops::Range<usize>) {
+    for i in range {
+        write_file(fs, ROOT_DIR, &format!("extra{i}"), &content(1000 + i));
+    }
+    fs.sync().unwrap();
+}
+
+fn verify_more(fs: &Fs, range: std::ops::Range<usize>) {
+    for i in range {
+        let a = fs.lookup(ROOT_DIR, format!("extra{i}").as_bytes()).unwrap();
+        let want = content(1000 + i);
+        let got = fs
+            .read(a.ino, 0, want.len() as u32 + 10)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "extra{i}: {e}: {:?} {:?}",
+                    fs.engine().mirrors(),
+                    fs.engine().usage().kinds
+                )
+            });
+        assert!(got == want, "extra{i} reads back different bytes");
+    }
+}
+
+fn replace(fs: &Fs, source: u64, target: &Arc<MemDevice>, avoid_source: bool) -> ReplaceStatus {
+    let opts = Options { avoid_source };
+    fs.replace_start(source, target.clone(), "new".into(), opts)
+        .unwrap();
+    wait(fs)
+}
+
+#[test]
+fn the_target_holds_every_copy_including_what_was_written_meanwhile() {
+    let (devs, fs) = populated_raid1();
+    // Enough to copy that files are written while the copy runs.
+    let big_bytes = common::noise(48 << 20, 99);
+    write_file(&fs, ROOT_DIR, "big", &big_bytes);
+    fs.sync().unwrap();
+    let target = Arc::new(MemDevice::new(512 * MIB));
+    fs.replace_start(2, target.clone(), "new".into(), Options::default())
+        .unwrap();
+    let err = fs.device_remove_start(2).map(drop).unwrap_err();
+    assert!(err.to_string().contains("replace is running"), "{err}");
+    let mut written = 0;
+    while written < 200 && (written < 5 || fs.replace_status().state == ReplaceState::Running) {
+        write_more(&fs, written..written + 5);
+        written += 5;
+    }
+    let st = wait(&fs);
+    assert_eq!(st.state, ReplaceState::Finished, "{st:?}");
+    let report = st.report.unwrap();
+    assert!(
+        report.bytes_copied > 48 << 20 && report.uncorrectable.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(report.from_other_copies, 0, "{report:?}");
+    assert!(fs.engine().replace_source().is_none());
+    write_more(&fs, written..written + 20);
+    written += 20;
+    verify(&fs);
+    drop(fs);
+    assert_eq!(canopy::dev::existing_filesystem(devs[1].as_ref()), None);
+    let now = [devs[0].clone(), target.clone()];
+    check_clean(&now);
+    // Alone, the target reads everything.
+    let fs = Fs::new(Arc::new(open(vec![target.clone()], true, true).unwrap())).unwrap();
+    verify(&fs);
+    verify_more(&fs, 0..written);
+    let big = fs.lookup(ROOT_DIR, b"big").unwrap();
+    assert!(fs.read(big.ino, 0, 48 << 20).unwrap() == big_bytes);
+    drop(fs);
+    let fs = Fs::new(Arc::new(open(as_devices(&now), false, false).unwrap())).unwrap();
+    let ctl = canopy::scrub::Control::default();
+    let r = canopy::scrub::run(fs.engine(), &ctl, canopy::scrub::Pace { throttle: false }).unwrap();
+    assert!(r.is_clean() && r.bad_copies.is_empty(), "{r:?}");
+}
+
+#[test]
+fn a_bad_source_is_read_around_and_minus_r_prefers_the_other_copies() {
+    let (devs, fs) = populated_raid1();
+    let chunks = fs.engine().mirrors();
+    drop(fs);
+    wipe_copies_on(&devs, &chunks, 2);
+    let fs = Fs::new(Arc::new(open(as_devices(&devs), false, false).unwrap())).unwrap();
+    let target = Arc::new(MemDevice::new(384 * MIB));
+    let st = replace(&fs, 2, &target, false);
+    assert_eq!(st.state, ReplaceState::Finished, "{st:?}");
+    let report = st.report.unwrap();
+    assert!(
+        report.from_other_copies > 0 && report.uncorrectable.is_empty(),
+        "{report:?}"
+    );
+    // With -r on a healthy source, the other copies are read first.
+    let second = Arc::new(MemDevice::new(384 * MIB));
+    let st = replace(&fs, 2, &second, true);
+    assert_eq!(st.state, ReplaceState::Finished, "{st:?}");
+    let report = st.report.unwrap();
+    assert!(report.from_other_copies > 0, "{report:?}");
+    drop(fs);
+    // Device 1's copies wiped: everything reads from the second target.
+    let now = [devs[0].clone(), second.clone()];
+    wipe_copies_on(&now, &chunks, 1);
+    let fs = Fs::new(Arc::new(open(as_devices(&now), true, false).unwrap())).unwrap();
+    verify(&fs);
+}
+
+#[test]
+fn device_1_of_a_single_device_filesystem_is_replaced_by_a_larger_one() {
+    let devs = mem_devices(1, 256 * MIB);
+    let fs = Fs::new(Arc::new(format(&devs, Profile::Dup, Profile::Single))).unwrap();
+    populate(&fs);
+    let small = Arc::new(MemDevice::new(128 * MIB));
+    let err = fs
+        .replace_start(1, small, "small".into(), Options::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("at least as many"), "{err}");
+    let target = Arc::new(MemDevice::new(320 * MIB));
+    let st = replace(&fs, 1, &target, false);
+    assert_eq!(st.state, ReplaceState::Finished, "{st:?}");
+    verify(&fs);
+    write_more(&fs, 0..20);
+    drop(fs);
+    assert_eq!(canopy::dev::existing_filesystem(devs[0].as_ref()), None);
+    common::assert_clean(target.as_ref());
+    let fs = Fs::new(Arc::new(open(vec![target.clone()], false, false).unwrap())).unwrap();
+    verify(&fs);
+    verify_more(&fs, 0..20);
+}
+
+#[test]
+fn a_missing_device_is_rebuilt_on_its_replacement() {
+    let (devs, fs) = populated_raid1();
+    drop(fs);
+    let one = [devs[0].clone()];
+    let fs = Fs::new(Arc::new(open(as_devices(&one), false, true).unwrap())).unwrap();
+    assert_eq!(fs.engine().missing_device(), Some(2));
+    // Written degraded: into new groups with one copy.
+    write_more(&fs, 0..10);
+    let target = Arc::new(MemDevice::new(384 * MIB));
+    let st = replace(&fs, 2, &target, false);
+    assert_eq!(st.state, ReplaceState::Finished, "{st:?}");
+    assert_eq!(fs.engine().missing_device(), None);
+    write_more(&fs, 10..30);
+    // A convert gives the groups made degraded their second copy.
+    fs.balance_start(BalanceArgs {
+        data: Filter::All,
+        metadata: Filter::All,
+        data_convert: Some(Profile::Raid1),
+        metadata_convert: Some(Profile::Raid1),
+        devid: None,
+    })
+    .unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.sync().unwrap();
+    for k in fs.engine().usage().kinds {
+        assert_eq!(k.profile, "raid1", "{k:?}");
+    }
+    drop(fs);
+    let now = [devs[0].clone(), target.clone()];
+    check_clean(&now);
+    let fs = Fs::new(Arc::new(open(vec![target.clone()], true, true).unwrap())).unwrap();
+    verify(&fs);
+    verify_more(&fs, 0..30);
+}
+
+#[test]
+fn a_cancelled_replace_leaves_the_filesystem_on_the_source() {
+    let (devs, fs) = populated_raid1();
+    let target = Arc::new(MemDevice::new(384 * MIB));
+    fs.replace_start(2, target.clone(), "new".into(), Options::default())
+        .unwrap();
+    let _ = fs.replace_cancel();
+    let st = wait(&fs);
+    assert!(
+        matches!(st.state, ReplaceState::Cancelled | ReplaceState::Finished),
+        "{st:?}"
+    );
+    assert!(fs.engine().replace_source().is_none());
+    // A new replace may start; this one is left running at the drop,
+    // which gives it up.
+    if st.state == ReplaceState::Cancelled {
+        assert_eq!(canopy::dev::existing_filesystem(target.as_ref()), None);
+        fs.replace_start(2, target.clone(), "new".into(), Options::default())
+            .unwrap();
+        drop(fs);
+        check_clean(&devs);
+        verify(&Fs::new(Arc::new(open(as_devices(&devs), true, false).unwrap())).unwrap());
+    }
+}
+
+#[test]
+fn a_mixed_filesystem_opens_degraded_without_device_1() {
+    let devs = mem_devices(2, 256 * MIB);
+    let fs = Fs::new(Arc::new(format_with(
+        &devs,
+        Profile::Raid1,
+        Profile::Raid1,
+        true,
+    )))
+    .unwrap();
+    populate(&fs);
+    drop(fs);
+    check_clean(&devs);
+    let fs = Fs::new(Arc::new(open(vec![devs[1].clone()], true, true).unwrap())).unwrap();
+    verify(&fs);
+}
+
+/// Through a real mount: `device replace start -B` of device 2, then the
+/// filesystem mounts with the new device and checks clean.
+#[test]
+fn device_replace_through_a_mount() {
+    if !common::mounted::can_mount() || common::mounted::rbd_conf().is_some() {
+        return;
+    }
+    let mut m = common::mounted::Mounted::with_size("1G");
+    let dir = m.img.parent().unwrap().to_path_buf();
+    for name in ["b.img", "c.img"] {
+        std::fs::File::create(dir.join(name))
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+    }
+    for i in 0..100 {
+        std::fs::write(m.p(&format!("f{i}")), content(i)).unwrap();
+    }
+    let mnt = m.mnt.to_str().unwrap().to_string();
+    canopy_ok(&["device", "add", "b.img", &mnt], &dir);
+    canopy_ok(
+        &[
+            "balance",
+            "start",
+            "-mconvert=raid1",
+            "-dconvert=raid1",
+            &mnt,
+        ],
+        &dir,
+    );
+    let out = canopy_ok(
+        &["device", "replace", "start", "-B", "2", "c.img", &mnt],
+        &dir,
+    );
+    assert!(out.contains("finished"), "{out}");
+    let st: serde_json::Value = serde_json::from_str(&canopy_ok(
+        &["device", "replace", "status", "--json", &mnt],
+        &dir,
+    ))
+    .unwrap();
+    assert_eq!(st["state"], "finished", "{st}");
+    let show: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["filesystem", "show", "--json", &mnt], &dir)).unwrap();
+    let c = dir.join("c.img");
+    assert_eq!(show["devices"][1]["path"], c.to_str().unwrap(), "{show}");
+    for i in 0..100 {
+        assert!(std::fs::read(m.p(&format!("f{i}"))).unwrap() == content(i));
+    }
+    m.unmount();
+    let img = m.img.to_str().unwrap().to_string();
+    let checked = canopy_ok(&["check", &img, "--device", "c.img"], &dir);
+    assert!(checked.contains("clean"), "{checked}");
+    let old = common::mounted::canopy()
+        .args(["check", "b.img"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        !old.status.success(),
+        "the replaced device no longer holds the filesystem"
+    );
+}
