@@ -663,6 +663,11 @@ impl Allocator {
         std::mem::take(&mut self.journal)
     }
 
+    /// Marks every group's item for rewriting at the next commit.
+    pub fn mark_all_groups_dirty(&mut self) {
+        self.dirty_groups.extend(self.groups.keys().copied());
+    }
+
     pub fn take_dirty_groups(&mut self) -> Vec<BlockGroup> {
         let starts = std::mem::take(&mut self.dirty_groups);
         starts

@@ -17,8 +17,12 @@ use crate::dev::Device;
 use std::sync::Arc;
 
 /// Adds the verdict on the log `dev`'s superblock names, if any.
-pub(super) fn check_log(dev: Vec<Arc<dyn Device>>, report: &mut Report) {
-    let engine = match super::open_read_only(dev) {
+pub(super) fn check_log(
+    dev: Vec<Arc<dyn Device>>,
+    space: Option<&crate::txn::SpaceOverride>,
+    report: &mut Report,
+) {
+    let engine = match super::open_read_only(dev, space) {
         Ok(e) => Arc::new(e),
         // The POSIX checks report an image that does not open.
         Err(_) => return,

@@ -39,6 +39,7 @@
 mod log;
 mod posix;
 mod quota;
+pub mod repair;
 mod space;
 mod walk;
 
@@ -52,6 +53,21 @@ pub struct Problem {
     /// Where: a byte address, a tree, a key.
     pub location: String,
     pub message: String,
+    /// How `canopy check --repair` mends it; None when it cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<Fix>,
+}
+
+/// A repair `canopy check --repair` knows for a kind of damage a crash or
+/// a bug leaves.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fix {
+    /// Block group usage, the superblock's byte count and the free-space
+    /// trees, counted again from the extent tree and the drop queue.
+    Space,
+    /// An inode's link count set to the names found for it.
+    LinkCount { tree: u64, ino: u64, nlink: u32 },
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -68,6 +84,10 @@ pub struct Report {
     pub warnings: Vec<Problem>,
     /// The fsync log a crash left, and what replay would do with it.
     pub log: Option<crate::txn::LogVerdict>,
+    /// Usage and free space as the extent tree has them, when the
+    /// image's own records disagree (what [`Fix::Space`] writes).
+    #[serde(skip)]
+    pub space_plan: Option<crate::txn::SpaceOverride>,
 }
 
 impl Report {
@@ -79,6 +99,21 @@ impl Report {
         self.problems.push(Problem {
             location: location.into(),
             message: message.into(),
+            fix: None,
+        });
+    }
+
+    /// A problem `--repair` mends with `fix`.
+    pub(crate) fn fixable(
+        &mut self,
+        location: impl Into<String>,
+        message: impl Into<String>,
+        fix: Fix,
+    ) {
+        self.problems.push(Problem {
+            location: location.into(),
+            message: message.into(),
+            fix: Some(fix),
         });
     }
 
@@ -86,6 +121,7 @@ impl Report {
         self.warnings.push(Problem {
             location: location.into(),
             message: message.into(),
+            fix: None,
         });
     }
 }
@@ -171,13 +207,32 @@ fn assemble<'a>(
 }
 
 /// The image opened read-only, for the checks that read trees through
-/// the engine once the structure is known to be sound.
-fn open_read_only(devs: Vec<Arc<dyn Device>>) -> Result<crate::Engine> {
+/// the engine once the structure is known to be sound (but for the
+/// counters `space` replaces, when `--repair` looks past them).
+fn open_read_only(
+    devs: Vec<Arc<dyn Device>>,
+    space: Option<&crate::txn::SpaceOverride>,
+) -> Result<crate::Engine> {
     let opts = crate::OpenOptions {
         read_only: true,
+        space: space.cloned(),
         ..Default::default()
     };
     crate::Engine::open_devices(devs, &opts)
+}
+
+/// The passes that read through the engine: the log a crash left, every
+/// fs tree, quota groups.
+fn engine_passes(
+    devs: Vec<Arc<dyn Device>>,
+    space: Option<&crate::txn::SpaceOverride>,
+    report: &mut Report,
+) {
+    log::check_log(devs.clone(), space, report);
+    if report.is_clean() || space.is_some() {
+        posix::check_trees(devs.clone(), space, report);
+        quota::check_quota(devs, space, report);
+    }
 }
 
 /// [`check`], then, when the structure is sound, the POSIX-level checks of
@@ -194,11 +249,7 @@ pub fn check_all_devices(
     let borrowed: Vec<&dyn Device> = devs.iter().map(|d| d.as_ref()).collect();
     let mut report = check_devices(&borrowed, progress)?;
     if report.is_clean() {
-        log::check_log(devs.clone(), &mut report);
-    }
-    if report.is_clean() {
-        posix::check_trees(devs.clone(), &mut report);
-        quota::check_quota(devs, &mut report);
+        engine_passes(devs, None, &mut report);
     }
     Ok(report)
 }
@@ -213,7 +264,7 @@ pub fn check_data_sums(dev: Arc<dyn Device>, report: &mut Report) {
 
 /// [`check_data_sums`] of a filesystem over several devices.
 pub fn check_data_sums_devices(devs: Vec<Arc<dyn Device>>, report: &mut Report) {
-    let engine = match open_read_only(devs) {
+    let engine = match open_read_only(devs, None) {
         Ok(e) => e,
         Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),
     };

@@ -44,8 +44,12 @@ struct Inode {
 }
 
 /// Reads every fs tree through a read-only engine.
-pub(super) fn check_trees(dev: Vec<Arc<dyn Device>>, report: &mut Report) {
-    let engine = match super::open_read_only(dev) {
+pub(super) fn check_trees(
+    dev: Vec<Arc<dyn Device>>,
+    space: Option<&crate::txn::SpaceOverride>,
+    report: &mut Report,
+) {
+    let engine = match super::open_read_only(dev, space) {
         Ok(e) => e,
         Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),
     };
@@ -438,10 +442,13 @@ impl TreeScan {
             let is_dir = item.mode & libc::S_IFMT == libc::S_IFDIR;
             let expected = if is_dir { 2 + i.subdirs } else { i.names };
             if item.nlink != expected {
-                report.problem(
-                    &loc,
-                    format!("link count {} but {expected} found", item.nlink),
-                );
+                let fix = super::Fix::LinkCount {
+                    tree: self.tree,
+                    ino,
+                    nlink: expected,
+                };
+                let why = format!("link count {} but {expected} found", item.nlink);
+                report.fixable(&loc, why, fix);
             }
             let unreachable = i.names == 0 && ino != ROOT_DIR_INO;
             if unreachable && !self.orphans.contains(&ino) {

@@ -13,8 +13,12 @@ use crate::format::Key;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-pub(super) fn check_quota(dev: Vec<Arc<dyn Device>>, report: &mut Report) {
-    let engine = match super::open_read_only(dev) {
+pub(super) fn check_quota(
+    dev: Vec<Arc<dyn Device>>,
+    space: Option<&crate::txn::SpaceOverride>,
+    report: &mut Report,
+) {
+    let engine = match super::open_read_only(dev, space) {
         Ok(e) => e,
         Err(e) => return report.problem("quota tree", format!("cannot open: {e}")),
     };

@@ -1,7 +1,7 @@
 //! Reference counts and space accounting against what the walk found.
 
 use super::walk::{Found, QUEUE_HOLDER};
-use super::Report;
+use super::{Fix, Report};
 use crate::alloc::{free_ranges_excluding_supers, GroupKind};
 use crate::format::items::{decode_ref_count, BlockGroupItem, ExtentItem};
 use crate::format::key_type::{
@@ -362,34 +362,49 @@ pub(super) fn check_space(device_bytes: u64, sb: &Superblock, found: &Found, rep
         }
         occupied.push((start, len));
     }
+    let before = report.problems.len();
     let used_total: u64 = groups.iter().map(|g| g.item.used).sum();
     if used_total != sb.bytes_used {
-        report.problem(
+        report.fixable(
             "superblock",
             format!(
                 "bytes used {} but block groups hold {used_total}",
                 sb.bytes_used
             ),
+            Fix::Space,
         );
     }
     for g in &groups {
         let actual = used_by_group.get(&g.start).copied().unwrap_or(0);
         if g.item.used != actual {
-            report.problem(
+            report.fixable(
                 format!("block group {}", g.start),
                 format!(
                     "records {} bytes used, extents inside total {actual}",
                     g.item.used
                 ),
+                Fix::Space,
             );
         }
     }
-    check_free(found, &groups, &occupied, report);
+    let free = check_free(found, &groups, &occupied, report);
+    if report.problems.len() > before {
+        report.space_plan = Some(crate::txn::SpaceOverride {
+            used: used_by_group,
+            free: free.into_iter().collect(),
+        });
+    }
 }
 
 /// The free-space trees must list exactly the complement of the used
 /// extents and superblock copies in every group, merged, in both indexes.
-fn check_free(found: &Found, groups: &[Group], occupied: &[(u64, u64)], report: &mut Report) {
+/// Returns the free ranges the trees should list.
+fn check_free(
+    found: &Found,
+    groups: &[Group],
+    occupied: &[(u64, u64)],
+    report: &mut Report,
+) -> BTreeSet<(u64, u64)> {
     let mut expected: BTreeSet<(u64, u64)> = BTreeSet::new();
     for g in groups {
         let end = g.start + g.len;
@@ -431,22 +446,27 @@ fn check_free(found: &Found, groups: &[Group], occupied: &[(u64, u64)], report: 
         .filter(|it| it.key.ty == FREE_EXTENT)
         .map(|it| (it.key.offset, it.key.objectid))
         .collect();
+    let free_space = |e: &(u64, u64)| format!("free space {}+{}", e.0, e.1);
     for e in expected.difference(&by_start) {
-        report.problem(
-            format!("free space {}+{}", e.0, e.1),
+        report.fixable(
+            free_space(e),
             "free but not in the by-start tree",
+            Fix::Space,
         );
     }
     for e in by_start.difference(&expected) {
-        report.problem(
-            format!("free space {}+{}", e.0, e.1),
+        report.fixable(
+            free_space(e),
             "listed free by start but not free (in use, overlapping, or not merged)",
+            Fix::Space,
         );
     }
     for e in by_start.symmetric_difference(&by_len) {
-        report.problem(
-            format!("free space {}+{}", e.0, e.1),
+        report.fixable(
+            free_space(e),
             "by-start and by-length trees disagree",
+            Fix::Space,
         );
     }
+    expected
 }

@@ -65,13 +65,13 @@ pub(super) fn check_super_copies(
                 format!("names device {} on device {devid}", sb.devid),
             ),
             Ok(sb) if sb.generation == best.generation => {}
-            Ok(sb) => report.warnings.push(super::Problem {
-                location: name(off),
-                message: format!(
+            Ok(sb) => report.warning(
+                name(off),
+                format!(
                     "generation {} older than {}",
                     sb.generation, best.generation
                 ),
-            }),
+            ),
             Err(e) => report.problem(name(off), e.to_string()),
         }
     }

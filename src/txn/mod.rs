@@ -26,6 +26,7 @@
 mod commit;
 mod copies;
 mod devices;
+mod repair;
 mod replace;
 pub use copies::CopiesVerdict;
 pub(crate) use copies::DataCopies;
@@ -47,7 +48,7 @@ pub use log::{DroppedRoot, LogVerdict, SkippedInode};
 pub use mechanism::{Mechanism, Slots};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
-    MIN_DEVICE_BYTES, MIXED_BELOW_BYTES,
+    SpaceOverride, MIN_DEVICE_BYTES, MIXED_BELOW_BYTES,
 };
 pub use refs::{DelayedRefs, ExtentKind, PendingExtent, RefHolder};
 pub use relocation::Relocation;

@@ -74,6 +74,18 @@ pub struct OpenOptions {
     /// What to call the devices given, in the order given (paths, for
     /// messages and `filesystem show`); "device N given" where absent.
     pub device_names: Vec<String>,
+    /// Block group usage and free space to take instead of what the
+    /// image records (`canopy check --repair`, which counted them from
+    /// the extent tree and the drop queue).
+    pub space: Option<SpaceOverride>,
+}
+
+/// Usage per block group (by start; a group not named holds nothing) and
+/// the free ranges, both counted from what the extent tree holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpaceOverride {
+    pub used: BTreeMap<u64, u64>,
+    pub free: Vec<(u64, u64)>,
 }
 
 impl Default for OpenOptions {
@@ -86,6 +98,7 @@ impl Default for OpenOptions {
             repair_when_read_only: false,
             degraded: false,
             device_names: Vec::new(),
+            space: None,
         }
     }
 }
@@ -351,7 +364,7 @@ impl Engine {
             let mut st = crate::sync::write(&engine.state);
             load_roots(&mut st, &engine.shared, root)?;
             load_device_stats(&st, &engine.shared)?;
-            load_space(&mut st, &engine.shared)?;
+            load_space(&mut st, &engine.shared, opts.space.as_ref())?;
             count_tree_blocks(&mut st, &engine.shared)?;
             open_mechanisms(&mut st, &engine.shared)?;
             st.remember_committed_roots();
@@ -502,7 +515,7 @@ fn load_roots(st: &mut State, sh: &Shared, root: RootPtr) -> Result<()> {
     Ok(())
 }
 
-fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
+fn load_space(st: &mut State, sh: &Shared, space: Option<&SpaceOverride>) -> Result<()> {
     let bg_root = st.roots[&tree_id::BLOCK_GROUP].ptr;
     let groups = items_of_type(st, sh, &bg_root, BLOCK_GROUP_ITEM)?;
     // The block group items name every copy: what the superblock's
@@ -512,14 +525,27 @@ fn load_space(st: &mut State, sh: &Shared) -> Result<()> {
     sh.dev.map().clear();
     for (k, d) in groups {
         let g = BlockGroupItem::decode(&d).map_err(|e| Error::corrupt(k.objectid, e))?;
+        let used = match space {
+            Some(s) => s.used.get(&k.objectid).copied().unwrap_or(0),
+            None => g.used,
+        };
         st.alloc
-            .load_group(k.objectid, k.offset, g.flags, g.used, g.extra)?;
+            .load_group(k.objectid, k.offset, g.flags, used, g.extra)?;
     }
-    // Read after the groups, whose second copies it may need.
-    let free_root = st.roots[&tree_id::FREE_BY_START].ptr;
-    let free = items_of_type(st, sh, &free_root, FREE_EXTENT)?;
-    for (k, _) in free {
-        st.alloc.load_free(k.objectid, k.offset)?;
+    match space {
+        Some(s) => {
+            for &(start, len) in &s.free {
+                st.alloc.load_free(start, len)?;
+            }
+        }
+        None => {
+            // Read after the groups, whose second copies it may need.
+            let free_root = st.roots[&tree_id::FREE_BY_START].ptr;
+            let free = items_of_type(st, sh, &free_root, FREE_EXTENT)?;
+            for (k, _) in free {
+                st.alloc.load_free(k.objectid, k.offset)?;
+            }
+        }
     }
     // Free space that disagrees with usage would let us overwrite live data.
     for g in st.alloc.groups() {

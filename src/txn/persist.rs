@@ -131,6 +131,39 @@ pub(super) fn apply_free_journal(tx: &mut Txn<'_>) -> Result<bool> {
     Ok(did)
 }
 
+/// Rewrites both free-space trees from the allocator's free ranges as
+/// they stand, and marks every block group's item for rewriting at the
+/// commit (`canopy check --repair`, after an open that counted usage and
+/// free space from the extent tree). Changes the journal holds are in
+/// the allocator's ranges already, so they go; the allocations these
+/// edits make join the journal afresh and reach the rewritten trees at
+/// the commit. Returns how many free ranges were written.
+pub(super) fn rewrite_free_trees(tx: &mut Txn<'_>) -> Result<u64> {
+    drop(tx.allocator().take_journal());
+    let free: Vec<(u64, u64)> = tx
+        .allocator()
+        .groups()
+        .flat_map(|g| g.free.iter().collect::<Vec<_>>())
+        .collect();
+    for tree in [FREE_BY_START, FREE_BY_LEN] {
+        let root = tx.root_of(tree)?;
+        let mut keys = Vec::new();
+        let mut c = crate::tree::Cursor::seek(tx, &root, &Key::MIN)?;
+        while let Some(it) = c.item() {
+            keys.push(it.key);
+            c.next(tx)?;
+        }
+        for k in keys {
+            tx.delete(tree, &k)?;
+        }
+    }
+    for &(s, l) in &free {
+        insert_extent(tx, s, l)?;
+    }
+    tx.allocator().mark_all_groups_dirty();
+    Ok(free.len() as u64)
+}
+
 fn insert_extent(tx: &mut Txn<'_>, s: u64, l: u64) -> Result<()> {
     tx.insert(FREE_BY_START, Key::new(s, FREE_EXTENT, l), Vec::new())?;
     tx.insert(FREE_BY_LEN, Key::new(l, FREE_EXTENT, s), Vec::new())

@@ -19,6 +19,13 @@ pub struct Args {
     /// sector is found only by reading it (scrub, or this option).
     #[arg(long)]
     check_data_csum: bool,
+    /// Repair what a crash or a bug leaves in counters the rest of the
+    /// image determines: block group usage and the free-space trees
+    /// (counted again from the extent tree) and inode link counts.
+    /// Prints each change. With any other damage it changes nothing and
+    /// says so. The image must not be mounted.
+    #[arg(long, conflicts_with = "check_data_csum")]
+    repair: bool,
     /// Another device of the filesystem (repeat for each; a filesystem
     /// over several devices is checked whole or its missing devices are
     /// reported).
@@ -33,6 +40,9 @@ const EXIT_PROBLEMS: u8 = 4;
 const EXIT_OPERATIONAL: u8 = 8;
 
 pub fn run(a: Args) -> ExitCode {
+    if a.repair {
+        return repair(&a);
+    }
     let devs = match crate::Devices::open(&a.image, &a.devices, Access::Peek) {
         Ok(d) => d.devs,
         Err(e) => return fail(&a, &e.to_string()),
@@ -105,6 +115,54 @@ pub fn run(a: Args) -> ExitCode {
     } else {
         ExitCode::from(EXIT_PROBLEMS)
     }
+}
+
+/// `--repair`: the check, then the fixes if every problem has one.
+fn repair(a: &Args) -> ExitCode {
+    let devs = match crate::Devices::open(&a.image, &a.devices, Access::Write) {
+        Ok(d) => d.devs,
+        Err(e) => return fail(a, &e.to_string()),
+    };
+    let outcome = match canopy::check::repair::repair(devs, &|_, _| {}) {
+        Ok(o) => o,
+        Err(e) => return fail(a, &format!("repair failed: {e}")),
+    };
+    use canopy::check::repair::Outcome;
+    let (code, report, lines) = match outcome {
+        Outcome::Clean(r) => (ExitCode::SUCCESS, r, vec!["nothing to repair".to_string()]),
+        Outcome::Refused { report, why } => (
+            ExitCode::from(EXIT_PROBLEMS),
+            report,
+            vec![format!("not repaired, nothing changed: {why}")],
+        ),
+        Outcome::Repaired { changes, after } => {
+            let code = match after.is_clean() {
+                true => ExitCode::SUCCESS,
+                false => ExitCode::from(EXIT_PROBLEMS),
+            };
+            (code, after, changes)
+        }
+    };
+    if a.json {
+        let out = serde_json::json!({ "changes": lines, "report": report });
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        return code;
+    }
+    for p in &report.problems {
+        println!("ERROR {}: {}", p.location, p.message);
+    }
+    for l in &lines {
+        println!("{l}");
+    }
+    println!(
+        "{}: {}",
+        a.image,
+        match report.is_clean() {
+            true => "clean".to_string(),
+            false => format!("{} problems", report.problems.len()),
+        }
+    );
+    code
 }
 
 /// What the next mount would replay of the fsync log a crash left.

@@ -1,0 +1,120 @@
+//! `canopy check --repair`: mend the damage a crash or a bug leaves in
+//! counters the rest of the image determines, on an unmounted image.
+//!
+//! What it mends ([`super::Fix`]):
+//! - block group usage, the superblock's byte count and the free-space
+//!   trees, counted again from the extent tree and the drop queue (a
+//!   filesystem whose counters disagree with its extents does not even
+//!   mount: the allocator could hand out live space);
+//! - inode link counts, set to the names found.
+//!
+//! Everything else (reference counts, back-references, directory
+//! entries, damaged blocks) it refuses, and then it changes nothing: it
+//! first runs every pass of the check, the ones that read through the
+//! engine too (opened with the recounted space when the image's own
+//! disagrees), and repairs only if every problem found has a fix. The
+//! fixes are one transaction and one commit, so a crash during a repair
+//! leaves the image as it was or repaired. A pending fsync log is
+//! refused as well: its blocks are in use without being in the extent
+//! tree, so the recount would hand them out.
+
+use super::{Fix, Report};
+use crate::dev::Device;
+use crate::error::{Error, Result};
+use crate::format::inode::InodeItem;
+use crate::format::key_type::INODE_ITEM;
+use crate::format::Key;
+use std::sync::Arc;
+
+/// What a repair did.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Nothing to repair.
+    Clean(Report),
+    /// Nothing changed: `why`, with the check's report.
+    Refused { report: Report, why: String },
+    /// Each change made, and the check after them.
+    Repaired { changes: Vec<String>, after: Report },
+}
+
+/// Checks the filesystem on `devs` (opened to write, unmounted) and
+/// repairs it if it can (see the module's doc).
+pub fn repair(devs: Vec<Arc<dyn Device>>, progress: &dyn Fn(u64, u64)) -> Result<Outcome> {
+    let borrowed: Vec<&dyn Device> = devs.iter().map(|d| d.as_ref()).collect();
+    let mut report = super::check_devices(&borrowed, progress)?;
+    if let Some(why) = unrepairable(&report) {
+        return Ok(Outcome::Refused { report, why });
+    }
+    let space = report.space_plan.clone();
+    super::engine_passes(devs.clone(), space.as_ref(), &mut report);
+    if let Some(why) = unrepairable(&report) {
+        return Ok(Outcome::Refused { report, why });
+    }
+    if report.is_clean() {
+        return Ok(Outcome::Clean(report));
+    }
+    if report.log.is_some() {
+        let why = "a crash left an fsync log: mount once so that it replays (or drop it with \
+                   `canopy rescue zero-log`, losing what was fsynced after the last commit), \
+                   then repair"
+            .to_string();
+        return Ok(Outcome::Refused { report, why });
+    }
+    let opts = crate::OpenOptions {
+        space: space.clone(),
+        replay_log: false,
+        ..Default::default()
+    };
+    let engine = crate::Engine::open_devices(devs.clone(), &opts)?;
+    let mut changes = Vec::new();
+    for p in &report.problems {
+        changes.push(format!("{}: {} (repaired)", p.location, p.message));
+    }
+    for p in &report.problems {
+        if let Some(Fix::LinkCount { tree, ino, nlink }) = p.fix {
+            let old = set_link_count(&engine, tree, ino, nlink)?;
+            changes.push(format!(
+                "tree {tree} inode {ino}: link count {old} set to {nlink}"
+            ));
+        }
+    }
+    if space.is_some() {
+        let ranges = engine.rewrite_free_space()?;
+        changes.push(format!(
+            "block group usage and free space counted again from the extent tree: {} bytes used, {ranges} free ranges",
+            engine.space().0
+        ));
+    }
+    engine.commit()?;
+    drop(engine);
+    let after = super::check_all_devices(devs, progress)?;
+    Ok(Outcome::Repaired { changes, after })
+}
+
+/// Why the report cannot be repaired: the first problem without a fix.
+fn unrepairable(report: &Report) -> Option<String> {
+    let p = report.problems.iter().find(|p| p.fix.is_none())?;
+    let others = report.problems.iter().filter(|p| p.fix.is_none()).count() - 1;
+    Some(format!(
+        "{}: {} is damage --repair does not mend{}",
+        p.location,
+        p.message,
+        match others {
+            0 => String::new(),
+            n => format!(" ({n} more such problems)"),
+        }
+    ))
+}
+
+/// Sets inode `ino`'s link count in tree `tree`; returns the old one.
+fn set_link_count(engine: &crate::Engine, tree: u64, ino: u64, nlink: u32) -> Result<u32> {
+    engine.write(|tx| {
+        let key = Key::new(ino, INODE_ITEM, 0);
+        let data = tx.get(tree, &key)?.ok_or(Error::NotFound)?;
+        let mut item = InodeItem::decode(&data).map_err(|e| Error::corrupt(ino, e))?;
+        let old = item.nlink;
+        item.nlink = nlink;
+        tx.update(tree, key, item.encode())?;
+        Ok(old)
+    })
+}
