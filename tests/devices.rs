@@ -476,3 +476,79 @@ fn the_last_mirror_lost_is_converted_away_then_removed() {
     drop(fs);
     check_clean(&one);
 }
+
+/// Block group items that name impossible copies, as a hostile or
+/// damaged image would: a copy past its device's end, one over another
+/// group's space, one on a device the table lacks, and profile bits
+/// whose copy count the item's length does not match. Each is refused at
+/// open with the group named, and check reports it; nothing panics.
+#[test]
+fn hostile_block_group_copies_are_refused() {
+    use canopy::format::items::{BlockGroupItem, BG_DATA, BG_RAID1, BG_RAID1C3};
+    use canopy::format::key_type::BLOCK_GROUP_ITEM;
+    use canopy::format::tree_id::BLOCK_GROUP;
+    use canopy::format::Key;
+    let raw = |used: u64, flags: u64, stripes: &[(u64, u64)]| {
+        let mut b = [used.to_le_bytes(), flags.to_le_bytes()].concat();
+        for (devid, offset) in stripes {
+            b.extend(devid.to_le_bytes());
+            b.extend(offset.to_le_bytes());
+        }
+        b
+    };
+    type Hostile = Box<dyn Fn(u64, &BlockGroupItem, u64) -> Vec<u8>>;
+    let cases: Vec<(&str, Hostile)> = vec![
+        (
+            "past the device's end",
+            Box::new(move |used, _, _| raw(used, BG_DATA | BG_RAID1, &[(2, 383 * MIB)])),
+        ),
+        (
+            "over another group",
+            Box::new(move |used, _, other| raw(used, BG_DATA | BG_RAID1, &[(2, other)])),
+        ),
+        (
+            "on a device the table lacks",
+            Box::new(move |used, g, _| raw(used, BG_DATA | BG_RAID1, &[(7, g.extra[0].offset)])),
+        ),
+        (
+            "three copies in a two-copy item",
+            Box::new(move |used, g, _| raw(used, BG_DATA | BG_RAID1C3, &[(2, g.extra[0].offset)])),
+        ),
+    ];
+    for (what, hostile) in cases {
+        let devs = mem_devices(2, 384 * MIB);
+        let fs = Fs::new(Arc::new(format(&devs, Profile::Raid1, Profile::Raid1))).unwrap();
+        populate(&fs);
+        fs.engine()
+            .write(|tx| {
+                let all = tx.range(
+                    BLOCK_GROUP,
+                    &Key::MIN,
+                    &Key::new(u64::MAX, u8::MAX, u64::MAX),
+                )?;
+                let groups: Vec<(Key, BlockGroupItem)> = all
+                    .into_iter()
+                    .filter(|(k, _)| k.ty == BLOCK_GROUP_ITEM)
+                    .map(|(k, d)| (k, BlockGroupItem::decode(&d).unwrap()))
+                    .collect();
+                let (key, g) = groups.iter().find(|(_, g)| g.flags & BG_DATA != 0).unwrap();
+                let other = groups.iter().find(|(k, _)| k != key).unwrap();
+                let bytes = hostile(g.used, g, other.1.extra[0].offset);
+                tx.put(BLOCK_GROUP, *key, bytes)?;
+                Ok(())
+            })
+            .unwrap();
+        fs.sync().unwrap();
+        drop(fs);
+        let err = open(as_devices(&devs), false, false)
+            .map(drop)
+            .expect_err(what);
+        let msg = err.to_string();
+        assert!(
+            msg.contains("block group") || msg.contains("corrupt"),
+            "{what}: {msg}"
+        );
+        let r = canopy::check::check_all_devices(as_devices(&devs), &|_, _| {}).unwrap();
+        assert!(!r.is_clean(), "{what}: check found nothing");
+    }
+}

@@ -1,7 +1,8 @@
 //! `check --repair` on images damaged the way a bug would damage them:
 //! a block group's usage counter wrong, a free range missing from the
 //! free-space trees (the image no longer mounts), an inode's link count
-//! wrong. Each is repaired, every change is reported, the image then
+//! wrong, `nbytes` wrong, an inode whose names went without an orphan
+//! item. Each is repaired, every change is reported, the image then
 //! checks clean, mounts, and every file reads as before. Damage it does
 //! not mend (a directory index entry lost) is refused and the image is
 //! left byte for byte as it was. Through the command too.
@@ -11,9 +12,11 @@ mod common;
 use canopy::check::repair::{repair, Outcome};
 use canopy::check::Fix;
 use canopy::dev::{Device, MemDevice};
-use canopy::format::inode::InodeItem;
+use canopy::format::inode::{DirEntry, InodeItem};
 use canopy::format::items::{BlockGroupItem, BG_DATA};
-use canopy::format::key_type::{BLOCK_GROUP_ITEM, DIR_INDEX, FREE_EXTENT, INODE_ITEM};
+use canopy::format::key_type::{
+    BLOCK_GROUP_ITEM, DIR_INDEX, DIR_ITEM, FREE_EXTENT, INODE_ITEM, INODE_REF,
+};
 use canopy::format::tree_id::{BLOCK_GROUP, FREE_BY_LEN, FREE_BY_START, FS};
 use canopy::format::Key;
 use canopy::fs::Fs;
@@ -141,11 +144,7 @@ fn block_group_usage_and_free_space_are_counted_again() {
 #[test]
 fn a_wrong_link_count_is_set_to_the_names_found() {
     let dev = image();
-    let ino = {
-        let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
-        let fs = Fs::new(Arc::new(e)).unwrap();
-        fs.lookup(ROOT_DIR, b"linked").unwrap().ino
-    };
+    let ino = ino_of(&dev, b"linked");
     damage(&dev, |tx| {
         let key = Key::new(ino, INODE_ITEM, 0);
         let mut item = InodeItem::decode(&tx.get(FS, &key).unwrap().unwrap()).unwrap();
@@ -155,6 +154,65 @@ fn a_wrong_link_count_is_set_to_the_names_found() {
     let changes = repaired(&dev);
     let want = format!("inode {ino}: link count 3 set to 1");
     assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
+    mounts_and_reads(&dev);
+}
+
+fn ino_of(dev: &Arc<MemDevice>, name: &[u8]) -> u64 {
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    fs.lookup(ROOT_DIR, name).unwrap().ino
+}
+
+#[test]
+fn a_wrong_nbytes_is_set_to_what_the_extents_account_for() {
+    let dev = image();
+    let ino = ino_of(&dev, b"linked");
+    damage(&dev, |tx| {
+        let key = Key::new(ino, INODE_ITEM, 0);
+        let mut item = InodeItem::decode(&tx.get(FS, &key).unwrap().unwrap()).unwrap();
+        item.nbytes += 8192;
+        tx.update(FS, key, item.encode()).unwrap();
+    });
+    let changes = repaired(&dev);
+    assert!(
+        changes
+            .iter()
+            .any(|c| c.contains(&format!("inode {ino}: nbytes"))),
+        "{changes:?}"
+    );
+    mounts_and_reads(&dev);
+}
+
+/// An unlink that lost the file's names but left the inode (and its
+/// link count) without an orphan item: the link count goes to 0 and an
+/// orphan item makes the next mount delete it; nothing else changes.
+#[test]
+fn a_leaked_inode_gets_an_orphan_item_and_goes_at_the_next_mount() {
+    let dev = image();
+    let ino = ino_of(&dev, b"linked");
+    damage(&dev, |tx| {
+        let end = Key::new(ROOT_DIR, u8::MAX, u64::MAX);
+        for (k, d) in tx.range(FS, &Key::new(ROOT_DIR, 0, 0), &end).unwrap() {
+            let named = (k.ty == DIR_INDEX || k.ty == DIR_ITEM)
+                && DirEntry::decode_all(&d)
+                    .unwrap()
+                    .iter()
+                    .any(|e| e.ino == ino);
+            if named {
+                tx.delete(FS, &k).unwrap();
+            }
+        }
+        tx.delete(FS, &Key::new(ino, INODE_REF, ROOT_DIR)).unwrap();
+    });
+    let changes = repaired(&dev);
+    assert!(
+        changes.iter().any(|c| c.contains("orphan item added")),
+        "{changes:?}"
+    );
+    assert!(
+        changes.iter().any(|c| c.contains("link count 1 set to 0")),
+        "{changes:?}"
+    );
     mounts_and_reads(&dev);
 }
 

@@ -20,7 +20,8 @@
 //!   superblock's byte count matches;
 //! - then ([`check_all`]) every fs tree: directory entries name existing
 //!   inodes, both directory indexes agree, link counts match, unnamed
-//!   inodes are orphans;
+//!   inodes are orphans, each inode's `nbytes` is what its extents
+//!   account for;
 //! - the drop queue (`extent::drop`): each queued block is a sound tree
 //!   block that nothing else holds and that has no extent item; what it
 //!   points at counts it as a holder; its space counts as used;
@@ -68,6 +69,12 @@ pub enum Fix {
     Space,
     /// An inode's link count set to the names found for it.
     LinkCount { tree: u64, ino: u64, nlink: u32 },
+    /// An inode's `nbytes` set to what its file extent items account for.
+    Nbytes { tree: u64, ino: u64, nbytes: u64 },
+    /// An inode no name reaches gets an orphan item: the next writable
+    /// mount deletes it and frees its space, as if its last unlink had
+    /// finished.
+    Orphan { tree: u64, ino: u64 },
 }
 
 #[derive(Clone, Debug, Default, Serialize)]

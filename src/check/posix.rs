@@ -3,7 +3,8 @@
 //! link counts equal the entries found (directories: 2 + subdirectories),
 //! every name has the child's back-reference (INODE_REF or INODE_EXTREF) and every
 //! back-reference a name, and inodes without links are orphans awaiting
-//! deletion. Subvolume links: every entry naming a subvolume has its
+//! deletion, and `nbytes` equals what its file extent items account
+//! for. Subvolume links: every entry naming a subvolume has its
 //! ROOT_REF and ROOT_BACKREF with the same directory, name and index, and
 //! every subvolume has exactly one link.
 //!
@@ -41,6 +42,8 @@ struct Inode {
     subdirs: u32,
     entries: u64,
     indexes: u64,
+    /// Bytes its file extent items account for (what `nbytes` records).
+    accounted: u64,
 }
 
 /// Reads every fs tree through a read-only engine.
@@ -352,6 +355,7 @@ impl TreeScan {
             // The item checker reports it.
             return;
         };
+        self.inodes.entry(k.objectid).or_default().accounted += crate::fs::accounted_bytes(&fe);
         let holder = || format!("tree {} inode {}", self.tree, k.objectid);
         if fe.kind == FILE_EXTENT_REG && fe.disk_bytenr != 0 {
             summed
@@ -450,9 +454,26 @@ impl TreeScan {
                 let why = format!("link count {} but {expected} found", item.nlink);
                 report.fixable(&loc, why, fix);
             }
+            if item.nbytes != i.accounted {
+                let fix = super::Fix::Nbytes {
+                    tree: self.tree,
+                    ino,
+                    nbytes: i.accounted,
+                };
+                let why = format!(
+                    "records {} bytes in use (nbytes), its extents account for {}",
+                    item.nbytes, i.accounted
+                );
+                report.fixable(&loc, why, fix);
+            }
             let unreachable = i.names == 0 && ino != ROOT_DIR_INO;
             if unreachable && !self.orphans.contains(&ino) {
-                report.problem(&loc, "inode with no name and no orphan item (leaked)");
+                let fix = super::Fix::Orphan {
+                    tree: self.tree,
+                    ino,
+                };
+                let why = "inode with no name and no orphan item (leaked)";
+                report.fixable(&loc, why, fix);
             }
             if is_dir && i.names > 1 {
                 report.problem(&loc, "directory with more than one name");

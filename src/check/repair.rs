@@ -6,7 +6,12 @@
 //!   trees, counted again from the extent tree and the drop queue (a
 //!   filesystem whose counters disagree with its extents does not even
 //!   mount: the allocator could hand out live space);
-//! - inode link counts, set to the names found.
+//! - inode link counts, set to the names found, and `nbytes`, set to
+//!   what the inode's file extent items account for;
+//! - inodes no name reaches and no orphan item marks (leaked by a crash
+//!   between an unlink and its orphan item, or a bug): an orphan item, so
+//!   that the next writable mount deletes them as their last unlink would
+//!   have (nothing a path reaches changes).
 //!
 //! Everything else (reference counts, back-references, directory
 //! entries, damaged blocks) it refuses, and then it changes nothing: it
@@ -71,11 +76,8 @@ pub fn repair(devs: Vec<Arc<dyn Device>>, progress: &dyn Fn(u64, u64)) -> Result
         changes.push(format!("{}: {} (repaired)", p.location, p.message));
     }
     for p in &report.problems {
-        if let Some(Fix::LinkCount { tree, ino, nlink }) = p.fix {
-            let old = set_link_count(&engine, tree, ino, nlink)?;
-            changes.push(format!(
-                "tree {tree} inode {ino}: link count {old} set to {nlink}"
-            ));
+        if let Some(change) = apply(&engine, p.fix.as_ref())? {
+            changes.push(change);
         }
     }
     if space.is_some() {
@@ -106,15 +108,45 @@ fn unrepairable(report: &Report) -> Option<String> {
     ))
 }
 
-/// Sets inode `ino`'s link count in tree `tree`; returns the old one.
-fn set_link_count(engine: &crate::Engine, tree: u64, ino: u64, nlink: u32) -> Result<u32> {
+/// Applies one inode fix; says what changed (None for the space fix,
+/// made once for all).
+fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
+    Ok(Some(match *fix.ok_or(Error::NotFound)? {
+        Fix::Space => return Ok(None),
+        Fix::LinkCount { tree, ino, nlink } => {
+            let old = edit_inode(engine, tree, ino, |i| {
+                std::mem::replace(&mut i.nlink, nlink)
+            })?;
+            format!("tree {tree} inode {ino}: link count {old} set to {nlink}")
+        }
+        Fix::Nbytes { tree, ino, nbytes } => {
+            let old = edit_inode(engine, tree, ino, |i| {
+                std::mem::replace(&mut i.nbytes, nbytes)
+            })?;
+            format!("tree {tree} inode {ino}: nbytes {old} set to {nbytes}")
+        }
+        Fix::Orphan { tree, ino } => {
+            engine.write(|tx| tx.insert(tree, crate::fs::ops::orphan_key(ino), Vec::new()))?;
+            format!(
+                "tree {tree} inode {ino}: orphan item added (the next writable mount deletes the inode)"
+            )
+        }
+    }))
+}
+
+/// Changes inode `ino` of tree `tree` with `f`; returns what `f` does.
+fn edit_inode<R>(
+    engine: &crate::Engine,
+    tree: u64,
+    ino: u64,
+    f: impl FnOnce(&mut InodeItem) -> R,
+) -> Result<R> {
     engine.write(|tx| {
         let key = Key::new(ino, INODE_ITEM, 0);
         let data = tx.get(tree, &key)?.ok_or(Error::NotFound)?;
         let mut item = InodeItem::decode(&data).map_err(|e| Error::corrupt(ino, e))?;
-        let old = item.nlink;
-        item.nlink = nlink;
+        let r = f(&mut item);
         tx.update(tree, key, item.encode())?;
-        Ok(old)
+        Ok(r)
     })
 }

@@ -144,6 +144,12 @@ pub struct Fs {
 /// inode with no links kept for open handles; mount deletes leftovers.
 pub const ORPHAN_OBJECTID: u64 = u64::MAX - 5;
 
+/// Bytes a file extent item accounts for in its inode's `nbytes` (for
+/// `check`, which compares).
+pub(crate) fn accounted_bytes(fe: &crate::format::items::FileExtentItem) -> u64 {
+    file::accounted(fe)
+}
+
 /// Which subvolume a mount shows as its root.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Shown {
