@@ -231,6 +231,100 @@ fn a_cancelled_replace_leaves_the_filesystem_on_the_source() {
     }
 }
 
+/// A crash right after a replace began (the devices as its first commit
+/// left them, the target part-filled): the next mount opens the target
+/// again by its recorded name and resumes; a target without the
+/// replace's marker is refused and the replace given up, the filesystem
+/// staying on the source.
+#[test]
+fn a_replace_cut_short_by_a_crash_resumes_at_the_next_mount() {
+    // The crash: the devices as the replace's first commit left them,
+    // before the copy wrote anything to the target.
+    let crash = |avoid_source: bool| {
+        let (devs, fs) = populated_raid1();
+        let target = Arc::new(MemDevice::new(384 * MIB));
+        let t = target.clone() as Arc<dyn Device>;
+        fs.engine()
+            .replace_begin(2, t, "new.img", avoid_source)
+            .unwrap();
+        let crashed: Vec<Arc<MemDevice>> = [&devs[0], &devs[1], &target]
+            .iter()
+            .map(|d| Arc::new(MemDevice::from_bytes(d.snapshot())))
+            .collect();
+        drop(fs);
+        crashed
+    };
+
+    // A stranger given for the target: refused, the replace given up.
+    let crashed = crash(true);
+    let pair = [crashed[0].clone(), crashed[1].clone()];
+    let fs = Fs::new(Arc::new(open(as_devices(&pair), false, false).unwrap())).unwrap();
+    let record = fs.engine().recorded_replace().unwrap().expect("recorded");
+    assert_eq!((record.source, &record.name[..]), (2, &b"new.img"[..]));
+    assert!(record.avoid_source);
+    let stranger = Arc::new(MemDevice::new(384 * MIB));
+    fs.replace_resume_if_recorded(|_| Ok(stranger.clone() as Arc<dyn Device>))
+        .unwrap();
+    assert!(fs.engine().recorded_replace().unwrap().is_none());
+    assert!(fs.engine().replace_source().is_none());
+    drop(fs);
+    check_clean(&pair);
+
+    // The target itself, opened by its recorded name: the copy resumes.
+    let crashed = crash(false);
+    let pair = [crashed[0].clone(), crashed[1].clone()];
+    let fs = Fs::new(Arc::new(open(as_devices(&pair), false, false).unwrap())).unwrap();
+    let named = std::sync::Mutex::new(String::new());
+    fs.replace_resume_if_recorded(|name| {
+        *named.lock().unwrap() = name.to_string();
+        Ok(crashed[2].clone() as Arc<dyn Device>)
+    })
+    .unwrap();
+    assert_eq!(*named.lock().unwrap(), "new.img");
+    let st = wait(&fs);
+    assert_eq!(st.state, ReplaceState::Finished, "{st:?}");
+    verify(&fs);
+    drop(fs);
+    let now = [crashed[0].clone(), crashed[2].clone()];
+    check_clean(&now);
+    let fs = Fs::new(Arc::new(
+        open(vec![crashed[2].clone()], true, true).unwrap(),
+    ))
+    .unwrap();
+    verify(&fs);
+}
+
+/// An unmount during a replace keeps it for the next mount.
+#[test]
+fn an_unmount_keeps_a_running_replace_recorded() {
+    let (devs, fs) = populated_raid1();
+    write_file(&fs, ROOT_DIR, "big", &common::noise(48 << 20, 8));
+    fs.sync().unwrap();
+    let target = Arc::new(MemDevice::new(384 * MIB));
+    fs.replace_start(2, target.clone(), "t".into(), Options::default())
+        .unwrap();
+    drop(fs);
+    // The copy may have won the race with the unmount: then the swap is
+    // done and the old device wiped.
+    let finished = canopy::dev::existing_filesystem(devs[1].as_ref()).is_none();
+    let now = match finished {
+        true => [devs[0].clone(), target.clone()],
+        false => [devs[0].clone(), devs[1].clone()],
+    };
+    let fs = Fs::new(Arc::new(open(as_devices(&now), false, false).unwrap())).unwrap();
+    let recorded = fs.engine().recorded_replace().unwrap();
+    assert_eq!(recorded.is_some(), !finished);
+    fs.replace_resume_if_recorded(|_| Ok(target.clone() as Arc<dyn Device>))
+        .unwrap();
+    assert!(matches!(
+        wait(&fs).state,
+        ReplaceState::Finished | ReplaceState::Idle
+    ));
+    verify(&fs);
+    drop(fs);
+    check_clean(&[devs[0].clone(), target.clone()]);
+}
+
 #[test]
 fn a_mixed_filesystem_opens_degraded_without_device_1() {
     let devs = mem_devices(2, 256 * MIB);

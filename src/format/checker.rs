@@ -96,6 +96,10 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         }
         BALANCE_GROUP if key.objectid == super::BALANCE_OBJECTID => check_empty(data),
         BALANCE_ITEM | BALANCE_GROUP => fail("balance item outside the balance's key range"),
+        DEV_REPLACE if key.objectid == super::DEV_REPLACE_OBJECTID && key.offset == 0 => {
+            super::items::DevReplaceItem::decode(data).map(drop)
+        }
+        DEV_REPLACE => fail("device replace item outside its key"),
         DEVICE_STATS
             if key.objectid == super::DEVICE_STATS_OBJECTID
                 && (1..=super::superblock::DEVICES_MAX as u64).contains(&key.offset) =>

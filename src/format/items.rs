@@ -359,6 +359,63 @@ pub struct DeviceStats {
 
 pub const DEVICE_STATS_SIZE: usize = 32;
 
+/// A device replace in progress (`canopy device replace`), so that a
+/// mount after an unmount or a crash carries it on: which device is
+/// replaced, the uuid and size the target will have in the device table
+/// (its marker carries the uuid too), whether reads avoid the source, and
+/// the name the target was opened by (to open it again).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DevReplaceItem {
+    pub source: u64,
+    pub target_bytes: u64,
+    pub target_uuid: [u8; 16],
+    pub avoid_source: bool,
+    pub name: Vec<u8>,
+}
+
+/// Longest target name a replace item holds.
+pub const DEV_REPLACE_NAME_MAX: usize = 4096;
+
+impl DevReplaceItem {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; 35];
+        put_u64(&mut b, 0, self.source);
+        put_u64(&mut b, 8, self.target_bytes);
+        b[16..32].copy_from_slice(&self.target_uuid);
+        b[32] = u8::from(self.avoid_source);
+        b[33..35].copy_from_slice(&(self.name.len() as u16).to_le_bytes());
+        b.extend_from_slice(&self.name);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> DecodeResult<DevReplaceItem> {
+        need(b, 35, "device replace")?;
+        let len = usize::from(u16::from_le_bytes([b[33], b[34]]));
+        if b.len() != 35 + len || len == 0 || len > DEV_REPLACE_NAME_MAX {
+            return Err(format!(
+                "device replace item of {} bytes naming {len}",
+                b.len()
+            ));
+        }
+        let source = le_u64(b, 0);
+        if !(1..=super::superblock::DEVICES_MAX as u64).contains(&source) || b[32] > 1 {
+            return Err(format!(
+                "device replace of device {source}, flags {}",
+                b[32]
+            ));
+        }
+        let mut target_uuid = [0u8; 16];
+        target_uuid.copy_from_slice(&b[16..32]);
+        Ok(DevReplaceItem {
+            source,
+            target_bytes: le_u64(b, 8),
+            target_uuid,
+            avoid_source: b[32] == 1,
+            name: b[35..].to_vec(),
+        })
+    }
+}
+
 impl DeviceStats {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; DEVICE_STATS_SIZE];

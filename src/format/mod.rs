@@ -138,6 +138,9 @@ pub mod key_type {
     /// `(BALANCE_OBJECTID, BALANCE_GROUP, start)`: a group it has still to
     /// empty.
     pub const BALANCE_GROUP: u8 = 249;
+    /// `(DEV_REPLACE_OBJECTID, DEV_REPLACE, 0)` in the root tree: a device
+    /// replace in progress ([`crate::format::items::DevReplaceItem`]).
+    pub const DEV_REPLACE: u8 = 250;
     /// `(DEVICE_STATS_OBJECTID, DEVICE_STATS, devid)` in the root tree:
     /// the device's error counters ([`crate::format::items::DeviceStats`]).
     pub const DEVICE_STATS: u8 = 251;
@@ -152,6 +155,9 @@ pub const CSUM_OBJECTID: u64 = u64::MAX - 9;
 
 /// Objectid of a balance's items in the root tree.
 pub const BALANCE_OBJECTID: u64 = u64::MAX - 3;
+
+/// Objectid of a device replace's item in the root tree.
+pub const DEV_REPLACE_OBJECTID: u64 = u64::MAX - 12;
 
 /// Objectid of the devices' error counters in the root tree.
 pub const DEVICE_STATS_OBJECTID: u64 = u64::MAX - 11;

@@ -293,6 +293,14 @@ impl Helpers {
         if let Err(e) = fs.quota_rescan_resume_if_recorded() {
             tracing::warn!(error = %e, "could not carry on the quota rescan");
         }
+        // So does a device replace, its target opened again by name.
+        let open_target = |name: &str| -> Result<Arc<dyn Device>> {
+            let source: Source = name.parse()?;
+            Ok(Arc::from(source.open(Access::Write, OpenHow::default())?))
+        };
+        if let Err(e) = fs.replace_resume_if_recorded(open_target) {
+            tracing::warn!(error = %e, "could not carry on the device replace");
+        }
         Helpers { control, cleaner }
     }
 

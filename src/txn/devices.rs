@@ -191,6 +191,9 @@ impl Engine {
         }
         self.refuse_own_device(dev.as_ref(), &name)?;
         let devid = self.write(|tx| {
+            if self.shared.dev.replace_source().is_some() {
+                return Err(Error::Posix(libc::EBUSY, "a device replace is running"));
+            }
             let sb = &mut tx.st.sb;
             if sb.devices.len() >= DEVICES_MAX {
                 return Err(Error::Invalid(format!(

@@ -66,9 +66,10 @@ pub enum Command {
 #[derive(Subcommand)]
 pub enum Replace {
     /// Start replacing SOURCE with TARGET. The target must hold at least
-    /// as many bytes as the source. Runs in the background unless -B; a
-    /// replace cut short (unmount, crash, cancel) leaves the filesystem
-    /// on the source and starts over when asked again.
+    /// as many bytes as the source. Runs in the background unless -B. An
+    /// unmount or a crash keeps it: the next mount opens TARGET again by
+    /// this name and copies again; `cancel` gives it up (the filesystem
+    /// stays on the source).
     Start {
         /// Read the source only where no other copy is good (for a
         /// failing or slow source; needs raid1, raid1c3 or dup copies).
