@@ -499,3 +499,67 @@ fn a_device_lost_mid_write_is_replaced_and_nothing_acknowledged_is_lost() {
     let r = canopy::scrub::run(fs.engine(), &ctl, canopy::scrub::Pace { throttle: false }).unwrap();
     assert!(r.is_clean(), "{r:?}");
 }
+
+/// Through a real mount: the daemon killed while a replace copies; the
+/// next mount (naming the devices as before) opens the target again by
+/// the path the replace was given and finishes it.
+#[test]
+fn a_replace_killed_with_its_daemon_resumes_at_the_next_mount() {
+    if !common::mounted::can_mount() || common::mounted::rbd_conf().is_some() {
+        return;
+    }
+    let mut m = common::mounted::Mounted::with_size("1G");
+    let dir = m.img.parent().unwrap().to_path_buf();
+    for name in ["b.img", "c.img"] {
+        std::fs::File::create(dir.join(name))
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+    }
+    let mnt = m.mnt.to_str().unwrap().to_string();
+    canopy_ok(&["device", "add", "b.img", &mnt], &dir);
+    canopy_ok(
+        &[
+            "balance",
+            "start",
+            "-mconvert=raid1",
+            "-dconvert=raid1",
+            &mnt,
+        ],
+        &dir,
+    );
+    let big = common::noise(64 << 20, 3);
+    for i in 0..3 {
+        std::fs::write(m.p(&format!("big{i}")), &big).unwrap();
+    }
+    canopy_ok(&["sync", &mnt], &dir);
+    canopy_ok(&["device", "replace", "start", "2", "c.img", &mnt], &dir);
+    m.kill9();
+    // Still on b.img unless the copy won the race with the kill.
+    let b =
+        canopy::dev::FileDevice::open_as(&dir.join("b.img"), canopy::dev::Access::Peek).unwrap();
+    let on_b = canopy::dev::existing_filesystem(&b).is_some();
+    drop(b);
+    let second = dir.join(if on_b { "b.img" } else { "c.img" });
+    m.mount(&format!("device={}", second.display()));
+    let state = loop {
+        let out = canopy_ok(&["device", "replace", "status", "--json", &mnt], &dir);
+        let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+        if st["state"] != "running" {
+            break st["state"].clone();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(state == "finished" || !on_b && state == "idle", "{state}");
+    let show: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["filesystem", "show", "--json", &mnt], &dir)).unwrap();
+    let c = dir.join("c.img");
+    assert_eq!(show["devices"][1]["path"], c.to_str().unwrap(), "{show}");
+    for i in 0..3 {
+        assert!(std::fs::read(m.p(&format!("big{i}"))).unwrap() == big);
+    }
+    m.unmount();
+    let img = m.img.to_str().unwrap().to_string();
+    let checked = canopy_ok(&["check", &img, "--device", "c.img"], &dir);
+    assert!(checked.contains("clean"), "{checked}");
+}

@@ -38,6 +38,8 @@ const BATCH_BYTES: u64 = 4 << 20;
 const BATCH_EXTENTS: usize = 256;
 /// Largest single read.
 const READ_CHUNK: u64 = 1 << 20;
+/// How far past the chunk being read a data extent is read ahead.
+const PREFETCH_AHEAD: u64 = 4 << 20;
 
 /// How far a scrub has come; shared with whoever shows progress.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -347,11 +349,15 @@ fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Res
     let mut at = 0;
     while at < len {
         let n = (len - at).min(READ_CHUNK) as usize;
-        let read: Vec<bool> = bufs
-            .iter_mut()
-            .enumerate()
-            .map(|(copy, b)| r.read_data_copy(bytenr + at, &mut b[..n], copy).is_ok())
-            .collect();
+        // The chunks after this one, on every copy, read while this one
+        // is checked: the devices see more than one request at a time.
+        let ahead = (len - at - n as u64).min(PREFETCH_AHEAD);
+        if ahead > 0 {
+            for copy in 0..copies {
+                r.prefetch_data_copy(bytenr + at + n as u64, ahead, copy);
+            }
+        }
+        let read = read_copies(r, bytenr + at, &mut bufs, n);
         for i in 0..n.div_ceil(SECTOR as usize) {
             let index = (at / SECTOR) as usize + i;
             let want = sums
@@ -383,6 +389,32 @@ fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Res
         at += n as u64;
     }
     Ok(len)
+}
+
+/// Reads `n` bytes at `bytenr` of every copy into `bufs` (one per copy),
+/// the copies at once, each on a thread of its own (they lie on other
+/// devices, or apart on one): a scrub waits for the slowest device, not
+/// the sum of them. Returns which copies read.
+fn read_copies(r: &Reader<'_>, bytenr: u64, bufs: &mut [Vec<u8>], n: usize) -> Vec<bool> {
+    let read = |copy: usize, b: &mut Vec<u8>| r.read_data_copy(bytenr, &mut b[..n], copy).is_ok();
+    if bufs.len() < 2 {
+        return bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(c, b)| read(c, b))
+            .collect();
+    }
+    std::thread::scope(|s| {
+        let readers: Vec<_> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(c, b)| s.spawn(move || read(c, b)))
+            .collect();
+        readers
+            .into_iter()
+            .map(|h| h.join().unwrap_or(false))
+            .collect()
+    })
 }
 
 /// Whether the data extent at `bytenr` is preallocated space: writes

@@ -251,6 +251,11 @@ pub(crate) trait DataCopies {
         self.shared().dev.copies(bytenr, len)
     }
 
+    /// Starts reading copy `copy` of `[bytenr, bytenr + len)` ahead.
+    fn prefetch_data_copy(&self, bytenr: u64, len: u64, copy: usize) {
+        self.shared().dev.prefetch_copy(bytenr, len, copy);
+    }
+
     /// Where copy `copy` of `[bytenr, bytenr + len)` lies.
     fn copy_stripe(&self, bytenr: u64, len: u64, copy: usize) -> Option<crate::volume::Stripe> {
         self.shared().dev.stripe(bytenr, len, copy).ok()

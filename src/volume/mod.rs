@@ -395,6 +395,16 @@ impl Volume {
         r
     }
 
+    /// Starts reading copy `copy` of `[offset, offset + len)` ahead of
+    /// need (scrub reads every copy).
+    pub fn prefetch_copy(&self, offset: u64, len: u64, copy: usize) {
+        if let Ok(s) = self.stripe(offset, len, copy) {
+            if let Some(d) = self.device(s.devid) {
+                d.prefetch(s.offset, len);
+            }
+        }
+    }
+
     /// Writes `buf` over copy `copy` only (a repair).
     pub fn write_copy(&self, buf: &[u8], offset: u64, copy: usize) -> Result<()> {
         let s = self.stripe(offset, buf.len() as u64, copy)?;
