@@ -344,12 +344,14 @@ fn a_mixed_filesystem_opens_degraded_without_device_1() {
 
 /// Through a real mount: `device replace start -B` of device 2, then the
 /// filesystem mounts with the new device and checks clean.
-#[test]
-fn device_replace_through_a_mount() {
+/// A mounted 1 GiB image with b.img added as device 2 and everything
+/// converted to raid1, and c.img (1 GiB, empty) beside them; returns the
+/// mount, their directory and the mount point.
+fn raid1_mount_with_a_spare() -> Option<(common::mounted::Mounted, std::path::PathBuf, String)> {
     if !common::mounted::can_mount() || common::mounted::rbd_conf().is_some() {
-        return;
+        return None;
     }
-    let mut m = common::mounted::Mounted::with_size("1G");
+    let m = common::mounted::Mounted::with_size("1G");
     let dir = m.img.parent().unwrap().to_path_buf();
     for name in ["b.img", "c.img"] {
         std::fs::File::create(dir.join(name))
@@ -357,21 +359,27 @@ fn device_replace_through_a_mount() {
             .set_len(1 << 30)
             .unwrap();
     }
+    let mnt = m.mnt.to_str().unwrap().to_string();
+    canopy_ok(&["device", "add", "b.img", &mnt], &dir);
+    let convert = [
+        "balance",
+        "start",
+        "-mconvert=raid1",
+        "-dconvert=raid1",
+        &mnt,
+    ];
+    canopy_ok(&convert, &dir);
+    Some((m, dir, mnt))
+}
+
+#[test]
+fn device_replace_through_a_mount() {
+    let Some((mut m, dir, mnt)) = raid1_mount_with_a_spare() else {
+        return;
+    };
     for i in 0..100 {
         std::fs::write(m.p(&format!("f{i}")), content(i)).unwrap();
     }
-    let mnt = m.mnt.to_str().unwrap().to_string();
-    canopy_ok(&["device", "add", "b.img", &mnt], &dir);
-    canopy_ok(
-        &[
-            "balance",
-            "start",
-            "-mconvert=raid1",
-            "-dconvert=raid1",
-            &mnt,
-        ],
-        &dir,
-    );
     let out = canopy_ok(
         &["device", "replace", "start", "-B", "2", "c.img", &mnt],
         &dir,
@@ -505,29 +513,9 @@ fn a_device_lost_mid_write_is_replaced_and_nothing_acknowledged_is_lost() {
 /// the path the replace was given and finishes it.
 #[test]
 fn a_replace_killed_with_its_daemon_resumes_at_the_next_mount() {
-    if !common::mounted::can_mount() || common::mounted::rbd_conf().is_some() {
+    let Some((mut m, dir, mnt)) = raid1_mount_with_a_spare() else {
         return;
-    }
-    let mut m = common::mounted::Mounted::with_size("1G");
-    let dir = m.img.parent().unwrap().to_path_buf();
-    for name in ["b.img", "c.img"] {
-        std::fs::File::create(dir.join(name))
-            .unwrap()
-            .set_len(1 << 30)
-            .unwrap();
-    }
-    let mnt = m.mnt.to_str().unwrap().to_string();
-    canopy_ok(&["device", "add", "b.img", &mnt], &dir);
-    canopy_ok(
-        &[
-            "balance",
-            "start",
-            "-mconvert=raid1",
-            "-dconvert=raid1",
-            &mnt,
-        ],
-        &dir,
-    );
+    };
     let big = common::noise(64 << 20, 3);
     for i in 0..3 {
         std::fs::write(m.p(&format!("big{i}")), &big).unwrap();
