@@ -395,6 +395,19 @@ fn device_replace_through_a_mount() {
         serde_json::from_str(&canopy_ok(&["filesystem", "show", "--json", &mnt], &dir)).unwrap();
     let c = dir.join("c.img");
     assert_eq!(show["devices"][1]["path"], c.to_str().unwrap(), "{show}");
+    // `filesystem usage` lists the devices too, with what groups take.
+    let usage: serde_json::Value =
+        serde_json::from_str(&canopy_ok(&["filesystem", "usage", "--json", &mnt], &dir)).unwrap();
+    assert_eq!(usage["devices"][1]["path"], c.to_str().unwrap(), "{usage}");
+    assert!(
+        usage["devices"][1]["allocated"].as_u64().unwrap() > 0,
+        "{usage}"
+    );
+    let text = canopy_ok(&["filesystem", "usage", &mnt], &dir);
+    assert!(
+        text.contains("Devices:") && text.contains("devid  2"),
+        "{text}"
+    );
     for i in 0..100 {
         assert!(std::fs::read(m.p(&format!("f{i}"))).unwrap() == content(i));
     }

@@ -110,16 +110,20 @@ pub fn run(c: Command) -> Result<()> {
             path,
         } => show(&path, &devices, json, raw),
         Command::Usage { json, raw, path } => {
-            let usage = ask(&path, &Request::Usage)?
+            let answer = ask(&path, &Request::Usage)?;
+            let usage = answer
                 .usage
                 .context("the daemon sent no usage (an older version?)")?;
+            let devices = answer.show.map(|s| s.devices).unwrap_or_default();
             let writeback = ask(&path, &Request::Writeback)?.writeback;
             if json {
                 let mut v = serde_json::to_value(&usage)?;
+                v["devices"] = serde_json::to_value(&devices)?;
                 v["writeback"] = serde_json::to_value(&writeback)?;
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 print_usage(&usage, raw);
+                print_devices(&devices, raw);
                 if let Some(w) = writeback {
                     print_writeback(&w, raw);
                 }
@@ -366,6 +370,30 @@ fn show(
         println!("\t*** Some devices missing");
     }
     Ok(())
+}
+
+/// Each device's size and what block groups take of it (every copy
+/// counted where it lies), as `btrfs filesystem usage` lists devices.
+fn print_devices(devices: &[canopy::alloc::DeviceShow], raw: bool) {
+    if devices.len() < 2 {
+        return;
+    }
+    println!();
+    println!("Devices:");
+    for d in devices {
+        let state = match d.missing {
+            true => " (missing)",
+            false => "",
+        };
+        println!(
+            "  devid {:>2} size {:>12}, allocated {:>12}, unallocated {:>12}  {}{state}",
+            d.devid,
+            size(d.size, raw),
+            size(d.allocated, raw),
+            size(d.size.saturating_sub(d.allocated), raw),
+            d.path.as_deref().unwrap_or("?")
+        );
+    }
 }
 
 fn print_usage(u: &SpaceUsage, raw: bool) {
