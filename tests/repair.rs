@@ -4,7 +4,7 @@
 //! wrong, `nbytes` wrong, an inode whose names went without an orphan
 //! item. Each is repaired, every change is reported, the image then
 //! checks clean, mounts, and every file reads as before. Damage it does
-//! not mend (a directory index entry lost) is refused and the image is
+//! not mend (an entry lost by name, kept by position) is refused and the image is
 //! left byte for byte as it was. Through the command too.
 
 mod common;
@@ -216,6 +216,45 @@ fn a_leaked_inode_gets_an_orphan_item_and_goes_at_the_next_mount() {
     mounts_and_reads(&dev);
 }
 
+/// An entry lost from the index by position (a listing would skip it)
+/// while lookups still find it by name: the index item comes back, and
+/// the listing shows the file again.
+#[test]
+fn an_entry_missing_from_the_listing_index_is_put_back() {
+    let dev = image();
+    let ino = ino_of(&dev, b"linked");
+    damage(&dev, |tx| {
+        let end = Key::new(ROOT_DIR, DIR_INDEX, u64::MAX);
+        for (k, d) in tx
+            .range(FS, &Key::new(ROOT_DIR, DIR_INDEX, 0), &end)
+            .unwrap()
+        {
+            if DirEntry::decode_all(&d).unwrap()[0].ino == ino {
+                tx.delete(FS, &k).unwrap();
+            }
+        }
+    });
+    let listed = |dev: &Arc<MemDevice>| {
+        let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+        let fs = Fs::new(Arc::new(e)).unwrap();
+        let names: Vec<Vec<u8>> = fs
+            .readdir(ROOT_DIR, 0, 1000)
+            .unwrap()
+            .into_iter()
+            .map(|l| l.3)
+            .collect();
+        names.iter().any(|n| n == b"linked")
+    };
+    assert!(!listed(&dev), "the damage hides the file from listings");
+    let changes = repaired(&dev);
+    assert!(
+        changes.iter().any(|c| c.contains("'linked' put back")),
+        "{changes:?}"
+    );
+    assert!(listed(&dev));
+    mounts_and_reads(&dev);
+}
+
 #[test]
 fn damage_it_does_not_mend_changes_nothing() {
     let dev = image();
@@ -223,14 +262,11 @@ fn damage_it_does_not_mend_changes_nothing() {
         let (key, mut g) = data_group(tx);
         g.used += 1 << 20;
         tx.put(BLOCK_GROUP, key, g.encode()).unwrap();
-        let index = tx
-            .range(
-                FS,
-                &Key::new(ROOT_DIR, DIR_INDEX, 0),
-                &Key::new(ROOT_DIR, DIR_INDEX, u64::MAX),
-            )
+        let end = Key::new(ROOT_DIR, DIR_ITEM, u64::MAX);
+        let by_name = tx
+            .range(FS, &Key::new(ROOT_DIR, DIR_ITEM, 0), &end)
             .unwrap();
-        tx.delete(FS, &index[0].0).unwrap();
+        tx.delete(FS, &by_name[0].0).unwrap();
     });
     let before = dev.snapshot();
     match repair(vec![dev.clone() as Arc<dyn Device>], &|_, _| {}).unwrap() {

@@ -75,6 +75,44 @@ pub enum Fix {
     /// mount deletes it and frees its space, as if its last unlink had
     /// finished.
     Orphan { tree: u64, ino: u64 },
+    /// A directory entry listed by name but missing from the index by
+    /// position (what a listing reads) gets its index item back.
+    DirIndex {
+        tree: u64,
+        dir: u64,
+        entry: Box<IndexedEntry>,
+    },
+    /// A count the other fixes of the same place make right (nothing to
+    /// do on its own).
+    Counted,
+}
+
+/// The entry a [`Fix::DirIndex`] puts back.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct IndexedEntry {
+    pub ino: u64,
+    pub kind: u8,
+    pub index: u64,
+    #[serde(with = "lossy_name")]
+    pub name: Vec<u8>,
+}
+
+impl From<crate::format::inode::DirEntry> for IndexedEntry {
+    fn from(e: crate::format::inode::DirEntry) -> IndexedEntry {
+        IndexedEntry {
+            ino: e.ino,
+            kind: e.kind,
+            index: e.index,
+            name: e.name,
+        }
+    }
+}
+
+/// Names as text in reports (not valid UTF-8 bytes replaced).
+mod lossy_name {
+    pub fn serialize<S: serde::Serializer>(name: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&String::from_utf8_lossy(name))
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]

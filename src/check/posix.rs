@@ -222,8 +222,8 @@ fn check_tree(
         }
         Ok(())
     })?;
-    scan.report_names(report);
-    scan.report_inodes(report);
+    let reindexed = scan.report_names(report);
+    scan.report_inodes(&reindexed, report);
     scan.check_symlinks(engine, report);
     Ok(())
 }
@@ -386,21 +386,50 @@ impl TreeScan {
         }
     }
 
-    fn report_names(&self, report: &mut Report) {
+    /// Reports entries the two indexes disagree on; returns the
+    /// directories whose only disagreement is entries missing from the
+    /// index by position, which `--repair` puts back (an entry listed by
+    /// name is what lookups, link counts and back-references already
+    /// follow; the reverse, or an entry listed differently in each,
+    /// it leaves alone).
+    fn report_names(&self, report: &mut Report) -> BTreeSet<u64> {
+        let only_by_name: Vec<&Entry> = self.by_name.difference(&self.by_index).collect();
+        let only_by_index: Vec<&Entry> = self.by_index.difference(&self.by_name).collect();
+        let unfixable: BTreeSet<u64> = only_by_index.iter().map(|e| e.0).collect();
+        let reindexed: BTreeSet<u64> = only_by_name
+            .iter()
+            .map(|e| e.0)
+            .filter(|d| !unfixable.contains(d))
+            .collect();
         let sides = [
-            (&self.by_name, &self.by_index, "by name", "by index"),
-            (&self.by_index, &self.by_name, "by index", "by name"),
+            (only_by_name, "by name", "by index"),
+            (only_by_index, "by index", "by name"),
         ];
-        for (one, other, is, isnt) in sides {
-            for (dir, name, ino, kind, index) in one.difference(other) {
-                report.problem(
-                    format!("tree {} directory {dir}", self.tree),
-                    format!(
-                        "entry '{}' (inode {ino}, type {kind}, index {index}) is listed {is} \
-                         but not {isnt}",
-                        String::from_utf8_lossy(name)
-                    ),
+        for (entries, is, isnt) in sides {
+            for (dir, name, ino, kind, index) in entries {
+                let loc = format!("tree {} directory {dir}", self.tree);
+                let why = format!(
+                    "entry '{}' (inode {ino}, type {kind}, index {index}) is listed {is} \
+                     but not {isnt}",
+                    String::from_utf8_lossy(name)
                 );
+                match reindexed.contains(dir) {
+                    true => {
+                        let entry = DirEntry {
+                            ino: *ino,
+                            kind: *kind,
+                            index: *index,
+                            name: name.clone(),
+                        };
+                        let fix = super::Fix::DirIndex {
+                            tree: self.tree,
+                            dir: *dir,
+                            entry: Box::new(entry.into()),
+                        };
+                        report.fixable(loc, why, fix);
+                    }
+                    false => report.problem(loc, why),
+                }
             }
         }
         for (ino, dir, name) in self.named.difference(&self.referenced) {
@@ -417,9 +446,10 @@ impl TreeScan {
                 format!("back-reference to '{name}' in directory {dir}, which has no such entry"),
             );
         }
+        reindexed
     }
 
-    fn report_inodes(&self, report: &mut Report) {
+    fn report_inodes(&self, reindexed: &BTreeSet<u64>, report: &mut Report) {
         for (&ino, i) in &self.inodes {
             let loc = format!("tree {} inode {ino}", self.tree);
             let Some(item) = &i.item else {
@@ -431,10 +461,11 @@ impl TreeScan {
                 continue;
             };
             if i.entries != i.indexes {
-                report.problem(
-                    &loc,
-                    format!("{} entries by name but {} by index", i.entries, i.indexes),
-                );
+                let why = format!("{} entries by name but {} by index", i.entries, i.indexes);
+                match reindexed.contains(&ino) {
+                    true => report.fixable(&loc, why, super::Fix::Counted),
+                    false => report.problem(&loc, why),
+                }
             }
             let kind = crate::fs::dtype(item.mode);
             if let Some(other) = i.kinds.iter().find(|&&k| k != kind) {

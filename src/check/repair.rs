@@ -8,13 +8,16 @@
 //!   mount: the allocator could hand out live space);
 //! - inode link counts, set to the names found, and `nbytes`, set to
 //!   what the inode's file extent items account for;
+//! - directory entries listed by name but missing from the index by
+//!   position (a listing would not show them): their index items, back;
 //! - inodes no name reaches and no orphan item marks (leaked by a crash
 //!   between an unlink and its orphan item, or a bug): an orphan item, so
 //!   that the next writable mount deletes them as their last unlink would
 //!   have (nothing a path reaches changes).
 //!
-//! Everything else (reference counts, back-references, directory
-//! entries, damaged blocks) it refuses, and then it changes nothing: it
+//! Everything else (reference counts, back-references, entries missing
+//! by name or listed differently by name and by position, damaged
+//! blocks) it refuses, and then it changes nothing: it
 //! first runs every pass of the check, the ones that read through the
 //! engine too (opened with the recounted space when the image's own
 //! disagrees), and repairs only if every problem found has a fix. The
@@ -27,7 +30,7 @@ use super::{Fix, Report};
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::inode::InodeItem;
-use crate::format::key_type::INODE_ITEM;
+use crate::format::key_type::{DIR_INDEX, INODE_ITEM};
 use crate::format::Key;
 use std::sync::Arc;
 
@@ -111,21 +114,39 @@ fn unrepairable(report: &Report) -> Option<String> {
 /// Applies one inode fix; says what changed (None for the space fix,
 /// made once for all).
 fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
-    Ok(Some(match *fix.ok_or(Error::NotFound)? {
-        Fix::Space => return Ok(None),
-        Fix::LinkCount { tree, ino, nlink } => {
+    Ok(Some(match fix.ok_or(Error::NotFound)? {
+        Fix::Space | Fix::Counted => return Ok(None),
+        Fix::DirIndex { tree, dir, entry } => {
+            let (tree, dir) = (*tree, *dir);
+            let e = crate::format::inode::DirEntry {
+                ino: entry.ino,
+                kind: entry.kind,
+                index: entry.index,
+                name: entry.name.clone(),
+            };
+            let key = Key::new(dir, DIR_INDEX, e.index);
+            engine.write(|tx| {
+                tx.insert(tree, key, crate::format::inode::DirEntry::encode_all(&[e]))
+            })?;
+            format!(
+                "tree {tree} directory {dir}: index {} of '{}' put back",
+                entry.index,
+                String::from_utf8_lossy(&entry.name)
+            )
+        }
+        &Fix::LinkCount { tree, ino, nlink } => {
             let old = edit_inode(engine, tree, ino, |i| {
                 std::mem::replace(&mut i.nlink, nlink)
             })?;
             format!("tree {tree} inode {ino}: link count {old} set to {nlink}")
         }
-        Fix::Nbytes { tree, ino, nbytes } => {
+        &Fix::Nbytes { tree, ino, nbytes } => {
             let old = edit_inode(engine, tree, ino, |i| {
                 std::mem::replace(&mut i.nbytes, nbytes)
             })?;
             format!("tree {tree} inode {ino}: nbytes {old} set to {nbytes}")
         }
-        Fix::Orphan { tree, ino } => {
+        &Fix::Orphan { tree, ino } => {
             engine.write(|tx| tx.insert(tree, crate::fs::ops::orphan_key(ino), Vec::new()))?;
             format!(
                 "tree {tree} inode {ino}: orphan item added (the next writable mount deletes the inode)"
