@@ -20,25 +20,18 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib.fs import CANOPY, drop_caches, sh  # noqa: E402
+
 DATA = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 W = os.environ.get("WORK", "/var/tmp/canopy-replace")
 M = f"{W}/mnt"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CANOPY = f"{ROOT}/target/release/canopy"
-MiB = 1 << 20
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, shell=True, check=True, **kw)
 
 
 def out(cmd):
-    return subprocess.run(cmd, shell=True, check=True, capture_output=True, text=True).stdout
-
-
-def drop_caches():
-    sh("sync; echo 3 > /proc/sys/vm/drop_caches")
+    return sh(cmd, capture_output=True, text=True).stdout
 
 
 def timed(cmd):
@@ -63,6 +56,18 @@ def wait_daemon(img):
         time.sleep(0.1)
 
 
+def rounds(who, scrub, replace, spare, inside, rates):
+    """ROUNDS of a scrub, then a replace of device 2 by `spare` (the
+    `replace` command with `{spare}` filled in); each round's replaced
+    device is the next one's spare, so every round replaces the same
+    amount."""
+    for _ in range(ROUNDS):
+        rates[f"{who} scrub"].append(DATA / timed(scrub))
+        sh(f"wipefs -a -q {spare}")
+        rates[f"{who} replace"].append(DATA / timed(replace.format(spare=spare)))
+        spare, inside = inside, spare
+
+
 def canopy_rounds(size, rates):
     a, b, c = (f"{W}/canopy-{n}.img" for n in "abc")
     for img in (a, b, c):
@@ -71,13 +76,8 @@ def canopy_rounds(size, rates):
     sh(f"{CANOPY} mount {a} {M} -o device={b}")
     fill()
     sh(f"{CANOPY} sync {M}")
-    spare, inside = c, b
-    for _ in range(ROUNDS):
-        rates["canopy scrub"].append(DATA / timed(f"{CANOPY} scrub -q {M}"))
-        sh(f"wipefs -a -q {spare}")
-        t = timed(f"{CANOPY} device replace start -B 2 {spare} {M}")
-        rates["canopy replace"].append(DATA / t)
-        spare, inside = inside, spare
+    replace = f"{CANOPY} device replace start -B 2 {{spare}} {M}"
+    rounds("canopy", f"{CANOPY} scrub -q {M}", replace, c, b, rates)
     sh(f"umount {M}")
     wait_daemon(a)
     for img in (a, b, c):
@@ -94,13 +94,8 @@ def btrfs_rounds(size, rates):
         sh(f"mount {loops[0]} {M}")
         fill()
         sh(f"sync -f {M}")
-        spare, inside = loops[2], loops[1]
-        for _ in range(ROUNDS):
-            rates["btrfs scrub"].append(DATA / timed(f"btrfs scrub start -B -q {M}"))
-            sh(f"wipefs -a -q {spare}")
-            t = timed(f"btrfs replace start -B -f 2 {spare} {M}")
-            rates["btrfs replace"].append(DATA / t)
-            spare, inside = inside, spare
+        replace = f"btrfs replace start -B -f 2 {{spare}} {M}"
+        rounds("btrfs", f"btrfs scrub start -B -q {M}", replace, loops[2], loops[1], rates)
         sh(f"umount {M}")
     finally:
         for loop in loops:

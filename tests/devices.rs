@@ -289,19 +289,7 @@ fn devices_added_and_removed_carry_every_copy() {
     assert_eq!(add(1).unwrap(), 2);
     let err = add(1).map(drop).unwrap_err();
     assert!(err.to_string().contains("already device 2"), "{err}");
-    fs.balance_start(BalanceArgs {
-        data: Filter::All,
-        metadata: Filter::All,
-        data_convert: Some(Profile::Raid1),
-        metadata_convert: Some(Profile::Raid1),
-        devid: None,
-    })
-    .unwrap();
-    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
-    fs.sync().unwrap();
-    for k in fs.engine().usage().kinds {
-        assert_eq!(k.profile, "raid1", "{k:?}");
-    }
+    convert_to_raid1(&fs);
     drop(fs);
     let two = || vec![devs[0].clone() as Arc<dyn Device>, devs[1].clone()];
     let err = open(vec![devs[0].clone()], false, false)

@@ -11,11 +11,10 @@
 
 mod common;
 
-use canopy::balance::{BalanceArgs, Filter};
 use canopy::dev::{Device, MemDevice};
 use canopy::format::superblock::Profile;
 use canopy::fs::replace::{ReplaceState, ReplaceStatus};
-use canopy::fs::{BalanceState, Fs};
+use canopy::fs::Fs;
 use canopy::replace::Options;
 use common::mounted::canopy_ok;
 use common::multi::*;
@@ -185,19 +184,7 @@ fn a_missing_device_is_rebuilt_on_its_replacement() {
     assert_eq!(fs.engine().missing_device(), None);
     write_more(&fs, 10..30);
     // A convert gives the groups made degraded their second copy.
-    fs.balance_start(BalanceArgs {
-        data: Filter::All,
-        metadata: Filter::All,
-        data_convert: Some(Profile::Raid1),
-        metadata_convert: Some(Profile::Raid1),
-        devid: None,
-    })
-    .unwrap();
-    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
-    fs.sync().unwrap();
-    for k in fs.engine().usage().kinds {
-        assert_eq!(k.profile, "raid1", "{k:?}");
-    }
+    convert_to_raid1(&fs);
     drop(fs);
     let now = [devs[0].clone(), target.clone()];
     check_clean(&now);

@@ -80,39 +80,27 @@ pub enum Fix {
     DirIndex {
         tree: u64,
         dir: u64,
-        entry: Box<IndexedEntry>,
+        #[serde(serialize_with = "shown_entry")]
+        entry: Box<crate::format::inode::DirEntry>,
     },
     /// A count the other fixes of the same place make right (nothing to
     /// do on its own).
     Counted,
 }
 
-/// The entry a [`Fix::DirIndex`] puts back.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct IndexedEntry {
-    pub ino: u64,
-    pub kind: u8,
-    pub index: u64,
-    #[serde(with = "lossy_name")]
-    pub name: Vec<u8>,
-}
-
-impl From<crate::format::inode::DirEntry> for IndexedEntry {
-    fn from(e: crate::format::inode::DirEntry) -> IndexedEntry {
-        IndexedEntry {
-            ino: e.ino,
-            kind: e.kind,
-            index: e.index,
-            name: e.name,
-        }
-    }
-}
-
-/// Names as text in reports (not valid UTF-8 bytes replaced).
-mod lossy_name {
-    pub fn serialize<S: serde::Serializer>(name: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&String::from_utf8_lossy(name))
-    }
+/// An entry as reports show it: its name as text (bytes that are not
+/// UTF-8 replaced).
+fn shown_entry<S: serde::Serializer>(
+    e: &crate::format::inode::DirEntry,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct;
+    let mut st = s.serialize_struct("entry", 4)?;
+    st.serialize_field("ino", &e.ino)?;
+    st.serialize_field("kind", &e.kind)?;
+    st.serialize_field("index", &e.index)?;
+    st.serialize_field("name", &String::from_utf8_lossy(&e.name))?;
+    st.end()
 }
 
 #[derive(Clone, Debug, Default, Serialize)]

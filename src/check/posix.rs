@@ -424,7 +424,7 @@ impl TreeScan {
                         let fix = super::Fix::DirIndex {
                             tree: self.tree,
                             dir: *dir,
-                            entry: Box::new(entry.into()),
+                            entry: Box::new(entry),
                         };
                         report.fixable(loc, why, fix);
                     }

@@ -118,16 +118,9 @@ fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
         Fix::Space | Fix::Counted => return Ok(None),
         Fix::DirIndex { tree, dir, entry } => {
             let (tree, dir) = (*tree, *dir);
-            let e = crate::format::inode::DirEntry {
-                ino: entry.ino,
-                kind: entry.kind,
-                index: entry.index,
-                name: entry.name.clone(),
-            };
-            let key = Key::new(dir, DIR_INDEX, e.index);
-            engine.write(|tx| {
-                tx.insert(tree, key, crate::format::inode::DirEntry::encode_all(&[e]))
-            })?;
+            let key = Key::new(dir, DIR_INDEX, entry.index);
+            let item = crate::format::inode::DirEntry::encode_all(std::slice::from_ref(entry));
+            engine.write(|tx| tx.insert(tree, key, item))?;
             format!(
                 "tree {tree} directory {dir}: index {} of '{}' put back",
                 entry.index,

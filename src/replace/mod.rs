@@ -267,13 +267,6 @@ fn copy_chunk(
     }
 }
 
-impl Report {
-    /// Everything the source held was copied right.
-    pub fn is_clean(&self) -> bool {
-        self.uncorrectable.is_empty() && self.errors.is_empty() && !self.cancelled
-    }
-}
-
 /// Refuses a report whose copy could not finish.
 pub fn check_complete(report: &Report) -> Result<()> {
     if report.cancelled {

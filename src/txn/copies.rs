@@ -155,6 +155,30 @@ impl CopiesVerdict {
     }
 }
 
+/// Copy `copy` of the tree block at `bytenr`, read into `buf` and checked
+/// as a first read would, with a generation no older than `generation`
+/// (the one its extent item records: an older one is a lost write).
+fn read_since(
+    sh: &Shared,
+    buf: &mut [u8],
+    bytenr: u64,
+    generation: u64,
+    copy: usize,
+) -> Result<Node> {
+    sh.dev.read_copy(buf, bytenr, copy)?;
+    let n = Node::decode(buf, bytenr, &sh.fsid)?;
+    match n.generation >= generation {
+        true => Ok(n),
+        false => Err(Error::corrupt(
+            bytenr,
+            format!(
+                "block has generation {}, older than its allocation in {generation} (a lost write)",
+                n.generation
+            ),
+        )),
+    }
+}
+
 /// Reads every copy of the tree block at `bytenr` and checks each as a
 /// first read would, with a generation no older than `generation` (the
 /// one its extent item records: an older one is a lost write); rewrites
@@ -165,21 +189,7 @@ pub(super) fn verify_copies(sh: &Shared, bytenr: u64, generation: u64) -> Copies
     let mut good: Option<(usize, Vec<u8>, Node)> = None;
     let mut bad = Vec::new();
     for copy in 0..copies {
-        let checked = sh
-            .dev
-            .read_copy(&mut buf, bytenr, copy)
-            .and_then(|()| Node::decode(&buf, bytenr, &sh.fsid))
-            .and_then(|n| match n.generation >= generation {
-                true => Ok(n),
-                false => Err(Error::corrupt(
-                    bytenr,
-                    format!(
-                        "block has generation {}, older than its allocation in {generation} (a lost write)",
-                        n.generation
-                    ),
-                )),
-            });
-        match checked {
+        match read_since(sh, &mut buf, bytenr, generation, copy) {
             Ok(n) if good.is_none() => good = Some((copy, buf.clone(), n)),
             Ok(_) => {}
             Err(e) => {
@@ -216,22 +226,8 @@ pub(super) fn first_good_copy(
     let mut buf = vec![0u8; sh.nodesize];
     let mut first_error = None;
     for &copy in order {
-        let checked = sh
-            .dev
-            .read_copy(&mut buf, bytenr, copy)
-            .and_then(|()| Node::decode(&buf, bytenr, &sh.fsid))
-            .and_then(|n| match n.generation >= generation {
-                true => Ok(()),
-                false => Err(Error::corrupt(
-                    bytenr,
-                    format!(
-                        "block has generation {}, older than its allocation in {generation}",
-                        n.generation
-                    ),
-                )),
-            });
-        match checked {
-            Ok(()) => return Ok((copy, buf)),
+        match read_since(sh, &mut buf, bytenr, generation, copy) {
+            Ok(_) => return Ok((copy, buf)),
             Err(e) => {
                 first_error.get_or_insert(e);
             }

@@ -202,12 +202,15 @@ impl<'a> Reader<'a> {
         bytenr: u64,
         generation: u64,
     ) -> Option<super::CopiesVerdict> {
-        if self.st.dirty.contains_key(&bytenr)
-            || crate::sync::lock(&self.sh.inflight).contains_key(&bytenr)
-        {
-            return None;
-        }
-        Some(super::copies::verify_copies(self.sh, bytenr, generation))
+        self.on_disk(bytenr)
+            .then(|| super::copies::verify_copies(self.sh, bytenr, generation))
+    }
+
+    /// Whether the tree block at `bytenr` is on disk as the state has it:
+    /// not dirty, nor being written (its write reaches every copy).
+    fn on_disk(&self, bytenr: u64) -> bool {
+        !self.st.dirty.contains_key(&bytenr)
+            && !crate::sync::lock(&self.sh.inflight).contains_key(&bytenr)
     }
 
     /// The first good copy, trying copies in `order`, of the tree block
@@ -219,14 +222,8 @@ impl<'a> Reader<'a> {
         generation: u64,
         order: &[usize],
     ) -> Option<Result<(usize, Vec<u8>)>> {
-        if self.st.dirty.contains_key(&bytenr)
-            || crate::sync::lock(&self.sh.inflight).contains_key(&bytenr)
-        {
-            return None;
-        }
-        Some(super::copies::first_good_copy(
-            self.sh, bytenr, generation, order,
-        ))
+        self.on_disk(bytenr)
+            .then(|| super::copies::first_good_copy(self.sh, bytenr, generation, order))
     }
 }
 

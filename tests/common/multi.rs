@@ -2,9 +2,10 @@
 //! devices, replace and redundancy: format, open, a populated tree to
 //! read back, and damage to every copy on one device.
 
+use canopy::balance::{BalanceArgs, Filter};
 use canopy::dev::{Device, MemDevice};
 use canopy::format::superblock::Profile;
-use canopy::fs::{Fs, Owner};
+use canopy::fs::{BalanceState, Fs, Owner};
 use canopy::volume::Chunk;
 use canopy::{Engine, FormatOptions, OpenOptions};
 use std::sync::Arc;
@@ -120,4 +121,22 @@ pub fn wipe_copies_on(devs: &[Arc<MemDevice>], chunks: &[Chunk], devid: u64) {
 pub fn check_clean(devs: &[Arc<MemDevice>]) {
     let r = canopy::check::check_all_devices(as_devices(devs), &|_, _| {}).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+/// Converts data and tree blocks to raid1 with a balance, committed,
+/// and requires every kind of group to be raid1 after it.
+pub fn convert_to_raid1(fs: &Fs) {
+    fs.balance_start(BalanceArgs {
+        data: Filter::All,
+        metadata: Filter::All,
+        data_convert: Some(Profile::Raid1),
+        metadata_convert: Some(Profile::Raid1),
+        devid: None,
+    })
+    .unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.sync().unwrap();
+    for k in fs.engine().usage().kinds {
+        assert_eq!(k.profile, "raid1", "{k:?}");
+    }
 }
