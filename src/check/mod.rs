@@ -41,6 +41,7 @@ mod log;
 mod posix;
 mod quota;
 pub mod repair;
+mod sorted;
 mod space;
 mod walk;
 
@@ -259,11 +260,12 @@ fn open_read_only(
 fn engine_passes(
     devs: Vec<Arc<dyn Device>>,
     space: Option<&crate::txn::SpaceOverride>,
+    memory: u64,
     report: &mut Report,
 ) {
     log::check_log(devs.clone(), space, report);
     if report.is_clean() || space.is_some() {
-        posix::check_trees(devs.clone(), space, report);
+        posix::check_trees(devs.clone(), space, memory / 2, report);
         quota::check_quota(devs, space, report);
     }
 }
@@ -279,10 +281,26 @@ pub fn check_all_devices(
     devs: Vec<Arc<dyn Device>>,
     progress: &dyn Fn(u64, u64),
 ) -> Result<Report> {
+    check_all_devices_within(devs, progress, DEFAULT_MEMORY)
+}
+
+/// What [`check_all_devices`] lets the records it relates take in memory
+/// by default (`canopy check --max-memory`).
+pub const DEFAULT_MEMORY: u64 = 512 << 20;
+
+/// [`check_all_devices`] holding what it relates across the trees within
+/// about `memory` bytes: half of it for the fs trees' records (the rest
+/// is for the read-only engine's cache and what the structural pass
+/// holds); past it, sorted runs go to temporary files ($TMPDIR).
+pub fn check_all_devices_within(
+    devs: Vec<Arc<dyn Device>>,
+    progress: &dyn Fn(u64, u64),
+    memory: u64,
+) -> Result<Report> {
     let borrowed: Vec<&dyn Device> = devs.iter().map(|d| d.as_ref()).collect();
     let mut report = check_devices(&borrowed, progress)?;
     if report.is_clean() {
-        engine_passes(devs, None, &mut report);
+        engine_passes(devs, None, memory, &mut report);
     }
     Ok(report)
 }

@@ -48,13 +48,23 @@ pub enum Outcome {
 /// Checks the filesystem on `devs` (opened to write, unmounted) and
 /// repairs it if it can (see the module's doc).
 pub fn repair(devs: Vec<Arc<dyn Device>>, progress: &dyn Fn(u64, u64)) -> Result<Outcome> {
+    repair_within(devs, progress, super::DEFAULT_MEMORY)
+}
+
+/// [`repair`] with the check's records held within about `memory` bytes
+/// ([`super::check_all_devices_within`]).
+pub fn repair_within(
+    devs: Vec<Arc<dyn Device>>,
+    progress: &dyn Fn(u64, u64),
+    memory: u64,
+) -> Result<Outcome> {
     let borrowed: Vec<&dyn Device> = devs.iter().map(|d| d.as_ref()).collect();
     let mut report = super::check_devices(&borrowed, progress)?;
     if let Some(why) = unrepairable(&report) {
         return Ok(Outcome::Refused { report, why });
     }
     let space = report.space_plan.clone();
-    super::engine_passes(devs.clone(), space.as_ref(), &mut report);
+    super::engine_passes(devs.clone(), space.as_ref(), memory, &mut report);
     if let Some(why) = unrepairable(&report) {
         return Ok(Outcome::Refused { report, why });
     }
@@ -92,7 +102,7 @@ pub fn repair(devs: Vec<Arc<dyn Device>>, progress: &dyn Fn(u64, u64)) -> Result
     }
     engine.commit()?;
     drop(engine);
-    let after = super::check_all_devices(devs, progress)?;
+    let after = super::check_all_devices_within(devs, progress, memory)?;
     Ok(Outcome::Repaired { changes, after })
 }
 

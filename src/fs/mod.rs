@@ -50,7 +50,8 @@ pub use balance::{BalanceState, BalanceStatus};
 pub use daemon::Cleaner;
 pub use node::{node_id, split_node, INO_BITS, LAST_LOCAL_INO};
 pub use ops::{
-    committed_symlink, Attr, DirListing, DirListingPlus, NewNode, Owner, SetAttr, StatFs,
+    committed_symlink, committed_symlink_in, Attr, DirListing, DirListingPlus, NewNode, Owner,
+    SetAttr, StatFs,
 };
 pub use quota::{QgroupRow, QuotaChange, RescanStatus};
 pub use subvol::SubvolInfo;

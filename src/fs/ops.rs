@@ -787,6 +787,19 @@ impl Subvol {
 
 /// How to read the target of symlink `ino` (`size` bytes) in `tree`:
 /// the plan, and whether its data covers the whole size.
+/// [`committed_symlink`] for a caller already reading the trees through
+/// `r` (the checker's ordered pass).
+pub fn committed_symlink_in(
+    engine: &crate::Engine,
+    r: &crate::txn::Reader<'_>,
+    tree: u64,
+    ino: u64,
+    size: u64,
+) -> Result<Vec<u8>> {
+    let plan = plan_link(r, tree, ino, size)?;
+    engine.with_data_device(|dev| read_link(ino, plan, dev))
+}
+
 fn plan_link(
     r: &crate::txn::Reader<'_>,
     tree: u64,

@@ -26,6 +26,13 @@ pub struct Args {
     /// says so. The image must not be mounted.
     #[arg(long, conflicts_with = "check_data_csum")]
     repair: bool,
+    /// Memory the records that relate distant items (names and
+    /// back-references, extents and checksums) may take; past it they are
+    /// sorted in runs on temporary files in $TMPDIR. The read-only cache
+    /// and the structural pass take some more.
+    #[arg(long, value_name = "SIZE", value_parser = crate::parse_size,
+          default_value_t = canopy::check::DEFAULT_MEMORY)]
+    max_memory: u64,
     /// Another device of the filesystem (repeat for each; a filesystem
     /// over several devices is checked whole or its missing devices are
     /// reported).
@@ -61,12 +68,13 @@ pub fn run(a: Args) -> ExitCode {
             b.set_position(done);
         }
     };
-    let report = canopy::check::check_all_devices(devs.clone(), &progress).map(|mut r| {
-        if a.check_data_csum && r.is_clean() {
-            canopy::check::check_data_sums_devices(devs, &mut r);
-        }
-        r
-    });
+    let report = canopy::check::check_all_devices_within(devs.clone(), &progress, a.max_memory)
+        .map(|mut r| {
+            if a.check_data_csum && r.is_clean() {
+                canopy::check::check_data_sums_devices(devs, &mut r);
+            }
+            r
+        });
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -123,7 +131,7 @@ fn repair(a: &Args) -> ExitCode {
         Ok(d) => d.devs,
         Err(e) => return fail(a, &e.to_string()),
     };
-    let outcome = match canopy::check::repair::repair(devs, &|_, _| {}) {
+    let outcome = match canopy::check::repair::repair_within(devs, &|_, _| {}, a.max_memory) {
         Ok(o) => o,
         Err(e) => return fail(a, &format!("repair failed: {e}")),
     };
