@@ -15,6 +15,7 @@ use canopy::format::tree_id::{CSUM, FS};
 use canopy::format::Key;
 use canopy::fs::Fs;
 use canopy::{Engine, FormatOptions, OpenOptions};
+use common::damage;
 use common::multi::{content, populate, write_file, ME, MIB, ROOT_DIR};
 use std::sync::Arc;
 
@@ -36,16 +37,6 @@ fn image() -> (Arc<MemDevice>, u64) {
     }
     fs.sync().unwrap();
     (dev, big)
-}
-
-fn damage(dev: &Arc<MemDevice>, f: impl FnOnce(&mut canopy::txn::Txn<'_>)) {
-    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
-    e.write(|tx| {
-        f(tx);
-        Ok(())
-    })
-    .unwrap();
-    e.commit().unwrap();
 }
 
 fn ino_of(dev: &Arc<MemDevice>, dir: u64, name: &str) -> u64 {

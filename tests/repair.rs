@@ -21,6 +21,7 @@ use canopy::format::tree_id::{BLOCK_GROUP, FREE_BY_LEN, FREE_BY_START, FS};
 use canopy::format::Key;
 use canopy::fs::Fs;
 use canopy::{Engine, FormatOptions, OpenOptions};
+use common::damage;
 use common::multi::{content, populate, verify, write_file, MIB, ROOT_DIR};
 use std::sync::Arc;
 
@@ -38,18 +39,6 @@ fn image() -> Arc<MemDevice> {
     fs.sync().unwrap();
     drop(fs);
     dev
-}
-
-/// Damages the image with `f` in one committed transaction, as a bug in
-/// the engine would.
-fn damage(dev: &Arc<MemDevice>, f: impl FnOnce(&mut canopy::txn::Txn<'_>)) {
-    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
-    e.write(|tx| {
-        f(tx);
-        Ok(())
-    })
-    .unwrap();
-    e.commit().unwrap();
 }
 
 /// The first data group's item (key, decoded).

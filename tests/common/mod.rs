@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use canopy::dev::{Device, MemDevice};
-use canopy::{Engine, FormatOptions};
+use canopy::{Engine, FormatOptions, OpenOptions};
 use std::sync::Arc;
 
 pub fn mem_engine(size: u64, nodesize: u32) -> (Arc<MemDevice>, Engine) {
@@ -17,6 +17,18 @@ pub fn mem_engine(size: u64, nodesize: u32) -> (Arc<MemDevice>, Engine) {
 }
 
 /// Runs `canopy::check` and panics with the problems if any.
+/// Damages the image with `f` in one committed transaction, as a bug in
+/// the engine would.
+pub fn damage(dev: &Arc<MemDevice>, f: impl FnOnce(&mut canopy::txn::Txn<'_>)) {
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+    e.write(|tx| {
+        f(tx);
+        Ok(())
+    })
+    .unwrap();
+    e.commit().unwrap();
+}
+
 pub fn assert_clean(dev: &dyn Device) {
     let r = canopy::check::check(dev, &|_, _| {}).expect("check ran");
     assert!(r.is_clean(), "check found problems: {:#?}", r.problems);
