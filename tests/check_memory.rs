@@ -1,7 +1,7 @@
-//! `check` within a memory budget: what relates distant items of the fs
-//! trees (an entry and its child's back-reference, a file extent and its
-//! checksum item) is sorted as records, in memory or, past the budget,
-//! in runs on temporary files. Each kind of damage those records find is
+//! `check` within a memory budget: what relates distant items (an entry
+//! and its child's back-reference, a file extent and its checksum item
+//! or its extent item, a used extent and the free-space trees) is sorted
+//! as records, in memory or, past the budget, in runs on temporary files. Each kind of damage those records find is
 //! found the same, with the same words, whether the records stayed in
 //! memory or were spilled, and an undamaged image is clean either way.
 
@@ -10,8 +10,12 @@ mod common;
 use canopy::check::{check_all_devices_within, DEFAULT_MEMORY};
 use canopy::dev::{Device, MemDevice};
 use canopy::format::inode::DirEntry;
-use canopy::format::key_type::{DIR_INDEX, DIR_ITEM, EXTENT_CSUM, INODE_ITEM, INODE_REF};
-use canopy::format::tree_id::{CSUM, FS};
+use canopy::format::items::{BlockGroupItem, ExtentItem, BG_DATA};
+use canopy::format::key_type::{
+    BLOCK_GROUP_ITEM, DIR_INDEX, DIR_ITEM, EXTENT_CSUM, EXTENT_ITEM, FREE_EXTENT, INODE_ITEM,
+    INODE_REF,
+};
+use canopy::format::tree_id::{BLOCK_GROUP, CSUM, EXTENT, FREE_BY_START, FS};
 use canopy::format::Key;
 use canopy::fs::Fs;
 use canopy::{Engine, FormatOptions, OpenOptions};
@@ -32,7 +36,7 @@ fn image() -> (Arc<MemDevice>, u64) {
     let mode = libc::S_IFDIR | 0o755;
     let big = fs.create(ROOT_DIR, b"big", mode, 0, ME, None).unwrap().ino;
     for i in 0..FILES {
-        let bytes = if i % 100 == 0 { content(i) } else { Vec::new() };
+        let bytes = if i % 3 == 0 { content(i) } else { Vec::new() };
         write_file(&fs, big, &format!("f{i}"), &bytes);
     }
     fs.sync().unwrap();
@@ -166,4 +170,65 @@ fn a_data_extent_without_its_checksums() {
     let lines = both_ways(&dev);
     has(&lines, &format!("data extent {gone} of tree"));
     has(&lines, "without checksums (reads of it fail)");
+}
+
+#[test]
+fn an_extent_item_counting_a_reference_too_many() {
+    let (dev, _) = image();
+    let mut at = 0;
+    damage(&dev, |tx| {
+        let all = tx.range(EXTENT, &Key::MIN, &Key::MAX).unwrap();
+        let (k, d) = all
+            .iter()
+            .filter(|(k, _)| k.ty == EXTENT_ITEM)
+            .map(|(k, d)| (k, ExtentItem::decode(d).unwrap()))
+            .find(|(_, e)| !e.is_tree_block())
+            .expect("a data extent");
+        at = k.objectid;
+        let item = ExtentItem {
+            refs: d.refs + 1,
+            ..d
+        };
+        tx.update(EXTENT, *k, item.encode()).unwrap();
+    });
+    let lines = both_ways(&dev);
+    has(
+        &lines,
+        &format!("data extent {at}: extent item counts 2 references, found 1"),
+    );
+}
+
+#[test]
+fn a_free_range_missing_from_the_by_start_tree() {
+    let (dev, _) = image();
+    let mut gone = Key::MIN;
+    damage(&dev, |tx| {
+        // In a data group, which the commit of this damage leaves alone.
+        let groups = tx.range(BLOCK_GROUP, &Key::MIN, &Key::MAX).unwrap();
+        let data: Vec<(u64, u64)> = groups
+            .iter()
+            .filter(|(k, d)| {
+                k.ty == BLOCK_GROUP_ITEM && BlockGroupItem::decode(d).unwrap().flags & BG_DATA != 0
+            })
+            .map(|(k, _)| (k.objectid, k.objectid + k.offset))
+            .collect();
+        let all = tx.range(FREE_BY_START, &Key::MIN, &Key::MAX).unwrap();
+        gone = all
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| k.ty == FREE_EXTENT)
+            .find(|k| data.iter().any(|&(s, e)| s <= k.objectid && k.objectid < e))
+            .expect("a free range in a data group");
+        tx.delete(FREE_BY_START, &gone).unwrap();
+    });
+    let lines = both_ways(&dev);
+    let range = format!("free space {}+{}", gone.objectid, gone.offset);
+    has(
+        &lines,
+        &format!("{range}: free but not in the by-start tree"),
+    );
+    has(
+        &lines,
+        &format!("{range}: by-start and by-length trees disagree"),
+    );
 }

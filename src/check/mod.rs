@@ -36,6 +36,11 @@
 //!   does. Without it the data is never read: check proves each data
 //!   extent has its checksums, and a flipped data sector is scrub's to
 //!   find.
+//!
+//! Its memory does not grow with the number of files or extents: what
+//! relates items far apart in the trees is sorted as records
+//! (`sorted`), within a budget and past it in temporary files, and
+//! compared in one ordered pass (`space`, `posix`).
 
 mod log;
 mod posix;
@@ -171,6 +176,16 @@ pub fn check(dev: &dyn Device, progress: &dyn Fn(u64, u64)) -> Result<Report> {
 /// A device the filesystem names but that is not given is a problem, and
 /// the copies it holds go unchecked.
 pub fn check_devices(devs: &[&dyn Device], progress: &dyn Fn(u64, u64)) -> Result<Report> {
+    check_devices_within(devs, progress, DEFAULT_MEMORY)
+}
+
+/// [`check_devices`] holding the records that grow with the number of
+/// extents within about `memory` bytes (past it, in temporary files).
+pub fn check_devices_within(
+    devs: &[&dyn Device],
+    progress: &dyn Fn(u64, u64),
+    memory: u64,
+) -> Result<Report> {
     let mut report = Report::default();
     let (sb, by_id) = assemble(devs, &mut report)?;
     report.generation = sb.generation;
@@ -178,10 +193,9 @@ pub fn check_devices(devs: &[&dyn Device], progress: &dyn Fn(u64, u64)) -> Resul
     for (&devid, dev) in &by_id {
         walk::check_super_copies(devid, *dev, &sb, &mut report);
     }
-    let found = walk::walk_all(&by_id, &sb, &mut report, progress);
-    space::check_extents(&sb, &found, &mut report);
+    let found = walk::walk_all(&by_id, &sb, &mut report, progress, memory / 2);
     let primary = by_id.get(&1).map_or(sb.total_bytes, |d| d.size());
-    space::check_space(primary, &sb, &found, &mut report);
+    space::check(primary, &sb, found, &mut report);
     Ok(report)
 }
 
@@ -298,7 +312,7 @@ pub fn check_all_devices_within(
     memory: u64,
 ) -> Result<Report> {
     let borrowed: Vec<&dyn Device> = devs.iter().map(|d| d.as_ref()).collect();
-    let mut report = check_devices(&borrowed, progress)?;
+    let mut report = check_devices_within(&borrowed, progress, memory)?;
     if report.is_clean() {
         engine_passes(devs, None, memory, &mut report);
     }

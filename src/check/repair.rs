@@ -59,7 +59,7 @@ pub fn repair_within(
     memory: u64,
 ) -> Result<Outcome> {
     let borrowed: Vec<&dyn Device> = devs.iter().map(|d| d.as_ref()).collect();
-    let mut report = super::check_devices(&borrowed, progress)?;
+    let mut report = super::check_devices_within(&borrowed, progress, memory)?;
     if let Some(why) = unrepairable(&report) {
         return Ok(Outcome::Refused { report, why });
     }

@@ -1,16 +1,15 @@
 //! Reference counts and space accounting against what the walk found.
 
-use super::walk::{Found, QUEUE_HOLDER};
+use super::sorted::{Sorted, Sorter};
+use super::walk::{holder_of, Found, QUEUE_HOLDER, RECORD_ITEM, UNDECODED};
 use super::{Fix, Report};
 use crate::alloc::{free_ranges_excluding_supers, GroupKind};
-use crate::format::items::{decode_ref_count, BlockGroupItem, ExtentItem};
-use crate::format::key_type::{
-    BLOCK_GROUP_ITEM, EXTENT_ITEM, FREE_EXTENT, SHARED_BLOCK_REF, SHARED_DATA_REF, TREE_BLOCK_REF,
-};
+use crate::format::items::{BlockGroupItem, ExtentItem};
+use crate::format::key_type::{BLOCK_GROUP_ITEM, EXTENT_ITEM};
 use crate::format::superblock::Superblock;
 use crate::format::{tree_id, RESERVED_START};
 use crate::txn::RefHolder;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// An extent as the extent tree records it.
 struct Recorded {
@@ -19,52 +18,69 @@ struct Recorded {
     backrefs: BTreeMap<RefHolder, u32>,
 }
 
-fn recorded_extents(found: &Found, report: &mut Report) -> BTreeMap<u64, Recorded> {
-    let mut out: BTreeMap<u64, Recorded> = BTreeMap::new();
-    for it in found.items.get(&tree_id::EXTENT).into_iter().flatten() {
-        let k = it.key;
-        let loc = format!("extent tree item {k}");
-        let rec = out.entry(k.objectid).or_insert(Recorded {
+/// The extent tree's records of the extent at `at` (see
+/// [`ExtentRecord`]), if it has any.
+fn take_recorded(
+    records: &mut Sorted<6>,
+    at: u64,
+    report: &mut Report,
+) -> std::io::Result<Option<Recorded>> {
+    let mut rec: Option<Recorded> = None;
+    while let Some(r) = records.peek()?.filter(|r| r[0] == at) {
+        records.next()?;
+        let rec = rec.get_or_insert_with(|| Recorded {
             len: 0,
             item: None,
             backrefs: BTreeMap::new(),
         });
-        let holder = match k.ty {
-            EXTENT_ITEM => {
-                match ExtentItem::decode(&it.data) {
-                    Ok(e) => {
-                        rec.item = Some(e);
-                        rec.len = k.offset;
-                    }
-                    Err(e) => report.problem(loc, e),
-                }
+        if r[1] == RECORD_ITEM {
+            rec.len = r[2];
+            if r[5] == UNDECODED {
+                let loc = format!("extent tree item ({at}, {EXTENT_ITEM}, {})", r[2]);
+                report.problem(loc, "extent item does not decode");
                 continue;
             }
-            SHARED_BLOCK_REF => RefHolder::TreeParent(k.offset),
-            TREE_BLOCK_REF => RefHolder::TreeRoot(k.offset),
-            SHARED_DATA_REF => RefHolder::DataLeaf(k.offset),
-            t => {
-                report.problem(loc, format!("unexpected key type {t} in the extent tree"));
-                continue;
-            }
-        };
-        let count = if k.ty == SHARED_DATA_REF {
-            match decode_ref_count(&it.data) {
-                Ok(c) => c,
-                Err(e) => {
-                    report.problem(loc, e);
-                    continue;
-                }
-            }
+            rec.item = Some(ExtentItem {
+                refs: r[3],
+                generation: r[4],
+                flags: r[5] >> 8,
+                owner: 0,
+                level: r[5] as u8,
+            });
         } else {
-            1
-        };
-        if rec.item.is_none() {
-            report.problem(loc, "back-reference without an extent item before it");
+            if rec.item.is_none() {
+                report.problem(
+                    format!("extent {at}"),
+                    "back-reference without an extent item before it",
+                );
+            }
+            let count = u32::try_from(r[4]).unwrap_or(u32::MAX);
+            rec.backrefs.insert(holder_of(r[2], r[3]), count);
         }
-        rec.backrefs.insert(holder, count);
     }
-    out
+    Ok(rec)
+}
+
+/// What file extent items say of the data extent at `at`: its length and
+/// the leaves that point at it, with how many items each.
+fn take_data(
+    data: &mut Sorted<3>,
+    at: u64,
+    report: &mut Report,
+) -> std::io::Result<Option<(u64, BTreeMap<RefHolder, u32>)>> {
+    let mut found: Option<(u64, BTreeMap<RefHolder, u32>)> = None;
+    while let Some([_, len, leaf]) = data.peek()?.filter(|r| r[0] == at) {
+        data.next()?;
+        let (first_len, holders) = found.get_or_insert_with(|| (len, BTreeMap::new()));
+        if *first_len != len {
+            report.problem(
+                format!("tree leaf {leaf}"),
+                format!("data extent {at} referenced with length {len} and {first_len}"),
+            );
+        }
+        *holders.entry(RefHolder::DataLeaf(leaf)).or_insert(0) += 1;
+    }
+    Ok(found)
 }
 
 fn compare_refs(report: &mut Report, loc: &str, rec: &Recorded, actual: &BTreeMap<RefHolder, u32>) {
@@ -115,73 +131,116 @@ fn check_queued(report: &mut Report, loc: &str, b: &super::walk::FoundBlock, rec
     }
 }
 
-pub(super) fn check_extents(sb: &Superblock, found: &Found, report: &mut Report) {
-    let recorded = recorded_extents(found, report);
+fn check_block(
+    report: &mut Report,
+    ns: u64,
+    (bytenr, b): (u64, &super::walk::FoundBlock),
+    recorded: Option<&Recorded>,
+    queued: bool,
+) {
+    let loc = format!("tree block {bytenr}");
+    if queued {
+        return check_queued(report, &loc, b, recorded.is_some());
+    }
+    let mut actual = BTreeMap::new();
+    for h in &b.holders {
+        *actual.entry(*h).or_insert(0u32) += 1;
+    }
+    if b.holders.len() > 1 && !tree_id::is_shareable(b.owner) {
+        report.problem(
+            &loc,
+            format!("block of tree {} has {} holders", b.owner, b.holders.len()),
+        );
+    }
+    let Some(rec) = recorded else {
+        return report.problem(loc, "no extent item (block is not accounted)");
+    };
+    if rec.item.is_some_and(|i| !i.is_tree_block()) || rec.len != ns {
+        report.problem(&loc, "extent item is not a tree block of nodesize");
+    }
+    if let Some(i) = rec.item.filter(|i| i.level != b.level) {
+        report.problem(
+            &loc,
+            format!("level {}, its extent item says {}", b.level, i.level),
+        );
+    }
+    // As scrub reads it: a block older than its allocation is a write
+    // that never reached the disk, whatever the parent (patched along
+    // with it) says.
+    if let Some(i) = rec.item.filter(|i| b.generation < i.generation) {
+        report.problem(
+            &loc,
+            format!(
+                "generation {}, older than its allocation in {} (a lost write)",
+                b.generation, i.generation
+            ),
+        );
+    }
+    compare_refs(report, &loc, rec, &actual);
+}
+
+/// Reference counts and space, in one pass over every address something
+/// is at, in order: the extent tree's records, the tree blocks the walk
+/// reached, the data extents file extent items point at, and the drop
+/// queue. Each address's extent item is compared with its holders, and
+/// every used extent goes to the space sweep.
+fn check_extents(
+    sb: &Superblock,
+    found: &mut Found,
+    sweep: &mut Sweep<'_>,
+    report: &mut Report,
+) -> std::io::Result<()> {
     let ns = u64::from(sb.nodesize);
-    for (&bytenr, b) in &found.blocks {
-        let loc = format!("tree block {bytenr}");
-        if found.queued.contains(&bytenr) {
-            check_queued(report, &loc, b, recorded.contains_key(&bytenr));
-            continue;
+    let mut records = std::mem::replace(&mut found.extents, Sorter::new(0)).sorted()?;
+    let mut data = std::mem::replace(&mut found.data, Sorter::new(0)).sorted()?;
+    let mut blocks = found.blocks.iter().peekable();
+    let mut queued = found.queued.iter().copied().peekable();
+    loop {
+        let heads = [
+            records.peek()?.map(|r| r[0]),
+            data.peek()?.map(|r| r[0]),
+            blocks.peek().map(|(&b, _)| b),
+            queued.peek().copied(),
+        ];
+        let Some(at) = heads.into_iter().flatten().min() else {
+            break;
+        };
+        let rec = take_recorded(&mut records, at, report)?;
+        let block = blocks.next_if(|(&b, _)| b == at);
+        let is_queued = queued.next_if_eq(&at).is_some();
+        let held = take_data(&mut data, at, report)?;
+        if let Some((&bytenr, b)) = block {
+            check_block(report, ns, (bytenr, b), rec.as_ref(), is_queued);
         }
-        let mut actual = BTreeMap::new();
-        for h in &b.holders {
-            *actual.entry(*h).or_insert(0u32) += 1;
-        }
-        if b.holders.len() > 1 && !tree_id::is_shareable(b.owner) {
-            report.problem(
-                &loc,
-                format!("block of tree {} has {} holders", b.owner, b.holders.len()),
-            );
-        }
-        match recorded.get(&bytenr) {
-            Some(rec) => {
-                if rec.item.is_some_and(|i| !i.is_tree_block()) || rec.len != ns {
-                    report.problem(&loc, "extent item is not a tree block of nodesize");
+        if let Some((len, holders)) = &held {
+            report.data_extents += 1;
+            let loc = format!("data extent {at}");
+            match &rec {
+                Some(rec) => {
+                    if rec.item.is_some_and(|i| i.is_tree_block()) || rec.len != *len {
+                        report.problem(&loc, "extent item disagrees on kind or length");
+                    }
+                    compare_refs(report, &loc, rec, holders);
                 }
-                if let Some(i) = rec.item.filter(|i| i.level != b.level) {
-                    report.problem(
-                        &loc,
-                        format!("level {}, its extent item says {}", b.level, i.level),
-                    );
-                }
-                // As scrub reads it: a block older than its allocation is
-                // a write that never reached the disk, whatever the parent
-                // (patched along with it) says.
-                if let Some(i) = rec.item.filter(|i| b.generation < i.generation) {
-                    report.problem(
-                        &loc,
-                        format!(
-                            "generation {}, older than its allocation in {} (a lost write)",
-                            b.generation, i.generation
-                        ),
-                    );
-                }
-                compare_refs(report, &loc, rec, &actual);
+                None => report.problem(loc, "no extent item"),
             }
-            None => report.problem(loc, "no extent item (block is not accounted)"),
         }
-    }
-    for (&bytenr, d) in &found.data {
-        let loc = format!("data extent {bytenr}");
-        match recorded.get(&bytenr) {
-            Some(rec) => {
-                if rec.item.is_some_and(|i| i.is_tree_block()) || rec.len != d.len {
-                    report.problem(&loc, "extent item disagrees on kind or length");
-                }
-                compare_refs(report, &loc, rec, &d.holders);
+        if is_queued {
+            sweep.extent(at, ns, true, report);
+        }
+        if let Some(rec) = &rec {
+            if block.is_none() && held.is_none() {
+                report.problem(
+                    format!("extent {at}"),
+                    "recorded but nothing reaches it (leak)",
+                );
             }
-            None => report.problem(loc, "no extent item"),
+            if let Some(item) = rec.item {
+                sweep.extent(at, rec.len, item.is_tree_block(), report);
+            }
         }
     }
-    for &bytenr in recorded.keys() {
-        if !found.blocks.contains_key(&bytenr) && !found.data.contains_key(&bytenr) {
-            report.problem(
-                format!("extent {bytenr}"),
-                "recorded but nothing reaches it (leak)",
-            );
-        }
-    }
+    Ok(())
 }
 
 struct Group {
@@ -301,42 +360,45 @@ fn group_of(groups: &[Group], at: u64) -> Option<&Group> {
     groups[..i].last().filter(|g| at < g.start + g.len)
 }
 
-/// Used extents from the extent tree and the drop queue, in address
-/// order: (start, len, kind wanted).
-fn used_extents(found: &Found, nodesize: u64) -> Vec<(u64, u64, bool)> {
-    let mut out: Vec<(u64, u64, bool)> =
-        found.queued.iter().map(|&b| (b, nodesize, true)).collect();
-    for it in found.items.get(&tree_id::EXTENT).into_iter().flatten() {
-        if it.key.ty == EXTENT_ITEM {
-            if let Ok(e) = ExtentItem::decode(&it.data) {
-                out.push((it.key.objectid, it.key.offset, e.is_tree_block()));
-            }
-        }
-    }
-    out.sort_unstable();
-    out
+/// The used extents in address order, as the space checks see them:
+/// each within the filesystem, in a group of its kind, apart from the
+/// others and from superblock copies; counted per group; and the free
+/// ranges each group must list (the rest of it), found on the way.
+struct Sweep<'g> {
+    groups: &'g [Group],
+    total: u64,
+    prev_end: u64,
+    used_by_group: BTreeMap<u64, u64>,
+    /// The group whose free ranges are being found, and how far.
+    group: usize,
+    at: u64,
+    expected: Vec<(u64, u64)>,
 }
 
-pub(super) fn check_space(device_bytes: u64, sb: &Superblock, found: &Found, report: &mut Report) {
-    if sb.total_bytes > device_bytes {
-        report.problem("superblock", "filesystem larger than the device");
-    }
-    let groups = groups(found, sb.total_bytes, report);
-    check_mirrors(&groups, sb, report);
-    let mut used_by_group: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut occupied: Vec<(u64, u64)> = Vec::new();
-    let mut prev_end = 0;
-    for (start, len, tree_block) in used_extents(found, u64::from(sb.nodesize)) {
-        let loc = format!("extent {start}+{len}");
-        if start.checked_add(len).is_none_or(|e| e > sb.total_bytes) || len == 0 {
-            report.problem(&loc, "outside the filesystem or empty");
-            continue;
+impl<'g> Sweep<'g> {
+    fn new(groups: &'g [Group], total: u64) -> Sweep<'g> {
+        Sweep {
+            groups,
+            total,
+            prev_end: 0,
+            used_by_group: BTreeMap::new(),
+            group: 0,
+            at: groups.first().map_or(0, |g| g.start),
+            expected: Vec::new(),
         }
-        if start < prev_end {
+    }
+
+    fn extent(&mut self, start: u64, len: u64, tree_block: bool, report: &mut Report) {
+        let loc = format!("extent {start}+{len}");
+        if start.checked_add(len).is_none_or(|e| e > self.total) || len == 0 {
+            report.problem(&loc, "outside the filesystem or empty");
+            return;
+        }
+        if start < self.prev_end {
             report.problem(&loc, "overlaps the previous extent");
         }
-        prev_end = prev_end.max(start + len);
-        match group_of(&groups, start) {
+        self.prev_end = self.prev_end.max(start + len);
+        match group_of(self.groups, start) {
             None => report.problem(&loc, "not inside any block group"),
             Some(g) => {
                 let kind = GroupKind::from_flags(g.item.flags);
@@ -354,14 +416,85 @@ pub(super) fn check_space(device_bytes: u64, sb: &Superblock, found: &Found, rep
                         "in a block group of the wrong kind or crossing its end",
                     );
                 }
-                *used_by_group.entry(g.start).or_default() += len;
+                *self.used_by_group.entry(g.start).or_default() += len;
             }
         }
         if free_ranges_excluding_supers(start, len) != vec![(start, len)] {
             report.problem(&loc, "overlaps a superblock copy");
         }
-        occupied.push((start, len));
+        self.occupy(start, len);
     }
+
+    /// Groups that end before `start` are done; an extent starting in the
+    /// current group leaves free what lies between it and the last.
+    fn occupy(&mut self, start: u64, len: u64) {
+        while let Some(g) = self.groups.get(self.group) {
+            if start < g.start + g.len {
+                break;
+            }
+            self.close_group();
+        }
+        let Some(g) = self.groups.get(self.group) else {
+            return;
+        };
+        if start >= g.start {
+            self.free_between(self.at, start);
+            self.at = self.at.max(start + len);
+        }
+    }
+
+    /// The rest of the current group is free; the sweep moves to the next.
+    fn close_group(&mut self) {
+        if let Some(g) = self.groups.get(self.group) {
+            self.free_between(self.at, g.start + g.len);
+        }
+        self.group += 1;
+        if let Some(g) = self.groups.get(self.group) {
+            self.at = g.start;
+        }
+    }
+
+    /// `[from, to)` without the superblock copies in it.
+    fn free_between(&mut self, from: u64, to: u64) {
+        let mut at = from;
+        for o in crate::format::SUPER_OFFSETS {
+            let end = o + crate::format::SUPER_SIZE;
+            if end <= at || o >= to {
+                continue;
+            }
+            if o > at {
+                self.expected.push((at, o - at));
+            }
+            at = at.max(end);
+        }
+        if at < to {
+            self.expected.push((at, to - at));
+        }
+    }
+
+    /// Used bytes by group, and the free ranges the trees must list.
+    fn finish(mut self) -> (BTreeMap<u64, u64>, Vec<(u64, u64)>) {
+        while self.group < self.groups.len() {
+            self.close_group();
+        }
+        (self.used_by_group, self.expected)
+    }
+}
+
+/// Reference counts and space accounting against what the walk found
+/// (`device_bytes`: the first device's size).
+pub(super) fn check(device_bytes: u64, sb: &Superblock, mut found: Found, report: &mut Report) {
+    if sb.total_bytes > device_bytes {
+        report.problem("superblock", "filesystem larger than the device");
+    }
+    let groups = groups(&found, sb.total_bytes, report);
+    check_mirrors(&groups, sb, report);
+    let mut sweep = Sweep::new(&groups, sb.total_bytes);
+    if let Err(e) = check_extents(sb, &mut found, &mut sweep, report) {
+        report.problem("check", format!("cannot read a temporary file: {e}"));
+        return;
+    }
+    let (used_by_group, expected) = sweep.finish();
     let before = report.problems.len();
     let used_total: u64 = groups.iter().map(|g| g.item.used).sum();
     if used_total != sb.bytes_used {
@@ -387,86 +520,62 @@ pub(super) fn check_space(device_bytes: u64, sb: &Superblock, found: &Found, rep
             );
         }
     }
-    let free = check_free(found, &groups, &occupied, report);
+    if let Err(e) = check_free(&mut found, &expected, report) {
+        report.problem("check", format!("cannot read a temporary file: {e}"));
+    }
     if report.problems.len() > before {
         report.space_plan = Some(crate::txn::SpaceOverride {
             used: used_by_group,
-            free: free.into_iter().collect(),
+            free: expected,
         });
     }
 }
 
-/// The free-space trees must list exactly the complement of the used
-/// extents and superblock copies in every group, merged, in both indexes.
-/// Returns the free ranges the trees should list.
+/// The next range of `s` other than `last` (the trees' ranges as sets).
+fn next_range(s: &mut Sorted<2>, last: Option<[u64; 2]>) -> std::io::Result<Option<[u64; 2]>> {
+    while let Some(r) = s.next()? {
+        if Some(r) != last {
+            return Ok(Some(r));
+        }
+    }
+    Ok(None)
+}
+
+/// The free-space trees must list exactly `expected` (the complement of
+/// the used extents and superblock copies in every group, merged), in
+/// both indexes: the three lists are walked side by side in start order.
 fn check_free(
-    found: &Found,
-    groups: &[Group],
-    occupied: &[(u64, u64)],
+    found: &mut Found,
+    expected: &[(u64, u64)],
     report: &mut Report,
-) -> BTreeSet<(u64, u64)> {
-    let mut expected: BTreeSet<(u64, u64)> = BTreeSet::new();
-    for g in groups {
-        let end = g.start + g.len;
-        // Occupied ranges of this group in address order: superblock copies
-        // and extents (both sorted), swept once to find the gaps.
-        let first = occupied.partition_point(|&(s, _)| s < g.start);
-        let last = occupied.partition_point(|&(s, _)| s < end);
-        let mut taken: Vec<(u64, u64)> = occupied[first..last].to_vec();
-        let supers = crate::format::SUPER_OFFSETS
-            .iter()
-            .map(|&o| (o, crate::format::SUPER_SIZE))
-            .filter(|&(o, l)| o + l > g.start && o < end);
-        taken.extend(supers);
-        taken.sort_unstable();
-        let mut at = g.start;
-        for (s, l) in taken {
-            if s > at {
-                expected.insert((at, s - at));
-            }
-            at = at.max(s + l);
+) -> std::io::Result<()> {
+    let mut by_start = std::mem::replace(&mut found.free_by_start, Sorter::new(0)).sorted()?;
+    let mut by_len = std::mem::replace(&mut found.free_by_len, Sorter::new(0)).sorted()?;
+    let mut want = expected.iter().map(|&(s, l)| [s, l]).peekable();
+    let mut s = next_range(&mut by_start, None)?;
+    let mut l = next_range(&mut by_len, None)?;
+    loop {
+        let Some(m) = [want.peek().copied(), s, l].into_iter().flatten().min() else {
+            return Ok(());
+        };
+        let (in_want, in_start, in_len) = (want.peek() == Some(&m), s == Some(m), l == Some(m));
+        let loc = format!("free space {}+{}", m[0], m[1]);
+        if in_want && !in_start {
+            report.fixable(&loc, "free but not in the by-start tree", Fix::Space);
         }
-        if at < end {
-            expected.insert((at, end - at));
+        if in_start && !in_want {
+            let why = "listed free by start but not free (in use, overlapping, or not merged)";
+            report.fixable(&loc, why, Fix::Space);
+        }
+        if in_start != in_len {
+            report.fixable(&loc, "by-start and by-length trees disagree", Fix::Space);
+        }
+        while want.next_if_eq(&m).is_some() {}
+        if in_start {
+            s = next_range(&mut by_start, s)?;
+        }
+        if in_len {
+            l = next_range(&mut by_len, l)?;
         }
     }
-    let by_start: BTreeSet<(u64, u64)> = found
-        .items
-        .get(&tree_id::FREE_BY_START)
-        .into_iter()
-        .flatten()
-        .filter(|it| it.key.ty == FREE_EXTENT)
-        .map(|it| (it.key.objectid, it.key.offset))
-        .collect();
-    let by_len: BTreeSet<(u64, u64)> = found
-        .items
-        .get(&tree_id::FREE_BY_LEN)
-        .into_iter()
-        .flatten()
-        .filter(|it| it.key.ty == FREE_EXTENT)
-        .map(|it| (it.key.offset, it.key.objectid))
-        .collect();
-    let free_space = |e: &(u64, u64)| format!("free space {}+{}", e.0, e.1);
-    for e in expected.difference(&by_start) {
-        report.fixable(
-            free_space(e),
-            "free but not in the by-start tree",
-            Fix::Space,
-        );
-    }
-    for e in by_start.difference(&expected) {
-        report.fixable(
-            free_space(e),
-            "listed free by start but not free (in use, overlapping, or not merged)",
-            Fix::Space,
-        );
-    }
-    for e in by_start.symmetric_difference(&by_len) {
-        report.fixable(
-            free_space(e),
-            "by-start and by-length trees disagree",
-            Fix::Space,
-        );
-    }
-    expected
 }

@@ -1,9 +1,15 @@
 //! Walking every tree from the superblock, recording what points where.
 
+use super::sorted::Sorter;
 use super::Report;
 use crate::dev::Device;
-use crate::format::items::{BlockGroupItem, DroppedBlock, FileExtentItem, RootItem};
-use crate::format::key_type::{DROPPED_BLOCK, EXTENT_DATA, ROOT_ITEM};
+use crate::format::items::{
+    decode_ref_count, BlockGroupItem, DroppedBlock, ExtentItem, FileExtentItem, RootItem,
+};
+use crate::format::key_type::{
+    DROPPED_BLOCK, EXTENT_DATA, EXTENT_ITEM, FREE_EXTENT, ROOT_ITEM, SHARED_BLOCK_REF,
+    SHARED_DATA_REF, TREE_BLOCK_REF,
+};
 use crate::format::leaf;
 use crate::format::node::{Body, Item, Node, Ptr};
 use crate::format::superblock::Superblock;
@@ -22,22 +28,98 @@ pub(super) struct FoundBlock {
     pub holders: Vec<RefHolder>,
 }
 
-/// A data extent as found through file extent items.
-pub(super) struct FoundData {
-    pub len: u64,
-    pub holders: BTreeMap<RefHolder, u32>,
-}
-
-/// Everything the walk learned.
-#[derive(Default)]
+/// Everything the walk learned. What grows with the number of extents
+/// is kept as sorted records (within the check's memory budget); what
+/// grows with the number of tree blocks stays in memory.
 pub(super) struct Found {
     pub blocks: BTreeMap<u64, FoundBlock>,
-    pub data: BTreeMap<u64, FoundData>,
-    /// Items of the trees the space checks read, by tree id.
+    /// Data extents as file extent items point at them:
+    /// `[address, length, leaf]`, one per item.
+    pub data: Sorter<3>,
+    /// The extent tree's items as [`ExtentRecord`]s.
+    pub extents: Sorter<6>,
+    /// Free ranges `[start, length]` as the by-start and the by-length
+    /// trees list them.
+    pub free_by_start: Sorter<2>,
+    pub free_by_len: Sorter<2>,
+    /// Items of the root and block group trees (a few per subvolume and
+    /// per group).
     pub items: HashMap<u64, Vec<Item>>,
     /// Blocks in the drop queue (`extent::drop`): allocated, holding
     /// their children, held by nothing.
     pub queued: BTreeSet<u64>,
+}
+
+impl Found {
+    fn new(budget: u64) -> Found {
+        Found {
+            blocks: BTreeMap::new(),
+            data: Sorter::new(budget / 4),
+            extents: Sorter::new(budget / 2),
+            free_by_start: Sorter::new(budget / 8),
+            free_by_len: Sorter::new(budget / 8),
+            items: HashMap::new(),
+            queued: BTreeSet::new(),
+        }
+    }
+}
+
+/// An extent tree item as a record, in the extent tree's order:
+/// - an extent item: `[address, 0, length, refs, generation, flags << 8 |
+///   level]`, the last word `u64::MAX` when the item does not decode;
+/// - a back-reference: `[address, 1, holder kind, holder, count, 0]`,
+///   holder kinds as [`holder_code`] numbers them.
+pub(super) type ExtentRecord = [u64; 6];
+pub(super) const RECORD_ITEM: u64 = 0;
+pub(super) const RECORD_BACKREF: u64 = 1;
+pub(super) const UNDECODED: u64 = u64::MAX;
+
+pub(super) fn holder_code(h: RefHolder) -> (u64, u64) {
+    match h {
+        RefHolder::TreeParent(b) => (0, b),
+        RefHolder::TreeRoot(t) => (1, t),
+        RefHolder::DataLeaf(b) => (2, b),
+    }
+}
+
+pub(super) fn holder_of(kind: u64, id: u64) -> RefHolder {
+    match kind {
+        0 => RefHolder::TreeParent(id),
+        1 => RefHolder::TreeRoot(id),
+        _ => RefHolder::DataLeaf(id),
+    }
+}
+
+/// The record of extent tree item `k`, or what is wrong with it.
+fn extent_record(k: Key, data: &[u8]) -> Result<ExtentRecord, String> {
+    let holder = match k.ty {
+        EXTENT_ITEM => {
+            return Ok(match ExtentItem::decode(data) {
+                Ok(e) => {
+                    let flags = e.flags << 8 | u64::from(e.level);
+                    [
+                        k.objectid,
+                        RECORD_ITEM,
+                        k.offset,
+                        e.refs,
+                        e.generation,
+                        flags,
+                    ]
+                }
+                Err(_) => [k.objectid, RECORD_ITEM, k.offset, 0, 0, UNDECODED],
+            })
+        }
+        SHARED_BLOCK_REF => RefHolder::TreeParent(k.offset),
+        TREE_BLOCK_REF => RefHolder::TreeRoot(k.offset),
+        SHARED_DATA_REF => RefHolder::DataLeaf(k.offset),
+        t => return Err(format!("unexpected key type {t} in the extent tree")),
+    };
+    let count = match k.ty {
+        SHARED_DATA_REF => decode_ref_count(data)?,
+        _ => 1,
+    };
+    let (kind, id) = holder_code(holder);
+    Ok([k.objectid, RECORD_BACKREF, kind, id, u64::from(count), 0])
 }
 
 /// The holder the walk records for a queued block: the queue itself.
@@ -84,6 +166,8 @@ struct Walker<'a> {
     devs: &'a Devices<'a>,
     sb: &'a Superblock,
     found: Found,
+    /// A record could not be written to a temporary file (reported once).
+    spill_failed: bool,
     read: u64,
     estimate: u64,
     progress: &'a dyn Fn(u64, u64),
@@ -100,17 +184,20 @@ struct Bounds {
     first: Option<Key>,
 }
 
+/// Walks every tree; `budget` bounds the records it keeps in memory.
 pub(super) fn walk_all(
     devs: &Devices<'_>,
     sb: &Superblock,
     report: &mut Report,
     progress: &dyn Fn(u64, u64),
+    budget: u64,
 ) -> Found {
     let mut w = Walker {
         skip_entries: 0,
         devs,
         sb,
-        found: Found::default(),
+        found: Found::new(budget),
+        spill_failed: false,
         read: 0,
         estimate: (sb.bytes_used / u64::from(sb.nodesize)).max(1),
         progress,
@@ -166,20 +253,13 @@ pub(super) fn walk_all(
         );
     }
     report.tree_blocks = w.found.blocks.len() as u64;
-    report.data_extents = w.found.data.len() as u64;
     w.found
 }
 
-/// Trees whose items the space checks need.
+/// Trees whose items are kept as they are (the rest of what the space
+/// checks need becomes records).
 fn keeps_items(id: u64) -> bool {
-    [
-        tree_id::ROOT,
-        tree_id::EXTENT,
-        tree_id::BLOCK_GROUP,
-        tree_id::FREE_BY_START,
-        tree_id::FREE_BY_LEN,
-    ]
-    .contains(&id)
+    [tree_id::ROOT, tree_id::BLOCK_GROUP].contains(&id)
 }
 
 impl Walker<'_> {
@@ -469,27 +549,49 @@ impl Walker<'_> {
             let Some((disk, len)) = fe.disk_extent() else {
                 continue;
             };
-            let d = self.found.data.entry(disk).or_insert_with(|| FoundData {
-                len,
-                holders: BTreeMap::new(),
-            });
-            if d.len != len {
-                report.problem(
-                    format!("tree {tree} leaf {bytenr} item {}", it.key),
-                    format!(
-                        "data extent {disk} referenced with length {len} and {}",
-                        d.len
-                    ),
-                );
-            }
-            *d.holders.entry(RefHolder::DataLeaf(bytenr)).or_insert(0) += 1;
+            let record = [disk, len, bytenr];
+            let pushed = self.found.data.push(record);
+            self.note_spill(pushed, report);
         }
+        self.keep_records(tree, items.clone(), report);
         if keeps_items(tree) {
             self.found
                 .items
                 .entry(tree)
                 .or_default()
                 .extend(items.map(|it| it.to_item()));
+        }
+    }
+
+    /// The extent tree's and the free-space trees' items as records.
+    fn keep_records(&mut self, tree: u64, items: leaf::Iter<'_>, report: &mut Report) {
+        for it in items {
+            let k = it.key;
+            let pushed = match tree {
+                tree_id::EXTENT => match extent_record(k, it.data) {
+                    Ok(r) => self.found.extents.push(r),
+                    Err(why) => {
+                        report.problem(format!("extent tree item {k}"), why);
+                        continue;
+                    }
+                },
+                tree_id::FREE_BY_START if k.ty == FREE_EXTENT => {
+                    self.found.free_by_start.push([k.objectid, k.offset])
+                }
+                tree_id::FREE_BY_LEN if k.ty == FREE_EXTENT => {
+                    self.found.free_by_len.push([k.offset, k.objectid])
+                }
+                _ => continue,
+            };
+            self.note_spill(pushed, report);
+        }
+    }
+
+    fn note_spill(&mut self, pushed: std::io::Result<()>, report: &mut Report) {
+        if let Err(e) = pushed {
+            if !std::mem::replace(&mut self.spill_failed, true) {
+                report.problem("check", format!("cannot write a temporary file: {e}"));
+            }
         }
     }
 }
