@@ -2,7 +2,8 @@
 //! a block group's usage counter wrong, a free range missing from the
 //! free-space trees (the image no longer mounts), an inode's link count
 //! wrong, `nbytes` wrong, an inode whose names went without an orphan
-//! item. Each is repaired, every change is reported, the image then
+//! item, a data extent's reference count or back-references wrong. Each
+//! is repaired, every change is reported, the image then
 //! checks clean, mounts, and every file reads as before. Damage it does
 //! not mend (an entry lost by name, kept by position) is refused and the image is
 //! left byte for byte as it was. Through the command too.
@@ -13,11 +14,12 @@ use canopy::check::repair::{repair, Outcome};
 use canopy::check::Fix;
 use canopy::dev::{Device, MemDevice};
 use canopy::format::inode::{DirEntry, InodeItem};
-use canopy::format::items::{BlockGroupItem, BG_DATA};
+use canopy::format::items::{BlockGroupItem, ExtentItem, BG_DATA};
 use canopy::format::key_type::{
-    BLOCK_GROUP_ITEM, DIR_INDEX, DIR_ITEM, FREE_EXTENT, INODE_ITEM, INODE_REF,
+    BLOCK_GROUP_ITEM, DIR_INDEX, DIR_ITEM, EXTENT_ITEM, FREE_EXTENT, INODE_ITEM, INODE_REF,
+    SHARED_DATA_REF,
 };
-use canopy::format::tree_id::{BLOCK_GROUP, FREE_BY_LEN, FREE_BY_START, FS};
+use canopy::format::tree_id::{BLOCK_GROUP, EXTENT, FREE_BY_LEN, FREE_BY_START, FS};
 use canopy::format::Key;
 use canopy::fs::Fs;
 use canopy::{Engine, FormatOptions, OpenOptions};
@@ -241,6 +243,71 @@ fn an_entry_missing_from_the_listing_index_is_put_back() {
         "{changes:?}"
     );
     assert!(listed(&dev));
+    mounts_and_reads(&dev);
+}
+
+/// The first data extent of the image: its extent item's key, and the
+/// item.
+fn a_data_extent(tx: &canopy::txn::Txn<'_>) -> (Key, ExtentItem) {
+    let all = tx.range(EXTENT, &Key::MIN, &Key::MAX).unwrap();
+    all.into_iter()
+        .filter(|(k, _)| k.ty == EXTENT_ITEM)
+        .map(|(k, d)| (k, ExtentItem::decode(&d).unwrap()))
+        .find(|(_, e)| !e.is_tree_block())
+        .expect("a data extent")
+}
+
+/// A bug's wrong count on a data extent (and, with it, a link count off
+/// so that the repair also copies leaves on write): the count goes back
+/// to the holders found.
+#[test]
+fn a_data_extents_wrong_count_is_set_to_its_holders() {
+    let dev = image();
+    let ino = ino_of(&dev, b"linked");
+    let mut at = 0;
+    damage(&dev, |tx| {
+        let (key, e) = a_data_extent(tx);
+        at = key.objectid;
+        let item = ExtentItem {
+            refs: e.refs + 2,
+            ..e
+        };
+        tx.update(EXTENT, key, item.encode()).unwrap();
+        let key = Key::new(ino, INODE_ITEM, 0);
+        let mut item = InodeItem::decode(&tx.get(FS, &key).unwrap().unwrap()).unwrap();
+        item.nlink = 4;
+        tx.update(FS, key, item.encode()).unwrap();
+    });
+    let changes = repaired(&dev);
+    let want = format!("data extent {at}: 3 references set to 1");
+    assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
+    mounts_and_reads(&dev);
+}
+
+/// A back-reference lost and one to a leaf that holds nothing of the
+/// extent: both are put right.
+#[test]
+fn a_data_extents_back_references_are_set_to_its_holders() {
+    let dev = image();
+    let mut at = 0;
+    damage(&dev, |tx| {
+        let (key, _) = a_data_extent(tx);
+        at = key.objectid;
+        let end = Key::new(at, u8::MAX, u64::MAX);
+        let refs = tx
+            .range(EXTENT, &Key::new(at, SHARED_DATA_REF, 0), &end)
+            .unwrap();
+        let (backref, count) = refs
+            .into_iter()
+            .find(|(k, _)| k.ty == SHARED_DATA_REF)
+            .unwrap();
+        tx.delete(EXTENT, &backref).unwrap();
+        let stray = Key::new(at, SHARED_DATA_REF, backref.offset + 4096);
+        tx.insert(EXTENT, stray, count).unwrap();
+    });
+    let changes = repaired(&dev);
+    let want = format!("data extent {at}: 1 references set to 1, back-references to the 1 leaves");
+    assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
     mounts_and_reads(&dev);
 }
 

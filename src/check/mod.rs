@@ -89,6 +89,14 @@ pub enum Fix {
         #[serde(serialize_with = "shown_entry")]
         entry: Box<crate::format::inode::DirEntry>,
     },
+    /// A data extent's reference count and back-references set to the
+    /// leaves whose file extent items point at it: `holders` are
+    /// `(leaf, items)`.
+    ExtentRefs {
+        bytenr: u64,
+        len: u64,
+        holders: Vec<(u64, u32)>,
+    },
     /// A count the other fixes of the same place make right (nothing to
     /// do on its own).
     Counted,
@@ -278,7 +286,9 @@ fn engine_passes(
     report: &mut Report,
 ) {
     log::check_log(devs.clone(), space, report);
-    if report.is_clean() || space.is_some() {
+    // Damage `--repair` mends (counters, a data extent's references)
+    // does not mislead reads through the engine.
+    if report.problems.iter().all(|p| p.fix.is_some()) {
         posix::check_trees(devs.clone(), space, memory / 2, report);
         quota::check_quota(devs, space, report);
     }

@@ -13,9 +13,13 @@
 //! - inodes no name reaches and no orphan item marks (leaked by a crash
 //!   between an unlink and its orphan item, or a bug): an orphan item, so
 //!   that the next writable mount deletes them as their last unlink would
-//!   have (nothing a path reaches changes).
+//!   have (nothing a path reaches changes);
+//! - a data extent's reference count and back-references, set to the
+//!   leaves whose file extent items point at it (applied before the
+//!   other fixes, whose copy-on-write moves such back-references).
 //!
-//! Everything else (reference counts, back-references, entries missing
+//! Everything else (tree blocks' reference counts and back-references,
+//! extents without an item or without a holder, entries missing
 //! by name or listed differently by name and by position, damaged
 //! blocks) it refuses, and then it changes nothing: it
 //! first runs every pass of the check, the ones that read through the
@@ -30,7 +34,9 @@ use super::{Fix, Report};
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::inode::InodeItem;
-use crate::format::key_type::{DIR_INDEX, INODE_ITEM};
+use crate::format::items::{encode_ref_count, ExtentItem};
+use crate::format::key_type::{DIR_INDEX, EXTENT_ITEM, INODE_ITEM, SHARED_DATA_REF};
+use crate::format::tree_id::EXTENT;
 use crate::format::Key;
 use std::sync::Arc;
 
@@ -88,7 +94,13 @@ pub fn repair_within(
     for p in &report.problems {
         changes.push(format!("{}: {} (repaired)", p.location, p.message));
     }
-    for p in &report.problems {
+    // Reference counts first: every other fix copies leaves on write,
+    // which moves the back-references of the data extents they point at.
+    let (refs, rest): (Vec<_>, Vec<_>) = report
+        .problems
+        .iter()
+        .partition(|p| matches!(p.fix, Some(Fix::ExtentRefs { .. })));
+    for p in refs.into_iter().chain(rest) {
         if let Some(change) = apply(&engine, p.fix.as_ref())? {
             changes.push(change);
         }
@@ -149,6 +161,19 @@ fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
             })?;
             format!("tree {tree} inode {ino}: nbytes {old} set to {nbytes}")
         }
+        Fix::ExtentRefs {
+            bytenr,
+            len,
+            holders,
+        } => {
+            let (bytenr, refs) = (*bytenr, holders.iter().map(|h| u64::from(h.1)).sum::<u64>());
+            let old = engine.write(|tx| set_data_refs(tx, (bytenr, *len), holders))?;
+            format!(
+                "data extent {bytenr}: {old} references set to {refs}, back-references to the {} \
+                 leaves that point at it",
+                holders.len()
+            )
+        }
         &Fix::Orphan { tree, ino } => {
             engine.write(|tx| tx.insert(tree, crate::fs::ops::orphan_key(ino), Vec::new()))?;
             format!(
@@ -156,6 +181,33 @@ fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
             )
         }
     }))
+}
+
+/// Sets the reference count of the data extent `(bytenr, len)` to the
+/// holders' and its back-references to exactly them; returns the old
+/// count.
+fn set_data_refs(
+    tx: &mut crate::txn::Txn<'_>,
+    (bytenr, len): (u64, u64),
+    holders: &[(u64, u32)],
+) -> Result<u64> {
+    let key = Key::new(bytenr, EXTENT_ITEM, len);
+    let data = tx.get(EXTENT, &key)?.ok_or(Error::NotFound)?;
+    let mut item = ExtentItem::decode(&data).map_err(|e| Error::corrupt(bytenr, e))?;
+    let old = item.refs;
+    item.refs = holders.iter().map(|h| u64::from(h.1)).sum();
+    tx.update(EXTENT, key, item.encode())?;
+    let end = Key::new(bytenr, u8::MAX, u64::MAX);
+    for (k, _) in tx.range(EXTENT, &Key::new(bytenr, EXTENT_ITEM + 1, 0), &end)? {
+        if k.objectid == bytenr && k.ty != EXTENT_ITEM {
+            tx.delete(EXTENT, &k)?;
+        }
+    }
+    for &(leaf, count) in holders {
+        let k = Key::new(bytenr, SHARED_DATA_REF, leaf);
+        tx.insert(EXTENT, k, encode_ref_count(count))?;
+    }
+    Ok(old)
 }
 
 /// Changes inode `ino` of tree `tree` with `f`; returns what `f` does.

@@ -121,6 +121,30 @@ fn compare_refs(report: &mut Report, loc: &str, rec: &Recorded, actual: &BTreeMa
     }
 }
 
+/// The reference problems of a data extent from `first` on are mended
+/// by setting its count and back-references to the holders found (data
+/// extents only: no repair's own copy-on-write touches them before the
+/// fix, as it would a tree block's).
+fn mend_refs(
+    report: &mut Report,
+    first: usize,
+    (bytenr, len): (u64, u64),
+    holders: &BTreeMap<RefHolder, u32>,
+) {
+    let leaves = holders.iter().filter_map(|(h, &c)| match h {
+        RefHolder::DataLeaf(l) => Some((*l, c)),
+        _ => None,
+    });
+    let mut fix = Some(Fix::ExtentRefs {
+        bytenr,
+        len,
+        holders: leaves.collect(),
+    });
+    for p in &mut report.problems[first..] {
+        p.fix = Some(fix.take().unwrap_or(Fix::Counted));
+    }
+}
+
 /// A queued block is held by the queue alone and has no extent item.
 fn check_queued(report: &mut Report, loc: &str, b: &super::walk::FoundBlock, recorded: bool) {
     if b.holders.iter().any(|h| *h != QUEUE_HOLDER) {
@@ -217,10 +241,15 @@ fn check_extents(
             let loc = format!("data extent {at}");
             match &rec {
                 Some(rec) => {
-                    if rec.item.is_some_and(|i| i.is_tree_block()) || rec.len != *len {
+                    let kind_ok = rec.item.is_some_and(|i| !i.is_tree_block()) && rec.len == *len;
+                    if rec.item.is_some() && !kind_ok {
                         report.problem(&loc, "extent item disagrees on kind or length");
                     }
+                    let before = report.problems.len();
                     compare_refs(report, &loc, rec, holders);
+                    if kind_ok {
+                        mend_refs(report, before, (at, *len), holders);
+                    }
                 }
                 None => report.problem(loc, "no extent item"),
             }

@@ -21,7 +21,9 @@ pub struct Args {
     check_data_csum: bool,
     /// Repair what a crash or a bug leaves in counters the rest of the
     /// image determines: block group usage and the free-space trees
-    /// (counted again from the extent tree) and inode link counts.
+    /// (counted again from the extent tree), inode link counts and
+    /// nbytes, data extents' reference counts and back-references, lost
+    /// listing-index entries and leaked inodes.
     /// Prints each change. With any other damage it changes nothing and
     /// says so. The image must not be mounted.
     #[arg(long, conflicts_with = "check_data_csum")]
