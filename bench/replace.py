@@ -21,17 +21,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib.fs import CANOPY, drop_caches, sh  # noqa: E402
+from benchlib.fs import CANOPY, drop_caches, full_image, out, sh, wait_daemon  # noqa: E402
 
 DATA = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 W = os.environ.get("WORK", "/var/tmp/canopy-replace")
 M = f"{W}/mnt"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def out(cmd):
-    return sh(cmd, capture_output=True, text=True).stdout
 
 
 def timed(cmd):
@@ -41,19 +37,9 @@ def timed(cmd):
     return time.monotonic() - t
 
 
-def image(path, mib):
-    """A fully written image, so reads and writes meet the disk, not holes."""
-    sh(f"dd if=/dev/zero of={path} bs=1M count={mib} status=none")
-
-
 def fill():
     for i in range(DATA // 64):
         sh(f"cp {W}/src {M}/f{i}")
-
-
-def wait_daemon(img):
-    while subprocess.run(["pgrep", "-f", img], capture_output=True).returncode == 0:
-        time.sleep(0.1)
 
 
 def rounds(who, scrub, replace, spare, inside, rates):
@@ -71,7 +57,7 @@ def rounds(who, scrub, replace, spare, inside, rates):
 def canopy_rounds(size, rates):
     a, b, c = (f"{W}/canopy-{n}.img" for n in "abc")
     for img in (a, b, c):
-        image(img, size)
+        full_image(img, size)
     sh(f"{CANOPY} mkfs -f -q -m raid1 -d raid1 {a} {b}")
     sh(f"{CANOPY} mount {a} {M} -o device={b}")
     fill()
@@ -87,7 +73,7 @@ def canopy_rounds(size, rates):
 def btrfs_rounds(size, rates):
     imgs = [f"{W}/btrfs-{n}.img" for n in "abc"]
     for img in imgs:
-        image(img, size)
+        full_image(img, size)
     loops = [out(f"losetup -f --show {img}").strip() for img in imgs]
     try:
         sh(f"mkfs.btrfs -q -f -m raid1 -d raid1 {loops[0]} {loops[1]} >/dev/null")

@@ -26,6 +26,22 @@ def drop_caches():
         f.write("3\n")
 
 
+def out(cmd):
+    """A bash command's standard output."""
+    return sh(cmd, capture_output=True, text=True).stdout
+
+
+def full_image(path, mib):
+    """A fully written image file, so I/O meets the disk, not holes."""
+    sh(f"dd if=/dev/zero of={path} bs=1M count={mib} status=none")
+
+
+def wait_daemon(img):
+    """Waits until no Canopy daemon serves `img` (umount returns first)."""
+    while subprocess.run(["pgrep", "-f", img], capture_output=True).returncode == 0:
+        time.sleep(0.1)
+
+
 def is_mounted(path):
     return sh(f"mountpoint -q '{path}'", check=False).returncode == 0
 

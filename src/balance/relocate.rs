@@ -19,8 +19,9 @@ use crate::format::items::{data_ref_of, FileExtentItem};
 use crate::format::key_type::EXTENT_CSUM;
 use crate::format::node::{Body, Node};
 use crate::format::tree_id::{CSUM, EXTENT, LOG};
-use crate::format::{Key, CSUM_OBJECTID, SECTORSIZE};
+use crate::format::{Key, CSUM_OBJECTID};
 use crate::tree::{BlockRead, BlockWrite, Holder, RootPtr};
+use crate::txn::DataCopies;
 use crate::txn::Txn;
 use crate::txn::{RefHolder, Relocation};
 use std::collections::{BTreeMap, HashMap};
@@ -207,14 +208,20 @@ pub(crate) struct DataCopy {
 
 impl DataCopy {
     /// Reads the data extent `[bytenr, bytenr+len)` and its checksums,
-    /// and refuses data they do not match.
+    /// from a copy they match: balance must not spread damage under
+    /// fresh checksums.
     pub(crate) fn read(tx: &Txn<'_>, bytenr: u64, len: u64) -> Result<DataCopy> {
         let sums = tx.get(CSUM, &csum_key(bytenr))?;
         let mut buf = vec![0u8; usize::try_from(len).map_err(|_| Error::corrupt(bytenr, "huge"))?];
-        tx.read_data(bytenr, &mut buf)?;
-        if let Some(s) = &sums {
-            verify(bytenr, &buf, s)?;
-        }
+        // Any good copy will do (a bad one is rewritten on the way).
+        let read = tx.read_good_data(bytenr, &mut buf, sums.as_deref().unwrap_or(&[]), None);
+        read.map_err(|e| match e {
+            Error::Corrupt { .. } => Error::io(
+                format!("relocating data at {bytenr}: no copy matches its checksums"),
+                std::io::Error::from_raw_os_error(libc::EIO),
+            ),
+            e => e,
+        })?;
         Ok(DataCopy { bytenr, buf, sums })
     }
 
@@ -281,22 +288,4 @@ fn repoint_items(leaf: &mut Node, old: u64, len: u64, new: u64) -> Result<u32> {
         }
     }
     Ok(moved)
-}
-
-/// Refuses to move data whose checksums do not match: balance must not
-/// spread damage under fresh checksums.
-fn verify(bytenr: u64, data: &[u8], sums: &[u8]) -> Result<()> {
-    let sector = SECTORSIZE as usize;
-    for (i, chunk) in data.chunks(sector).enumerate() {
-        let Some(want) = sums.get(4 * i..4 * i + 4) else {
-            break;
-        };
-        if crate::format::crc(chunk).to_le_bytes() != want {
-            return Err(Error::io(
-                format!("relocating data at {}", bytenr + (i * sector) as u64),
-                std::io::Error::from_raw_os_error(libc::EIO),
-            ));
-        }
-    }
-    Ok(())
 }

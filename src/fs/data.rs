@@ -73,7 +73,7 @@ impl Subvol {
             },
             |(plan, over, prefetch, i), dev| {
                 for (at, n) in prefetch {
-                    dev.prefetch_data(at, n);
+                    dev.prefetch_data(at, n, ino);
                 }
                 let Some(plan) = plan else {
                     return Ok((0, i));

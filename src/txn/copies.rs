@@ -247,6 +247,57 @@ pub(crate) trait DataCopies {
         self.shared().dev.copies(bytenr, len)
     }
 
+    /// The copy a read of `[bytenr, bytenr + len)` for inode `ino` tries
+    /// first (`volume::Volume::preferred_copy`).
+    fn preferred_data_copy(&self, bytenr: u64, len: u64, ino: u64) -> usize {
+        self.shared().dev.preferred_copy(bytenr, len, ino)
+    }
+
+    /// Whether copy `copy` lies on a present device.
+    fn data_copy_present(&self, bytenr: u64, len: u64, copy: usize) -> bool {
+        self.shared().dev.copy_present(bytenr, len, copy)
+    }
+
+    /// Reads `buf.len()` data bytes at `bytenr` from a copy that matches
+    /// `sums` (any copy does when there are none): first the copy reads
+    /// for inode `ino` prefer, then the others in turn. Bad copies read on
+    /// the way are rewritten from the good one; a copy on a device a
+    /// degraded mount lacks is not bad. With no good copy, the error is
+    /// the first copy's.
+    fn read_good_data(
+        &self,
+        bytenr: u64,
+        buf: &mut [u8],
+        sums: &[u8],
+        ino: Option<u64>,
+    ) -> Result<()> {
+        let len = buf.len() as u64;
+        let copies = self.data_copies(bytenr, len).max(1);
+        let first = self.preferred_data_copy(bytenr, len, ino.unwrap_or(0));
+        let mut bad = Vec::new();
+        let mut error = None;
+        for copy in (0..copies).map(|i| (first + i) % copies) {
+            let read = self
+                .read_data_copy(bytenr, buf, copy)
+                .and_then(|()| verify_sums(bytenr, buf, sums));
+            match read {
+                Ok(()) => {
+                    for b in bad {
+                        self.repair_data_copy(bytenr, buf, (b, copy), ino);
+                    }
+                    return Ok(());
+                }
+                Err(e) => {
+                    if self.data_copy_present(bytenr, len, copy) {
+                        bad.push(copy);
+                    }
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        Err(error.unwrap_or_else(|| Error::corrupt(bytenr, "data extent has no copy")))
+    }
+
     /// Starts reading copy `copy` of `[bytenr, bytenr + len)` ahead.
     fn prefetch_data_copy(&self, bytenr: u64, len: u64, copy: usize) {
         self.shared().dev.prefetch_copy(bytenr, len, copy);
@@ -288,6 +339,18 @@ pub(crate) trait DataCopies {
             None => "data".to_string(),
         };
         rewrite_copy(sh, bytenr, good, copies, &what, &"checksum mismatch")
+    }
+}
+
+/// Checks every sector of `buf`, read from `bytenr`, against `sums`.
+fn verify_sums(bytenr: u64, buf: &[u8], sums: &[u8]) -> Result<()> {
+    match crate::format::first_bad_sector(buf, sums) {
+        None => Ok(()),
+        Some(i) => {
+            let at = bytenr + (i as u64) * u64::from(crate::format::SECTORSIZE);
+            tracing::error!(bytenr = at, "data checksum mismatch");
+            Err(Error::corrupt(at, "data checksum mismatch"))
+        }
     }
 }
 

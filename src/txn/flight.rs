@@ -292,9 +292,11 @@ impl DataDevice<'_> {
         self.sh.dev.read_at(buf, bytenr)
     }
 
-    /// Starts reading data bytes the caller expects to need soon.
-    pub fn prefetch_data(&self, bytenr: u64, len: u64) {
-        self.sh.dev.prefetch(bytenr, len);
+    /// Starts reading data bytes of inode `ino` the caller expects to
+    /// need soon, from the copy its reads will try first.
+    pub fn prefetch_data(&self, bytenr: u64, len: u64, ino: u64) {
+        let copy = self.sh.dev.preferred_copy(bytenr, len, ino);
+        self.sh.dev.prefetch_copy(bytenr, len, copy);
     }
 }
 

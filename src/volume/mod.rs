@@ -375,6 +375,36 @@ impl Volume {
             .is_ok_and(|s| self.device(s.devid).is_some())
     }
 
+    /// The copy a data read of `[offset, offset + len)` tries first.
+    /// Copies on different present devices are taken in turn by `hint`
+    /// (the inode read), so readers of different files read from
+    /// different devices while one file keeps to one device, where its
+    /// reads stay sequential; copies sharing a device (`dup`) give the
+    /// first of them.
+    pub fn preferred_copy(&self, offset: u64, len: u64, hint: u64) -> usize {
+        let copies = self.copies(offset, len);
+        if copies <= 1 {
+            return 0;
+        }
+        // raid1c3 has the most copies.
+        let mut distinct = [(0usize, 0u64); 3];
+        let mut n = 0;
+        for copy in 0..copies.min(distinct.len()) {
+            let Ok(s) = self.stripe(offset, len, copy) else {
+                continue;
+            };
+            let seen = distinct[..n].iter().any(|&(_, d)| d == s.devid);
+            if !seen && self.device(s.devid).is_some() {
+                distinct[n] = (copy, s.devid);
+                n += 1;
+            }
+        }
+        match n {
+            0 => 0,
+            n => distinct[(hint % n as u64) as usize].0,
+        }
+    }
+
     /// The device id of copy `copy` of `offset` (for error counters and
     /// messages); 0 when there is no such copy.
     pub fn devid_of(&self, offset: u64, len: u64, copy: usize) -> u64 {
@@ -621,9 +651,8 @@ mod tests {
         assert!(vol.read_copy(&mut got, 0, 1).is_err(), "unmapped: one copy");
     }
 
-    #[test]
-    fn raid1c3_copies_land_on_their_devices() {
-        let extra = vec![
+    fn raid1c3() -> Vec<Stripe> {
+        vec![
             Stripe {
                 devid: 2,
                 offset: 128 << 10,
@@ -632,8 +661,12 @@ mod tests {
                 devid: 3,
                 offset: 256 << 10,
             },
-        ];
-        let (raw, vol) = volume(3, extra);
+        ]
+    }
+
+    #[test]
+    fn raid1c3_copies_land_on_their_devices() {
+        let (raw, vol) = volume(3, raid1c3());
         vol.write_at(&[5u8; 4096], (64 << 10) + 4096)
             .expect("write");
         let mut got = vec![0u8; 4096];
@@ -649,6 +682,28 @@ mod tests {
         vol.read_copy(&mut got, (64 << 10) + 4096, 1)
             .expect("copy 1");
         assert_eq!(got, vec![0u8; 4096], "copy 1 is device 2's");
+    }
+
+    /// Reads of different inodes take copies on different devices in
+    /// turn; `dup` copies share a device, so reads keep to the first; a
+    /// degraded volume prefers only copies it has.
+    #[test]
+    fn reads_spread_over_devices_not_over_one_device() {
+        let at = 64 << 10;
+        let (_, vol) = volume(3, raid1c3());
+        let chosen: Vec<usize> = (0..6)
+            .map(|ino| vol.preferred_copy(at, 4096, ino))
+            .collect();
+        assert_eq!(chosen, [0, 1, 2, 0, 1, 2]);
+        assert_eq!(vol.preferred_copy(0, 4096, 7), 0, "unmapped: one copy");
+        let (_, vol) = volume(1, dup());
+        assert!((0..4).all(|ino| vol.preferred_copy(at, 4096, ino) == 0));
+        let (_, vol) = volume(3, raid1c3());
+        vol.remove_device(2);
+        let chosen: Vec<usize> = (0..4)
+            .map(|ino| vol.preferred_copy(at, 4096, ino))
+            .collect();
+        assert_eq!(chosen, [0, 2, 0, 2]);
     }
 
     #[test]

@@ -275,10 +275,8 @@ impl ReadPlan {
     }
 }
 
-/// Reads `buf.len()` bytes at `bytenr` and checks them against `sums`;
-/// when the first copy cannot be read or does not match, the others are
-/// tried (the `dup` profile), and the first that matches is returned and
-/// written back over the bad ones.
+/// Reads `buf.len()` bytes at `bytenr` of inode `ino`, from a copy
+/// that matches `sums` (`txn::DataCopies::read_good_data`).
 fn read_verified<D: DataRead + ?Sized>(
     d: &D,
     ino: u64,
@@ -286,34 +284,7 @@ fn read_verified<D: DataRead + ?Sized>(
     buf: &mut [u8],
     sums: &[u8],
 ) -> Result<()> {
-    let first = d
-        .read_bytes(bytenr, buf)
-        .and_then(|()| verify(bytenr, buf, sums));
-    let Err(e) = first else { return Ok(()) };
-    let copies = d.copies(bytenr, buf.len() as u64);
-    for copy in 1..copies {
-        let good = d.read_copy(bytenr, buf, copy).is_ok()
-            && crate::format::first_bad_sector(buf, sums).is_none();
-        if good {
-            for bad in 0..copy {
-                d.repair(bytenr, buf, (bad, copy), Some(ino));
-            }
-            return Ok(());
-        }
-    }
-    Err(e)
-}
-
-/// Checks every sector of `buf`, read from `bytenr`, against `sums`.
-fn verify(bytenr: u64, buf: &[u8], sums: &[u8]) -> Result<()> {
-    match crate::format::first_bad_sector(buf, sums) {
-        None => Ok(()),
-        Some(i) => {
-            let at = bytenr + (i as u64) * SECTOR;
-            tracing::error!(bytenr = at, "data checksum mismatch");
-            Err(Error::corrupt(at, "data checksum mismatch"))
-        }
-    }
+    d.read_good(bytenr, buf, sums, ino)
 }
 
 /// The device ranges holding the data of `[start, end)` of the file, for
@@ -344,29 +315,13 @@ pub(crate) fn device_ranges<B: BlockRead + ?Sized>(
 /// Reads data bytes of an extent (the engine's device access), from
 /// any of its copies.
 pub(crate) trait DataRead {
-    fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()>;
-    /// How many copies `[bytenr, bytenr + len)` has.
-    fn copies(&self, bytenr: u64, len: u64) -> usize;
-    fn read_copy(&self, bytenr: u64, buf: &mut [u8], copy: usize) -> Result<()>;
-    /// Rewrites bad copy `copies.0` with `good`, read from `copies.1`,
-    /// naming inode `ino` in the log line.
-    fn repair(&self, bytenr: u64, good: &[u8], copies: (usize, usize), ino: Option<u64>);
+    /// Reads `buf.len()` bytes at `bytenr` of inode `ino` from a copy
+    /// that matches `sums`, repairing bad copies on the way.
+    fn read_good(&self, bytenr: u64, buf: &mut [u8], sums: &[u8], ino: u64) -> Result<()>;
 }
 
 impl<T: DataCopies> DataRead for T {
-    fn read_bytes(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_data_copy(bytenr, buf, 0)
-    }
-
-    fn copies(&self, bytenr: u64, len: u64) -> usize {
-        self.data_copies(bytenr, len)
-    }
-
-    fn read_copy(&self, bytenr: u64, buf: &mut [u8], copy: usize) -> Result<()> {
-        self.read_data_copy(bytenr, buf, copy)
-    }
-
-    fn repair(&self, bytenr: u64, good: &[u8], copies: (usize, usize), ino: Option<u64>) {
-        self.repair_data_copy(bytenr, good, copies, ino);
+    fn read_good(&self, bytenr: u64, buf: &mut [u8], sums: &[u8], ino: u64) -> Result<()> {
+        self.read_good_data(bytenr, buf, sums, Some(ino))
     }
 }

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Readers on raid1, a benchmark (not a test): do two readers of two
+files read faster than one, because their reads go to different devices?
+
+In one run, on image files on the same disk: a Canopy filesystem over two
+images (`-m raid1 -d raid1`) and a kernel btrfs over two loop devices of
+the same images, each holding two files of FILE MiB of random bytes.
+Per round, page caches dropped (and Canopy remounted) first:
+- one reader: `cat` of the first file;
+- two readers: `cat` of both files at once.
+Prints MiB/s of the data read (median of ROUNDS) and, for each
+filesystem, the two readers' rate over the one reader's. CANOPY_OLD=path
+also runs another canopy binary (an A/B of the read path).
+Needs root and btrfs-progs.
+
+Usage: python3 bench/raid1_read.py [FILE_MIB] [ROUNDS]   (default 1024 3)
+"""
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib.fs import CANOPY, drop_caches, full_image, out, sh, wait_daemon  # noqa: E402
+
+FILE = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
+ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+W = os.environ.get("WORK", "/var/tmp/canopy-raid1-read")
+M = f"{W}/mnt"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_rate(files, remount):
+    """MiB/s of `cat` of `files` at once, from cold caches."""
+    remount()
+    drop_caches()
+    t = time.monotonic()
+    procs = [subprocess.Popen(["cat", f], stdout=subprocess.DEVNULL) for f in files]
+    for p in procs:
+        if p.wait() != 0:
+            raise SystemExit(f"cat failed: {files}")
+    return FILE * len(files) / (time.monotonic() - t)
+
+
+def rounds(who, remount, rates):
+    files = [f"{M}/a", f"{M}/b"]
+    for _ in range(ROUNDS):
+        rates[f"{who} one"].append(read_rate(files[:1], remount))
+        rates[f"{who} two"].append(read_rate(files, remount))
+
+
+def fill():
+    for name in "ab":
+        sh(f"head -c {FILE}M /dev/urandom > {M}/{name}")
+
+
+def canopy_rounds(who, binary, size, rates):
+    a, b = f"{W}/canopy-a.img", f"{W}/canopy-b.img"
+    for img in (a, b):
+        full_image(img, size)
+    sh(f"{binary} mkfs -f -q -m raid1 -d raid1 {a} {b}")
+    mount = f"{binary} mount {a} {M} -o device={b}"
+    sh(mount)
+    fill()
+    sh(f"{binary} sync {M}")
+
+    def remount():
+        sh(f"umount {M}")
+        wait_daemon(a)
+        sh(mount)
+
+    rounds(who, remount, rates)
+    sh(f"umount {M}")
+    wait_daemon(a)
+    for img in (a, b):
+        os.remove(img)
+
+
+def btrfs_rounds(size, rates):
+    imgs = [f"{W}/btrfs-{n}.img" for n in "ab"]
+    for img in imgs:
+        full_image(img, size)
+    loops = [out(f"losetup -f --show {img}").strip() for img in imgs]
+    try:
+        sh(f"mkfs.btrfs -q -f -m raid1 -d raid1 {loops[0]} {loops[1]} >/dev/null")
+        sh(f"mount {loops[0]} {M}")
+        fill()
+        sh(f"sync -f {M}")
+
+        def remount():
+            sh(f"umount {M} && mount {loops[0]} {M}")
+
+        rounds("btrfs", remount, rates)
+        sh(f"umount {M}")
+    finally:
+        for loop in loops:
+            subprocess.run(["losetup", "-d", loop], check=False)
+        for img in imgs:
+            os.remove(img)
+
+
+def main():
+    os.makedirs(M, exist_ok=True)
+    sh(f"cd {ROOT} && cargo build --release --locked -q")
+    size = FILE * 3 + 512
+    builds = [("canopy", CANOPY)]
+    if os.environ.get("CANOPY_OLD"):
+        builds.append(("canopy-old", os.environ["CANOPY_OLD"]))
+    rates = {}
+    for who in [b[0] for b in builds] + ["btrfs"]:
+        rates[f"{who} one"] = []
+        rates[f"{who} two"] = []
+    for who, binary in builds:
+        canopy_rounds(who, binary, size, rates)
+    btrfs_rounds(size, rates)
+    print(f"two files of {FILE} MiB on raid1 over two images, {ROUNDS} rounds, medians:")
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    for k, v in med.items():
+        print(f"  {k:16s} {v:8.1f} MiB/s")
+    for who in [b[0] for b in builds] + ["btrfs"]:
+        print(f"  {who}: two readers {med[who + ' two'] / med[who + ' one']:.2f}x one")
+
+
+if __name__ == "__main__":
+    main()
