@@ -30,7 +30,7 @@ use crate::format::{tree_id, Key, CSUM_OBJECTID, SECTORSIZE};
 use crate::fs::LAST_LOCAL_INO;
 use crate::tree::Cursor;
 use crate::Engine;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Reads every fs tree through a read-only engine, holding at most about
@@ -296,14 +296,23 @@ fn minus(a: &[u64], b: &[u64]) -> Vec<u64> {
     out
 }
 
+/// A multiset of digests, as counts.
+fn counted<T: Ord>(items: impl IntoIterator<Item = T>) -> BTreeMap<T, usize> {
+    let mut out = BTreeMap::new();
+    for i in items {
+        *out.entry(i).or_insert(0) += 1;
+    }
+    out
+}
+
 /// Takes one occurrence of `d` out of `set`, saying whether it was there.
-fn take(set: &mut Vec<u64>, d: u64) -> bool {
-    match set.iter().position(|&x| x == d) {
-        Some(i) => {
-            set.swap_remove(i);
+fn take<T: Ord>(set: &mut BTreeMap<T, usize>, d: &T) -> bool {
+    match set.get_mut(d) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
             true
         }
-        None => false,
+        _ => false,
     }
 }
 
@@ -580,8 +589,8 @@ impl TreeScan {
         o: &mut Object,
         report: &mut Report,
     ) -> crate::Result<bool> {
-        let mut only_by_name = minus(&o.by_name, &o.by_index);
-        let mut only_by_index = minus(&o.by_index, &o.by_name);
+        let mut only_by_name = counted(minus(&o.by_name, &o.by_index));
+        let mut only_by_index = counted(minus(&o.by_index, &o.by_name));
         let reindexed = only_by_index.is_empty();
         let dir = o.ino;
         let loc = format!("tree {} directory {dir}", self.tree);
@@ -593,7 +602,7 @@ impl TreeScan {
                 _ => break,
             };
             for e in DirEntry::decode_all(it.data).unwrap_or_default() {
-                if !take(set, entry_digest(&e)) {
+                if !take(set, &entry_digest(&e)) {
                     continue;
                 }
                 let why = format!(
@@ -703,11 +712,10 @@ fn report_unmatched(
     report: &mut Report,
 ) -> crate::Result<()> {
     let pair = |f: &&Fact| (f[2], f[3]);
-    let mut unmatched: Vec<(u64, u64)> = backrefs.iter().map(pair).collect();
+    let mut unmatched = counted(backrefs.iter().map(pair));
     let loc = format!("tree {tree} inode {ino}");
     for n in names {
-        if let Some(i) = unmatched.iter().position(|p| *p == pair(n)) {
-            unmatched.swap_remove(i);
+        if take(&mut unmatched, &pair(n)) {
             continue;
         }
         let name = name_of(
@@ -725,10 +733,9 @@ fn report_unmatched(
             ),
         );
     }
-    let mut named: Vec<(u64, u64)> = names.iter().map(pair).collect();
+    let mut named = counted(names.iter().map(pair));
     for b in backrefs {
-        if let Some(i) = named.iter().position(|p| *p == pair(b)) {
-            named.swap_remove(i);
+        if take(&mut named, &pair(b)) {
             continue;
         }
         let ty = if b[1] & 1 == 1 {
