@@ -11,6 +11,12 @@ Per round, page caches dropped (and Canopy remounted) first:
 Prints MiB/s of the data read (median of ROUNDS) and, for each
 filesystem, the two readers' rate over the one reader's. CANOPY_OLD=path
 also runs another canopy binary (an A/B of the read path).
+
+Two image files on one disk share its queue, so spreading reads cannot
+show there. THROTTLE=MIBS gives each device a bandwidth of its own:
+both filesystems then run on loop devices over the images, and a blkio
+cgroup (v1) holding the Canopy daemon, or btrfs's readers, limits reads
+of each device to MIBS MiB/s.
 Needs root and btrfs-progs.
 
 Usage: python3 bench/raid1_read.py [FILE_MIB] [ROUNDS]   (default 1024 3)
@@ -27,27 +33,63 @@ from benchlib.fs import CANOPY, drop_caches, full_image, out, sh, wait_daemon  #
 FILE = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 W = os.environ.get("WORK", "/var/tmp/canopy-raid1-read")
+THROTTLE = int(os.environ.get("THROTTLE", "0"))
+CGROUP = "/sys/fs/cgroup/blkio/canopy-raid1-read"
 M = f"{W}/mnt"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def read_rate(files, remount):
+def throttle(devices):
+    """The cgroup limiting each of `devices` to THROTTLE MiB/s of reads."""
+    os.makedirs(CGROUP, exist_ok=True)
+    limits = []
+    for d in devices:
+        st = os.stat(d)
+        limits.append(f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)} {THROTTLE << 20}")
+    for line in limits:
+        with open(f"{CGROUP}/blkio.throttle.read_bps_device", "w") as f:
+            f.write(line + "\n")
+
+
+def confine(pid):
+    with open(f"{CGROUP}/cgroup.procs", "w") as f:
+        f.write(f"{pid}\n")
+
+
+def reader(f, confined):
+    """`cat f`, inside the throttled cgroup when `confined`."""
+    if not confined:
+        return subprocess.Popen(["cat", f], stdout=subprocess.DEVNULL)
+    cmd = f'echo $$ > {CGROUP}/cgroup.procs && exec cat "{f}"'
+    return subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.DEVNULL)
+
+
+def read_rate(files, remount, confined=False):
     """MiB/s of `cat` of `files` at once, from cold caches."""
     remount()
     drop_caches()
     t = time.monotonic()
-    procs = [subprocess.Popen(["cat", f], stdout=subprocess.DEVNULL) for f in files]
+    procs = [reader(f, confined) for f in files]
     for p in procs:
         if p.wait() != 0:
             raise SystemExit(f"cat failed: {files}")
     return FILE * len(files) / (time.monotonic() - t)
 
 
-def rounds(who, remount, rates):
+def rounds(who, remount, rates, confined=False):
     files = [f"{M}/a", f"{M}/b"]
     for _ in range(ROUNDS):
-        rates[f"{who} one"].append(read_rate(files[:1], remount))
-        rates[f"{who} two"].append(read_rate(files, remount))
+        rates[f"{who} one"].append(read_rate(files[:1], remount, confined))
+        rates[f"{who} two"].append(read_rate(files, remount, confined))
+
+
+def devices_for(imgs):
+    """The images themselves, or loop devices over them with THROTTLE."""
+    if not THROTTLE:
+        return imgs
+    loops = [out(f"losetup -f --show {img}").strip() for img in imgs]
+    throttle(loops)
+    return loops
 
 
 def fill():
@@ -56,25 +98,33 @@ def fill():
 
 
 def canopy_rounds(who, binary, size, rates):
-    a, b = f"{W}/canopy-a.img", f"{W}/canopy-b.img"
-    for img in (a, b):
+    imgs = [f"{W}/canopy-a.img", f"{W}/canopy-b.img"]
+    for img in imgs:
         full_image(img, size)
-    sh(f"{binary} mkfs -f -q -m raid1 -d raid1 {a} {b}")
-    mount = f"{binary} mount {a} {M} -o device={b}"
-    sh(mount)
-    fill()
-    sh(f"{binary} sync {M}")
+    a, b = devices_for(imgs)
+    try:
+        sh(f"{binary} mkfs -f -q -m raid1 -d raid1 {a} {b}")
+        mount = f"{binary} mount {a} {M} -o device={b}"
+        sh(mount)
+        fill()
+        sh(f"{binary} sync {M}")
 
-    def remount():
+        def remount():
+            sh(f"umount {M}")
+            wait_daemon(a)
+            sh(mount)
+            if THROTTLE:
+                confine(out(f"pgrep -o -f -- ' {a} {M}$'").strip())
+
+        rounds(who, remount, rates)
         sh(f"umount {M}")
         wait_daemon(a)
-        sh(mount)
-
-    rounds(who, remount, rates)
-    sh(f"umount {M}")
-    wait_daemon(a)
-    for img in (a, b):
-        os.remove(img)
+    finally:
+        if THROTTLE:
+            for loop in (a, b):
+                subprocess.run(["losetup", "-d", loop], check=False)
+        for img in imgs:
+            os.remove(img)
 
 
 def btrfs_rounds(size, rates):
@@ -91,7 +141,9 @@ def btrfs_rounds(size, rates):
         def remount():
             sh(f"umount {M} && mount {loops[0]} {M}")
 
-        rounds("btrfs", remount, rates)
+        if THROTTLE:
+            throttle(loops)
+        rounds("btrfs", remount, rates, confined=bool(THROTTLE))
         sh(f"umount {M}")
     finally:
         for loop in loops:
@@ -114,7 +166,8 @@ def main():
     for who, binary in builds:
         canopy_rounds(who, binary, size, rates)
     btrfs_rounds(size, rates)
-    print(f"two files of {FILE} MiB on raid1 over two images, {ROUNDS} rounds, medians:")
+    limit = f", reads of each device limited to {THROTTLE} MiB/s" if THROTTLE else ""
+    print(f"two files of {FILE} MiB on raid1 over two images{limit}, {ROUNDS} rounds, medians:")
     med = {k: statistics.median(v) for k, v in rates.items()}
     for k, v in med.items():
         print(f"  {k:16s} {v:8.1f} MiB/s")

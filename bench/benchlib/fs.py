@@ -170,6 +170,29 @@ class CanopySingle(Canopy):
         sh(f"'{self.binary}' mkfs -q -m single -s {self.size} '{self.image}'")
 
 
+class CanopyRaid1(Canopy):
+    """Canopy over two image files with `mkfs -m raid1 -d raid1`: every
+    block written twice, reads spread over the two (issue 55: pgbench on
+    raid1 against one device)."""
+    def second(self):
+        return self.image + ".2"
+
+    def mkfs(self):
+        with open(self.second(), "wb") as f:
+            f.truncate(self.size)
+        sh(f"'{self.binary}' mkfs -q -f -m raid1 -d raid1 -s {self.size} "
+           f"'{self.image}' '{self.second()}'")
+
+    def do_mount(self):
+        opts = ",".join(o for o in (self.base_opts, f"device={self.second()}", self.opts) if o)
+        sh(f"'{self.binary}' mount -o {opts} '{self.image}' '{self.mnt}'")
+
+    def destroy(self):
+        super().destroy()
+        if os.path.exists(self.second()):
+            os.remove(self.second())
+
+
 class CanopyWbc(Canopy):
     """Canopy with `-o writeback_cache`: the kernel buffers writes, and its
     dirty limits govern them (issue 40, the `dirty` workload)."""
@@ -473,6 +496,7 @@ DRIVERS = {
     "canopy": Canopy,
     "canopy-old": CanopyOld,
     "canopy-single": CanopySingle,
+    "canopy-raid1": CanopyRaid1,
     "canopy-zstd": CanopyZstd,
     "canopy-wbc": CanopyWbc,
     "btrfs-zstd": BtrfsZstd,
