@@ -20,9 +20,10 @@ use std::sync::Arc;
 pub(super) fn check_log(
     dev: Vec<Arc<dyn Device>>,
     space: Option<&crate::txn::SpaceOverride>,
+    memory: u64,
     report: &mut Report,
 ) {
-    let engine = match super::open_read_only(dev, space) {
+    let engine = match super::open_read_only(dev, space, memory) {
         Ok(e) => Arc::new(e),
         // The POSIX checks report an image that does not open.
         Err(_) => return,

@@ -265,13 +265,18 @@ fn assemble<'a>(
 /// The image opened read-only, for the checks that read trees through
 /// the engine once the structure is known to be sound (but for the
 /// counters `space` replaces, when `--repair` looks past them).
+/// Its block cache fits a check held within `memory` bytes (an eighth of
+/// it, at most the engine's default).
 fn open_read_only(
     devs: Vec<Arc<dyn Device>>,
     space: Option<&crate::txn::SpaceOverride>,
+    memory: u64,
 ) -> Result<crate::Engine> {
+    let eighth = usize::try_from(memory / 8).unwrap_or(usize::MAX);
     let opts = crate::OpenOptions {
         read_only: true,
         space: space.cloned(),
+        cache_bytes: eighth.clamp(1 << 20, crate::cache::DEFAULT_BYTES),
         ..Default::default()
     };
     crate::Engine::open_devices(devs, &opts)
@@ -285,12 +290,12 @@ fn engine_passes(
     memory: u64,
     report: &mut Report,
 ) {
-    log::check_log(devs.clone(), space, report);
+    log::check_log(devs.clone(), space, memory, report);
     // Damage `--repair` mends (counters, a data extent's references)
     // does not mislead reads through the engine.
     if report.problems.iter().all(|p| p.fix.is_some()) {
         posix::check_trees(devs.clone(), space, memory / 2, report);
-        quota::check_quota(devs, space, report);
+        quota::check_quota(devs, space, memory, report);
     }
 }
 
@@ -339,7 +344,7 @@ pub fn check_data_sums(dev: Arc<dyn Device>, report: &mut Report) {
 
 /// [`check_data_sums`] of a filesystem over several devices.
 pub fn check_data_sums_devices(devs: Vec<Arc<dyn Device>>, report: &mut Report) {
-    let engine = match open_read_only(devs, None) {
+    let engine = match open_read_only(devs, None, DEFAULT_MEMORY) {
         Ok(e) => e,
         Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),
     };

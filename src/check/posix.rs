@@ -42,7 +42,7 @@ pub(super) fn check_trees(
     budget: u64,
     report: &mut Report,
 ) {
-    let engine = match super::open_read_only(dev, space) {
+    let engine = match super::open_read_only(dev, space, budget * 2) {
         Ok(e) => e,
         Err(e) => return report.problem("filesystem", format!("cannot open: {e}")),
     };

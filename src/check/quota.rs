@@ -16,9 +16,10 @@ use std::sync::Arc;
 pub(super) fn check_quota(
     dev: Vec<Arc<dyn Device>>,
     space: Option<&crate::txn::SpaceOverride>,
+    memory: u64,
     report: &mut Report,
 ) {
-    let engine = match super::open_read_only(dev, space) {
+    let engine = match super::open_read_only(dev, space, memory) {
         Ok(e) => e,
         Err(e) => return report.problem("quota tree", format!("cannot open: {e}")),
     };

@@ -30,8 +30,9 @@ pub struct Args {
     repair: bool,
     /// Memory the records that relate distant items (names and
     /// back-references, extents and checksums) may take; past it they are
-    /// sorted in runs on temporary files in $TMPDIR. The read-only cache
-    /// and the structural pass take some more.
+    /// sorted in runs on temporary files in $TMPDIR. The block cache
+    /// takes an eighth of it; what grows with tree blocks (not files)
+    /// comes on top.
     #[arg(long, value_name = "SIZE", value_parser = crate::parse_size,
           default_value_t = canopy::check::DEFAULT_MEMORY)]
     max_memory: u64,
