@@ -27,13 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 pub struct FileDevice {
     file: File,
-    /// The same file opened with O_DIRECT, for data writes and uncached
-    /// reads.
+    /// The same file opened with O_DIRECT, for data writes.
     direct: Option<File>,
     /// Cleared when the host rejects a direct write; data then goes buffered.
     direct_ok: AtomicBool,
-    /// Cleared when the host rejects a direct read; reads then go buffered.
-    direct_reads_ok: AtomicBool,
     /// Smallest data write sent direct ([`DIRECT_MIN`], or every aligned
     /// write, tree blocks too, after `write_everything_direct`).
     direct_min: AtomicUsize,
@@ -73,16 +70,18 @@ impl FileDevice {
         let read_only = access != Access::Write;
         let (file, claim) = super::exclusive::open(path, access)?;
         let size = device_size(&file).map_err(|e| Error::io(format!("sizing {shown}"), e))?;
-        let direct = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .ok();
+        let direct = if read_only {
+            None
+        } else {
+            OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .ok()
+        };
         Ok(FileDevice {
             file,
-            direct_ok: AtomicBool::new(direct.is_some() && !read_only),
-            direct_reads_ok: AtomicBool::new(direct.is_some()),
+            direct_ok: AtomicBool::new(direct.is_some()),
             direct_min: AtomicUsize::new(DIRECT_MIN),
             direct,
             size: AtomicU64::new(size),
@@ -129,41 +128,6 @@ impl FileDevice {
             }
             Err(e) => Err(Error::io(
                 format!("writing {} bytes at {offset} of {}", buf.len(), self.path),
-                e,
-            )),
-        }
-    }
-
-    /// Reads `buf` with O_DIRECT, through an aligned bounce buffer when
-    /// `buf` itself is not aligned. Returns false (having read nothing
-    /// that counts) when direct I/O cannot take this read.
-    fn try_read_direct(&self, buf: &mut [u8], offset: u64) -> Result<bool> {
-        let ok = self.direct_reads_ok.load(Ordering::Relaxed);
-        let Some(direct) = self.direct.as_ref().filter(|_| ok) else {
-            return Ok(false);
-        };
-        let aligned = |n: u64| n.is_multiple_of(DIRECT_ALIGN as u64);
-        if buf.is_empty() || !aligned(buf.len() as u64) || !aligned(offset) {
-            return Ok(false);
-        }
-        let r = if aligned(buf.as_ptr() as u64) {
-            direct.read_exact_at(buf, offset)
-        } else {
-            bounce::with_aligned_scratch(buf.len(), |b| {
-                direct.read_exact_at(b, offset)?;
-                buf.copy_from_slice(b);
-                Ok(())
-            })
-        };
-        match r {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                tracing::info!(image = %self.path, "direct I/O refused; reading through the page cache");
-                self.direct_reads_ok.store(false, Ordering::Relaxed);
-                Ok(false)
-            }
-            Err(e) => Err(Error::io(
-                format!("reading {} bytes at {offset} of {}", buf.len(), self.path),
                 e,
             )),
         }
@@ -224,13 +188,6 @@ impl Device for FileDevice {
                 e,
             )
         })
-    }
-
-    fn read_uncached(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        match self.try_read_direct(buf, offset)? {
-            true => Ok(()),
-            false => self.read_at(buf, offset),
-        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -298,48 +255,35 @@ mod bounce {
         static SCRATCH: RefCell<Option<Aligned>> = const { RefCell::new(None) };
     }
 
-    /// Calls `f` with this thread's aligned scratch buffer of `len`
-    /// bytes (`len` > 0), whose contents are whatever was left in it.
-    pub fn with_aligned_scratch<R>(
-        len: usize,
-        f: impl FnOnce(&mut [u8]) -> std::io::Result<R>,
-    ) -> std::io::Result<R> {
-        SCRATCH.with(|cell| {
-            let mut slot = cell.borrow_mut();
-            if slot.as_ref().is_none_or(|a| a.layout.size() < len) {
-                *slot = None;
-                let layout = Layout::from_size_align(len, DIRECT_ALIGN)
-                    .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-                // SAFETY: the layout has a non-zero size (callers read or
-                // write at least one aligned block).
-                let ptr = unsafe { alloc(layout) };
-                if ptr.is_null() {
-                    return Err(std::io::Error::from_raw_os_error(libc::ENOMEM));
-                }
-                // Zeroed once, so the slice below never shows memory that
-                // was never written.
-                // SAFETY: ptr holds layout.size() bytes.
-                unsafe { std::ptr::write_bytes(ptr, 0, layout.size()) };
-                *slot = Some(Aligned { ptr, layout });
-            }
-            let a = slot
-                .as_ref()
-                .ok_or_else(|| std::io::Error::other("no scratch"))?;
-            // SAFETY: the allocation holds at least len initialised bytes
-            // and is owned by this thread; the borrow ends with `f`.
-            let scratch = unsafe { std::slice::from_raw_parts_mut(a.ptr, len) };
-            f(scratch)
-        })
-    }
-
     /// Calls `f` with an aligned copy of `buf`.
     pub fn with_aligned_copy<R>(
         buf: &[u8],
         f: impl FnOnce(&[u8]) -> std::io::Result<R>,
     ) -> std::io::Result<R> {
-        with_aligned_scratch(buf.len(), |scratch| {
-            scratch.copy_from_slice(buf);
-            f(scratch)
+        SCRATCH.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.as_ref().is_none_or(|a| a.layout.size() < buf.len()) {
+                *slot = None;
+                let layout = Layout::from_size_align(buf.len(), DIRECT_ALIGN)
+                    .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+                // SAFETY: the layout has a non-zero size (direct writes are
+                // at least DIRECT_MIN bytes).
+                let ptr = unsafe { alloc(layout) };
+                if ptr.is_null() {
+                    return Err(std::io::Error::from_raw_os_error(libc::ENOMEM));
+                }
+                *slot = Some(Aligned { ptr, layout });
+            }
+            let a = slot
+                .as_ref()
+                .ok_or_else(|| std::io::Error::other("no scratch"))?;
+            // SAFETY: the allocation holds at least buf.len() bytes, is
+            // owned by this thread, and is written before it is read.
+            let copy = unsafe {
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), a.ptr, buf.len());
+                std::slice::from_raw_parts(a.ptr, buf.len())
+            };
+            f(copy)
         })
     }
 }
@@ -370,34 +314,5 @@ mod tests {
         dev.read_at(&mut got, 100).unwrap();
         assert_eq!(&got, b"short");
         eprintln!("direct I/O in use: {}", dev.writes_direct());
-    }
-
-    /// Uncached reads see what buffered writes left in the host's page
-    /// cache (the host writes it back first), into aligned and unaligned
-    /// memory, and take the buffered path where alignment forbids the
-    /// direct one.
-    #[test]
-    fn uncached_reads_see_buffered_writes() {
-        let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("dev.img");
-        FileDevice::create_image(&img, 4 << 20).unwrap();
-        let dev = FileDevice::open(&img, false, true).unwrap();
-        let data: Vec<u8> = (0..3 * 4096 + 1).map(|i| (i * 13 % 251) as u8).collect();
-        dev.write_at(&data[..3 * 4096], 65536).unwrap();
-        let mut backing = vec![0u8; 4 * 4096];
-        let start = backing.as_ptr().align_offset(4096);
-        let aligned = &mut backing[start..start + 3 * 4096];
-        dev.read_uncached(aligned, 65536).unwrap();
-        assert!(aligned == &data[..3 * 4096]);
-        let mut unaligned = vec![0u8; 3 * 4096 + 1];
-        dev.read_uncached(&mut unaligned[1..], 65536).unwrap();
-        assert!(unaligned[1..] == data[..3 * 4096]);
-        let mut odd = vec![0u8; 100];
-        dev.read_uncached(&mut odd, 65536 + 7).unwrap();
-        assert!(odd == data[7..107]);
-        eprintln!(
-            "direct reads in use: {}",
-            dev.direct_reads_ok.load(Ordering::Relaxed)
-        );
     }
 }

@@ -64,12 +64,4 @@ pub trait Device: Send + Sync {
     /// Hints that `[offset, offset+len)` will be read soon (readahead);
     /// may do nothing.
     fn prefetch(&self, _offset: u64, _len: u64) {}
-    /// Reads exactly `buf.len()` bytes at `offset`, bypassing the host's
-    /// page cache where the device can: for reads of everything once
-    /// (scrub), which through the cache cost a copy and push out what the
-    /// host keeps. A device that wraps another reads through its own
-    /// `read_at` (the default), which sees what it holds back.
-    fn read_uncached(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.read_at(buf, offset)
-    }
 }

@@ -11,11 +11,7 @@
 //! at. Tree blocks not yet on disk (dirty, or being written) are skipped.
 //! Between batches an online scrub sleeps a quarter of the time the batch
 //! took, so it leaves at least a fifth of the device's time (and every
-//! gap between batches) to the mount's own reads and writes. Data is read
-//! past the host's page cache where the device allows (O_DIRECT on image
-//! files and block devices), in chunks of 4 MiB, every copy at once: a
-//! scrub reads everything once, and through the cache it cost a copy per
-//! byte and pushed out what the host keeps.
+//! gap between batches) to the mount's own reads and writes.
 //!
 //! Damaged data sectors, and data extents without checksums, are mapped
 //! back to files through the file extent items of every file tree (the
@@ -40,11 +36,10 @@ const SECTOR: u64 = SECTORSIZE as u64;
 const BATCH_BYTES: u64 = 4 << 20;
 /// Most extents one batch visits.
 const BATCH_EXTENTS: usize = 256;
-/// Largest single read: read past the host's page cache, one request
-/// per copy at a time, so a large one keeps the device busy.
-const READ_CHUNK: u64 = 4 << 20;
-/// Alignment the host wants of a buffer it reads into directly.
-const DIRECT_ALIGN: usize = 4096;
+/// Largest single read.
+const READ_CHUNK: u64 = 1 << 20;
+/// How far past the chunk being read a data extent is read ahead.
+const PREFETCH_AHEAD: u64 = 4 << 20;
 
 /// How far a scrub has come; shared with whoever shows progress.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -350,14 +345,19 @@ fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Res
         return Ok(len);
     };
     let copies = r.data_copies(bytenr, len);
-    let mut bufs: Vec<AlignedBuf> = (0..copies)
-        .map(|_| AlignedBuf::new(len.min(READ_CHUNK) as usize))
-        .collect();
+    let mut bufs = vec![vec![0u8; len.min(READ_CHUNK) as usize]; copies];
     let mut at = 0;
     while at < len {
         let n = (len - at).min(READ_CHUNK) as usize;
+        // The chunks after this one, on every copy, read while this one
+        // is checked: the devices see more than one request at a time.
+        let ahead = (len - at - n as u64).min(PREFETCH_AHEAD);
+        if ahead > 0 {
+            for copy in 0..copies {
+                r.prefetch_data_copy(bytenr + at + n as u64, ahead, copy);
+            }
+        }
         let read = read_copies(r, bytenr + at, &mut bufs, n);
-        let bufs: Vec<&[u8]> = bufs.iter().map(|b| b.bytes()).collect();
         for i in 0..n.div_ceil(SECTOR as usize) {
             let index = (at / SECTOR) as usize + i;
             let want = sums
@@ -391,40 +391,12 @@ fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Res
     Ok(len)
 }
 
-/// A buffer the host can read into directly: its bytes start at an
-/// aligned address inside a vector a little larger.
-struct AlignedBuf {
-    raw: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
-        let raw = vec![0u8; len + DIRECT_ALIGN];
-        let start = raw.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
-        AlignedBuf { raw, start, len }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.raw[self.start..self.start + self.len]
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
-    }
-}
-
 /// Reads `n` bytes at `bytenr` of every copy into `bufs` (one per copy),
-/// past the host's page cache where the devices allow (a scrub reads
-/// everything once), the copies at once, each on a thread of its own
-/// (they lie on other devices, or apart on one): a scrub waits for the
-/// slowest device, not the sum of them. Returns which copies read.
-fn read_copies(r: &Reader<'_>, bytenr: u64, bufs: &mut [AlignedBuf], n: usize) -> Vec<bool> {
-    let read = |copy: usize, b: &mut AlignedBuf| {
-        r.read_data_copy_uncached(bytenr, &mut b.bytes_mut()[..n], copy)
-            .is_ok()
-    };
+/// the copies at once, each on a thread of its own (they lie on other
+/// devices, or apart on one): a scrub waits for the slowest device, not
+/// the sum of them. Returns which copies read.
+fn read_copies(r: &Reader<'_>, bytenr: u64, bufs: &mut [Vec<u8>], n: usize) -> Vec<bool> {
+    let read = |copy: usize, b: &mut Vec<u8>| r.read_data_copy(bytenr, &mut b[..n], copy).is_ok();
     if bufs.len() < 2 {
         return bufs
             .iter_mut()

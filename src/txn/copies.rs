@@ -298,6 +298,11 @@ pub(crate) trait DataCopies {
         Err(error.unwrap_or_else(|| Error::corrupt(bytenr, "data extent has no copy")))
     }
 
+    /// Starts reading copy `copy` of `[bytenr, bytenr + len)` ahead.
+    fn prefetch_data_copy(&self, bytenr: u64, len: u64, copy: usize) {
+        self.shared().dev.prefetch_copy(bytenr, len, copy);
+    }
+
     /// Where copy `copy` of `[bytenr, bytenr + len)` lies.
     fn copy_stripe(&self, bytenr: u64, len: u64, copy: usize) -> Option<crate::volume::Stripe> {
         self.shared().dev.stripe(bytenr, len, copy).ok()
@@ -312,12 +317,6 @@ pub(crate) trait DataCopies {
     /// Reads copy `copy` of `buf.len()` data bytes at `bytenr`.
     fn read_data_copy(&self, bytenr: u64, buf: &mut [u8], copy: usize) -> Result<()> {
         self.shared().dev.read_copy(buf, bytenr, copy)
-    }
-
-    /// [`DataCopies::read_data_copy`] bypassing the host's page cache
-    /// where the device can (reads of everything once, as scrub's).
-    fn read_data_copy_uncached(&self, bytenr: u64, buf: &mut [u8], copy: usize) -> Result<()> {
-        self.shared().dev.read_copy_uncached(buf, bytenr, copy)
     }
 
     /// Notes a copy found bad, and rewrites it from `good` (the bytes

@@ -425,17 +425,6 @@ impl Volume {
         r
     }
 
-    /// [`Volume::read_copy`] bypassing the host's page cache where the
-    /// device can (scrub's reads of everything).
-    pub fn read_copy_uncached(&self, buf: &mut [u8], offset: u64, copy: usize) -> Result<()> {
-        let s = self.stripe(offset, buf.len() as u64, copy)?;
-        let r = self.present(s).and_then(|d| d.read_uncached(buf, s.offset));
-        if r.is_err() && self.device(s.devid).is_some() {
-            self.errors(s.devid).read.fetch_add(1, Ordering::Relaxed);
-        }
-        r
-    }
-
     /// Starts reading copy `copy` of `[offset, offset + len)` ahead of
     /// need (scrub reads every copy).
     pub fn prefetch_copy(&self, offset: u64, len: u64, copy: usize) {
