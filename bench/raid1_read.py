@@ -28,7 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib.fs import CANOPY, drop_caches, full_image, out, sh, wait_daemon  # noqa: E402
+from benchlib.fs import CANOPY, drop_caches, images, out, sh, wait_daemon  # noqa: E402
 
 FILE = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -83,26 +83,17 @@ def rounds(who, remount, rates, confined=False):
         rates[f"{who} two"].append(read_rate(files, remount, confined))
 
 
-def devices_for(imgs):
-    """The images themselves, or loop devices over them with THROTTLE."""
-    if not THROTTLE:
-        return imgs
-    loops = [out(f"losetup -f --show {img}").strip() for img in imgs]
-    throttle(loops)
-    return loops
-
-
 def fill():
     for name in "ab":
         sh(f"head -c {FILE}M /dev/urandom > {M}/{name}")
 
 
 def canopy_rounds(who, binary, size, rates):
-    imgs = [f"{W}/canopy-a.img", f"{W}/canopy-b.img"]
-    for img in imgs:
-        full_image(img, size)
-    a, b = devices_for(imgs)
-    try:
+    # With THROTTLE, on loop devices whose reads the cgroup limits.
+    paths = [f"{W}/canopy-a.img", f"{W}/canopy-b.img"]
+    with images(paths, size, loop=bool(THROTTLE)) as (a, b):
+        if THROTTLE:
+            throttle([a, b])
         sh(f"{binary} mkfs -f -q -m raid1 -d raid1 {a} {b}")
         mount = f"{binary} mount {a} {M} -o device={b}"
         sh(mount)
@@ -119,20 +110,10 @@ def canopy_rounds(who, binary, size, rates):
         rounds(who, remount, rates)
         sh(f"umount {M}")
         wait_daemon(a)
-    finally:
-        if THROTTLE:
-            for loop in (a, b):
-                subprocess.run(["losetup", "-d", loop], check=False)
-        for img in imgs:
-            os.remove(img)
 
 
 def btrfs_rounds(size, rates):
-    imgs = [f"{W}/btrfs-{n}.img" for n in "ab"]
-    for img in imgs:
-        full_image(img, size)
-    loops = [out(f"losetup -f --show {img}").strip() for img in imgs]
-    try:
+    with images([f"{W}/btrfs-{n}.img" for n in "ab"], size, loop=True) as loops:
         sh(f"mkfs.btrfs -q -f -m raid1 -d raid1 {loops[0]} {loops[1]} >/dev/null")
         sh(f"mount {loops[0]} {M}")
         fill()
@@ -145,11 +126,6 @@ def btrfs_rounds(size, rates):
             throttle(loops)
         rounds("btrfs", remount, rates, confined=bool(THROTTLE))
         sh(f"umount {M}")
-    finally:
-        for loop in loops:
-            subprocess.run(["losetup", "-d", loop], check=False)
-        for img in imgs:
-            os.remove(img)
 
 
 def main():

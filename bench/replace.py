@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib.fs import CANOPY, drop_caches, full_image, out, sh, wait_daemon  # noqa: E402
+from benchlib.fs import CANOPY, drop_caches, images, sh, wait_daemon  # noqa: E402
 
 DATA = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -55,27 +55,19 @@ def rounds(who, scrub, replace, spare, inside, rates):
 
 
 def canopy_rounds(size, rates):
-    a, b, c = (f"{W}/canopy-{n}.img" for n in "abc")
-    for img in (a, b, c):
-        full_image(img, size)
-    sh(f"{CANOPY} mkfs -f -q -m raid1 -d raid1 {a} {b}")
-    sh(f"{CANOPY} mount {a} {M} -o device={b}")
-    fill()
-    sh(f"{CANOPY} sync {M}")
-    replace = f"{CANOPY} device replace start -B 2 {{spare}} {M}"
-    rounds("canopy", f"{CANOPY} scrub -q {M}", replace, c, b, rates)
-    sh(f"umount {M}")
-    wait_daemon(a)
-    for img in (a, b, c):
-        os.remove(img)
+    with images([f"{W}/canopy-{n}.img" for n in "abc"], size) as (a, b, c):
+        sh(f"{CANOPY} mkfs -f -q -m raid1 -d raid1 {a} {b}")
+        sh(f"{CANOPY} mount {a} {M} -o device={b}")
+        fill()
+        sh(f"{CANOPY} sync {M}")
+        replace = f"{CANOPY} device replace start -B 2 {{spare}} {M}"
+        rounds("canopy", f"{CANOPY} scrub -q {M}", replace, c, b, rates)
+        sh(f"umount {M}")
+        wait_daemon(a)
 
 
 def btrfs_rounds(size, rates):
-    imgs = [f"{W}/btrfs-{n}.img" for n in "abc"]
-    for img in imgs:
-        full_image(img, size)
-    loops = [out(f"losetup -f --show {img}").strip() for img in imgs]
-    try:
+    with images([f"{W}/btrfs-{n}.img" for n in "abc"], size, loop=True) as loops:
         sh(f"mkfs.btrfs -q -f -m raid1 -d raid1 {loops[0]} {loops[1]} >/dev/null")
         sh(f"mount {loops[0]} {M}")
         fill()
@@ -83,11 +75,6 @@ def btrfs_rounds(size, rates):
         replace = f"btrfs replace start -B -f 2 {{spare}} {M}"
         rounds("btrfs", f"btrfs scrub start -B -q {M}", replace, loops[2], loops[1], rates)
         sh(f"umount {M}")
-    finally:
-        for loop in loops:
-            subprocess.run(["losetup", "-d", loop], check=False)
-        for img in imgs:
-            os.remove(img)
 
 
 def main():

@@ -1,6 +1,7 @@
 """Filesystems under test: each on its own image file of the same size,
 made, mounted, remounted cold and unmounted the same way every time."""
 
+import contextlib
 import glob
 import os
 import re
@@ -34,6 +35,26 @@ def out(cmd):
 def full_image(path, mib):
     """A fully written image file, so I/O meets the disk, not holes."""
     sh(f"dd if=/dev/zero of={path} bs=1M count={mib} status=none")
+
+
+@contextlib.contextmanager
+def images(paths, mib, loop=False):
+    """Fully written image files of `mib` MiB at `paths`, yielded as
+    themselves or, with `loop`, as loop devices over them; detached and
+    removed at the end, however it comes."""
+    loops = []
+    try:
+        for p in paths:
+            full_image(p, mib)
+        if loop:
+            loops = [out(f"losetup -f --show {p}").strip() for p in paths]
+        yield loops if loop else list(paths)
+    finally:
+        for dev in loops:
+            subprocess.run(["losetup", "-d", dev], check=False)
+        for p in paths:
+            if os.path.exists(p):
+                os.remove(p)
 
 
 def wait_daemon(img):
