@@ -21,6 +21,14 @@ pub(super) struct Sorter<const N: usize> {
     runs: Vec<File>,
 }
 
+/// An empty sorter on the smallest budget: what stays behind where a
+/// sorter's records were taken to be read.
+impl<const N: usize> Default for Sorter<N> {
+    fn default() -> Sorter<N> {
+        Sorter::new(0)
+    }
+}
+
 impl<const N: usize> Sorter<N> {
     /// A sorter holding at most `budget` bytes of records in memory.
     pub fn new(budget: u64) -> Sorter<N> {

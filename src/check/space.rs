@@ -210,13 +210,13 @@ fn check_block(
 /// every used extent goes to the space sweep.
 fn check_extents(
     sb: &Superblock,
-    found: &mut Found,
+    (extents, data, found): (Sorter<6>, Sorter<3>, &Found),
     sweep: &mut Sweep<'_>,
     report: &mut Report,
 ) -> std::io::Result<()> {
     let ns = u64::from(sb.nodesize);
-    let mut records = std::mem::replace(&mut found.extents, Sorter::new(0)).sorted()?;
-    let mut data = std::mem::replace(&mut found.data, Sorter::new(0)).sorted()?;
+    let mut records = extents.sorted()?;
+    let mut data = data.sorted()?;
     let mut blocks = found.blocks.iter().peekable();
     let mut queued = found.queued.iter().copied().peekable();
     loop {
@@ -513,13 +513,20 @@ impl<'g> Sweep<'g> {
 /// Reference counts and space accounting against what the walk found
 /// (`device_bytes`: the first device's size).
 pub(super) fn check(device_bytes: u64, sb: &Superblock, mut found: Found, report: &mut Report) {
+    // The records are read once, by value; the rest stays borrowed.
+    let extents = std::mem::take(&mut found.extents);
+    let data = std::mem::take(&mut found.data);
+    let free = (
+        std::mem::take(&mut found.free_by_start),
+        std::mem::take(&mut found.free_by_len),
+    );
     if sb.total_bytes > device_bytes {
         report.problem("superblock", "filesystem larger than the device");
     }
     let groups = groups(&found, sb.total_bytes, report);
     check_mirrors(&groups, sb, report);
     let mut sweep = Sweep::new(&groups, sb.total_bytes);
-    if let Err(e) = check_extents(sb, &mut found, &mut sweep, report) {
+    if let Err(e) = check_extents(sb, (extents, data, &found), &mut sweep, report) {
         report.problem("check", format!("cannot read a temporary file: {e}"));
         return;
     }
@@ -549,7 +556,7 @@ pub(super) fn check(device_bytes: u64, sb: &Superblock, mut found: Found, report
             );
         }
     }
-    if let Err(e) = check_free(&mut found, &expected, report) {
+    if let Err(e) = check_free(free, &expected, report) {
         report.problem("check", format!("cannot read a temporary file: {e}"));
     }
     if report.problems.len() > before {
@@ -574,12 +581,12 @@ fn next_range(s: &mut Sorted<2>, last: Option<[u64; 2]>) -> std::io::Result<Opti
 /// the used extents and superblock copies in every group, merged), in
 /// both indexes: the three lists are walked side by side in start order.
 fn check_free(
-    found: &mut Found,
+    (by_start, by_len): (Sorter<2>, Sorter<2>),
     expected: &[(u64, u64)],
     report: &mut Report,
 ) -> std::io::Result<()> {
-    let mut by_start = std::mem::replace(&mut found.free_by_start, Sorter::new(0)).sorted()?;
-    let mut by_len = std::mem::replace(&mut found.free_by_len, Sorter::new(0)).sorted()?;
+    let mut by_start = by_start.sorted()?;
+    let mut by_len = by_len.sorted()?;
     let mut want = expected.iter().map(|&(s, l)| [s, l]).peekable();
     let mut s = next_range(&mut by_start, None)?;
     let mut l = next_range(&mut by_len, None)?;

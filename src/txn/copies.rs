@@ -57,17 +57,10 @@ fn read_copy(
     copy: usize,
 ) -> Result<Node> {
     sh.dev.read_copy(buf, bytenr, copy)?;
-    let checked =
-        Node::decode(buf, bytenr, &sh.fsid).and_then(|n| match n.generation == generation {
-            true => Ok(n),
-            false => Err(Error::corrupt(
-                bytenr,
-                format!(
-                    "block has generation {}, its parent expected {generation}",
-                    n.generation
-                ),
-            )),
-        });
+    let checked = checked_node(sh, buf, bytenr, |g| {
+        (g != generation)
+            .then(|| format!("block has generation {g}, its parent expected {generation}"))
+    });
     if checked.is_err() {
         sh.dev.note_corrupt(bytenr, buf.len() as u64, copy);
     }
@@ -166,16 +159,26 @@ fn read_since(
     copy: usize,
 ) -> Result<Node> {
     sh.dev.read_copy(buf, bytenr, copy)?;
+    checked_node(sh, buf, bytenr, |g| {
+        (g < generation).then(|| {
+            format!("block has generation {g}, older than its allocation in {generation} (a lost write)")
+        })
+    })
+}
+
+/// The tree block at `bytenr` in `buf`, checked as a first read would
+/// (checksum, fsid, own address, layout); `stale` says what is wrong
+/// with the generation it has, if anything.
+fn checked_node(
+    sh: &Shared,
+    buf: &[u8],
+    bytenr: u64,
+    stale: impl FnOnce(u64) -> Option<String>,
+) -> Result<Node> {
     let n = Node::decode(buf, bytenr, &sh.fsid)?;
-    match n.generation >= generation {
-        true => Ok(n),
-        false => Err(Error::corrupt(
-            bytenr,
-            format!(
-                "block has generation {}, older than its allocation in {generation} (a lost write)",
-                n.generation
-            ),
-        )),
+    match stale(n.generation) {
+        None => Ok(n),
+        Some(why) => Err(Error::corrupt(bytenr, why)),
     }
 }
 

@@ -185,11 +185,6 @@ impl<'a> Reader<'a> {
         self.sh.dev.read_at(buf, bytenr)
     }
 
-    /// Starts reading data bytes the caller expects to need soon.
-    pub fn prefetch_data(&self, bytenr: u64, len: u64) {
-        self.sh.dev.prefetch(bytenr, len);
-    }
-
     /// Reads every copy of the tree block at `bytenr` from the device,
     /// bypassing every cache, checks each as a first read would
     /// (checksum, fsid, own address, layout, and a generation no newer

@@ -12,7 +12,7 @@ use crate::txn::DataCopies;
 /// Reads `[offset, offset+len)` of the file (already clamped to its size)
 /// through `b` itself: for inline data and the engine's tests. File reads
 /// of extents go through [`plan_read`] and the device outside the lock.
-pub(crate) fn read<B: BlockRead + DataRead + ?Sized>(
+pub(crate) fn read<B: BlockRead + DataCopies + ?Sized>(
     b: &B,
     root: &RootPtr,
     csum_root: &RootPtr,
@@ -169,7 +169,7 @@ fn plan_compressed<B: BlockRead + ?Sized>(
 /// decode is EIO, with one log line.
 /// `out` is as long as the extent decodes to (at most a chunk), or, with
 /// `ram_bytes` given, the part of it from the start a read needs.
-fn read_compressed<D: DataRead + ?Sized>(
+fn read_compressed<D: DataCopies + ?Sized>(
     d: &D,
     ino: u64,
     (bytenr, disk_len, kind): (u64, u64, u8),
@@ -183,7 +183,7 @@ fn read_compressed<D: DataRead + ?Sized>(
         ));
     }
     let mut frame = vec![0u8; disk_len as usize];
-    read_verified(d, ino, bytenr, &mut frame, sums)?;
+    d.read_good_data(bytenr, &mut frame, sums, Some(ino))?;
     let decoded = match ram_bytes {
         Some(ram) => crate::compress::decode_prefix(kind, &frame, ram, out),
         None => crate::compress::decode_into(kind, &frame, out),
@@ -197,7 +197,7 @@ fn read_compressed<D: DataRead + ?Sized>(
 impl ReadPlan {
     /// Reads the planned bytes; a sector whose checksum does not match
     /// gives EIO.
-    pub(crate) fn execute<D: DataRead + ?Sized>(&self, d: &D) -> Result<Vec<u8>> {
+    pub(crate) fn execute<D: DataCopies + ?Sized>(&self, d: &D) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.len];
         self.execute_into(d, &mut out)?;
         Ok(out)
@@ -211,7 +211,7 @@ impl ReadPlan {
     /// [`ReadPlan::execute`] into `out` (its first [`ReadPlan::len`]
     /// bytes), which may hold anything: what no part covers (holes) is
     /// zeroed.
-    pub(crate) fn execute_into<D: DataRead + ?Sized>(&self, d: &D, out: &mut [u8]) -> Result<()> {
+    pub(crate) fn execute_into<D: DataCopies + ?Sized>(&self, d: &D, out: &mut [u8]) -> Result<()> {
         let out = &mut out[..self.len];
         let covered: usize = self.parts.iter().map(|(_, n, _)| *n).sum();
         if covered < self.len {
@@ -230,7 +230,7 @@ impl ReadPlan {
                     skip: 0,
                     sums,
                 } if *len as usize == *n => {
-                    read_verified(d, self.ino, *bytenr, dst, sums)?;
+                    d.read_good_data(*bytenr, dst, sums, Some(self.ino))?;
                 }
                 Source::Extent {
                     bytenr,
@@ -239,7 +239,7 @@ impl ReadPlan {
                     sums,
                 } => {
                     let mut buf = vec![0u8; *len as usize];
-                    read_verified(d, self.ino, *bytenr, &mut buf, sums)?;
+                    d.read_good_data(*bytenr, &mut buf, sums, Some(self.ino))?;
                     dst.copy_from_slice(&buf[*skip..*skip + *n]);
                 }
                 Source::Compressed {
@@ -275,18 +275,6 @@ impl ReadPlan {
     }
 }
 
-/// Reads `buf.len()` bytes at `bytenr` of inode `ino`, from a copy
-/// that matches `sums` (`txn::DataCopies::read_good_data`).
-fn read_verified<D: DataRead + ?Sized>(
-    d: &D,
-    ino: u64,
-    bytenr: u64,
-    buf: &mut [u8],
-    sums: &[u8],
-) -> Result<()> {
-    d.read_good(bytenr, buf, sums, ino)
-}
-
 /// The device ranges holding the data of `[start, end)` of the file, for
 /// read-ahead.
 pub(crate) fn device_ranges<B: BlockRead + ?Sized>(
@@ -310,18 +298,4 @@ pub(crate) fn device_ranges<B: BlockRead + ?Sized>(
         }
     }
     Ok(out)
-}
-
-/// Reads data bytes of an extent (the engine's device access), from
-/// any of its copies.
-pub(crate) trait DataRead {
-    /// Reads `buf.len()` bytes at `bytenr` of inode `ino` from a copy
-    /// that matches `sums`, repairing bad copies on the way.
-    fn read_good(&self, bytenr: u64, buf: &mut [u8], sums: &[u8], ino: u64) -> Result<()>;
-}
-
-impl<T: DataCopies> DataRead for T {
-    fn read_good(&self, bytenr: u64, buf: &mut [u8], sums: &[u8], ino: u64) -> Result<()> {
-        self.read_good_data(bytenr, buf, sums, Some(ino))
-    }
 }
