@@ -1329,6 +1329,68 @@ fn directory_offsets_resume_listings() {
     assert_eq!(now.iter().filter(|n| n.ends_with(".moved")).count(), 10);
 }
 
+/// Issue 56, item 1: a listing resumed at an offset no listing handed out
+/// (seekdir to any number below the last offset) goes on from there, at
+/// the entry whose position is the first at or after that number or the
+/// one before it, through to the end, as on btrfs and ext4.
+#[test]
+fn directory_listings_resume_at_any_offset() {
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new();
+    fs::create_dir(m.p("d")).unwrap();
+    for i in 0..4000 {
+        fs::write(m.p(&format!("d/f{i}")), b"").unwrap();
+        if i % 3 == 0 {
+            // Gaps in the indexes, as renames and removals leave.
+            fs::rename(m.p(&format!("d/f{i}")), m.p(&format!("d/g{i}"))).unwrap();
+        }
+    }
+    let mut l = Listing::open(&m.p("d"));
+    let listed: Vec<(String, i64)> = std::iter::from_fn(|| l.next()).collect();
+    assert_eq!(listed.len(), 4002);
+    // positions[j]: the offset before entry j.
+    let positions: Vec<i64> = std::iter::once(0)
+        .chain(listed.iter().map(|(_, at)| *at))
+        .collect();
+    let end = *positions.last().unwrap();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut targets: Vec<i64> = (0..150)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % end as u64) as i64
+        })
+        .collect();
+    // Numbers between two neighbouring offsets, and small ones.
+    targets.extend(
+        (0..listed.len() - 1)
+            .step_by(331)
+            .map(|j| positions[j] + (positions[j + 1] - positions[j]) / 2),
+    );
+    targets.extend([1, 2, 1000, 1 << 31]);
+    for at in targets {
+        let k = positions.partition_point(|&p| p < at);
+        l.seek(at);
+        let rest = l.rest();
+        let suffix = |from: usize| -> Vec<String> {
+            listed[from.min(listed.len())..]
+                .iter()
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        assert!(
+            rest == suffix(k) || (k > 0 && rest == suffix(k - 1)),
+            "seekdir({at:#x}): {} entries from {:?}, wanted the {} from entry {k}",
+            rest.len(),
+            rest.first(),
+            listed.len() - k.min(listed.len())
+        );
+    }
+}
+
 /// Issue 41, item 2: the fsync log a crash left can be passed over by a
 /// read-only mount (`-o ro,nologreplay`, as btrfs) and dropped for good
 /// (`canopy rescue zero-log`, as `btrfs rescue zero-log`).

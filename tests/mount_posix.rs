@@ -462,6 +462,67 @@ fn seek_and_st_blocks_at_sector_granularity() {
     m.check();
 }
 
+/// Issue 56, item 2: the largest file is 2^63-1 bytes, as on btrfs, and
+/// truncate, write, fallocate, hole seeking and copy_file_range all accept
+/// what lies within it; the data past 2^62 survives a remount.
+#[test]
+fn the_largest_file_is_what_loff_t_addresses() {
+    use std::os::unix::fs::FileExt;
+    if !can_mount() {
+        return;
+    }
+    const LAST: u64 = i64::MAX as u64 - 1;
+    let mut m = Mounted::new();
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(m.p("huge"))
+        .unwrap();
+    f.set_len(LAST + 1).unwrap();
+    f.write_all_at(b"z", LAST).unwrap();
+    fallocate(&f, 0, (LAST - 100_000) as i64, 50_000);
+    f.write_all_at(b"mid", 1 << 62).unwrap();
+    assert_eq!(seek_both(&f, 1 << 61), (1 << 62, 1 << 61));
+    assert_eq!(seek_both(&f, 1 << 62), (1 << 62, (1 << 62) + 4096));
+    fs::write(m.p("src"), b"").unwrap();
+    let src = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("src"))
+        .unwrap();
+    src.write_all_at(&[b'c'; 8192], 0).unwrap();
+    src.sync_all().unwrap();
+    let (src_fd, dst_fd) = {
+        use std::os::fd::AsRawFd;
+        (src.as_raw_fd(), f.as_raw_fd())
+    };
+    let mut at_src: i64 = 0;
+    let mut at_dst: i64 = (LAST + 1 - 16384) as i64;
+    // SAFETY: both descriptors are open; the offsets are valid pointers.
+    let copied =
+        unsafe { libc::copy_file_range(src_fd, &mut at_src, dst_fd, &mut at_dst, 8192, 0) };
+    assert_eq!(copied, 8192, "{}", std::io::Error::last_os_error());
+    f.sync_all().unwrap();
+    drop((f, src));
+    m.unmount();
+    m.check();
+    m.mount("");
+    let f = fs::File::open(m.p("huge")).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), LAST + 1);
+    let mut b = [0u8; 3];
+    f.read_exact_at(&mut b[..1], LAST).unwrap();
+    assert_eq!(&b[..1], b"z");
+    f.read_exact_at(&mut b, 1 << 62).unwrap();
+    assert_eq!(&b, b"mid");
+    f.read_exact_at(&mut b, LAST + 1 - 16384).unwrap();
+    assert_eq!(&b, b"ccc");
+    drop(f);
+    m.unmount();
+    m.check();
+}
+
 /// An ACL in the kernel's xattr form: (tag, perm, id) entries.
 fn acl_bytes(entries: &[(u16, u16, u32)]) -> Vec<u8> {
     let mut v = 2u32.to_le_bytes().to_vec();

@@ -466,11 +466,10 @@ fn check_file_extent(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         }
         fe.num_bytes
     };
-    if key
-        .offset
-        .checked_add(len)
-        .is_none_or(|e| e > MAX_FILE_SIZE)
-    {
+    // The extent holding the last byte a file may have ends at 2^63: its
+    // length is whole sectors.
+    let limit = MAX_FILE_SIZE.next_multiple_of(SECTORSIZE as u64);
+    if key.offset.checked_add(len).is_none_or(|e| e > limit) {
         return fail(format!(
             "file extent {}+{len} is past the largest file",
             key.offset

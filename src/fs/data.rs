@@ -370,6 +370,12 @@ impl Subvol {
         if len == 0 {
             return Ok(0);
         }
+        if dst_off
+            .checked_add(len)
+            .is_none_or(|e| e > super::MAX_FILE_SIZE)
+        {
+            return Err(errno(libc::EFBIG, "file too large"));
+        }
         const S: u64 = crate::format::SECTORSIZE as u64;
         let whole_tail = src_off + len == src_size;
         let aligned =

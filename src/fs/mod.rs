@@ -67,8 +67,9 @@ use crate::Engine;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Largest file size (2^62 bytes).
-pub const MAX_FILE_SIZE: u64 = 1 << 62;
+/// Largest file size: 2^63-1 bytes, what `loff_t` can address (as
+/// btrfs). Sizes, writes, fallocate and copy_file_range past it get EFBIG.
+pub const MAX_FILE_SIZE: u64 = crate::format::checker::MAX_FILE_SIZE;
 
 /// Longest name a directory entry may have.
 pub const NAME_MAX: usize = 255;

@@ -669,6 +669,9 @@ impl Subvol {
     }
 
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
+        if s.size.is_some_and(|size| size > super::MAX_FILE_SIZE) {
+            return Err(errno(libc::EFBIG, "file too large"));
+        }
         let tree = self.tree;
         let now = Timespec::now();
         // A size change rewrites the file's extents: no flush of it may

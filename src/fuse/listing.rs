@@ -8,13 +8,14 @@ use super::{dircookie, FuseFs};
 
 impl FuseFs {
     /// Where a listing of `dir` from kernel offset `offset` ends, and the
-    /// index it goes on from: a listing from 0 ends at the directory's
-    /// highest index now (see `dircookie`).
+    /// index it goes on from: a listing from 0, or from an offset that
+    /// carries no bound, ends at the directory's highest index now (see
+    /// `dircookie`).
     fn listing_bound(&self, dir: u64, offset: u64) -> crate::Result<(u64, u64)> {
-        match dircookie::decode(offset) {
-            (Some(last), from) => Ok((last, from)),
-            (None, 0) => Ok((self.fs.dir_last_index(dir)?, 0)),
-            (None, from) => Ok((u64::MAX, from)),
+        let resume = dircookie::decode(offset);
+        match resume.last {
+            Some(last) => Ok((last, resume.next)),
+            None => Ok((self.fs.dir_last_index(dir)?, resume.next)),
         }
     }
 
