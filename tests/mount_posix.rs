@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use common::mounted::{can_mount, Mounted};
+use common::mounted::{can_mount, canopy_ok, Mounted};
 
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
@@ -861,6 +861,116 @@ fn file_handles_survive_forgetting_and_go_stale() {
         let e = open_handle(&m.mnt, h, libc::O_RDONLY).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
     }
+    m.unmount();
+    m.check();
+}
+
+/// An O_TMPFILE file in `dir`, opened read-write.
+fn tmpfile(dir: &Path, extra: i32) -> fs::File {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a valid path; the descriptor returned is owned by the File.
+    let fd = unsafe {
+        libc::open(
+            cpath(dir).as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | extra,
+            0o640,
+        )
+    };
+    assert!(fd >= 0, "O_TMPFILE: {}", std::io::Error::last_os_error());
+    unsafe { fs::File::from_raw_fd(fd) }
+}
+
+/// linkat(fd, "", AT_FDCWD, to, AT_EMPTY_PATH): names an open file.
+fn link_open_file(f: &fs::File, to: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let empty = CString::new("").unwrap();
+    // SAFETY: an open descriptor and two valid paths.
+    let r = unsafe {
+        libc::linkat(
+            f.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            cpath(to).as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    match r {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+fn free_blocks(path: &Path) -> u64 {
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and a statvfs to fill.
+    assert_eq!(unsafe { libc::statvfs(cpath(path).as_ptr(), &mut s) }, 0);
+    s.f_bfree
+}
+
+/// Issue 56, item 6: O_TMPFILE makes an open file with no name (no link,
+/// not listed) that inherits what a file made in the directory would;
+/// linkat names it (not with O_EXCL); unnamed, its last close frees its
+/// space, and so does the next mount after a crash, even when its data
+/// was fsynced; a named one survives the crash.
+#[test]
+fn o_tmpfile_files_are_nameless_until_linked() {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    fs::create_dir(m.p("d")).unwrap();
+    fs::set_permissions(m.p("d"), fs::Permissions::from_mode(0o2775)).unwrap();
+    std::os::unix::fs::chown(m.p("d"), None, Some(4242)).unwrap();
+    let mut f = tmpfile(&m.p("d"), 0);
+    f.write_all(b"nameless").unwrap();
+    let st = f.metadata().unwrap();
+    assert_eq!((st.nlink(), st.gid(), st.mode() & 0o7777), (0, 4242, 0o640));
+    assert_eq!(fs::read_dir(m.p("d")).unwrap().count(), 0);
+    link_open_file(&f, &m.p("d/named")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    assert_eq!(fs::read(m.p("d/named")).unwrap(), b"nameless");
+    drop(f);
+    let g = tmpfile(&m.p("d"), libc::O_EXCL);
+    assert_eq!(
+        link_open_file(&g, &m.p("d/never")).map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ENOENT))
+    );
+    drop(g);
+
+    let before = free_blocks(&m.mnt);
+    let mut big = tmpfile(&m.mnt, 0);
+    big.write_all(&vec![3u8; 8 << 20]).unwrap();
+    big.sync_all().unwrap();
+    drop(big);
+    canopy_ok(&["sync", m.mnt.to_str().unwrap()], &m.mnt);
+    assert!(
+        free_blocks(&m.mnt) + 64 >= before,
+        "closed: its space is back"
+    );
+
+    // A crash with an unnamed file open (data fsynced, committed too), and
+    // a named one fsynced.
+    let mut held = tmpfile(&m.mnt, 0);
+    held.write_all(&vec![5u8; 8 << 20]).unwrap();
+    held.sync_all().unwrap();
+    let mut kept = tmpfile(&m.mnt, 0);
+    kept.write_all(b"kept").unwrap();
+    link_open_file(&kept, &m.p("kept")).unwrap();
+    kept.sync_all().unwrap();
+    canopy_ok(&["sync", m.mnt.to_str().unwrap()], &m.mnt);
+    let mut late = tmpfile(&m.mnt, 0);
+    late.write_all(&vec![6u8; 1 << 20]).unwrap();
+    late.sync_all().unwrap();
+    m.kill9();
+    drop((held, kept, late));
+    m.check();
+    m.mount("");
+    canopy_ok(&["sync", m.mnt.to_str().unwrap()], &m.mnt);
+    assert!(free_blocks(&m.mnt) + 64 >= before, "the mount freed them");
+    assert_eq!(fs::read(m.p("kept")).unwrap(), b"kept");
+    assert_eq!(fs::read_dir(&m.mnt).unwrap().count(), 2, "d and kept");
     m.unmount();
     m.check();
 }

@@ -82,6 +82,14 @@ impl Fs {
         sv.create(ino, name, how)
     }
 
+    /// A regular file with no name in `parent`'s subvolume (O_TMPFILE),
+    /// open once: an orphan its last release deletes unless [`Fs::link`]
+    /// names it first.
+    pub fn make_unnamed(&self, parent: u64, how: &NewNode<'_>) -> Result<Attr> {
+        let (sv, ino) = self.at_writable(parent)?;
+        sv.create_unnamed(ino, how)
+    }
+
     pub fn readlink(&self, node: u64) -> Result<Vec<u8>> {
         let (sv, ino) = self.at(node)?;
         sv.readlink(ino)

@@ -508,6 +508,41 @@ impl Subvol {
         Ok(created)
     }
 
+    /// A regular file with no name, made in `parent` (O_TMPFILE) and open
+    /// once: it inherits what a file made there would (group, ACLs,
+    /// compression) and is an orphan from its first transaction, so its
+    /// last release, or the next mount after a crash, deletes it unless
+    /// `link` names it first.
+    pub fn create_unnamed(&self, parent: u64, how: &NewNode<'_>) -> Result<Attr> {
+        let ino = self.alloc_ino()?;
+        let tree = self.tree;
+        let need = Need::items(tree, CREATE_ITEMS);
+        // Open before the orphan item exists: no release may delete it.
+        self.open(ino);
+        let created = self.core.write_reserved(|tx| {
+            tx.reserve(&need)?;
+            let p = self.parent_dir(tx, parent)?;
+            let (mode, mut acls) = self.inherit_acls(tx, parent, how.mode, how.umask)?;
+            acls.compression = super::compression::inherited(tx, tree, parent, mode)?;
+            if acls.bytes() > 0 {
+                tx.reserve(&Need {
+                    items: need.items + 3,
+                    payload: acls.bytes(),
+                    ..need
+                })?;
+            }
+            let mut inode = new_inode(&p, mode, 0, how.owner, Timespec::now());
+            inode.nlink = 0;
+            acls.store(tx, tree, ino)?;
+            self.make_orphan(tx, ino, inode.clone())?;
+            Ok(self.attr(ino, &inode))
+        });
+        if created.is_err() {
+            self.inodes.release(ino);
+        }
+        created
+    }
+
     /// Stores a new symlink's target: inline, or buffered for a flush
     /// when `long`. Returns the inode as saved.
     fn store_target(

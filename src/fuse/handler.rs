@@ -297,6 +297,7 @@ impl FuseFs {
             Op::Create {
                 mode, umask, name, ..
             } => self.create(h, ino, mode, umask, name),
+            Op::Tmpfile { mode, umask } => self.tmpfile(h, ino, mode, umask),
             Op::Release | Op::Releasedir => reply_empty(self.fs.release(ino)),
             Op::Read { offset, size } => match self.fs.read(ino, offset, size) {
                 Ok(d) => Reply::Data(d),
@@ -449,6 +450,16 @@ impl FuseFs {
                 self.fs.open(a.ino);
                 reply::create(&self.attr(&a), a.generation(), TTL, 0, self.open_flags())
             }
+            Err(e) => Reply::Error(err(e)),
+        }
+    }
+
+    /// O_TMPFILE: an open file with no name, deleted at its last close
+    /// unless `linkat` names it first.
+    fn tmpfile(&self, h: &Header, parent: u64, mode: u32, umask: u32) -> Reply {
+        let how = new_node(h, libc::S_IFREG | (mode & 0o7777), 0, umask);
+        match self.fs.make_unnamed(parent, &how) {
+            Ok(a) => reply::create(&self.attr(&a), a.generation(), TTL, 0, self.open_flags()),
             Err(e) => Reply::Error(err(e)),
         }
     }

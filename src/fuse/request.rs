@@ -140,6 +140,12 @@ pub enum Op<'a> {
         umask: u32,
         name: &'a [u8],
     },
+    /// O_TMPFILE: a file with no name, opened (its name argument is the
+    /// kernel's placeholder and means nothing).
+    Tmpfile {
+        mode: u32,
+        umask: u32,
+    },
     Interrupt {
         unique: u64,
     },
@@ -350,6 +356,13 @@ fn decode_more<'a>(op: u32, a: &mut Args<'a>) -> Result<Op<'a>, Malformed> {
             Op::Getxattr {
                 size,
                 name: a.name()?,
+            }
+        }
+        opcode::TMPFILE => {
+            let _flags = a.u32()?;
+            Op::Tmpfile {
+                mode: a.u32()?,
+                umask: a.u32()?,
             }
         }
         opcode::CREATE => Op::Create {
