@@ -949,10 +949,11 @@ fn drop_caches() {
     let _ = fs::write("/proc/sys/vm/drop_caches", "3");
 }
 
-/// Inode flags: none are kept, so lsattr sees none, clearing them all
-/// works, setting one is refused, and ioctls of other kinds get ENOTTY.
+/// Inode flags: a new file has none, clearing them all works, a flag
+/// Canopy does not keep (`j`, data journaling) is refused, and ioctls of
+/// other kinds get ENOTTY (the kept ones: tests/mount_posix.rs).
 #[test]
-fn inode_flag_ioctls_report_none_and_refuse_setting() {
+fn inode_flag_ioctls_refuse_what_is_not_kept() {
     use std::os::fd::AsRawFd;
     if !can_mount() {
         return;
@@ -963,16 +964,16 @@ fn inode_flag_ioctls_report_none_and_refuse_setting() {
     let fd = f.as_raw_fd();
     const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
     const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
-    const FS_IMMUTABLE_FL: libc::c_int = 0x10;
+    const FS_JOURNAL_DATA_FL: libc::c_int = 0x4000;
     let last_errno = || std::io::Error::last_os_error().raw_os_error();
     let mut flags: libc::c_int = -1;
     assert_eq!(unsafe { libc::ioctl(fd, FS_IOC_GETFLAGS, &mut flags) }, 0);
     assert_eq!(flags, 0);
     let mut none: libc::c_int = 0;
     assert_eq!(unsafe { libc::ioctl(fd, FS_IOC_SETFLAGS, &mut none) }, 0);
-    let mut immutable = FS_IMMUTABLE_FL;
+    let mut journaled = FS_JOURNAL_DATA_FL;
     assert_eq!(
-        unsafe { libc::ioctl(fd, FS_IOC_SETFLAGS, &mut immutable) },
+        unsafe { libc::ioctl(fd, FS_IOC_SETFLAGS, &mut journaled) },
         -1
     );
     assert_eq!(last_errno(), Some(libc::EOPNOTSUPP));

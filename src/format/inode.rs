@@ -55,6 +55,14 @@ pub const INODE_ITEM_SIZE: usize = 104;
 /// Inode flag: writeback found the file's data does not compress and stops
 /// trying (`compress-force` and setting the compression property undo it).
 pub const INODE_NOCOMPRESS: u64 = 1 << 3;
+/// Inode flags `chattr` sets (the bits btrfs gives them): writes are
+/// synchronous (`S`); nothing may change the file (`i`); data may only be
+/// appended (`a`); dump(8) skips it (`d`); reads leave atime (`A`).
+pub const INODE_SYNC: u64 = 1 << 5;
+pub const INODE_IMMUTABLE: u64 = 1 << 6;
+pub const INODE_APPEND: u64 = 1 << 7;
+pub const INODE_NODUMP: u64 = 1 << 8;
+pub const INODE_NOATIME: u64 = 1 << 9;
 
 fn put_time(b: &mut [u8], at: usize, t: Timespec) {
     put_u64(b, at, t.sec as u64);

@@ -88,6 +88,7 @@ impl Subvol {
             return AccessAtOpen::NotDue;
         };
         let due = seen.mode & libc::S_IFMT == libc::S_IFREG
+            && !super::attrs::no_atime(seen.flags)
             && needs_update(AtimePolicy::Relative, &seen, Timespec::now());
         match (due, self.inodes.may_be_cached(ino)) {
             (false, _) => AccessAtOpen::NotDue,
@@ -107,6 +108,7 @@ impl Subvol {
         if self.core.engine.is_read_only()
             || self.core.is_remounted_read_only()
             || self.is_read_only()
+            || super::attrs::no_atime(seen.flags)
             || !needs_update(self.core.atime_policy(), seen, now)
         {
             return;

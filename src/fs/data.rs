@@ -102,6 +102,39 @@ impl Subvol {
         }
         self.core.engine.check_alive()?;
         self.inodes.note_cached(ino);
+        let attr_flags = self.inodes.peek(ino, |s| s.attr_flags).unwrap_or(0);
+        if attr_flags & crate::format::inode::INODE_IMMUTABLE != 0 {
+            return Err(errno(libc::EPERM, "immutable"));
+        }
+        if attr_flags & crate::format::inode::INODE_APPEND != 0 {
+            self.refuse_rewrite(ino, offset, data)?;
+        }
+        let written = self.write_buffered(ino, offset, data)?;
+        if super::attrs::synchronous(attr_flags) {
+            self.fsync(ino)?;
+        }
+        Ok(written)
+    }
+
+    /// EPERM if writing `data` at `offset` would change bytes `ino`
+    /// holds already: an append-only file takes only appends. A write that
+    /// repeats what is there passes (the kernel's writeback cache sends
+    /// a partial last page again with the bytes appended to it).
+    fn refuse_rewrite(&self, ino: u64, offset: u64, data: &[u8]) -> Result<()> {
+        let size = self.getattr(ino)?.size;
+        if offset >= size {
+            return Ok(());
+        }
+        let overlap = (size - offset).min(data.len() as u64) as usize;
+        let held = self.read(ino, offset, overlap as u32)?;
+        match held.as_slice() == &data[..overlap] {
+            true => Ok(()),
+            false => Err(errno(libc::EPERM, "append-only")),
+        }
+    }
+
+    /// [`Subvol::write`] into the file's buffer.
+    fn write_buffered(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
         if self.buffer_on_credit(ino, offset, data) {
             return Ok(data.len() as u32);
         }
@@ -112,6 +145,7 @@ impl Subvol {
             if is_dir(i.mode) {
                 return Err(errno(libc::EISDIR, "is a directory"));
             }
+            super::attrs::refuse_if_immutable(&i)?;
             let credit = self.reserve_credit(tx, ino, offset, data.len() as u64)?;
             let bytes = owned.take().unwrap_or_else(|| data.to_vec());
             self.buffer_with_credit(ino, offset, bytes, credit);
@@ -211,6 +245,8 @@ impl Subvol {
             .checked_add(len)
             .filter(|&e| e <= super::MAX_FILE_SIZE);
         let end = end.ok_or(errno(libc::EFBIG, "file too large"))?;
+        let i = self.core.engine.read(|r| self.inode_r(r, ino))?;
+        super::attrs::refuse_fallocate(&i, mode)?;
         let tree = self.tree;
         // It rewrites the file's extents: no flush of it may run meanwhile,
         // and its buffered data goes first.
@@ -376,6 +412,8 @@ impl Subvol {
         {
             return Err(errno(libc::EFBIG, "file too large"));
         }
+        let d = self.core.engine.read(|r| self.inode_r(r, dst))?;
+        super::attrs::refuse_if_fixed(&d)?;
         const S: u64 = crate::format::SECTORSIZE as u64;
         let whole_tail = src_off + len == src_size;
         let aligned =

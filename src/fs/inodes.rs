@@ -44,6 +44,10 @@ pub(crate) struct InodeState {
     /// Open file handles: an unlinked inode lives on (as an orphan) until
     /// its last handle is released.
     pub open: u32,
+    /// The inode's flags as a writable open or `chattr` last saw them:
+    /// writes through a handle opened before `chattr +i` are refused,
+    /// and `+S` makes them synchronous (see `attrs`).
+    pub attr_flags: u64,
     /// The last attributes of a deleted inode the kernel may still name
     /// (see `ghost`).
     pub ghost: Option<Box<InodeItem>>,

@@ -19,6 +19,7 @@
 
 pub mod acl;
 mod atime;
+pub mod attrs;
 pub mod balance;
 pub mod compression;
 mod daemon;

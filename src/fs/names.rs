@@ -3,7 +3,7 @@
 //! becomes).
 
 use super::ops::*;
-use super::{dir, dtype, errno, is_dir, Subvol};
+use super::{attrs, dir, dtype, errno, is_dir, Subvol};
 use crate::error::{Error, Result};
 use crate::format::inode::{DirEntry, InodeItem, Timespec, ROOT_DIR_INO};
 use crate::txn::{Need, Txn};
@@ -29,6 +29,7 @@ impl Subvol {
         self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)).deleting())?;
             let mut p = self.parent_dir(tx, parent)?;
+            attrs::refuse_if_fixed(&p)?;
             let root = self.root_ptr_tx(tx)?;
             let e = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
             if e.is_subvolume() {
@@ -88,10 +89,12 @@ impl Subvol {
         self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, CREATE_ITEMS + log_items(tx)))?;
             let mut p = self.parent_dir(tx, parent)?;
+            attrs::refuse_if_immutable(&p)?;
             let mut i = self.inode_tx(tx, ino)?;
             if is_dir(i.mode) {
                 return Err(errno(libc::EPERM, "hard link to a directory"));
             }
+            attrs::refuse_if_fixed(&i)?;
             let root = self.root_ptr_tx(tx)?;
             if dir::lookup(tx, &root, parent, name)?.is_some() {
                 return Err(Error::Exists);
@@ -143,11 +146,16 @@ impl Subvol {
         let extra = if whiteout.is_some() { CREATE_ITEMS } else { 0 };
         let renamed = self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, RENAME_ITEMS + extra + 2 * log_items(tx)))?;
-            self.parent_dir(tx, parent)?;
-            self.parent_dir(tx, newparent)?;
+            attrs::refuse_if_fixed(&self.parent_dir(tx, parent)?)?;
+            let to = self.parent_dir(tx, newparent)?;
             let root = self.root_ptr_tx(tx)?;
             let src = dir::lookup(tx, &root, parent, name)?.ok_or(Error::NotFound)?;
             let dst = dir::lookup(tx, &root, newparent, newname)?;
+            // Adding to a directory, or also removing (replacing, exchanging).
+            match dst.is_some() {
+                true => attrs::refuse_if_fixed(&to)?,
+                false => attrs::refuse_if_immutable(&to)?,
+            }
             if src.is_subvolume() || dst.as_ref().is_some_and(|d| d.is_subvolume()) {
                 if whiteout.is_some() {
                     return Err(errno(libc::EINVAL, "a subvolume leaves no whiteout"));
@@ -156,6 +164,7 @@ impl Subvol {
                 return self.rename_subvolume(tx, parent, &src, to, dst.as_ref(), exchange);
             }
             let src_inode = self.inode_tx(tx, src.ino)?;
+            attrs::refuse_if_fixed(&src_inode)?;
             if is_dir(src_inode.mode)
                 && parent != newparent
                 && self.is_ancestor(tx, src.ino, newparent)?
@@ -232,6 +241,7 @@ impl Subvol {
         (ino, inode): (u64, &InodeItem),
         as_dir: bool,
     ) -> Result<()> {
+        attrs::refuse_if_fixed(inode)?;
         let root = self.root_ptr_tx(tx)?;
         match (as_dir, is_dir(inode.mode)) {
             (true, false) => return Err(errno(libc::ENOTDIR, "not a directory")),
@@ -258,6 +268,7 @@ impl Subvol {
         let ((parent, name), (newparent, newname), now) = (ends.from, ends.to, ends.now);
         let tree = self.tree;
         let dst_inode = self.inode_tx(tx, dst.ino)?;
+        attrs::refuse_if_fixed(&dst_inode)?;
         if is_dir(dst_inode.mode) && parent != newparent && self.is_ancestor(tx, dst.ino, parent)? {
             return Err(errno(libc::EINVAL, "cannot move a directory into itself"));
         }

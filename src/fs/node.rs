@@ -317,6 +317,27 @@ impl Fs {
         self.at_writable(node).map(drop)
     }
 
+    /// Notes an open of `node` with open(2)'s `flags` that may write:
+    /// refused where the subvolume is read-only (EROFS) or the file's
+    /// attributes forbid it (EPERM: immutable, or append-only without
+    /// O_APPEND).
+    pub fn open_for_writing(&self, node: u64, flags: i32) -> Result<()> {
+        let (sv, ino) = self.at_writable(node)?;
+        sv.open_for_writing(ino, flags)
+    }
+
+    /// `FS_IOC_GETFLAGS` of `node` (see `attrs`).
+    pub fn file_flags(&self, node: u64) -> Result<u32> {
+        let (sv, ino) = self.at(node)?;
+        sv.file_flags(ino)
+    }
+
+    /// `FS_IOC_SETFLAGS` of `node` (see `attrs`).
+    pub fn set_file_flags(&self, node: u64, flags: u32) -> Result<()> {
+        let (sv, ino) = self.at_writable(node)?;
+        sv.set_file_flags(ino, flags)
+    }
+
     /// `canopy subvolume create`: an empty subvolume `name` in directory
     /// `parent`.
     pub fn create_subvolume(&self, parent: u64, name: &[u8], owner: Owner) -> Result<Attr> {

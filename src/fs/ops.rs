@@ -126,6 +126,9 @@ pub struct SetAttr {
     pub atime: Option<Timespec>,
     pub mtime: Option<Timespec>,
     pub ctime: Option<Timespec>,
+    /// The times given are the present moment (utimes with no times,
+    /// `touch`): what an append-only file still allows.
+    pub times_now: bool,
 }
 
 impl SetAttr {
@@ -463,6 +466,7 @@ impl Subvol {
         let created = self.core.write_reserved(|tx| {
             tx.reserve(&need)?;
             let mut p = self.parent_dir(tx, parent)?;
+            super::attrs::refuse_if_immutable(&p)?;
             let root = self.root_ptr_tx(tx)?;
             if dir::lookup(tx, &root, parent, name)?.is_some() {
                 return Err(Error::Exists);
@@ -522,6 +526,7 @@ impl Subvol {
         let created = self.core.write_reserved(|tx| {
             tx.reserve(&need)?;
             let p = self.parent_dir(tx, parent)?;
+            super::attrs::refuse_if_immutable(&p)?;
             let (mode, mut acls) = self.inherit_acls(tx, parent, how.mode, how.umask)?;
             acls.compression = super::compression::inherited(tx, tree, parent, mode)?;
             if acls.bytes() > 0 {
@@ -706,6 +711,11 @@ impl Subvol {
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
         if s.size.is_some_and(|size| size > super::MAX_FILE_SIZE) {
             return Err(errno(libc::EFBIG, "file too large"));
+        }
+        // A deleted inode's attributes (the kernel flushing its times)
+        // are the ghost's, below.
+        if let Ok(i) = self.core.engine.read(|r| self.inode_r(r, ino)) {
+            super::attrs::refuse_setattr(&i, s)?;
         }
         let tree = self.tree;
         let now = Timespec::now();

@@ -180,6 +180,7 @@ impl super::Subvol {
         self.core.write_reserved(|tx| {
             tx.reserve(&need)?;
             let mut i = self.inode_tx(tx, ino)?;
+            super::attrs::refuse_if_fixed(&i)?;
             match &acl {
                 Some(a) if name == acl::ACCESS => {
                     let (bits, plain) = a.mode_bits();
@@ -237,6 +238,7 @@ impl super::Subvol {
         let tree = self.tree;
         self.core.write_reserved(|tx| {
             tx.reserve(&Need::items(tree, 3).deleting())?;
+            super::attrs::refuse_if_fixed(&self.inode_tx(tx, ino)?)?;
             super::xattr::remove(tx, tree, ino, name)?;
             self.touch_ctime(tx, ino, Timespec::now())
         })

@@ -82,6 +82,12 @@ pub(super) fn setattr(s: &SetattrIn) -> SetAttr {
         atime: time(fattr::ATIME, fattr::ATIME_NOW, s.atime),
         mtime: time(fattr::MTIME, fattr::MTIME_NOW, s.mtime),
         ctime: has(fattr::CTIME).then(|| at(s.ctime)),
+        times_now: [
+            (fattr::ATIME, fattr::ATIME_NOW),
+            (fattr::MTIME, fattr::MTIME_NOW),
+        ]
+        .iter()
+        .all(|&(set, now)| !has(set) || has(now)),
     }
 }
 

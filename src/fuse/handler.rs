@@ -9,7 +9,7 @@ use super::proto::{fopen, init};
 use super::reply::{self, Reply};
 use super::request::{self, Header, Op};
 use super::session::Handler;
-use crate::fs::{setid, AccessAtOpen, Attr, Fs};
+use crate::fs::{attrs, setid, AccessAtOpen, Attr, Fs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -335,7 +335,7 @@ impl FuseFs {
                 cmd,
                 in_data,
                 out_size: _,
-            } => ioctl(cmd, in_data),
+            } => self.ioctl(ino, cmd, in_data),
             Op::Fallocate {
                 offset,
                 length,
@@ -414,12 +414,16 @@ impl FuseFs {
         // A file of a read-only subvolume cannot be opened for writing
         // (or truncated by open), as on btrfs.
         let writing = flags & (libc::O_WRONLY | libc::O_RDWR | libc::O_TRUNC) != 0;
-        if writing {
-            if let Err(e) = self.fs.check_writable(ino) {
-                return Reply::Error(err(e));
+        let opened = match writing {
+            true => self.fs.open_for_writing(ino, flags),
+            false => {
+                self.fs.open(ino);
+                Ok(())
             }
+        };
+        if let Err(e) = opened {
+            return Reply::Error(err(e));
         }
-        self.fs.open(ino);
         let reading = flags & libc::O_ACCMODE != libc::O_WRONLY;
         let how = match self.open_flags() {
             // The kernel would serve the read from its cached pages and
@@ -549,29 +553,50 @@ impl FuseFs {
     }
 }
 
-/// Inode flags (`lsattr`/`chattr`, and the fsxattr form the kernel
-/// reads before changing them): Canopy keeps none, so it reports none
-/// and accepts only clearing them all. Other ioctls are not ours
-/// (ENOTTY, as a kernel filesystem answers them), quietly: programs
-/// probe for them all the time.
-fn ioctl(cmd: u32, in_data: &[u8]) -> Reply {
-    const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
-    const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
-    // struct fsxattr: xflags, extsize, nextents, projid, cowextsize
-    // (u32 each), 8 bytes of padding.
-    const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
-    const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
-    let u32_at = |at: usize| in_data.get(at..at + 4).map(|b| [b[0], b[1], b[2], b[3]]);
-    match cmd {
-        FS_IOC_GETFLAGS => reply::ioctl(0, &0u32.to_ne_bytes()),
-        FS_IOC_FSGETXATTR => reply::ioctl(0, &[0; 28]),
-        FS_IOC_FSSETXATTR if u32_at(0) == Some([0; 4]) && u32_at(12) == Some([0; 4]) => {
-            reply::ioctl(0, &[])
+impl FuseFs {
+    /// File attributes (`lsattr`/`chattr`, and the fsxattr form `xfs_io`
+    /// and the kernel use: see `fs::attrs`). Other ioctls are not ours
+    /// (ENOTTY, as a kernel filesystem answers them), quietly: programs
+    /// probe for them all the time.
+    fn ioctl(&self, ino: u64, cmd: u32, in_data: &[u8]) -> Reply {
+        const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+        const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+        // struct fsxattr: xflags, extsize, nextents, projid, cowextsize
+        // (u32 each), 8 bytes of padding.
+        const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+        const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+        let u32_at = |at: usize| {
+            in_data
+                .get(at..at + 4)
+                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let done = match cmd {
+            FS_IOC_GETFLAGS => self.fs.file_flags(ino).map(|f| f.to_ne_bytes().to_vec()),
+            FS_IOC_FSGETXATTR => self.fs.file_flags(ino).map(|f| {
+                let mut out = vec![0u8; 28];
+                out[..4].copy_from_slice(&attrs::to_xflags(f).to_ne_bytes());
+                out
+            }),
+            // No project quotas: a project id is refused.
+            FS_IOC_FSSETXATTR => match (u32_at(0), u32_at(12)) {
+                (Some(x), Some(0)) => self
+                    .fs
+                    .file_flags(ino)
+                    .and_then(|f| attrs::from_xflags(f, x))
+                    .and_then(|f| self.fs.set_file_flags(ino, f))
+                    .map(|()| Vec::new()),
+                _ => return Reply::Error(libc::EOPNOTSUPP),
+            },
+            // The flags are an int, though the command's size says long.
+            FS_IOC_SETFLAGS => match u32_at(0) {
+                Some(f) => self.fs.set_file_flags(ino, f).map(|()| Vec::new()),
+                None => return Reply::Error(libc::EINVAL),
+            },
+            _ => return Reply::Error(libc::ENOTTY),
+        };
+        match done {
+            Ok(out) => reply::ioctl(0, &out),
+            Err(e) => Reply::Error(err(e)),
         }
-        FS_IOC_FSSETXATTR => Reply::Error(libc::EOPNOTSUPP),
-        // The flags are an int, though the command's size says long.
-        FS_IOC_SETFLAGS if u32_at(0) == Some([0; 4]) => reply::ioctl(0, &[]),
-        FS_IOC_SETFLAGS => Reply::Error(libc::EOPNOTSUPP),
-        _ => Reply::Error(libc::ENOTTY),
     }
 }
