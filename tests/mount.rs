@@ -1591,6 +1591,62 @@ fn compression_through_the_mount() {
     m.unmount();
 }
 
+/// Issue 56, item 8: `-o remount,compress=...` changes how later writes
+/// compress, and leaves the kernel's flags alone; with other options it
+/// changes both.
+#[test]
+fn remount_changes_compression() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mnt = m.mnt.clone();
+    let text: Vec<u8> = (0..100_000u32)
+        .flat_map(|i| format!("line {i} of the file\n").into_bytes())
+        .collect();
+    let on_disk = |name: &str| {
+        canopy_ok(&["sync", "."], &mnt);
+        fs::metadata(mnt.join(name)).unwrap().blocks() * 512
+    };
+    fs::write(m.p("plain"), &text).unwrap();
+    assert!(
+        on_disk("plain") >= text.len() as u64,
+        "no compression at first"
+    );
+    let out = remount(&m, "remount,compress=zstd:5");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::write(m.p("zstd"), &text).unwrap();
+    assert!(
+        on_disk("zstd") * 4 < text.len() as u64,
+        "compressed after the remount"
+    );
+    let out = remount(&m, "remount,ro,compress=no");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(fs::write(m.p("refused"), b"x").is_err(), "read-only now");
+    let out = remount(&m, "remount,rw");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    fs::write(m.p("none"), &text).unwrap();
+    assert!(on_disk("none") >= text.len() as u64, "compress=no held");
+    let bad = remount(&m, "remount,compress=zlib");
+    assert!(!bad.status.success(), "zlib is refused");
+    m.unmount();
+    m.check();
+}
+
 /// Another image mounted where one was just unmounted, while the first
 /// daemon may still be shutting down: commands reach the new mount, before
 /// and after the old daemon exits (it used to remove the new daemon's

@@ -40,6 +40,11 @@ pub enum Request {
     /// Commit everything (`canopy sync`): fsync makes only its file
     /// durable, and syncfs does not reach FUSE daemons.
     Sync,
+    /// `-o remount,compress=...`: how later writes compress (`option` is
+    /// the `compress=` or `compress-force=` option as given).
+    SetCompression {
+        option: String,
+    },
     /// How the device is carved into block groups (`canopy filesystem
     /// usage`).
     Usage,
@@ -848,6 +853,13 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         }
         Err(e) => Response::of(Err(Error::Invalid(format!("bad request: {e}")))),
         Ok(Request::Sync) => Response::of(fs.sync().map(|()| None)),
+        Ok(Request::SetCompression { option }) => {
+            let set = super::options::MountOptions::parse(&option).map(|o| {
+                tracing::info!(%option, "remounted");
+                fs.set_compression(o.compression)
+            });
+            Response::of_unit(set)
+        }
         Ok(Request::Resize { to }) => match fs.engine().grow(to) {
             Ok(g) => Response {
                 grown: Some(g),

@@ -467,9 +467,10 @@ fn unescape_mountinfo(field: &str) -> String {
 /// `mountpoint` (read-only, nosuid, nodev, noexec, atime); the daemon
 /// follows within a second (see [`follow_remount`]). A mount that began
 /// read-only cannot become writable this way: its daemon opened the image
-/// read-only.
+/// read-only. `compress=`/`compress-force=` go to the daemon over its
+/// control socket (the kernel never passes them) and apply to the writes
+/// it flushes from then on.
 pub fn remount(mountpoint: &Path, opts: &MountOptions) -> Result<()> {
-    use std::os::unix::ffi::OsStrExt;
     let path = mountpoint
         .canonicalize()
         .map_err(|e| Error::io(format!("finding {}", mountpoint.display()), e))?;
@@ -479,7 +480,26 @@ pub fn remount(mountpoint: &Path, opts: &MountOptions) -> Result<()> {
             mountpoint.display()
         )));
     };
-    if now_ro && !opts.read_only && daemon_began_read_only(&path) {
+    if let Some(option) = &opts.compression_option {
+        let asked = super::control::Request::SetCompression {
+            option: option.clone(),
+        };
+        let r = super::control::request(&path, &asked)?;
+        if !r.ok {
+            return Err(Error::Invalid(r.error.unwrap_or_else(|| "refused".into())));
+        }
+        if !opts.generic_given {
+            return Ok(());
+        }
+    }
+    remount_kernel_flags(&path, opts, now_ro)
+}
+
+/// The kernel's part of [`remount`]: the generic flags.
+fn remount_kernel_flags(path: &Path, opts: &MountOptions, now_ro: bool) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let mountpoint = path;
+    if now_ro && !opts.read_only && daemon_began_read_only(path) {
         return Err(Error::Invalid(
             "this mount began read-only and cannot become read-write: unmount it and mount it again"
                 .into(),

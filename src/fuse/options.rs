@@ -44,6 +44,9 @@ pub struct MountOptions {
     pub dir_atime: bool,
     /// Change the options of a live mount (`mount -o remount,...`).
     pub remount: bool,
+    /// A generic option besides `remount` was given: a remount passes the
+    /// flags to the kernel (one with `compress=` alone leaves them).
+    pub generic_given: bool,
     /// Let the kernel buffer writes in its page cache and send them in
     /// large batches (FUSE's writeback cache). Off unless asked for: the
     /// daemon then sees writes only at writeback, so a full disk or quota
@@ -67,6 +70,9 @@ pub struct MountOptions {
     /// How writeback compresses file data (`compress=zstd[:LEVEL]|lz4|no`,
     /// `compress-force=`); a file's `compression` property overrides it.
     pub compression: crate::compress::Policy,
+    /// The last `compress=`/`compress-force=` option as given: what a
+    /// remount hands the daemon (the kernel never sees it).
+    pub compression_option: Option<String>,
     /// Take the image from a writer that holds it (`takeover`, what
     /// `canopy mount --break-lock` sets): for RBD images, break its lock
     /// and blocklist it first, so a paused writer can never write again.
@@ -111,12 +117,14 @@ impl Default for MountOptions {
             atime: crate::fs::AtimePolicy::Relative,
             dir_atime: true,
             remount: false,
+            generic_given: false,
             writeback_cache: false,
             readahead: DEFAULT_READAHEAD,
             treelog: true,
             subvolume: crate::fs::Shown::Default,
             log_replay: true,
             compression: crate::compress::Policy::default(),
+            compression_option: None,
             takeover: false,
             devices: Vec::new(),
             degraded: false,
@@ -150,6 +158,7 @@ impl MountOptions {
     /// passes; false if `name` is none of them.
     fn generic_option(&mut self, name: &str) -> bool {
         let o = self;
+        o.generic_given |= name != "remount";
         match name {
             "ro" => o.read_only = true,
             "remount" => o.remount = true,
@@ -236,6 +245,7 @@ impl MountOptions {
                     codec,
                     force: name == "compress-force" && codec.is_some(),
                 };
+                o.compression_option = Some(opt.to_string());
             }
             "writeback_cache" => o.writeback_cache = true,
             "takeover" => o.takeover = true,

@@ -32,11 +32,12 @@ pub struct Args {
     /// file data as it is written; zstd levels 1 to 15, default 3; data
     /// that does not look compressible is written plain, and a file whose
     /// data does not compress stops being tried), compress-force=... (try
-    /// every chunk; a file's `compression` property overrides both; set at
-    /// mount, not by remount), nologreplay (with ro: the last commit,
-    /// without replaying a crash's fsync log). With remount, changes the flags of the
-    /// live mount on MOUNTPOINT (ro, nosuid, nodev, noexec, atime options; a read-only
-    /// mount stays read-only). Unknown options are an error.
+    /// every chunk; a file's `compression` property overrides both),
+    /// nologreplay (with ro: the last commit, without replaying a crash's
+    /// fsync log). With remount, changes the flags of the live mount on
+    /// MOUNTPOINT (ro, nosuid, nodev, noexec, atime options; a read-only
+    /// mount stays read-only) and its compression for later writes.
+    /// Unknown options are an error.
     #[arg(short = 'o', long, default_value = "")]
     options: String,
     /// Take the image over from a writer that holds it, on another host
