@@ -228,3 +228,36 @@ fn arguments_that_are_not_utf8_are_paths_like_any_other() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 56, item 10: man pages for the command and every subcommand,
+/// and completions, made from the command definitions.
+#[test]
+fn man_pages_and_completions_come_from_the_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let (code, _, err) = canopy(&["generate", "man", path]);
+    assert_eq!(code, 0, "{err}");
+    for page in [
+        "canopy.8",
+        "canopy-mount.8",
+        "canopy-subvolume-snapshot.8",
+        "canopy-check.8",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(page)).unwrap_or_default();
+        assert!(
+            text.contains(".TH") && text.contains(".SH NAME"),
+            "{page}: {text:.200}"
+        );
+    }
+    let text = std::fs::read_to_string(dir.path().join("canopy-mkfs.8")).unwrap();
+    assert!(text.contains("nodesize"), "mkfs's page lists its options");
+    let (_, bash, _) = canopy(&["generate", "completions", "bash"]);
+    assert!(
+        bash.contains("complete") && bash.contains("snapshot"),
+        "{bash:.300}"
+    );
+    let (_, zsh, _) = canopy(&["generate", "completions", "zsh"]);
+    assert!(zsh.starts_with("#compdef canopy"), "{zsh:.100}");
+    let (code, _, _) = canopy(&["generate", "completions", "tcsh"]);
+    assert_eq!(code, 2, "an unknown shell is a usage error");
+}

@@ -9,6 +9,7 @@ mod balance;
 mod check;
 mod device;
 mod filesystem;
+mod generate;
 mod inspect;
 mod mkfs;
 mod mount;
@@ -134,6 +135,10 @@ enum Command {
     /// rescue).
     #[command(subcommand)]
     Rescue(rescue::Command),
+    /// Man pages and shell completions, for installing (see
+    /// scripts/install.sh).
+    #[command(subcommand)]
+    Generate(generate::Command),
 }
 
 fn main() -> ExitCode {
@@ -168,6 +173,7 @@ fn main() -> ExitCode {
         Command::Send(a) => send::run(a),
         Command::Receive(a) => return receive::run(a),
         Command::Rescue(c) => rescue::run(c),
+        Command::Generate(c) => generate::run(c, <Cli as clap::CommandFactory>::command()),
         Command::Subvolume(c) => subvolume::run(c),
         Command::Property(c) => subvolume::run_property(c),
         Command::Quota(c) => quota::run_quota(c),
