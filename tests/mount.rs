@@ -1330,6 +1330,76 @@ fn directory_offsets_resume_listings() {
     assert_eq!(now.iter().filter(|n| n.ends_with(".moved")).count(), 10);
 }
 
+/// Issue 56, item 1, against a model: offsets below, between, at and
+/// above handed-out ones, with entries added and removed between seeks. A
+/// resumed listing never shows a name twice, shows every entry that was
+/// listed at or after the offset and is still there, and nothing listed
+/// before it but the one entry just before.
+#[test]
+fn resumed_listings_follow_the_model() {
+    if !can_mount() {
+        return;
+    }
+    let m = Mounted::new();
+    fs::create_dir(m.p("d")).unwrap();
+    let mut live: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    for i in 0..600 {
+        let n = format!("e{i}");
+        fs::write(m.p(&format!("d/{n}")), b"").unwrap();
+        live.insert(n);
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |bound: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % bound.max(1)
+    };
+    let mut made = 600;
+    for round in 0..60 {
+        let mut l = Listing::open(&m.p("d"));
+        let listed: Vec<(String, i64)> = std::iter::from_fn(|| l.next()).collect();
+        let positions: Vec<i64> = std::iter::once(0)
+            .chain(listed.iter().map(|(_, at)| *at))
+            .collect();
+        let last = *positions.last().unwrap();
+        let k = next(listed.len() as u64) as usize;
+        let at = match round % 4 {
+            0 => positions[k],
+            1 => positions[k] + (positions[k + 1] - positions[k]) / 2,
+            2 => next(last as u64) as i64,
+            _ => last + 1 + next(1 << 40) as i64,
+        };
+        // Entries come and go before the seek.
+        for _ in 0..next(8) {
+            let victim = live.iter().nth(next(live.len() as u64) as usize).cloned();
+            if let Some(v) = victim {
+                fs::remove_file(m.p(&format!("d/{v}"))).unwrap();
+                live.remove(&v);
+            }
+            let n = format!("e{made}");
+            made += 1;
+            fs::write(m.p(&format!("d/{n}")), b"").unwrap();
+            live.insert(n);
+        }
+        l.seek(at);
+        let rest = l.rest();
+        let unique: std::collections::HashSet<&String> = rest.iter().collect();
+        assert_eq!(unique.len(), rest.len(), "seekdir({at:#x}): a name twice");
+        let first = positions.partition_point(|&p| p < at);
+        for (j, (name, _)) in listed.iter().enumerate() {
+            let shown = unique.contains(name);
+            let still = live.contains(name) || name == "." || name == "..";
+            if j >= first && still {
+                assert!(shown, "seekdir({at:#x}): {name} (entry {j}, from {first}) missing");
+            }
+            if j + 1 < first {
+                assert!(!shown, "seekdir({at:#x}): {name} (entry {j}) is before {first}");
+            }
+        }
+    }
+}
+
 /// Issue 56, item 1: a listing resumed at an offset no listing handed out
 /// (seekdir to any number below the last offset) goes on from there, at
 /// the entry whose position is the first at or after that number or the
