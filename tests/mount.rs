@@ -1391,10 +1391,16 @@ fn resumed_listings_follow_the_model() {
             let shown = unique.contains(name);
             let still = live.contains(name) || name == "." || name == "..";
             if j >= first && still {
-                assert!(shown, "seekdir({at:#x}): {name} (entry {j}, from {first}) missing");
+                assert!(
+                    shown,
+                    "seekdir({at:#x}): {name} (entry {j}, from {first}) missing"
+                );
             }
             if j + 1 < first {
-                assert!(!shown, "seekdir({at:#x}): {name} (entry {j}) is before {first}");
+                assert!(
+                    !shown,
+                    "seekdir({at:#x}): {name} (entry {j}) is before {first}"
+                );
             }
         }
     }

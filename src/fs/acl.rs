@@ -130,6 +130,42 @@ impl Acl {
         }
     }
 
+    /// Whether the ACL grants `want` (rwx bits, 4/2/1) to a caller with
+    /// uid `uid` in groups `in_group` on a file owned by `owner`: the
+    /// POSIX.1e check (the owner entry for the owner, else a named user
+    /// entry under the mask, else any matching group entry under the
+    /// mask, else other). The kernel makes it for file access; the
+    /// daemon needs it for requests that come over its control socket.
+    pub fn permits(
+        &self,
+        uid: u32,
+        in_group: &dyn Fn(u32) -> bool,
+        owner: (u32, u32),
+        want: u32,
+    ) -> bool {
+        let masked = |perm: u32| perm & self.perm(MASK).unwrap_or(7);
+        if uid == owner.0 {
+            return self.perm(USER_OBJ).unwrap_or(0) & want == want;
+        }
+        if let Some(e) = self.0.iter().find(|e| e.tag == USER && e.id == uid) {
+            return masked(u32::from(e.perm)) & want == want;
+        }
+        let groups: Vec<u32> = self
+            .0
+            .iter()
+            .filter(|e| match e.tag {
+                GROUP_OBJ => in_group(owner.1),
+                GROUP => in_group(e.id),
+                _ => false,
+            })
+            .map(|e| u32::from(e.perm))
+            .collect();
+        if !groups.is_empty() {
+            return groups.iter().any(|&p| masked(p) & want == want);
+        }
+        self.perm(OTHER).unwrap_or(0) & want == want
+    }
+
     /// The mode's permission bits this ACL implies, and whether the ACL
     /// says no more than they do (it has only the three base entries).
     pub fn mode_bits(&self) -> (u32, bool) {

@@ -1,10 +1,13 @@
 //! The control socket: how `canopy` commands reach the daemon serving a
 //! mount: scrub, sync, subvolumes and quotas.
 //!
-//! Each daemon listens on a Unix socket under `/run/canopy`, named by a
-//! hash of its canonical mount point, so a command given the mount point
-//! finds it. A request is one JSON object on one line; so is the answer.
-//! The socket is root's only (mode 0600), as btrfs's ioctls are.
+//! Each daemon listens on a Unix socket named by a hash of its canonical
+//! mount point, so a command given the mount point finds it: under
+//! `/run/canopy` for a daemon run by root, open to every user (mode 0666:
+//! `peer` checks each request against who sent it, as btrfs checks its
+//! ioctls); under the user's runtime directory (`$XDG_RUNTIME_DIR/canopy`,
+//! else `/tmp/canopy-UID`, mode 0700) for a daemon a user runs on their
+//! own image. A request is one JSON object on one line; so is the answer.
 
 use crate::error::{Error, Result};
 use crate::fs::Fs;
@@ -18,17 +21,93 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-const DIR: &str = "/run/canopy";
+/// Where root's daemons listen.
+const ROOT_DIR: &str = "/run/canopy";
 
-/// Where the daemon serving `mountpoint` listens.
-pub fn socket_path(mountpoint: &Path) -> PathBuf {
+/// The directory this process's daemon listens in: root's, or the
+/// user's own.
+fn own_dir() -> PathBuf {
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from(ROOT_DIR);
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => Path::new(&d).join("canopy"),
+        None => PathBuf::from(format!("/tmp/canopy-{uid}")),
+    }
+}
+
+/// The socket's file name for `mountpoint`.
+fn socket_name(mountpoint: &Path) -> String {
     let canon = mountpoint
         .canonicalize()
         .unwrap_or_else(|_| mountpoint.to_path_buf());
     let bytes = canon.as_os_str().as_encoded_bytes();
     let reversed: Vec<u8> = bytes.iter().rev().copied().collect();
     let h = (u64::from(crate::format::crc(bytes)) << 32) | u64::from(crate::format::crc(&reversed));
-    Path::new(DIR).join(format!("mount-{h:016x}.sock"))
+    format!("mount-{h:016x}.sock")
+}
+
+/// Where the daemon serving `mountpoint` listens: in root's directory,
+/// in the caller's own, or (for root asking about a user's mount) in a
+/// user's; where this process's daemon would listen if none is found.
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    let name = socket_name(mountpoint);
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    // A daemon started from a shell without XDG_RUNTIME_DIR listens in
+    // /tmp: a command from one with it still finds it.
+    let mut dirs = vec![
+        own_dir(),
+        PathBuf::from(ROOT_DIR),
+        PathBuf::from(format!("/tmp/canopy-{uid}")),
+    ];
+    if uid == 0 {
+        let users = |parent: &str, pick: &dyn Fn(&Path) -> PathBuf| -> Vec<PathBuf> {
+            std::fs::read_dir(parent)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| pick(&e.path()))
+                .collect()
+        };
+        dirs.extend(users("/run/user", &|p| p.join("canopy")));
+        dirs.extend(users("/tmp", &|p| p.to_path_buf()).into_iter().filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("canopy-"))
+        }));
+    }
+    dirs.iter()
+        .map(|d| d.join(&name))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| own_dir().join(&name))
+}
+
+/// Makes the directory a daemon listens in: root's readable by all, a
+/// user's private to them (and refused if someone else owns it).
+fn make_own_dir() -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let dir = own_dir();
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let mode = if uid == 0 { 0o755 } else { 0o700 };
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true).mode(mode);
+    b.create(&dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let m = std::fs::symlink_metadata(&dir)
+        .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
+    if !m.is_dir() || m.uid() != uid {
+        return Err(Error::Invalid(format!(
+            "{} is not a directory of this user's",
+            dir.display()
+        )));
+    }
+    if uid != 0 && m.permissions().mode() & 0o077 != 0 {
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+    }
+    Ok(dir)
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -494,9 +573,9 @@ impl Server {
         fs: Arc<Fs>,
         notifier: super::Notifier,
         kernel: Arc<super::bdi::KernelSide>,
+        policy: super::peer::Policy,
     ) -> Result<Server> {
-        let path = socket_path(mountpoint);
-        std::fs::create_dir_all(DIR).map_err(|e| Error::io(format!("creating {DIR}"), e))?;
+        let path = make_own_dir()?.join(socket_name(mountpoint));
         // The session is up, so the mount point shows this mount: a socket
         // there is a dead daemon's, or that of the daemon of a mount just
         // unmounted from here and still shutting down (which removes only
@@ -505,7 +584,14 @@ impl Server {
         let listener = UnixListener::bind(&path)
             .map_err(|e| Error::io(format!("listening on {}", path.display()), e))?;
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        // Root's socket is open to all (each request is checked against
+        // its sender, `peer`); a user's lies in their private directory.
+        let mode = if path.starts_with(ROOT_DIR) {
+            0o666
+        } else {
+            0o600
+        };
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode));
         let ino = std::fs::metadata(&path).map_or(0, |m| m.ino());
         listener
             .set_nonblocking(true)
@@ -524,6 +610,7 @@ impl Server {
                         fs,
                         notifier,
                         kernel,
+                        policy,
                     },
                 )
             })
@@ -557,6 +644,7 @@ struct Daemon {
     fs: Arc<Fs>,
     notifier: super::Notifier,
     kernel: Arc<super::bdi::KernelSide>,
+    policy: super::peer::Policy,
 }
 
 impl Daemon {
@@ -838,7 +926,20 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
     // A receive's stream follows its line: what was read past the line
     // is its start.
     let read_ahead = r.buffer().to_vec();
-    let resp = match serde_json::from_str::<Request>(&line) {
+    let parsed = serde_json::from_str::<Request>(&line);
+    let send = matches!(parsed, Ok(Request::Send(_)));
+    let asked = parsed
+        .map_err(|e| Error::Invalid(format!("bad request: {e}")))
+        .and_then(|req| {
+            let peer =
+                super::peer::Peer::of(&s).map_err(|e| Error::io("asking who sent a request", e))?;
+            super::peer::authorize(req, &peer, fs, d.policy, |n| d.node(n))
+        });
+    if send && asked.is_err() {
+        // A send's answer follows its (here empty) stream.
+        (&s).write_all(&0u32.to_le_bytes())?;
+    }
+    let resp = match asked {
         Ok(Request::Send(mut req)) => {
             req.snapshot = d.node(req.snapshot);
             req.parent = req.parent.map(|p| d.node(p));
@@ -851,7 +952,7 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             super::receive::serve(s, read_ahead, fs.clone(), d.notifier.clone(), req);
             return Ok(());
         }
-        Err(e) => Response::of(Err(Error::Invalid(format!("bad request: {e}")))),
+        Err(e) => Response::of(Err(e)),
         Ok(Request::Sync) => Response::of(fs.sync().map(|()| None)),
         Ok(Request::SetCompression { option }) => {
             let set = super::options::MountOptions::parse(&option).map(|o| {

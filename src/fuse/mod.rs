@@ -20,6 +20,7 @@ mod listing;
 pub mod mount;
 mod notify;
 mod options;
+mod peer;
 mod proto;
 pub mod receive;
 mod reply;

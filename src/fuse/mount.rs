@@ -272,7 +272,10 @@ impl Helpers {
     ) -> Helpers {
         // Commands (`canopy scrub MNT`) reach the daemon here; a mount works
         // without them.
-        let control = super::control::Server::start(mount_path, fs.clone(), notifier, kernel)
+        let policy = super::peer::Policy {
+            user_subvol_rm: opts.user_subvol_rm_allowed,
+        };
+        let control = super::control::Server::start(mount_path, fs.clone(), notifier, kernel, policy)
             .map_err(|e| tracing::warn!(error = %e, "no control socket: scrub and other commands cannot reach this mount"))
             .ok();
         if opts.read_only {

@@ -44,6 +44,9 @@ pub struct MountOptions {
     pub dir_atime: bool,
     /// Change the options of a live mount (`mount -o remount,...`).
     pub remount: bool,
+    /// Users may delete subvolumes they could `rmdir` (btrfs's option of
+    /// that name); otherwise only root may.
+    pub user_subvol_rm_allowed: bool,
     /// A generic option besides `remount` was given: a remount passes the
     /// flags to the kernel (one with `compress=` alone leaves them).
     pub generic_given: bool,
@@ -117,6 +120,7 @@ impl Default for MountOptions {
             atime: crate::fs::AtimePolicy::Relative,
             dir_atime: true,
             remount: false,
+            user_subvol_rm_allowed: false,
             generic_given: false,
             writeback_cache: false,
             readahead: DEFAULT_READAHEAD,
@@ -258,6 +262,7 @@ impl MountOptions {
             "nostrict_limit" => o.strict_limit = false,
             "max_background" => o.max_background = num(value)?.clamp(1, u16::MAX.into()) as u16,
             "treelog" => o.treelog = true,
+            "user_subvol_rm_allowed" => o.user_subvol_rm_allowed = true,
             "notreelog" => o.treelog = false,
             "no_writeback_cache" => o.writeback_cache = false,
             "subvol" => {

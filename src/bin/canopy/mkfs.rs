@@ -52,6 +52,11 @@ pub struct Args {
     /// Print nothing on success.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Owner of the root directory, UID:GID (default: whoever runs mkfs,
+    /// so a user who makes and mounts their own image can write in it;
+    /// mke2fs's root_owner).
+    #[arg(long, value_name = "UID:GID", value_parser = parse_owner)]
+    owner: Option<(u32, u32)>,
     /// Image files, block devices, or rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH]:
     /// the filesystem's devices, devid 1, 2, ... in this order. Device 1
     /// holds the first copy of every block group, so its size bounds the
@@ -163,7 +168,22 @@ fn format_images(a: &Args, created: &[&Source]) -> Result<()> {
             .with_context(|| format!("formatting {name}"))?,
     );
     // The root directory, so that even a first read-only mount works.
-    drop(canopy::fs::Fs::new(engine.clone()).context("creating the root directory")?);
+    let fs = canopy::fs::Fs::new(engine.clone()).context("creating the root directory")?;
+    // SAFETY: getuid and getgid cannot fail.
+    let (uid, gid) = a
+        .owner
+        .unwrap_or_else(|| unsafe { (libc::getuid(), libc::getgid()) });
+    if (uid, gid) != (0, 0) {
+        let owner = canopy::fs::SetAttr {
+            uid: Some(uid),
+            gid: Some(gid),
+            ..Default::default()
+        };
+        fs.setattr(fs.root_node(), &owner)
+            .and_then(|_| fs.sync())
+            .context("giving the root directory its owner")?;
+    }
+    drop(fs);
     let fsid = engine.fsid();
     let (used, free) = engine.space();
     let mixed = engine.is_mixed();
@@ -200,4 +220,11 @@ fn format_images(a: &Args, created: &[&Source]) -> Result<()> {
         println!("  used:      {used} bytes, free: {free} bytes");
     }
     Ok(())
+}
+
+/// `UID:GID`, numbers as mke2fs's root_owner takes them.
+fn parse_owner(s: &str) -> std::result::Result<(u32, u32), String> {
+    let bad = || format!("'{s}': want UID:GID, two numbers");
+    let (u, g) = s.split_once(':').ok_or_else(bad)?;
+    Ok((u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?))
 }

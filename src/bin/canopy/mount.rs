@@ -34,7 +34,8 @@ pub struct Args {
     /// data does not compress stops being tried), compress-force=... (try
     /// every chunk; a file's `compression` property overrides both),
     /// nologreplay (with ro: the last commit, without replaying a crash's
-    /// fsync log). With remount, changes the flags of the live mount on
+    /// fsync log), user_subvol_rm_allowed (users may delete subvolumes
+    /// they could rmdir). With remount, changes the flags of the live mount on
     /// MOUNTPOINT (ro, nosuid, nodev, noexec, atime options; a read-only
     /// mount stays read-only) and its compression for later writes.
     /// Unknown options are an error.
