@@ -21,6 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// The longest request line read (a receive's stream follows its line,
+/// unbounded).
+const MAX_REQUEST: u64 = 1 << 20;
+
 /// Where root's daemons listen.
 const ROOT_DIR: &str = "/run/canopy";
 
@@ -922,7 +926,9 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
     let mut r = BufReader::new(&s);
-    r.read_line(&mut line)?;
+    // Any user may connect: a request line is small, and one that is not
+    // is cut off (and then fails to parse) rather than held in memory.
+    std::io::Read::take(std::io::Read::by_ref(&mut r), MAX_REQUEST).read_line(&mut line)?;
     // A receive's stream follows its line: what was read past the line
     // is its start.
     let read_ahead = r.buffer().to_vec();
