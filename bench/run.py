@@ -2,12 +2,14 @@
 """Runs the seed workloads on Canopy and on kernel btrfs, XFS, ext4 and
 fuse2fs in one run, alternating filesystems round by round, and writes
 bench/results/<date>.md with PNG plots plus the summary in
-docs/benchmarks.md. A benchmark, never a test. Needs root.
+docs/benchmarks.md (and its current table at the top, which `report`
+alone rebuilds from bench/results). A benchmark, never a test. Needs root.
 
     python3 bench/run.py                      # every workload, scale 1/16
     python3 bench/run.py --scale 1 seek       # one workload at mail size
     python3 bench/run.py --fs canopy,btrfs --rounds 5 rename dbench
     python3 bench/run.py --fs canopy,btrfs,passthrough_hp everyday scale
+    python3 bench/run.py report               # no benchmark: the current table
 
 Workloads: seek, rename, dbench, dirty, fsync-random, everyday, qgroups, stall,
 fsync-isolated, fsync-stream, pgbench, parallel, snapshot, roundtrip, reads,
@@ -32,7 +34,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib import fs as fslib  # noqa: E402
-from benchlib import report, workloads  # noqa: E402
+from benchlib import current, report, workloads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = {"mkfs.btrfs": "btrfs-progs", "mkfs.xfs": "xfsprogs", "xfs_io": "xfsprogs",
@@ -83,7 +85,26 @@ def machine():
     }
 
 
+def report_only(argv):
+    """`run.py report`: rewrites the current summary at the top of
+    docs/benchmarks.md from the results already in bench/results, so the
+    table can be brought up to date (or its layout changed) without
+    measuring anything; no root needed."""
+    p = argparse.ArgumentParser(prog="run.py report", description=report_only.__doc__)
+    p.add_argument("--results", default=os.path.join(ROOT, "bench", "results"),
+                   help="where the runs' .jsonl and .md are (default bench/results)")
+    p.add_argument("--docs", default=os.path.join(ROOT, "docs", "benchmarks.md"),
+                   help="the file whose current summary is rewritten")
+    a = p.parse_args(argv)
+    if not os.path.isdir(a.results) or not os.path.isfile(a.docs):
+        p.error(f"needs the directory {a.results} and the file {a.docs}")
+    n = current.update_docs(a.docs, a.results, list(workloads.WORKLOADS))
+    print(f"{os.path.relpath(a.docs)}: current figures for {n} workload(s)", file=sys.stderr)
+
+
 def main():
+    if sys.argv[1:2] == ["report"]:
+        return report_only(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("workloads", nargs="*", help="default: all")
     p.add_argument("--scale", type=float, default=1 / 16,
@@ -177,6 +198,8 @@ def main():
     if not a.no_docs:
         report.update_docs_summary(os.path.join(ROOT, "docs", "benchmarks.md"), summary, all_fs,
                                    os.path.relpath(md, ROOT), date)
+        current.update_docs(os.path.join(ROOT, "docs", "benchmarks.md"), results_dir,
+                            list(workloads.WORKLOADS))
     print(f"report: {md}", file=sys.stderr)
 
 
