@@ -1667,6 +1667,68 @@ fn compression_through_the_mount() {
     m.unmount();
 }
 
+/// Issue 56, item 9: `filesystem du` says, as `btrfs filesystem du`, what
+/// files reference, what only they hold, and what they share: reflinks
+/// and snapshots make bytes shared, each counted once.
+#[test]
+fn du_shows_exclusive_and_shared_bytes() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mnt = m.mnt.clone();
+    let du = |path: &str| -> serde_json::Value {
+        canopy_ok(&["sync", "."], &mnt);
+        serde_json::from_str(&canopy_ok(&["filesystem", "du", "--json", path], &mnt)).unwrap()
+    };
+    let field = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    const MIB: u64 = 1 << 20;
+    canopy_ok(&["subvolume", "create", "sv"], &mnt);
+    let noise = |n: usize, seed: u64| -> Vec<u8> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    fs::write(m.p("sv/a"), noise(4 << 20, 1)).unwrap();
+    fs::write(m.p("sv/b"), noise(2 << 20, 2)).unwrap();
+    {
+        let src = fs::File::open(m.p("sv/b")).unwrap();
+        let dst = fs::File::create(m.p("sv/c")).unwrap();
+        assert_eq!(common::mounted::clone_range(&src, &dst, 2 << 20), 2 << 20);
+    }
+    let v = du("sv");
+    assert_eq!(v["total"]["referenced"].as_u64().unwrap(), 8 * MIB);
+    assert_eq!(
+        (field(&v, "exclusive"), field(&v, "set_shared")),
+        (4 * MIB, 2 * MIB)
+    );
+    let v = du("sv/c");
+    assert_eq!(
+        (field(&v, "exclusive"), field(&v, "set_shared")),
+        (0, 2 * MIB)
+    );
+    canopy_ok(&["subvolume", "snapshot", "sv", "snap"], &mnt);
+    fs::write(m.p("sv/new"), noise(1 << 20, 3)).unwrap();
+    let v = du("sv");
+    assert_eq!(
+        (field(&v, "exclusive"), field(&v, "set_shared")),
+        (MIB, 6 * MIB)
+    );
+    let table = canopy_ok(&["filesystem", "du", "sv/new"], &mnt);
+    assert!(
+        table.contains("Exclusive") && table.contains("Set shared"),
+        "{table}"
+    );
+    m.unmount();
+    m.check();
+}
+
 /// Issue 56, item 8: `-o remount,compress=...` changes how later writes
 /// compress, and leaves the kernel's flags alone; with other options it
 /// changes both.

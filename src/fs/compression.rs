@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::format::inode::INODE_NOCOMPRESS;
 use crate::format::inode::ROOT_DIR_INO;
 use crate::format::items::{FileExtentItem, FILE_EXTENT_INLINE, FILE_EXTENT_PREALLOC};
+use crate::format::tree_id;
 use crate::txn::Txn;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -87,6 +88,15 @@ pub struct Compsize {
     pub inline_disk: u64,
     pub total: CompsizeRow,
     pub kinds: Vec<CompsizeRow>,
+    /// Bytes of file data (as files reference them) in extents that no
+    /// other file, place in a file or snapshot holds: what deleting these
+    /// files would free (`btrfs filesystem du`'s Exclusive).
+    #[serde(default)]
+    pub exclusive: u64,
+    /// Bytes of the extents these files share with others (or among
+    /// themselves), each byte once (`btrfs filesystem du`'s Set shared).
+    #[serde(default)]
+    pub set_shared: u64,
 }
 
 /// Sums as the walk goes.
@@ -96,6 +106,8 @@ struct Tally {
     rows: BTreeMap<&'static str, CompsizeRow>,
     extents: HashSet<u64>,
     inodes: HashSet<u64>,
+    /// The shared bytes met, as ranges of the logical address space.
+    shared: super::rangeset::RangeSet,
 }
 
 impl Tally {
@@ -104,6 +116,17 @@ impl Tally {
             row.disk += disk;
             row.uncompressed += uncompressed;
             row.referenced += referenced;
+        }
+    }
+
+    /// Counts `fe`'s bytes as exclusive or shared: `sharing` is its data
+    /// extent's reference count and the subvolumes reaching it.
+    fn sharing(&mut self, fe: &FileExtentItem, (refs, roots): (u64, usize)) {
+        if refs <= 1 && roots <= 1 {
+            self.report.exclusive += fe.num_bytes;
+        } else {
+            let start = fe.disk_bytenr + fe.offset;
+            self.shared.insert(start, start + fe.num_bytes);
         }
     }
 
@@ -149,6 +172,7 @@ impl Fs {
             sv.compsize_inode(ino, &mut tally, &mut stack)?;
         }
         let mut report = tally.report;
+        report.set_shared = tally.shared.to_vec().iter().map(|(s, e)| e - s).sum();
         report.kinds = tally
             .rows
             .into_iter()
@@ -175,8 +199,16 @@ impl Subvol {
                 let root = r.root(self.tree)?;
                 if i.mode & libc::S_IFMT == libc::S_IFREG {
                     tally.report.files += 1;
+                    let mut walk = crate::qgroup::roots::RootsWalk::new(r.root(tree_id::EXTENT)?);
                     for (_, fe) in file::items_in(r, &root, ino, 0, u64::MAX)? {
                         tally.extent(&fe);
+                        // Inline data is the file's own, as are holes.
+                        if fe.kind == FILE_EXTENT_INLINE {
+                            tally.report.exclusive += file::item_len(&fe);
+                        } else if fe.disk_bytenr != 0 {
+                            let (refs, roots) = walk.data_sharing(r, fe.disk_bytenr)?;
+                            tally.sharing(&fe, (refs, roots.len()));
+                        }
                     }
                     return Ok(None);
                 }

@@ -57,6 +57,24 @@ impl RootsWalk {
         Ok(Arc::new(out))
     }
 
+    /// How many file extent items hold the data extent at `bytenr` (its
+    /// reference count), and the subvolumes reaching it: it belongs to
+    /// one file alone exactly when that is 1 and one subvolume
+    /// (`filesystem du`'s exclusive bytes).
+    pub fn data_sharing<B: BlockRead + ?Sized>(
+        &mut self,
+        b: &B,
+        bytenr: u64,
+    ) -> Result<(u64, Roots)> {
+        let refs = self
+            .backrefs(b, bytenr)?
+            .iter()
+            .filter(|(h, _)| matches!(h, RefHolder::DataLeaf(_)))
+            .map(|&(_, n)| n.max(0) as u64)
+            .sum();
+        Ok((refs, self.data_roots(b, bytenr)?))
+    }
+
     /// The subvolumes reaching the tree block at `bytenr`.
     pub fn tree_roots<B: BlockRead + ?Sized>(&mut self, b: &B, bytenr: u64) -> Result<Roots> {
         self.block_roots(b, bytenr, 0)

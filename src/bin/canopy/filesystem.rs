@@ -86,12 +86,16 @@ pub enum Command {
         /// The mount point (or any path in the filesystem).
         path: PathBuf,
     },
-    /// What the files under PATH take on disk per compression type, after
-    /// the `compsize` tool: bytes on disk and decoded (each extent once),
-    /// and bytes the files reference (shared extents once per reference).
+    /// What the files under PATH hold, as `btrfs filesystem du` says it
+    /// (Total they reference, Exclusive to them: what deleting them would
+    /// free, and Set shared with other files or snapshots, each byte
+    /// once), then per compression type, after the `compsize` tool: bytes
+    /// on disk and decoded (each extent once), and bytes the files
+    /// reference (shared extents once per reference).
     Du {
         /// One JSON object: files, regular_extents, refs, inline, total
-        /// and kinds (kind, disk, uncompressed, referenced).
+        /// and kinds (kind, disk, uncompressed, referenced), exclusive
+        /// and set_shared.
         #[arg(long)]
         json: bool,
         /// Sizes in bytes.
@@ -161,6 +165,7 @@ pub fn run(c: Command) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
+                print_sharing(&report, &path, raw);
                 print_compsize(&report, raw);
             }
             Ok(())
@@ -233,6 +238,23 @@ fn print_extents(path: &std::path::Path, map: &FileMap, raw: bool) {
             e.flags.join(",")
         );
     }
+}
+
+/// `btrfs filesystem du`'s line: what the files reference, what only
+/// they hold, and what they share (each byte once).
+fn print_sharing(r: &Compsize, path: &std::path::Path, raw: bool) {
+    println!(
+        "{:>12} {:>12} {:>12}  Filename",
+        "Total", "Exclusive", "Set shared"
+    );
+    println!(
+        "{:>12} {:>12} {:>12}  {}",
+        size(r.total.referenced, raw),
+        size(r.exclusive, raw),
+        size(r.set_shared, raw),
+        path.display()
+    );
+    println!();
 }
 
 fn print_compsize(r: &Compsize, raw: bool) {
