@@ -1684,19 +1684,8 @@ fn du_shows_exclusive_and_shared_bytes() {
     let field = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
     const MIB: u64 = 1 << 20;
     canopy_ok(&["subvolume", "create", "sv"], &mnt);
-    let noise = |n: usize, seed: u64| -> Vec<u8> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    };
-    fs::write(m.p("sv/a"), noise(4 << 20, 1)).unwrap();
-    fs::write(m.p("sv/b"), noise(2 << 20, 2)).unwrap();
+    fs::write(m.p("sv/a"), common::noise(4 << 20, 1)).unwrap();
+    fs::write(m.p("sv/b"), common::noise(2 << 20, 3)).unwrap();
     {
         let src = fs::File::open(m.p("sv/b")).unwrap();
         let dst = fs::File::create(m.p("sv/c")).unwrap();
@@ -1714,7 +1703,7 @@ fn du_shows_exclusive_and_shared_bytes() {
         (0, 2 * MIB)
     );
     canopy_ok(&["subvolume", "snapshot", "sv", "snap"], &mnt);
-    fs::write(m.p("sv/new"), noise(1 << 20, 3)).unwrap();
+    fs::write(m.p("sv/new"), common::noise(1 << 20, 5)).unwrap();
     let v = du("sv");
     assert_eq!(
         (field(&v, "exclusive"), field(&v, "set_shared")),
@@ -1727,6 +1716,87 @@ fn du_shows_exclusive_and_shared_bytes() {
     );
     m.unmount();
     m.check();
+}
+
+/// Issue 56, item 4: `canopy dedupe` makes files that hold the same
+/// blocks share them (space comes back, contents stay), leaves alone what
+/// differs, and loses nothing a writer writes while it runs.
+#[test]
+fn dedupe_shares_identical_blocks_and_keeps_concurrent_writes() {
+    use std::os::unix::fs::FileExt;
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::with_size("1G");
+    let mnt = m.mnt.clone();
+    const MIB: usize = 1 << 20;
+    let a = common::noise(32 * MIB, 7);
+    fs::create_dir(m.p("c")).unwrap();
+    // Written, not copied: cp would share them already.
+    fs::write(m.p("c/a"), &a).unwrap();
+    fs::write(m.p("c/b"), &a).unwrap();
+    let mut shifted = common::noise(MIB, 11);
+    shifted.extend_from_slice(&a[..16 * MIB]);
+    fs::write(m.p("c/shifted"), &shifted).unwrap();
+    fs::write(m.p("c/other"), common::noise(8 * MIB, 13)).unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    let before = free_blocks(&mnt);
+    let dry = canopy_ok(&["dedupe", "-r", "--dry-run", "--json", "c"], &mnt);
+    let dry: serde_json::Value = serde_json::from_str(&dry).unwrap();
+    assert_eq!(dry["duplicate"].as_u64().unwrap(), 48 * MIB as u64, "{dry}");
+    assert_eq!(dry["deduped"].as_u64().unwrap(), 0);
+    canopy_ok(&["sync", "."], &mnt);
+    assert!(free_blocks(&mnt) <= before + 16, "a dry run shares nothing");
+
+    // A writer rewrites parts of c/b while dedupe runs, again and again.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (path, stop, mut model) = (m.p("c/b"), stop.clone(), a.clone());
+        std::thread::spawn(move || {
+            let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || n < 200 {
+                let at = (n * 7919 * 4096) % (32 * MIB as u64 - 8192);
+                let chunk = vec![(n % 251) as u8; 6000];
+                f.write_all_at(&chunk, at).unwrap();
+                model[at as usize..at as usize + chunk.len()].copy_from_slice(&chunk);
+                n += 1;
+                if n.is_multiple_of(50) {
+                    f.sync_all().unwrap();
+                }
+            }
+            f.sync_all().unwrap();
+            model
+        })
+    };
+    for _ in 0..3 {
+        let out = canopy_ok(&["dedupe", "-r", "--json", "c"], &mnt);
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert!(
+            r["deduped"].as_u64().unwrap() + r["skipped"].as_u64().unwrap() > 0,
+            "{r}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let model = writer.join().unwrap();
+    assert!(fs::read(m.p("c/b")).unwrap() == model, "c/b lost a write");
+    assert!(fs::read(m.p("c/a")).unwrap() == a, "c/a changed");
+    assert!(
+        fs::read(m.p("c/shifted")).unwrap() == shifted,
+        "c/shifted changed"
+    );
+    canopy_ok(&["sync", "."], &mnt);
+    let saved = (free_blocks(&mnt) - before) * 4096;
+    // c/shifted's copy of a's first half is shared at least.
+    assert!(saved >= 16 * MIB as u64, "saved {saved} bytes");
+    m.unmount();
+    m.check();
+    m.mount("");
+    assert!(
+        fs::read(m.p("c/b")).unwrap() == model,
+        "c/b after a remount"
+    );
+    m.unmount();
 }
 
 /// Issue 56, item 8: `-o remount,compress=...` changes how later writes

@@ -475,7 +475,7 @@ impl Subvol {
 
 /// Takes the flush locks of file `a` of `sa` and file `b` of `sb` (in
 /// node order, so two callers cannot deadlock) and flushes both files.
-fn lock_flushed<'s>(
+pub(super) fn lock_flushed<'s>(
     sa: &'s Subvol,
     a: u64,
     sb: &'s Subvol,

@@ -24,6 +24,7 @@ pub mod balance;
 pub mod compression;
 mod daemon;
 mod data;
+pub mod dedupe;
 mod devices;
 mod dir;
 pub mod extents;

@@ -419,7 +419,7 @@ impl Fs {
     }
 
     /// [`Fs::at`] for a change: EROFS in a read-only subvolume.
-    fn at_writable(&self, node: u64) -> Result<(Arc<Subvol>, u64)> {
+    pub(super) fn at_writable(&self, node: u64) -> Result<(Arc<Subvol>, u64)> {
         let (sv, ino) = self.at(node)?;
         sv.check_writable()?;
         Ok((sv, ino))

@@ -147,6 +147,12 @@ pub enum Request {
     Compsize {
         node: u64,
     },
+    /// `canopy dedupe`: make the regular files `nodes` share what they
+    /// hold alike (only report it with `dry_run`).
+    Dedupe {
+        nodes: Vec<u64>,
+        dry_run: bool,
+    },
     /// `canopy subvolume create`: `name` in directory `parent` (a node id,
     /// the st_ino the command saw), owned by `uid`:`gid`.
     SubvolCreate {
@@ -339,6 +345,9 @@ pub struct Response {
     /// Bytes on disk per compression type, after a compsize request.
     #[serde(default)]
     pub compsize: Option<crate::fs::compression::Compsize>,
+    /// What a dedupe found and shared.
+    #[serde(default)]
+    pub dedupe: Option<crate::fs::dedupe::DedupeReport>,
     /// What a send wrote.
     #[serde(default)]
     pub send: Option<crate::send::Summary>,
@@ -377,6 +386,7 @@ impl Response {
             writeback: None,
             extents: None,
             compsize: None,
+            dedupe: None,
             send: None,
             grown: None,
             receive: None,
@@ -990,6 +1000,16 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             writeback: Some(d.kernel.limits(fs.dirty_limit())),
             ..Response::of(Ok(None))
         },
+        Ok(Request::Dedupe { nodes, dry_run }) => {
+            let nodes: Vec<u64> = nodes.iter().map(|&n| d.node(n)).collect();
+            match fs.dedupe(&nodes, dry_run) {
+                Ok(report) => Response {
+                    dedupe: Some(report),
+                    ..Response::ok()
+                },
+                Err(e) => Response::failed(e),
+            }
+        }
         Ok(Request::Compsize { node }) => match fs.compsize(d.node(node)) {
             Ok(report) => Response {
                 compsize: Some(report),

@@ -7,6 +7,7 @@
 
 mod balance;
 mod check;
+mod dedupe;
 mod device;
 mod filesystem;
 mod generate;
@@ -128,6 +129,9 @@ enum Command {
     /// Make a read-only subvolume from a send stream (Canopy's or
     /// btrfs's) under DIR.
     Receive(receive::Args),
+    /// Make files that hold the same blocks share them, as duperemove
+    /// does on btrfs (each range compared byte for byte first).
+    Dedupe(dedupe::Args),
     /// Show internals of an unmounted image.
     #[command(subcommand)]
     Inspect(inspect::Command),
@@ -172,6 +176,7 @@ fn main() -> ExitCode {
         Command::Inspect(c) => inspect::run(c),
         Command::Send(a) => send::run(a),
         Command::Receive(a) => return receive::run(a),
+        Command::Dedupe(a) => dedupe::run(a),
         Command::Rescue(c) => rescue::run(c),
         Command::Generate(c) => generate::run(c, <Cli as clap::CommandFactory>::command()),
         Command::Subvolume(c) => subvolume::run(c),
