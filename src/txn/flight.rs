@@ -356,6 +356,8 @@ impl Engine {
             engine: self,
             epoch: self.shared.reads.enter(),
         };
+        self.foreground
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let p = self.read(plan)?;
         io(p, &DataDevice { sh: &self.shared })
     }
@@ -368,6 +370,8 @@ impl Engine {
             engine: self,
             epoch: self.shared.reads.enter(),
         };
+        self.foreground
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         f(&DataDevice { sh: &self.shared })
     }
 

@@ -254,6 +254,18 @@ pub struct Engine {
     /// What the opener called each device (`OpenOptions::device_names`,
     /// and `add_device`'s name), by devid.
     device_names: RwLock<BTreeMap<u64, String>>,
+    /// Transactions and data reads outside the state lock so far: what a
+    /// mount's own work looks like from below, for background work that
+    /// yields to it (scrub sleeps only while this moves).
+    foreground: AtomicU64,
+}
+
+impl Engine {
+    /// How much foreground work (transactions, data reads) the engine has
+    /// seen: a count that moves while the mount is busy.
+    pub fn foreground_work(&self) -> u64 {
+        self.foreground.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// A bound on the running transaction's changed tree blocks and the
@@ -325,6 +337,8 @@ impl Engine {
     /// engine down, keeping the last commit.
     pub fn write<R>(&self, f: impl FnOnce(&mut Txn<'_>) -> Result<R>) -> Result<R> {
         self.check_alive()?;
+        self.foreground
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if self.read_only {
             return Err(Error::ReadOnly);
         }

@@ -172,6 +172,7 @@ fn new_engine(
         read_only: opts.read_only,
         settle_early_at: opts.settle_early_at.max(1),
         device_names: RwLock::new(BTreeMap::new()),
+        foreground: Default::default(),
     }
 }
 
