@@ -121,7 +121,9 @@ pub(super) fn refuse_open(i: &InodeItem, flags: i32) -> Result<()> {
 }
 
 /// EPERM unless fallocate `mode` may change `i`: not at all an immutable
-/// file, and an append-only one only with KEEP_SIZE alone.
+/// file, and an append-only one only to preallocate (mode 0 or
+/// KEEP_SIZE), never to punch or zero, as the kernel rules for local
+/// filesystems.
 pub(super) fn refuse_fallocate(i: &InodeItem, mode: i32) -> Result<()> {
     refuse_if_immutable(i)?;
     match i.flags & INODE_APPEND != 0 && mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
