@@ -1735,6 +1735,7 @@ fn dedupe_shares_identical_blocks_and_keeps_concurrent_writes() {
     // Written, not copied: cp would share them already.
     fs::write(m.p("c/a"), &a).unwrap();
     fs::write(m.p("c/b"), &a).unwrap();
+    fs::write(m.p("c/b2"), &a).unwrap();
     let mut shifted = common::noise(MIB, 11);
     shifted.extend_from_slice(&a[..16 * MIB]);
     fs::write(m.p("c/shifted"), &shifted).unwrap();
@@ -1743,27 +1744,27 @@ fn dedupe_shares_identical_blocks_and_keeps_concurrent_writes() {
     let before = free_blocks(&mnt);
     let dry = canopy_ok(&["dedupe", "-r", "--dry-run", "--json", "c"], &mnt);
     let dry: serde_json::Value = serde_json::from_str(&dry).unwrap();
-    assert_eq!(dry["duplicate"].as_u64().unwrap(), 48 * MIB as u64, "{dry}");
+    assert_eq!(dry["duplicate"].as_u64().unwrap(), 80 * MIB as u64, "{dry}");
     assert_eq!(dry["deduped"].as_u64().unwrap(), 0);
     canopy_ok(&["sync", "."], &mnt);
     assert!(free_blocks(&mnt) <= before + 16, "a dry run shares nothing");
 
-    // A writer rewrites parts of c/b while dedupe runs, again and again.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A writer rewrites parts of c/b while dedupe runs: a fixed number of
+    // writes, paced, so that what they allocate stays small beside what
+    // dedupe gives back, however slow the machine.
     let writer = {
-        let (path, stop, mut model) = (m.p("c/b"), stop.clone(), a.clone());
+        let (path, mut model) = (m.p("c/b"), a.clone());
         std::thread::spawn(move || {
             let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) || n < 200 {
+            for n in 0..400u64 {
                 let at = (n * 7919 * 4096) % (32 * MIB as u64 - 8192);
                 let chunk = vec![(n % 251) as u8; 6000];
                 f.write_all_at(&chunk, at).unwrap();
                 model[at as usize..at as usize + chunk.len()].copy_from_slice(&chunk);
-                n += 1;
                 if n.is_multiple_of(50) {
                     f.sync_all().unwrap();
                 }
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
             f.sync_all().unwrap();
             model
@@ -1777,18 +1778,20 @@ fn dedupe_shares_identical_blocks_and_keeps_concurrent_writes() {
             "{r}"
         );
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let model = writer.join().unwrap();
     assert!(fs::read(m.p("c/b")).unwrap() == model, "c/b lost a write");
     assert!(fs::read(m.p("c/a")).unwrap() == a, "c/a changed");
+    assert!(fs::read(m.p("c/b2")).unwrap() == a, "c/b2 changed");
     assert!(
         fs::read(m.p("c/shifted")).unwrap() == shifted,
         "c/shifted changed"
     );
     canopy_ok(&["sync", "."], &mnt);
     let saved = (free_blocks(&mnt) - before) * 4096;
-    // c/shifted's copy of a's first half is shared at least.
-    assert!(saved >= 16 * MIB as u64, "saved {saved} bytes");
+    // c/b2, which nobody writes, gives all its extents back (c/b's stay
+    // held where the writer's blocks left them partly in use, as on
+    // btrfs); the writer's own blocks take a few MiB.
+    assert!(saved >= 24 * MIB as u64, "saved {saved} bytes");
     m.unmount();
     m.check();
     m.mount("");

@@ -61,31 +61,44 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
     // SAFETY: geteuid cannot fail.
     let uid = unsafe { libc::geteuid() };
     // A daemon started from a shell without XDG_RUNTIME_DIR listens in
-    // /tmp: a command from one with it still finds it.
+    // /tmp: a command from one with it still finds it. Each directory
+    // with the user it must belong to.
     let mut dirs = vec![
-        own_dir(),
-        PathBuf::from(ROOT_DIR),
-        PathBuf::from(format!("/tmp/canopy-{uid}")),
+        (own_dir(), uid),
+        (PathBuf::from(ROOT_DIR), 0),
+        (PathBuf::from(format!("/tmp/canopy-{uid}")), uid),
     ];
     if uid == 0 {
-        let users = |parent: &str, pick: &dyn Fn(&Path) -> PathBuf| -> Vec<PathBuf> {
+        let numbered = |parent: &str, prefix: &str| -> Vec<(PathBuf, u32)> {
             std::fs::read_dir(parent)
                 .into_iter()
                 .flatten()
                 .flatten()
-                .map(|e| pick(&e.path()))
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let n = name.strip_prefix(prefix)?.parse().ok()?;
+                    Some((e.path(), n))
+                })
                 .collect()
         };
-        dirs.extend(users("/run/user", &|p| p.join("canopy")));
-        dirs.extend(users("/tmp", &|p| p.to_path_buf()).into_iter().filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("canopy-"))
-        }));
+        let users = numbered("/run/user", "").into_iter();
+        dirs.extend(users.map(|(p, n)| (p.join("canopy"), n)));
+        dirs.extend(numbered("/tmp", "canopy-"));
     }
     dirs.iter()
-        .map(|d| d.join(&name))
+        .filter(|(d, owner)| trusted_dir(d, *owner))
+        .map(|(d, _)| d.join(&name))
         .find(|p| p.exists())
         .unwrap_or_else(|| own_dir().join(&name))
+}
+
+/// Whether a socket found in `dir` can be trusted to be the daemon of
+/// user `owner`: the directory is theirs and nobody else may write in
+/// it, so no other user can plant a socket that answers for a mount.
+fn trusted_dir(dir: &Path, owner: u32) -> bool {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == owner && m.permissions().mode() & 0o022 == 0)
 }
 
 /// Makes the directory a daemon listens in: root's readable by all, a
