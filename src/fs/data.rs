@@ -91,6 +91,20 @@ impl Subvol {
     }
 
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.write_enforcing(ino, offset, data, true)
+    }
+
+    /// A write the kernel sends back from its page cache (`-o
+    /// writeback_cache`): it accepted those bytes at write(2), possibly
+    /// before `chattr +i` or `+a`, so they are kept like a kernel
+    /// filesystem keeps its dirty pages; its opens still obey the flags.
+    pub fn write_back(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.write_enforcing(ino, offset, data, false)
+    }
+
+    /// [`Subvol::write`], refusing what file attributes forbid when
+    /// `enforce`.
+    fn write_enforcing(&self, ino: u64, offset: u64, data: &[u8], enforce: bool) -> Result<u32> {
         if offset
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > crate::fs::MAX_FILE_SIZE)
@@ -103,13 +117,13 @@ impl Subvol {
         self.core.engine.check_alive()?;
         self.inodes.note_cached(ino);
         let attr_flags = self.inodes.peek(ino, |s| s.attr_flags).unwrap_or(0);
-        if attr_flags & crate::format::inode::INODE_IMMUTABLE != 0 {
+        if enforce && attr_flags & crate::format::inode::INODE_IMMUTABLE != 0 {
             return Err(errno(libc::EPERM, "immutable"));
         }
-        if attr_flags & crate::format::inode::INODE_APPEND != 0 {
+        if enforce && attr_flags & crate::format::inode::INODE_APPEND != 0 {
             self.refuse_rewrite(ino, offset, data)?;
         }
-        let written = self.write_buffered(ino, offset, data)?;
+        let written = self.write_buffered(ino, offset, data, enforce)?;
         if super::attrs::synchronous(attr_flags) {
             self.fsync(ino)?;
         }
@@ -134,7 +148,7 @@ impl Subvol {
     }
 
     /// [`Subvol::write`] into the file's buffer.
-    fn write_buffered(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+    fn write_buffered(&self, ino: u64, offset: u64, data: &[u8], enforce: bool) -> Result<u32> {
         if self.buffer_on_credit(ino, offset, data) {
             return Ok(data.len() as u32);
         }
@@ -145,7 +159,9 @@ impl Subvol {
             if is_dir(i.mode) {
                 return Err(errno(libc::EISDIR, "is a directory"));
             }
-            super::attrs::refuse_if_immutable(&i)?;
+            if enforce {
+                super::attrs::refuse_if_immutable(&i)?;
+            }
             let credit = self.reserve_credit(tx, ino, offset, data.len() as u64)?;
             let bytes = owned.take().unwrap_or_else(|| data.to_vec());
             self.buffer_with_credit(ino, offset, bytes, credit);

@@ -178,6 +178,13 @@ impl Fs {
         sv.write(ino, offset, data)
     }
 
+    /// [`Fs::write`] of pages the kernel writes back from its cache
+    /// (see [`Subvol::write_back`]).
+    pub fn write_back(&self, node: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let (sv, ino) = self.at_writable(node)?;
+        sv.write_back(ino, offset, data)
+    }
+
     /// Directory entries after readdir offset `offset`: (next offset, node,
     /// d_type, name). Offsets 1 and 2 are "." and "..".
     pub fn readdir(&self, node: u64, offset: u64, max: usize) -> Result<Vec<DirListing>> {

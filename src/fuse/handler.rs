@@ -475,7 +475,11 @@ impl FuseFs {
                 return Reply::Error(err(e));
             }
         }
-        match self.fs.write(ino, offset, data) {
+        let written = match flags & super::proto::WRITE_CACHE != 0 {
+            true => self.fs.write_back(ino, offset, data),
+            false => self.fs.write(ino, offset, data),
+        };
+        match written {
             Ok(n) => reply::written(n),
             Err(e) => Reply::Error(err(e)),
         }

@@ -106,6 +106,8 @@ pub mod fopen {
 
 /// `fuse_write_in.write_flags`: the writer lacks CAP_FSETID.
 pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+/// A write from the kernel's page cache (writeback), not from write(2).
+pub const WRITE_CACHE: u32 = 1 << 0;
 /// `fuse_fsync_in.fsync_flags`.
 pub const FSYNC_FDATASYNC: u32 = 1 << 0;
 
