@@ -1819,6 +1819,13 @@ fn remount_changes_compression() {
         canopy_ok(&["sync", "."], &mnt);
         fs::metadata(mnt.join(name)).unwrap().blocks() * 512
     };
+    // From no compression, whatever the test run mounts with.
+    let out = remount(&m, "remount,compress=no");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     fs::write(m.p("plain"), &text).unwrap();
     assert!(
         on_disk("plain") >= text.len() as u64,
