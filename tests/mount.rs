@@ -1150,12 +1150,7 @@ fn subvolumes_and_snapshots_through_the_mount() {
 }
 
 /// Free blocks of the mount as statfs reports them.
-fn free_blocks(path: &std::path::Path) -> u64 {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
-    s.f_bfree
-}
+use common::mounted::free_blocks;
 
 /// A subvolume of `n` small files, each with its own data extent.
 fn many_files(m: &Mounted, name: &str, n: usize) {

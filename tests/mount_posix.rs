@@ -903,12 +903,7 @@ fn link_open_file(f: &fs::File, to: &Path) -> std::io::Result<()> {
     }
 }
 
-fn free_blocks(path: &Path) -> u64 {
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid path and a statvfs to fill.
-    assert_eq!(unsafe { libc::statvfs(cpath(path).as_ptr(), &mut s) }, 0);
-    s.f_bfree
-}
+use common::mounted::free_blocks;
 
 /// Issue 56, item 6: O_TMPFILE makes an open file with no name (no link,
 /// not listed) that inherits what a file made in the directory would;

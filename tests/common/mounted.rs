@@ -140,6 +140,17 @@ impl Drop for RbdImage {
 }
 
 /// statfs's total bytes of the filesystem mounted on `mnt`.
+/// Free 4 KiB blocks of the filesystem holding `path` (statvfs's f_bfree).
+#[allow(dead_code)]
+pub fn free_blocks(path: &Path) -> u64 {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a zeroed statvfs is a valid value to fill.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and a statvfs to fill.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    s.f_bfree
+}
+
 pub fn statfs_total(mnt: &Path) -> u64 {
     let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
