@@ -22,7 +22,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib.fs import Btrfs, Canopy, drop_caches, sh  # noqa: E402
+from benchlib.fs import Btrfs, Canopy, commit_any as commit, drop_caches, sh  # noqa: E402
+from benchlib.fs import used_bytes as used  # noqa: E402
 
 CORPUS = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -45,16 +46,6 @@ def corpus(seed):
         yield f"other{i}", rng.randbytes(FILE * MIB)
 
 
-def used(fs):
-    st = os.statvfs(fs.mnt)
-    return (st.f_blocks - st.f_bfree) * st.f_frsize
-
-
-def commit(fs):
-    if isinstance(fs, Canopy):
-        sh(f"'{fs.binary}' sync '{fs.mnt}'")
-    else:
-        sh(f"sync -f '{fs.mnt}'")
 
 
 def dedupe(fs, d):

@@ -178,6 +178,18 @@ fn every_prefix_opens_to_a_committed_generation_16k() {
     run_crash_workload(0x2545_f491_4f6c_dd1d, 30, 16384);
 }
 
+/// A fresh filesystem of `size` bytes in memory, its state now (`base`),
+/// and an `Fs` on it whose every write the recorder keeps.
+fn recorded_fs(size: u64) -> (Arc<Vec<u8>>, Arc<RecordingDevice>, canopy::fs::Fs) {
+    use canopy::fs::Fs;
+    let (base_dev, e) = common::mem_engine(size, 4096);
+    drop(Fs::new(Arc::new(e)).unwrap());
+    let base = Arc::new(base_dev.snapshot());
+    let rec = Arc::new(RecordingDevice::new(base.as_ref().clone()));
+    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+    (base, rec, Fs::new(Arc::new(e)).unwrap())
+}
+
 /// Files (name → contents) as committed at each generation.
 type Files = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -196,12 +208,7 @@ fn fs_files(fs: &canopy::fs::Fs) -> Files {
 #[test]
 fn every_prefix_of_a_fill_to_enospc_keeps_the_committed_files() {
     use canopy::fs::{Fs, Owner};
-    let (base_dev, e) = common::mem_engine(32 << 20, 4096);
-    drop(Fs::new(Arc::new(e)).unwrap());
-    let base = Arc::new(base_dev.snapshot());
-    let rec = Arc::new(RecordingDevice::new(base.as_ref().clone()));
-    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
-    let fs = Fs::new(Arc::new(e)).unwrap();
+    let (base, rec, fs) = recorded_fs(32 << 20);
     let mut files = Files::new();
     let mut models: BTreeMap<u64, Files> = BTreeMap::new();
     let mut ends = vec![(fs.engine().committed_generation(), 0usize)];
@@ -282,8 +289,11 @@ impl Replay {
             let (dev, e) = open_crashed(&mut self.rp, prefix, keep, ends);
             let g = e.committed_generation();
             let fs = Fs::new(Arc::new(e)).unwrap();
+            let want = self.models.get(&g).unwrap_or_else(|| {
+                panic!("prefix {prefix}: generation {g} was not recorded ({ends:?})")
+            });
             assert!(
-                fs_files(&fs) == self.models[&g],
+                fs_files(&fs) == *want,
                 "prefix {prefix}: files of generation {g} differ"
             );
             drop(fs);
@@ -300,12 +310,7 @@ impl Replay {
 #[test]
 fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
     use canopy::fs::{Fs, Owner};
-    let (base_dev, e) = common::mem_engine(64 << 20, 4096);
-    drop(Fs::new(Arc::new(e)).unwrap());
-    let base = Arc::new(base_dev.snapshot());
-    let rec = Arc::new(RecordingDevice::new(base.as_ref().clone()));
-    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
-    let fs = Fs::new(Arc::new(e)).unwrap();
+    let (base, rec, fs) = recorded_fs(64 << 20);
     fs.set_compression(canopy::compress::Policy {
         codec: Some(canopy::compress::Codec::Zstd(1)),
         force: true,
@@ -424,4 +429,114 @@ fn chunk_of(rng: &mut Rng, len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+/// Files of many short extents, one of them reflinked into another file
+/// and both partly overwritten afterwards, defragmented again and again
+/// between commits (`fs::defrag`: extents merged, every holder repointed,
+/// items joined): every prefix of the writes opens to a committed
+/// generation holding exactly the files committed then, and checks
+/// clean.
+#[test]
+fn every_prefix_of_defragmenting_keeps_the_committed_files() {
+    use canopy::fs::defrag::DefragArgs;
+    use canopy::fs::{Fs, Owner};
+    const PIECE: usize = 4096;
+    const PIECES: u64 = 256;
+    let (base, rec, fs) = recorded_fs(64 << 20);
+    let me = Owner { uid: 0, gid: 0 };
+    let mut files = Files::new();
+    let mut models: BTreeMap<u64, Files> = BTreeMap::new();
+    let mut ends = vec![(fs.engine().committed_generation(), 0usize)];
+    models.insert(ends[0].0, files.clone());
+    let commit = |fs: &Fs, files: &Files, models: &mut BTreeMap<u64, Files>, ends: &mut Vec<_>| {
+        fs.sync().unwrap();
+        let g = fs.engine().committed_generation();
+        models.insert(g, files.clone());
+        ends.push((g, rec.op_count()));
+    };
+    let mut rng = Rng(0xdef7_a6d0_0000_0056);
+    let names: Vec<Vec<u8>> = (0..3).map(|i| format!("frag{i}").into_bytes()).collect();
+    let mut inos = Vec::new();
+    for name in &names {
+        let a = fs
+            .create(256, name, libc::S_IFREG | 0o644, 0, me, None)
+            .unwrap();
+        let full = canopy::fs::SetAttr {
+            size: Some(PIECES * PIECE as u64),
+            ..Default::default()
+        };
+        fs.setattr(a.ino, &full).unwrap();
+        inos.push(a.ino);
+        files.insert(name.clone(), vec![0; PIECES as usize * PIECE]);
+    }
+    // Pieces in a random order, committed every few: each its own extent,
+    // scattered.
+    let write_piece = |fs: &Fs, files: &mut Files, rng: &mut Rng, f: usize, p: u64| {
+        let byte = (rng.below(250) + 1) as u8;
+        fs.write(inos[f], p * PIECE as u64, &[byte; PIECE]).unwrap();
+        let d = files.get_mut(&names[f]).unwrap();
+        d[p as usize * PIECE..(p as usize + 1) * PIECE].fill(byte);
+    };
+    let mut order: Vec<u64> = (0..PIECES).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    for (n, &p) in order.iter().enumerate() {
+        for f in 0..names.len() {
+            write_piece(&fs, &mut files, &mut rng, f, p);
+        }
+        if n % 16 == 15 {
+            commit(&fs, &files, &mut models, &mut ends);
+        }
+    }
+    // A reflinked copy shares frag0's extents.
+    let copy = fs
+        .create(256, b"copy", libc::S_IFREG | 0o644, 0, me, None)
+        .unwrap();
+    let len = PIECES * PIECE as u64;
+    assert_eq!(fs.copy_range(inos[0], 0, copy.ino, 0, len).unwrap(), len);
+    files.insert(b"copy".to_vec(), files[&names[0]].clone());
+    commit(&fs, &files, &mut models, &mut ends);
+    for round in 0..3 {
+        for (i, &ino) in inos.iter().enumerate().chain([(9, &copy.ino)]) {
+            let mut start = 0;
+            loop {
+                let args = DefragArgs {
+                    start,
+                    threshold: 2 << 20,
+                };
+                let r = fs.defragment(ino, args).unwrap();
+                if round == 0 && i < 3 && start == 0 {
+                    assert!(r.merged > 0, "frag{i}: nothing merged");
+                }
+                // A request that merged ends with a commit of its own
+                // (the files did not change).
+                let g = fs.engine().committed_generation();
+                models.insert(g, files.clone());
+                ends.push((g, rec.op_count()));
+                match r.next {
+                    Some(n) => start = n,
+                    None => break,
+                }
+            }
+        }
+        // Overwrites among the merged extents split them again.
+        for _ in 0..24 {
+            let f = rng.below(names.len() as u64) as usize;
+            let p = rng.below(PIECES);
+            write_piece(&fs, &mut files, &mut rng, f, p);
+        }
+        commit(&fs, &files, &mut models, &mut ends);
+    }
+    assert!(fs_files(&fs) == files, "the files as written");
+    // Reading set access times: committed here, not by the drop.
+    commit(&fs, &files, &mut models, &mut ends);
+    drop(fs);
+    let replay = Replay {
+        rp: Replayer::new(base, rec.ops()),
+        ends,
+        models,
+    };
+    replay.check_prefixes(250, &|i| i % 3 != 0, "defragment");
 }

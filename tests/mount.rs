@@ -1797,6 +1797,152 @@ fn dedupe_shares_identical_blocks_and_keeps_concurrent_writes() {
     m.unmount();
 }
 
+/// Issue 56, item 3: `canopy filesystem defragment` merges a file's short
+/// extents into long ones; what a snapshot and a reflink share stays
+/// shared (free space and quota numbers unchanged), a write that lands
+/// meanwhile is kept, and the image checks clean (quotas exact).
+#[test]
+fn defragment_merges_extents_and_keeps_what_is_shared() {
+    use std::os::unix::fs::FileExt;
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::with_size("1G");
+    let mnt = m.mnt.clone();
+    const PIECE: u64 = 4096;
+    const PIECES: u64 = 4096; // 16 MiB
+                              // Compressed extents are left as they are: this test wants plain ones
+                              // also in the run that mounts everything with compress-force.
+    let out = remount(&m, "remount,compress=no");
+    assert!(out.status.success(), "{out:?}");
+    canopy_ok(&["quota", "enable", "."], &mnt);
+    // Pieces written in a scattered order, fsynced every few: thousands
+    // of short extents, as a database's file gets.
+    let mut model = vec![0u8; (PIECE * PIECES) as usize];
+    {
+        let f = fs::File::create(m.p("f")).unwrap();
+        f.set_len(PIECE * PIECES).unwrap();
+        for n in 0..PIECES {
+            let p = (n * 2741) % PIECES;
+            let piece = common::noise(PIECE as usize, p + 1);
+            f.write_all_at(&piece, p * PIECE).unwrap();
+            model[(p * PIECE) as usize..((p + 1) * PIECE) as usize].copy_from_slice(&piece);
+            if n % 8 == 7 {
+                f.sync_data().unwrap();
+            }
+        }
+    }
+    // A reflinked copy (copy_file_range shares) and a snapshot.
+    fs::copy(m.p("f"), m.p("g")).unwrap();
+    canopy_ok(&["subvolume", "snapshot", ".", "snap"], &mnt);
+    canopy_ok(&["sync", "."], &mnt);
+    let extents = |name: &str| {
+        let out = canopy_ok(&["filesystem", "extents", "--json", name], &mnt);
+        let map: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let list = map["extents"].as_array().unwrap().clone();
+        // Distinct data extents (items of one extent share its start).
+        let starts: std::collections::BTreeSet<u64> = list
+            .iter()
+            .filter_map(|e| Some(e["physical"].as_u64()? - e["logical"].as_u64()?))
+            .collect();
+        (list.len(), starts.len())
+    };
+    let (items_before, _) = extents("f");
+    assert!(
+        items_before > 1000,
+        "only {items_before} extents to begin with"
+    );
+    let qgroups = || {
+        let json = canopy_ok(&["qgroup", "show", "--json", "."], &mnt);
+        let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["qgroupid"].clone(),
+                    r["referenced"].clone(),
+                    r["exclusive"].clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let (free, groups) = (free_blocks(&mnt), qgroups());
+
+    let out = canopy_ok(
+        &["filesystem", "defragment", "-r", "--json", "f", "g", "snap"],
+        &mnt,
+    );
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(r["extents_merged"].as_u64().unwrap() > 1000, "{r}");
+    canopy_ok(&["sync", "."], &mnt);
+    let (items_after, extents_after) = extents("f");
+    // 16 MiB in extents of up to 2 MiB; runs end where sharing differs
+    // (a few), items where leaves end.
+    assert!(extents_after <= 40, "{extents_after} extents after");
+    assert!(
+        items_after <= items_before / 10,
+        "{items_after} items after"
+    );
+    assert_eq!(extents("snap/f").1, extents_after, "the snapshot follows");
+    // Before the reads below, whose access times change the trees.
+    assert_eq!(qgroups(), groups, "quota numbers moved");
+    assert!(fs::read(m.p("f")).unwrap() == model, "f changed");
+    assert!(fs::read(m.p("g")).unwrap() == model, "g changed");
+    assert!(fs::read(m.p("snap/f")).unwrap() == model, "snap/f changed");
+    // Nothing unshared: the data takes what it took (the trees' blocks
+    // may move by a few).
+    let now = free_blocks(&mnt);
+    assert!(now + 64 >= free, "free blocks {free} -> {now}");
+    // Done is not done twice.
+    let again = canopy_ok(&["filesystem", "defragment", "--json", "f"], &mnt);
+    let again: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again["extents_merged"].as_u64(), Some(0), "{again}");
+
+    // Fragment it again, then defragment while a writer rewrites parts.
+    {
+        let f = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
+        for n in 0..1024u64 {
+            let p = (n * 613) % PIECES;
+            let piece = common::noise(PIECE as usize, p + 7);
+            f.write_all_at(&piece, p * PIECE).unwrap();
+            model[(p * PIECE) as usize..((p + 1) * PIECE) as usize].copy_from_slice(&piece);
+            if n % 8 == 7 {
+                f.sync_data().unwrap();
+            }
+        }
+    }
+    let writer = {
+        let (path, mut model) = (m.p("f"), model.clone());
+        std::thread::spawn(move || {
+            let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+            for n in 0..300u64 {
+                let at = (n * 7919 * 4096 + 1000) % (PIECE * PIECES - 8192);
+                let chunk = vec![(n % 251) as u8; 6000];
+                f.write_all_at(&chunk, at).unwrap();
+                model[at as usize..at as usize + chunk.len()].copy_from_slice(&chunk);
+                if n.is_multiple_of(20) {
+                    f.sync_all().unwrap();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            f.sync_all().unwrap();
+            model
+        })
+    };
+    for _ in 0..3 {
+        canopy_ok(&["filesystem", "defragment", "-q", "f"], &mnt);
+    }
+    let model = writer.join().unwrap();
+    assert!(fs::read(m.p("f")).unwrap() == model, "f lost a write");
+    assert!(fs::read(m.p("g")).unwrap() != model, "g follows f");
+    m.unmount();
+    m.check();
+    m.mount("");
+    assert!(fs::read(m.p("f")).unwrap() == model, "f after a remount");
+    m.unmount();
+}
+
 /// Issue 56, item 8: `-o remount,compress=...` changes how later writes
 /// compress, and leaves the kernel's flags alone; with other options it
 /// changes both.

@@ -19,6 +19,8 @@ fn op() -> impl Strategy<Value = Op> {
         20 => (tree.clone(), key.clone(), len.clone()).prop_map(|(tree, key, len)| Op::Insert { tree, key, len }),
         8 => (tree.clone(), key.clone(), len).prop_map(|(tree, key, len)| Op::Put { tree, key, len }),
         12 => (tree.clone(), key.clone()).prop_map(|(tree, key)| Op::Delete { tree, key }),
+        3 => (tree.clone(), key.clone(), any::<u8>(), 1u8..8)
+            .prop_map(|(tree, from, count, step)| Op::DeleteSorted { tree, from, count, step }),
         3 => (tree.clone(), key.clone(), 1u8..60, any::<bool>())
             .prop_map(|(tree, key, count, backward)| Op::Scan { tree, key, count, backward }),
         3 => (tree.clone(), key.clone(), any::<u8>()).prop_map(|(tree, key, blocks)| Op::NewData { tree, key, blocks }),

@@ -528,3 +528,18 @@ DRIVERS = {
     "tmpfs": Tmpfs,
     "passthrough_hp": PassthroughHp,
 }
+
+
+def used_bytes(fs):
+    """Bytes statfs counts used on the mount."""
+    st = os.statvfs(fs.mnt)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def commit_any(fs):
+    """Commits the mount: `canopy sync` on Canopy (syncfs does not reach a
+    FUSE daemon), syncfs on a kernel filesystem."""
+    if isinstance(fs, Canopy):
+        sh(f"'{fs.binary}' sync '{fs.mnt}'")
+    else:
+        sh(f"sync -f '{fs.mnt}'")

@@ -74,6 +74,9 @@ def build_parser():
                     help="rows per bulk insert of the WAL-churning connection (0: none)")
     ap.add_argument("--pg-recovery-timeout", type=float, default=90.0)
     ap.add_argument("--fill-timeout", type=float, default=600.0)
+    ap.add_argument("--defragment", action="store_true",
+                    help="run `canopy filesystem defragment -r` over the mount in a loop "
+                         "beside the client until each crash")
     ap.add_argument("--json", help="write a JSON summary here")
     ap.add_argument("-v", "--verbose", action="store_true")
     add_power_cut_options(ap)

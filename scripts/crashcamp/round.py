@@ -10,6 +10,7 @@ import json
 import os
 import pwd
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -74,6 +75,7 @@ class Round:
         self.crash_method = crash.for_args(args)
         self.daemon = None
         self.client_p = None
+        self.defrag_p = None
         self.cluster = None
         self.sockdir = None
         self.r = new_result(client, size, fill, idx, rng_seed)
@@ -214,10 +216,12 @@ class Round:
         self.crash_method.crash(self)
 
     def kill_client_and_database(self):
-        if self.client_p is not None:
-            kill_group_wait(self.client_p)
-            if self.client_p in REG.clients:
-                REG.clients.remove(self.client_p)
+        for p in (self.client_p, self.defrag_p):
+            if p is not None:
+                kill_group_wait(p)
+                if p in REG.clients:
+                    REG.clients.remove(p)
+        self.defrag_p = None
         if self.cluster is not None:
             self.cluster.kill_all()
 
@@ -426,6 +430,21 @@ class Round:
             self.client_p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                              stderr=subprocess.STDOUT, start_new_session=True)
         REG.clients.append(self.client_p)
+        if self.args.defragment:
+            self.start_defragmenter(cycle)
+
+    def start_defragmenter(self, cycle):
+        """Defragments the database's files over and over while the
+        client writes them (what it merges must survive the crash as
+        everything else does). Its errors are logged, not judged: files
+        come and go under it; the checks after the crash judge."""
+        loop = (f"while :; do {shlex.quote(self.canopy)} filesystem defragment -r -v "
+                f"-t 2M {shlex.quote(self.mnt)}; sleep 0.2; done")
+        with open(self.p(f"defrag-{cycle}.log"), "ab") as out:
+            self.defrag_p = subprocess.Popen(["sh", "-c", loop], stdin=subprocess.DEVNULL,
+                                             stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+        REG.clients.append(self.defrag_p)
 
     # -- verification after a remount ----------------------------------------
 

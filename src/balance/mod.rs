@@ -479,6 +479,13 @@ fn reserve_for(
             data += len;
         }
     }
+    reserve_moves(tx, paths, data)
+}
+
+/// Reserves for moving `data` bytes of extents whose holders' paths up
+/// to the roots (`paths` of them, each as tall as the tallest tree) may
+/// all need copying: space only, as a move's quota numbers do not change.
+pub(crate) fn reserve_moves(tx: &mut Txn<'_>, paths: u64, data: u64) -> Result<()> {
     let tallest = tx
         .tree_ids()
         .into_iter()

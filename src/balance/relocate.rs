@@ -15,7 +15,7 @@
 
 use crate::error::{Error, Result};
 use crate::extent::apply::find_extent_item;
-use crate::format::items::{data_ref_of, FileExtentItem};
+use crate::format::items::{data_ref_of, FileExtentItem, COMPRESS_NONE, FILE_EXTENT_REG};
 use crate::format::key_type::EXTENT_CSUM;
 use crate::format::node::{Body, Node};
 use crate::format::tree_id::{CSUM, EXTENT, LOG};
@@ -24,7 +24,7 @@ use crate::tree::{BlockRead, BlockWrite, Holder, RootPtr};
 use crate::txn::DataCopies;
 use crate::txn::Txn;
 use crate::txn::{RefHolder, Relocation};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// What a step learns about holders while it climbs back-references,
@@ -37,6 +37,7 @@ use std::sync::Arc;
 pub(crate) struct Climb {
     committed: HashMap<u64, Arc<Vec<(RefHolder, i64)>>>,
     alive: HashMap<u64, bool>,
+    roots: HashMap<u64, Arc<BTreeSet<u64>>>,
 }
 
 impl Climb {
@@ -102,6 +103,34 @@ impl Climb {
         let v = Arc::new(crate::extent::backrefs(tx, &tx.root_of(EXTENT)?, bytenr)?);
         self.committed.insert(bytenr, v.clone());
         Ok(v)
+    }
+
+    /// The trees that reach the extent or block at `bytenr` now (the log
+    /// aside): what decides which quota groups count it.
+    pub(crate) fn roots(&mut self, tx: &Txn<'_>, bytenr: u64) -> Result<Arc<BTreeSet<u64>>> {
+        self.roots_at(tx, bytenr, 0)
+    }
+
+    fn roots_at(&mut self, tx: &Txn<'_>, bytenr: u64, depth: usize) -> Result<Arc<BTreeSet<u64>>> {
+        crate::extent::check_climb(bytenr, depth)?;
+        if let Some(r) = self.roots.get(&bytenr) {
+            return Ok(r.clone());
+        }
+        let mut out = BTreeSet::new();
+        for (h, _) in self.holders_at(tx, bytenr, depth)? {
+            match h {
+                RefHolder::TreeRoot(t) if t != LOG => {
+                    out.insert(t);
+                }
+                RefHolder::TreeRoot(_) => {}
+                RefHolder::TreeParent(p) | RefHolder::DataLeaf(p) => {
+                    out.extend(self.roots_at(tx, p, depth + 1)?.iter().copied());
+                }
+            }
+        }
+        let out = Arc::new(out);
+        self.roots.insert(bytenr, out.clone());
+        Ok(out)
     }
 
     /// The block at `bytenr` was moved: its copy holds what it held.
@@ -215,18 +244,23 @@ impl DataCopy {
         let mut buf = vec![0u8; usize::try_from(len).map_err(|_| Error::corrupt(bytenr, "huge"))?];
         // Any good copy will do (a bad one is rewritten on the way).
         let read = tx.read_good_data(bytenr, &mut buf, sums.as_deref().unwrap_or(&[]), None);
-        read.map_err(|e| match e {
-            Error::Corrupt { .. } => Error::io(
-                format!("relocating data at {bytenr}: no copy matches its checksums"),
-                std::io::Error::from_raw_os_error(libc::EIO),
-            ),
-            e => e,
-        })?;
+        read.map_err(|e| unreadable(bytenr, e))?;
         Ok(DataCopy { bytenr, buf, sums })
     }
 
     pub(crate) fn len(&self) -> u64 {
         self.buf.len() as u64
+    }
+}
+
+/// A data extent no copy of which matches its checksums: EIO, named.
+fn unreadable(bytenr: u64, e: Error) -> Error {
+    match e {
+        Error::Corrupt { .. } => Error::io(
+            format!("relocating data at {bytenr}: no copy matches its checksums"),
+            std::io::Error::from_raw_os_error(libc::EIO),
+        ),
+        e => e,
     }
 }
 
@@ -288,4 +322,292 @@ fn repoint_items(leaf: &mut Node, old: u64, len: u64, new: u64) -> Result<u32> {
         }
     }
     Ok(moved)
+}
+
+/// Extents far apart on the device closer than this are read as one.
+const STAGE_GAP: u64 = 64 << 10;
+/// The longest single read of [`Staged`].
+const STAGE_MAX: u64 = 4 << 20;
+
+/// The data extents of one step, all asked of the device at once (so it
+/// works on them together, not one after another) and read in device
+/// order with neighbours read together: a few large reads replace many
+/// small ones where extents lie side by side. Nothing read here is trusted: each extent is
+/// checked against its checksums when taken, and one that fails (or a
+/// span whose read failed) is read again from a good copy.
+pub(crate) struct Staged {
+    /// (device start, bytes), by start.
+    spans: Vec<(u64, Vec<u8>)>,
+}
+
+impl Staged {
+    /// Reads `extents` ((start, length), any order), buffers from `pool`.
+    pub(crate) fn read(tx: &Txn<'_>, extents: &[(u64, u64)], pool: &mut Vec<Vec<u8>>) -> Staged {
+        let mut sorted = extents.to_vec();
+        sorted.sort_unstable();
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for &(start, len) in &sorted {
+            match ranges.last_mut() {
+                Some((s, e)) if start <= *e + STAGE_GAP && start + len - *s <= STAGE_MAX => {
+                    *e = (*e).max(start + len);
+                }
+                _ => ranges.push((start, start + len)),
+            }
+        }
+        let extents_at: std::collections::HashSet<(u64, u64)> = sorted.iter().copied().collect();
+        // All asked for first, so the device works on them together.
+        let copies: Vec<usize> = ranges
+            .iter()
+            .map(|&(start, end)| tx.preferred_data_copy(start, end - start, 0))
+            .collect();
+        for (&(start, end), &copy) in ranges.iter().zip(&copies) {
+            tx.prefetch_data_copy(start, end - start, copy);
+        }
+        let mut spans = Vec::with_capacity(ranges.len());
+        for ((start, end), copy) in ranges.into_iter().zip(copies) {
+            if extents_at.contains(&(start, end - start)) {
+                // One extent alone: read straight where it goes.
+                continue;
+            }
+            let mut buf = pool.pop().unwrap_or_default();
+            buf.clear();
+            buf.resize((end - start) as usize, 0);
+            match tx.read_data_copy(start, &mut buf, copy) {
+                Ok(()) => spans.push((start, buf)),
+                // Each extent of it is read on its own.
+                Err(_) => pool.push(buf),
+            }
+        }
+        Staged { spans }
+    }
+
+    /// Fills `out` with the extent at `bytenr`, verified with `sums`.
+    fn fill(&self, tx: &Txn<'_>, bytenr: u64, out: &mut [u8], sums: &[u8]) -> Result<()> {
+        if let Some(src) = self.slice(bytenr, out.len()) {
+            if crate::format::first_bad_sector(src, sums).is_none() {
+                out.copy_from_slice(src);
+                return Ok(());
+            }
+        }
+        let read = tx.read_good_data(bytenr, out, sums, None);
+        read.map_err(|e| unreadable(bytenr, e))
+    }
+
+    fn slice(&self, bytenr: u64, len: usize) -> Option<&[u8]> {
+        let i = self
+            .spans
+            .partition_point(|s| s.0 <= bytenr)
+            .checked_sub(1)?;
+        let (start, buf) = &self.spans[i];
+        let from = usize::try_from(bytenr - start).ok()?;
+        buf.get(from..from.checked_add(len)?)
+    }
+
+    /// Gives the buffers back.
+    pub(crate) fn recycle(self, pool: &mut Vec<Vec<u8>>) {
+        pool.extend(self.spans.into_iter().map(|s| s.1));
+    }
+}
+
+/// Whole data extents written one after another into one new extent
+/// (`canopy filesystem defragment`): each holder's items point at the
+/// same bytes in the new extent (`offset` shifted by where the old
+/// extent lies in it), so an extent shared by snapshots and reflinks
+/// stays shared. Unlike a move, the reference changes are traced for the
+/// quota accounting: a tree now reaches one extent where it reached
+/// several, and the commit counts that exactly.
+pub(crate) struct Merge {
+    /// The old extents, (start, length), in their order in the new one.
+    parts: Vec<(u64, u64)>,
+    /// Their bytes, one after another, verified.
+    buf: Vec<u8>,
+    /// Their checksums joined, when they have them (all or none).
+    sums: Option<Vec<u8>>,
+    /// Where the merged extent goes (allocated for the sum of lengths).
+    pub new: u64,
+}
+
+impl Merge {
+    /// Takes the extents `parts` from `staged` into one buffer (a buffer
+    /// of `pool`'s), each verified against its checksums; `new` is set
+    /// later.
+    pub(crate) fn read(
+        tx: &Txn<'_>,
+        staged: &Staged,
+        parts: Vec<(u64, u64)>,
+        pool: &mut Vec<Vec<u8>>,
+    ) -> Result<Merge> {
+        let total: u64 = parts.iter().map(|p| p.1).sum();
+        let total = usize::try_from(total).map_err(|_| Error::corrupt(0, "huge"))?;
+        let mut buf = pool.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(total, 0);
+        let mut joined: Vec<u8> = Vec::new();
+        let mut with_sums = 0;
+        let mut at = 0usize;
+        for &(bytenr, len) in &parts {
+            let sums = tx.get(CSUM, &csum_key(bytenr))?;
+            let end = at + len as usize;
+            staged.fill(
+                tx,
+                bytenr,
+                &mut buf[at..end],
+                sums.as_deref().unwrap_or(&[]),
+            )?;
+            if let Some(s) = sums {
+                joined.extend_from_slice(&s);
+                with_sums += 1;
+            }
+            at = end;
+        }
+        if with_sums != 0 && with_sums != parts.len() {
+            return Err(Error::Invalid(
+                "merging data extents with and without checksums".into(),
+            ));
+        }
+        Ok(Merge {
+            parts,
+            buf,
+            sums: (with_sums != 0).then_some(joined),
+            new: 0,
+        })
+    }
+
+    /// How many extents it merges.
+    pub(crate) fn extents(&self) -> usize {
+        self.parts.len()
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.buf.len() as u64
+    }
+}
+
+/// Writes `m`'s extents at `m.new`, one after another, with their
+/// checksums joined; repoints every file extent item that references
+/// them; then joins items of one file that now follow each other in the
+/// new extent into one. Returns how many items went away.
+pub(crate) fn merge_data(
+    tx: &mut Txn<'_>,
+    climb: &mut Climb,
+    m: Merge,
+    pool: &mut Vec<Vec<u8>>,
+) -> Result<u64> {
+    let total = m.len();
+    tx.write_data(m.new, &m.buf)?;
+    // The old extents' checksums go when the fold releases them.
+    if let Some(sums) = m.sums {
+        tx.insert(CSUM, csum_key(m.new), sums)?;
+    }
+    // Every holder leaf made writable first, then each rewritten in one
+    // pass: a leaf holds many of the extents.
+    let mut at: HashMap<u64, (u64, u64)> = HashMap::with_capacity(m.parts.len());
+    let mut touched: Vec<u64> = Vec::new();
+    let mut base = 0;
+    for &(old, len) in &m.parts {
+        at.insert(old, (len, base));
+        base += len;
+        for (holder, _) in climb.holders(tx, old)? {
+            if let RefHolder::DataLeaf(leaf) = holder {
+                let lw = writable(tx, climb, leaf)?;
+                if !touched.contains(&lw) {
+                    touched.push(lw);
+                }
+            }
+        }
+    }
+    for &lw in &touched {
+        let moved = repoint_into(tx.node_mut(lw)?, &at, m.new, total)?;
+        for (old, n) in moved {
+            let len = at.get(&old).map_or(0, |a| a.0);
+            tx.data_ref(old, len, lw, -i64::from(n));
+            tx.data_ref(m.new, total, lw, i64::from(n));
+        }
+    }
+    pool.push(m.buf);
+    let mut joined = 0;
+    for lw in touched {
+        let n = join_items(tx.node_mut(lw)?, m.new)?;
+        if n > 0 {
+            tx.data_ref(m.new, total, lw, -i64::from(n));
+            joined += u64::from(n);
+        }
+    }
+    tx.note_change();
+    Ok(joined)
+}
+
+/// Points the file extent items of `leaf` that reference one of the
+/// extents in `at` (old start -> length, place in the new extent) at the
+/// same bytes of the merged extent at `new`, `len` long. How many items
+/// each old extent lost.
+fn repoint_into(
+    leaf: &mut Node,
+    at: &HashMap<u64, (u64, u64)>,
+    new: u64,
+    len: u64,
+) -> Result<BTreeMap<u64, u32>> {
+    let mut moved = BTreeMap::new();
+    if let Body::Leaf(items) = &mut leaf.body {
+        for i in 0..items.len() {
+            let key = items.key(i);
+            let Some((old, old_len)) = data_ref_of(&key, items.data(i)) else {
+                continue;
+            };
+            let Some(&(want_len, base)) = at.get(&old) else {
+                continue;
+            };
+            if old_len != want_len {
+                continue;
+            }
+            let mut fe = FileExtentItem::decode(items.data(i)).map_err(|e| key.bad(e))?;
+            fe.disk_bytenr = new;
+            fe.disk_num_bytes = len;
+            fe.ram_bytes = len;
+            fe.offset += base;
+            items.replace_data(i, &fe.encode());
+            *moved.entry(old).or_insert(0) += 1;
+        }
+    }
+    Ok(moved)
+}
+
+/// Joins each item of `leaf` into the one before it where both are one
+/// file's and the second continues the first in the extent at `new` as
+/// in the file. The first item of the leaf never goes, so its parent's
+/// key stays right. Returns how many items went.
+fn join_items(leaf: &mut Node, new: u64) -> Result<u32> {
+    let Body::Leaf(items) = &mut leaf.body else {
+        return Ok(0);
+    };
+    let mut joined = 0;
+    let mut i = 1;
+    while i < items.len() {
+        let (ka, kb) = (items.key(i - 1), items.key(i));
+        let both = ka.objectid == kb.objectid
+            && data_ref_of(&ka, items.data(i - 1)).is_some_and(|(b, _)| b == new)
+            && data_ref_of(&kb, items.data(i)).is_some_and(|(b, _)| b == new);
+        if !both {
+            i += 1;
+            continue;
+        }
+        let mut a = FileExtentItem::decode(items.data(i - 1)).map_err(|e| ka.bad(e))?;
+        let b = FileExtentItem::decode(items.data(i)).map_err(|e| kb.bad(e))?;
+        let follows = a.kind == FILE_EXTENT_REG
+            && b.kind == FILE_EXTENT_REG
+            && a.compression == COMPRESS_NONE
+            && b.compression == COMPRESS_NONE
+            && ka.offset.checked_add(a.num_bytes) == Some(kb.offset)
+            && a.offset.checked_add(a.num_bytes) == Some(b.offset);
+        if !follows {
+            i += 1;
+            continue;
+        }
+        a.num_bytes += b.num_bytes;
+        a.generation = a.generation.max(b.generation);
+        items.replace_data(i - 1, &a.encode());
+        items.remove(i);
+        joined += 1;
+    }
+    Ok(joined)
 }

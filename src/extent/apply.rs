@@ -25,10 +25,17 @@ pub fn run(tx: &mut Txn<'_>) -> Result<bool> {
         return Ok(false);
     }
     let mut handed = hand_over_released(tx, &mut batch)?;
+    let mut sums_gone = Vec::new();
     for (bytenr, pending) in batch {
         let found = handed.remove(&bytenr);
-        apply_one(tx, bytenr, pending, found)?;
+        apply_one(tx, bytenr, pending, found, &mut sums_gone)?;
     }
+    // The checksums of the data released, deleted together (freed
+    // extents stay pinned until the commit, so no new checksum item can
+    // take one of these keys meanwhile). Some are gone already (balance
+    // and defragment move them with the data).
+    sums_gone.sort_unstable();
+    tx.delete_sorted(crate::format::tree_id::CSUM, &sums_gone)?;
     Ok(true)
 }
 
@@ -136,6 +143,7 @@ fn apply_one(
     bytenr: u64,
     p: PendingExtent,
     handed: Option<(Key, ExtentItem)>,
+    sums_gone: &mut Vec<Key>,
 ) -> Result<()> {
     let children_handed = handed.is_some();
     let (mut item, len, existed) = item_to_change(tx, bytenr, &p, handed)?;
@@ -170,7 +178,7 @@ fn apply_one(
             let from_drop = tx.drop_state().is_drop(&p.refs);
             return super::drop::release_or_queue(tx, bytenr, &item, from_drop);
         }
-        return release_data(tx, bytenr, len);
+        return release_data(tx, bytenr, len, sums_gone);
     }
     if existed && item.refs == total as u64 {
         // Holders swapped (a copy replaced one): the item stays as it is.
@@ -279,16 +287,12 @@ fn update_backref(
 }
 
 /// Frees a data extent whose count reached zero, with its checksums.
-fn release_data(tx: &mut Txn<'_>, bytenr: u64, len: u64) -> Result<()> {
-    let csum_key = Key::new(
+fn release_data(tx: &mut Txn<'_>, bytenr: u64, len: u64, sums_gone: &mut Vec<Key>) -> Result<()> {
+    sums_gone.push(Key::new(
         crate::format::CSUM_OBJECTID,
         crate::format::key_type::EXTENT_CSUM,
         bytenr,
-    );
-    match tx.delete(crate::format::tree_id::CSUM, &csum_key) {
-        Ok(_) | Err(Error::NotFound) => {}
-        Err(e) => return Err(e),
-    }
+    ));
     // A data extent stays pinned even when never committed: an unlocked
     // read may still be reading it (see `txn::flight`).
     tx.free_extent(bytenr, len, false)

@@ -25,6 +25,7 @@ pub mod compression;
 mod daemon;
 mod data;
 pub mod dedupe;
+pub mod defrag;
 mod devices;
 mod dir;
 pub mod extents;

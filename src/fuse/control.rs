@@ -166,6 +166,12 @@ pub enum Request {
         nodes: Vec<u64>,
         dry_run: bool,
     },
+    /// `canopy filesystem defragment`: one bounded piece of regular file
+    /// `node`'s defragmentation (the answer says where to go on).
+    Defragment {
+        node: u64,
+        args: crate::fs::defrag::DefragArgs,
+    },
     /// `canopy subvolume create`: `name` in directory `parent` (a node id,
     /// the st_ino the command saw), owned by `uid`:`gid`.
     SubvolCreate {
@@ -361,6 +367,9 @@ pub struct Response {
     /// What a dedupe found and shared.
     #[serde(default)]
     pub dedupe: Option<crate::fs::dedupe::DedupeReport>,
+    /// What a defragment request did, and where the next goes on.
+    #[serde(default)]
+    pub defrag: Option<crate::fs::defrag::DefragReport>,
     /// What a send wrote.
     #[serde(default)]
     pub send: Option<crate::send::Summary>,
@@ -400,6 +409,7 @@ impl Response {
             extents: None,
             compsize: None,
             dedupe: None,
+            defrag: None,
             send: None,
             grown: None,
             receive: None,
@@ -1023,6 +1033,13 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
                 Err(e) => Response::failed(e),
             }
         }
+        Ok(Request::Defragment { node, args }) => match fs.defragment(d.node(node), args) {
+            Ok(report) => Response {
+                defrag: Some(report),
+                ..Response::ok()
+            },
+            Err(e) => Response::failed(e),
+        },
         Ok(Request::Compsize { node }) => match fs.compsize(d.node(node)) {
             Ok(report) => Response {
                 compsize: Some(report),

@@ -119,6 +119,11 @@ pub(super) fn authorize(
             may(n, READ)?;
             Ok(req)
         }
+        Request::Defragment { node: n, .. } => {
+            // As btrfs: whoever may write the file may defragment it.
+            may(n, WRITE)?;
+            Ok(req)
+        }
         Request::SubvolShow { node: n } => {
             may(n, READ | SEARCH)?;
             Ok(req)

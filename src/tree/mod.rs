@@ -31,7 +31,7 @@ mod repack;
 mod search;
 
 pub use diff::differing_keys;
-pub use mutate::{delete, insert, put, update};
+pub use mutate::{delete, delete_sorted, insert, put, update};
 pub use repack::repack_leaves;
 pub use search::{block_addresses, count_blocks, get, get_many_with, get_with, Cursor};
 

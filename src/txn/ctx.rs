@@ -322,6 +322,12 @@ impl<'a> Txn<'a> {
         self.with_root(tree, |tx, root| tree::delete(tx, tree, root, key))
     }
 
+    /// Deletes the items of `keys` (sorted) that are present, leaf by
+    /// leaf; how many (see `tree::delete_sorted`).
+    pub fn delete_sorted(&mut self, tree: u64, keys: &[Key]) -> Result<usize> {
+        self.with_root(tree, |tx, root| tree::delete_sorted(tx, tree, root, keys))
+    }
+
     /// Packs the leaves under one parent of tree `tree`, from where `from`
     /// belongs; where to carry on (see `tree::repack_leaves`).
     pub fn repack_leaves(&mut self, tree: u64, from: &Key) -> Result<Option<Key>> {

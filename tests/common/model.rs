@@ -29,6 +29,14 @@ pub enum Op {
         tree: usize,
         key: u16,
     },
+    /// Delete every `step`-th key of `count` from `from` at once (present
+    /// or not), as `Txn::delete_sorted` does.
+    DeleteSorted {
+        tree: usize,
+        from: u16,
+        count: u8,
+        step: u8,
+    },
     Scan {
         tree: usize,
         key: u16,
@@ -154,6 +162,24 @@ impl Harness {
                     Some(v) => assert_eq!(r.expect("delete"), v),
                     None => assert!(matches!(r, Err(Error::NotFound)), "{r:?}"),
                 }
+            }
+            Op::DeleteSorted {
+                tree,
+                from,
+                count,
+                step,
+            } => {
+                let id = self.tree_id(tree);
+                let mut keys: Vec<Key> = (0..u32::from(count))
+                    .map(|j| (u32::from(from) + j * u32::from(step.max(1))) as u16)
+                    .map(|k| if k % 4 == 0 { data_key(k) } else { item_key(k) })
+                    .collect();
+                keys.sort_unstable();
+                keys.dedup();
+                let r = self.engine().write(|tx| tx.delete_sorted(id, &keys));
+                let m = self.model.get_mut(&id).expect("tree");
+                let present = keys.iter().filter(|k| m.remove(k).is_some()).count();
+                assert_eq!(r.expect("delete_sorted"), present);
             }
             Op::Scan {
                 tree,

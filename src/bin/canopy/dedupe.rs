@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use canopy::fuse::control::Request;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,7 +30,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let mut files = Vec::new();
     for p in &a.paths {
-        collect(p, a.recurse, &mut files)?;
+        crate::walk::collect(p, a.recurse, &mut files)?;
     }
     let first = a.paths[0]
         .canonicalize()
@@ -73,32 +73,6 @@ pub fn run(a: Args) -> Result<()> {
             "Skipped:            {} (differed, changed or shared already)",
             size(report.skipped)
         );
-    }
-    Ok(())
-}
-
-/// Adds the regular files at `path` (under it with `recurse`) to `out`.
-fn collect(path: &Path, recurse: bool, out: &mut Vec<(PathBuf, std::fs::Metadata)>) -> Result<()> {
-    let m =
-        std::fs::symlink_metadata(path).with_context(|| format!("opening {}", path.display()))?;
-    if m.is_file() {
-        out.push((path.to_path_buf(), m));
-    } else if m.is_dir() {
-        if !recurse {
-            bail!(
-                "{} is a directory (-r descends into directories)",
-                path.display()
-            );
-        }
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
-            .with_context(|| format!("listing {}", path.display()))?
-            .map(|e| e.map(|e| e.path()))
-            .collect::<std::io::Result<_>>()
-            .with_context(|| format!("listing {}", path.display()))?;
-        entries.sort();
-        for e in entries {
-            collect(&e, true, out)?;
-        }
     }
     Ok(())
 }

@@ -71,6 +71,14 @@ pub enum Command {
         raw: bool,
         path: PathBuf,
     },
+    /// Rewrite files held in many short extents into long ones, written
+    /// in file order, as `btrfs filesystem defragment` does. Unlike
+    /// btrfs's, an extent a snapshot or a reflink shares stays shared:
+    /// the extents themselves are merged and every holder follows, so
+    /// used space does not grow. Compressed extents are left as they are.
+    /// Runs online, a piece at a time; run again after an interruption
+    /// to go on (what is done is not done twice).
+    Defragment(crate::defrag::Args),
     /// Grow a mounted filesystem into a larger device (after `rbd
     /// resize`, `truncate -s` of an image file, a larger partition), as
     /// `btrfs filesystem resize` does: SIZE is `max` (all of the device),
@@ -154,6 +162,7 @@ pub fn run(c: Command) -> Result<()> {
             Ok(())
         }
         Command::Resize { json, size, path } => resize(&size, &path, json),
+        Command::Defragment(a) => crate::defrag::run(a),
         Command::Du { json, raw, path } => {
             let node = std::fs::metadata(&path)
                 .with_context(|| format!("opening {}", path.display()))?

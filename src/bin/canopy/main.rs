@@ -8,6 +8,7 @@
 mod balance;
 mod check;
 mod dedupe;
+mod defrag;
 mod device;
 mod filesystem;
 mod generate;
@@ -21,6 +22,7 @@ mod scrub;
 mod send;
 mod subvolume;
 mod sync;
+mod walk;
 mod xattr;
 
 use clap::{Parser, Subcommand};
