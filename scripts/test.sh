@@ -89,7 +89,9 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     # with compression (zstd).
     big_transport=dev
     if grep -qx 'Y' "$uring_enable" 2>/dev/null; then big_transport=uring; fi
-    "${campaign[@]}" --rounds "$rounds" --size 4G --fill 0 --fill 0.85 \
+    # The 4 GiB rounds also defragment the databases' files in a loop
+    # while they are written (`canopy filesystem defragment -r`).
+    "${campaign[@]}" --rounds "$rounds" --size 4G --fill 0 --fill 0.85 --defragment \
         --mount-opts "transport=$big_transport" --json target/tmp/crash-campaign-4g.json
     "${campaign[@]}" --rounds "$rounds" --size 512M --fill 0 --fill 0.85 \
         --mount-opts transport=dev,compress=zstd --json target/tmp/crash-campaign-512m.json
@@ -98,7 +100,7 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     # cut comes at a random moment or exactly at a barrier, and loses all
     # unflushed writes or a random version of each 512-byte sector.
     cargo build --release --locked --example power_cut
-    "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 4G --fill 0 \
+    "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 4G --fill 0 --defragment \
         --mount-opts "transport=$big_transport" --json target/tmp/power-cut-4g.json
     "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 512M --fill 0.85 \
         --mount-opts transport=dev,compress=zstd --json target/tmp/power-cut-512m.json

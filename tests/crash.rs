@@ -309,7 +309,7 @@ impl Replay {
 /// committed generation holding exactly the files committed then.
 #[test]
 fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
-    use canopy::fs::{Fs, Owner};
+    use canopy::fs::Owner;
     let (base, rec, fs) = recorded_fs(64 << 20);
     fs.set_compression(canopy::compress::Policy {
         codec: Some(canopy::compress::Codec::Zstd(1)),
