@@ -27,7 +27,8 @@
 //! place before changing anything, so a step either merges or fails with
 //! nothing changed. A request does a bounded range of one file and says
 //! where to go on, so the command shows progress and the control socket
-//! stays free; commits every few steps give the old extents' space back.
+//! stays free; the mount's commits (and one when a file is done) give
+//! the old extents' space back.
 
 use super::{file, Fs, Subvol};
 use crate::balance::relocate::{merge_data, Climb, Merge, Staged};
@@ -43,8 +44,6 @@ use std::time::{Duration, Instant};
 const STEP_DATA_BYTES: u64 = 8 << 20;
 /// Bytes of the file one step looks at for runs.
 const STEP_WINDOW: u64 = 10 << 20;
-/// Steps between commits: each gives back what the merged extents held.
-const STEPS_PER_COMMIT: u32 = 16;
 /// How long one request works before it answers with where to go on.
 const REQUEST_TIME: Duration = Duration::from_millis(500);
 /// Other operations get the lock between steps.
@@ -116,7 +115,6 @@ impl Fs {
             next: Some(args.start),
             ..Default::default()
         };
-        let mut steps = 0;
         // Buffers the steps reuse: fresh ones cost a page fault per page.
         let mut pool = Vec::new();
         while let Some(from) = report.next {
@@ -129,14 +127,15 @@ impl Fs {
             report.add(&done);
             report.next = done.next;
             if done.written > 0 {
-                steps += 1;
-                if steps % STEPS_PER_COMMIT == 0 {
-                    self.core.engine.commit()?;
-                }
                 std::thread::sleep(PAUSE_BETWEEN_STEPS);
             }
         }
-        if steps % STEPS_PER_COMMIT != 0 {
+        // Commits come from the mount's bound on dirty metadata while a
+        // file is done piece by piece (a commit per piece cost a tenth of
+        // the time), and here once the file is done, if any piece merged
+        // something (the command ends with the old extents' space free).
+        let may_have_merged = args.start > 0 || report.written > 0;
+        if report.next.is_none() && may_have_merged {
             self.core.engine.commit()?;
         }
         Ok(report)
