@@ -114,6 +114,16 @@ fn misuse_is_reported_precisely_and_failed_mkfs_cleans_up() {
     let (code, _, err) = canopy(&["mount", &p("fs.img"), &p("plain")]);
     assert_eq!(code, 1);
     assert!(err.contains("is not a directory"), "{err}");
+
+    // defragment: a directory needs -r; a file elsewhere has no daemon.
+    let (code, _, err) = canopy(&["filesystem", "defragment", &p("adir")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("-r descends"), "{err}");
+    let (code, _, err) = canopy(&["filesystem", "defragment", "-t", "lots", &p("plain")]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = canopy(&["filesystem", "defragment", &p("plain")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("Canopy"), "{err}");
 }
 
 /// `canopy subvolume list` and `sync` on an unmounted image: an image left

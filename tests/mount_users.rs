@@ -84,6 +84,18 @@ fn a_second_user_follows_btrfs_rules() {
         "create where they may not write",
         "ermission denied",
     );
+    // Defragment, as btrfs: whoever may write the file.
+    fs::write(m.p("mine/g"), b"more").unwrap();
+    fs::set_permissions(m.p("mine/g"), fs::Permissions::from_mode(0o666)).unwrap();
+    ok(
+        &canopy_as_nobody(&["filesystem", "defragment", "mine/g"], &mnt),
+        "defragment of a file they may write",
+    );
+    refused(
+        &canopy_as_nobody(&["filesystem", "defragment", "mine/f"], &mnt),
+        "defragment of a file they may not write",
+        "ermission denied",
+    );
     let list = canopy_as_nobody(&["subvolume", "list", "."], &mnt);
     ok(&list, "list");
     assert!(String::from_utf8_lossy(&list.stdout).contains("mine.ro"));
