@@ -116,7 +116,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&totals)?);
-    } else if !a.quiet {
+    } else if !a.quiet && totals.files > 0 {
         println!(
             "{} files: {} extents merged into {}, {} copied",
             totals.files,
