@@ -1899,6 +1899,34 @@ fn defragment_merges_extents_and_keeps_what_is_shared() {
     let again: serde_json::Value = serde_json::from_str(&again).unwrap();
     assert_eq!(again["extents_merged"].as_u64(), Some(0), "{again}");
 
+    // Far into a sparse file: the holes before it are stepped over, not
+    // walked.
+    {
+        let far = 1u64 << 46;
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(m.p("sparse"))
+            .unwrap();
+        for n in 0..64u64 {
+            let p = (n * 37) % 64;
+            f.write_all_at(&[p as u8 + 1; PIECE as usize], far + p * PIECE)
+                .unwrap();
+            f.sync_data().unwrap();
+        }
+        let out = canopy_ok(&["filesystem", "defragment", "--json", "sparse"], &mnt);
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(r["extents_merged"].as_u64(), Some(63), "{r}");
+        let mut back = vec![0u8; 64 * PIECE as usize];
+        f.read_exact_at(&mut back, far).unwrap();
+        for p in 0..64usize {
+            assert!(back[p * PIECE as usize..(p + 1) * PIECE as usize]
+                .iter()
+                .all(|&b| b == p as u8 + 1));
+        }
+    }
+
     // Fragment it again, then defragment while a writer rewrites parts.
     {
         let f = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();

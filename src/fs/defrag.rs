@@ -14,13 +14,13 @@
 //! unshared, so used space does not grow once the old extents are freed
 //! by the commit.
 //!
-//! Extents are only merged with others that the same trees reach and as
-//! many items reference, so a merged extent never makes a snapshot hold
+//! Extents are only merged with others that the same trees reach through
+//! as many leaves, so a merged extent never makes a snapshot hold
 //! bytes only the live file held (quota numbers stay what they were; the
 //! commit's accounting traces the change anyway, so they stay exact
 //! whatever is merged). An extent the file uses less than half of, a
-//! compressed, inline or preallocated one, and one allocated in the
-//! running transaction ends a run.
+//! compressed, inline or preallocated one, and one this request wrote
+//! itself ends a run.
 //!
 //! Each step is one short turn at the engine's lock, like a balance step:
 //! it reads and verifies the extents it merges and allocates their new
@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::format::items::{FileExtentItem, COMPRESS_NONE, FILE_EXTENT_REG};
 use crate::txn::Txn;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -115,15 +115,14 @@ impl Fs {
             next: Some(args.start),
             ..Default::default()
         };
-        // Buffers the steps reuse: fresh ones cost a page fault per page.
-        let mut pool = Vec::new();
+        let mut state = StepState::default();
         while let Some(from) = report.next {
             if started.elapsed() >= REQUEST_TIME {
                 break;
             }
             let done = self
                 .core
-                .write_reserved(|tx| sv.defrag_step(tx, ino, from, threshold, &mut pool))?;
+                .write_reserved(|tx| sv.defrag_step(tx, ino, from, threshold, &mut state))?;
             report.add(&done);
             report.next = done.next;
             if done.written > 0 {
@@ -140,6 +139,15 @@ impl Fs {
         }
         Ok(report)
     }
+}
+
+/// What a request's steps keep between them.
+#[derive(Default)]
+struct StepState {
+    /// Buffers to reuse: fresh ones cost a page fault per page.
+    pool: Vec<Vec<u8>>,
+    /// The extents this request wrote: not merged again.
+    made: HashSet<u64>,
 }
 
 /// Extents to merge, (start, length), in file order.
@@ -175,20 +183,27 @@ impl Subvol {
         ino: u64,
         from: u64,
         threshold: u64,
-        pool: &mut Vec<Vec<u8>>,
+        state: &mut StepState,
     ) -> Result<StepDone> {
+        let pool = &mut state.pool;
         let size = self.inode_tx(tx, ino)?.size;
         let root = tx.root_of(self.tree)?;
         let window_end = from.saturating_add(STEP_WINDOW);
         let items = file::items_in(tx, &root, ino, from, window_end)?;
         let mut climb = Climb::default();
-        let candidates = candidates(tx, &items, from, threshold)?;
+        let candidates = candidates(&items, from, threshold, &state.made);
         let (mut runs, stop) = runs_of(tx, &mut climb, &candidates)?;
+        let next = match stop {
+            Some(i) => Some(candidates[i].at),
+            // Where the next item starts (a sparse file's next data may
+            // lie far past the window), if anywhere.
+            None if window_end < size => file::items_from(tx, &root, ino, window_end, 1)?
+                .first()
+                .map(|(k, _)| *k),
+            None => None,
+        };
         let mut done = StepDone {
-            next: match stop {
-                Some(i) => Some(candidates[i].at),
-                None => (window_end < size).then_some(window_end),
-            },
+            next,
             ..Default::default()
         };
         if runs.is_empty() {
@@ -221,6 +236,7 @@ impl Subvol {
             merges.push(m);
         }
         for m in merges {
+            state.made.insert(m.new);
             done.merged += m.extents() as u64 - 1;
             done.written += 1;
             done.bytes += m.len();
@@ -249,11 +265,11 @@ fn run_start(candidates: &[Candidate], bytenr: u64) -> Option<u64> {
 /// The extents the items from `from` on reference, in order of first
 /// use, each once.
 fn candidates(
-    tx: &Txn<'_>,
     items: &[(u64, FileExtentItem)],
     from: u64,
     threshold: u64,
-) -> Result<Vec<Candidate>> {
+    made: &HashSet<u64>,
+) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::new();
     let mut index: HashMap<u64, usize> = HashMap::new();
     for (k, fe) in items {
@@ -277,22 +293,19 @@ fn candidates(
         }
         index.insert(bytenr, out.len());
         let plain = fe.kind == FILE_EXTENT_REG && fe.compression == COMPRESS_NONE;
-        // Merged once per transaction (its holders' pending changes are
-        // not folded yet).
-        let committed = !tx.allocated_now(bytenr);
         out.push(Candidate {
             at: *k,
             bytenr,
             len,
             used: fe.num_bytes,
-            mergeable: plain && committed && len < threshold,
+            mergeable: plain && len < threshold && !made.contains(&bytenr),
         });
     }
     for c in &mut out {
         // Mostly dead bytes would be copied for little.
         c.mergeable &= c.used.saturating_mul(2) >= c.len;
     }
-    Ok(out)
+    out
 }
 
 /// Runs of at least two mergeable extents, reached alike, whose lengths

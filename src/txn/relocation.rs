@@ -58,12 +58,6 @@ impl Txn<'_> {
         self.st.relocated.contains(&bytenr)
     }
 
-    /// Whether the extent at `bytenr` was allocated in this transaction
-    /// (whether or not its extent item was folded in already).
-    pub fn allocated_now(&self, bytenr: u64) -> bool {
-        self.st.refs.is_new(bytenr)
-    }
-
     /// Records an extent balance moved (for the quota accounting).
     pub(crate) fn note_relocation(&mut self, r: Relocation) {
         self.st.relocations.push(r);

@@ -46,8 +46,20 @@ pub(crate) fn first_items<B: BlockRead + ?Sized>(
     ino: u64,
     max: usize,
 ) -> Result<Vec<(u64, FileExtentItem)>> {
+    items_from(b, root, ino, 0, max)
+}
+
+/// The first `max` extent items of `ino` that start at or after `at`,
+/// in order.
+pub(crate) fn items_from<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    at: u64,
+    max: usize,
+) -> Result<Vec<(u64, FileExtentItem)>> {
     let mut out = Vec::new();
-    let mut c = Cursor::seek(b, root, &data_key(ino, 0))?;
+    let mut c = Cursor::seek(b, root, &data_key(ino, at))?;
     while let Some(it) = c.item() {
         if out.len() >= max || it.key.objectid != ino || it.key.ty != EXTENT_DATA {
             break;
