@@ -345,27 +345,28 @@ impl Staged {
     pub(crate) fn read(tx: &Txn<'_>, extents: &[(u64, u64)], pool: &mut Vec<Vec<u8>>) -> Staged {
         let mut sorted = extents.to_vec();
         sorted.sort_unstable();
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        for &(start, len) in &sorted {
+        // (start, end, how many extents) of each range read as one.
+        let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+        for (start, len) in sorted {
             match ranges.last_mut() {
-                Some((s, e)) if start <= *e + STAGE_GAP && start + len - *s <= STAGE_MAX => {
+                Some((s, e, n)) if start <= *e + STAGE_GAP && start + len - *s <= STAGE_MAX => {
                     *e = (*e).max(start + len);
+                    *n += 1;
                 }
-                _ => ranges.push((start, start + len)),
+                _ => ranges.push((start, start + len, 1)),
             }
         }
-        let extents_at: std::collections::HashSet<(u64, u64)> = sorted.iter().copied().collect();
         // All asked for first, so the device works on them together.
         let copies: Vec<usize> = ranges
             .iter()
-            .map(|&(start, end)| tx.preferred_data_copy(start, end - start, 0))
+            .map(|&(start, end, _)| tx.preferred_data_copy(start, end - start, 0))
             .collect();
-        for (&(start, end), &copy) in ranges.iter().zip(&copies) {
+        for (&(start, end, _), &copy) in ranges.iter().zip(&copies) {
             tx.prefetch_data_copy(start, end - start, copy);
         }
         let mut spans = Vec::with_capacity(ranges.len());
-        for ((start, end), copy) in ranges.into_iter().zip(copies) {
-            if extents_at.contains(&(start, end - start)) {
+        for ((start, end, extents), copy) in ranges.into_iter().zip(copies) {
+            if extents == 1 {
                 // One extent alone: read straight where it goes.
                 continue;
             }

@@ -34,8 +34,10 @@ pub fn run(tx: &mut Txn<'_>) -> Result<bool> {
     // extents stay pinned until the commit, so no new checksum item can
     // take one of these keys meanwhile). Some are gone already (balance
     // and defragment move them with the data).
-    sums_gone.sort_unstable();
-    tx.delete_sorted(crate::format::tree_id::CSUM, &sums_gone)?;
+    if !sums_gone.is_empty() {
+        sums_gone.sort_unstable();
+        tx.delete_sorted(crate::format::tree_id::CSUM, &sums_gone)?;
+    }
     Ok(true)
 }
 

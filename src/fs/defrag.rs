@@ -75,26 +75,17 @@ pub struct DefragReport {
 }
 
 impl DefragReport {
-    fn add(&mut self, s: &StepDone) {
-        self.merged += s.merged;
-        self.written += s.written;
-        self.bytes += s.bytes;
-        self.items_joined += s.items_joined;
+    /// Adds `more`'s counts (a later step's or request's) to these.
+    pub fn add(&mut self, more: &DefragReport) {
+        self.merged += more.merged;
+        self.written += more.written;
+        self.bytes += more.bytes;
+        self.items_joined += more.items_joined;
     }
 }
 
-/// What one step did, and where the next starts.
-#[derive(Default)]
-struct StepDone {
-    merged: u64,
-    written: u64,
-    bytes: u64,
-    items_joined: u64,
-    next: Option<u64>,
-}
-
 /// The longest extent a merge makes, and the shortest left alone.
-pub fn effective_threshold(threshold: u64) -> u64 {
+fn effective_threshold(threshold: u64) -> u64 {
     threshold.clamp(2 * file::SECTOR, file::EXTENT_MAX)
 }
 
@@ -184,7 +175,7 @@ impl Subvol {
         from: u64,
         threshold: u64,
         state: &mut StepState,
-    ) -> Result<StepDone> {
+    ) -> Result<DefragReport> {
         let pool = &mut state.pool;
         let size = self.inode_tx(tx, ino)?.size;
         let root = tx.root_of(self.tree)?;
@@ -202,7 +193,7 @@ impl Subvol {
                 .map(|(k, _)| *k),
             None => None,
         };
-        let mut done = StepDone {
+        let mut done = DefragReport {
             next,
             ..Default::default()
         };

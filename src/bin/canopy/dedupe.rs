@@ -3,7 +3,7 @@
 //! reaches a FUSE daemon, so the daemon finds and shares the blocks
 //! itself (`canopy::fs::dedupe`); this command names the files.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use canopy::fuse::control::Request;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -28,26 +28,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let mut files = Vec::new();
-    for p in &a.paths {
-        crate::walk::collect(p, a.recurse, &mut files)?;
-    }
-    let first = a.paths[0]
-        .canonicalize()
-        .with_context(|| format!("opening {}", a.paths[0].display()))?;
-    let mnt = crate::sync::mount_point(&first)?;
-    let dev = std::fs::metadata(&mnt)?.dev();
-    let mut nodes = Vec::with_capacity(files.len());
-    for (path, m) in files {
-        if m.dev() != dev {
-            bail!(
-                "{} is not on the filesystem mounted at {}",
-                path.display(),
-                mnt.display()
-            );
-        }
-        nodes.push(m.ino());
-    }
+    let (mnt, files) = crate::walk::files_on_one_mount(&a.paths, a.recurse)?;
+    let nodes: Vec<u64> = files.iter().map(|(_, m)| m.ino()).collect();
     let report = crate::quota::ask(
         &mnt,
         &Request::Dedupe {

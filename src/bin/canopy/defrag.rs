@@ -47,28 +47,23 @@ struct Totals {
     items_joined: u64,
 }
 
-pub fn run(a: Args) -> Result<()> {
-    let mut files = Vec::new();
-    for p in &a.paths {
-        crate::walk::collect(p, a.recursive, &mut files)?;
+impl Totals {
+    fn add(&mut self, file: &DefragReport) {
+        self.files += 1;
+        self.extents_merged += file.merged;
+        self.extents_written += file.written;
+        self.bytes_copied += file.bytes;
+        self.items_joined += file.items_joined;
     }
-    let first = a.paths[0]
-        .canonicalize()
-        .with_context(|| format!("opening {}", a.paths[0].display()))?;
-    let mnt = crate::sync::mount_point(&first)?;
-    let dev = std::fs::metadata(&mnt)?.dev();
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let (mnt, files) = crate::walk::files_on_one_mount(&a.paths, a.recursive)?;
     let total: u64 = files.iter().map(|f| f.1.len()).sum();
     let bar = bar(a.quiet || a.json, total);
     let mut totals = Totals::default();
     let mut failed = 0;
     for (path, m) in &files {
-        if m.dev() != dev {
-            bail!(
-                "{} is not on the filesystem mounted at {}",
-                path.display(),
-                mnt.display()
-            );
-        }
         let before = bar.as_ref().map_or(0, |b| b.position());
         let done = defragment(&mnt, path, a.threshold, |at| {
             if let Some(b) = &bar {
@@ -84,20 +79,12 @@ pub fn run(a: Args) -> Result<()> {
             // Deleted since it was listed: nothing left to do.
             Err(e) if vanished(&e) => continue,
             Err(e) => {
-                let line = format!("defragmenting {}: {e:#}", path.display());
-                match &bar {
-                    Some(b) => b.println(line),
-                    None => eprintln!("{line}"),
-                }
+                say(&bar, format!("defragmenting {}: {e:#}", path.display()));
                 failed += 1;
                 continue;
             }
         };
-        totals.files += 1;
-        totals.extents_merged += done.merged;
-        totals.extents_written += done.written;
-        totals.bytes_copied += done.bytes;
-        totals.items_joined += done.items_joined;
+        totals.add(&done);
         if a.verbose {
             let line = format!(
                 "{}: {} extents merged into {}",
@@ -105,10 +92,7 @@ pub fn run(a: Args) -> Result<()> {
                 done.merged + done.written,
                 done.written
             );
-            match &bar {
-                Some(b) => b.println(line),
-                None => eprintln!("{line}"),
-            }
+            say(&bar, line);
         }
     }
     if let Some(b) = bar {
@@ -154,10 +138,7 @@ fn defragment(
         let r = crate::quota::ask(mnt, &Request::Defragment { node, args })?
             .defrag
             .context("the daemon sent no report (an older version?)")?;
-        all.merged += r.merged;
-        all.written += r.written;
-        all.bytes += r.bytes;
-        all.items_joined += r.items_joined;
+        all.add(&r);
         match r.next {
             Some(next) if next > start => {
                 progress(next);
@@ -166,6 +147,14 @@ fn defragment(
             Some(_) => bail!("the daemon did not move on from offset {start}"),
             None => return Ok(all),
         }
+    }
+}
+
+/// A line for the user, above the progress bar while there is one.
+fn say(bar: &Option<ProgressBar>, line: String) {
+    match bar {
+        Some(b) => b.println(line),
+        None => eprintln!("{line}"),
     }
 }
 

@@ -2,7 +2,34 @@
 //! descended into with `-r`.
 
 use anyhow::{bail, Context, Result};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+/// The regular files at `paths` (under them with `recurse`) and the
+/// mount point of the first: every file must lie on that one mount.
+pub fn files_on_one_mount(
+    paths: &[PathBuf],
+    recurse: bool,
+) -> Result<(PathBuf, Vec<(PathBuf, std::fs::Metadata)>)> {
+    let mut files = Vec::new();
+    for p in paths {
+        collect(p, recurse, &mut files)?;
+    }
+    let first = paths.first().context("no path given")?;
+    let first = first
+        .canonicalize()
+        .with_context(|| format!("opening {}", first.display()))?;
+    let mnt = crate::sync::mount_point(&first)?;
+    let dev = std::fs::metadata(&mnt)?.dev();
+    if let Some((path, _)) = files.iter().find(|(_, m)| m.dev() != dev) {
+        bail!(
+            "{} is not on the filesystem mounted at {}",
+            path.display(),
+            mnt.display()
+        );
+    }
+    Ok((mnt, files))
+}
 
 /// Adds the regular files at `path` (under it with `recurse`) to `out`.
 pub fn collect(
