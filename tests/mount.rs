@@ -2087,3 +2087,200 @@ fn a_mount_right_after_an_unmount_answers_commands() {
         first.mount("");
     }
 }
+
+/// `chattr +C` (btrfs's nodatacow): set on a directory or an empty file
+/// only, inherited by what a directory gets, exclusive of `+c`. A file
+/// with it overwrites data it holds alone where the data lies (the
+/// device addresses stay), writes once to new places where a snapshot
+/// shares its data (and in place again after), writes into its own
+/// preallocated space in place, copies instead of sharing with a file
+/// that keeps checksums, and reads, checks and scrubs clean without
+/// checksums.
+#[test]
+fn no_copy_on_write_files_overwrite_in_place() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    if !can_mount() {
+        return;
+    }
+    const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+    const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+    const NOCOW: libc::c_int = 0x0080_0000;
+    const COMPR: libc::c_int = 0x4;
+    let flags_of = |p: &std::path::Path| {
+        let f = fs::File::open(p).unwrap();
+        let mut fl: libc::c_int = 0;
+        assert_eq!(
+            unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS, &mut fl) },
+            0
+        );
+        fl
+    };
+    let set_flags = |p: &std::path::Path, mut fl: libc::c_int| {
+        let f = fs::File::open(p).unwrap();
+        match unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_SETFLAGS, &mut fl) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error().raw_os_error()),
+        }
+    };
+    let mut m = Mounted::with_size("1G");
+    let mnt = m.mnt.clone();
+    let out = remount(&m, "remount,compress=no");
+    assert!(out.status.success(), "{out:?}");
+
+    // Who may take the flag.
+    fs::write(m.p("full"), b"data").unwrap();
+    set_flags(&m.p("full"), NOCOW).unwrap();
+    assert_eq!(
+        flags_of(&m.p("full")) & NOCOW,
+        0,
+        "a file with data took +C"
+    );
+    fs::create_dir(m.p("d")).unwrap();
+    set_flags(&m.p("d"), NOCOW).unwrap();
+    assert_eq!(set_flags(&m.p("d"), NOCOW | COMPR), Err(Some(libc::EINVAL)));
+    fs::create_dir(m.p("d/sub")).unwrap();
+    fs::write(m.p("d/sub/x"), b"").unwrap();
+    assert_ne!(
+        flags_of(&m.p("d/sub")) & NOCOW,
+        0,
+        "a directory did not inherit +C"
+    );
+    assert_ne!(
+        flags_of(&m.p("d/sub/x")) & NOCOW,
+        0,
+        "a file did not inherit +C"
+    );
+
+    // 4 MiB written once, then pieces overwritten with fsync.
+    const PIECE: usize = 4096;
+    const PIECES: usize = 1024;
+    let mut model = common::noise(PIECE * PIECES, 7);
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("d/db"))
+        .unwrap();
+    f.write_all_at(&model, 0).unwrap();
+    f.sync_all().unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    let places = |name: &str| {
+        let out = canopy_ok(&["filesystem", "extents", "--json", name], &mnt);
+        let map: serde_json::Value = serde_json::from_str(&out).unwrap();
+        // Device address of every piece.
+        let mut at = vec![0u64; PIECES];
+        for e in map["extents"].as_array().unwrap() {
+            let (logical, len) = (
+                e["logical"].as_u64().unwrap(),
+                e["length"].as_u64().unwrap(),
+            );
+            let physical = e["physical"].as_u64().unwrap();
+            for p in (logical / PIECE as u64)..((logical + len) / PIECE as u64) {
+                at[p as usize] = physical + p * PIECE as u64 - logical;
+            }
+        }
+        at
+    };
+    let before = places("d/db");
+    let overwrite = |f: &fs::File, model: &mut Vec<u8>, seed: u64, pieces: &[usize]| {
+        for &p in pieces {
+            let piece = common::noise(PIECE, seed + p as u64);
+            f.write_all_at(&piece, (p * PIECE) as u64).unwrap();
+            model[p * PIECE..(p + 1) * PIECE].copy_from_slice(&piece);
+            f.sync_data().unwrap();
+        }
+    };
+    let scattered: Vec<usize> = (0..64).map(|n| (n * 389) % PIECES).collect();
+    overwrite(&f, &mut model, 100, &scattered);
+    // Half a piece, so the flush reads the other half back first.
+    f.write_all_at(&[0xAB; 100], 5 * PIECE as u64 + 10).unwrap();
+    model[5 * PIECE + 10..5 * PIECE + 110].fill(0xAB);
+    f.sync_data().unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    assert_eq!(places("d/db"), before, "an overwrite moved data");
+    assert!(fs::read(m.p("d/db")).unwrap() == model, "d/db reads wrong");
+
+    // A snapshot shares everything: the next write of a piece goes to a
+    // new place once, and stays there after.
+    canopy_ok(&["subvolume", "snapshot", ".", "snap"], &mnt);
+    let frozen = model.clone();
+    overwrite(&f, &mut model, 200, &[3, 700]);
+    canopy_ok(&["sync", "."], &mnt);
+    let moved = places("d/db");
+    assert_ne!(
+        moved[3], before[3],
+        "a write into a snapshot's data stayed in place"
+    );
+    assert_ne!(moved[700], before[700]);
+    assert_eq!(moved[4], before[4]);
+    overwrite(&f, &mut model, 300, &[3, 700]);
+    canopy_ok(&["sync", "."], &mnt);
+    assert_eq!(
+        places("d/db"),
+        moved,
+        "a second write did not stay in place"
+    );
+    assert!(fs::read(m.p("d/db")).unwrap() == model, "d/db reads wrong");
+    assert!(
+        fs::read(m.p("snap/d/db")).unwrap() == frozen,
+        "the snapshot changed"
+    );
+
+    // Preallocated space is written where it lies.
+    let pre = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("d/pre"))
+        .unwrap();
+    assert_eq!(
+        unsafe { libc::fallocate(pre.as_raw_fd(), 0, 0, 1 << 20) },
+        0
+    );
+    canopy_ok(&["sync", "."], &mnt);
+    let reserved = places("d/pre");
+    pre.write_all_at(&[7u8; 3 * PIECE], 8 * PIECE as u64)
+        .unwrap();
+    pre.sync_data().unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    assert_eq!(&places("d/pre")[..PIECES / 4], &reserved[..PIECES / 4]);
+    let mut want = vec![0u8; 1 << 20];
+    want[8 * PIECE..11 * PIECE].fill(7);
+    assert!(fs::read(m.p("d/pre")).unwrap() == want, "d/pre reads wrong");
+
+    // Copied, not shared, into a file that keeps checksums.
+    fs::copy(m.p("d/db"), m.p("copy")).unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    let copied = places("copy");
+    assert!(
+        copied.iter().all(|p| !moved.contains(p)),
+        "a file with checksums shares a +C file's data"
+    );
+    drop((f, pre));
+    m.unmount();
+    drop_caches();
+    m.check();
+    let out = canopy()
+        .args(["check", "--check-data-csum"])
+        .arg(&m.img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    m.mount("");
+    assert!(
+        fs::read(m.p("d/db")).unwrap() == model,
+        "d/db reads wrong after a remount"
+    );
+    assert!(fs::read(m.p("snap/d/db")).unwrap() == frozen);
+    let out = canopy_ok(&["scrub", "--json", "."], &mnt);
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(r["unsummed_extents"].as_array().unwrap().is_empty(), "{r}");
+    assert!(r["bad_data_sectors"].as_array().unwrap().is_empty(), "{r}");
+}

@@ -77,6 +77,9 @@ def build_parser():
     ap.add_argument("--defragment", action="store_true",
                     help="run `canopy filesystem defragment -r` over the mount in a loop "
                          "beside the client until each crash")
+    ap.add_argument("--nocow", action="store_true",
+                    help="`chattr +C` the mount's root before the client starts, so the "
+                         "database's files overwrite in place without checksums")
     ap.add_argument("--json", help="write a JSON summary here")
     ap.add_argument("-v", "--verbose", action="store_true")
     add_power_cut_options(ap)

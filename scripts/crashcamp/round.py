@@ -145,6 +145,13 @@ class Round:
             self.fail(f"first mount failed: {err}")
             return False
         log(f"{self.name}: mounted (pid {self.daemon.p.pid})")
+        if self.args.nocow:
+            # Everything the client makes inherits it: files overwrite
+            # their data in place, without checksums (btrfs's nodatacow).
+            rc, out = run(["chattr", "+C", self.mnt], timeout=30)
+            if rc != 0:
+                self.fail(f"chattr +C failed: {out.strip()}")
+                return False
         return True
 
     def run_cycles(self):

@@ -240,10 +240,17 @@ impl DataCopy {
     /// from a copy they match: balance must not spread damage under
     /// fresh checksums.
     pub(crate) fn read(tx: &Txn<'_>, bytenr: u64, len: u64) -> Result<DataCopy> {
+        // A `chattr +C` file may be writing into it: copy what it wrote.
+        tx.wait_in_place(Some(bytenr));
         let sums = tx.get(CSUM, &csum_key(bytenr))?;
         let mut buf = vec![0u8; usize::try_from(len).map_err(|_| Error::corrupt(bytenr, "huge"))?];
-        // Any good copy will do (a bad one is rewritten on the way).
-        let read = tx.read_good_data(bytenr, &mut buf, sums.as_deref().unwrap_or(&[]), None);
+        // Any good copy will do (a bad one is rewritten on the way); with
+        // no checksums (preallocated space, a `chattr +C` file's data),
+        // any copy that reads.
+        let read = match &sums {
+            Some(sums) => tx.read_good_data(bytenr, &mut buf, sums, None),
+            None => tx.read_unchecked_data(bytenr, &mut buf, None),
+        };
         read.map_err(|e| unreadable(bytenr, e))?;
         Ok(DataCopy { bytenr, buf, sums })
     }
@@ -343,6 +350,10 @@ pub(crate) struct Staged {
 impl Staged {
     /// Reads `extents` ((start, length), any order), buffers from `pool`.
     pub(crate) fn read(tx: &Txn<'_>, extents: &[(u64, u64)], pool: &mut Vec<Vec<u8>>) -> Staged {
+        // `chattr +C` files may be writing into them: read what they wrote.
+        for &(start, _) in extents {
+            tx.wait_in_place(Some(start));
+        }
         let mut sorted = extents.to_vec();
         sorted.sort_unstable();
         // (start, end, how many extents) of each range read as one.
@@ -382,15 +393,19 @@ impl Staged {
         Staged { spans }
     }
 
-    /// Fills `out` with the extent at `bytenr`, verified with `sums`.
-    fn fill(&self, tx: &Txn<'_>, bytenr: u64, out: &mut [u8], sums: &[u8]) -> Result<()> {
+    /// Fills `out` with the extent at `bytenr`, verified with `sums`
+    /// (when it has any).
+    fn fill(&self, tx: &Txn<'_>, bytenr: u64, out: &mut [u8], sums: Option<&[u8]>) -> Result<()> {
         if let Some(src) = self.slice(bytenr, out.len()) {
-            if crate::format::first_bad_sector(src, sums).is_none() {
+            if sums.is_none_or(|sums| crate::format::first_bad_sector(src, sums).is_none()) {
                 out.copy_from_slice(src);
                 return Ok(());
             }
         }
-        let read = tx.read_good_data(bytenr, out, sums, None);
+        let read = match sums {
+            Some(sums) => tx.read_good_data(bytenr, out, sums, None),
+            None => tx.read_unchecked_data(bytenr, out, None),
+        };
         read.map_err(|e| unreadable(bytenr, e))
     }
 
@@ -449,12 +464,7 @@ impl Merge {
         for &(bytenr, len) in &parts {
             let sums = tx.get(CSUM, &csum_key(bytenr))?;
             let end = at + len as usize;
-            staged.fill(
-                tx,
-                bytenr,
-                &mut buf[at..end],
-                sums.as_deref().unwrap_or(&[]),
-            )?;
+            staged.fill(tx, bytenr, &mut buf[at..end], sums.as_deref())?;
             if let Some(s) = sums {
                 joined.extend_from_slice(&s);
                 with_sums += 1;

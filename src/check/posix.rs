@@ -493,8 +493,15 @@ impl TreeScan {
             // The item checker reports it.
             return Ok(());
         };
-        self.object(k.objectid).accounted += crate::fs::accounted_bytes(&fe);
-        if fe.kind == FILE_EXTENT_REG && fe.disk_bytenr != 0 {
+        let object = self.object(k.objectid);
+        object.accounted += crate::fs::accounted_bytes(&fe);
+        // A `chattr +C` file's data has no checksums (its inode item comes
+        // before its extent items).
+        let keeps_sums = object
+            .item
+            .as_ref()
+            .is_none_or(|i| i.flags & crate::format::inode::INODE_NODATASUM == 0);
+        if fe.kind == FILE_EXTENT_REG && fe.disk_bytenr != 0 && keeps_sums {
             let record = [fe.disk_bytenr, fe.disk_num_bytes, self.tree, k.objectid];
             summed.push(record).map_err(spill_error)?;
         }

@@ -52,6 +52,13 @@ pub struct InodeItem {
 
 pub const INODE_ITEM_SIZE: usize = 104;
 
+/// Inode flags of `chattr +C` (btrfs's bits): the file's data keeps no
+/// checksums (NODATASUM), and writes over data only this file holds go
+/// where the data lies instead of to a new extent (NODATACOW). Set
+/// together on a file while it is empty, or on a directory, whose new
+/// files and directories inherit them.
+pub const INODE_NODATASUM: u64 = 1 << 0;
+pub const INODE_NODATACOW: u64 = 1 << 1;
 /// Inode flag: writeback found the file's data does not compress and stops
 /// trying (`compress-force` and setting the compression property undo it).
 pub const INODE_NOCOMPRESS: u64 = 1 << 3;

@@ -16,7 +16,8 @@ use super::{errno, Subvol};
 use crate::compress::{Codec, PROPERTY};
 use crate::error::Result;
 use crate::format::inode::{
-    InodeItem, Timespec, INODE_APPEND, INODE_IMMUTABLE, INODE_NOATIME, INODE_NODUMP, INODE_SYNC,
+    InodeItem, Timespec, INODE_APPEND, INODE_IMMUTABLE, INODE_NOATIME, INODE_NODATACOW,
+    INODE_NODATASUM, INODE_NODUMP, INODE_SYNC,
 };
 use crate::txn::Need;
 
@@ -28,6 +29,7 @@ const FS_APPEND_FL: u32 = 0x20;
 const FS_NODUMP_FL: u32 = 0x40;
 const FS_NOATIME_FL: u32 = 0x80;
 const FS_NOCOMP_FL: u32 = 0x400;
+const FS_NOCOW_FL: u32 = 0x0080_0000;
 /// Each flag kept in the inode item, with its bit there.
 const IN_INODE: [(u32, u64); 5] = [
     (FS_SYNC_FL, INODE_SYNC),
@@ -52,6 +54,9 @@ fn fs_flags(flags: u64, property: Option<&[u8]>) -> u32 {
         .iter()
         .filter(|(_, bit)| flags & bit != 0)
         .fold(0, |acc, (fl, _)| acc | fl);
+    if flags & INODE_NODATACOW != 0 {
+        out |= FS_NOCOW_FL;
+    }
     match property.map(parse_property) {
         Some(Some(_)) => out |= FS_COMPR_FL,
         Some(None) => out |= FS_NOCOMP_FL,
@@ -75,13 +80,14 @@ pub fn to_xflags(fl: u32) -> u32 {
 }
 
 /// Attribute flags `current` with the xflags `xflags` sets in place of
-/// theirs (the compression flags have no xflag and stay).
+/// theirs (the compression and no-copy-on-write flags have no xflag and
+/// stay).
 pub fn from_xflags(current: u32, xflags: u32) -> Result<u32> {
     let known = AS_XFLAGS.iter().fold(0, |acc, (_, x)| acc | x);
     if xflags & !known != 0 {
         return Err(errno(libc::EOPNOTSUPP, "file attribute not supported"));
     }
-    let kept = current & (FS_COMPR_FL | FS_NOCOMP_FL);
+    let kept = current & (FS_COMPR_FL | FS_NOCOMP_FL | FS_NOCOW_FL);
     Ok(AS_XFLAGS
         .iter()
         .filter(|(_, x)| xflags & x != 0)
@@ -159,6 +165,30 @@ fn about_now(s: &super::SetAttr) -> bool {
         .all(|t| (t.sec - now).abs() <= 5)
 }
 
+/// The flags of `i` after `chattr +C` (`on`) or `-C`: no checksums and
+/// writes in place, as btrfs's nodatacow. They change only on a
+/// directory or an empty regular file, since data already written has
+/// checksums the flags would make the file's reads ignore (and data
+/// without them a file would then fail to read); on a file with data
+/// the request is ignored, as btrfs ignores it. EINVAL with compression
+/// (`c`), which needs copy-on-write.
+fn no_copy_on_write(i: &InodeItem, on: bool, compressed: bool) -> Result<u64> {
+    let bits = INODE_NODATACOW | INODE_NODATASUM;
+    if on && compressed {
+        return Err(errno(
+            libc::EINVAL,
+            "no copy-on-write (C) and compression (c) exclude each other",
+        ));
+    }
+    let may_change = super::is_dir(i.mode)
+        || (i.mode & libc::S_IFMT == libc::S_IFREG && i.size == 0 && i.nbytes == 0);
+    Ok(match (on, may_change) {
+        (true, true) => i.flags | bits,
+        (false, true) => i.flags & !bits,
+        (_, false) => i.flags,
+    })
+}
+
 /// Whether inode flags `flags` ask writes to be synchronous.
 pub(super) fn synchronous(flags: u64) -> bool {
     flags & INODE_SYNC != 0
@@ -192,11 +222,12 @@ impl Subvol {
 
     /// `FS_IOC_SETFLAGS` of `ino` to `fl`. `c` sets the compression
     /// property to zstd unless it names a codec already, `m` to none,
-    /// and dropping whichever was set removes it.
+    /// and dropping whichever was set removes it. `C` (see
+    /// [`no_copy_on_write`]) excludes `c`, both ways, as on btrfs.
     pub fn set_file_flags(&self, ino: u64, fl: u32) -> Result<()> {
         let known = IN_INODE
             .iter()
-            .fold(FS_COMPR_FL | FS_NOCOMP_FL, |a, (f, _)| a | f);
+            .fold(FS_COMPR_FL | FS_NOCOMP_FL | FS_NOCOW_FL, |a, (f, _)| a | f);
         if fl & !known != 0 {
             return Err(errno(libc::EOPNOTSUPP, "file attribute not supported"));
         }
@@ -216,6 +247,7 @@ impl Subvol {
             let property = super::xattr::find(tx, &root, ino, PROPERTY)?;
             let was = fs_flags(i.flags, property.as_deref()) & (FS_COMPR_FL | FS_NOCOMP_FL);
             let wants = fl & (FS_COMPR_FL | FS_NOCOMP_FL);
+            i.flags = no_copy_on_write(&i, fl & FS_NOCOW_FL != 0, wants == FS_COMPR_FL)?;
             if was != wants {
                 if i.mode & libc::S_IFMT != libc::S_IFREG && !super::is_dir(i.mode) {
                     return Err(errno(

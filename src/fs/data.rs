@@ -54,7 +54,8 @@ impl Subvol {
                     return Ok((None, Vec::new(), Vec::new(), i));
                 }
                 let root = r.root(self.tree)?;
-                let plan = file::plan_read(r, &root, &r.root(CSUM)?, ino, offset, end - offset)?;
+                let sums = file::csum_root_for(i.flags, || r.root(CSUM))?;
+                let plan = file::plan_read(r, &root, sums.as_ref(), ino, offset, end - offset)?;
                 let over = self.overlay_of(ino, offset, end);
                 // A read to the end of a file nobody follows yet starts no
                 // stream (a small file read whole, as tar and cp do).
@@ -430,6 +431,11 @@ impl Subvol {
         }
         let d = self.core.engine.read(|r| self.inode_r(r, dst))?;
         super::attrs::refuse_if_fixed(&d)?;
+        // Shared data would be read with checksums by one file and without
+        // by the other (`chattr +C`): such files copy bytes, as btrfs
+        // refuses to clone between them.
+        let s_flags = from.core.engine.read(|r| from.inode_r(r, src))?.flags;
+        let sums_differ = file::keeps_sums(s_flags) != file::keeps_sums(d.flags);
         const S: u64 = crate::format::SECTORSIZE as u64;
         let whole_tail = src_off + len == src_size;
         let aligned =
@@ -444,7 +450,7 @@ impl Subvol {
         // The destination's bytes past a copied tail up to its old size must
         // survive, so a partial last sector is shared only at its EOF too.
         let tail_ok = len % S == 0 || dst_off + len >= dst_size;
-        if !aligned || inline || overlap || !tail_ok {
+        if !aligned || inline || overlap || !tail_ok || sums_differ {
             // A byte copy, in bounded pieces (a short count is allowed).
             let data = from.read(src, src_off, len.min(64 << 20) as u32)?;
             return self.write(dst, dst_off, &data).map(u64::from);

@@ -65,6 +65,13 @@ impl Fs {
             if sv.getattr(ino)?.mode & libc::S_IFMT != libc::S_IFREG {
                 continue;
             }
+            // A `chattr +C` file keeps no checksums to share data under
+            // and rewrites its data in place: left alone, as btrfs's
+            // dedupe refuses files whose checksum flags differ.
+            let flags = sv.core.engine.read(|r| sv.inode_r(r, ino))?.flags;
+            if !super::file::keeps_sums(flags) {
+                continue;
+            }
             report.files += 1;
             sv.hash_blocks(ino, |off, hash| {
                 by_hash.entry(hash).or_default().push((node, off));
@@ -198,7 +205,7 @@ impl Subvol {
             |r| {
                 let root = r.root(self.tree)?;
                 let items = file::items_in(r, &root, ino, off, off + len)?;
-                let plan = file::plan_read(r, &root, &r.root(CSUM)?, ino, off, len)?;
+                let plan = file::plan_read(r, &root, Some(&r.root(CSUM)?), ino, off, len)?;
                 Ok((items, plan))
             },
             |(items, plan), dev| Ok((items, plan.execute(dev)?)),

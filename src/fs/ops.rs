@@ -5,7 +5,7 @@
 
 use super::{acl, dir, dtype, errno, file, is_dir, load_inode_r, Subvol};
 use crate::error::{Error, Result};
-use crate::format::inode::{InodeItem, Timespec, ROOT_DIR_INO};
+use crate::format::inode::{InodeItem, Timespec, INODE_NODATACOW, INODE_NODATASUM, ROOT_DIR_INO};
 use crate::format::tree_id::CSUM;
 use crate::txn::{Need, Txn};
 
@@ -218,7 +218,7 @@ impl Inherited {
 
 /// The inode of a new file made by `owner` in directory `p`: a
 /// set-group-ID directory passes its group on (and, to directories, the
-/// bit itself).
+/// bit itself), a no-copy-on-write one its flags.
 fn new_inode(p: &InodeItem, mode: u32, rdev: u64, owner: Owner, now: Timespec) -> InodeItem {
     let sgid_dir = p.mode & libc::S_ISGID != 0;
     let mut inode = InodeItem {
@@ -235,6 +235,11 @@ fn new_inode(p: &InodeItem, mode: u32, rdev: u64, owner: Owner, now: Timespec) -
     };
     if is_dir(mode) && sgid_dir {
         inode.mode |= libc::S_ISGID;
+    }
+    // `chattr +C` on a directory reaches the files and directories made
+    // in it, as on btrfs.
+    if is_dir(mode) || mode & libc::S_IFMT == libc::S_IFREG {
+        inode.flags |= p.flags & (INODE_NODATACOW | INODE_NODATASUM);
     }
     inode
 }
@@ -858,7 +863,7 @@ fn plan_link(
     // fill exactly that, with no hole and no NUL.
     let root = r.root(tree)?;
     let whole = file::covered(r, &root, ino, size)? == size;
-    let plan = file::plan_read(r, &root, &r.root(CSUM)?, ino, 0, size)?;
+    let plan = file::plan_read(r, &root, Some(&r.root(CSUM)?), ino, 0, size)?;
     Ok((plan, whole, size))
 }
 

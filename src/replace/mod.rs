@@ -18,8 +18,11 @@
 //!
 //! What the walk finds not yet on disk (dirty tree blocks, data in
 //! flight) reaches the target through its own write. Data extents
-//! without checksums are preallocated space, whose bytes no read
-//! returns, or in flight: nothing to copy either way.
+//! without checksums (preallocated space, a `chattr +C` file's data) are
+//! copied as the first copy that reads holds them, once no write in
+//! place into them is under way (`Reader::wait_in_place`): such a write
+//! reaches the target too, and the copy must not overwrite it with
+//! older bytes.
 
 use crate::error::{Error, Result};
 use crate::format::items::ExtentItem;
@@ -194,7 +197,7 @@ fn copy_data(
     report: &mut Report,
 ) -> Result<u64> {
     let Some(sums) = r.get(CSUM, &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr))? else {
-        return Ok(len);
+        return copy_unsummed(r, bytenr, len, on, report);
     };
     report.data_extents += 1;
     let mut at = 0;
@@ -202,6 +205,44 @@ fn copy_data(
         let n = (len - at).min(READ_CHUNK) as usize;
         let mut buf = vec![0u8; n];
         copy_chunk(r, bytenr + at, &mut buf, (at, &sums), on, report);
+        report.bytes_copied += on.write(r, &buf, at)?;
+        at += n as u64;
+    }
+    Ok(len)
+}
+
+/// Copies a data extent that has no checksums, chunk by chunk, from the
+/// first copy that reads.
+fn copy_unsummed(
+    r: &Reader<'_>,
+    bytenr: u64,
+    len: u64,
+    on: &Copies,
+    report: &mut Report,
+) -> Result<u64> {
+    r.wait_in_place(Some(bytenr));
+    report.data_extents += 1;
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(READ_CHUNK) as usize;
+        let mut buf = vec![0u8; n];
+        let read = on
+            .order
+            .iter()
+            .find(|&&copy| r.read_data_copy(bytenr + at, &mut buf, copy).is_ok());
+        match read {
+            Some(&copy) if !on.is_source(copy) => report.from_other_copies += 1,
+            Some(_) => {}
+            None => {
+                tracing::error!(
+                    bytenr = bytenr + at,
+                    "device replace: no copy of data reads"
+                );
+                report.uncorrectable.push(bytenr + at);
+                at += n as u64;
+                continue;
+            }
+        }
         report.bytes_copied += on.write(r, &buf, at)?;
         at += n as u64;
     }

@@ -141,7 +141,7 @@ pub struct Report {
     pub data_extents: u64,
     pub data_bytes: u64,
     /// Data extents with no checksums to compare: preallocated space,
-    /// which holds no data yet.
+    /// which holds no data yet, and the data of `chattr +C` files.
     pub unchecked_extents: u64,
     /// Tree blocks every copy of which is bad: lost.
     pub bad_tree_blocks: Vec<BadBlock>,
@@ -341,7 +341,7 @@ fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Res
         &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr),
     )?
     else {
-        if is_preallocated(r, bytenr)? {
+        if has_no_sums(r, bytenr)? {
             report.unchecked_extents += 1;
         } else {
             tracing::error!(bytenr, "scrub: data extent without checksums");
@@ -422,11 +422,13 @@ fn read_copies(r: &Reader<'_>, bytenr: u64, bufs: &mut [Vec<u8>], n: usize) -> V
     })
 }
 
-/// Whether the data extent at `bytenr` is preallocated space: writes
-/// into such space go elsewhere (copy on write), so an extent is
-/// preallocated for every holder or for none, and one holder tells.
-/// Anything unreadable on the way answers no, and the extent is reported.
-fn is_preallocated(r: &Reader<'_>, bytenr: u64) -> Result<bool> {
+/// Whether the data extent at `bytenr` is meant to have no checksums:
+/// preallocated space, or data of a `chattr +C` file. Such an extent is
+/// either for every holder (writes into preallocated space go elsewhere,
+/// but for `+C` files, and those share data only with each other), so
+/// one holder tells. Anything unreadable on the way answers no, and the
+/// extent is reported.
+fn has_no_sums(r: &Reader<'_>, bytenr: u64) -> Result<bool> {
     let extents = r.root(EXTENT)?;
     let mut leaf = None;
     crate::extent::for_each_backref(r, &extents, bytenr, |holder, _| {
@@ -456,12 +458,28 @@ fn is_preallocated(r: &Reader<'_>, bytenr: u64) -> Result<bool> {
     let crate::format::node::Body::Leaf(items) = &node.body else {
         return Ok(false);
     };
-    Ok(items
+    let holder = items
         .iter()
         .filter(|it| it.key.ty == EXTENT_DATA)
-        .filter_map(|it| FileExtentItem::decode(it.data).ok())
-        .find(|fe| fe.disk_extent().is_some_and(|(b, _)| b == bytenr))
-        .is_some_and(|fe| fe.kind == FILE_EXTENT_PREALLOC))
+        .filter_map(|it| Some((it.key.objectid, FileExtentItem::decode(it.data).ok()?)))
+        .find(|(_, fe)| fe.disk_extent().is_some_and(|(b, _)| b == bytenr));
+    let Some((ino, fe)) = holder else {
+        return Ok(false);
+    };
+    if fe.kind == FILE_EXTENT_PREALLOC {
+        return Ok(true);
+    }
+    // The leaf's tree has the file's inode item (a snapshot sharing the
+    // leaf has the same one).
+    let inode = r.get(
+        node.owner,
+        &Key::new(ino, crate::format::key_type::INODE_ITEM, 0),
+    );
+    Ok(match inode {
+        Ok(Some(i)) => crate::format::inode::InodeItem::decode(&i)
+            .is_ok_and(|i| i.flags & crate::format::inode::INODE_NODATASUM != 0),
+        _ => false,
+    })
 }
 
 /// The files whose extents start at `starts`, with the byte ranges of

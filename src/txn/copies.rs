@@ -301,6 +301,26 @@ pub(crate) trait DataCopies {
         Err(error.unwrap_or_else(|| Error::corrupt(bytenr, "data extent has no copy")))
     }
 
+    /// Reads `buf.len()` data bytes at `bytenr` that have no checksums
+    /// (a `chattr +C` file's): the first copy that reads without an I/O
+    /// error, in the order of [`DataCopies::read_good_data`]. Nothing
+    /// tells a bad copy from a good one, so none is rewritten.
+    fn read_unchecked_data(&self, bytenr: u64, buf: &mut [u8], ino: Option<u64>) -> Result<()> {
+        let len = buf.len() as u64;
+        let copies = self.data_copies(bytenr, len).max(1);
+        let first = self.preferred_data_copy(bytenr, len, ino.unwrap_or(0));
+        let mut error = None;
+        for copy in (0..copies).map(|i| (first + i) % copies) {
+            match self.read_data_copy(bytenr, buf, copy) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        Err(error.unwrap_or_else(|| Error::corrupt(bytenr, "data extent has no copy")))
+    }
+
     /// Starts reading copy `copy` of `[bytenr, bytenr + len)` ahead.
     fn prefetch_data_copy(&self, bytenr: u64, len: u64, copy: usize) {
         self.shared().dev.prefetch_copy(bytenr, len, copy);

@@ -447,6 +447,8 @@ impl<'a> Txn<'a> {
         if self.st.roots.contains_key(&dst) {
             return Err(Error::Exists);
         }
+        // A `chattr +C` file's write in place must not change the clone.
+        self.wait_in_place(None);
         let ptr = self.root_of(src)?;
         // Blocks of `src` already dirty are now reachable from both trees:
         // from here on neither may modify them in place.

@@ -29,7 +29,7 @@
 use super::{Engine, Shared, State, Txn};
 use crate::dev::Device;
 use crate::error::{Error, Result};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -137,6 +137,9 @@ impl Drop for ReadTicket<'_> {
 pub(crate) struct Flights {
     count: Mutex<Counts>,
     changed: Condvar,
+    /// Data extents flights write into in place (`chattr +C` files), with
+    /// how many do; signalled on `changed` when one is done.
+    in_place: Mutex<HashMap<u64, usize>>,
 }
 
 #[derive(Default)]
@@ -187,6 +190,9 @@ pub struct Flight {
     starts: Vec<u64>,
     /// Bytes of buffered data whose flush items are held (see `space`).
     held: u64,
+    /// Extents it writes into in place, until written
+    /// ([`Txn::write_in_place`]).
+    in_place: Vec<u64>,
 }
 
 impl Flight {
@@ -213,8 +219,33 @@ impl Flight {
     }
 }
 
+impl Flight {
+    /// Its in-place writes are done (or given up): relocation and
+    /// sharing of their extents may go on.
+    fn in_place_done(&mut self) {
+        if self.in_place.is_empty() {
+            return;
+        }
+        let mut m = crate::sync::lock(&self.flights.in_place);
+        for extent in self.in_place.drain(..) {
+            if let Some(n) = m.get_mut(&extent) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&extent);
+                }
+            }
+        }
+        drop(m);
+        // Waiters hold the state lock: take `count`'s lock to wake them
+        // in order with their check.
+        let _c = crate::sync::lock(&self.flights.count);
+        self.flights.changed.notify_all();
+    }
+}
+
 impl Drop for Flight {
     fn drop(&mut self) {
+        self.in_place_done();
         let mut c = crate::sync::lock(&self.flights.count);
         debug_assert!(c.open > 0, "a flight ended that was never counted open");
         c.open = c.open.saturating_sub(1);
@@ -234,7 +265,31 @@ impl Txn<'_> {
             extents: BTreeMap::new(),
             starts: Vec::new(),
             held,
+            in_place: Vec::new(),
         }
+    }
+
+    /// Lets `flight` write `[at, at + len)`, which lies inside the data
+    /// extent at `extent`, in place: the file writing it holds that
+    /// extent alone and keeps no checksums (`chattr +C`). Until the write
+    /// is done ([`Engine::in_place_done`]), whatever would copy the
+    /// extent's bytes or share them (relocation, a snapshot, a reflink)
+    /// waits in [`Txn::wait_in_place`], so that it never copies bytes the
+    /// write is about to change.
+    pub fn write_in_place(&mut self, flight: &mut Flight, extent: u64, at: u64, len: u64) {
+        *crate::sync::lock(&self.sh.flights.in_place)
+            .entry(extent)
+            .or_insert(0) += 1;
+        flight.in_place.push(extent);
+        flight.add_extent(at, len);
+    }
+
+    /// Waits until no flight writes in place into the extent at `extent`
+    /// (into any extent for None). Every such write was planned under
+    /// the state lock, which the caller holds, so none begins meanwhile;
+    /// the writes themselves need no engine lock to finish.
+    pub fn wait_in_place(&self, extent: Option<u64>) {
+        self.sh.flights.wait_in_place(extent);
     }
 
     /// Whether a flush has a flight open: its extents are allocated and
@@ -301,6 +356,13 @@ impl DataDevice<'_> {
 }
 
 impl Engine {
+    /// The in-place writes of `flight` are on the device (or failed):
+    /// what waits for them in [`Txn::wait_in_place`] goes on. Called
+    /// before the flush takes the state lock again.
+    pub fn in_place_done(&self, flight: &mut Flight) {
+        flight.in_place_done();
+    }
+
     /// Writes data into an extent of `flight`, with no engine lock held.
     /// It reaches the disk before the commit (or log) that references it
     /// writes its barrier, since its items are inserted only afterwards.
@@ -433,6 +495,37 @@ impl Engine {
     }
 }
 
+impl super::Reader<'_> {
+    /// [`Txn::wait_in_place`] for a reader: planning an in-place write
+    /// takes the state lock for writing, so none begins while a reader
+    /// holds it either.
+    pub fn wait_in_place(&self, extent: Option<u64>) {
+        self.sh.flights.wait_in_place(extent);
+    }
+}
+
+impl Flights {
+    /// See [`Txn::wait_in_place`].
+    fn wait_in_place(&self, extent: Option<u64>) {
+        let f = self;
+        let busy = || {
+            let m = crate::sync::lock(&f.in_place);
+            match extent {
+                Some(e) => m.contains_key(&e),
+                None => !m.is_empty(),
+            }
+        };
+        let mut c = crate::sync::lock(&f.count);
+        while busy() {
+            c = f
+                .changed
+                .wait_timeout(c, Duration::from_millis(100))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -447,6 +540,7 @@ mod tests {
             extents: BTreeMap::new(),
             starts: Vec::new(),
             held: 0,
+            in_place: Vec::new(),
         };
         // As `Txn::start_flight` counts it, so its drop balances.
         crate::sync::lock(&f.flights.count).open = 1;

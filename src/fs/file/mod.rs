@@ -22,6 +22,21 @@ pub(crate) const SECTOR: u64 = SECTORSIZE as u64;
 mod read;
 pub(crate) use read::{device_ranges, plan_read, read, ReadPlan};
 
+/// Whether a file with inode flags `flags` keeps checksums of its data
+/// (all but `chattr +C` files do).
+pub(crate) fn keeps_sums(flags: u64) -> bool {
+    flags & crate::format::inode::INODE_NODATASUM == 0
+}
+
+/// The checksum tree (`csum_root()`) that reads of a file with inode
+/// flags `flags` check against, None for a file that keeps none.
+pub(crate) fn csum_root_for(
+    flags: u64,
+    csum_root: impl FnOnce() -> Result<RootPtr>,
+) -> Result<Option<RootPtr>> {
+    keeps_sums(flags).then(csum_root).transpose()
+}
+
 /// Files up to this size written from offset 0 live inline in the tree;
 /// so do compressed files whose frame fits in as many bytes.
 pub(crate) const INLINE_MAX: u64 = 2048;
@@ -395,7 +410,7 @@ pub(crate) fn write_inline(
         )));
     }
     let csum_root = tx.root_of(CSUM)?;
-    let mut content = read(tx, &root, &csum_root, ino, 0, size)?;
+    let mut content = read(tx, &root, Some(&csum_root), ino, 0, size)?;
     content.resize(new_size as usize, 0);
     content[offset as usize..end as usize].copy_from_slice(data);
     put_inline(tx, tree, ino, (new_size, COMPRESS_NONE), content)
@@ -479,11 +494,14 @@ pub(crate) fn insert_extent(
     piece: &Piece,
     sums: Vec<u8>,
 ) -> Result<u64> {
-    tx.put(
-        CSUM,
-        Key::new(CSUM_OBJECTID, EXTENT_CSUM, piece.bytenr),
-        sums,
-    )?;
+    // None for a file that keeps no checksums.
+    if !sums.is_empty() {
+        tx.put(
+            CSUM,
+            Key::new(CSUM_OBJECTID, EXTENT_CSUM, piece.bytenr),
+            sums,
+        )?;
+    }
     let mut fe = new_extent_item(tx, FILE_EXTENT_REG, piece.bytenr, piece.disk_len);
     fe.ram_bytes = piece.ram_len;
     fe.num_bytes = piece.ram_len;
@@ -580,6 +598,36 @@ pub(crate) fn clone_range(
             data_key(dst, dst_off + (from - src_off)),
             part.encode(),
         )?;
+    }
+    Ok(added - removed)
+}
+
+/// Makes the preallocated items over `[start, end)` regular: a `chattr
+/// +C` file's flush wrote its data into that space in place. Returns the
+/// change of nbytes (none: both kinds count the same).
+pub(crate) fn mark_written(
+    tx: &mut Txn<'_>,
+    tree: u64,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<i64> {
+    let root = tx.root_of(tree)?;
+    let items = items_in(tx, &root, ino, start, end)?;
+    let removed = punch(tx, tree, ino, start, end)?;
+    let mut added = 0i64;
+    for (k, fe) in items {
+        let from = k.max(start);
+        let to = (k + item_len(&fe)).min(end);
+        if from >= to {
+            continue;
+        }
+        let mut part = slice(&fe, from - k, to - from)?;
+        if part.kind == FILE_EXTENT_PREALLOC {
+            part.kind = FILE_EXTENT_REG;
+        }
+        added += accounted(&part) as i64;
+        tx.insert(tree, data_key(ino, from), part.encode())?;
     }
     Ok(added - removed)
 }

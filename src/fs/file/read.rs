@@ -15,7 +15,7 @@ use crate::txn::DataCopies;
 pub(crate) fn read<B: BlockRead + DataCopies + ?Sized>(
     b: &B,
     root: &RootPtr,
-    csum_root: &RootPtr,
+    csum_root: Option<&RootPtr>,
     ino: u64,
     offset: u64,
     len: u64,
@@ -27,13 +27,13 @@ pub(crate) fn read<B: BlockRead + DataCopies + ?Sized>(
 enum Source {
     /// Inline bytes, copied from the leaf.
     Bytes(Vec<u8>),
-    /// Whole sectors of a data extent with their checksums; the piece
-    /// starts `skip` bytes in.
+    /// Whole sectors of a data extent with their checksums (none for a
+    /// file that keeps none); the piece starts `skip` bytes in.
     Extent {
         bytenr: u64,
         len: u64,
         skip: usize,
-        sums: Vec<u8>,
+        sums: Option<Vec<u8>>,
     },
     /// A whole compressed extent, decoded once; the piece starts `skip`
     /// bytes into the decoded data.
@@ -43,7 +43,7 @@ enum Source {
         kind: u8,
         ram_bytes: u64,
         skip: usize,
-        sums: Vec<u8>,
+        sums: Option<Vec<u8>>,
     },
 }
 
@@ -59,11 +59,13 @@ pub(crate) struct ReadPlan {
 }
 
 /// Plans the read of `[offset, offset+len)` of the file: holes and
-/// preallocated ranges read as zeros.
+/// preallocated ranges read as zeros. `csum_root` is None for a file
+/// that keeps no checksums (`chattr +C`, see [`super::csum_root_for`]):
+/// its data is read as the device holds it.
 pub(crate) fn plan_read<B: BlockRead + ?Sized>(
     b: &B,
     root: &RootPtr,
-    csum_root: &RootPtr,
+    csum_root: Option<&RootPtr>,
     ino: u64,
     offset: u64,
     len: u64,
@@ -97,7 +99,7 @@ pub(crate) fn plan_read<B: BlockRead + ?Sized>(
 /// the part the item uses, with their checksums.
 fn plan_extent<B: BlockRead + ?Sized>(
     b: &B,
-    csum_root: &RootPtr,
+    csum_root: Option<&RootPtr>,
     fe: &FileExtentItem,
     skip: u64,
     len: u64,
@@ -131,22 +133,40 @@ fn plan_extent<B: BlockRead + ?Sized>(
 /// when they are read.
 fn extent_sums<B: BlockRead + ?Sized>(
     b: &B,
-    csum_root: &RootPtr,
+    csum_root: Option<&RootPtr>,
     bytenr: u64,
     first: u64,
     last: u64,
-) -> Result<Vec<u8>> {
+) -> Result<Option<Vec<u8>>> {
+    let Some(csum_root) = csum_root else {
+        return Ok(None);
+    };
     let sums = crate::tree::get(b, csum_root, &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr))?
         .ok_or_else(|| Error::corrupt(bytenr, "data extent without checksums"))?;
     let (s0, s1) = ((first / SECTOR * 4) as usize, (last / SECTOR * 4) as usize);
-    Ok(sums[s0.min(sums.len())..s1.min(sums.len())].to_vec())
+    Ok(Some(sums[s0.min(sums.len())..s1.min(sums.len())].to_vec()))
+}
+
+/// Reads `buf.len()` bytes at `bytenr` checked against `sums`, or as the
+/// device holds them when there are none to check.
+fn read_data<D: DataCopies + ?Sized>(
+    d: &D,
+    bytenr: u64,
+    buf: &mut [u8],
+    sums: &Option<Vec<u8>>,
+    ino: u64,
+) -> Result<()> {
+    match sums {
+        Some(sums) => d.read_good_data(bytenr, buf, sums, Some(ino)),
+        None => d.read_unchecked_data(bytenr, buf, Some(ino)),
+    }
 }
 
 /// A compressed extent, read whole; the piece starts `skip` bytes into
 /// the part the item uses.
 fn plan_compressed<B: BlockRead + ?Sized>(
     b: &B,
-    csum_root: &RootPtr,
+    csum_root: Option<&RootPtr>,
     fe: &FileExtentItem,
     skip: u64,
 ) -> Result<Source> {
@@ -173,7 +193,7 @@ fn read_compressed<D: DataCopies + ?Sized>(
     d: &D,
     ino: u64,
     (bytenr, disk_len, kind): (u64, u64, u8),
-    (sums, ram_bytes): (&[u8], Option<u64>),
+    (sums, ram_bytes): (&Option<Vec<u8>>, Option<u64>),
     out: &mut [u8],
 ) -> Result<()> {
     if disk_len > crate::compress::CHUNK {
@@ -183,7 +203,7 @@ fn read_compressed<D: DataCopies + ?Sized>(
         ));
     }
     let mut frame = vec![0u8; disk_len as usize];
-    d.read_good_data(bytenr, &mut frame, sums, Some(ino))?;
+    read_data(d, bytenr, &mut frame, sums, ino)?;
     let decoded = match ram_bytes {
         Some(ram) => crate::compress::decode_prefix(kind, &frame, ram, out),
         None => crate::compress::decode_into(kind, &frame, out),
@@ -230,7 +250,7 @@ impl ReadPlan {
                     skip: 0,
                     sums,
                 } if *len as usize == *n => {
-                    d.read_good_data(*bytenr, dst, sums, Some(self.ino))?;
+                    read_data(d, *bytenr, dst, sums, self.ino)?;
                 }
                 Source::Extent {
                     bytenr,
@@ -239,7 +259,7 @@ impl ReadPlan {
                     sums,
                 } => {
                     let mut buf = vec![0u8; *len as usize];
-                    d.read_good_data(*bytenr, &mut buf, sums, Some(self.ino))?;
+                    read_data(d, *bytenr, &mut buf, sums, self.ino)?;
                     dst.copy_from_slice(&buf[*skip..*skip + *n]);
                 }
                 Source::Compressed {

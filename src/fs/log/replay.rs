@@ -150,6 +150,13 @@ fn add_item(l: &mut Logged, k: &Key, d: &[u8]) -> Result<()> {
 /// commit (`new`) and whose checksums the log lacks: replayed, every read
 /// of it would fail. (Preallocated space has none and needs none.)
 fn unsummed_extent(l: &Logged, new: &HashSet<(u64, u64)>, csums: &Csums) -> Option<Key> {
+    // A `chattr +C` file keeps none.
+    if l.inode
+        .as_ref()
+        .is_some_and(|i| !crate::fs::file::keeps_sums(i.flags))
+    {
+        return None;
+    }
     l.extents
         .iter()
         .filter(|(_, fe)| fe.kind == crate::format::items::FILE_EXTENT_REG)

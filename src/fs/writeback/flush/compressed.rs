@@ -14,7 +14,7 @@
 
 use super::*;
 use crate::compress::{self, Codec, Property};
-use crate::format::inode::{InodeItem, INODE_NOCOMPRESS};
+use crate::format::inode::{InodeItem, INODE_NOCOMPRESS, INODE_NODATACOW};
 
 /// Most threads one flush compresses on.
 const MAX_THREADS: usize = 4;
@@ -35,6 +35,11 @@ impl crate::fs::Subvol {
     /// The codec the next flush of `ino` compresses with, if any: the
     /// file's property over the mount's policy.
     pub(super) fn codec_for(&self, tx: &Txn<'_>, ino: u64, i: &InodeItem) -> Result<Option<Codec>> {
+        // Compressed data is always written anew: a `chattr +C` file,
+        // which writes in place, stays uncompressed (as on btrfs).
+        if i.flags & INODE_NODATACOW != 0 {
+            return Ok(None);
+        }
         let policy = self.core.compression();
         let root = tx.root_of(self.tree)?;
         let value = crate::fs::xattr::find(tx, &root, ino, compress::PROPERTY)?;
@@ -64,7 +69,7 @@ impl crate::fs::Subvol {
             return Ok(false);
         }
         let csum_root = tx.root_of(CSUM)?;
-        let mut content = file::read(tx, &root, &csum_root, ino, 0, i.size)?;
+        let mut content = file::read(tx, &root, Some(&csum_root), ino, 0, i.size)?;
         for (offset, data) in taken {
             // Zeros buffered past the end (a truncate's) are not data.
             let keep = i.size.saturating_sub(*offset).min(data.len() as u64) as usize;
@@ -288,6 +293,7 @@ mod tests {
         let seg = |first: u64, last: u64| Segment {
             first,
             last,
+            place: Place::New,
             old: Vec::new(),
             pieces: Vec::new(),
         };

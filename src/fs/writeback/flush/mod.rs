@@ -6,6 +6,10 @@
 use super::*;
 
 mod compressed;
+mod in_place;
+
+use crate::format::inode::INODE_NODATACOW;
+use in_place::Place;
 
 /// Most bytes one flush takes at a time: the data a commit may wait for.
 const FLUSH_CHUNK: u64 = 8 << 20;
@@ -14,10 +18,12 @@ const FLUSH_CHUNK: u64 = 8 << 20;
 /// ranges (random writes) holds the state lock briefly at a time.
 const INSERT_BATCH: usize = 32;
 
-/// Part of a flush: a run of whole sectors written as new extents.
+/// Part of a flush: a run of whole sectors written as new extents, or
+/// in place (see `in_place`).
 struct Segment {
     first: u64,
     last: u64,
+    place: Place,
     /// Old bytes of the file the sectors keep (where no taken range
     /// covers them): (file offset, plan).
     old: Vec<(u64, ReadPlan)>,
@@ -41,6 +47,8 @@ struct FlushJob {
     held_data: u64,
     /// No chunk compressed: the file is marked to stop trying.
     gave_up: bool,
+    /// The file keeps checksums of its data (all but `chattr +C` ones).
+    sums: bool,
 }
 
 /// Extents laid end to end on the device, written with one call: where
@@ -226,20 +234,32 @@ impl super::super::Subvol {
             self.write_inline_ranges(tx, ino, i, &taken)?;
             return Ok(None);
         }
-        let csum_root = tx.root_of(CSUM)?;
+        let csum_root = file::csum_root_for(i.flags, || tx.root_of(CSUM))?;
         let inline = file::is_inline(tx, &root, ino)?;
+        let no_cow = i.flags & INODE_NODATACOW != 0;
+        let mut alone = in_place::Alone::default();
         let mut segments = Vec::new();
-        for (first, last) in segment_spans(&taken, inline) {
-            let mut old = Vec::new();
-            for (s, e) in uncovered(&taken, first, last) {
-                old.push((s, file::plan_read(tx, &root, &csum_root, ino, s, e - s)?));
+        for span in segment_spans(&taken, inline) {
+            let parts = match no_cow {
+                true => in_place::places(tx, (tree, ino), span, &mut alone)?,
+                false => vec![(span.0, span.1, Place::New)],
+            };
+            for (first, last, place) in parts {
+                let mut old = Vec::new();
+                for (s, e) in uncovered(&taken, first, last) {
+                    old.push((
+                        s,
+                        file::plan_read(tx, &root, csum_root.as_ref(), ino, s, e - s)?,
+                    ));
+                }
+                segments.push(Segment {
+                    first,
+                    last,
+                    place,
+                    old,
+                    pieces: Vec::new(),
+                });
             }
-            segments.push(Segment {
-                first,
-                last,
-                old,
-                pieces: Vec::new(),
-            });
         }
         let footprint: u64 = taken.iter().map(|(s, d)| span(*s, d.len() as u64)).sum();
 
@@ -266,6 +286,7 @@ impl super::super::Subvol {
             codec,
             held_data,
             gave_up: false,
+            sums: file::keeps_sums(i.flags),
         }))
     }
 
@@ -297,6 +318,8 @@ impl super::super::Subvol {
             Some(codec) => self.write_compressed(ino, &mut job, codec),
             None => self.write_job(&job),
         };
+        // Before the state lock: relocation may wait for these under it.
+        self.core.engine.in_place_done(&mut job.flight);
         let FlushJob {
             flight,
             ranges,
@@ -380,7 +403,10 @@ impl super::super::Subvol {
             } in &seg.pieces
             {
                 let part = (index, at, at + len as usize);
-                sums.push(file::sector_sums(&content[part.1..part.2]));
+                sums.push(match job.sums {
+                    true => file::sector_sums(&content[part.1..part.2]),
+                    false => Vec::new(),
+                });
                 if !run.extend(bytenr, part) {
                     self.write_run(job, &contents, &run)?;
                     run = Run::starting(bytenr, part);
@@ -446,6 +472,16 @@ impl super::super::Subvol {
         };
         let mut delta = 0i64;
         for (seg, sums) in segments.iter().zip(sums) {
+            match seg.place {
+                Place::New => {}
+                // Written where the file's items already point.
+                Place::Over { .. } => continue,
+                Place::Prealloc { .. } => {
+                    self.note_extents(tx, ino, i.size, seg.first, seg.last);
+                    delta += file::mark_written(tx, tree, ino, seg.first, seg.last)?;
+                    continue;
+                }
+            }
             self.note_extents(tx, ino, i.size, seg.first, seg.last);
             delta -= file::punch(tx, tree, ino, seg.first, seg.last)?;
             let mut at = seg.first;
@@ -621,7 +657,8 @@ fn overlapping_vec(
         .map(|(s, d)| (*s, d.as_slice()))
 }
 
-/// Allocates each segment's extents: the first laid after the file's data
+/// Allocates each segment's extents (those written in place get their
+/// place): the first laid after the file's data
 /// before it, each next one after the one before. So the segments of one
 /// flush lie end to end on the device whatever their offsets in the file
 /// (random writes become one sequential write, as on a log-structured
@@ -640,6 +677,11 @@ fn allocate(
     };
     for seg in segments {
         let total = seg.last - seg.first;
+        if let Some((extent, bytenr)) = seg.place.target() {
+            tx.write_in_place(flight, extent, bytenr, total);
+            seg.pieces.push(file::Piece::plain(bytenr, total));
+            continue;
+        }
         let mut at = 0;
         while at < total {
             // Any length down to a sector: fragmented free space still
