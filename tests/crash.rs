@@ -551,3 +551,173 @@ fn every_prefix_of_defragmenting_keeps_the_committed_files() {
     };
     replay.check_prefixes(250, &|i| i % 3 != 0, "defragment");
 }
+
+/// What a generation committed of the in-place workload below: the file
+/// that keeps checksums, the `chattr +C` file's size, and the snapshot's
+/// two files once it exists.
+#[derive(Clone)]
+struct InPlaceModel {
+    /// None before the files were committed.
+    cow: Option<Vec<u8>>,
+    nocow_size: u64,
+    snap: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// A `chattr +C` file overwritten in place (first into its preallocated
+/// space, then over its own data), beside a file that keeps checksums,
+/// with a snapshot of both half-way: every prefix of the writes opens
+/// clean, the other file and the snapshot hold exactly what was
+/// committed, and each sector of the `+C` file the value it had at the
+/// last fsync or commit before the crash, or one written after (in
+/// place, a later write may have reached the disk too).
+#[test]
+fn every_prefix_of_in_place_writes_keeps_what_was_committed() {
+    use canopy::fs::{Fs, Owner};
+    const PIECE: usize = 4096;
+    const PIECES: u64 = 192;
+    const FS_NOCOW_FL: u32 = 0x0080_0000;
+    let (base, rec, fs) = recorded_fs(64 << 20);
+    let me = Owner { uid: 0, gid: 0 };
+    let mk = |name: &[u8]| {
+        fs.create(256, name, libc::S_IFREG | 0o644, 0, me, None)
+            .unwrap()
+            .ino
+    };
+    let (nocow, cow) = (mk(b"nocow"), mk(b"cow"));
+    fs.set_file_flags(nocow, FS_NOCOW_FL).unwrap();
+    assert_eq!(fs.file_flags(nocow).unwrap(), FS_NOCOW_FL);
+    let len = PIECES * PIECE as u64;
+    fs.fallocate(nocow, 0, len, 0).unwrap();
+    let mut cow_data = vec![0u8; len as usize];
+    fs.setattr(
+        cow,
+        &canopy::fs::SetAttr {
+            size: Some(len),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Every value each piece of the +C file was given: (write number,
+    // value); and (recorded ops, write number) where each fsync or commit
+    // returned.
+    let mut seen: Vec<Vec<(u64, u8)>> = vec![vec![(0, 0)]; PIECES as usize];
+    let mut durable: Vec<(usize, u64)> = Vec::new();
+    let mut nocow_data = vec![0u8; len as usize];
+    let mut snap: Option<(Vec<u8>, Vec<u8>)> = None;
+    let mut models: BTreeMap<u64, InPlaceModel> = BTreeMap::new();
+    let mut ends = vec![(fs.engine().committed_generation(), 0usize)];
+    let model = |cow: &[u8], snap: &Option<(Vec<u8>, Vec<u8>)>| InPlaceModel {
+        cow: Some(cow.to_vec()),
+        nocow_size: len,
+        snap: snap.clone(),
+    };
+    let before = InPlaceModel {
+        cow: None,
+        nocow_size: 0,
+        snap: None,
+    };
+    models.insert(ends[0].0, before);
+    let commit = |fs: &Fs, m: InPlaceModel, models: &mut BTreeMap<_, _>, ends: &mut Vec<_>| {
+        fs.sync().unwrap();
+        let g = fs.engine().committed_generation();
+        models.insert(g, m);
+        ends.push((g, rec.op_count()));
+    };
+    commit(&fs, model(&cow_data, &None), &mut models, &mut ends);
+    let mut rng = Rng(0x0c0f_fee0_0000_0043);
+    for step in 0..240u64 {
+        let p = rng.below(PIECES) as usize;
+        let byte = (rng.below(250) + 1) as u8;
+        let at = (p * PIECE) as u64;
+        fs.write(nocow, at, &[byte; PIECE]).unwrap();
+        nocow_data[p * PIECE..(p + 1) * PIECE].fill(byte);
+        seen[p].push((step + 1, byte));
+        let other = byte.wrapping_add(1);
+        fs.write(cow, at, &[other; PIECE]).unwrap();
+        cow_data[p * PIECE..(p + 1) * PIECE].fill(other);
+        if step % 4 == 3 {
+            fs.fsync(nocow).unwrap();
+            durable.push((rec.op_count(), step + 1));
+            // An fsync commits instead of logging now and then (a new
+            // block group): what it committed is what was written.
+            let g = fs.engine().committed_generation();
+            if g != ends.last().map_or(0, |e| e.0) {
+                models.insert(g, model(&cow_data, &snap));
+                ends.push((g, rec.op_count()));
+            }
+        }
+        if step == 120 {
+            commit(&fs, model(&cow_data, &snap), &mut models, &mut ends);
+            fs.snapshot(256, 256, b"snap", false).unwrap();
+            snap = Some((nocow_data.clone(), cow_data.clone()));
+            commit(&fs, model(&cow_data, &snap), &mut models, &mut ends);
+        } else if step % 12 == 11 {
+            commit(&fs, model(&cow_data, &snap), &mut models, &mut ends);
+            durable.push((rec.op_count(), step + 1));
+        }
+    }
+    commit(&fs, model(&cow_data, &snap), &mut models, &mut ends);
+    drop(fs);
+    let mut rp = Replayer::new(base, rec.ops());
+    let total = rp.len();
+    let step = (total / 200).max(1);
+    let keep = |i: usize| !i.is_multiple_of(3);
+    let mut images = 0;
+    for prefix in
+        (0..=total).filter(|p| p % step == 0 || ends.iter().any(|e| e.1.abs_diff(*p) <= 2))
+    {
+        let (dev, e) = open_crashed(&mut rp, prefix, &keep, &ends);
+        let g = e.committed_generation();
+        let fs = Fs::new(Arc::new(e)).unwrap();
+        let want = models
+            .get(&g)
+            .unwrap_or_else(|| panic!("prefix {prefix}: generation {g} was not recorded"));
+        let read = |dir: u64, name: &[u8]| {
+            let a = fs.lookup(dir, name).unwrap();
+            fs.read(a.ino, 0, a.size as u32).unwrap()
+        };
+        let Some(cow) = &want.cow else {
+            assert!(
+                fs.lookup(256, b"cow").is_err(),
+                "prefix {prefix}: cow too early"
+            );
+            drop(fs);
+            common::assert_clean(dev.as_ref());
+            continue;
+        };
+        assert!(read(256, b"cow") == *cow, "prefix {prefix}: cow differs");
+        let got = read(256, b"nocow");
+        assert_eq!(got.len() as u64, want.nocow_size, "prefix {prefix}");
+        let synced = durable
+            .iter()
+            .filter(|d| d.0 <= prefix)
+            .map(|d| d.1)
+            .max()
+            .unwrap_or(0);
+        for (p, sector) in got.chunks(PIECE).enumerate() {
+            let since = seen[p].iter().rposition(|w| w.0 <= synced).unwrap_or(0);
+            let allowed: Vec<u8> = seen[p][since..].iter().map(|w| w.1).collect();
+            assert!(
+                sector.iter().all(|&b| b == sector[0]) && allowed.contains(&sector[0]),
+                "prefix {prefix} (generation {g}): piece {p} of nocow holds {:?}.., \
+                 durable then or written after: {allowed:?}",
+                &sector[..4],
+            );
+        }
+        if let Some((snap_nocow, snap_cow)) = &want.snap {
+            let s = fs.lookup(256, b"snap").unwrap().ino;
+            assert!(
+                read(s, b"nocow") == *snap_nocow,
+                "prefix {prefix}: snap/nocow changed"
+            );
+            assert!(
+                read(s, b"cow") == *snap_cow,
+                "prefix {prefix}: snap/cow changed"
+            );
+        }
+        drop(fs);
+        common::assert_clean(dev.as_ref());
+        images += 1;
+    }
+    eprintln!("in-place crash workload: {total} ops, {images} images");
+}

@@ -140,6 +140,9 @@ pub(crate) struct Flights {
     /// Data extents flights write into in place (`chattr +C` files), with
     /// how many do; signalled on `changed` when one is done.
     in_place: Mutex<HashMap<u64, usize>>,
+    /// Some flight wrote data since [`Engine::barrier_for_unchecked_data`]
+    /// last made it durable.
+    unflushed_data: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -356,6 +359,26 @@ impl DataDevice<'_> {
 }
 
 impl Engine {
+    /// Makes the data flights wrote durable, with a barrier, if any was
+    /// written since the last call. fsync of a file that keeps no
+    /// checksums (`chattr +C`) needs it before its log: the log's single
+    /// barrier lets its superblock reach the disk before the data (see
+    /// `sync_log`), which replay finds out through the checksums of
+    /// other files' data, and cannot for this one's.
+    pub fn barrier_for_unchecked_data(&self) -> Result<()> {
+        let f = &self.shared.flights;
+        if f.unflushed_data
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            if let Err(e) = self.shared.dev.barrier() {
+                f.unflushed_data
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// The in-place writes of `flight` are on the device (or failed):
     /// what waits for them in [`Txn::wait_in_place`] goes on. Called
     /// before the flush takes the state lock again.
@@ -375,6 +398,10 @@ impl Engine {
             )));
         }
         let r = self.shared.dev.write_data_at(data, bytenr);
+        self.shared
+            .flights
+            .unflushed_data
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Err(e) = &r {
             self.fail(e);
         }

@@ -343,6 +343,11 @@ impl Subvol {
         tx.reserve(&batch.need(self.tree))?;
         tx.ensure_log()?;
         batch.apply(tx, self.tree)?;
+        // Its data, new extents or written in place, must be durable
+        // before the log is: nothing else would tell replay it is not.
+        if !super::file::keeps_sums(inode.flags) {
+            tx.note_log_unchecked_data();
+        }
         // Only now: a failure above leaves the ranges noted for the next
         // fsync and marks nothing logged that is not.
         self.mark_logged(transid, Some(ino), &others);

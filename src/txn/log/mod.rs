@@ -63,6 +63,8 @@ pub(crate) struct LogTree {
     /// In the header flags of each of its blocks (see
     /// [`Superblock::log_nonce`]).
     pub nonce: u64,
+    /// It names data without checksums (`Txn::note_log_unchecked_data`).
+    pub unchecked_data: bool,
 }
 
 /// A log found at open and not replayed yet.
@@ -139,6 +141,8 @@ struct TakenLog {
     nonce: u64,
     blocks: Vec<(u64, Vec<u8>)>,
     nodes: Vec<Arc<Node>>,
+    /// The log names data without checksums.
+    unchecked_data: bool,
 }
 
 impl State {
@@ -193,6 +197,7 @@ impl Txn<'_> {
             blocks: HashSet::new(),
             unwritten: Vec::new(),
             nonce: new_nonce(self.st.transid),
+            unchecked_data: false,
         });
         let hint = self.st.sb.root;
         let ptr = crate::tree::create(self, tree_id::LOG, hint);
@@ -221,6 +226,16 @@ impl Txn<'_> {
     /// transaction (so no commit holds its checksums yet).
     pub fn is_new_extent(&self, bytenr: u64) -> bool {
         self.st.refs.is_new(bytenr)
+    }
+
+    /// The log now names data that has no checksums (a `chattr +C`
+    /// file's): each log write from here on first makes the data written
+    /// so far durable ([`Engine::barrier_for_unchecked_data`]), since
+    /// replay cannot tell such data from what the disk held before.
+    pub fn note_log_unchecked_data(&mut self) {
+        if let Some(l) = self.st.log.as_mut() {
+            l.unchecked_data = true;
+        }
     }
 
     /// Whether the running transaction has a log.
@@ -353,7 +368,16 @@ impl Engine {
             drop(io);
             return self.sync_without_log(transid);
         };
-        let result = self.write_log(&mut io, transid, taken.ptr, taken.nonce, &taken.blocks);
+        // Every item the blocks hold was logged after its data was
+        // written (a flush inserts items only then), so one barrier now
+        // makes all the data they name durable before the superblock that
+        // names them.
+        let result = match taken.unchecked_data {
+            true => self.barrier_for_unchecked_data(),
+            false => Ok(()),
+        };
+        let result = result
+            .and_then(|()| self.write_log(&mut io, transid, taken.ptr, taken.nonce, &taken.blocks));
         if result.is_ok() {
             io.log_takes_written = io.log_takes_written.max(taken.take);
         }
@@ -385,7 +409,7 @@ impl Engine {
         let Some(log) = st.log.as_mut() else {
             return Ok(None);
         };
-        let (ptr, nonce) = (log.ptr, log.nonce);
+        let (ptr, nonce, unchecked_data) = (log.ptr, log.nonce, log.unchecked_data);
         let mine = std::mem::take(&mut log.unwritten);
         let mut nodes = Vec::with_capacity(mine.len());
         for b in mine {
@@ -406,6 +430,7 @@ impl Engine {
             nonce,
             blocks,
             nodes,
+            unchecked_data,
         }))
     }
 
