@@ -104,6 +104,9 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
         --mount-opts "transport=$big_transport" --json target/tmp/power-cut-4g.json
     "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 512M --fill 0.85 \
         --mount-opts transport=dev,compress=zstd --json target/tmp/power-cut-512m.json
+    echo "== crash campaign: power cuts under chattr +C (the databases' files overwrite in place, without checksums)"
+    "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 1G --fill 0 --nocow \
+        --mount-opts transport=dev --json target/tmp/power-cut-nocow.json
     echo "== crash campaign: power cuts on two devices (raid1), each losing its own unflushed writes"
     "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 1G --fill 0 \
         --devices 2 --mount-opts transport=dev --json target/tmp/power-cut-raid1.json

@@ -96,8 +96,13 @@ pub const INCOMPAT_DUP: u64 = 128;
 /// groups may keep copies on other devices (RAID1, RAID1C3). Older code
 /// would open device 1 alone and write one copy.
 pub const INCOMPAT_DEVICES: u64 = 256;
+/// Files may keep no checksums of their data (`chattr +C`); older code
+/// would fail their reads and report their extents as damaged. Set for
+/// good by the first file or directory given the flag.
+pub const INCOMPAT_NODATASUM: u64 = 512;
 /// Incompatible features this code understands.
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
+    | INCOMPAT_NODATASUM
     | INCOMPAT_DEVICES
     | INCOMPAT_MIXED_GROUPS
     | INCOMPAT_LOG_TREE

@@ -248,6 +248,9 @@ impl Subvol {
             let was = fs_flags(i.flags, property.as_deref()) & (FS_COMPR_FL | FS_NOCOMP_FL);
             let wants = fl & (FS_COMPR_FL | FS_NOCOMP_FL);
             i.flags = no_copy_on_write(&i, fl & FS_NOCOW_FL != 0, wants == FS_COMPR_FL)?;
+            if i.flags & INODE_NODATASUM != 0 {
+                tx.set_incompat(crate::format::superblock::INCOMPAT_NODATASUM);
+            }
             if was != wants {
                 if i.mode & libc::S_IFMT != libc::S_IFREG && !super::is_dir(i.mode) {
                     return Err(errno(
