@@ -626,15 +626,20 @@ fn every_prefix_of_in_place_writes_keeps_what_was_committed() {
     commit(&fs, model(&cow_data, &None), &mut models, &mut ends);
     let mut rng = Rng(0x0c0f_fee0_0000_0043);
     for step in 0..240u64 {
-        let p = rng.below(PIECES) as usize;
+        // One to three pieces: a write may span written and
+        // preallocated space, or shared and unshared extents.
+        let p = rng.below(PIECES - 2) as usize;
+        let n = 1 + rng.below(3) as usize;
         let byte = (rng.below(250) + 1) as u8;
         let at = (p * PIECE) as u64;
-        fs.write(nocow, at, &[byte; PIECE]).unwrap();
-        nocow_data[p * PIECE..(p + 1) * PIECE].fill(byte);
-        seen[p].push((step + 1, byte));
+        fs.write(nocow, at, &vec![byte; n * PIECE]).unwrap();
+        nocow_data[p * PIECE..(p + n) * PIECE].fill(byte);
+        for piece in &mut seen[p..p + n] {
+            piece.push((step + 1, byte));
+        }
         let other = byte.wrapping_add(1);
-        fs.write(cow, at, &[other; PIECE]).unwrap();
-        cow_data[p * PIECE..(p + 1) * PIECE].fill(other);
+        fs.write(cow, at, &vec![other; n * PIECE]).unwrap();
+        cow_data[p * PIECE..(p + n) * PIECE].fill(other);
         if step % 4 == 3 {
             fs.fsync(nocow).unwrap();
             durable.push((rec.op_count(), step + 1));

@@ -2247,8 +2247,16 @@ fn no_copy_on_write_files_overwrite_in_place() {
     pre.sync_data().unwrap();
     canopy_ok(&["sync", "."], &mnt);
     assert_eq!(&places("d/pre")[..PIECES / 4], &reserved[..PIECES / 4]);
+    // One write over written and preallocated space at once, its edges
+    // inside sectors: a place of each kind.
+    pre.write_all_at(&[9u8; 2 * PIECE + 300], 10 * PIECE as u64 + 100)
+        .unwrap();
+    pre.sync_data().unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    assert_eq!(&places("d/pre")[..PIECES / 4], &reserved[..PIECES / 4]);
     let mut want = vec![0u8; 1 << 20];
     want[8 * PIECE..11 * PIECE].fill(7);
+    want[10 * PIECE + 100..12 * PIECE + 400].fill(9);
     assert!(fs::read(m.p("d/pre")).unwrap() == want, "d/pre reads wrong");
 
     // Copied, not shared, into a file that keeps checksums.

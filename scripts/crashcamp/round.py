@@ -213,7 +213,20 @@ class Round:
             r["daemon_died"] = True
             self.fail(f"daemon died by itself (status {self.daemon.p.returncode}) "
                       f"after {kill_after} s: {tail(self.daemon.log_path, 10)}")
+        self.fail_on_panic()
         return kill_after
+
+    def fail_on_panic(self):
+        """A thread of the daemon that panicked leaves its request without
+        an answer: the client hangs in it, and what it acknowledged before
+        survives the crash, so the round would pass. The log tells."""
+        try:
+            with open(self.daemon.log_path, errors="replace") as f:
+                lines = [line for line in f if "panicked at" in line]
+        except OSError:
+            return
+        if lines:
+            self.fail(f"a daemon thread panicked: {lines[0].strip()[:300]}")
 
     def crash(self):
         """The crash: how it happens is the crash method's business

@@ -221,6 +221,14 @@ impl Handler for FuseFs {
         self.init_flags(offered)
     }
 
+    fn panicked(&self) {
+        // The last commit is safe; what the request was changing may be
+        // half done, so nothing more is committed.
+        self.fs
+            .engine()
+            .shut_down("a request's handler panicked (see the log)");
+    }
+
     fn handle_into(&self, h: &Header, op: Op<'_>, buf: &mut [u8]) -> Reply {
         match op {
             Op::Read { offset, size } if size as usize <= buf.len() => {

@@ -28,6 +28,23 @@ pub trait Handler: Send + Sync + 'static {
     fn handle_into(&self, h: &Header, op: Op<'_>, _buf: &mut [u8]) -> Reply {
         self.handle(h, op)
     }
+    /// A request's handler panicked (it was answered EIO): what it was
+    /// changing may be half done.
+    fn panicked(&self) {}
+}
+
+/// `answer()`, or EIO when it panics: the request is answered either way
+/// (an unanswered one leaves its caller waiting for ever, in the kernel,
+/// where no signal reaches it), and `handler` hears of the panic.
+pub fn answer_or_eio(handler: &dyn Handler, opcode: u32, answer: impl FnOnce() -> Reply) -> Reply {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(answer)) {
+        Ok(reply) => reply,
+        Err(_) => {
+            tracing::error!(opcode, "a request's handler panicked: answered EIO");
+            handler.panicked();
+            Reply::Error(libc::EIO)
+        }
+    }
 }
 
 /// The room a read from /dev/fuse needs: the largest write and its
@@ -211,7 +228,7 @@ pub fn serve_one(fd: RawFd, buf: &[u8], handler: &dyn Handler) {
         }
     };
     let reply = match request::decode(h.opcode, fixed, rest) {
-        Ok(op) => handler.handle(&h, op),
+        Ok(op) => answer_or_eio(handler, h.opcode, || handler.handle(&h, op)),
         Err(e) => {
             tracing::error!(opcode = h.opcode, error = %e, "answered EIO");
             Reply::Error(libc::EIO)
@@ -349,5 +366,44 @@ impl Running {
         for t in self.threads {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    struct Panics(AtomicBool);
+
+    impl Handler for Panics {
+        fn init(&mut self, offered: u64) -> u64 {
+            offered
+        }
+        fn handle(&self, _h: &Header, _op: Op<'_>) -> Reply {
+            panic!("a handler bug");
+        }
+        fn panicked(&self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A handler that panics still answers (EIO), and hears of it.
+    #[test]
+    fn a_panicking_handler_answers_eio() {
+        let h = Panics(AtomicBool::new(false));
+        let header = Header {
+            opcode: 1,
+            unique: 7,
+            nodeid: 1,
+            uid: 0,
+            gid: 0,
+            pid: 0,
+        };
+        let reply = answer_or_eio(&h, 1, || h.handle(&header, Op::Forget { nlookup: 1 }));
+        assert_eq!(reply, Reply::Error(libc::EIO));
+        assert!(h.0.load(Ordering::SeqCst));
+        let fine = answer_or_eio(&h, 1, || Reply::Error(0));
+        assert_eq!(fine, Reply::Error(0));
     }
 }

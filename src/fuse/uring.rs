@@ -15,7 +15,7 @@
 use super::proto;
 use super::reply::Reply;
 use super::request;
-use super::session::{Carrier, Handler, Running};
+use super::session::{answer_or_eio, Carrier, Handler, Running};
 use crate::error::{Error, Result};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::os::fd::RawFd;
@@ -175,9 +175,10 @@ impl Entry {
                     // its data, which is then not copied again.
                     Ok(request::Op::Read { offset, size }) => {
                         let op = request::Op::Read { offset, size };
-                        handler.handle_into(&h, op, &mut self.payload)
+                        let payload = &mut self.payload;
+                        answer_or_eio(handler, h.opcode, || handler.handle_into(&h, op, payload))
                     }
-                    Ok(op) => handler.handle(&h, op),
+                    Ok(op) => answer_or_eio(handler, h.opcode, || handler.handle(&h, op)),
                     Err(e) => {
                         tracing::error!(opcode = h.opcode, error = %e, "answered EIO");
                         Reply::Error(libc::EIO)

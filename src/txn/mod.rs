@@ -324,6 +324,13 @@ impl Engine {
         }
     }
 
+    /// Stops all changes from here on (they fail with `Aborted`), keeping
+    /// the last commit: something above found the engine's state may be
+    /// half changed (a request's handler panicked).
+    pub fn shut_down(&self, why: &str) {
+        self.fail(&Error::Invalid(why.to_string()));
+    }
+
     fn fail(&self, e: &Error) {
         if self.failed.set(e.to_string()) {
             tracing::error!(error = %e, "shutting the filesystem down");

@@ -429,9 +429,13 @@ impl super::super::Subvol {
             let from = (at - seg.first) as usize;
             content[from..from + bytes.len()].copy_from_slice(&bytes);
         }
+        // A range may reach past the segment: a `chattr +C` file's
+        // segments end where its extents do (see `in_place`).
         for (s, d) in overlapping_vec(&job.ranges, seg.first, seg.last) {
-            let from = (s - seg.first) as usize;
-            content[from..from + d.len()].copy_from_slice(d);
+            let lo = s.max(seg.first);
+            let hi = (s + d.len() as u64).min(seg.last);
+            content[(lo - seg.first) as usize..(hi - seg.first) as usize]
+                .copy_from_slice(&d[(lo - s) as usize..(hi - s) as usize]);
         }
         Ok(content)
     }
