@@ -423,11 +423,11 @@ fn read_copies(r: &Reader<'_>, bytenr: u64, bufs: &mut [Vec<u8>], n: usize) -> V
 }
 
 /// Whether the data extent at `bytenr` is meant to have no checksums:
-/// preallocated space, or data of a `chattr +C` file. Such an extent is
-/// either for every holder (writes into preallocated space go elsewhere,
-/// but for `+C` files, and those share data only with each other), so
-/// one holder tells. Anything unreadable on the way answers no, and the
-/// extent is reported.
+/// preallocated space, or data of a `chattr +C` file. What one holder
+/// says holds for all: writes into preallocated space go elsewhere
+/// (except a `+C` file's), and `+C` files share data only with each
+/// other. Anything unreadable on the way answers no, and the extent is
+/// reported.
 fn has_no_sums(r: &Reader<'_>, bytenr: u64) -> Result<bool> {
     let extents = r.root(EXTENT)?;
     let mut leaf = None;
