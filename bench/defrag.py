@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib.fs import Btrfs, Canopy, commit_any as commit, drop_caches, sh  # noqa: E402
-from benchlib.fs import used_bytes as used  # noqa: E402
+from benchlib.fs import cold_read_mbs, used_bytes as used  # noqa: E402
 
 FILE_MIB = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -67,14 +67,6 @@ def write_clean(path):
             f.write(chunk)
 
 
-def read_mbs(path):
-    drop_caches()
-    t = time.monotonic()
-    with open(path, "rb", buffering=0) as f:
-        while f.read(4 * MIB):
-            pass
-    return FILE_MIB / (time.monotonic() - t)
-
 
 def snapshot(fs):
     if isinstance(fs, Canopy):
@@ -97,7 +89,7 @@ def round_on(fs, seed):
     write_fragmented(frag, seed)
     write_clean(clean)
     commit(fs)
-    r = {"clean": read_mbs(clean), "fragmented": read_mbs(frag)}
+    r = {"clean": cold_read_mbs(clean), "fragmented": cold_read_mbs(frag)}
     snapshot(fs)
     commit(fs)
     r["used before"] = used(fs) / MIB
@@ -107,7 +99,7 @@ def round_on(fs, seed):
     r["defragment s"] = time.monotonic() - t
     r["defragment MB/s"] = FILE_MIB / r["defragment s"]
     r["used after"] = used(fs) / MIB
-    r["after"] = read_mbs(frag)
+    r["after"] = cold_read_mbs(frag)
     fs.destroy()
     return r
 

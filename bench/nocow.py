@@ -25,8 +25,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib.fs import Btrfs, Canopy, Ext4, Xfs, commit_any as commit, drop_caches  # noqa: E402
-from benchlib.fs import used_bytes as used  # noqa: E402
+from benchlib.fs import Btrfs, Canopy, Ext4, Xfs, commit_any as commit  # noqa: E402
+from benchlib.fs import cold_read_mbs, used_bytes as used  # noqa: E402
 
 FILE_MIB = int(sys.argv[1]) if len(sys.argv) > 1 else 256
 WRITES = int(sys.argv[2]) if len(sys.argv) > 2 else 4000
@@ -69,14 +69,6 @@ def overwrite(path, seed):
         os.close(fd)
 
 
-def read_mbs(path):
-    drop_caches()
-    t = time.monotonic()
-    with open(path, "rb", buffering=0) as f:
-        while f.read(4 * MIB):
-            pass
-    return FILE_MIB / (time.monotonic() - t)
-
 
 def round_on(fs, nocow, seed):
     fs.make()
@@ -90,7 +82,7 @@ def round_on(fs, nocow, seed):
     before = used(fs)
     r = {"overwrite IOPS": overwrite(f, seed)}
     commit(fs)
-    r["read after MB/s"] = read_mbs(f)
+    r["read after MB/s"] = cold_read_mbs(f)
     r["extents after"] = extents(fs, f)
     r["space grew MiB"] = (used(fs) - before) / MIB
     fs.destroy()

@@ -2103,26 +2103,11 @@ fn no_copy_on_write_files_overwrite_in_place() {
     if !can_mount() {
         return;
     }
-    const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
-    const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
-    const NOCOW: libc::c_int = 0x0080_0000;
-    const COMPR: libc::c_int = 0x4;
-    let flags_of = |p: &std::path::Path| {
-        let f = fs::File::open(p).unwrap();
-        let mut fl: libc::c_int = 0;
-        assert_eq!(
-            unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS, &mut fl) },
-            0
-        );
-        fl
-    };
-    let set_flags = |p: &std::path::Path, mut fl: libc::c_int| {
-        let f = fs::File::open(p).unwrap();
-        match unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_SETFLAGS, &mut fl) } {
-            0 => Ok(()),
-            _ => Err(std::io::Error::last_os_error().raw_os_error()),
-        }
-    };
+    use common::mounted::{file_flags as flags_of, set_file_flags};
+    const NOCOW: u32 = 0x0080_0000;
+    const COMPR: u32 = 0x4;
+    let set_flags =
+        |p: &std::path::Path, fl: u32| set_file_flags(p, fl).map_err(|e| e.raw_os_error());
     let mut m = Mounted::with_size("1G");
     let mnt = m.mnt.clone();
     let out = remount(&m, "remount,compress=no");

@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use common::mounted::{can_mount, canopy_ok, Mounted};
+use common::mounted::{can_mount, canopy_ok, file_flags, set_file_flags, Mounted};
 
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
@@ -978,36 +978,11 @@ fn o_tmpfile_files_are_nameless_until_linked() {
     m.check();
 }
 
-const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
-const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
 const FS_IMMUTABLE_FL: u32 = 0x10;
 const FS_APPEND_FL: u32 = 0x20;
 const FS_SYNC_FL: u32 = 0x8;
 const FS_NOATIME_FL: u32 = 0x80;
 const FS_COMPR_FL: u32 = 0x4;
-
-/// lsattr's flags of `p`.
-fn file_flags(p: &Path) -> u32 {
-    use std::os::fd::AsRawFd;
-    let f = fs::File::open(p).unwrap();
-    let mut fl: libc::c_int = 0;
-    // SAFETY: an open descriptor and an int to fill.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS, &mut fl) };
-    assert_eq!(r, 0, "GETFLAGS: {}", std::io::Error::last_os_error());
-    fl as u32
-}
-
-/// chattr's FS_IOC_SETFLAGS on `p`.
-fn set_file_flags(p: &Path, fl: u32) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let f = fs::File::open(p)?;
-    let fl = fl as libc::c_int;
-    // SAFETY: an open descriptor and the flags to set.
-    match unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_SETFLAGS, &fl) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
-}
 
 /// The errno of `r`, 0 if it succeeded.
 fn errno_of<T>(r: std::io::Result<T>) -> i32 {

@@ -27,6 +27,18 @@ def drop_caches():
         f.write("3\n")
 
 
+def cold_read_mbs(path):
+    """MB/s of a sequential read of `path` with the page cache dropped
+    first (MiB read over seconds)."""
+    drop_caches()
+    t = time.monotonic()
+    read = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(4 << 20):
+            read += len(chunk)
+    return read / (1 << 20) / (time.monotonic() - t)
+
+
 def out(cmd):
     """A bash command's standard output."""
     return sh(cmd, capture_output=True, text=True).stdout

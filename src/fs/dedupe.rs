@@ -62,14 +62,11 @@ impl Fs {
                 continue;
             }
             let (sv, ino) = self.at(node)?;
-            if sv.getattr(ino)?.mode & libc::S_IFMT != libc::S_IFREG {
-                continue;
-            }
             // A `chattr +C` file keeps no checksums to share data under
             // and rewrites its data in place: left alone, as btrfs's
             // dedupe refuses files whose checksum flags differ.
-            let flags = sv.core.engine.read(|r| sv.inode_r(r, ino))?.flags;
-            if !super::file::keeps_sums(flags) {
+            let i = sv.core.engine.read(|r| sv.inode_r(r, ino))?;
+            if i.mode & libc::S_IFMT != libc::S_IFREG || !super::file::keeps_sums(i.flags) {
                 continue;
             }
             report.files += 1;

@@ -188,7 +188,9 @@ fn source_bytes(r: &Reader<'_>, bytenr: u64, len: usize, on: &Copies) -> Option<
 
 /// Copies a data extent chunk by chunk: each chunk is read from the
 /// preferred copy, and each sector failing its checksum from the next
-/// copies until one matches.
+/// copies until one matches. An extent without checksums (a `chattr +C`
+/// file's, or preallocated space) is copied once no write in place into
+/// it is under way, each chunk as the first copy that reads holds it.
 fn copy_data(
     r: &Reader<'_>,
     bytenr: u64,
@@ -196,57 +198,56 @@ fn copy_data(
     on: &Copies,
     report: &mut Report,
 ) -> Result<u64> {
-    let Some(sums) = r.get(CSUM, &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr))? else {
-        return copy_unsummed(r, bytenr, len, on, report);
-    };
+    let sums = r.get(CSUM, &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr))?;
+    if sums.is_none() {
+        r.wait_in_place(Some(bytenr));
+    }
     report.data_extents += 1;
     let mut at = 0;
     while at < len {
         let n = (len - at).min(READ_CHUNK) as usize;
         let mut buf = vec![0u8; n];
-        copy_chunk(r, bytenr + at, &mut buf, (at, &sums), on, report);
-        report.bytes_copied += on.write(r, &buf, at)?;
+        let read = match &sums {
+            Some(sums) => {
+                copy_chunk(r, bytenr + at, &mut buf, (at, sums), on, report);
+                true
+            }
+            None => copy_unsummed_chunk(r, bytenr + at, &mut buf, on, report),
+        };
+        if read {
+            report.bytes_copied += on.write(r, &buf, at)?;
+        }
         at += n as u64;
     }
     Ok(len)
 }
 
-/// Copies a data extent that has no checksums, chunk by chunk, from the
-/// first copy that reads.
-fn copy_unsummed(
+/// Fills `buf` with the chunk at `addr` of an extent without checksums,
+/// from the first copy that reads; false (reported) when none does.
+fn copy_unsummed_chunk(
     r: &Reader<'_>,
-    bytenr: u64,
-    len: u64,
+    addr: u64,
+    buf: &mut [u8],
     on: &Copies,
     report: &mut Report,
-) -> Result<u64> {
-    r.wait_in_place(Some(bytenr));
-    report.data_extents += 1;
-    let mut at = 0;
-    while at < len {
-        let n = (len - at).min(READ_CHUNK) as usize;
-        let mut buf = vec![0u8; n];
-        let read = on
-            .order
-            .iter()
-            .find(|&&copy| r.read_data_copy(bytenr + at, &mut buf, copy).is_ok());
-        match read {
-            Some(&copy) if !on.is_source(copy) => report.from_other_copies += 1,
-            Some(_) => {}
-            None => {
-                tracing::error!(
-                    bytenr = bytenr + at,
-                    "device replace: no copy of data reads"
-                );
-                report.uncorrectable.push(bytenr + at);
-                at += n as u64;
-                continue;
+) -> bool {
+    match on
+        .order
+        .iter()
+        .find(|&&copy| r.read_data_copy(addr, buf, copy).is_ok())
+    {
+        Some(&copy) => {
+            if !on.is_source(copy) {
+                report.from_other_copies += 1;
             }
+            true
         }
-        report.bytes_copied += on.write(r, &buf, at)?;
-        at += n as u64;
+        None => {
+            tracing::error!(bytenr = addr, "device replace: no copy of data reads");
+            report.uncorrectable.push(addr);
+            false
+        }
     }
-    Ok(len)
 }
 
 /// Fills `buf` with the good bytes of the chunk at `addr`, `at` bytes

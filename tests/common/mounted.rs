@@ -6,6 +6,32 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+
+/// lsattr's flags of `p`.
+pub fn file_flags(p: &Path) -> u32 {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(p).unwrap();
+    let mut fl: libc::c_int = 0;
+    // SAFETY: an open descriptor and an int to fill.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS, &mut fl) };
+    assert_eq!(r, 0, "GETFLAGS: {}", std::io::Error::last_os_error());
+    fl as u32
+}
+
+/// chattr's FS_IOC_SETFLAGS on `p`.
+pub fn set_file_flags(p: &Path, fl: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(p)?;
+    let fl = fl as libc::c_int;
+    // SAFETY: an open descriptor and the flags to set.
+    match unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_SETFLAGS, &fl) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// copy_file_range of the first `len` bytes of `src` to the start of
 /// `dst` (on Canopy a reflink: the extents are shared); the bytes copied,
 /// or -1.

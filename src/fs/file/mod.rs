@@ -585,13 +585,10 @@ pub(crate) fn clone_range(
     len: u64,
 ) -> Result<i64> {
     let root = tx.root_of(src_tree)?;
-    let items = items_in(tx, &root, src, src_off, src_off + len)?;
+    let parts = parts_over(tx, &root, src, src_off, src_off + len)?;
     let removed = punch(tx, tree, dst, dst_off, dst_off + len)?;
     let mut added = 0i64;
-    for (k, fe) in items {
-        let from = k.max(src_off);
-        let to = (k + item_len(&fe)).min(src_off + len);
-        let part = slice(&fe, from - k, to - from)?;
+    for (from, part) in parts {
         added += accounted(&part) as i64;
         tx.insert(
             tree,
@@ -600,6 +597,24 @@ pub(crate) fn clone_range(
         )?;
     }
     Ok(added - removed)
+}
+
+/// The items of `ino` over `[start, end)` (`items_in`: each overlaps
+/// it), each cut to the range: (file offset, the item's part there).
+fn parts_over<B: BlockRead + ?Sized>(
+    b: &B,
+    root: &RootPtr,
+    ino: u64,
+    start: u64,
+    end: u64,
+) -> Result<Vec<(u64, FileExtentItem)>> {
+    let mut out = Vec::new();
+    for (k, fe) in items_in(b, root, ino, start, end)? {
+        let from = k.max(start);
+        let to = (k + item_len(&fe)).min(end);
+        out.push((from, slice(&fe, from - k, to - from)?));
+    }
+    Ok(out)
 }
 
 /// Makes the preallocated items over `[start, end)` regular: a `chattr
@@ -613,16 +628,10 @@ pub(crate) fn mark_written(
     end: u64,
 ) -> Result<i64> {
     let root = tx.root_of(tree)?;
-    let items = items_in(tx, &root, ino, start, end)?;
+    let parts = parts_over(tx, &root, ino, start, end)?;
     let removed = punch(tx, tree, ino, start, end)?;
     let mut added = 0i64;
-    for (k, fe) in items {
-        let from = k.max(start);
-        let to = (k + item_len(&fe)).min(end);
-        if from >= to {
-            continue;
-        }
-        let mut part = slice(&fe, from - k, to - from)?;
+    for (from, mut part) in parts {
         if part.kind == FILE_EXTENT_PREALLOC {
             part.kind = FILE_EXTENT_REG;
         }

@@ -145,14 +145,13 @@ fn alone_now(
     fe: &FileExtentItem,
 ) -> Result<bool> {
     let holders = climb.holders(tx, fe.disk_bytenr)?;
-    if holders.keys().any(|h| !matches!(h, RefHolder::DataLeaf(_))) {
+    let Some(total) = leaf_references(holders) else {
         return Ok(false);
-    }
+    };
     let roots = climb.roots(tx, fe.disk_bytenr)?;
     if roots.len() != 1 || !roots.contains(&tree) {
         return Ok(false);
     }
-    let total: i64 = holders.values().sum();
     Ok(total == own_refs(tx, &tx.root_of(tree)?, ino, base, fe)?)
 }
 
@@ -180,14 +179,22 @@ fn alone_committed(
     let Some(tree_root) = committed.get(&tree).copied() else {
         return Ok(false);
     };
-    let mut total = 0;
-    for (holder, n) in crate::extent::backrefs(tx, &extent_root, fe.disk_bytenr)? {
-        match holder {
-            RefHolder::DataLeaf(_) => total += n,
-            _ => return Ok(false),
-        }
-    }
+    let holders = crate::extent::backrefs(tx, &extent_root, fe.disk_bytenr)?;
+    let Some(total) = leaf_references(holders) else {
+        return Ok(false);
+    };
     Ok(total == own_refs(tx, &tree_root, ino, base, fe)?)
+}
+
+/// The references `holders` make, all from leaves' items; None if any
+/// holder is not a leaf.
+fn leaf_references(holders: impl IntoIterator<Item = (RefHolder, i64)>) -> Option<i64> {
+    holders
+        .into_iter()
+        .try_fold(0, |total, (holder, n)| match holder {
+            RefHolder::DataLeaf(_) => Some(total + n),
+            _ => None,
+        })
 }
 
 /// How many items of `ino` in the tree at `root` reference the extent of
