@@ -30,6 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib.fs import Btrfs, Canopy, commit_any as commit, drop_caches, sh  # noqa: E402
+from benchlib.fs import snapshot_root  # noqa: E402
 from benchlib.fs import cold_read_mbs, used_bytes as used  # noqa: E402
 
 FILE_MIB = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
@@ -68,13 +69,6 @@ def write_clean(path):
 
 
 
-def snapshot(fs):
-    if isinstance(fs, Canopy):
-        sh(f"'{fs.binary}' subvolume snapshot '{fs.mnt}' '{fs.path('snap')}' >/dev/null")
-    else:
-        sh(f"btrfs subvolume snapshot '{fs.mnt}' '{fs.path('snap')}' >/dev/null")
-
-
 def defragment(fs, path):
     if isinstance(fs, Canopy):
         sh(f"'{fs.binary}' filesystem defragment -q '{path}'")
@@ -90,7 +84,7 @@ def round_on(fs, seed):
     write_clean(clean)
     commit(fs)
     r = {"clean": cold_read_mbs(clean), "fragmented": cold_read_mbs(frag)}
-    snapshot(fs)
+    snapshot_root(fs)
     commit(fs)
     r["used before"] = used(fs) / MIB
     drop_caches()

@@ -90,7 +90,8 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     big_transport=dev
     if grep -qx 'Y' "$uring_enable" 2>/dev/null; then big_transport=uring; fi
     # The 4 GiB rounds also defragment the databases' files in a loop
-    # while they are written (`canopy filesystem defragment -r`).
+    # while they are written (`canopy filesystem defragment -r`, merging
+    # and recompressing in turn).
     "${campaign[@]}" --rounds "$rounds" --size 4G --fill 0 --fill 0.85 --defragment \
         --mount-opts "transport=$big_transport" --json target/tmp/crash-campaign-4g.json
     "${campaign[@]}" --rounds "$rounds" --size 512M --fill 0 --fill 0.85 \

@@ -124,6 +124,17 @@ fn misuse_is_reported_precisely_and_failed_mkfs_cleans_up() {
     let (code, _, err) = canopy(&["filesystem", "defragment", &p("plain")]);
     assert_eq!(code, 1);
     assert!(err.contains("Canopy"), "{err}");
+    // -c takes its codec glued to it, as btrfs's: `-c FILE` is a file,
+    // `-cnone` and `-cbrotli` are usage errors.
+    for codec in ["-cnone", "-cbrotli", "--compress=zstd:99"] {
+        let (code, _, err) = canopy(&["filesystem", "defragment", codec, &p("plain")]);
+        assert_eq!(code, 2, "{codec}: {err}");
+    }
+    for codec in ["-c", "-clz4", "-czstd:5", "--compress=lz4"] {
+        let (code, _, err) = canopy(&["filesystem", "defragment", codec, &p("plain")]);
+        assert_eq!(code, 1, "{codec}: {err}");
+        assert!(err.contains("Canopy"), "{codec}: {err}");
+    }
 }
 
 /// `canopy subvolume list` and `sync` on an unmounted image: an image left

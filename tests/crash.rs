@@ -434,11 +434,13 @@ fn chunk_of(rng: &mut Rng, len: usize) -> Vec<u8> {
 /// Files of many short extents, one of them reflinked into another file
 /// and both partly overwritten afterwards, defragmented again and again
 /// between commits (`fs::defrag`: extents merged, every holder repointed,
-/// items joined): every prefix of the writes opens to a committed
-/// generation holding exactly the files committed then, and checks
-/// clean.
+/// items joined; then recompressed with lz4 and again with zstd, items
+/// cut per chunk in every holder): every prefix of the writes opens to a
+/// committed generation holding exactly the files committed then, and
+/// checks clean.
 #[test]
 fn every_prefix_of_defragmenting_keeps_the_committed_files() {
+    use canopy::compress::Codec;
     use canopy::fs::defrag::DefragArgs;
     use canopy::fs::{Fs, Owner};
     const PIECE: usize = 4096;
@@ -498,7 +500,9 @@ fn every_prefix_of_defragmenting_keeps_the_committed_files() {
     assert_eq!(fs.copy_range(inos[0], 0, copy.ino, 0, len).unwrap(), len);
     files.insert(b"copy".to_vec(), files[&names[0]].clone());
     commit(&fs, &files, &mut models, &mut ends);
-    for round in 0..3 {
+    let codecs = [None, Some(Codec::Lz4), Some(Codec::Zstd(3))];
+    for (round, compress) in codecs.into_iter().enumerate() {
+        let mut recompressed = 0;
         for (i, &ino) in inos.iter().enumerate().chain([(9, &copy.ino)]) {
             // Pieces written in the running transaction, merged in it too
             // (the defragment flushes them; its commit takes them).
@@ -513,17 +517,23 @@ fn every_prefix_of_defragmenting_keeps_the_committed_files() {
                 let args = DefragArgs {
                     start,
                     threshold: 2 << 20,
+                    compress,
                 };
                 let r = fs.defragment(ino, args).unwrap();
+                recompressed += r.recompressed;
                 if round == 0 && i < 3 && start == 0 {
                     assert!(r.merged > 0, "frag{i}: nothing merged");
                 }
                 // The request that ends a file commits (when anything
-                // merged): the files as written, the other files having
-                // no buffered writes.
+                // merged), and a recompressing one commits where the
+                // running transaction holds the next extent: the files
+                // as written, the other files having no buffered writes.
                 let g = fs.engine().committed_generation();
-                if g != ends.last().map_or(0, |e| e.0) {
-                    models.insert(g, files.clone());
+                let last = ends.last().map_or(0, |e| e.0);
+                if g != last {
+                    for between in last + 1..=g {
+                        models.insert(between, files.clone());
+                    }
                     ends.push((g, rec.op_count()));
                 }
                 match r.next {
@@ -531,6 +541,9 @@ fn every_prefix_of_defragmenting_keeps_the_committed_files() {
                     None => break,
                 }
             }
+        }
+        if compress.is_some() {
+            assert!(recompressed > 0, "round {round}: nothing recompressed");
         }
         // Overwrites among the merged extents split them again.
         for _ in 0..24 {

@@ -1747,24 +1747,7 @@ fn dedupe_shares_identical_blocks_and_keeps_concurrent_writes() {
     // A writer rewrites parts of c/b while dedupe runs: a fixed number of
     // writes, paced, so that what they allocate stays small beside what
     // dedupe gives back, however slow the machine.
-    let writer = {
-        let (path, mut model) = (m.p("c/b"), a.clone());
-        std::thread::spawn(move || {
-            let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
-            for n in 0..400u64 {
-                let at = (n * 7919 * 4096) % (32 * MIB as u64 - 8192);
-                let chunk = vec![(n % 251) as u8; 6000];
-                f.write_all_at(&chunk, at).unwrap();
-                model[at as usize..at as usize + chunk.len()].copy_from_slice(&chunk);
-                if n.is_multiple_of(50) {
-                    f.sync_all().unwrap();
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            f.sync_all().unwrap();
-            model
-        })
-    };
+    let writer = common::mounted::paced_writer(m.p("c/b"), a.clone(), 400, 0, 50);
     for _ in 0..3 {
         let out = canopy_ok(&["dedupe", "-r", "--json", "c"], &mnt);
         let r: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -1940,24 +1923,7 @@ fn defragment_merges_extents_and_keeps_what_is_shared() {
             }
         }
     }
-    let writer = {
-        let (path, mut model) = (m.p("f"), model.clone());
-        std::thread::spawn(move || {
-            let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
-            for n in 0..300u64 {
-                let at = (n * 7919 * 4096 + 1000) % (PIECE * PIECES - 8192);
-                let chunk = vec![(n % 251) as u8; 6000];
-                f.write_all_at(&chunk, at).unwrap();
-                model[at as usize..at as usize + chunk.len()].copy_from_slice(&chunk);
-                if n.is_multiple_of(20) {
-                    f.sync_all().unwrap();
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            f.sync_all().unwrap();
-            model
-        })
-    };
+    let writer = common::mounted::paced_writer(m.p("f"), model.clone(), 300, 1000, 20);
     for _ in 0..3 {
         canopy_ok(&["filesystem", "defragment", "-q", "f"], &mnt);
     }
@@ -1968,6 +1934,124 @@ fn defragment_merges_extents_and_keeps_what_is_shared() {
     m.check();
     m.mount("");
     assert!(fs::read(m.p("f")).unwrap() == model, "f after a remount");
+    m.unmount();
+}
+
+/// Issue 56, item 3's `-c`: `canopy filesystem defragment -c` rewrites a
+/// file's data compressed; a snapshot and a reflinked copy follow (the
+/// data stays shared, their blocks fall too), what does not compress is
+/// left, a second run does nothing, lz4 data can be recompressed with
+/// zstd, a `chattr +C` file is left alone, a writer meanwhile loses
+/// nothing, and the image checks clean (quotas exact).
+#[test]
+fn defragment_recompresses_and_keeps_what_is_shared() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::with_size("1G");
+    let mnt = m.mnt.clone();
+    let out = remount(&m, "remount,compress=no");
+    assert!(out.status.success(), "{out:?}");
+    canopy_ok(&["quota", "enable", "."], &mnt);
+    let text: Vec<u8> = (0..400_000u32)
+        .flat_map(|i| format!("row {} of ledger {}\n", i % 977, i % 13).into_bytes())
+        .collect();
+    let noise = common::noise(3 << 20, 56);
+    fs::write(m.p("f"), &text).unwrap();
+    fs::write(m.p("r"), &noise).unwrap();
+    fs::copy(m.p("f"), m.p("g")).unwrap();
+    canopy_ok(&["subvolume", "snapshot", ".", "snap"], &mnt);
+    canopy_ok(&["sync", "."], &mnt);
+    let blocks = |name: &str| fs::metadata(mnt.join(name)).unwrap().blocks();
+    let referenced = || {
+        let json = canopy_ok(&["qgroup", "show", "--json", "."], &mnt);
+        let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["referenced"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    let (free, refs, f_blocks) = (free_blocks(&mnt), referenced(), blocks("f"));
+
+    let run = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["filesystem", "defragment", "--json"];
+        all.extend_from_slice(args);
+        serde_json::from_str(&canopy_ok(&all, &mnt)).unwrap()
+    };
+    let r = run(&["-r", "-clz4", "f", "r"]);
+    assert!(r["extents_recompressed"].as_u64().unwrap() >= 4, "{r}");
+    assert!(r["extents_incompressible"].as_u64().unwrap() >= 1, "{r}");
+    let (before, after) = (
+        r["stored_before"].as_u64().unwrap(),
+        r["stored_after"].as_u64().unwrap(),
+    );
+    assert!(after * 3 < before, "{before} bytes stored as {after}");
+    // zstd packs what lz4 packed tighter still.
+    let r = run(&["-czstd", "f"]);
+    assert!(r["extents_recompressed"].as_u64().unwrap() > 0, "{r}");
+    // Done is not done twice.
+    let r = run(&["-c", "f", "g", "snap/f", "r"]);
+    assert_eq!(r["extents_recompressed"].as_u64(), Some(0), "{r}");
+    canopy_ok(&["sync", "."], &mnt);
+
+    assert!(fs::read(m.p("f")).unwrap() == text, "f changed");
+    assert!(fs::read(m.p("g")).unwrap() == text, "g changed");
+    assert!(fs::read(m.p("snap/f")).unwrap() == text, "snap/f changed");
+    assert!(fs::read(m.p("r")).unwrap() == noise, "r changed");
+    // Every holder follows: the snapshot's and the copy's extents are the
+    // file's, compressed.
+    let extents = |name: &str| {
+        let out = canopy_ok(&["filesystem", "extents", "--json", name], &mnt);
+        let map: serde_json::Value = serde_json::from_str(&out).unwrap();
+        map["extents"].as_array().unwrap().clone()
+    };
+    let f_extents = extents("f");
+    assert!(
+        f_extents
+            .iter()
+            .all(|e| e["flags"].to_string().contains("zstd")),
+        "{f_extents:?}"
+    );
+    assert_eq!(extents("snap/f"), f_extents, "the snapshot follows");
+    assert_eq!(extents("g"), f_extents, "the copy follows");
+    assert!(
+        blocks("f") * 3 < f_blocks,
+        "blocks {f_blocks} -> {}",
+        blocks("f")
+    );
+    assert_eq!(blocks("snap/f"), blocks("f"));
+    // The old extents are given back, and every quota group counts less.
+    let now = free_blocks(&mnt);
+    assert!(
+        (now - free) * 4096 > text.len() as u64 / 2,
+        "free blocks {free} -> {now}"
+    );
+    assert!(referenced() < refs, "referenced {refs} -> {}", referenced());
+
+    // A chattr +C file keeps its plain data.
+    let nocow = m.p("nocow");
+    fs::File::create(&nocow).unwrap();
+    const FS_NOCOW_FL: u32 = 0x0080_0000;
+    common::mounted::set_file_flags(&nocow, FS_NOCOW_FL).unwrap();
+    fs::write(&nocow, &text).unwrap();
+    let r = run(&["-c", "nocow"]);
+    assert_eq!(r["extents_recompressed"].as_u64(), Some(0), "{r}");
+    assert!(fs::read(&nocow).unwrap() == text);
+
+    // A writer meanwhile: its writes are kept.
+    fs::write(m.p("w"), &text).unwrap();
+    let writer = common::mounted::paced_writer(m.p("w"), text.clone(), 300, 1000, 20);
+    for codec in ["-clz4", "-czstd", "-clz4"] {
+        run(&[codec, "w"]);
+    }
+    let model = writer.join().unwrap();
+    assert!(fs::read(m.p("w")).unwrap() == model, "w lost a write");
+    m.unmount();
+    m.check();
+    m.mount("");
+    assert!(fs::read(m.p("w")).unwrap() == model, "w after a remount");
+    assert!(fs::read(m.p("snap/f")).unwrap() == text);
     m.unmount();
 }
 

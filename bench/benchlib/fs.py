@@ -548,6 +548,13 @@ def used_bytes(fs):
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
+def snapshot_root(fs, name="snap"):
+    """A snapshot of the whole mount at `name` in it (Canopy's or btrfs's
+    subvolume command)."""
+    tool = f"'{fs.binary}'" if isinstance(fs, Canopy) else "btrfs"
+    sh(f"{tool} subvolume snapshot '{fs.mnt}' '{fs.path(name)}' >/dev/null")
+
+
 def commit_any(fs):
     """Commits the mount: `canopy sync` on Canopy (syncfs does not reach a
     FUSE daemon), syncfs on a kernel filesystem."""

@@ -455,11 +455,13 @@ class Round:
 
     def start_defragmenter(self, cycle):
         """Defragments the database's files over and over while the
-        client writes them (what it merges must survive the crash as
+        client writes them, merging extents, then recompressing them with
+        lz4, then with zstd (what it rewrites must survive the crash as
         everything else does). Its errors are logged, not judged: files
         come and go under it; the checks after the crash judge."""
-        loop = (f"while :; do {shlex.quote(self.canopy)} filesystem defragment -r -v "
-                f"-t 2M {shlex.quote(self.mnt)}; sleep 0.2; done")
+        loop = (f"while :; do for c in '' -clz4 -czstd; do {shlex.quote(self.canopy)} "
+                f"filesystem defragment -r -v -t 2M $c {shlex.quote(self.mnt)}; sleep 0.2; "
+                f"done; done")
         with open(self.p(f"defrag-{cycle}.log"), "ab") as out:
             self.defrag_p = subprocess.Popen(["sh", "-c", loop], stdin=subprocess.DEVNULL,
                                              stdout=out, stderr=subprocess.STDOUT,

@@ -140,7 +140,7 @@ impl Climb {
 }
 
 /// The block at `bytenr` as the running transaction has it.
-fn load(tx: &Txn<'_>, bytenr: u64) -> Result<Arc<Node>> {
+pub(crate) fn load(tx: &Txn<'_>, bytenr: u64) -> Result<Arc<Node>> {
     if let Some(n) = tx.dirty_block(bytenr) {
         return Ok(n);
     }
@@ -271,7 +271,7 @@ fn unreadable(bytenr: u64, e: Error) -> Error {
     }
 }
 
-fn csum_key(bytenr: u64) -> Key {
+pub(crate) fn csum_key(bytenr: u64) -> Key {
     Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr)
 }
 

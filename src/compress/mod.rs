@@ -37,7 +37,7 @@ const SECTOR: usize = SECTORSIZE as usize;
 const HEADER: usize = 4;
 
 /// A compression algorithm, with its level.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Codec {
     Zstd(i32),
     Lz4,

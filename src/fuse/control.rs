@@ -446,19 +446,44 @@ impl Response {
 
 /// Sends one request to the daemon serving `mountpoint`.
 pub fn request(mountpoint: &Path, req: &Request) -> Result<Response> {
-    let s = open_request(mountpoint, req)?;
-    let mut answer = String::new();
-    BufReader::new(s)
-        .read_line(&mut answer)
-        .map_err(|e| talking(mountpoint, e))?;
-    parse_response(mountpoint, &answer)
+    Client::new(mountpoint).request(req)
+}
+
+/// The daemon of one mount, its socket found once: a command that sends
+/// a request per file (defragment, thousands of them) does not search
+/// the socket directories again for each.
+pub struct Client {
+    mountpoint: PathBuf,
+    socket: PathBuf,
+}
+
+impl Client {
+    pub fn new(mountpoint: &Path) -> Client {
+        Client {
+            mountpoint: mountpoint.to_path_buf(),
+            socket: socket_path(mountpoint),
+        }
+    }
+
+    /// Sends one request and reads its answer.
+    pub fn request(&self, req: &Request) -> Result<Response> {
+        let s = connect_and_send(&self.mountpoint, &self.socket, req)?;
+        let mut answer = String::new();
+        BufReader::new(s)
+            .read_line(&mut answer)
+            .map_err(|e| talking(&self.mountpoint, e))?;
+        parse_response(&self.mountpoint, &answer)
+    }
 }
 
 /// Connects to the daemon serving `mountpoint` and sends `req`'s line;
 /// what follows on the socket is the request's own (answers, a stream).
 pub(super) fn open_request(mountpoint: &Path, req: &Request) -> Result<UnixStream> {
-    let path = socket_path(mountpoint);
-    let mut s = UnixStream::connect(&path).map_err(|e| {
+    connect_and_send(mountpoint, &socket_path(mountpoint), req)
+}
+
+fn connect_and_send(mountpoint: &Path, path: &Path, req: &Request) -> Result<UnixStream> {
+    let mut s = UnixStream::connect(path).map_err(|e| {
         Error::Invalid(format!(
             "no Canopy daemon answers for {} ({}: {e}); is it a Canopy mount point?",
             mountpoint.display(),
@@ -700,6 +725,16 @@ impl Daemon {
         }
         if let Err(e) = n.inval_inode(node, -1, 0) {
             tracing::debug!(parent, error = %e, "attribute invalidation");
+        }
+    }
+
+    /// The kernel caches files' attributes: a change made here (the
+    /// blocks a file holds, after defragment -c or dedupe) must drop them.
+    fn changed_attributes(&self, nodes: impl IntoIterator<Item = u64>) {
+        for node in nodes {
+            if let Err(e) = self.notifier.inval_inode(node, -1, 0) {
+                tracing::debug!(node, error = %e, "attribute invalidation");
+            }
         }
     }
 
@@ -1025,7 +1060,10 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         },
         Ok(Request::Dedupe { nodes, dry_run }) => {
             let nodes: Vec<u64> = nodes.iter().map(|&n| d.node(n)).collect();
-            match fs.dedupe(&nodes, dry_run) {
+            let done = fs.dedupe(&nodes, dry_run);
+            // Files that now share extents hold fewer blocks.
+            d.changed_attributes(nodes.iter().copied());
+            match done {
                 Ok(report) => Response {
                     dedupe: Some(report),
                     ..Response::ok()
@@ -1034,10 +1072,13 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             }
         }
         Ok(Request::Defragment { node, args }) => match fs.defragment(d.node(node), args) {
-            Ok(report) => Response {
-                defrag: Some(report),
-                ..Response::ok()
-            },
+            Ok(report) => {
+                d.changed_attributes(report.changed.iter().copied());
+                Response {
+                    defrag: Some(report),
+                    ..Response::ok()
+                }
+            }
             Err(e) => Response::failed(e),
         },
         Ok(Request::Compsize { node }) => match fs.compsize(d.node(node)) {

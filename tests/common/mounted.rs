@@ -32,6 +32,36 @@ pub fn set_file_flags(p: &Path, fl: u32) -> std::io::Result<()> {
     }
 }
 
+/// A thread that rewrites parts of the file at `path` while a test runs
+/// a command over it: `writes` writes of 6,000 bytes at scattered offsets
+/// (`shift` moves them off sector boundaries), paced a millisecond
+/// apart, with an fsync every `sync_every`. Returns `model` with the
+/// writes laid over it: what the file must hold afterwards.
+pub fn paced_writer(
+    path: PathBuf,
+    mut model: Vec<u8>,
+    writes: u64,
+    shift: u64,
+    sync_every: u64,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    std::thread::spawn(move || {
+        let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        for n in 0..writes {
+            let at = (n * 7919 * 4096 + shift) % (model.len() as u64 - 8192);
+            let chunk = vec![(n % 251) as u8; 6000];
+            f.write_all_at(&chunk, at).unwrap();
+            model[at as usize..at as usize + chunk.len()].copy_from_slice(&chunk);
+            if n.is_multiple_of(sync_every) {
+                f.sync_all().unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        f.sync_all().unwrap();
+        model
+    })
+}
+
 /// copy_file_range of the first `len` bytes of `src` to the start of
 /// `dst` (on Canopy a reflink: the extents are shared); the bytes copied,
 /// or -1.

@@ -75,9 +75,11 @@ pub enum Command {
     /// in file order, as `btrfs filesystem defragment` does. Unlike
     /// btrfs's, an extent a snapshot or a reflink shares stays shared:
     /// the extents themselves are merged and every holder follows, so
-    /// used space does not grow. Compressed extents are left as they are.
-    /// Runs online, a piece at a time; run again after an interruption
-    /// to go on (what is done is not done twice).
+    /// used space does not grow. Compressed extents are left as they are,
+    /// unless -c asks for every extent to be rewritten compressed (every
+    /// holder follows there too). Runs online, a piece at a time; run
+    /// again after an interruption to go on (what is done is not done
+    /// twice).
     Defragment(crate::defrag::Args),
     /// Grow a mounted filesystem into a larger device (after `rbd
     /// resize`, `truncate -s` of an image file, a larger partition), as

@@ -167,7 +167,9 @@ fn main() -> ExitCode {
         .init();
     let cli = match mount_helper_args(std::env::args_os().collect()) {
         Some(args) => Cli::parse_from(args),
-        None => Cli::parse_from(balance::glue_filters(std::env::args_os().collect())),
+        None => Cli::parse_from(defrag::glue_codec(balance::glue_filters(
+            std::env::args_os().collect(),
+        ))),
     };
     let r = match cli.command {
         Command::Mkfs(a) => mkfs::run(a),
