@@ -1718,7 +1718,6 @@ fn du_shows_exclusive_and_shared_bytes() {
 /// differs, and loses nothing a writer writes while it runs.
 #[test]
 fn dedupe_shares_identical_blocks_and_keeps_concurrent_writes() {
-    use std::os::unix::fs::FileExt;
     if !can_mount() {
         return;
     }
