@@ -2,7 +2,8 @@
 //! a block group's usage counter wrong, a free range missing from the
 //! free-space trees (the image no longer mounts), an inode's link count
 //! wrong, `nbytes` wrong, an inode whose names went without an orphan
-//! item, a data extent's reference count or back-references wrong. Each
+//! item, a data extent's reference count or back-references wrong, a
+//! data extent nothing points at. Each
 //! is repaired, every change is reported, the image then
 //! checks clean, mounts, and every file reads as before. Damage it does
 //! not mend (an entry lost by name, kept by position) is refused and the image is
@@ -14,13 +15,13 @@ use canopy::check::repair::{repair, Outcome};
 use canopy::check::Fix;
 use canopy::dev::{Device, MemDevice};
 use canopy::format::inode::{DirEntry, InodeItem};
-use canopy::format::items::{BlockGroupItem, ExtentItem, BG_DATA};
+use canopy::format::items::{BlockGroupItem, ExtentItem, FileExtentItem, BG_DATA};
 use canopy::format::key_type::{
-    BLOCK_GROUP_ITEM, DIR_INDEX, DIR_ITEM, EXTENT_ITEM, FREE_EXTENT, INODE_ITEM, INODE_REF,
-    SHARED_DATA_REF,
+    BLOCK_GROUP_ITEM, DIR_INDEX, DIR_ITEM, EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, FREE_EXTENT,
+    INODE_ITEM, INODE_REF, SHARED_DATA_REF,
 };
-use canopy::format::tree_id::{BLOCK_GROUP, EXTENT, FREE_BY_LEN, FREE_BY_START, FS};
-use canopy::format::Key;
+use canopy::format::tree_id::{BLOCK_GROUP, CSUM, EXTENT, FREE_BY_LEN, FREE_BY_START, FS};
+use canopy::format::{Key, CSUM_OBJECTID};
 use canopy::fs::Fs;
 use canopy::{Engine, FormatOptions, OpenOptions};
 use common::damage;
@@ -309,6 +310,68 @@ fn a_data_extents_back_references_are_set_to_its_holders() {
     let want = format!("data extent {at}: 1 references set to 1, back-references to the 1 leaves");
     assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
     mounts_and_reads(&dev);
+}
+
+/// Bytes the image's counters say are used.
+fn used_bytes(dev: &Arc<MemDevice>) -> u64 {
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+    e.space().0
+}
+
+/// A file extent item dropped without its reference (as a bug would):
+/// the extent nothing points at is freed with its checksums, alone and
+/// beside damaged counters (the repair then recounts the space too).
+#[test]
+fn a_data_extent_nothing_points_at_is_freed() {
+    for with_counters_wrong in [false, true] {
+        let dev = image();
+        let ino = ino_of(&dev, b"linked");
+        let used = used_bytes(&dev);
+        let mut leaked = (0, 0);
+        damage(&dev, |tx| {
+            use canopy::format::node::Body;
+            use canopy::tree::{BlockWrite, Cursor};
+            let key = Key::new(ino, EXTENT_DATA, 0);
+            let data = tx.get(FS, &key).unwrap().unwrap();
+            let fe = FileExtentItem::decode(&data).unwrap();
+            leaked = (fe.disk_bytenr, fe.disk_num_bytes);
+            // Copied on write first, so that its leaf changes in place.
+            tx.update(FS, key, data).unwrap();
+            let root = tx.root_of(FS).unwrap();
+            let c = Cursor::seek(tx, &root, &key).unwrap();
+            let (leaf, slot) = c.leaf().map(|(n, s)| (n.bytenr, s)).unwrap();
+            if let Body::Leaf(items) = &mut tx.node_mut(leaf).unwrap().body {
+                assert_eq!(items.key(slot), key);
+                items.remove(slot);
+            }
+            if with_counters_wrong {
+                let (key, mut g) = data_group(tx);
+                g.used += 1 << 20;
+                tx.put(BLOCK_GROUP, key, g.encode()).unwrap();
+            }
+        });
+        let r = canopy::check::check(dev.as_ref(), &|_, _| {}).unwrap();
+        let (bytenr, len) = leaked;
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| p.fix == Some(Fix::LeakedData { bytenr, len })),
+            "{:?}",
+            r.problems
+        );
+        let changes = repaired(&dev);
+        let want = format!("data extent {bytenr}: nothing points at it, its {len} bytes freed");
+        assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
+        // What the image used before the damage, less the leaked extent
+        // (and the wrong counter set right).
+        assert_eq!(used_bytes(&dev), used - len, "space given back");
+        // Its checksums went with it.
+        let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+        let sums = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
+        assert!(e.read(|r| r.get(CSUM, &sums)).unwrap().is_none());
+        drop(e);
+        mounts_and_reads(&dev);
+    }
 }
 
 #[test]

@@ -97,6 +97,11 @@ pub enum Fix {
         len: u64,
         holders: Vec<(u64, u32)>,
     },
+    /// A data extent recorded in the extent tree that no file extent
+    /// item points at (leaked by a bug that dropped an item without its
+    /// reference): its extent item, back-references and checksums go and
+    /// its space is freed, as its last holder's release would have done.
+    LeakedData { bytenr: u64, len: u64 },
     /// A count the other fixes of the same place make right (nothing to
     /// do on its own).
     Counted,

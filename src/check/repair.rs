@@ -16,10 +16,12 @@
 //!   have (nothing a path reaches changes);
 //! - a data extent's reference count and back-references, set to the
 //!   leaves whose file extent items point at it (applied before the
-//!   other fixes, whose copy-on-write moves such back-references).
+//!   other fixes, whose copy-on-write moves such back-references);
+//! - a data extent no file extent item points at (leaked): its items in
+//!   the extent and checksum trees go and its space is freed.
 //!
 //! Everything else (tree blocks' reference counts and back-references,
-//! extents without an item or without a holder, entries missing
+//! tree blocks nothing reaches, extents without an item, entries missing
 //! by name or listed differently by name and by position, damaged
 //! blocks) it refuses, and then it changes nothing: it
 //! first runs every pass of the check, the ones that read through the
@@ -35,9 +37,9 @@ use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::inode::InodeItem;
 use crate::format::items::{encode_ref_count, ExtentItem};
-use crate::format::key_type::{DIR_INDEX, EXTENT_ITEM, INODE_ITEM, SHARED_DATA_REF};
-use crate::format::tree_id::EXTENT;
-use crate::format::Key;
+use crate::format::key_type::{DIR_INDEX, EXTENT_CSUM, EXTENT_ITEM, INODE_ITEM, SHARED_DATA_REF};
+use crate::format::tree_id::{CSUM, EXTENT};
+use crate::format::{Key, CSUM_OBJECTID};
 use std::sync::Arc;
 
 /// What a repair did.
@@ -96,10 +98,16 @@ pub fn repair_within(
     }
     // Reference counts first: every other fix copies leaves on write,
     // which moves the back-references of the data extents they point at.
+    // Leaked extents last, after the free-space trees are written again:
+    // that rewrite takes the allocator's free ranges, which a freed
+    // extent joins only at the commit.
     let (refs, rest): (Vec<_>, Vec<_>) = report
         .problems
         .iter()
         .partition(|p| matches!(p.fix, Some(Fix::ExtentRefs { .. })));
+    let (leaks, rest): (Vec<_>, Vec<_>) = rest
+        .into_iter()
+        .partition(|p| matches!(p.fix, Some(Fix::LeakedData { .. })));
     for p in refs.into_iter().chain(rest) {
         if let Some(change) = apply(&engine, p.fix.as_ref())? {
             changes.push(change);
@@ -111,6 +119,11 @@ pub fn repair_within(
             "block group usage and free space counted again from the extent tree: {} bytes used, {ranges} free ranges",
             engine.space().0
         ));
+    }
+    for p in leaks {
+        if let Some(change) = apply(&engine, p.fix.as_ref())? {
+            changes.push(change);
+        }
     }
     engine.commit()?;
     drop(engine);
@@ -174,6 +187,10 @@ fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
                 holders.len()
             )
         }
+        &Fix::LeakedData { bytenr, len } => {
+            engine.write(|tx| free_leaked_data(tx, bytenr, len))?;
+            format!("data extent {bytenr}: nothing points at it, its {len} bytes freed")
+        }
         &Fix::Orphan { tree, ino } => {
             engine.write(|tx| tx.insert(tree, crate::fs::ops::orphan_key(ino), Vec::new()))?;
             format!(
@@ -208,6 +225,25 @@ fn set_data_refs(
         tx.insert(EXTENT, k, encode_ref_count(count))?;
     }
     Ok(old)
+}
+
+/// Frees the data extent `(bytenr, len)` no file extent item points at:
+/// its extent item and back-references go from the extent tree, its
+/// checksums from the checksum tree, and its space goes back (at the
+/// commit, as any freed extent's).
+fn free_leaked_data(tx: &mut crate::txn::Txn<'_>, bytenr: u64, len: u64) -> Result<()> {
+    let end = Key::new(bytenr, u8::MAX, u64::MAX);
+    for (k, _) in tx.range(EXTENT, &Key::new(bytenr, 0, 0), &end)? {
+        if k.objectid == bytenr {
+            tx.delete(EXTENT, &k)?;
+        }
+    }
+    let sums = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
+    match tx.delete(CSUM, &sums) {
+        Ok(_) | Err(Error::NotFound) => {}
+        Err(e) => return Err(e),
+    }
+    tx.free_extent(bytenr, len, false)
 }
 
 /// Changes inode `ino` of tree `tree` with `f`; returns what `f` does.

@@ -259,10 +259,7 @@ fn check_extents(
         }
         if let Some(rec) = &rec {
             if block.is_none() && held.is_none() {
-                report.problem(
-                    format!("extent {at}"),
-                    "recorded but nothing reaches it (leak)",
-                );
+                report_leak(report, at, rec, is_queued);
             }
             if let Some(item) = rec.item {
                 sweep.extent(at, rec.len, item.is_tree_block(), report);
@@ -270,6 +267,27 @@ fn check_extents(
         }
     }
     Ok(())
+}
+
+/// An extent recorded that nothing reaches. A data extent's is mended by
+/// freeing it: nothing can read it. A tree block's is not: it may still
+/// hold references to blocks and extents the walk did not count.
+fn report_leak(report: &mut Report, at: u64, rec: &Recorded, queued: bool) {
+    let (loc, why) = (
+        format!("extent {at}"),
+        "recorded but nothing reaches it (leak)",
+    );
+    match rec.item {
+        Some(item) if !item.is_tree_block() && !queued => report.fixable(
+            loc,
+            why,
+            Fix::LeakedData {
+                bytenr: at,
+                len: rec.len,
+            },
+        ),
+        _ => report.problem(loc, why),
+    }
 }
 
 struct Group {

@@ -255,7 +255,8 @@ impl<'a> Txn<'a> {
         Txn { st, sh }
     }
 
-    pub(crate) fn root_of(&self, id: u64) -> Result<RootPtr> {
+    /// The root of tree `id` as this transaction has it.
+    pub fn root_of(&self, id: u64) -> Result<RootPtr> {
         root_of(self.st, id)
     }
 
