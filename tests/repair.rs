@@ -2,8 +2,8 @@
 //! a block group's usage counter wrong, a free range missing from the
 //! free-space trees (the image no longer mounts), an inode's link count
 //! wrong, `nbytes` wrong, an inode whose names went without an orphan
-//! item, a data extent's reference count or back-references wrong, a
-//! data extent nothing points at. Each
+//! item, a data extent's or a tree block's reference count or
+//! back-references wrong, a data extent nothing points at. Each
 //! is repaired, every change is reported, the image then
 //! checks clean, mounts, and every file reads as before. Damage it does
 //! not mend (an entry lost by name, kept by position) is refused and the image is
@@ -18,7 +18,7 @@ use canopy::format::inode::{DirEntry, InodeItem};
 use canopy::format::items::{BlockGroupItem, ExtentItem, FileExtentItem, BG_DATA};
 use canopy::format::key_type::{
     BLOCK_GROUP_ITEM, DIR_INDEX, DIR_ITEM, EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, FREE_EXTENT,
-    INODE_ITEM, INODE_REF, SHARED_DATA_REF,
+    INODE_ITEM, INODE_REF, SHARED_BLOCK_REF, SHARED_DATA_REF,
 };
 use canopy::format::tree_id::{BLOCK_GROUP, CSUM, EXTENT, FREE_BY_LEN, FREE_BY_START, FS};
 use canopy::format::{Key, CSUM_OBJECTID};
@@ -372,6 +372,83 @@ fn a_data_extent_nothing_points_at_is_freed() {
         drop(e);
         mounts_and_reads(&dev);
     }
+}
+
+/// The leaf that holds `key` of the file tree, and its extent item's key
+/// and item.
+fn leaf_of(tx: &canopy::txn::Txn<'_>, key: &Key) -> (u64, Key, ExtentItem) {
+    let root = tx.root_of(FS).unwrap();
+    let c = canopy::tree::Cursor::seek(tx, &root, key).unwrap();
+    let leaf = c.leaf().map(|(n, _)| n.bytenr).unwrap();
+    let end = Key::new(leaf, EXTENT_ITEM, u64::MAX);
+    let (k, d) = tx
+        .range(EXTENT, &Key::new(leaf, EXTENT_ITEM, 0), &end)
+        .unwrap()
+        .into_iter()
+        .next()
+        .expect("the leaf's extent item");
+    (leaf, k, ExtentItem::decode(&d).unwrap())
+}
+
+/// A bug's wrong count on a tree block, and a lost back-reference beside
+/// a stray one on another; with a link count off in the first block, so
+/// that the repair's own copy-on-write of that very block is folded
+/// against its mended count. Both are set to what points at them.
+#[test]
+fn a_tree_blocks_references_are_set_to_what_points_at_it() {
+    let dev = image();
+    let ino = ino_of(&dev, b"linked");
+    let inode_key = Key::new(ino, INODE_ITEM, 0);
+    damage(&dev, |tx| {
+        let mut item = InodeItem::decode(&tx.get(FS, &inode_key).unwrap().unwrap()).unwrap();
+        item.nlink = 4;
+        tx.update(FS, inode_key, item.encode()).unwrap();
+    });
+    let (mut counted, mut lost) = (0, 0);
+    damage(&dev, |tx| {
+        let (leaf, key, e) = leaf_of(tx, &inode_key);
+        counted = leaf;
+        let item = ExtentItem {
+            refs: e.refs + 1,
+            ..e
+        };
+        tx.update(EXTENT, key, item.encode()).unwrap();
+        // Another leaf of the file tree: its back-reference swapped for
+        // one to a node that does not point at it.
+        let (other, _, _) = leaf_of(tx, &Key::new(ROOT_DIR, INODE_ITEM, 0));
+        assert_ne!(other, leaf, "the image's file tree has one leaf");
+        lost = other;
+        let end = Key::new(other, u8::MAX, u64::MAX);
+        let (backref, _) = tx
+            .range(EXTENT, &Key::new(other, EXTENT_ITEM + 1, 0), &end)
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k.objectid == other)
+            .unwrap();
+        tx.delete(EXTENT, &backref).unwrap();
+        let stray = Key::new(other, SHARED_BLOCK_REF, other + 4096);
+        tx.insert(EXTENT, stray, Vec::new()).unwrap();
+    });
+    let r = canopy::check::check(dev.as_ref(), &|_, _| {}).unwrap();
+    for b in [counted, lost] {
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| matches!(p.fix, Some(Fix::BlockRefs { bytenr, .. }) if bytenr == b)),
+            "{:?}",
+            r.problems
+        );
+    }
+    let changes = repaired(&dev);
+    let want = format!("tree block {counted}: 2 references set to 1");
+    assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
+    let want = format!("tree block {lost}: 1 references set to 1");
+    assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
+    assert!(
+        changes.iter().any(|c| c.contains("link count 4 set to 1")),
+        "{changes:?}"
+    );
+    mounts_and_reads(&dev);
 }
 
 #[test]

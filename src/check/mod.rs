@@ -97,6 +97,14 @@ pub enum Fix {
         len: u64,
         holders: Vec<(u64, u32)>,
     },
+    /// A tree block's reference count and back-references set to what
+    /// points at it: the nodes (`parents`) and the root items (`roots`)
+    /// the walk found.
+    BlockRefs {
+        bytenr: u64,
+        parents: Vec<u64>,
+        roots: Vec<u64>,
+    },
     /// A data extent recorded in the extent tree that no file extent
     /// item points at (leaked by a bug that dropped an item without its
     /// reference): its extent item, back-references and checksums go and

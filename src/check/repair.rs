@@ -18,10 +18,14 @@
 //!   leaves whose file extent items point at it (applied before the
 //!   other fixes, whose copy-on-write moves such back-references);
 //! - a data extent no file extent item points at (leaked): its items in
-//!   the extent and checksum trees go and its space is freed.
+//!   the extent and checksum trees go and its space is freed;
+//! - a tree block's reference count and back-references, set to the
+//!   nodes and root items that point at it (with the data extents' ones,
+//!   in the first transaction, before anything is folded: the fold of
+//!   the other fixes' copy-on-write must meet counts that are right).
 //!
-//! Everything else (tree blocks' reference counts and back-references,
-//! tree blocks nothing reaches, extents without an item, entries missing
+//! Everything else (tree blocks nothing reaches or pointed at twice by
+//! one node, extents without an item, entries missing
 //! by name or listed differently by name and by position, damaged
 //! blocks) it refuses, and then it changes nothing: it
 //! first runs every pass of the check, the ones that read through the
@@ -37,7 +41,10 @@ use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::inode::InodeItem;
 use crate::format::items::{encode_ref_count, ExtentItem};
-use crate::format::key_type::{DIR_INDEX, EXTENT_CSUM, EXTENT_ITEM, INODE_ITEM, SHARED_DATA_REF};
+use crate::format::key_type::{
+    DIR_INDEX, EXTENT_CSUM, EXTENT_ITEM, INODE_ITEM, SHARED_BLOCK_REF, SHARED_DATA_REF,
+    TREE_BLOCK_REF,
+};
 use crate::format::tree_id::{CSUM, EXTENT};
 use crate::format::{Key, CSUM_OBJECTID};
 use std::sync::Arc;
@@ -96,19 +103,28 @@ pub fn repair_within(
     for p in &report.problems {
         changes.push(format!("{}: {} (repaired)", p.location, p.message));
     }
-    // Reference counts first: every other fix copies leaves on write,
-    // which moves the back-references of the data extents they point at.
-    // Leaked extents last, after the free-space trees are written again:
-    // that rewrite takes the allocator's free ranges, which a freed
-    // extent joins only at the commit.
+    // Reference counts first, all in the first transaction, before
+    // anything is folded: every other change copies blocks on write,
+    // which changes the references of those blocks and of what they
+    // point at, and the fold must meet counts that are right. Leaked
+    // extents last, after the free-space trees are written again: that
+    // rewrite takes the allocator's free ranges, which a freed extent
+    // joins only at the commit.
     let (refs, rest): (Vec<_>, Vec<_>) = report
         .problems
         .iter()
-        .partition(|p| matches!(p.fix, Some(Fix::ExtentRefs { .. })));
+        .partition(|p| matches!(p.fix, Some(Fix::ExtentRefs { .. } | Fix::BlockRefs { .. })));
     let (leaks, rest): (Vec<_>, Vec<_>) = rest
         .into_iter()
         .partition(|p| matches!(p.fix, Some(Fix::LeakedData { .. })));
-    for p in refs.into_iter().chain(rest) {
+    let fixes: Vec<&Fix> = refs.iter().filter_map(|p| p.fix.as_ref()).collect();
+    changes.extend(engine.write(|tx| {
+        fixes
+            .iter()
+            .map(|&fix| set_references(tx, fix))
+            .collect::<Result<Vec<String>>>()
+    })?);
+    for p in rest {
         if let Some(change) = apply(&engine, p.fix.as_ref())? {
             changes.push(change);
         }
@@ -174,18 +190,8 @@ fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
             })?;
             format!("tree {tree} inode {ino}: nbytes {old} set to {nbytes}")
         }
-        Fix::ExtentRefs {
-            bytenr,
-            len,
-            holders,
-        } => {
-            let (bytenr, refs) = (*bytenr, holders.iter().map(|h| u64::from(h.1)).sum::<u64>());
-            let old = engine.write(|tx| set_data_refs(tx, (bytenr, *len), holders))?;
-            format!(
-                "data extent {bytenr}: {old} references set to {refs}, back-references to the {} \
-                 leaves that point at it",
-                holders.len()
-            )
+        Fix::ExtentRefs { .. } | Fix::BlockRefs { .. } => {
+            return Err(Error::Invalid("reference fixes go first, together".into()))
         }
         &Fix::LeakedData { bytenr, len } => {
             engine.write(|tx| free_leaked_data(tx, bytenr, len))?;
@@ -198,6 +204,75 @@ fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
             )
         }
     }))
+}
+
+/// Applies a reference fix in `tx`; says what changed.
+fn set_references(tx: &mut crate::txn::Txn<'_>, fix: &Fix) -> Result<String> {
+    Ok(match fix {
+        Fix::ExtentRefs {
+            bytenr,
+            len,
+            holders,
+        } => {
+            let (bytenr, refs) = (*bytenr, holders.iter().map(|h| u64::from(h.1)).sum::<u64>());
+            let old = set_data_refs(tx, (bytenr, *len), holders)?;
+            format!(
+                "data extent {bytenr}: {old} references set to {refs}, back-references to the {} \
+                 leaves that point at it",
+                holders.len()
+            )
+        }
+        Fix::BlockRefs {
+            bytenr,
+            parents,
+            roots,
+        } => {
+            let old = set_block_refs(tx, *bytenr, parents, roots)?;
+            format!(
+                "tree block {bytenr}: {old} references set to {}, back-references to {} nodes and \
+                 {} tree roots that point at it",
+                parents.len() + roots.len(),
+                parents.len(),
+                roots.len()
+            )
+        }
+        _ => return Err(Error::Invalid("not a reference fix".into())),
+    })
+}
+
+/// Sets the reference count of the tree block at `bytenr` to its
+/// holders' and its back-references to exactly them; returns the old
+/// count.
+fn set_block_refs(
+    tx: &mut crate::txn::Txn<'_>,
+    bytenr: u64,
+    parents: &[u64],
+    roots: &[u64],
+) -> Result<u64> {
+    let (key, mut item) = crate::extent::apply::find_extent_item(tx, &tx.root_of(EXTENT)?, bytenr)?
+        .ok_or(Error::NotFound)?;
+    let old = item.refs;
+    item.refs = (parents.len() + roots.len()) as u64;
+    tx.update(EXTENT, key, item.encode())?;
+    delete_back_references(tx, bytenr)?;
+    for &p in parents {
+        tx.insert(EXTENT, Key::new(bytenr, SHARED_BLOCK_REF, p), Vec::new())?;
+    }
+    for &t in roots {
+        tx.insert(EXTENT, Key::new(bytenr, TREE_BLOCK_REF, t), Vec::new())?;
+    }
+    Ok(old)
+}
+
+/// Deletes every back-reference item of the extent at `bytenr`.
+fn delete_back_references(tx: &mut crate::txn::Txn<'_>, bytenr: u64) -> Result<()> {
+    let end = Key::new(bytenr, u8::MAX, u64::MAX);
+    for (k, _) in tx.range(EXTENT, &Key::new(bytenr, EXTENT_ITEM + 1, 0), &end)? {
+        if k.objectid == bytenr && k.ty != EXTENT_ITEM {
+            tx.delete(EXTENT, &k)?;
+        }
+    }
+    Ok(())
 }
 
 /// Sets the reference count of the data extent `(bytenr, len)` to the
@@ -214,12 +289,7 @@ fn set_data_refs(
     let old = item.refs;
     item.refs = holders.iter().map(|h| u64::from(h.1)).sum();
     tx.update(EXTENT, key, item.encode())?;
-    let end = Key::new(bytenr, u8::MAX, u64::MAX);
-    for (k, _) in tx.range(EXTENT, &Key::new(bytenr, EXTENT_ITEM + 1, 0), &end)? {
-        if k.objectid == bytenr && k.ty != EXTENT_ITEM {
-            tx.delete(EXTENT, &k)?;
-        }
-    }
+    delete_back_references(tx, bytenr)?;
     for &(leaf, count) in holders {
         let k = Key::new(bytenr, SHARED_DATA_REF, leaf);
         tx.insert(EXTENT, k, encode_ref_count(count))?;

@@ -166,6 +166,7 @@ fn check_block(
     if queued {
         return check_queued(report, &loc, b, recorded.is_some());
     }
+    let problems_before = report.problems.len();
     let mut actual = BTreeMap::new();
     for h in &b.holders {
         *actual.entry(*h).or_insert(0u32) += 1;
@@ -200,7 +201,44 @@ fn check_block(
             ),
         );
     }
+    // Only counts and back-references wrong: they are set to what points
+    // at the block (a block whose other records are wrong is refused).
+    let only_refs = report.problems.len() == problems_before;
+    let before = report.problems.len();
     compare_refs(report, &loc, rec, &actual);
+    if only_refs && rec.item.is_some() {
+        mend_block_refs(report, before, bytenr, &actual);
+    }
+}
+
+/// The reference problems of a tree block from `first` on are mended by
+/// setting its count and back-references to its holders.
+fn mend_block_refs(
+    report: &mut Report,
+    first: usize,
+    bytenr: u64,
+    holders: &BTreeMap<RefHolder, u32>,
+) {
+    if holders.values().any(|&c| c > 1) {
+        // A node that points at it twice: damage of another kind.
+        return;
+    }
+    let (mut parents, mut roots) = (Vec::new(), Vec::new());
+    for h in holders.keys() {
+        match *h {
+            RefHolder::TreeParent(p) => parents.push(p),
+            RefHolder::TreeRoot(t) => roots.push(t),
+            RefHolder::DataLeaf(_) => return,
+        }
+    }
+    let mut fix = Some(Fix::BlockRefs {
+        bytenr,
+        parents,
+        roots,
+    });
+    for p in &mut report.problems[first..] {
+        p.fix = Some(fix.take().unwrap_or(Fix::Counted));
+    }
 }
 
 /// Reference counts and space, in one pass over every address something
