@@ -3,7 +3,8 @@
 //! free-space trees (the image no longer mounts), an inode's link count
 //! wrong, `nbytes` wrong, an inode whose names went without an orphan
 //! item, a data extent's or a tree block's reference count or
-//! back-references wrong, a data extent nothing points at. Each
+//! back-references wrong, a data extent or a tree block nothing points
+//! at. Each
 //! is repaired, every change is reported, the image then
 //! checks clean, mounts, and every file reads as before. Damage it does
 //! not mend (an entry lost by name, kept by position) is refused and the image is
@@ -448,6 +449,63 @@ fn a_tree_blocks_references_are_set_to_what_points_at_it() {
         changes.iter().any(|c| c.contains("link count 4 set to 1")),
         "{changes:?}"
     );
+    mounts_and_reads(&dev);
+}
+
+/// An extent item for a tree block nothing points at, as a bug that lost
+/// a block's last pointer without its reference leaves (the block group's
+/// counter does not count it, so the space is recounted too): the extent
+/// item and its back-reference go and the image uses what it used
+/// before.
+#[test]
+fn a_tree_block_nothing_points_at_is_freed() {
+    use canopy::format::items::{BG_METADATA, EXTENT_FLAG_TREE_BLOCK};
+    use canopy::format::key_type::TREE_BLOCK_REF;
+    let dev = image();
+    let used = used_bytes(&dev);
+    let mut leaked = 0;
+    damage(&dev, |tx| {
+        let groups = tx
+            .range(BLOCK_GROUP, &Key::MIN, &Key::MAX)
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| k.ty == BLOCK_GROUP_ITEM);
+        let (group, _) = groups
+            .map(|(k, d)| (k, BlockGroupItem::decode(&d).unwrap()))
+            .find(|(_, g)| g.flags & BG_METADATA != 0)
+            .expect("a metadata group");
+        let end = Key::new(group.objectid + group.offset, 0, 0);
+        let free = tx
+            .range(FREE_BY_START, &Key::new(group.objectid, 0, 0), &end)
+            .unwrap();
+        let (k, _) = free
+            .iter()
+            .rev()
+            .find(|(k, _)| k.ty == FREE_EXTENT && k.offset >= 1 << 20)
+            .expect("free space in a metadata group");
+        leaked = (k.objectid + (1 << 19)) / 16384 * 16384;
+        let item = ExtentItem {
+            refs: 1,
+            generation: 1,
+            flags: EXTENT_FLAG_TREE_BLOCK,
+            owner: FS,
+            level: 0,
+        };
+        tx.insert(EXTENT, Key::new(leaked, EXTENT_ITEM, 16384), item.encode())
+            .unwrap();
+        tx.insert(EXTENT, Key::new(leaked, TREE_BLOCK_REF, FS), Vec::new())
+            .unwrap();
+    });
+    let r = canopy::check::check(dev.as_ref(), &|_, _| {}).unwrap();
+    let fix = Some(Fix::LeakedBlock {
+        bytenr: leaked,
+        len: 16384,
+    });
+    assert!(r.problems.iter().any(|p| p.fix == fix), "{:?}", r.problems);
+    let changes = repaired(&dev);
+    let want = format!("tree block {leaked}: nothing points at it, freed");
+    assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
+    assert_eq!(used_bytes(&dev), used, "the space is free again");
     mounts_and_reads(&dev);
 }
 

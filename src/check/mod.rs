@@ -110,6 +110,11 @@ pub enum Fix {
     /// reference): its extent item, back-references and checksums go and
     /// its space is freed, as its last holder's release would have done.
     LeakedData { bytenr: u64, len: u64 },
+    /// A tree block recorded in the extent tree that no node or root
+    /// points at: its extent item and back-references go and its space
+    /// is freed. What it points at keeps no reference from it (the
+    /// walk counts only blocks it reaches; their own fixes set that).
+    LeakedBlock { bytenr: u64, len: u64 },
     /// A count the other fixes of the same place make right (nothing to
     /// do on its own).
     Counted,

@@ -24,8 +24,11 @@
 //!   in the first transaction, before anything is folded: the fold of
 //!   the other fixes' copy-on-write must meet counts that are right).
 //!
-//! Everything else (tree blocks nothing reaches or pointed at twice by
-//! one node, extents without an item, entries missing
+//! - a tree block nothing points at: its extent item and back-references
+//!   go and its space is freed (what it points at is counted without it).
+//!
+//! Everything else (a tree block pointed at twice by one node, extents
+//! without an item, entries missing
 //! by name or listed differently by name and by position, damaged
 //! blocks) it refuses, and then it changes nothing: it
 //! first runs every pass of the check, the ones that read through the
@@ -114,9 +117,12 @@ pub fn repair_within(
         .problems
         .iter()
         .partition(|p| matches!(p.fix, Some(Fix::ExtentRefs { .. } | Fix::BlockRefs { .. })));
-    let (leaks, rest): (Vec<_>, Vec<_>) = rest
-        .into_iter()
-        .partition(|p| matches!(p.fix, Some(Fix::LeakedData { .. })));
+    let (leaks, rest): (Vec<_>, Vec<_>) = rest.into_iter().partition(|p| {
+        matches!(
+            p.fix,
+            Some(Fix::LeakedData { .. } | Fix::LeakedBlock { .. })
+        )
+    });
     let fixes: Vec<&Fix> = refs.iter().filter_map(|p| p.fix.as_ref()).collect();
     changes.extend(engine.write(|tx| {
         fixes
@@ -194,8 +200,12 @@ fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
             return Err(Error::Invalid("reference fixes go first, together".into()))
         }
         &Fix::LeakedData { bytenr, len } => {
-            engine.write(|tx| free_leaked_data(tx, bytenr, len))?;
+            engine.write(|tx| free_leaked(tx, bytenr, len, true))?;
             format!("data extent {bytenr}: nothing points at it, its {len} bytes freed")
+        }
+        &Fix::LeakedBlock { bytenr, len } => {
+            engine.write(|tx| free_leaked(tx, bytenr, len, false))?;
+            format!("tree block {bytenr}: nothing points at it, freed")
         }
         &Fix::Orphan { tree, ino } => {
             engine.write(|tx| tx.insert(tree, crate::fs::ops::orphan_key(ino), Vec::new()))?;
@@ -297,21 +307,23 @@ fn set_data_refs(
     Ok(old)
 }
 
-/// Frees the data extent `(bytenr, len)` no file extent item points at:
-/// its extent item and back-references go from the extent tree, its
+/// Frees the extent `(bytenr, len)` nothing points at: its extent item
+/// and back-references go from the extent tree, a data extent's
 /// checksums from the checksum tree, and its space goes back (at the
 /// commit, as any freed extent's).
-fn free_leaked_data(tx: &mut crate::txn::Txn<'_>, bytenr: u64, len: u64) -> Result<()> {
+fn free_leaked(tx: &mut crate::txn::Txn<'_>, bytenr: u64, len: u64, data: bool) -> Result<()> {
     let end = Key::new(bytenr, u8::MAX, u64::MAX);
     for (k, _) in tx.range(EXTENT, &Key::new(bytenr, 0, 0), &end)? {
         if k.objectid == bytenr {
             tx.delete(EXTENT, &k)?;
         }
     }
-    let sums = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
-    match tx.delete(CSUM, &sums) {
-        Ok(_) | Err(Error::NotFound) => {}
-        Err(e) => return Err(e),
+    if data {
+        let sums = Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr);
+        match tx.delete(CSUM, &sums) {
+            Ok(_) | Err(Error::NotFound) => {}
+            Err(e) => return Err(e),
+        }
     }
     tx.free_extent(bytenr, len, false)
 }

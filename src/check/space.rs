@@ -307,24 +307,23 @@ fn check_extents(
     Ok(())
 }
 
-/// An extent recorded that nothing reaches. A data extent's is mended by
-/// freeing it: nothing can read it. A tree block's is not: it may still
-/// hold references to blocks and extents the walk did not count.
+/// An extent recorded that nothing reaches is mended by freeing it:
+/// nothing can read it. What a leaked tree block points at holds a
+/// reference from it the walk did not count; those extents' own fixes
+/// set their counts to what the walk found.
 fn report_leak(report: &mut Report, at: u64, rec: &Recorded, queued: bool) {
     let (loc, why) = (
         format!("extent {at}"),
         "recorded but nothing reaches it (leak)",
     );
+    let (bytenr, len) = (at, rec.len);
     match rec.item {
-        Some(item) if !item.is_tree_block() && !queued => report.fixable(
-            loc,
-            why,
-            Fix::LeakedData {
-                bytenr: at,
-                len: rec.len,
-            },
-        ),
-        _ => report.problem(loc, why),
+        _ if queued => report.problem(loc, why),
+        Some(item) if item.is_tree_block() => {
+            report.fixable(loc, why, Fix::LeakedBlock { bytenr, len })
+        }
+        Some(_) => report.fixable(loc, why, Fix::LeakedData { bytenr, len }),
+        None => report.problem(loc, why),
     }
 }
 
