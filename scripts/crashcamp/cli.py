@@ -77,7 +77,7 @@ def build_parser():
     ap.add_argument("--defragment", action="store_true",
                     help="run `canopy filesystem defragment -r` over the mount in a loop "
                          "beside the client until each crash (merging, then -clz4, then "
-                         "-czstd, over and over)")
+                         "-czstd, over and over, with `canopy filesystem trim` after each)")
     ap.add_argument("--nocow", action="store_true",
                     help="`chattr +C` the mount's root before the client starts, so the "
                          "database's files overwrite in place without checksums")

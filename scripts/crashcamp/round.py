@@ -456,12 +456,14 @@ class Round:
     def start_defragmenter(self, cycle):
         """Defragments the database's files over and over while the
         client writes them, merging extents, then recompressing them with
-        lz4, then with zstd (what it rewrites must survive the crash as
+        lz4, then with zstd, and trims the free space after each pass
+        (what it rewrites and discards must survive the crash as
         everything else does). Its errors are logged, not judged: files
         come and go under it; the checks after the crash judge."""
-        loop = (f"while :; do for c in '' -clz4 -czstd; do {shlex.quote(self.canopy)} "
-                f"filesystem defragment -r -v -t 2M $c {shlex.quote(self.mnt)}; sleep 0.2; "
-                f"done; done")
+        canopy, mnt = shlex.quote(self.canopy), shlex.quote(self.mnt)
+        loop = (f"while :; do for c in '' -clz4 -czstd; do {canopy} "
+                f"filesystem defragment -r -v -t 2M $c {mnt}; {canopy} filesystem trim -v {mnt}; "
+                f"sleep 0.2; done; done")
         with open(self.p(f"defrag-{cycle}.log"), "ab") as out:
             self.defrag_p = subprocess.Popen(["sh", "-c", loop], stdin=subprocess.DEVNULL,
                                              stdout=out, stderr=subprocess.STDOUT,

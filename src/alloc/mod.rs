@@ -784,6 +784,31 @@ impl Allocator {
             .sum()
     }
 
+    /// The ranges `(start, len)` of device `devid` in no group and
+    /// holding no superblock copy: unallocated space, which `canopy
+    /// filesystem trim` discards.
+    pub fn unallocated_ranges(&self, devid: u64) -> Vec<(u64, u64)> {
+        let Some(size) = self.device_size(devid) else {
+            return Vec::new();
+        };
+        let mut taken: Vec<(u64, u64)> = self.occupied(devid).collect();
+        let supers = SUPER_OFFSETS.iter().filter(|&&s| s + SUPER_SIZE <= size);
+        taken.extend(supers.map(|&s| (s, s + SUPER_SIZE)));
+        taken.sort_unstable();
+        let mut out = Vec::new();
+        let mut at = RESERVED_START;
+        for (s, e) in taken {
+            if s > at {
+                out.push((at, s - at));
+            }
+            at = at.max(e);
+        }
+        if size > at {
+            out.push((at, size - at));
+        }
+        out
+    }
+
     /// Bytes of device `devid` that groups take.
     pub fn allocated_on(&self, devid: u64) -> u64 {
         self.occupied(devid).map(|(s, e)| e - s).sum()

@@ -229,7 +229,39 @@ impl Device for FileDevice {
         self.size.store(size, Ordering::Relaxed);
         Ok(size)
     }
+
+    /// An image file gets a hole punched (its blocks go back to the host
+    /// filesystem; the size stays), a block device BLKDISCARD. Where the
+    /// host supports neither, nothing happens.
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        use std::os::fd::AsRawFd;
+        let fd = self.file.as_raw_fd();
+        let is_file = self.file.metadata().is_ok_and(|m| m.is_file());
+        let r = if is_file {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            // SAFETY: a valid descriptor; the range lies inside the file.
+            unsafe { libc::fallocate(fd, mode, offset as libc::off_t, len as libc::off_t) }
+        } else {
+            let range: [u64; 2] = [offset, len];
+            // SAFETY: BLKDISCARD reads two u64s (start, length).
+            unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) }
+        };
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::EINVAL) => Ok(false),
+            _ => Err(Error::io(
+                format!("discarding {len} bytes at {offset} of {}", self.path),
+                e,
+            )),
+        }
+    }
 }
+
+/// `_IO(0x12, 119)`: discard a range of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
 
 /// Page-aligned scratch memory for direct writes of unaligned buffers, one
 /// per thread and reused, so that a write costs one copy and no fresh

@@ -58,4 +58,13 @@ impl Device for MemDevice {
     fn size(&self) -> u64 {
         crate::sync::lock(&self.bytes).len() as u64
     }
+
+    /// Zeros, as a thin device that reads discarded space as zeros.
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        let mut bytes = crate::sync::lock(&self.bytes);
+        let n = usize::try_from(len).map_err(|_| Error::Invalid("discard too long".into()))?;
+        let r = range(offset, n, bytes.len())?;
+        bytes[r].fill(0);
+        Ok(true)
+    }
 }

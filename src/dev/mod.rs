@@ -64,4 +64,11 @@ pub trait Device: Send + Sync {
     /// Hints that `[offset, offset+len)` will be read soon (readahead);
     /// may do nothing.
     fn prefetch(&self, _offset: u64, _len: u64) {}
+    /// Tells the storage that `[offset, offset+len)` holds nothing anyone
+    /// will read (`canopy filesystem trim`), so a thin image can give the
+    /// space back. Reads of it afterwards may return anything. Returns
+    /// false where the storage has no such call (nothing is done then).
+    fn discard(&self, _offset: u64, _len: u64) -> Result<bool> {
+        Ok(false)
+    }
 }

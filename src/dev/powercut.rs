@@ -291,6 +291,14 @@ impl Device for PowerCutDevice {
     fn prefetch(&self, offset: u64, len: u64) {
         self.inner.prefetch(offset, len)
     }
+
+    /// Passed straight on: only space free in the last durable commit is
+    /// discarded, which no write since the last barrier touched (an
+    /// extent written and freed since is pinned until its commit is
+    /// durable), so a cut has nothing of it to take back.
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        self.inner.discard(offset, len)
+    }
 }
 
 /// One journaled write: where it went and what was there before.

@@ -148,6 +148,11 @@ pub enum Request {
     Resize {
         to: crate::txn::GrowTo,
     },
+    /// `canopy filesystem trim`: discard free ranges of at least
+    /// `min_len` bytes (what FITRIM does).
+    Trim {
+        min_len: u64,
+    },
     /// `canopy filesystem extents`: where regular file `node`'s bytes lie.
     Extents {
         node: u64,
@@ -376,6 +381,9 @@ pub struct Response {
     /// The sizes before and after, after a resize request.
     #[serde(default)]
     pub grown: Option<crate::txn::Grown>,
+    /// What a trim discarded.
+    #[serde(default)]
+    pub trimmed: Option<crate::txn::Trimmed>,
     /// How a receive goes (every answer but its last).
     #[serde(default)]
     pub receive: Option<crate::receive::Event>,
@@ -412,6 +420,7 @@ impl Response {
             defrag: None,
             send: None,
             grown: None,
+            trimmed: None,
             receive: None,
             devices: None,
             show: None,
@@ -1035,6 +1044,13 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             });
             Response::of_unit(set)
         }
+        Ok(Request::Trim { min_len }) => match fs.engine().trim(min_len) {
+            Ok(t) => Response {
+                trimmed: Some(t),
+                ..Response::of(Ok(None))
+            },
+            Err(e) => Response::of(Err(e)),
+        },
         Ok(Request::Resize { to }) => match fs.engine().grow(to) {
             Ok(g) => Response {
                 grown: Some(g),

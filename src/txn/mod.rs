@@ -40,6 +40,7 @@ mod persist;
 pub mod refs;
 mod relocation;
 mod space;
+mod trim;
 
 pub use ctx::{Reader, Txn};
 pub use flight::{DataDevice, Flight, Flusher};
@@ -53,6 +54,7 @@ pub use open::{
 pub use refs::{DelayedRefs, ExtentKind, PendingExtent, RefHolder};
 pub use relocation::Relocation;
 pub use space::{Need, DELETE_MARGIN_BLOCKS, EXTENT_ITEMS_BYTES};
+pub use trim::Trimmed;
 
 use crate::alloc::Allocator;
 use crate::cache::{BlockCache, BlockMap, BlockSet};

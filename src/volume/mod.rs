@@ -579,6 +579,25 @@ impl Device for Volume {
             d.prefetch(offset, len)
         }
     }
+
+    /// Every copy of the logical range (a device a degraded open lacks
+    /// is passed over); true if some device did it.
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        let mut done = match self.primary() {
+            Some(d) => d.discard(offset, len)?,
+            None => false,
+        };
+        for c in self.map.overlapping(offset, len) {
+            let from = offset.max(c.start);
+            let to = (offset + len).min(c.end());
+            for s in &c.extra {
+                if let Some(d) = self.device(s.devid) {
+                    done |= d.discard(s.offset + (from - c.start), to - from)?;
+                }
+            }
+        }
+        Ok(done)
+    }
 }
 
 #[cfg(test)]
@@ -633,6 +652,20 @@ mod tests {
         assert_eq!(got, vec![0u8; 4096], "past the group's end is not mirrored");
         assert_eq!(vol.copies((128 << 10) - 4096, 4096), 2);
         assert_eq!(vol.copies((128 << 10) - 4096, 8192), 1);
+    }
+
+    #[test]
+    fn a_discard_reaches_every_copy_of_the_range_and_nothing_else() {
+        let (raw, vol) = volume(1, dup());
+        vol.write_at(&[5u8; 16384], (64 << 10) + 8192).expect("write");
+        assert!(vol.discard((64 << 10) + 12288, 4096).expect("discard"));
+        let mut got = vec![0u8; 16384];
+        for at in [64 << 10, 512 << 10] {
+            raw[0].read_at(&mut got, at + 8192).expect("read");
+            let mut want = vec![5u8; 16384];
+            want[4096..8192].fill(0);
+            assert_eq!(got, want, "copy at {at}");
+        }
     }
 
     #[test]

@@ -96,6 +96,27 @@ pub enum Command {
         /// The mount point (or any path in the filesystem).
         path: PathBuf,
     },
+    /// Tell the storage which of its bytes hold nothing, so that a thin
+    /// image (an image file, an RBD image, a thin block device) gives
+    /// them back, as fstrim does (FITRIM does not reach a FUSE
+    /// filesystem): every free range of the block groups and the space
+    /// no group takes. Only space free in the last commit is discarded,
+    /// so a crash meanwhile loses nothing. Needs root, as fstrim.
+    Trim {
+        /// Ranges shorter than this are left (K, M, G suffixes; fstrim's
+        /// `--minimum`).
+        #[arg(short = 'm', long = "minimum", value_name = "MINLEN", default_value = "0",
+              value_parser = |s: &str| canopy::units::parse_size(s))]
+        minimum: u64,
+        /// Say how much was discarded (as `fstrim -v`).
+        #[arg(short, long)]
+        verbose: bool,
+        /// One JSON object: bytes, ranges, supported.
+        #[arg(long)]
+        json: bool,
+        /// The mount point (or any path in the filesystem).
+        path: PathBuf,
+    },
     /// What the files under PATH hold, as `btrfs filesystem du` says it
     /// (Total they reference, Exclusive to them: what deleting them would
     /// free, and Set shared with other files or snapshots, each byte
@@ -164,6 +185,12 @@ pub fn run(c: Command) -> Result<()> {
             Ok(())
         }
         Command::Resize { json, size, path } => resize(&size, &path, json),
+        Command::Trim {
+            minimum,
+            verbose,
+            json,
+            path,
+        } => trim(minimum, &path, verbose, json),
         Command::Defragment(a) => crate::defrag::run(a),
         Command::Du { json, raw, path } => {
             let node = std::fs::metadata(&path)
@@ -223,6 +250,27 @@ fn resize(size: &str, path: &std::path::Path, json: bool) -> Result<()> {
             mnt.display(),
             g.old_bytes,
             g.new_bytes
+        );
+    }
+    Ok(())
+}
+
+fn trim(minimum: u64, path: &std::path::Path, verbose: bool, json: bool) -> Result<()> {
+    let mnt = crate::sync::mount_point(&path.canonicalize()?)?;
+    let t = ask(&mnt, &Request::Trim { min_len: minimum })?
+        .trimmed
+        .context("the daemon sent no report (an older version?)")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&t)?);
+    } else if !t.supported {
+        // As fstrim: exit 1 with a message where discard is unsupported.
+        anyhow::bail!("{}: the discard operation is not supported", mnt.display());
+    } else if verbose {
+        println!(
+            "{}: {} ({} bytes) trimmed",
+            mnt.display(),
+            crate::quota::size(t.bytes, false),
+            t.bytes
         );
     }
     Ok(())

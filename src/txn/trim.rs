@@ -1,0 +1,79 @@
+//! `canopy filesystem trim` (what fstrim does; FITRIM does not reach a
+//! FUSE daemon): the storage is told which of its bytes hold nothing, so
+//! a thin image (an image file, an RBD image, a thin block device) can
+//! give them back.
+//!
+//! What is discarded is what the allocator holds free: the free ranges
+//! of every block group, and the space no group takes. A range is free
+//! there only once the commit that freed it is durable (a freed extent
+//! stays pinned until then), so the last commit's trees never point into
+//! a discarded range, and a crash at any moment finds everything they
+//! name. Each group is done in one turn at the engine's write lock, so
+//! no allocation takes part of a range between the look and the discard;
+//! other operations get the lock between groups.
+
+use super::Engine;
+use crate::dev::Device;
+use crate::error::Result;
+use serde::{Deserialize, Serialize};
+
+/// What a trim told the storage.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Bytes of free space discarded (a range counts once, however many
+    /// copies of it the profile keeps).
+    pub bytes: u64,
+    /// Ranges discarded.
+    pub ranges: u64,
+    /// Whether the storage took discards at all (an image on a host
+    /// filesystem without hole punching, or a disk without discard,
+    /// does not).
+    pub supported: bool,
+}
+
+impl Trimmed {
+    fn add(&mut self, len: u64, supported: bool) {
+        if supported {
+            self.bytes += len;
+            self.ranges += 1;
+            self.supported = true;
+        }
+    }
+}
+
+impl Engine {
+    /// Discards every free range of at least `min_len` bytes (fstrim's
+    /// `--minimum`): the groups' free space, then unallocated space.
+    pub fn trim(&self, min_len: u64) -> Result<Trimmed> {
+        let min_len = min_len.max(1);
+        let mut done = Trimmed::default();
+        let groups: Vec<u64> =
+            self.write(|tx| Ok(tx.allocator().groups().map(|g| g.start).collect()))?;
+        for start in groups {
+            self.write(|tx| {
+                let Some(g) = tx.allocator().group_containing(start) else {
+                    return Ok(());
+                };
+                let free: Vec<(u64, u64)> = g.free.iter().filter(|r| r.1 >= min_len).collect();
+                for (s, l) in free {
+                    done.add(l, tx.sh.dev.discard(s, l)?);
+                }
+                Ok(())
+            })?;
+        }
+        self.write(|tx| {
+            for (devid, _) in tx.allocator().devices() {
+                let Some(dev) = tx.sh.dev.device(devid) else {
+                    continue;
+                };
+                for (s, l) in tx.allocator().unallocated_ranges(devid) {
+                    if l >= min_len {
+                        done.add(l, dev.discard(s, l)?);
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        Ok(done)
+    }
+}
