@@ -657,7 +657,8 @@ mod tests {
     #[test]
     fn a_discard_reaches_every_copy_of_the_range_and_nothing_else() {
         let (raw, vol) = volume(1, dup());
-        vol.write_at(&[5u8; 16384], (64 << 10) + 8192).expect("write");
+        vol.write_at(&[5u8; 16384], (64 << 10) + 8192)
+            .expect("write");
         assert!(vol.discard((64 << 10) + 12288, 4096).expect("discard"));
         let mut got = vec![0u8; 16384];
         for at in [64 << 10, 512 << 10] {

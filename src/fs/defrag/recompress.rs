@@ -41,6 +41,7 @@ use crate::format::{Key, SECTORSIZE};
 use crate::fs::file;
 use crate::txn::{DataCopies, Reader, RefHolder, Txn};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 
 const SECTOR: u64 = SECTORSIZE as u64;
 /// Decoded bytes one request reads and compresses before it writes.
@@ -127,15 +128,28 @@ impl Subvol {
         let ready = prepare_all(batch.reads, codec);
         report.incompressible += reads - ready.len() as u64;
         let mut wants_commit = batch.wants_commit;
-        if !ready.is_empty() {
-            let (done, stopped) = self
+        let mut left = &ready[..];
+        while !left.is_empty() {
+            let (done, taken, stop) = self
                 .core
-                .write_reserved(|tx| self.put_in_place(tx, &ready, made))?;
-            if let Some(at) = stopped {
-                report.next = Some(at);
-                wants_commit = true;
-            }
+                .write_reserved(|tx| self.put_in_place(tx, left, made))?;
             report.add(&done);
+            left = &left[taken..];
+            match stop {
+                None => break,
+                Some(Stop::Commit(at)) => {
+                    report.next = Some(at);
+                    wants_commit = true;
+                    break;
+                }
+                // Opened outside the lock (opening reads the tree), then
+                // the same extent again.
+                Some(Stop::Open(trees)) => {
+                    for tree in trees {
+                        self.core.subvol(tree)?;
+                    }
+                }
+            }
         }
         Ok(Turn {
             report,
@@ -204,21 +218,38 @@ impl Subvol {
     }
 
     /// Puts each prepared extent in place of its old one, if it is still
-    /// what was read. Returns what was done, and where the work stopped
-    /// because an extent needs a commit first.
+    /// what was read. Returns what was done, how many of `ready` were
+    /// taken, and why the work stopped before the end, if it did.
     fn put_in_place(
         &self,
         tx: &mut Txn<'_>,
         ready: &[Prepared],
         made: &mut HashSet<u64>,
-    ) -> Result<(DefragReport, Option<u64>)> {
+    ) -> Result<(DefragReport, usize, Option<Stop>)> {
         let mut done = DefragReport::default();
         let mut hint = ready.first().map_or(0, |p| p.old);
+        let mut stop = None;
+        let mut taken = 0;
         for p in ready {
             let holders = match holders_of(tx, p)? {
-                Holders::Gone => continue,
-                Holders::AfterCommit => return Ok((done, Some(p.at))),
+                Holders::Gone => {
+                    taken += 1;
+                    continue;
+                }
+                Holders::AfterCommit => {
+                    stop = Some(Stop::Commit(p.at));
+                    break;
+                }
                 Holders::Items(items) => items,
+            };
+            // Every tree's changes are noted for its next fsync, in its
+            // subvolume's table of inodes.
+            let subvols = match self.open_subvols(holders.keys()) {
+                Ok(s) => s,
+                Err(trees) => {
+                    stop = Some(Stop::Open(trees));
+                    break;
+                }
             };
             let used = used_chunks(p, &holders)?;
             let data: u64 = used.iter().map(|&c| p.chunks[c].len()).sum();
@@ -227,7 +258,10 @@ impl Subvol {
             let places = match reserve_and_allocate(tx, p, &used, paths, data, hint) {
                 Ok(places) => places,
                 // The rest waits for the next turn (after a commit).
-                Err(Error::NoSpace) if done.recompressed > 0 => return Ok((done, Some(p.at))),
+                Err(Error::NoSpace) if done.recompressed > 0 => {
+                    stop = Some(Stop::Commit(p.at));
+                    break;
+                }
                 Err(e) => return Err(e),
             };
             hint = places.values().max().map_or(hint, |&b| b + SECTOR);
@@ -237,9 +271,10 @@ impl Subvol {
                 tx.insert(CSUM, csum_key(at), file::sector_sums(&chunk.bytes))?;
                 made.insert(at);
             }
-            for (&tree, items) in &holders {
-                repoint_items(tx, tree, p, items, &places, &mut done.changed)?;
+            for (sv, items) in subvols.iter().zip(holders.values()) {
+                repoint_items(tx, sv, p, items, &places, &mut done.changed)?;
             }
+            taken += 1;
             done.recompressed += 1;
             done.written += places.len() as u64;
             done.bytes += p.decoded;
@@ -250,8 +285,37 @@ impl Subvol {
             crate::extent::apply::run(tx)?;
         }
         tx.note_change();
-        Ok((done, None))
+        Ok((done, taken, stop))
     }
+
+    /// The subvolumes of `trees`, each open already; else the ones not
+    /// open (opening one reads its tree, which cannot be done under the
+    /// write lock).
+    fn open_subvols<'a>(
+        &self,
+        trees: impl Iterator<Item = &'a u64>,
+    ) -> std::result::Result<Vec<Arc<Subvol>>, Vec<u64>> {
+        let open = crate::sync::read(&self.core.subvols);
+        let (mut found, mut missing) = (Vec::new(), Vec::new());
+        for tree in trees {
+            match open.get(tree) {
+                Some(sv) => found.push(sv.clone()),
+                None => missing.push(*tree),
+            }
+        }
+        match missing.is_empty() {
+            true => Ok(found),
+            false => Err(missing),
+        }
+    }
+}
+
+/// Why [`Subvol::put_in_place`] stopped before the end.
+enum Stop {
+    /// The extent first used at this offset waits for a commit.
+    Commit(u64),
+    /// These trees' subvolumes must be opened first.
+    Open(Vec<u64>),
 }
 
 /// Whether `fe` points at an extent recompression with `codec` would
@@ -455,13 +519,15 @@ fn reserve_and_allocate(
 /// node ids of the files changed go to `changed`.
 fn repoint_items(
     tx: &mut Txn<'_>,
-    tree: u64,
+    sv: &Subvol,
     p: &Prepared,
     items: &BTreeMap<Key, FileExtentItem>,
     places: &BTreeMap<usize, u64>,
     changed: &mut BTreeSet<u64>,
 ) -> Result<()> {
-    let mut nbytes: BTreeMap<u64, i64> = BTreeMap::new();
+    let tree = sv.tree;
+    // Per inode: the change of nbytes and the file ranges rewritten.
+    let mut inodes: BTreeMap<u64, (i64, Vec<(u64, u64)>)> = BTreeMap::new();
     for (key, fe) in items {
         tx.delete(tree, key)?;
         let mut delta = -(file::accounted(fe) as i64);
@@ -498,13 +564,22 @@ fn repoint_items(
             )?;
             pos = piece_end;
         }
-        *nbytes.entry(key.objectid).or_insert(0) += delta;
+        let entry = inodes.entry(key.objectid).or_default();
+        entry.0 += delta;
+        entry.1.push((key.offset, key.offset + fe.num_bytes));
         changed.insert(crate::fs::node::node_id(tree, key.objectid));
     }
-    for (ino, delta) in nbytes.into_iter().filter(|d| d.1 != 0) {
+    for (ino, (delta, ranges)) in inodes {
         let mut inode = crate::fs::load_inode_tx(tx, tree, ino)?;
-        inode.nbytes = inode.nbytes.saturating_add_signed(delta);
-        crate::fs::store_inode(tx, tree, ino, inode)?;
+        // The next fsync logs these ranges with the inode's new nbytes:
+        // a log with one and not the others would not add up on replay.
+        for (start, end) in ranges {
+            sv.note_extents(tx, ino, inode.size, start, end);
+        }
+        if delta != 0 {
+            inode.nbytes = inode.nbytes.saturating_add_signed(delta);
+            crate::fs::store_inode(tx, tree, ino, inode)?;
+        }
     }
     Ok(())
 }
