@@ -28,6 +28,12 @@
 //! An extent the fsync log also references, or one allocated in the
 //! running transaction (no extent item yet), is done after a commit: the
 //! step stops there and asks for one.
+//!
+//! A rewrite changes the `nbytes` of every inode it touches, so the item
+//! ranges it rewrites are noted for the next fsync in the subvolume's
+//! table of changes: a log that carried the new `nbytes` without those
+//! items would not add up after replay. A holder tree whose subvolume is
+//! not open yet is opened first, outside the write lock.
 
 use super::{DefragReport, Subvol};
 use crate::balance::relocate::{csum_key, load, Climb};
@@ -371,6 +377,8 @@ fn prepare_all(reads: Vec<Read>, codec: Codec) -> Vec<Prepared> {
                 })
             })
             .collect();
+        // A worker that panicked (a codec's bug) leaves its share as it
+        // was: those extents are simply not rewritten.
         workers
             .into_iter()
             .flat_map(|w| w.join().unwrap_or_default())
