@@ -285,6 +285,26 @@ fn fsync_after_recompressing() {
             // Committed as a mount commits its replay: the check after
             // then sees the replayed inode and items together.
             fs.sync().map_err(|e| format!("commit after replay: {e}"))?;
+            // nbytes counts plain extents whole and compressed ones as
+            // stored: at least the plain ones, at most everything.
+            let f = lookup(fs, "f").ok_or("f is gone")?;
+            let map = fs.extent_map(f).map_err(|e| e.to_string())?;
+            let plain: u64 = map
+                .extents
+                .iter()
+                .filter(|e| e.physical.is_some() && !e.flags.iter().any(|f| f == "zstd"))
+                .map(|e| e.length)
+                .sum();
+            let nbytes = fs.getattr(f).map_err(|e| e.to_string())?.blocks * 512;
+            expect(
+                nbytes >= plain && nbytes <= map.size.next_multiple_of(512),
+                || {
+                    format!(
+                        "nbytes {nbytes} for {plain} plain bytes in a {} byte file",
+                        map.size
+                    )
+                },
+            )?;
             match done {
                 0 => expect_content(fs, "f", Some(&a)),
                 _ => expect_content(fs, "f", Some(&want)),
