@@ -203,12 +203,18 @@ fn fs_files(fs: &canopy::fs::Fs) -> Files {
 }
 
 /// A disk filled to ENOSPC, half emptied and filled again, with commits
-/// on the full disk: every prefix of its writes opens to a committed
-/// generation holding exactly the files committed then.
+/// on the full disk and freed space discarded after each: every prefix of
+/// its writes opens to a committed generation holding exactly the files
+/// committed then.
 #[test]
 fn every_prefix_of_a_fill_to_enospc_keeps_the_committed_files() {
     use canopy::fs::{Fs, Owner};
     let (base, rec, fs) = recorded_fs(32 << 20);
+    // Each commit discards what it made reusable (`-o discard=sync`):
+    // the half emptied is discarded, then filled again.
+    fs.engine()
+        .set_discard(canopy::txn::DiscardMode::Sync)
+        .unwrap();
     let mut files = Files::new();
     let mut models: BTreeMap<u64, Files> = BTreeMap::new();
     let mut ends = vec![(fs.engine().committed_generation(), 0usize)];
@@ -321,7 +327,18 @@ fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
     models.insert(ends[0].0, files.clone());
     let mut rng = Rng(0xc0de_5eed_7a11_0003);
     let me = Owner { uid: 0, gid: 0 };
+    // `-o discard=async` with no delay, run between every two steps, so
+    // that space freed inside a transaction is discarded too.
+    fs.engine()
+        .set_discard(canopy::txn::DiscardMode::Async)
+        .unwrap();
+    let mut discarded = 0;
     for step in 0..60u64 {
+        discarded += fs
+            .engine()
+            .discard_freed(std::time::Duration::ZERO, 1, usize::MAX)
+            .unwrap()
+            .bytes;
         // A file of hundreds of extents, truncated and then unlinked in
         // steps (`fs::reclaim`) among the other changes.
         if big_file_step(&fs, step, &mut files) {
@@ -365,6 +382,7 @@ fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
         }
     }
     drop(fs);
+    assert!(discarded > 1 << 20, "only {discarded} bytes discarded");
     let replay = Replay {
         rp: Replayer::new(base, rec.ops()),
         ends,

@@ -902,6 +902,7 @@ fn before_last_barrier(
         .map_or(0, |i| i + 1);
     let pages_of = |o: &Op| match o {
         Op::Write { data, .. } => data.len().div_ceil(PAGE),
+        Op::Discard { len, .. } => (*len as usize).div_ceil(PAGE),
         Op::Barrier => 0,
     };
     let in_flight = InFlight {
@@ -948,7 +949,7 @@ fn blocks_a_crashed_run_left_are_not_taken_for_the_next_runs_log() {
         .iter()
         .filter_map(|o| match o {
             canopy::dev::crash::Op::Write { offset, data } => Some((*offset, data.len())),
-            canopy::dev::crash::Op::Barrier => None,
+            canopy::dev::crash::Op::Discard { .. } | canopy::dev::crash::Op::Barrier => None,
         })
         .collect();
     let after_first = before_last_barrier(base, first_ops, &|i, f| i + 1 < f.pages);

@@ -9,6 +9,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::mounted::{can_mount, canopy, canopy_ok, Mounted};
 
@@ -2070,6 +2071,10 @@ fn trim_gives_freed_space_back_to_the_image_file() {
         // On RBD (CANOPY_TEST_RBD) the image is no file to look at.
         return;
     };
+    // The trim alone gives space back (freed_space_goes_back_... tests
+    // discarding as space is freed).
+    m.unmount();
+    m.mount("nodiscard");
     let allocated = || fs::metadata(&m.img).unwrap().blocks() * 512;
     let keep = common::noise(8 << 20, 57);
     fs::write(m.p("keep"), &keep).unwrap();
@@ -2112,6 +2117,101 @@ fn trim_gives_freed_space_back_to_the_image_file() {
     assert!(fs::read(m.p("again")).unwrap() == common::noise(100 << 20, 59));
     m.unmount();
     m.check();
+}
+
+/// Issue 57, item 2: with `discard=async` (the default) a deleted file's
+/// space goes back to the image file once the commit that frees it is
+/// durable, without a trim, and never before; with `nodiscard` it stays
+/// until a trim; a remount turns discarding on and off.
+#[test]
+fn freed_space_goes_back_to_the_image_file_without_a_trim() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::with_size("1G");
+    let mnt = m.mnt.clone();
+    let Ok(true) = fs::metadata(&m.img).map(|md| md.is_file()) else {
+        return;
+    };
+    let img = m.img.clone();
+    let allocated = move || fs::metadata(&img).unwrap().blocks() * 512;
+    let used = |mnt: &Path| common::mounted::statfs_total(mnt) - free_blocks(mnt) * 4096;
+    // Polls for up to 15 s (async discard waits 2 s, then works in
+    // batches from the mount's loop).
+    let falls_to_used = |mnt: &Path| {
+        (0..150).any(|_| {
+            let (a, u) = (allocated(), used(mnt));
+            if a <= u + u / 20 + (4 << 20) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            false
+        })
+    };
+    let keep = common::noise(8 << 20, 60);
+    fs::write(m.p("keep"), &keep).unwrap();
+    fs::write(m.p("big"), common::noise(200 << 20, 61)).unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    assert!(allocated() > 200 << 20, "allocated {}", allocated());
+
+    // Deleted, not committed: the last commit still holds the file.
+    fs::remove_file(m.p("big")).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(allocated() > 190 << 20, "discarded before the commit");
+    canopy_ok(&["sync", "."], &mnt);
+    assert!(
+        falls_to_used(&mnt),
+        "allocated {} for {} used",
+        allocated(),
+        used(&mnt)
+    );
+    assert!(fs::read(m.p("keep")).unwrap() == keep);
+
+    // nodiscard: the space stays until a trim.
+    let out = remount(&m, "remount,nodiscard");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::write(m.p("big2"), common::noise(100 << 20, 62)).unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    fs::remove_file(m.p("big2")).unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(allocated() > 100 << 20, "discarded under nodiscard");
+    canopy_ok(&["filesystem", "trim", "."], &mnt);
+    assert!(falls_to_used(&mnt), "after a trim: {}", allocated());
+
+    // discard=sync: discarded as the commit ends.
+    let out = remount(&m, "remount,discard");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::write(m.p("big3"), common::noise(100 << 20, 63)).unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    fs::remove_file(m.p("big3")).unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    let (a, u) = (allocated(), used(&mnt));
+    assert!(
+        a <= u + u / 20 + (4 << 20),
+        "discard=sync: {a} for {u} used"
+    );
+    let out = remount(&m, "remount,discard=later");
+    assert!(!out.status.success(), "a bad discard option is refused");
+
+    // Space discarded and taken again holds what is written there.
+    let again = common::noise(150 << 20, 64);
+    fs::write(m.p("again"), &again).unwrap();
+    canopy_ok(&["sync", "."], &mnt);
+    m.unmount();
+    m.check();
+    m.mount("");
+    assert!(fs::read(m.p("keep")).unwrap() == keep);
+    assert!(fs::read(m.p("again")).unwrap() == again);
+    m.unmount();
 }
 
 /// Issue 56, item 8: `-o remount,compress=...` changes how later writes

@@ -138,6 +138,18 @@ impl FreeIndex {
         true
     }
 
+    /// The free pieces of `[start, start+len)`, in order.
+    pub fn within(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = start + len;
+        let first = self.containing(start).map_or(start, |(s, _)| s);
+        self.by_start
+            .range(first..end)
+            .map(|(&s, &l)| (s.max(start), (s + l).min(end)))
+            .filter(|&(a, b)| b > a)
+            .map(|(a, b)| (a, b - a))
+            .collect()
+    }
+
     pub fn contains(&self, start: u64, len: u64) -> bool {
         self.containing(start)
             .is_some_and(|(s, l)| start + len <= s + l)

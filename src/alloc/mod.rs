@@ -200,6 +200,19 @@ pub struct Allocator {
     /// A degraded open writes: a new group keeps the copies the devices
     /// present can hold when its profile asks for more.
     degraded: bool,
+    /// Space that became reusable since the discard worker last looked
+    /// (`txn::discard`); kept only while a mount discards.
+    untrimmed: Option<Untrimmed>,
+}
+
+/// Space made reusable that the storage has not been told of yet.
+#[derive(Debug, Default)]
+pub struct Untrimmed {
+    /// Logical ranges `(start, len)` made free in their group.
+    pub logical: Vec<(u64, u64)>,
+    /// Device ranges `(devid, offset, len)` of groups given back to the
+    /// unallocated pool.
+    pub device: Vec<(u64, u64, u64)>,
 }
 
 impl Allocator {
@@ -223,6 +236,32 @@ impl Allocator {
             readonly: BTreeSet::new(),
             pending: BTreeSet::new(),
             added_since_commit: BTreeSet::new(),
+            untrimmed: None,
+        }
+    }
+
+    /// Starts (or stops) noting the space made reusable, for
+    /// [`Allocator::take_untrimmed`].
+    pub fn track_untrimmed(&mut self, on: bool) {
+        match on {
+            true => {
+                self.untrimmed.get_or_insert_with(Untrimmed::default);
+            }
+            false => self.untrimmed = None,
+        }
+    }
+
+    /// The space made reusable since the last call (none unless tracked).
+    pub fn take_untrimmed(&mut self) -> Untrimmed {
+        self.untrimmed
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn note_reusable(&mut self, start: u64, len: u64) {
+        if let Some(u) = &mut self.untrimmed {
+            u.logical.push((start, len));
         }
     }
 
@@ -600,7 +639,9 @@ impl Allocator {
             g.free.insert(start, len);
         }
         let s = g.start;
-        if !never_committed {
+        if never_committed {
+            self.note_reusable(start, len);
+        } else {
             self.pinned.push((start, len));
         }
         self.dirty_groups.insert(s);
@@ -627,6 +668,7 @@ impl Allocator {
     pub fn include(&mut self, start: u64, len: u64) {
         if let Some(g) = self.group_mut_containing(start) {
             g.free.insert(start, len);
+            self.note_reusable(start, len);
         }
     }
 
@@ -645,6 +687,7 @@ impl Allocator {
         for (start, len) in extents {
             if let Some(g) = self.group_mut_containing(start) {
                 g.free.insert(start, len);
+                self.note_reusable(start, len);
             }
         }
     }
@@ -688,6 +731,12 @@ impl Allocator {
         self.readonly.remove(&start);
         self.pending.remove(&start);
         tracing::debug!(start, "block group emptied: back to unallocated space");
+        if let (Some(u), Some(g)) = (&mut self.untrimmed, self.groups.get(&start)) {
+            let len = g.len;
+            let copies = (0..self.map.copies(start, len))
+                .filter_map(|copy| self.map.stripe_of(start, len, copy));
+            u.device.extend(copies.map(|s| (s.devid, s.offset, len)));
+        }
         self.map.remove(start);
         self.groups.remove(&start)
     }

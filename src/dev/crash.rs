@@ -5,7 +5,9 @@
 //! flight, in any order, each 4 KiB page on its own; before a barrier
 //! returns, all of them. [`replay`] builds the disk after a prefix of the
 //! recorded operations: every page written before the prefix's last barrier,
-//! plus the pages written after it that `keep` selects.
+//! plus the pages written after it that `keep` selects. A discard counts
+//! as a write of [`DISCARDED`] bytes: after one, a range may read back
+//! as anything.
 
 use super::{Device, MemDevice};
 use crate::error::{Error, Result};
@@ -17,8 +19,39 @@ pub const PAGE: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub enum Op {
-    Write { offset: u64, data: Vec<u8> },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// A discard of `len` bytes (whole pages) at `offset`.
+    Discard {
+        offset: u64,
+        len: u64,
+    },
     Barrier,
+}
+
+/// What a discarded page reads back as in a replay: not zeros, so that
+/// nothing can take a discarded block for an empty one.
+pub const DISCARDED: u8 = 0xdb;
+
+impl Op {
+    /// Lays the op's pages over `pages` (see [`lay`]).
+    fn lay(
+        &self,
+        pages: &mut BTreeMap<u64, Arc<Vec<u8>>>,
+        n: &mut usize,
+        keep: &dyn Fn(usize) -> bool,
+    ) {
+        match self {
+            Op::Write { offset, data } => lay(pages, *offset, data, n, keep),
+            Op::Discard { offset, len } => {
+                let junk = vec![DISCARDED; *len as usize];
+                lay(pages, *offset, &junk, n, keep)
+            }
+            Op::Barrier => {}
+        }
+    }
 }
 
 pub struct RecordingDevice {
@@ -68,6 +101,13 @@ impl Device for RecordingDevice {
 
     fn size(&self) -> u64 {
         self.inner.size()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        crate::sync::lock(&self.ops).push(Op::Discard { offset, len });
+        self.inner
+            .write_at(&vec![DISCARDED; len as usize], offset)
+            .map(|()| true)
     }
 }
 
@@ -196,17 +236,13 @@ impl Replayer {
             .max(self.durable_end);
         let mut n = 0;
         for op in &self.ops[self.durable_end..new_end] {
-            if let Op::Write { offset, data } = op {
-                lay(&mut self.durable, *offset, data, &mut n, &|_| true);
-            }
+            op.lay(&mut self.durable, &mut n, &|_| true);
         }
         self.durable_end = new_end;
         let mut pages = self.durable.clone();
         let mut n = 0;
         for op in &self.ops[new_end..prefix.max(new_end)] {
-            if let Op::Write { offset, data } = op {
-                lay(&mut pages, *offset, data, &mut n, keep);
-            }
+            op.lay(&mut pages, &mut n, keep);
         }
         OverlayDevice::with_pages(self.base.clone(), pages)
     }

@@ -136,10 +136,11 @@ pub enum Request {
     /// Commit everything (`canopy sync`): fsync makes only its file
     /// durable, and syncfs does not reach FUSE daemons.
     Sync,
-    /// `-o remount,compress=...`: how later writes compress (`option` is
-    /// the `compress=` or `compress-force=` option as given).
-    SetCompression {
-        option: String,
+    /// `-o remount,...` with options only the daemon knows: how later
+    /// writes compress (`compress=`, `compress-force=`) and how freed
+    /// space is discarded (`discard`, `nodiscard`), as given.
+    SetOptions {
+        options: String,
     },
     /// How the device is carved into block groups (`canopy filesystem
     /// usage`).
@@ -1037,10 +1038,16 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
         }
         Err(e) => Response::of(Err(e)),
         Ok(Request::Sync) => Response::of(fs.sync().map(|()| None)),
-        Ok(Request::SetCompression { option }) => {
-            let set = super::options::MountOptions::parse(&option).map(|o| {
-                tracing::info!(%option, "remounted");
-                fs.set_compression(o.compression)
+        Ok(Request::SetOptions { options }) => {
+            let set = super::options::MountOptions::parse(&options).and_then(|o| {
+                tracing::info!(%options, "remounted");
+                if o.compression_option.is_some() {
+                    fs.set_compression(o.compression);
+                }
+                match o.discard_option {
+                    Some(_) => fs.engine().set_discard(o.discard),
+                    None => Ok(()),
+                }
             });
             Response::of_unit(set)
         }

@@ -133,6 +133,9 @@ fn open_fs(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<
     fs.set_atime_policy(opts.atime);
     fs.set_dir_atime(opts.dir_atime);
     fs.set_compression(opts.compression);
+    if !opts.read_only {
+        fs.engine().set_discard(opts.discard)?;
+    }
     Ok(fs)
 }
 
@@ -343,6 +346,23 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
             last_commit = Instant::now();
             release_free_memory();
         }
+        if writable {
+            discard_freed(fs);
+        }
+    }
+}
+
+/// `discard=async`'s turn, once per pass of the mount loop: a few
+/// batches of what has stayed free long enough.
+fn discard_freed(fs: &Fs) {
+    use crate::txn::{DiscardMode, ASYNC_DELAY, ASYNC_MIN_LEN};
+    let engine = fs.engine();
+    if engine.discard_mode() != DiscardMode::Async {
+        return;
+    }
+    match engine.discard_freed(ASYNC_DELAY, ASYNC_MIN_LEN, 4) {
+        Ok(_) | Err(Error::Aborted(_)) => {}
+        Err(e) => tracing::warn!(error = %e, "discarding freed space failed"),
     }
 }
 
@@ -470,9 +490,10 @@ fn unescape_mountinfo(field: &str) -> String {
 /// `mountpoint` (read-only, nosuid, nodev, noexec, atime); the daemon
 /// follows within a second (see [`follow_remount`]). A mount that began
 /// read-only cannot become writable this way: its daemon opened the image
-/// read-only. `compress=`/`compress-force=` go to the daemon over its
-/// control socket (the kernel never passes them) and apply to the writes
-/// it flushes from then on.
+/// read-only. `compress=`/`compress-force=` and the discard options go
+/// to the daemon over its control socket (the kernel never passes them):
+/// compression applies to the writes it flushes from then on, discard to
+/// the space freed from then on.
 pub fn remount(mountpoint: &Path, opts: &MountOptions) -> Result<()> {
     let path = mountpoint
         .canonicalize()
@@ -483,9 +504,14 @@ pub fn remount(mountpoint: &Path, opts: &MountOptions) -> Result<()> {
             mountpoint.display()
         )));
     };
-    if let Some(option) = &opts.compression_option {
-        let asked = super::control::Request::SetCompression {
-            option: option.clone(),
+    let for_daemon: Vec<&str> = [&opts.compression_option, &opts.discard_option]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    if !for_daemon.is_empty() {
+        let asked = super::control::Request::SetOptions {
+            options: for_daemon.join(","),
         };
         let r = super::control::request(&path, &asked)?;
         if !r.ok {
@@ -719,6 +745,21 @@ mod tests {
         );
         assert_eq!(MountOptions::default().readahead, DEFAULT_READAHEAD);
         assert!(MountOptions::parse("readahead").is_err());
+    }
+
+    #[test]
+    fn discard_is_async_unless_told_otherwise() {
+        use crate::txn::DiscardMode;
+        let mode = |o: &str| MountOptions::parse(o).map(|o| o.discard);
+        assert_eq!(mode("").unwrap(), DiscardMode::Async);
+        assert_eq!(mode("discard").unwrap(), DiscardMode::Sync);
+        assert_eq!(mode("discard=sync").unwrap(), DiscardMode::Sync);
+        assert_eq!(mode("discard=async").unwrap(), DiscardMode::Async);
+        assert_eq!(mode("discard,nodiscard").unwrap(), DiscardMode::Off);
+        assert!(mode("discard=later").is_err());
+        assert!(mode("nodiscard=1").is_err());
+        let o = MountOptions::parse("remount,nodiscard").unwrap();
+        assert_eq!(o.discard_option.as_deref(), Some("nodiscard"));
     }
 
     #[test]

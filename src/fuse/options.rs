@@ -86,6 +86,12 @@ pub struct MountOptions {
     /// Mount although devices are missing, reading the copies left
     /// (`degraded`; read-only without device 1).
     pub degraded: bool,
+    /// How freed space reaches the storage (`discard=async`, the
+    /// default; `discard`/`discard=sync`; `nodiscard`): see
+    /// `txn::discard`.
+    pub discard: crate::txn::DiscardMode,
+    /// The last discard option as given: what a remount hands the daemon.
+    pub discard_option: Option<String>,
 }
 
 /// Default for the `max_background=` option (the kernel's own is 12).
@@ -132,6 +138,8 @@ impl Default for MountOptions {
             takeover: false,
             devices: Vec::new(),
             degraded: false,
+            discard: crate::txn::DiscardMode::Async,
+            discard_option: None,
         }
     }
 }
@@ -250,6 +258,20 @@ impl MountOptions {
                     force: name == "compress-force" && codec.is_some(),
                 };
                 o.compression_option = Some(opt.to_string());
+            }
+            "discard" | "nodiscard" => {
+                use crate::txn::DiscardMode;
+                o.discard = match (name, value) {
+                    ("nodiscard", None) => DiscardMode::Off,
+                    ("discard", None | Some("sync")) => DiscardMode::Sync,
+                    ("discard", Some("async")) => DiscardMode::Async,
+                    _ => {
+                        return Err(Error::Invalid(format!(
+                            "'{opt}': discard is discard[=sync|async] or nodiscard"
+                        )))
+                    }
+                };
+                o.discard_option = Some(opt.to_string());
             }
             "writeback_cache" => o.writeback_cache = true,
             "takeover" => o.takeover = true,

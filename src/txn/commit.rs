@@ -72,6 +72,7 @@ impl Engine {
         self.commit_turn.notify_all();
         drop(io);
         tracing::debug!(generation, "committed");
+        self.discard_after_commit();
         Ok(generation)
     }
 

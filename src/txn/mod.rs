@@ -26,6 +26,7 @@
 mod commit;
 mod copies;
 mod devices;
+mod discard;
 mod repair;
 mod replace;
 pub use copies::CopiesVerdict;
@@ -43,6 +44,7 @@ mod space;
 mod trim;
 
 pub use ctx::{Reader, Txn};
+pub use discard::{DiscardMode, ASYNC_DELAY, ASYNC_MIN_LEN};
 pub use flight::{DataDevice, Flight, Flusher};
 pub use grow::{GrowTo, Grown};
 pub use log::{DroppedRoot, LogVerdict, SkippedInode};
@@ -260,6 +262,8 @@ pub struct Engine {
     /// mount's own work looks like from below, for background work that
     /// yields to it (scrub sleeps only while this moves).
     foreground: AtomicU64,
+    /// How freed space reaches the storage, and the ranges waiting.
+    discards: discard::Discards,
 }
 
 impl Engine {

@@ -173,6 +173,7 @@ fn new_engine(
         settle_early_at: opts.settle_early_at.max(1),
         device_names: RwLock::new(BTreeMap::new()),
         foreground: Default::default(),
+        discards: Default::default(),
     }
 }
 

@@ -44,6 +44,7 @@ extern "C" {
     pub fn rbd_get_features(image: ImageT, features: *mut u64) -> c_int;
     pub fn rbd_read(image: ImageT, ofs: u64, len: size_t, buf: *mut c_char) -> ssize_t;
     pub fn rbd_flush(image: ImageT) -> c_int;
+    pub fn rbd_discard(image: ImageT, ofs: u64, len: u64) -> c_int;
 
     pub fn rbd_aio_create_completion(arg: *mut c_void, cb: Callback, c: *mut CompletionT) -> c_int;
     pub fn rbd_aio_write(

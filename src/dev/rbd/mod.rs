@@ -175,6 +175,35 @@ impl Device for RbdDevice {
         self.ahead
             .start(self.handle(), offset, len, self.size(), &self.writes);
     }
+
+    /// `rbd_discard`, after the writes in flight over the range (which
+    /// it must follow, not race), with read-ahead of the range dropped.
+    /// librbd deletes whole objects the range covers and zeroes or
+    /// truncates the ends, so `rbd du` falls.
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        self.sticky()?;
+        self.wait_all(self.writes.overlapping(offset, len))?;
+        // SAFETY: a live handle.
+        let r = self.ahead.while_writing(offset, len, || unsafe {
+            ffi::rbd_discard(self.handle(), offset, len)
+        });
+        match r {
+            r if r >= 0 => Ok(true),
+            r if -r == libc::EOPNOTSUPP => Ok(false),
+            r => {
+                let e = cluster::errno(
+                    r.into(),
+                    format!("discarding {len} bytes at {offset} of {}", self.spec),
+                );
+                // A failed discard loses nothing, unless it says this
+                // client was fenced.
+                match aio::is_blocklisted(&e) {
+                    true => Err(self.record(e)),
+                    false => Err(e),
+                }
+            }
+        }
+    }
 }
 
 /// Creates `spec`'s image of `size` bytes (mkfs); false when it exists.

@@ -1,0 +1,280 @@
+//! Discard as space is freed (`-o discard`, `discard=async` by default):
+//! the storage learns of freed space without a `canopy filesystem trim`,
+//! so a thin image (an image file, an RBD image, a thin block device)
+//! gives it back as files go.
+//!
+//! The allocator notes every range that becomes reusable: space a commit
+//! freed once that commit is durable (until then it is pinned, and the
+//! last commit's trees may still point into it), and space freed before
+//! any commit named it. Nothing else is ever discarded, so a crash at any
+//! moment finds everything the last durable commit reaches.
+//!
+//! - `discard=async`: a range is discarded once it has stayed free for
+//!   [`ASYNC_DELAY`], in bounded batches from the mount's loop. Space
+//!   reused meanwhile (tree blocks are freed and taken again all the
+//!   time) is passed over, and so are pieces shorter than
+//!   [`ASYNC_MIN_LEN`], as btrfs's async discard skips small extents.
+//! - `discard=sync` (`discard`): everything a commit made reusable is
+//!   discarded right after that commit, before it returns.
+//!
+//! Each batch runs under the state lock, so no allocation takes a range
+//! between the look at the free space and the discard. A device that
+//! cannot discard turns discarding off for the mount, once, with a log
+//! line.
+
+use super::trim::Trimmed;
+use super::Engine;
+use crate::alloc::{Allocator, Untrimmed};
+use crate::dev::Device;
+use crate::error::{Error, Result};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How freed space reaches the storage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DiscardMode {
+    /// Only `canopy filesystem trim` discards (`nodiscard`).
+    #[default]
+    Off,
+    /// Right after each commit (`discard`, `discard=sync`).
+    Sync,
+    /// In the background, after a delay (`discard=async`).
+    Async,
+}
+
+impl DiscardMode {
+    fn to_u8(self) -> u8 {
+        match self {
+            DiscardMode::Off => 0,
+            DiscardMode::Sync => 1,
+            DiscardMode::Async => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> DiscardMode {
+        match v {
+            1 => DiscardMode::Sync,
+            2 => DiscardMode::Async,
+            _ => DiscardMode::Off,
+        }
+    }
+}
+
+/// How long a range stays free before `discard=async` discards it.
+pub const ASYNC_DELAY: Duration = Duration::from_secs(2);
+
+/// Shortest free piece `discard=async` discards.
+pub const ASYNC_MIN_LEN: u64 = 32 << 10;
+
+/// Most ranges and bytes one batch discards under the state lock.
+const BATCH_RANGES: usize = 256;
+const BATCH_BYTES: u64 = 256 << 20;
+
+/// Ranges waiting past which they are joined (their clocks restart).
+const WAITING_MAX: usize = 1 << 16;
+
+/// Where a noted range lies.
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    /// Logical `(start, len)` inside a block group.
+    Logical(u64, u64),
+    /// `(devid, offset, len)` of a group given back to unallocated space.
+    Device(u64, u64, u64),
+}
+
+/// The engine's discard state: the mode and the ranges waiting.
+#[derive(Default)]
+pub(crate) struct Discards {
+    mode: AtomicU8,
+    waiting: Mutex<VecDeque<(Instant, Place)>>,
+}
+
+impl Engine {
+    /// Sets how freed space reaches the storage from now on.
+    pub fn set_discard(&self, mode: DiscardMode) -> Result<()> {
+        if self.read_only && mode != DiscardMode::Off {
+            return Err(Error::ReadOnly);
+        }
+        self.discards.mode.store(mode.to_u8(), Ordering::Relaxed);
+        let mut st = crate::sync::write(&self.state);
+        st.alloc.track_untrimmed(mode != DiscardMode::Off);
+        if mode == DiscardMode::Off {
+            crate::sync::lock(&self.discards.waiting).clear();
+        }
+        Ok(())
+    }
+
+    pub fn discard_mode(&self) -> DiscardMode {
+        DiscardMode::from_u8(self.discards.mode.load(Ordering::Relaxed))
+    }
+
+    /// Discards the noted ranges that have been free for `delay` (all of
+    /// them with `Duration::ZERO`), in at most `batches` batches; the rest
+    /// wait for the next call. Pieces reused meanwhile are passed over,
+    /// and so are pieces shorter than `min_len`.
+    pub fn discard_freed(&self, delay: Duration, min_len: u64, batches: usize) -> Result<Trimmed> {
+        let mut done = Trimmed::default();
+        for _ in 0..batches {
+            if self.discard_mode() == DiscardMode::Off {
+                break;
+            }
+            self.check_alive()?;
+            let mut st = crate::sync::write(&self.state);
+            let noted = st.alloc.take_untrimmed();
+            let batch = self.due_batch(noted, delay);
+            if batch.is_empty() {
+                break;
+            }
+            for place in batch {
+                self.discard_place(&st.alloc, place, min_len.max(1), &mut done)?;
+            }
+        }
+        Ok(done)
+    }
+
+    /// `discard=sync`'s step after a commit: everything reusable now.
+    pub(super) fn discard_after_commit(&self) {
+        if self.discard_mode() != DiscardMode::Sync {
+            return;
+        }
+        if let Err(e) = self.discard_freed(Duration::ZERO, 1, usize::MAX) {
+            tracing::warn!(error = %e, "discarding the space a commit freed failed");
+        }
+    }
+
+    /// Queues what the allocator noted and takes the due ranges of one
+    /// batch, merged where they touch.
+    fn due_batch(&self, noted: Untrimmed, delay: Duration) -> Vec<Place> {
+        let now = Instant::now();
+        let mut waiting = crate::sync::lock(&self.discards.waiting);
+        let logical = noted.logical.into_iter().map(|(s, l)| Place::Logical(s, l));
+        let device = noted
+            .device
+            .into_iter()
+            .map(|(d, o, l)| Place::Device(d, o, l));
+        waiting.extend(logical.chain(device).map(|p| (now, p)));
+        if waiting.len() > WAITING_MAX {
+            // Nobody has taken any for long: keep the ranges, joined.
+            let all: Vec<Place> = waiting.drain(..).map(|w| w.1).collect();
+            waiting.extend(merge(all).into_iter().map(|p| (now, p)));
+        }
+        let mut batch = Vec::new();
+        let mut bytes = 0u64;
+        while let Some(&(at, place)) = waiting.front() {
+            if now.duration_since(at) < delay || batch.len() >= BATCH_RANGES || bytes >= BATCH_BYTES
+            {
+                break;
+            }
+            waiting.pop_front();
+            bytes += match place {
+                Place::Logical(_, l) | Place::Device(_, _, l) => l,
+            };
+            batch.push(place);
+        }
+        merge(batch)
+    }
+
+    /// Discards the part of `place` still free (in its group, or in
+    /// unallocated space) in pieces of at least `min_len`.
+    fn discard_place(
+        &self,
+        alloc: &Allocator,
+        place: Place,
+        min_len: u64,
+        done: &mut Trimmed,
+    ) -> Result<()> {
+        match place {
+            Place::Logical(start, len) => {
+                let Some(g) = alloc.group_containing(start) else {
+                    return Ok(());
+                };
+                for (s, l) in g.free.within(start, len) {
+                    if l >= min_len {
+                        let ok = self.shared.dev.discard(s, l)?;
+                        self.note_support(ok, l, done);
+                    }
+                }
+            }
+            Place::Device(devid, offset, len) => {
+                let Some(dev) = self.shared.dev.device(devid) else {
+                    return Ok(());
+                };
+                for (s, l) in alloc.unallocated_ranges(devid) {
+                    let (a, b) = (s.max(offset), (s + l).min(offset + len));
+                    if b > a && b - a >= min_len {
+                        let ok = dev.discard(a, b - a)?;
+                        self.note_support(ok, b - a, done);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a discard; a device that has none turns discarding off.
+    fn note_support(&self, supported: bool, len: u64, done: &mut Trimmed) {
+        if supported {
+            done.bytes += len;
+            done.ranges += 1;
+            done.supported = true;
+        } else if self.discard_mode() != DiscardMode::Off {
+            tracing::info!(
+                "the storage takes no discards: freed space is not discarded on this mount"
+            );
+            self.discards
+                .mode
+                .store(DiscardMode::Off.to_u8(), Ordering::Relaxed);
+            crate::sync::lock(&self.discards.waiting).clear();
+        }
+    }
+}
+
+/// Sorts logical ranges and joins those that touch or overlap (device
+/// ranges stay as they are).
+fn merge(batch: Vec<Place>) -> Vec<Place> {
+    let mut logical: Vec<(u64, u64)> = Vec::new();
+    let mut out = Vec::new();
+    for p in batch {
+        match p {
+            Place::Logical(s, l) => logical.push((s, s + l)),
+            d @ Place::Device(..) => out.push(d),
+        }
+    }
+    logical.sort_unstable();
+    let mut joined: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in logical {
+        match joined.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => joined.push((s, e)),
+        }
+    }
+    out.extend(joined.into_iter().map(|(s, e)| Place::Logical(s, e - s)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn touching_ranges_are_joined_and_device_ranges_kept() {
+        let got = merge(vec![
+            Place::Logical(8192, 4096),
+            Place::Device(2, 0, 100),
+            Place::Logical(0, 4096),
+            Place::Logical(4096, 4096),
+            Place::Logical(20000, 10),
+        ]);
+        let logical: Vec<_> = got
+            .iter()
+            .filter_map(|p| match p {
+                Place::Logical(s, l) => Some((*s, *l)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(logical, vec![(0, 12288), (20000, 10)]);
+        assert_eq!(got.len(), 3);
+    }
+}
