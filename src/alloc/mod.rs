@@ -506,6 +506,23 @@ impl Allocator {
         (bytenr < g.start + g.len).then_some(g)
     }
 
+    /// The free pieces of `[start, start+len)`, across every group it
+    /// reaches.
+    pub fn free_within(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = start.saturating_add(len);
+        let first = self.group_containing(start).map_or(start, |g| g.start);
+        self.groups
+            .range(first..end)
+            .flat_map(|(_, g)| {
+                let (a, b) = (start.max(g.start), end.min(g.start + g.len));
+                match b > a {
+                    true => g.free.within(a, b - a),
+                    false => Vec::new(),
+                }
+            })
+            .collect()
+    }
+
     fn group_mut_containing(&mut self, bytenr: u64) -> Option<&mut BlockGroup> {
         let (_, g) = self.groups.range_mut(..=bytenr).next_back()?;
         (bytenr < g.start + g.len).then_some(g)

@@ -12,8 +12,10 @@
 //! - `discard=async`: a range is discarded once it has stayed free for
 //!   [`ASYNC_DELAY`], in bounded batches from the mount's loop. Space
 //!   reused meanwhile (tree blocks are freed and taken again all the
-//!   time) is passed over, and so are pieces shorter than
-//!   [`ASYNC_MIN_LEN`], as btrfs's async discard skips small extents.
+//!   time) is passed over. A freed range is looked at with the free space
+//!   around it (in its aligned 4 MiB window), and free pieces shorter
+//!   than [`ASYNC_MIN_LEN`] are skipped, as btrfs's async discard skips
+//!   small extents: a tree block freed between live ones costs nothing.
 //! - `discard=sync` (`discard`): everything a commit made reusable is
 //!   discarded right after that commit, before it returns.
 //!
@@ -68,6 +70,11 @@ pub const ASYNC_DELAY: Duration = Duration::from_secs(2);
 /// Shortest free piece `discard=async` discards.
 pub const ASYNC_MIN_LEN: u64 = 32 << 10;
 
+/// `discard=async` looks at the free space of the aligned window of this
+/// size around each freed range (an RBD object is 4 MiB): a small block
+/// freed beside free space goes with it, so whole objects can go.
+const ASYNC_WINDOW: u64 = 4 << 20;
+
 /// Most ranges and bytes one batch discards under the state lock.
 const BATCH_RANGES: usize = 256;
 const BATCH_BYTES: u64 = 256 << 20;
@@ -115,6 +122,10 @@ impl Engine {
     /// wait for the next call. Pieces reused meanwhile are passed over,
     /// and so are pieces shorter than `min_len`.
     pub fn discard_freed(&self, delay: Duration, min_len: u64, batches: usize) -> Result<Trimmed> {
+        let window = match min_len > 1 {
+            true => ASYNC_WINDOW,
+            false => 1,
+        };
         let mut done = Trimmed::default();
         for _ in 0..batches {
             if self.discard_mode() == DiscardMode::Off {
@@ -123,7 +134,7 @@ impl Engine {
             self.check_alive()?;
             let mut st = crate::sync::write(&self.state);
             let noted = st.alloc.take_untrimmed();
-            let batch = self.due_batch(noted, delay);
+            let batch = self.due_batch(noted, delay, window);
             if batch.is_empty() {
                 break;
             }
@@ -146,7 +157,7 @@ impl Engine {
 
     /// Queues what the allocator noted and takes the due ranges of one
     /// batch, merged where they touch.
-    fn due_batch(&self, noted: Untrimmed, delay: Duration) -> Vec<Place> {
+    fn due_batch(&self, noted: Untrimmed, delay: Duration, window: u64) -> Vec<Place> {
         let now = Instant::now();
         let mut waiting = crate::sync::lock(&self.discards.waiting);
         let logical = noted.logical.into_iter().map(|(s, l)| Place::Logical(s, l));
@@ -171,7 +182,7 @@ impl Engine {
             bytes += match place {
                 Place::Logical(_, l) | Place::Device(_, _, l) => l,
             };
-            batch.push(place);
+            batch.push(widen(place, window));
         }
         merge(batch)
     }
@@ -187,10 +198,7 @@ impl Engine {
     ) -> Result<()> {
         match place {
             Place::Logical(start, len) => {
-                let Some(g) = alloc.group_containing(start) else {
-                    return Ok(());
-                };
-                for (s, l) in g.free.within(start, len) {
+                for (s, l) in alloc.free_within(start, len) {
                     if l >= min_len {
                         let ok = self.shared.dev.discard(s, l)?;
                         self.note_support(ok, l, done);
@@ -228,6 +236,20 @@ impl Engine {
                 .store(DiscardMode::Off.to_u8(), Ordering::Relaxed);
             crate::sync::lock(&self.discards.waiting).clear();
         }
+    }
+}
+
+/// Widens a logical range to the `window`-aligned range around it: a
+/// block freed beside free space is then discarded with it, and the
+/// minimum length applies to the free piece, not to the block alone.
+fn widen(place: Place, window: u64) -> Place {
+    match place {
+        Place::Logical(s, l) if window > 1 => {
+            let from = s - s % window;
+            let to = (s + l).div_ceil(window).saturating_mul(window);
+            Place::Logical(from, to - from)
+        }
+        other => other,
     }
 }
 
@@ -276,5 +298,19 @@ mod tests {
             .collect();
         assert_eq!(logical, vec![(0, 12288), (20000, 10)]);
         assert_eq!(got.len(), 3);
+    }
+
+    #[test]
+    fn a_range_is_widened_to_its_aligned_window() {
+        let w = |s, l| match widen(Place::Logical(s, l), 4 << 20) {
+            Place::Logical(s, l) => (s, l),
+            Place::Device(..) => unreachable!(),
+        };
+        assert_eq!(w(5 << 20, 16384), (4 << 20, 4 << 20));
+        assert_eq!(w((8 << 20) - 4096, 8192), (4 << 20, 8 << 20));
+        assert!(matches!(
+            widen(Place::Logical(7, 1), 1),
+            Place::Logical(7, 1)
+        ));
     }
 }

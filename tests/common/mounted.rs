@@ -195,7 +195,6 @@ impl Drop for RbdImage {
     }
 }
 
-/// statfs's total bytes of the filesystem mounted on `mnt`.
 /// Free 4 KiB blocks of the filesystem holding `path` (statvfs's f_bfree).
 #[allow(dead_code)]
 pub fn free_blocks(path: &Path) -> u64 {
@@ -207,6 +206,7 @@ pub fn free_blocks(path: &Path) -> u64 {
     s.f_bfree
 }
 
+/// statfs's total bytes of the filesystem mounted on `mnt`.
 pub fn statfs_total(mnt: &Path) -> u64 {
     let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
