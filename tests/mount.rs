@@ -9,7 +9,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::mounted::{can_mount, canopy, canopy_ok, Mounted};
 
@@ -2212,6 +2212,101 @@ fn freed_space_goes_back_to_the_image_file_without_a_trim() {
     assert!(fs::read(m.p("keep")).unwrap() == keep);
     assert!(fs::read(m.p("again")).unwrap() == again);
     m.unmount();
+}
+
+/// Issue 57, item 3: `canopy filesystem freeze` commits and holds every
+/// write (readers go on) until `thaw`, so a copy of the image taken
+/// meanwhile is a clean filesystem with everything written before; a
+/// freeze nobody thaws ends at its timeout; unmounting a frozen mount
+/// loses nothing.
+#[test]
+fn freeze_holds_writes_until_the_thaw_and_a_copy_meanwhile_is_clean() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::new();
+    let mnt = m.mnt.clone();
+    let before = common::noise(3 << 20, 70);
+    fs::write(m.p("before"), &before).unwrap();
+    canopy_ok(&["filesystem", "freeze", "--timeout", "60", "."], &mnt);
+    let second = canopy()
+        .args(["filesystem", "freeze", "."])
+        .current_dir(&mnt)
+        .output()
+        .unwrap();
+    assert!(!second.status.success(), "frozen twice");
+    assert!(String::from_utf8_lossy(&second.stderr).contains("frozen already"));
+    // A writer that fsyncs waits; a reader does not.
+    let during = common::noise(40 << 20, 71);
+    let (path, data) = (m.p("during"), during.clone());
+    let writer = std::thread::spawn(move || {
+        common::mounted::write_synced(&path, &data).unwrap();
+        Instant::now()
+    });
+    assert!(
+        fs::read(m.p("before")).unwrap() == before,
+        "a read while frozen"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!writer.is_finished(), "an fsync went through a freeze");
+    let copy = m.img.with_extension("copy");
+    let copied = fs::metadata(&m.img).is_ok_and(|md| md.is_file());
+    if copied {
+        fs::copy(&m.img, &copy).unwrap();
+    }
+    let thawed = Instant::now();
+    canopy_ok(&["filesystem", "thaw", "."], &mnt);
+    assert!(
+        writer.join().unwrap() >= thawed,
+        "the fsync ended before the thaw"
+    );
+    let again = canopy()
+        .args(["filesystem", "thaw", "."])
+        .current_dir(&mnt)
+        .output()
+        .unwrap();
+    assert!(!again.status.success(), "thawed twice");
+    assert!(fs::read(m.p("during")).unwrap() == during);
+
+    // A freeze nobody thaws ends by itself.
+    canopy_ok(&["filesystem", "freeze", "--timeout", "2", "."], &mnt);
+    let t = Instant::now();
+    common::mounted::write_synced(&m.p("late"), b"after the timeout").unwrap();
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(1500), "{waited:?}");
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+
+    // Unmounted while frozen: the held writes land.
+    canopy_ok(&["filesystem", "freeze", "--timeout", "300", "."], &mnt);
+    let (path, data) = (m.p("held"), common::noise(1 << 20, 72));
+    let held = std::thread::spawn(move || fs::write(&path, &data));
+    std::thread::sleep(Duration::from_millis(500));
+    m.unmount();
+    held.join().unwrap().unwrap();
+    m.check();
+    m.mount("");
+    assert!(fs::read(m.p("held")).unwrap() == common::noise(1 << 20, 72));
+    assert_eq!(fs::read(m.p("late")).unwrap(), b"after the timeout");
+    m.unmount();
+
+    if copied {
+        // The copy taken while frozen: the commit the freeze made.
+        let check = canopy().arg("check").arg(&copy).output().unwrap();
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stdout)
+        );
+        let img = std::mem::replace(&mut m.img, copy);
+        m.mount("ro");
+        assert!(fs::read(m.p("before")).unwrap() == before);
+        assert!(
+            !m.p("during").exists(),
+            "a write held by the freeze is in the copy"
+        );
+        m.unmount();
+        m.img = img;
+    }
 }
 
 /// Issue 56, item 8: `-o remount,compress=...` changes how later writes

@@ -1,5 +1,6 @@
 //! What a command names as its device: an image file or block device by
-//! path, or an RBD image as `rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH]`.
+//! path, or an RBD image as `rbd:POOL/IMAGE[@SNAP][?conf=PATH&id=CLIENT&keyring=PATH]`
+//! (a snapshot, `@SNAP`, is opened read-only).
 //!
 //! Every command that takes an image (mkfs, mount, check, scrub, inspect,
 //! rescue, fstab through the mount helper) parses it here and opens it
@@ -28,6 +29,9 @@ pub enum Source {
 pub struct RbdSpec {
     pub pool: String,
     pub image: String,
+    /// A snapshot of the image (`@SNAP`): it never changes, so any number
+    /// of hosts read it while a writer goes on with the image.
+    pub snap: Option<String>,
     /// ceph.conf to read; librados's default search (`$CEPH_CONF`,
     /// /etc/ceph/ceph.conf, ...) when absent.
     pub conf: Option<PathBuf>,
@@ -79,18 +83,25 @@ impl RbdSpec {
     fn parse(rest: &str) -> Result<RbdSpec> {
         let bad = |why: &str| {
             Error::Invalid(format!(
-                "rbd:{rest}: {why} (expected rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH])"
+                "rbd:{rest}: {why} (expected rbd:POOL/IMAGE[@SNAP][?conf=PATH&id=CLIENT&keyring=PATH])"
             ))
         };
         let (name, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (pool, image) = name.split_once('/').ok_or_else(|| bad("no pool"))?;
+        let (image, snap) = match image.split_once('@') {
+            Some((image, snap)) => (image, Some(snap)),
+            None => (image, None),
+        };
         let ok = |s: &str| !s.is_empty() && !s.contains(['/', '@', '\0']);
-        if !ok(pool) || !ok(image) {
-            return Err(bad("the pool and the image must be non-empty names"));
+        if !ok(pool) || !ok(image) || snap.is_some_and(|s| !ok(s)) {
+            return Err(bad(
+                "the pool, the image and a snapshot must be non-empty names",
+            ));
         }
         let mut spec = RbdSpec {
             pool: pool.into(),
             image: image.into(),
+            snap: snap.map(String::from),
             ..RbdSpec::default()
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -125,6 +136,9 @@ impl fmt::Display for RbdSpec {
     /// (the daemon is started with it).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{RBD_PREFIX}{}/{}", self.pool, self.image)?;
+        if let Some(snap) = &self.snap {
+            write!(f, "@{snap}")?;
+        }
         let params = [
             ("conf", self.conf.as_ref().map(|p| p.display().to_string())),
             ("id", self.id.clone()),
@@ -248,6 +262,8 @@ mod tests {
             "rbd:rbd/fs",
             "rbd:pool/img?conf=/etc/ceph/x.conf",
             "rbd:p/i?conf=/c&id=a&keyring=/k",
+            "rbd:p/i@monday",
+            "rbd:p/i@s1?conf=/c",
         ] {
             let src: Source = s.parse().unwrap();
             assert_eq!(src.to_string(), s);
@@ -273,6 +289,9 @@ mod tests {
             "rbd:p/i?x=1",
             "rbd:p/i?conf",
             "rbd:p/i?conf=",
+            "rbd:p/i@",
+            "rbd:p/@s",
+            "rbd:p/i@s@t",
             "",
         ] {
             let e = s.parse::<Source>().unwrap_err().to_string();

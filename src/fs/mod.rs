@@ -232,6 +232,21 @@ impl Fs {
         self.core.sync()
     }
 
+    /// `canopy filesystem freeze`: flushes every file's buffered data,
+    /// commits, and holds every later write for at most `timeout` (see
+    /// `Engine::freeze`).
+    pub fn freeze(&self, timeout: std::time::Duration) -> Result<()> {
+        if self.engine().frozen_for().is_some() {
+            // Not a sync first: that would wait for the thaw.
+            return Err(crate::Error::Posix(
+                libc::EBUSY,
+                "the filesystem is frozen already",
+            ));
+        }
+        self.sync()?;
+        self.engine().freeze(timeout)
+    }
+
     /// Chooses whether fsync writes the log tree (the default) or commits
     /// the whole filesystem.
     pub fn set_log_enabled(&self, on: bool) {

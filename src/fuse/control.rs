@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -154,6 +154,13 @@ pub enum Request {
     Trim {
         min_len: u64,
     },
+    /// `canopy filesystem freeze`: commit, then hold every write until
+    /// a thaw or `timeout_ms` (what FIFREEZE does).
+    Freeze {
+        timeout_ms: u64,
+    },
+    /// `canopy filesystem thaw` (FITHAW).
+    Thaw,
     /// `canopy filesystem extents`: where regular file `node`'s bytes lie.
     Extents {
         node: u64,
@@ -853,23 +860,50 @@ fn wait_readable(listener: &UnixListener, timeout: Duration) {
 }
 
 fn serve(listener: UnixListener, stop: &AtomicBool, scrub: &Mutex<ScrubJob>, d: &Daemon) {
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((s, _)) => {
-                if let Err(e) = answer(s, scrub, d) {
-                    tracing::warn!(error = %e, "control request failed");
+    // A request may wait long (a sync or a trim while the filesystem is
+    // frozen): up to HANDLERS are answered at once, so a thaw still gets
+    // through.
+    let busy = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        while !stop.load(Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((s, _)) => {
+                    let answer_one = |s| {
+                        if let Err(e) = answer(s, scrub, d) {
+                            tracing::warn!(error = %e, "control request failed");
+                        }
+                    };
+                    if busy.fetch_add(1, Ordering::SeqCst) >= HANDLERS {
+                        answer_one(s);
+                        busy.fetch_sub(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    let busy = &busy;
+                    let spawned = std::thread::Builder::new()
+                        .name("control-request".into())
+                        .spawn_scoped(scope, move || {
+                            answer_one(s);
+                            busy.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    if let Err(e) = spawned {
+                        tracing::warn!(error = %e, "no thread for a control request");
+                        busy.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    wait_readable(&listener, STOP_POLL);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "control socket");
+                    std::thread::sleep(Duration::from_millis(200));
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                wait_readable(&listener, STOP_POLL);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "control socket");
-                std::thread::sleep(Duration::from_millis(200));
-            }
         }
-    }
+    });
 }
+
+/// Control requests answered at once, each on its own thread.
+const HANDLERS: usize = 8;
 
 /// A scrub command: the job's status after it.
 fn scrub_request(req: Request, scrub: &Mutex<ScrubJob>, fs: &Arc<Fs>) -> Response {
@@ -1051,6 +1085,10 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             });
             Response::of_unit(set)
         }
+        Ok(Request::Freeze { timeout_ms }) => {
+            Response::of_unit(fs.freeze(Duration::from_millis(timeout_ms)))
+        }
+        Ok(Request::Thaw) => Response::of_unit(fs.engine().thaw()),
         Ok(Request::Trim { min_len }) => match fs.engine().trim(min_len) {
             Ok(t) => Response {
                 trimmed: Some(t),

@@ -110,6 +110,11 @@ impl FuseFs {
 
     /// The filesystem's last commit when the kernel ends the session.
     fn destroy(&self) -> Reply {
+        // Unmounted while frozen: the last commit must not wait for a
+        // thaw nobody will send.
+        if self.fs.engine().frozen_for().is_some() && self.fs.engine().thaw().is_ok() {
+            tracing::warn!("unmounted while frozen: thawed");
+        }
         match self.fs.sync() {
             Ok(()) | Err(crate::Error::ReadOnly) => {}
             Err(e) => tracing::error!(error = %e, "final commit failed"),

@@ -346,9 +346,14 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
             last_commit = Instant::now();
             release_free_memory();
         }
-        if writable {
+        if writable && fs.engine().frozen_for().is_none() {
             discard_freed(fs);
         }
+    }
+    // Nothing may wait for a thaw that will not come: the last commit
+    // and every request still in flight must reach the storage.
+    if fs.engine().frozen_for().is_some() && fs.engine().thaw().is_ok() {
+        tracing::warn!("unmounted while frozen: thawed");
     }
 }
 

@@ -167,6 +167,7 @@ impl Engine {
     fn write_superblocks(&self, sb: &Superblock) -> Result<()> {
         // Superblock copies lie outside the volume's mapping (a group
         // may span one, but never uses its bytes).
+        let _pass = self.shared.dev.pass();
         for (devid, dev) in self.shared.dev.devices() {
             let bytes = sb.device_bytes(devid).unwrap_or(0);
             let mut own = sb.clone();

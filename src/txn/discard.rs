@@ -209,6 +209,7 @@ impl Engine {
                 let Some(dev) = self.shared.dev.device(devid) else {
                     return Ok(());
                 };
+                let _pass = self.shared.dev.pass();
                 for (s, l) in alloc.unallocated_ranges(devid) {
                     let (a, b) = (s.max(offset), (s + l).min(offset + len));
                     if b > a && b - a >= min_len {

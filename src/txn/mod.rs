@@ -33,6 +33,7 @@ pub use copies::CopiesVerdict;
 pub(crate) use copies::DataCopies;
 mod ctx;
 mod flight;
+mod freeze;
 mod grow;
 mod log;
 mod mechanism;

@@ -66,6 +66,7 @@ impl Engine {
                 let Some(dev) = tx.sh.dev.device(devid) else {
                     continue;
                 };
+                let _pass = tx.sh.dev.pass();
                 for (s, l) in tx.allocator().unallocated_ranges(devid) {
                     if l >= min_len {
                         done.add(l, dev.discard(s, l)?);

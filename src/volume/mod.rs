@@ -18,6 +18,8 @@
 //! block reads and `scrub`). [`ChunkMap`] is shared with the allocator,
 //! which records each group's copies as it makes and removes groups.
 
+mod freeze;
+
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -182,6 +184,8 @@ pub struct Volume {
     /// A device being filled to replace another (`canopy device
     /// replace`): every write to the source's copies reaches it too.
     target: RwLock<Option<ReplaceTarget>>,
+    /// What every write, barrier and discard passes (see `freeze`).
+    gate: freeze::Gate,
 }
 
 /// The device a replace fills, and whether a write to it failed (the
@@ -220,6 +224,7 @@ impl Volume {
             map,
             repairs: std::sync::atomic::AtomicBool::new(true),
             target: RwLock::new(None),
+            gate: freeze::Gate::default(),
         }
     }
 
@@ -255,6 +260,7 @@ impl Volume {
     /// Writes `buf` at physical `offset` of the replace target: a copy
     /// of the source's bytes there.
     pub fn write_replace_target(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let _pass = self.gate.pass();
         let target = crate::sync::read(&self.target);
         let t = target
             .as_ref()
@@ -294,6 +300,40 @@ impl Volume {
             tracing::error!(devid, offset, error = %e, "device replace: writing the target failed");
             t.failed.store(true, Ordering::SeqCst);
         }
+    }
+
+    /// Waits while the volume is frozen; what writes to a device
+    /// directly (superblocks, unallocated space) holds this meanwhile.
+    pub fn pass(&self) -> freeze::Passage<'_> {
+        self.gate.pass()
+    }
+
+    /// Holds every later write, barrier and discard until [`Volume::thaw`]
+    /// or `timeout`, once those under way have finished, and makes
+    /// everything written before durable. False if frozen already.
+    pub fn freeze(&self, timeout: std::time::Duration) -> Result<bool> {
+        if !self.gate.freeze(timeout) {
+            return Ok(false);
+        }
+        // Writes sent before (an RBD write is in flight until a barrier)
+        // reach the storage before anyone snapshots it.
+        for (_, d) in self.devices() {
+            if let Err(e) = d.barrier() {
+                self.gate.thaw();
+                return Err(e);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Ends a freeze; false if not frozen.
+    pub fn thaw(&self) -> bool {
+        self.gate.thaw()
+    }
+
+    /// How much longer a freeze holds, if frozen.
+    pub fn frozen_for(&self) -> Option<std::time::Duration> {
+        self.gate.frozen_for()
     }
 
     /// Whether a reader that found a bad copy may rewrite it.
@@ -437,6 +477,7 @@ impl Volume {
 
     /// Writes `buf` over copy `copy` only (a repair).
     pub fn write_copy(&self, buf: &[u8], offset: u64, copy: usize) -> Result<()> {
+        let _pass = self.gate.pass();
         let s = self.stripe(offset, buf.len() as u64, copy)?;
         self.mirror_to_target(s.devid, s.offset, buf, false);
         let r = self.present(s).and_then(|d| d.write_at(buf, s.offset));
@@ -459,6 +500,7 @@ impl Volume {
     /// Writes `buf` (at logical `offset`) to copy 0 and, for the parts
     /// that lie in groups with more copies, to each of them.
     fn write_all(&self, buf: &[u8], offset: u64, data: bool) -> Result<()> {
+        let _pass = self.gate.pass();
         let put = |s: Stripe, part: &[u8]| {
             // A device a degraded open lacks misses the write; its copy
             // is stale should it come back, and reads find it so (by
@@ -543,6 +585,7 @@ impl Device for Volume {
     /// Every present device's barrier: a commit's blocks lie on all of
     /// them.
     fn barrier(&self) -> Result<()> {
+        let _pass = self.gate.pass();
         for (_, d) in self.devices() {
             d.barrier()?;
         }
@@ -583,6 +626,7 @@ impl Device for Volume {
     /// Every copy of the logical range (a device a degraded open lacks
     /// is passed over); true if some device did it.
     fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        let _pass = self.gate.pass();
         let mut done = match self.primary() {
             Some(d) => d.discard(offset, len)?,
             None => false,

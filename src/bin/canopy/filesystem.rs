@@ -117,6 +117,25 @@ pub enum Command {
         /// The mount point (or any path in the filesystem).
         path: PathBuf,
     },
+    /// Commit everything and hold every later write until `thaw` (what
+    /// fsfreeze --freeze does; FIFREEZE does not reach a FUSE
+    /// filesystem), so that a snapshot of the storage taken meanwhile
+    /// (`rbd snap create`, LVM) holds a clean filesystem. Readers go on;
+    /// writers wait. A freeze nobody thaws ends by itself after
+    /// --timeout. Needs root.
+    Freeze {
+        /// Seconds after which the freeze ends without a thaw.
+        #[arg(long, value_name = "SECS", default_value_t = 60)]
+        timeout: u64,
+        /// The mount point (or any path in the filesystem).
+        path: PathBuf,
+    },
+    /// End a freeze: the writes held meanwhile go on (fsfreeze
+    /// --unfreeze). Needs root.
+    Thaw {
+        /// The mount point (or any path in the filesystem).
+        path: PathBuf,
+    },
     /// What the files under PATH hold, as `btrfs filesystem du` says it
     /// (Total they reference, Exclusive to them: what deleting them would
     /// free, and Set shared with other files or snapshots, each byte
@@ -191,6 +210,17 @@ pub fn run(c: Command) -> Result<()> {
             json,
             path,
         } => trim(minimum, &path, verbose, json),
+        Command::Freeze { timeout, path } => {
+            let mnt = crate::sync::mount_point(&path.canonicalize()?)?;
+            let timeout_ms = timeout.max(1).saturating_mul(1000);
+            ask(&mnt, &Request::Freeze { timeout_ms })?;
+            Ok(())
+        }
+        Command::Thaw { path } => {
+            let mnt = crate::sync::mount_point(&path.canonicalize()?)?;
+            ask(&mnt, &Request::Thaw)?;
+            Ok(())
+        }
         Command::Defragment(a) => crate::defrag::run(a),
         Command::Du { json, raw, path } => {
             let node = std::fs::metadata(&path)

@@ -197,25 +197,35 @@ impl Drop for Image {
 
 impl Image {
     /// Opens `spec`'s image, read-only or for writing.
+    /// A snapshot (`spec.snap`) is always opened read-only.
     pub fn open(spec: &RbdSpec, read_only: bool) -> Result<Image> {
         let pool = Pool::connect(spec)?;
         let name = cstr(&spec.image)?;
+        let snap = spec.snap.as_deref().map(cstr).transpose()?;
+        let snap_ptr = snap.as_ref().map_or(ptr::null(), |s| s.as_ptr());
         let mut handle = ptr::null_mut();
-        // SAFETY: a live I/O context, a valid name, an out-pointer; no
-        // snapshot.
+        // SAFETY: a live I/O context, valid names (or a null snapshot),
+        // an out-pointer.
         let r = unsafe {
-            match read_only {
-                true => ffi::rbd_open_read_only(pool.io, name.as_ptr(), &mut handle, ptr::null()),
-                false => ffi::rbd_open(pool.io, name.as_ptr(), &mut handle, ptr::null()),
+            match read_only || snap.is_some() {
+                true => ffi::rbd_open_read_only(pool.io, name.as_ptr(), &mut handle, snap_ptr),
+                false => ffi::rbd_open(pool.io, name.as_ptr(), &mut handle, snap_ptr),
             }
         };
         if r < 0 {
-            let why = match -r {
-                libc::ENOENT => format!(
-                    "opening rbd:{}/{}: no such image (mkfs --size creates it)",
+            let what = match &spec.snap {
+                Some(snap) => format!("rbd:{}/{}@{snap}", spec.pool, spec.image),
+                None => format!("rbd:{}/{}", spec.pool, spec.image),
+            };
+            let why = match (-r, &spec.snap) {
+                (libc::ENOENT, None) => {
+                    format!("opening {what}: no such image (mkfs --size creates it)")
+                }
+                (libc::ENOENT, Some(_)) => format!(
+                    "opening {what}: no such image or snapshot (rbd snap ls {}/{} lists them)",
                     spec.pool, spec.image
                 ),
-                _ => format!("opening rbd:{}/{}", spec.pool, spec.image),
+                _ => format!("opening {what}"),
             };
             return Err(errno(r.into(), why));
         }

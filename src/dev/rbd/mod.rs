@@ -43,8 +43,16 @@ impl RbdDevice {
     /// Opens `spec`'s image: a writer takes its exclusive lock (from
     /// whoever holds it, with `how.takeover`), a read-only mount refuses
     /// an image a writer holds, a tool that only looks just opens it.
+    ///
+    /// A snapshot never changes: it is opened read-only, by any number of
+    /// readers while a writer holds the image, and refused for writing.
     pub fn open(spec: &RbdSpec, access: Access, how: OpenHow) -> Result<RbdDevice> {
-        if access == Access::Share {
+        if spec.snap.is_some() && access == Access::Write {
+            return Err(Error::Invalid(format!(
+                "{spec} is a snapshot, which never changes: mount it read-only (-o ro)"
+            )));
+        }
+        if access == Access::Share && spec.snap.is_none() {
             lock::refuse_if_written(spec)?;
         }
         let image = cluster::Image::open(spec, access != Access::Write)?;
@@ -208,6 +216,11 @@ impl Device for RbdDevice {
 
 /// Creates `spec`'s image of `size` bytes (mkfs); false when it exists.
 pub fn create_image(spec: &RbdSpec, size: u64) -> Result<bool> {
+    if spec.snap.is_some() {
+        return Err(Error::Invalid(format!(
+            "{spec} is a snapshot, which never changes"
+        )));
+    }
     cluster::create(spec, size)
 }
 
