@@ -386,6 +386,126 @@ fn freed_space_goes_back_to_the_rbd_image() {
     check_clean(&img);
 }
 
+/// One file the writer of the snapshot test wrote: its number, and when
+/// its write began and its fsync returned.
+type Written = (usize, Instant, Instant);
+
+fn snapshot_file(i: usize) -> Vec<u8> {
+    common::noise(64 << 10 | (i % 7) << 14, 1000 + i as u64)
+}
+
+/// Issue 57, item 3: a writer under load; three times `filesystem
+/// freeze`, `rbd snap create`, `filesystem thaw`; then the three
+/// snapshots mounted read-only at once, each by another client (another
+/// host), while the writer goes on. Each holds exactly the files fsynced
+/// before its freeze, none begun after its thaw (one in flight may be
+/// there in part), checks and scrubs clean, and sends a subvolume.
+#[test]
+fn snapshots_taken_between_freeze_and_thaw_mount_read_only_on_other_clients() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let Some(conf) = ceph_conf() else { return };
+    let (dir, img, mnt) = fresh(&conf, "1G");
+    let base = dir.0.path().to_path_buf();
+    let d = Daemon::mount(&img, &mnt, "", &base.join("log")).unwrap();
+    let image = rbd_parts(&img).unwrap().0;
+    canopy_ok(&["subvolume", "create", "sv"], &mnt);
+    let in_sv = common::noise(300 << 10, 77);
+    write_synced(&mnt.join("sv/file"), &in_sv).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let written: Arc<Mutex<Vec<Written>>> = Arc::default();
+    let writer = {
+        let (stop, written, mnt) = (stop.clone(), written.clone(), mnt.clone());
+        std::thread::spawn(move || {
+            for i in 0.. {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let began = Instant::now();
+                write_synced(&mnt.join(format!("w{i}")), &snapshot_file(i)).unwrap();
+                written.lock().unwrap().push((i, began, Instant::now()));
+            }
+        })
+    };
+    let mut snaps = Vec::new();
+    for n in 0..3 {
+        std::thread::sleep(Duration::from_millis(1500));
+        let freezing = Instant::now();
+        canopy_ok(&["filesystem", "freeze", "."], &mnt);
+        rbd(&conf, &["snap", "create", &format!("{image}@s{n}")]);
+        let thawing = Instant::now();
+        canopy_ok(&["filesystem", "thaw", "."], &mnt);
+        snaps.push((n, freezing, thawing));
+    }
+    let readers: Vec<(Daemon, PathBuf)> = snaps
+        .iter()
+        .map(|&(n, ..)| {
+            let spec = img.to_str().unwrap().replacen('?', &format!("@s{n}?"), 1);
+            let name = format!("canopy-snap-{n}");
+            let spec = as_client(
+                Path::new(&spec),
+                &name,
+                &client_keyring(&conf, &name, &base),
+            );
+            let at = base.join(format!("s{n}"));
+            std::fs::create_dir(&at).unwrap();
+            let log = base.join(format!("s{n}.log"));
+            (Daemon::mount(&spec, &at, "ro", &log).unwrap(), spec)
+        })
+        .collect();
+    let done = written.lock().unwrap().clone();
+    assert!(
+        done.len() > 20,
+        "the writer wrote only {} files",
+        done.len()
+    );
+    for ((n, freezing, thawing), (reader, spec)) in snaps.iter().zip(&readers) {
+        let mut held = 0;
+        for &(i, began, fsynced) in &done {
+            let got = std::fs::read(reader.mnt.join(format!("w{i}")));
+            let want = snapshot_file(i);
+            if fsynced < *freezing {
+                assert!(got.unwrap() == want, "snapshot {n}: w{i} differs");
+                held += 1;
+            } else if began > *thawing {
+                assert!(
+                    got.is_err(),
+                    "snapshot {n}: w{i}, begun after the thaw, is there"
+                );
+            } else if let Ok(got) = got {
+                assert!(want.starts_with(&got), "snapshot {n}: w{i} is not a prefix");
+            }
+        }
+        assert!(held > 0, "snapshot {n} holds no file");
+        assert!(std::fs::read(reader.mnt.join("sv/file")).unwrap() == in_sv);
+        check_clean(Path::new(spec));
+        let scrub = canopy().arg("scrub").arg(spec).output().unwrap();
+        assert!(
+            scrub.status.success(),
+            "scrub of snapshot {n}: {}",
+            String::from_utf8_lossy(&scrub.stderr)
+        );
+        // Any subvolume sends from a read-only mount: nothing can change.
+        let send = canopy()
+            .args(["send", "-q", "sv"])
+            .current_dir(&reader.mnt)
+            .output()
+            .unwrap();
+        assert!(
+            send.status.success() && send.stdout.len() > in_sv.len(),
+            "send from snapshot {n}: {}",
+            String::from_utf8_lossy(&send.stderr)
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    for (reader, _) in readers {
+        reader.unmount();
+    }
+    d.unmount();
+    check_clean(&img);
+}
+
 /// `canopy mount SPEC` with a timeout; its exit status, stderr and time.
 fn mount_fails(spec: &str, mnt: &Path) -> (String, Duration) {
     let t = Instant::now();

@@ -168,6 +168,11 @@ impl Source {
         }
     }
 
+    /// Whether it names an RBD snapshot, which only reads.
+    pub fn is_snapshot(&self) -> bool {
+        matches!(self, Source::Rbd(r) if r.snap.is_some())
+    }
+
     /// The path, for a source that is one.
     pub fn path(&self) -> Option<&Path> {
         match self {

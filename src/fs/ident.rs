@@ -5,7 +5,7 @@
 
 use super::subvol::ROOT_READONLY;
 use super::{errno, Core, Fs};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::items::SubvolIdent;
 use crate::format::tree_id;
 use crate::txn::{Need, Txn};
@@ -76,6 +76,13 @@ impl Core {
     pub(crate) fn subvolume_ident(&self, id: u64) -> Result<SubvolIdent> {
         if let Some(ident) = self.engine.read(|r| Ok(r.root_item(id)?.ident))? {
             return Ok(ident);
+        }
+        if self.engine.is_read_only() {
+            return Err(Error::Invalid(
+                "this subvolume has no uuid yet, and a read-only filesystem cannot give it one \
+                 (snapshots and subvolumes made by `canopy subvolume` have one)"
+                    .into(),
+            ));
         }
         let ident = self.write_reserved(|tx| {
             tx.reserve(&Need::items(tree_id::ROOT, 2))?;

@@ -23,7 +23,9 @@ pub struct SubvolView {
 
 impl Fs {
     /// The subvolume whose root directory is `node`, which must be
-    /// read-only (EINVAL otherwise, as `btrfs send` refuses).
+    /// read-only (EINVAL otherwise, as `btrfs send` refuses), unless the
+    /// whole filesystem is opened read-only (a read-only mount of an RBD
+    /// snapshot): nothing in it can change then.
     pub fn subvolume_view(&self, node: u64) -> Result<SubvolView> {
         let (sv, ino) = self.at(node)?;
         if ino != ROOT_DIR_INO {
@@ -31,7 +33,7 @@ impl Fs {
                 "not a subvolume (its root directory)".into(),
             ));
         }
-        if !sv.readonly.load(Ordering::Relaxed) {
+        if !sv.readonly.load(Ordering::Relaxed) && !self.engine().is_read_only() {
             return Err(Error::Invalid(
                 "the subvolume is not read-only (snapshot it with -r, or set the ro property)"
                     .into(),

@@ -182,7 +182,8 @@ impl Drop for RbdImage {
             let mut c = Command::new("sh");
             c.arg("-c")
                 .arg(format!(
-                    "sleep {delay}; rbd -c '{conf}' rm --no-progress '{image}' >/dev/null 2>&1"
+                    "sleep {delay}; rbd -c '{conf}' snap purge --no-progress '{image}' >/dev/null 2>&1; \
+                     rbd -c '{conf}' rm --no-progress '{image}' >/dev/null 2>&1"
                 ))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

@@ -110,7 +110,9 @@ fn show(bar: &Option<ProgressBar>, p: &Progress) {
 
 fn offline(a: &Args, image: &Source) -> ExitCode {
     let what = format!("canopy scrub: {image}");
-    let access = match a.readonly {
+    // A snapshot never changes: its bad copies are reported, not mended.
+    let readonly = a.readonly || image.is_snapshot();
+    let access = match readonly {
         true => Access::Share,
         false => Access::Write,
     };
@@ -127,7 +129,7 @@ fn offline(a: &Args, image: &Source) -> ExitCode {
     };
     let ro = devs.options(OpenOptions {
         read_only: true,
-        repair_when_read_only: !a.readonly,
+        repair_when_read_only: !readonly,
         ..Default::default()
     });
     let engine = match Engine::open_devices(devs.devs.clone(), &ro) {
