@@ -336,7 +336,7 @@ fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
     for step in 0..60u64 {
         discarded += fs
             .engine()
-            .discard_freed(std::time::Duration::ZERO, 1, usize::MAX)
+            .discard_freed(canopy::txn::DiscardPass::ALL)
             .unwrap()
             .bytes;
         // A file of hundreds of extents, truncated and then unlinked in

@@ -360,12 +360,12 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
 /// `discard=async`'s turn, once per pass of the mount loop: a few
 /// batches of what has stayed free long enough.
 fn discard_freed(fs: &Fs) {
-    use crate::txn::{DiscardMode, ASYNC_DELAY, ASYNC_MIN_LEN};
+    use crate::txn::{DiscardMode, DiscardPass};
     let engine = fs.engine();
     if engine.discard_mode() != DiscardMode::Async {
         return;
     }
-    match engine.discard_freed(ASYNC_DELAY, ASYNC_MIN_LEN, 4) {
+    match engine.discard_freed(DiscardPass::ASYNC) {
         Ok(_) | Err(Error::Aborted(_)) => {}
         Err(e) => tracing::warn!(error = %e, "discarding freed space failed"),
     }

@@ -10,12 +10,13 @@
 //! moment finds everything the last durable commit reaches.
 //!
 //! - `discard=async`: a range is discarded once it has stayed free for
-//!   [`ASYNC_DELAY`], in bounded batches from the mount's loop. Space
+//!   2 s, in bounded batches from the mount's loop. Space
 //!   reused meanwhile (tree blocks are freed and taken again all the
 //!   time) is passed over. A freed range is looked at with the free space
 //!   around it (in its aligned 4 MiB window), and free pieces shorter
-//!   than [`ASYNC_MIN_LEN`] are skipped, as btrfs's async discard skips
-//!   small extents: a tree block freed between live ones costs nothing.
+//!   than 32 KiB are skipped, as btrfs's async discard skips small
+//!   extents: a tree block freed between live ones costs nothing (see
+//!   [`DiscardPass::ASYNC`]).
 //! - `discard=sync` (`discard`): everything a commit made reusable is
 //!   discarded right after that commit, before it returns.
 //!
@@ -64,19 +65,44 @@ impl DiscardMode {
     }
 }
 
-/// How long a range stays free before `discard=async` discards it.
-pub const ASYNC_DELAY: Duration = Duration::from_secs(2);
+/// How one call of [`Engine::discard_freed`] works.
+#[derive(Clone, Copy, Debug)]
+pub struct DiscardPass {
+    /// How long a range must have stayed free.
+    pub delay: Duration,
+    /// Shortest free piece discarded.
+    pub min_len: u64,
+    /// Each range is looked at with the free space of the aligned window
+    /// of this size around it (1: the range alone).
+    pub window: u64,
+    /// Most batches (each one turn at the state lock) this call does.
+    pub batches: usize,
+}
 
-/// Shortest free piece `discard=async` discards.
-pub const ASYNC_MIN_LEN: u64 = 32 << 10;
+impl DiscardPass {
+    /// `discard=async`'s turn from the mount's loop (every 0.1 s): ranges
+    /// free for 2 s, with the free space of their 4 MiB window (an RBD
+    /// object is 4 MiB), so a small block freed beside free space goes
+    /// with it and whole objects can go; pieces under 32 KiB are skipped.
+    pub const ASYNC: DiscardPass = DiscardPass {
+        delay: Duration::from_secs(2),
+        min_len: 32 << 10,
+        window: 4 << 20,
+        batches: 4,
+    };
 
-/// `discard=async` looks at the free space of the aligned window of this
-/// size around each freed range (an RBD object is 4 MiB): a small block
-/// freed beside free space goes with it, so whole objects can go.
-const ASYNC_WINDOW: u64 = 4 << 20;
+    /// Every noted range still free, exactly (`discard=sync`).
+    pub const ALL: DiscardPass = DiscardPass {
+        delay: Duration::ZERO,
+        min_len: 1,
+        window: 1,
+        batches: usize::MAX,
+    };
+}
 
-/// Most ranges and bytes one batch discards under the state lock.
-const BATCH_RANGES: usize = 256;
+/// Most ranges and bytes one batch discards under the state lock (a
+/// discard of an RBD object that holds live blocks is a round trip).
+const BATCH_RANGES: usize = 64;
 const BATCH_BYTES: u64 = 256 << 20;
 
 /// Ranges waiting past which they are joined (their clocks restart).
@@ -117,29 +143,25 @@ impl Engine {
         DiscardMode::from_u8(self.discards.mode.load(Ordering::Relaxed))
     }
 
-    /// Discards the noted ranges that have been free for `delay` (all of
-    /// them with `Duration::ZERO`), in at most `batches` batches; the rest
-    /// wait for the next call. Pieces reused meanwhile are passed over,
-    /// and so are pieces shorter than `min_len`.
-    pub fn discard_freed(&self, delay: Duration, min_len: u64, batches: usize) -> Result<Trimmed> {
-        let window = match min_len > 1 {
-            true => ASYNC_WINDOW,
-            false => 1,
-        };
+    /// Discards the noted ranges that have been free for `pass.delay`,
+    /// in at most `pass.batches` batches; the rest wait for the next
+    /// call. Pieces reused meanwhile are passed over, and so are pieces
+    /// shorter than `pass.min_len`.
+    pub fn discard_freed(&self, pass: DiscardPass) -> Result<Trimmed> {
         let mut done = Trimmed::default();
-        for _ in 0..batches {
+        for _ in 0..pass.batches {
             if self.discard_mode() == DiscardMode::Off {
                 break;
             }
             self.check_alive()?;
             let mut st = crate::sync::write(&self.state);
             let noted = st.alloc.take_untrimmed();
-            let batch = self.due_batch(noted, delay, window);
+            let batch = self.due_batch(noted, pass.delay, pass.window);
             if batch.is_empty() {
                 break;
             }
             for place in batch {
-                self.discard_place(&st.alloc, place, min_len.max(1), &mut done)?;
+                self.discard_place(&st.alloc, place, pass.min_len.max(1), &mut done)?;
             }
         }
         Ok(done)
@@ -150,7 +172,7 @@ impl Engine {
         if self.discard_mode() != DiscardMode::Sync {
             return;
         }
-        if let Err(e) = self.discard_freed(Duration::ZERO, 1, usize::MAX) {
+        if let Err(e) = self.discard_freed(DiscardPass::ALL) {
             tracing::warn!(error = %e, "discarding the space a commit freed failed");
         }
     }

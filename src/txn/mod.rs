@@ -45,7 +45,7 @@ mod space;
 mod trim;
 
 pub use ctx::{Reader, Txn};
-pub use discard::{DiscardMode, ASYNC_DELAY, ASYNC_MIN_LEN};
+pub use discard::{DiscardMode, DiscardPass};
 pub use flight::{DataDevice, Flight, Flusher};
 pub use grow::{GrowTo, Grown};
 pub use log::{DroppedRoot, LogVerdict, SkippedInode};
