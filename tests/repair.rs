@@ -4,7 +4,7 @@
 //! wrong, `nbytes` wrong, an inode whose names went without an orphan
 //! item, a data extent's or a tree block's reference count or
 //! back-references wrong, a data extent or a tree block nothing points
-//! at. Each
+//! at, a data extent's item lost. Each
 //! is repaired, every change is reported, the image then
 //! checks clean, mounts, and every file reads as before. Damage it does
 //! not mend (an entry lost by name, kept by position) is refused and the image is
@@ -259,6 +259,21 @@ fn a_data_extent(tx: &canopy::txn::Txn<'_>) -> (Key, ExtentItem) {
         .expect("a data extent")
 }
 
+/// Damages the first data extent with `f(tx, its bytenr, the end of its
+/// keys in the extent tree)`; returns its bytenr.
+fn damage_a_data_extent(
+    dev: &Arc<MemDevice>,
+    f: impl FnOnce(&mut canopy::txn::Txn<'_>, u64, Key),
+) -> u64 {
+    let mut at = 0;
+    damage(dev, |tx| {
+        let (key, _) = a_data_extent(tx);
+        at = key.objectid;
+        f(tx, at, Key::new(at, u8::MAX, u64::MAX));
+    });
+    at
+}
+
 /// A bug's wrong count on a data extent (and, with it, a link count off
 /// so that the repair also copies leaves on write): the count goes back
 /// to the holders found.
@@ -291,11 +306,7 @@ fn a_data_extents_wrong_count_is_set_to_its_holders() {
 #[test]
 fn a_data_extents_back_references_are_set_to_its_holders() {
     let dev = image();
-    let mut at = 0;
-    damage(&dev, |tx| {
-        let (key, _) = a_data_extent(tx);
-        at = key.objectid;
-        let end = Key::new(at, u8::MAX, u64::MAX);
+    let at = damage_a_data_extent(&dev, |tx, at, end| {
         let refs = tx
             .range(EXTENT, &Key::new(at, SHARED_DATA_REF, 0), &end)
             .unwrap();
@@ -311,6 +322,38 @@ fn a_data_extents_back_references_are_set_to_its_holders() {
     let want = format!("data extent {at}: 1 references set to 1, back-references to the 1 leaves");
     assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
     mounts_and_reads(&dev);
+}
+
+/// A data extent's extent item and back-references lost (as a bug
+/// would), with the usage counters then disagreeing: the item comes back
+/// with the holders' count, and the space it covers is never handed to
+/// anything else: files written after the repair leave every old file as
+/// it was.
+#[test]
+fn a_data_extents_lost_item_is_put_back() {
+    let dev = image();
+    let at = damage_a_data_extent(&dev, |tx, at, end| {
+        for (k, _) in tx.range(EXTENT, &Key::new(at, 0, 0), &end).unwrap() {
+            tx.delete(EXTENT, &k).unwrap();
+        }
+    });
+    let changes = repaired(&dev);
+    let want = format!("data extent {at}: its missing extent item put back with 1 references");
+    assert!(changes.iter().any(|c| c.contains(&want)), "{changes:?}");
+    assert!(
+        changes.iter().any(|c| c.contains("counted again")),
+        "the space is counted again too: {changes:?}"
+    );
+    mounts_and_reads(&dev);
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).unwrap();
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    for i in 0..40 {
+        write_file(&fs, ROOT_DIR, &format!("more{i}"), &content(500 + i));
+    }
+    fs.sync().unwrap();
+    verify(&fs);
+    drop(fs);
+    common::assert_posix_clean(dev.as_ref());
 }
 
 /// Bytes the image's counters say are used.

@@ -97,6 +97,15 @@ pub enum Fix {
         len: u64,
         holders: Vec<(u64, u32)>,
     },
+    /// A data extent file extent items point at that has no extent item
+    /// (lost by a bug): the item comes back, counting `holders` (`(leaf,
+    /// items)`) with their back-references, and its space is taken out
+    /// of the free space first, so nothing the repair writes lands on it.
+    MissingData {
+        bytenr: u64,
+        len: u64,
+        holders: Vec<(u64, u32)>,
+    },
     /// A tree block's reference count and back-references set to what
     /// points at it: the nodes (`parents`) and the root items (`roots`)
     /// the walk found.

@@ -25,10 +25,13 @@
 //!   the other fixes' copy-on-write must meet counts that are right).
 //!
 //! - a tree block nothing points at: its extent item and back-references
-//!   go and its space is freed (what it points at is counted without it).
+//!   go and its space is freed (what it points at is counted without it);
+//! - a data extent file extent items point at without an extent item:
+//!   the item comes back with their count and back-references, its space
+//!   taken out of the free space before anything else is written.
 //!
-//! Everything else (a tree block pointed at twice by one node, extents
-//! without an item, entries missing
+//! Everything else (a tree block pointed at twice by one node, a tree
+//! block without an item, entries missing
 //! by name or listed differently by name and by position, damaged
 //! blocks) it refuses, and then it changes nothing: it
 //! first runs every pass of the check, the ones that read through the
@@ -43,7 +46,7 @@ use super::{Fix, Report};
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::inode::InodeItem;
-use crate::format::items::{encode_ref_count, ExtentItem};
+use crate::format::items::{encode_ref_count, ExtentItem, EXTENT_FLAG_DATA};
 use crate::format::key_type::{
     DIR_INDEX, EXTENT_CSUM, EXTENT_ITEM, INODE_ITEM, SHARED_BLOCK_REF, SHARED_DATA_REF,
     TREE_BLOCK_REF,
@@ -113,17 +116,22 @@ pub fn repair_within(
     // extents last, after the free-space trees are written again: that
     // rewrite takes the allocator's free ranges, which a freed extent
     // joins only at the commit.
-    let (refs, rest): (Vec<_>, Vec<_>) = report
-        .problems
-        .iter()
-        .partition(|p| matches!(p.fix, Some(Fix::ExtentRefs { .. } | Fix::BlockRefs { .. })));
+    let (refs, rest): (Vec<_>, Vec<_>) = report.problems.iter().partition(|p| {
+        matches!(
+            p.fix,
+            Some(Fix::ExtentRefs { .. } | Fix::BlockRefs { .. } | Fix::MissingData { .. })
+        )
+    });
     let (leaks, rest): (Vec<_>, Vec<_>) = rest.into_iter().partition(|p| {
         matches!(
             p.fix,
             Some(Fix::LeakedData { .. } | Fix::LeakedBlock { .. })
         )
     });
-    let fixes: Vec<&Fix> = refs.iter().filter_map(|p| p.fix.as_ref()).collect();
+    // Missing extent items first: their space must leave the free space
+    // before any other fix's copy-on-write allocates.
+    let mut fixes: Vec<&Fix> = refs.iter().filter_map(|p| p.fix.as_ref()).collect();
+    fixes.sort_by_key(|f| !matches!(f, Fix::MissingData { .. }));
     changes.extend(engine.write(|tx| {
         fixes
             .iter()
@@ -196,7 +204,7 @@ fn apply(engine: &crate::Engine, fix: Option<&Fix>) -> Result<Option<String>> {
             })?;
             format!("tree {tree} inode {ino}: nbytes {old} set to {nbytes}")
         }
-        Fix::ExtentRefs { .. } | Fix::BlockRefs { .. } => {
+        Fix::ExtentRefs { .. } | Fix::BlockRefs { .. } | Fix::MissingData { .. } => {
             return Err(Error::Invalid("reference fixes go first, together".into()))
         }
         &Fix::LeakedData { bytenr, len } => {
@@ -229,6 +237,18 @@ fn set_references(tx: &mut crate::txn::Txn<'_>, fix: &Fix) -> Result<String> {
             format!(
                 "data extent {bytenr}: {old} references set to {refs}, back-references to the {} \
                  leaves that point at it",
+                holders.len()
+            )
+        }
+        Fix::MissingData {
+            bytenr,
+            len,
+            holders,
+        } => {
+            let refs = restore_data_item(tx, (*bytenr, *len), holders)?;
+            format!(
+                "data extent {bytenr}: its missing extent item put back with {refs} references \
+                 from the {} leaves that point at it",
                 holders.len()
             )
         }
@@ -305,6 +325,40 @@ fn set_data_refs(
         tx.insert(EXTENT, k, encode_ref_count(count))?;
     }
     Ok(old)
+}
+
+/// Puts back the extent item of the data extent `(bytenr, len)` that
+/// `holders` point at, with their back-references, after taking its
+/// space out of the free space (the space recount counts it from then
+/// on); returns its reference count.
+fn restore_data_item(
+    tx: &mut crate::txn::Txn<'_>,
+    (bytenr, len): (u64, u64),
+    holders: &[(u64, u32)],
+) -> Result<u64> {
+    let free = tx
+        .allocator()
+        .group_containing(bytenr)
+        .ok_or_else(|| Error::corrupt(bytenr, "a data extent outside every block group"))?
+        .free
+        .contains(bytenr, len);
+    if free {
+        tx.allocator().alloc_exact(bytenr, len)?;
+    }
+    let refs = holders.iter().map(|h| u64::from(h.1)).sum();
+    let item = ExtentItem {
+        refs,
+        generation: tx.transid(),
+        flags: EXTENT_FLAG_DATA,
+        owner: 0,
+        level: 0,
+    };
+    tx.insert(EXTENT, Key::new(bytenr, EXTENT_ITEM, len), item.encode())?;
+    for &(leaf, count) in holders {
+        let k = Key::new(bytenr, SHARED_DATA_REF, leaf);
+        tx.insert(EXTENT, k, encode_ref_count(count))?;
+    }
+    Ok(refs)
 }
 
 /// Frees the extent `(bytenr, len)` nothing points at: its extent item

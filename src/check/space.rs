@@ -131,18 +131,25 @@ fn mend_refs(
     (bytenr, len): (u64, u64),
     holders: &BTreeMap<RefHolder, u32>,
 ) {
-    let leaves = holders.iter().filter_map(|(h, &c)| match h {
-        RefHolder::DataLeaf(l) => Some((*l, c)),
-        _ => None,
-    });
     let mut fix = Some(Fix::ExtentRefs {
         bytenr,
         len,
-        holders: leaves.collect(),
+        holders: data_leaves(holders),
     });
     for p in &mut report.problems[first..] {
         p.fix = Some(fix.take().unwrap_or(Fix::Counted));
     }
+}
+
+/// The leaves among `holders`, with how many items each.
+fn data_leaves(holders: &BTreeMap<RefHolder, u32>) -> Vec<(u64, u32)> {
+    holders
+        .iter()
+        .filter_map(|(h, &c)| match h {
+            RefHolder::DataLeaf(l) => Some((*l, c)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A queued block is held by the queue alone and has no extent item.
@@ -289,7 +296,14 @@ fn check_extents(
                         mend_refs(report, before, (at, *len), holders);
                     }
                 }
-                None => report.problem(loc, "no extent item"),
+                None => {
+                    let fix = Fix::MissingData {
+                        bytenr: at,
+                        len: *len,
+                        holders: data_leaves(holders),
+                    };
+                    report.fixable(loc, "no extent item", fix);
+                }
             }
         }
         if is_queued {

@@ -191,10 +191,18 @@ impl Device for RbdDevice {
     fn discard(&self, offset: u64, len: u64) -> Result<bool> {
         self.sticky()?;
         self.wait_all(self.writes.overlapping(offset, len))?;
-        // SAFETY: a live handle.
-        let r = self.ahead.while_writing(offset, len, || unsafe {
-            ffi::rbd_discard(self.handle(), offset, len)
-        });
+        // rbd_discard answers with the bytes discarded as an int: a range
+        // of 2 GiB or more is EINVAL, so it goes in pieces.
+        let mut r = 0;
+        let mut at = offset;
+        while at < offset + len && r >= 0 {
+            let piece = (offset + len - at).min(DISCARD_PIECE);
+            // SAFETY: a live handle.
+            r = self.ahead.while_writing(at, piece, || unsafe {
+                ffi::rbd_discard(self.handle(), at, piece)
+            });
+            at += piece;
+        }
         match r {
             r if r >= 0 => Ok(true),
             r if -r == libc::EOPNOTSUPP => Ok(false),
@@ -213,6 +221,9 @@ impl Device for RbdDevice {
         }
     }
 }
+
+/// Largest range one `rbd_discard` is given (its answer is an int).
+const DISCARD_PIECE: u64 = 1 << 30;
 
 /// Creates `spec`'s image of `size` bytes (mkfs); false when it exists.
 pub fn create_image(spec: &RbdSpec, size: u64) -> Result<bool> {
