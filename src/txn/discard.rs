@@ -12,10 +12,9 @@
 //! - `discard=async`: a range is discarded once it has stayed free for
 //!   2 s, in bounded batches from the mount's loop. Space
 //!   reused meanwhile (tree blocks are freed and taken again all the
-//!   time) is passed over. A freed range is looked at with the free space
-//!   around it (in its aligned 4 MiB window), and free pieces shorter
-//!   than 32 KiB are skipped, as btrfs's async discard skips small
-//!   extents: a tree block freed between live ones costs nothing (see
+//!   time) is passed over, and so are free pieces shorter than 1 MiB, as
+//!   btrfs's async discard skips small extents: tree blocks and small
+//!   extents freed between live ones cost nothing (see
 //!   [`DiscardPass::ASYNC`]).
 //! - `discard=sync` (`discard`): everything a commit made reusable is
 //!   discarded right after that commit, before it returns.
@@ -72,30 +71,29 @@ pub struct DiscardPass {
     pub delay: Duration,
     /// Shortest free piece discarded.
     pub min_len: u64,
-    /// Each range is looked at with the free space of the aligned window
-    /// of this size around it (1: the range alone).
-    pub window: u64,
     /// Most batches (each one turn at the state lock) this call does.
     pub batches: usize,
 }
 
 impl DiscardPass {
     /// `discard=async`'s turn from the mount's loop (every 0.1 s): ranges
-    /// free for 2 s, with the free space of their 4 MiB window (an RBD
-    /// object is 4 MiB), so a small block freed beside free space goes
-    /// with it and whole objects can go; pieces under 32 KiB are skipped.
+    /// free for 2 s (merged where they touch), in pieces of 1 MiB or
+    /// more. Smaller pieces are skipped: copy-on-write frees tree blocks
+    /// and small extents all the time, and discarding each would cost
+    /// the foreground (on RBD, a write to its object per piece; widening
+    /// each to the free space around it cost a tenth of the fsyncs per
+    /// second) for space that `rbd du` still counts (an object with live
+    /// bytes stays whole).
     pub const ASYNC: DiscardPass = DiscardPass {
         delay: Duration::from_secs(2),
-        min_len: 32 << 10,
-        window: 4 << 20,
+        min_len: 1 << 20,
         batches: 4,
     };
 
-    /// Every noted range still free, exactly (`discard=sync`).
+    /// Every noted range still free (`discard=sync`).
     pub const ALL: DiscardPass = DiscardPass {
         delay: Duration::ZERO,
         min_len: 1,
-        window: 1,
         batches: usize::MAX,
     };
 }
@@ -156,7 +154,7 @@ impl Engine {
             self.check_alive()?;
             let mut st = crate::sync::write(&self.state);
             let noted = st.alloc.take_untrimmed();
-            let batch = self.due_batch(noted, pass.delay, pass.window);
+            let batch = self.due_batch(noted, pass.delay);
             if batch.is_empty() {
                 break;
             }
@@ -179,7 +177,7 @@ impl Engine {
 
     /// Queues what the allocator noted and takes the due ranges of one
     /// batch, merged where they touch.
-    fn due_batch(&self, noted: Untrimmed, delay: Duration, window: u64) -> Vec<Place> {
+    fn due_batch(&self, noted: Untrimmed, delay: Duration) -> Vec<Place> {
         let now = Instant::now();
         let mut waiting = crate::sync::lock(&self.discards.waiting);
         let logical = noted.logical.into_iter().map(|(s, l)| Place::Logical(s, l));
@@ -204,7 +202,7 @@ impl Engine {
             bytes += match place {
                 Place::Logical(_, l) | Place::Device(_, _, l) => l,
             };
-            batch.push(widen(place, window));
+            batch.push(place);
         }
         merge(batch)
     }
@@ -262,20 +260,6 @@ impl Engine {
     }
 }
 
-/// Widens a logical range to the `window`-aligned range around it: a
-/// block freed beside free space is then discarded with it, and the
-/// minimum length applies to the free piece, not to the block alone.
-fn widen(place: Place, window: u64) -> Place {
-    match place {
-        Place::Logical(s, l) if window > 1 => {
-            let from = s - s % window;
-            let to = (s + l).div_ceil(window).saturating_mul(window);
-            Place::Logical(from, to - from)
-        }
-        other => other,
-    }
-}
-
 /// Sorts logical ranges and joins those that touch or overlap (device
 /// ranges stay as they are).
 fn merge(batch: Vec<Place>) -> Vec<Place> {
@@ -321,19 +305,5 @@ mod tests {
             .collect();
         assert_eq!(logical, vec![(0, 12288), (20000, 10)]);
         assert_eq!(got.len(), 3);
-    }
-
-    #[test]
-    fn a_range_is_widened_to_its_aligned_window() {
-        let w = |s, l| match widen(Place::Logical(s, l), 4 << 20) {
-            Place::Logical(s, l) => (s, l),
-            Place::Device(..) => unreachable!(),
-        };
-        assert_eq!(w(5 << 20, 16384), (4 << 20, 4 << 20));
-        assert_eq!(w((8 << 20) - 4096, 8192), (4 << 20, 8 << 20));
-        assert!(matches!(
-            widen(Place::Logical(7, 1), 1),
-            Place::Logical(7, 1)
-        ));
     }
 }
