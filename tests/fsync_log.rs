@@ -1797,3 +1797,51 @@ fn fsync_after_punching_a_hole_in_steps() {
         }),
     );
 }
+
+/// Issue 57, item 1: an fsync's log write puts the log's root in the
+/// first superblock copy only (one write fewer per fsync; the other
+/// copies keep the last commit), and the next commit writes every copy
+/// again; the image opens with what was fsynced.
+#[test]
+fn an_fsync_writes_one_superblock_copy() {
+    use canopy::dev::crash::Op;
+    use canopy::format::SUPER_OFFSETS;
+    let (base_dev, e) = common::mem_engine(128 << 20, 4096);
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    let f = file(&fs, ROOT, "f", b"committed");
+    fs.sync().expect("commit");
+    drop(fs);
+    let rec = Arc::new(RecordingDevice::new(base_dev.snapshot()));
+    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    let copies_written = |ops: &[Op]| -> Vec<usize> {
+        SUPER_OFFSETS[..2]
+            .iter()
+            .map(|&s| {
+                ops.iter()
+                    .filter(|o| matches!(o, Op::Write { offset, .. } if *offset == s))
+                    .count()
+            })
+            .collect()
+    };
+    for round in 0..3u8 {
+        fs.write(f, 0, &[b'0' + round; 16]).expect("write");
+        fs.fsync(f).expect("fsync");
+    }
+    assert_eq!(copies_written(&rec.ops()), vec![3, 0], "the log writes");
+    let fsynced = rec.contents();
+    fs.sync().expect("commit");
+    assert_eq!(
+        copies_written(&rec.ops()),
+        vec![4, 1],
+        "the commit writes both"
+    );
+    drop(fs);
+    // A crash after the last fsync: the first copy names the log.
+    let dev = Arc::new(canopy::dev::MemDevice::from_bytes(fsynced));
+    let fs = open_fs(&dev);
+    let f = lookup(&fs, "f").expect("f");
+    assert_eq!(fs.read(f, 0, 16).expect("read"), vec![b'2'; 16]);
+    drop(fs);
+    common::assert_posix_clean(dev.as_ref());
+}

@@ -666,5 +666,32 @@ mod tests {
         let off = super::super::SUPER_OFFSETS[0];
         dev.write_at(&sb.encode(off), off).expect("write");
         assert_eq!(crate::dev::existing_filesystem(&dev), Some("Canopy"));
+        log_writes_change_the_first_sector_only(sb);
+    }
+
+    /// A log write repeats the last commit's superblock with the log's
+    /// fields set and writes one copy (`txn::commit`): that is safe only
+    /// while everything it changes lies in the first 512-byte sector,
+    /// which storage writes whole.
+    fn log_writes_change_the_first_sector_only(commit: Superblock) {
+        let off = super::super::SUPER_OFFSETS[0];
+        let logged = Superblock {
+            log_root: 7 << 20,
+            log_root_generation: 9,
+            log_root_level: 2,
+            log_prev_root: 5 << 20,
+            log_prev_generation: 9,
+            log_prev_level: 1,
+            log_nonce: u64::MAX,
+            incompat: commit.incompat | INCOMPAT_LOG_CHECKED | INCOMPAT_LOG_TREE,
+            ..commit.clone()
+        };
+        let (a, b) = (commit.encode(off), logged.encode(off));
+        assert_ne!(a[..512], b[..512]);
+        assert_eq!(
+            a[512..],
+            b[512..],
+            "a log write changes bytes past the first sector"
+        );
     }
 }

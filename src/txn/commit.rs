@@ -140,16 +140,25 @@ impl Engine {
         self.shared.dev.barrier()
     }
 
-    /// Writes tree blocks and every superblock copy, then one barrier:
-    /// the superblock may land before the blocks, so only a log, which
-    /// replay checks, is written this way (`log.rs`).
+    /// Writes a log's tree blocks and the first superblock copy of each
+    /// device, then one barrier: the superblock may land before the
+    /// blocks, so only a log, which replay checks, is written this way
+    /// (`log.rs`).
+    ///
+    /// One copy, not all: every field a log write changes (the log's
+    /// roots, level, nonce and the checksum) lies in the copy's first
+    /// 512-byte sector, which storage writes whole or not at all, so the
+    /// copy reads back as before or as written; the other copies keep the
+    /// last commit, and the first copy wins a tie of generations at open.
+    /// On RBD the second copy is another object: one write fewer per
+    /// fsync.
     pub(super) fn write_with_one_barrier(
         &self,
         blocks: &[(u64, Vec<u8>)],
         sb: &Superblock,
     ) -> Result<()> {
         self.write_blocks(blocks)?;
-        self.write_superblocks(sb)?;
+        self.write_superblock_copies(sb, &SUPER_OFFSETS[..1])?;
         self.shared.dev.barrier()
     }
 
@@ -165,6 +174,11 @@ impl Engine {
     /// (not the device's end: space a device grew by is not the
     /// filesystem's until it is resized), each naming its own device.
     fn write_superblocks(&self, sb: &Superblock) -> Result<()> {
+        self.write_superblock_copies(sb, &SUPER_OFFSETS)
+    }
+
+    /// Writes the copies at `offsets` of every device.
+    fn write_superblock_copies(&self, sb: &Superblock, offsets: &[u64]) -> Result<()> {
         // Superblock copies lie outside the volume's mapping (a group
         // may span one, but never uses its bytes).
         let _pass = self.shared.dev.pass();
@@ -172,7 +186,7 @@ impl Engine {
             let bytes = sb.device_bytes(devid).unwrap_or(0);
             let mut own = sb.clone();
             own.devid = devid;
-            for &off in SUPER_OFFSETS.iter() {
+            for &off in offsets {
                 if off + SUPER_SIZE <= bytes {
                     dev.write_at(&own.encode(off), off)?;
                 }
