@@ -14,7 +14,8 @@
 //!   reused meanwhile (tree blocks are freed and taken again all the
 //!   time) is passed over, and so are free pieces shorter than 1 MiB, as
 //!   btrfs's async discard skips small extents: tree blocks and small
-//!   extents freed between live ones cost nothing (see
+//!   extents freed between live ones cost nothing. A piece discarded
+//!   takes the free space around it to 4 MiB boundaries (see
 //!   [`DiscardPass::ASYNC`]).
 //! - `discard=sync` (`discard`): everything a commit made reusable is
 //!   discarded right after that commit, before it returns.
@@ -71,6 +72,11 @@ pub struct DiscardPass {
     pub delay: Duration,
     /// Shortest free piece discarded.
     pub min_len: u64,
+    /// A piece discarded takes with it the free space around it up to
+    /// boundaries of this size (1: the piece alone), so storage made of
+    /// objects (RBD's 4 MiB) gets whole objects back where extents meet
+    /// in the middle of one.
+    pub window: u64,
     /// Most batches (each one turn at the state lock) this call does.
     pub batches: usize,
 }
@@ -78,15 +84,18 @@ pub struct DiscardPass {
 impl DiscardPass {
     /// `discard=async`'s turn from the mount's loop (every 0.1 s): ranges
     /// free for 2 s (merged where they touch), in pieces of 1 MiB or
-    /// more. Smaller pieces are skipped: copy-on-write frees tree blocks
-    /// and small extents all the time, and discarding each would cost
-    /// the foreground (on RBD, a write to its object per piece; widening
-    /// each to the free space around it cost a tenth of the fsyncs per
-    /// second) for space that `rbd du` still counts (an object with live
-    /// bytes stays whole).
+    /// more, each with the free space around it to 4 MiB boundaries.
+    /// Smaller pieces are skipped: copy-on-write frees tree blocks and
+    /// small extents all the time, and discarding each, with the free
+    /// space around it, cost a tenth of the fsyncs per second on RBD (a
+    /// write to its object each time) for space `rbd du` still counts
+    /// (an object with live bytes stays whole). A large piece's
+    /// neighbourhood goes too, or the objects where two deleted extents
+    /// met would stay, zeroed in two halves: 256 MiB of 8 GiB deleted.
     pub const ASYNC: DiscardPass = DiscardPass {
         delay: Duration::from_secs(2),
         min_len: 1 << 20,
+        window: 4 << 20,
         batches: 4,
     };
 
@@ -94,6 +103,7 @@ impl DiscardPass {
     pub const ALL: DiscardPass = DiscardPass {
         delay: Duration::ZERO,
         min_len: 1,
+        window: 1,
         batches: usize::MAX,
     };
 }
@@ -159,7 +169,7 @@ impl Engine {
                 break;
             }
             for place in batch {
-                self.discard_place(&st.alloc, place, pass.min_len.max(1), &mut done)?;
+                self.discard_place(&st.alloc, place, &pass, &mut done)?;
             }
         }
         Ok(done)
@@ -213,16 +223,23 @@ impl Engine {
         &self,
         alloc: &Allocator,
         place: Place,
-        min_len: u64,
+        pass: &DiscardPass,
         done: &mut Trimmed,
     ) -> Result<()> {
+        let min_len = pass.min_len.max(1);
         match place {
             Place::Logical(start, len) => {
-                for (s, l) in alloc.free_within(start, len) {
-                    if l >= min_len {
-                        let ok = self.shared.dev.discard(s, l)?;
-                        self.note_support(ok, l, done);
-                    }
+                let pieces = alloc
+                    .free_within(start, len)
+                    .into_iter()
+                    .filter(|p| p.1 >= min_len)
+                    .flat_map(|(s, l)| {
+                        let (from, to) = widen(s, l, pass.window);
+                        alloc.free_within(from, to - from)
+                    });
+                for (s, l) in join(pieces.collect()) {
+                    let ok = self.shared.dev.discard(s, l)?;
+                    self.note_support(ok, l, done);
                 }
             }
             Place::Device(devid, offset, len) => {
@@ -260,26 +277,39 @@ impl Engine {
     }
 }
 
-/// Sorts logical ranges and joins those that touch or overlap (device
-/// ranges stay as they are).
+/// `[s, s+l)` grown to the `window`-aligned range around it.
+fn widen(s: u64, l: u64, window: u64) -> (u64, u64) {
+    let window = window.max(1);
+    let from = s - s % window;
+    let to = (s + l).div_ceil(window).saturating_mul(window);
+    (from, to)
+}
+
+/// Sorts ranges `(start, len)` and joins those that touch or overlap.
+fn join(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut joined: Vec<(u64, u64)> = Vec::new();
+    for (s, l) in ranges {
+        match joined.last_mut() {
+            Some(last) if s <= last.0 + last.1 => last.1 = last.1.max(s + l - last.0),
+            _ => joined.push((s, l)),
+        }
+    }
+    joined
+}
+
+/// Joins the logical ranges that touch or overlap (device ranges stay as
+/// they are).
 fn merge(batch: Vec<Place>) -> Vec<Place> {
-    let mut logical: Vec<(u64, u64)> = Vec::new();
+    let mut logical = Vec::new();
     let mut out = Vec::new();
     for p in batch {
         match p {
-            Place::Logical(s, l) => logical.push((s, s + l)),
+            Place::Logical(s, l) => logical.push((s, l)),
             d @ Place::Device(..) => out.push(d),
         }
     }
-    logical.sort_unstable();
-    let mut joined: Vec<(u64, u64)> = Vec::new();
-    for (s, e) in logical {
-        match joined.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => joined.push((s, e)),
-        }
-    }
-    out.extend(joined.into_iter().map(|(s, e)| Place::Logical(s, e - s)));
+    out.extend(join(logical).into_iter().map(|(s, l)| Place::Logical(s, l)));
     out
 }
 
@@ -305,5 +335,16 @@ mod tests {
             .collect();
         assert_eq!(logical, vec![(0, 12288), (20000, 10)]);
         assert_eq!(got.len(), 3);
+        assert_eq!(
+            join(vec![(10, 5), (0, 20), (30, 1)]),
+            vec![(0, 20), (30, 1)]
+        );
+    }
+
+    #[test]
+    fn a_piece_is_widened_to_its_window() {
+        assert_eq!(widen(5 << 20, 16384, 4 << 20), (4 << 20, 8 << 20));
+        assert_eq!(widen((8 << 20) - 4096, 8192, 4 << 20), (4 << 20, 12 << 20));
+        assert_eq!(widen(7, 1, 1), (7, 8));
     }
 }
