@@ -2097,7 +2097,7 @@ fn trim_gives_freed_space_back_to_the_image_file() {
     assert!(out.contains("trimmed"), "{out}");
     let after = allocated();
     // statfs counts 4 KiB blocks.
-    let used = common::mounted::statfs_total(&mnt) - free_blocks(&mnt) * 4096;
+    let used = common::mounted::used_bytes(&mnt);
     // Within 5% (and a few MiB of tree blocks and headers) of what is used.
     assert!(
         after <= used + used / 20 + (4 << 20),
@@ -2135,7 +2135,7 @@ fn freed_space_goes_back_to_the_image_file_without_a_trim() {
     };
     let img = m.img.clone();
     let allocated = move || fs::metadata(&img).unwrap().blocks() * 512;
-    let used = |mnt: &Path| common::mounted::statfs_total(mnt) - free_blocks(mnt) * 4096;
+    let used = common::mounted::used_bytes;
     // Polls for up to 15 s (async discard waits 2 s, then works in
     // batches from the mount's loop).
     let falls_to_used = |mnt: &Path| {

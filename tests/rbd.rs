@@ -326,11 +326,6 @@ fn rbd_used(conf: &str, img: &Path) -> u64 {
     v["images"][0]["used_size"].as_u64().unwrap()
 }
 
-/// Bytes the mounted filesystem has in use (statfs).
-fn fs_used(mnt: &Path) -> u64 {
-    statfs_total(mnt) - common::mounted::free_blocks(mnt) * 4096
-}
-
 /// Issue 57, item 2: on RBD, deleted files' objects go back to the
 /// cluster once the commit that frees them is durable, with
 /// `discard=async` (the default) and with `canopy filesystem trim` under
@@ -353,7 +348,7 @@ fn freed_space_goes_back_to_the_rbd_image() {
     let near_used = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let (stored, used) = (rbd_used(&conf, &img), fs_used(&mnt));
+            let (stored, used) = (rbd_used(&conf, &img), common::mounted::used_bytes(&mnt));
             if stored <= used + used / 20 + (64 << 20) {
                 return;
             }

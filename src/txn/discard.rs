@@ -261,11 +261,8 @@ impl Engine {
 
     /// Counts a discard; a device that has none turns discarding off.
     fn note_support(&self, supported: bool, len: u64, done: &mut Trimmed) {
-        if supported {
-            done.bytes += len;
-            done.ranges += 1;
-            done.supported = true;
-        } else if self.discard_mode() != DiscardMode::Off {
+        done.add(len, supported);
+        if !supported && self.discard_mode() != DiscardMode::Off {
             tracing::info!(
                 "the storage takes no discards: freed space is not discarded on this mount"
             );

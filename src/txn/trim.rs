@@ -32,7 +32,9 @@ pub struct Trimmed {
 }
 
 impl Trimmed {
-    fn add(&mut self, len: u64, supported: bool) {
+    /// Counts a discard of `len` bytes the storage did (`supported`) or
+    /// has no call for.
+    pub(super) fn add(&mut self, len: u64, supported: bool) {
         if supported {
             self.bytes += len;
             self.ranges += 1;

@@ -207,6 +207,13 @@ pub fn free_blocks(path: &Path) -> u64 {
     s.f_bfree
 }
 
+/// Bytes the filesystem mounted on `mnt` has in use (statfs: total
+/// less free).
+#[allow(dead_code)]
+pub fn used_bytes(mnt: &Path) -> u64 {
+    statfs_total(mnt) - free_blocks(mnt) * 4096
+}
+
 /// statfs's total bytes of the filesystem mounted on `mnt`.
 pub fn statfs_total(mnt: &Path) -> u64 {
     let c = std::ffi::CString::new(mnt.to_str().unwrap()).unwrap();
