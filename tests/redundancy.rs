@@ -599,6 +599,7 @@ fn a_system_array_entry_no_group_confirms_is_never_written() {
     sb.system_chunks.push(SystemChunk {
         start,
         len,
+        first: None,
         extra: vec![Stripe {
             devid: 1,
             offset: mirror,

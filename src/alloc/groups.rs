@@ -34,6 +34,9 @@ pub struct BlockGroup {
     /// Bytes held by extents (pinned frees already subtracted).
     pub used: u64,
     pub free: FreeIndex,
+    /// Where the first copy lies in the mapped layout (None: device 1 at
+    /// `start`, the bound layout; see `volume`).
+    pub first: Option<Stripe>,
     /// Where the copies beyond the first lie (see `volume`).
     pub extra: Vec<Stripe>,
 }
@@ -42,8 +45,25 @@ impl BlockGroup {
     /// Nothing lives here and nothing freed here waits for a commit: the
     /// group can go back to the unallocated pool.
     pub fn is_empty(&self) -> bool {
-        self.used == 0
-            && self.free.total() + super::super_bytes_in(self.start, self.len) == self.len
+        self.used == 0 && self.free.total() + self.super_bytes() == self.len
+    }
+
+    /// Bytes of superblock copies inside the group's logical range: those
+    /// on device 1 in the bound layout, none in the mapped one (whose
+    /// copies keep apart from superblocks on every device).
+    pub fn super_bytes(&self) -> u64 {
+        match self.first {
+            Some(_) => 0,
+            None => super::super_bytes_in(self.start, self.len),
+        }
+    }
+
+    /// Where the first copy lies.
+    pub fn first_stripe(&self) -> Stripe {
+        self.first.unwrap_or(Stripe {
+            devid: crate::volume::PRIMARY_DEVID,
+            offset: self.start,
+        })
     }
 }
 
@@ -55,6 +75,7 @@ impl BlockGroup {
             kind,
             used,
             free: FreeIndex::default(),
+            first: None,
             extra: Vec::new(),
         }
     }
@@ -63,7 +84,7 @@ impl BlockGroup {
     pub fn profile(&self) -> Profile {
         match self.extra.as_slice() {
             [] => Profile::Single,
-            [s] if s.devid == crate::volume::PRIMARY_DEVID => Profile::Dup,
+            [s] if s.devid == self.first_stripe().devid => Profile::Dup,
             [_] => Profile::Raid1,
             _ => Profile::Raid1c3,
         }
@@ -71,16 +92,19 @@ impl BlockGroup {
 
     /// Every device range it takes: (devid, start, end).
     pub fn ranges(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-        let own = (
-            crate::volume::PRIMARY_DEVID,
-            self.start,
-            self.start + self.len,
-        );
-        std::iter::once(own).chain(
-            self.extra
-                .iter()
-                .map(|s| (s.devid, s.offset, s.offset + self.len)),
-        )
+        std::iter::once(self.first_stripe())
+            .chain(self.extra.iter().copied())
+            .map(|s| (s.devid, s.offset, s.offset + self.len))
+    }
+
+    /// Its entry in the volume's map of copies.
+    pub fn chunk(&self) -> crate::volume::Chunk {
+        crate::volume::Chunk {
+            start: self.start,
+            len: self.len,
+            first: self.first_stripe(),
+            extra: self.extra.clone(),
+        }
     }
 }
 

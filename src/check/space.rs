@@ -347,7 +347,7 @@ struct Group {
     item: BlockGroupItem,
 }
 
-fn groups(found: &Found, total: u64, report: &mut Report) -> Vec<Group> {
+fn groups(found: &Found, total: u64, mapped: bool, report: &mut Report) -> Vec<Group> {
     let mut out: Vec<Group> = Vec::new();
     for it in found.items.get(&tree_id::BLOCK_GROUP).into_iter().flatten() {
         let loc = format!("block group item {}", it.key);
@@ -363,6 +363,12 @@ fn groups(found: &Found, total: u64, report: &mut Report) -> Vec<Group> {
             }
         };
         let (start, len) = (it.key.objectid, it.key.offset);
+        if item.first.is_some() != mapped {
+            report.problem(
+                &loc,
+                "names its first copy in the bound layout, or not in the mapped one",
+            );
+        }
         if start < RESERVED_START || start.checked_add(len).is_none_or(|e| e > total) {
             report.problem(&loc, "outside the filesystem");
             continue;
@@ -375,28 +381,33 @@ fn groups(found: &Found, total: u64, report: &mut Report) -> Vec<Group> {
     out
 }
 
-/// Copies beyond the first (dup, raid1, raid1c3): each lies inside its
-/// device (one the superblock names) apart from every group and every
-/// other copy there, holds no superblock copy, and the superblock names
-/// exactly the copies of the groups that hold the root and block group
-/// trees (read through them before the block groups are loaded): the
-/// system groups, and on a mixed image of several devices the mixed
-/// groups, as many as fit.
+/// Copies beyond the first (dup, raid1, raid1c3), and in the mapped
+/// layout every copy: each lies inside its device (one the superblock
+/// names) apart from every group and every other copy there, holds no
+/// superblock copy, and the superblock names exactly the copies of the
+/// groups that hold the root and block group trees (read through them
+/// before the block groups are loaded): the system groups, and on a mixed
+/// image of several devices the mixed groups, as many as fit (in the
+/// mapped layout every system group, whatever its copies).
 fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
     let mut ranges: BTreeMap<u64, Vec<(u64, u64, String)>> = BTreeMap::new();
-    ranges.entry(1).or_default().extend(
-        groups
-            .iter()
-            .map(|g| (g.start, g.start + g.len, format!("block group {}", g.start))),
-    );
+    if !sb.is_mapped() {
+        ranges.entry(1).or_default().extend(
+            groups
+                .iter()
+                .map(|g| (g.start, g.start + g.len, format!("block group {}", g.start))),
+        );
+    }
     let mut system = Vec::new();
     for g in groups {
-        if g.item.extra.is_empty() {
+        if g.item.extra.is_empty() && g.item.first.is_none() {
             continue;
         }
-        for (i, st) in g.item.extra.iter().enumerate() {
+        let skip = usize::from(g.item.first.is_none());
+        let copies = g.item.first.iter().chain(&g.item.extra);
+        for (i, st) in copies.enumerate() {
             let (m, devid) = (st.offset, st.devid);
-            let loc = format!("copy {} of block group {}", i + 1, g.start);
+            let loc = format!("copy {} of block group {}", i + skip, g.start);
             let Some(size) = sb.device_bytes(devid) else {
                 report.problem(
                     &loc,
@@ -420,6 +431,7 @@ fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
             system.push(crate::format::superblock::SystemChunk {
                 start: g.start,
                 len: g.len,
+                first: g.item.first,
                 extra: g.item.extra.clone(),
             });
         }
@@ -465,6 +477,9 @@ fn group_of(groups: &[Group], at: u64) -> Option<&Group> {
 struct Sweep<'g> {
     groups: &'g [Group],
     total: u64,
+    /// The mapped layout: superblock copies lie outside the logical
+    /// address space.
+    mapped: bool,
     prev_end: u64,
     used_by_group: BTreeMap<u64, u64>,
     /// The group whose free ranges are being found, and how far.
@@ -474,10 +489,11 @@ struct Sweep<'g> {
 }
 
 impl<'g> Sweep<'g> {
-    fn new(groups: &'g [Group], total: u64) -> Sweep<'g> {
+    fn new(groups: &'g [Group], total: u64, mapped: bool) -> Sweep<'g> {
         Sweep {
             groups,
             total,
+            mapped,
             prev_end: 0,
             used_by_group: BTreeMap::new(),
             group: 0,
@@ -517,7 +533,7 @@ impl<'g> Sweep<'g> {
                 *self.used_by_group.entry(g.start).or_default() += len;
             }
         }
-        if free_ranges_excluding_supers(start, len) != vec![(start, len)] {
+        if !self.mapped && free_ranges_excluding_supers(start, len) != vec![(start, len)] {
             report.problem(&loc, "overlaps a superblock copy");
         }
         self.occupy(start, len);
@@ -555,7 +571,11 @@ impl<'g> Sweep<'g> {
     /// `[from, to)` without the superblock copies in it.
     fn free_between(&mut self, from: u64, to: u64) {
         let mut at = from;
-        for o in crate::format::SUPER_OFFSETS {
+        let supers = match self.mapped {
+            true => &[][..],
+            false => &crate::format::SUPER_OFFSETS[..],
+        };
+        for &o in supers {
             let end = o + crate::format::SUPER_SIZE;
             if end <= at || o >= to {
                 continue;
@@ -589,12 +609,12 @@ pub(super) fn check(device_bytes: u64, sb: &Superblock, mut found: Found, report
         std::mem::take(&mut found.free_by_start),
         std::mem::take(&mut found.free_by_len),
     );
-    if sb.total_bytes > device_bytes {
+    if sb.total_bytes > device_bytes && !sb.is_mapped() {
         report.problem("superblock", "filesystem larger than the device");
     }
-    let groups = groups(&found, sb.total_bytes, report);
+    let groups = groups(&found, sb.total_bytes, sb.is_mapped(), report);
     check_mirrors(&groups, sb, report);
-    let mut sweep = Sweep::new(&groups, sb.total_bytes);
+    let mut sweep = Sweep::new(&groups, sb.total_bytes, sb.is_mapped());
     if let Err(e) = check_extents(sb, (extents, data, &found), &mut sweep, report) {
         report.problem("check", format!("cannot read a temporary file: {e}"));
         return;

@@ -203,12 +203,10 @@ pub(super) fn walk_all(
         progress,
         mirrors: ChunkMap::default(),
     };
+    w.mirrors.set_mapped(sb.is_mapped());
     for c in &sb.system_chunks {
-        w.mirrors.insert(Chunk {
-            start: c.start,
-            len: c.len,
-            extra: c.extra.clone(),
-        });
+        w.mirrors
+            .insert(Chunk::new(c.start, c.len, c.first, c.extra.clone()));
     }
     let root_tree = (sb.root, sb.root_generation, sb.root_level);
     w.walk_tree(tree_id::ROOT, root_tree, report);
@@ -426,12 +424,9 @@ impl Walker<'_> {
             .flatten()
         {
             if let Ok(g) = BlockGroupItem::decode(&it.data) {
-                if !g.extra.is_empty() {
-                    self.mirrors.insert(Chunk {
-                        start: it.key.objectid,
-                        len: it.key.offset,
-                        extra: g.extra,
-                    });
+                if g.first.is_some() || !g.extra.is_empty() {
+                    let c = Chunk::new(it.key.objectid, it.key.offset, g.first, g.extra);
+                    self.mirrors.insert(c);
                 }
             }
         }

@@ -18,9 +18,9 @@
 
 use super::inode::{extref_hash, name_hash, DirEntry, InodeItem};
 use super::items::{
-    decode_ref_count, BlockGroupItem, ExtentItem, FileExtentItem, RootItem, COMPRESSED_INLINE_MAX,
-    COMPRESSED_MAX, COMPRESS_LZ4, COMPRESS_NONE, COMPRESS_ZSTD, FILE_EXTENT_INLINE,
-    FILE_EXTENT_REG,
+    decode_ref_count, BlockGroupItem, ExtentItem, FileExtentItem, RootItem, Stripe,
+    COMPRESSED_INLINE_MAX, COMPRESSED_MAX, COMPRESS_LZ4, COMPRESS_NONE, COMPRESS_ZSTD,
+    FILE_EXTENT_INLINE, FILE_EXTENT_REG,
 };
 use super::key_type::*;
 use super::{Key, RESERVED_START, SECTORSIZE};
@@ -509,6 +509,9 @@ fn check_block_group(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
             key.offset, bg.used
         ));
     }
+    if let Some(first) = bg.first {
+        return check_listed_copies(key, first, &bg.extra);
+    }
     for s in &bg.extra {
         let what = format!("copy of block group {} on device {}", key.objectid, s.devid);
         // Other devices' sizes are the allocator's to check, at load.
@@ -526,6 +529,34 @@ fn check_block_group(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
             return fail(format!(
                 "block group {} and its second copy at {} overlap",
                 key.objectid, s.offset
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The copies of a group of the mapped layout: each sector-aligned past
+/// the reserved start (devices' sizes are the allocator's to check, at
+/// load), none overlapping another on the same device.
+fn check_listed_copies(key: &Key, first: Stripe, extra: &[Stripe]) -> Verdict {
+    let any_size = Limits {
+        device_size: u64::MAX,
+    };
+    let all: Vec<Stripe> = std::iter::once(first)
+        .chain(extra.iter().copied())
+        .collect();
+    for (i, s) in all.iter().enumerate() {
+        let what = format!("copy of block group {} on device {}", key.objectid, s.devid);
+        check_device_range(s.offset, key.offset, &any_size, &what)?;
+        let clash = all[..i].iter().any(|o| {
+            o.devid == s.devid
+                && o.offset < s.offset.saturating_add(key.offset)
+                && s.offset < o.offset.saturating_add(key.offset)
+        });
+        if clash {
+            return fail(format!(
+                "copies of block group {} overlap on device {}",
+                key.objectid, s.devid
             ));
         }
     }

@@ -239,6 +239,9 @@ pub const BG_RAID1: u64 = 16;
 /// The group has two more copies, on two other devices (RAID1C3).
 pub const BG_RAID1C3: u64 = 512;
 const BG_PROFILES: u64 = BG_DUP | BG_RAID1 | BG_RAID1C3;
+/// The item names every copy, the first included (the mapped layout, see
+/// `volume`), as (devid, offset) pairs.
+pub const BG_LISTED: u64 = 1 << 48;
 
 pub use crate::volume::Stripe;
 
@@ -250,12 +253,17 @@ pub use crate::volume::Stripe;
 /// second copy's devid and offset (32 bytes); with [`BG_RAID1C3`] two such
 /// pairs (48 bytes). A group's start is also where its first copy lies on
 /// device 1, so reading needs no mapping; only the other copies do.
+/// With [`BG_LISTED`] (the mapped layout) every copy follows as a
+/// (devid, offset) pair, the first included: 32, 48 or 64 bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockGroupItem {
     pub used: u64,
     /// The kind (`BG_DATA`, `BG_SYSTEM`, `BG_METADATA`, `BG_MIXED`),
     /// without the profile bit: that follows from `extra`.
     pub flags: u64,
+    /// Where the first copy lies, in the mapped layout (None: device 1
+    /// at the group's start).
+    pub first: Option<Stripe>,
     /// Where the copies beyond the first lie.
     pub extra: Vec<Stripe>,
 }
@@ -266,9 +274,10 @@ impl BlockGroupItem {
     /// The profile bit the copies make: DUP for one more copy on device
     /// 1, RAID1 for one on another device, RAID1C3 for two.
     fn profile_bit(&self) -> u64 {
+        let first_devid = self.first.map_or(1, |f| f.devid);
         match self.extra.as_slice() {
             [] => 0,
-            [s] if s.devid == 1 => BG_DUP,
+            [s] if s.devid == first_devid => BG_DUP,
             [_] => BG_RAID1,
             _ => BG_RAID1C3,
         }
@@ -278,6 +287,14 @@ impl BlockGroupItem {
         let bit = self.profile_bit();
         let mut b = vec![0u8; BLOCK_GROUP_ITEM_SIZE];
         put_u64(&mut b, 0, self.used);
+        if let Some(first) = self.first {
+            put_u64(&mut b, 8, self.flags | bit | BG_LISTED);
+            for s in std::iter::once(&first).chain(&self.extra) {
+                b.extend_from_slice(&s.devid.to_le_bytes());
+                b.extend_from_slice(&s.offset.to_le_bytes());
+            }
+            return b;
+        }
         put_u64(&mut b, 8, self.flags | bit);
         for s in &self.extra {
             if bit != BG_DUP {
@@ -291,9 +308,12 @@ impl BlockGroupItem {
     pub fn decode(b: &[u8]) -> DecodeResult<BlockGroupItem> {
         need(b, BLOCK_GROUP_ITEM_SIZE, "block group")?;
         let raw = le_u64(b, 8);
-        let flags = raw & !BG_PROFILES;
+        let flags = raw & !BG_PROFILES & !BG_LISTED;
         if ![BG_DATA, BG_SYSTEM, BG_METADATA, BG_MIXED].contains(&flags) {
             return Err(format!("block group flags {raw:#x} invalid"));
+        }
+        if raw & BG_LISTED != 0 {
+            return Self::decode_listed(b, raw, flags);
         }
         let (want, extra) = match raw & BG_PROFILES {
             0 => (16, Vec::new()),
@@ -331,7 +351,46 @@ impl BlockGroupItem {
         Ok(BlockGroupItem {
             used: le_u64(b, 0),
             flags,
+            first: None,
             extra,
+        })
+    }
+
+    /// An item of the mapped layout: every copy as a (devid, offset)
+    /// pair, as many as the profile bit says, `dup`'s both on one device
+    /// and the others' on distinct devices.
+    fn decode_listed(b: &[u8], raw: u64, flags: u64) -> DecodeResult<BlockGroupItem> {
+        let copies = match raw & BG_PROFILES {
+            0 => 1,
+            BG_DUP | BG_RAID1 => 2,
+            BG_RAID1C3 => 3,
+            _ => return Err(format!("block group flags {raw:#x} invalid")),
+        };
+        if b.len() != 16 + 16 * copies {
+            return Err(format!(
+                "block group item of {} bytes for {copies} listed copies",
+                b.len()
+            ));
+        }
+        let all = stripes_at(b, copies);
+        let mut devids: Vec<u64> = all.iter().map(|s| s.devid).collect();
+        devids.sort_unstable();
+        devids.dedup();
+        let distinct = match raw & BG_DUP {
+            0 => copies,
+            _ => 1,
+        };
+        if devids.len() != distinct || devids.contains(&0) {
+            return Err(format!(
+                "block group copies on devices {:?} do not make its profile",
+                all.iter().map(|s| s.devid).collect::<Vec<_>>()
+            ));
+        }
+        Ok(BlockGroupItem {
+            used: le_u64(b, 0),
+            flags,
+            first: Some(all[0]),
+            extra: all[1..].to_vec(),
         })
     }
 }

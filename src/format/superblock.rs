@@ -46,10 +46,16 @@ const SYSTEM_CHUNK_BYTES: usize = 24;
 /// two (devid, offset) pairs for the copies beyond the first (devid 0:
 /// none).
 const SYSTEM_CHUNK_BYTES_DEVICES: usize = 48;
+/// A system group's entry with [`INCOMPAT_MAPPED`]: start, length, then
+/// three (devid, offset) pairs for every copy, the first included (devid
+/// 0: none).
+const SYSTEM_CHUNK_BYTES_MAPPED: usize = 64;
 /// Most system groups the superblock can name (the array's room).
 pub const SYSTEM_CHUNKS_MAX: usize = 128;
 /// The same with [`INCOMPAT_DEVICES`], whose entries are twice as long.
 pub const SYSTEM_CHUNKS_MAX_DEVICES: usize = 64;
+/// The same with [`INCOMPAT_MAPPED`].
+pub const SYSTEM_CHUNKS_MAX_MAPPED: usize = 48;
 /// With [`INCOMPAT_DEVICES`]: the devid of the device this copy lies on.
 const OFF_DEVID: usize = 3544;
 const OFF_DEVICE_COUNT: usize = 3552;
@@ -100,8 +106,15 @@ pub const INCOMPAT_DEVICES: u64 = 256;
 /// would fail their reads and report their extents as damaged. Set for
 /// good by the first file or directory given the flag.
 pub const INCOMPAT_NODATASUM: u64 = 512;
+/// The mapped layout (see `volume`): every block group names every copy,
+/// the first included, so copies lie on any devices and the logical
+/// address space (`total_bytes` long) is the groups' alone; the system
+/// array names every system group. Older code would read device 1 at
+/// logical addresses. Needs [`INCOMPAT_DEVICES`].
+pub const INCOMPAT_MAPPED: u64 = 1024;
 /// Incompatible features this code understands.
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
+    | INCOMPAT_MAPPED
     | INCOMPAT_NODATASUM
     | INCOMPAT_DEVICES
     | INCOMPAT_MIXED_GROUPS
@@ -207,6 +220,8 @@ impl Profile {
 pub struct SystemChunk {
     pub start: u64,
     pub len: u64,
+    /// The first copy, in the mapped layout (None: device 1 at `start`).
+    pub first: Option<Stripe>,
     pub extra: Vec<Stripe>,
 }
 
@@ -254,7 +269,8 @@ pub struct Superblock {
     pub metadata_profile: Profile,
     /// Profile of new data groups.
     pub data_profile: Profile,
-    /// The system groups with more than one copy, at the last commit.
+    /// The system groups with more than one copy, at the last commit
+    /// (in the mapped layout, every system group).
     pub system_chunks: Vec<SystemChunk>,
     /// The device this copy lies on (1 without [`INCOMPAT_DEVICES`]).
     pub devid: u64,
@@ -331,11 +347,17 @@ impl Superblock {
         self.incompat & INCOMPAT_DEVICES != 0
     }
 
+    /// Whether every group names its first copy (the mapped layout).
+    pub fn is_mapped(&self) -> bool {
+        self.incompat & INCOMPAT_MAPPED != 0
+    }
+
     /// Most system groups the array holds in this layout.
     pub fn system_chunks_max(&self) -> usize {
-        match self.has_device_table() {
-            true => SYSTEM_CHUNKS_MAX_DEVICES,
-            false => SYSTEM_CHUNKS_MAX,
+        match (self.is_mapped(), self.has_device_table()) {
+            (true, _) => SYSTEM_CHUNKS_MAX_MAPPED,
+            (false, true) => SYSTEM_CHUNKS_MAX_DEVICES,
+            (false, false) => SYSTEM_CHUNKS_MAX,
         }
     }
 
@@ -351,6 +373,17 @@ impl Superblock {
         let chunks = &self.system_chunks[..self.system_chunks.len().min(self.system_chunks_max())];
         put_u32(b, OFF_SYSTEM_CHUNKS, chunks.len() as u32);
         for (i, c) in chunks.iter().enumerate() {
+            if self.is_mapped() {
+                let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES_MAPPED;
+                put_u64(b, at, c.start);
+                put_u64(b, at + 8, c.len);
+                let all = c.first.iter().chain(&c.extra).take(3);
+                for (j, s) in all.enumerate() {
+                    put_u64(b, at + 16 + 16 * j, s.devid);
+                    put_u64(b, at + 24 + 16 * j, s.offset);
+                }
+                continue;
+            }
             if !self.has_device_table() {
                 let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES;
                 put_u64(b, at, c.start);
@@ -423,8 +456,11 @@ impl Superblock {
             devices: Vec::new(),
         };
         let mut sb = sb;
-        sb.system_chunks =
-            decode_system_chunks(b, sb.has_device_table()).map_err(|why| bad(&why))?;
+        sb.system_chunks = match sb.is_mapped() {
+            true => decode_mapped_system_chunks(b),
+            false => decode_system_chunks(b, sb.has_device_table()),
+        }
+        .map_err(|why| bad(&why))?;
         match sb.has_device_table() {
             true => {
                 sb.devid = le_u64(b, OFF_DEVID);
@@ -481,7 +517,7 @@ impl Superblock {
         let dup = self.incompat & INCOMPAT_DUP != 0;
         let uses_dup = self.metadata_profile != Profile::Single
             || self.data_profile != Profile::Single
-            || !self.system_chunks.is_empty();
+            || self.system_chunks.iter().any(|c| !c.extra.is_empty());
         if uses_dup && !dup {
             return Err("a second copy without its feature bit".into());
         }
@@ -490,6 +526,9 @@ impl Superblock {
             .any(|p| p.min_devices() > 1);
         if spans && !self.has_device_table() {
             return Err("a profile over several devices without the device table".into());
+        }
+        if self.is_mapped() && !self.has_device_table() {
+            return Err("the mapped layout without the device table".into());
         }
         self.validate_devices()?;
         for c in &self.system_chunks {
@@ -527,7 +566,9 @@ impl Superblock {
         if ids.len() != self.devices.len() || ids.first() == Some(&0) {
             return Err("the device table names a device twice, or device 0".into());
         }
-        if self.device_bytes(1).is_none_or(|b| b < self.total_bytes) {
+        // In the bound layout device 1 holds the logical address space.
+        let small = |b: u64| !self.is_mapped() && b < self.total_bytes;
+        if self.device_bytes(1).is_none_or(small) {
             return Err("the device table lacks device 1 or makes it too small".into());
         }
         if self.device_bytes(self.devid).is_none() {
@@ -542,6 +583,9 @@ impl Superblock {
     /// A system group's copies lie inside their devices, sector-aligned,
     /// on distinct devices, and (on device 1) apart from the group.
     fn validate_system_chunk(&self, c: &SystemChunk) -> std::result::Result<(), String> {
+        if self.is_mapped() {
+            return self.validate_mapped_system_chunk(c);
+        }
         let sector = u64::from(self.sectorsize);
         let bad = || format!("system group at {} and its copies {:?}", c.start, c.extra);
         let fits = |devid: u64, at: u64| {
@@ -566,6 +610,79 @@ impl Superblock {
     }
 }
 
+impl Superblock {
+    /// A system group of the mapped layout: inside the logical address
+    /// space, every copy inside its device and sector-aligned; `dup`'s two
+    /// on one device apart, others on distinct devices.
+    fn validate_mapped_system_chunk(&self, c: &SystemChunk) -> std::result::Result<(), String> {
+        let sector = u64::from(self.sectorsize);
+        let bad = || {
+            format!(
+                "system group at {} and its copies {:?} {:?}",
+                c.start, c.first, c.extra
+            )
+        };
+        let Some(first) = c.first else {
+            return Err(bad());
+        };
+        let inside = c
+            .start
+            .checked_add(c.len)
+            .is_some_and(|e| e <= self.total_bytes);
+        if c.len == 0 || !c.len.is_multiple_of(sector) || !c.start.is_multiple_of(sector) || !inside
+        {
+            return Err(bad());
+        }
+        let all: Vec<Stripe> = std::iter::once(first)
+            .chain(c.extra.iter().copied())
+            .collect();
+        for (i, s) in all.iter().enumerate() {
+            let fits = s.offset.is_multiple_of(sector)
+                && self
+                    .device_bytes(s.devid)
+                    .is_some_and(|size| s.offset.checked_add(c.len).is_some_and(|e| e <= size));
+            let clash = all[..i].iter().any(|o| {
+                o.devid == s.devid
+                    && (all.len() != 2
+                        || o.offset < s.offset.saturating_add(c.len)
+                            && s.offset < o.offset.saturating_add(c.len))
+            });
+            if !fits || clash {
+                return Err(bad());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The system array of the mapped layout.
+fn decode_mapped_system_chunks(b: &[u8]) -> std::result::Result<Vec<SystemChunk>, String> {
+    let n = le_u32(b, OFF_SYSTEM_CHUNKS) as usize;
+    if n > SYSTEM_CHUNKS_MAX_MAPPED {
+        return Err(format!(
+            "{n} system groups named, at most {SYSTEM_CHUNKS_MAX_MAPPED} fit"
+        ));
+    }
+    Ok((0..n)
+        .map(|i| {
+            let at = OFF_SYSTEM_ARRAY + i * SYSTEM_CHUNK_BYTES_MAPPED;
+            let all: Vec<Stripe> = (0..3)
+                .map(|j| Stripe {
+                    devid: le_u64(b, at + 16 + 16 * j),
+                    offset: le_u64(b, at + 24 + 16 * j),
+                })
+                .filter(|s| s.devid != 0)
+                .collect();
+            SystemChunk {
+                start: le_u64(b, at),
+                len: le_u64(b, at + 8),
+                first: all.first().copied(),
+                extra: all.iter().skip(1).copied().collect(),
+            }
+        })
+        .collect())
+}
+
 fn decode_system_chunks(b: &[u8], devices: bool) -> std::result::Result<Vec<SystemChunk>, String> {
     let n = le_u32(b, OFF_SYSTEM_CHUNKS) as usize;
     let max = match devices {
@@ -582,6 +699,7 @@ fn decode_system_chunks(b: &[u8], devices: bool) -> std::result::Result<Vec<Syst
                 SystemChunk {
                     start: le_u64(b, at),
                     len: le_u64(b, at + 8),
+                    first: None,
                     extra: vec![Stripe {
                         devid: 1,
                         offset: le_u64(b, at + 16),
@@ -593,6 +711,7 @@ fn decode_system_chunks(b: &[u8], devices: bool) -> std::result::Result<Vec<Syst
                 SystemChunk {
                     start: le_u64(b, at),
                     len: le_u64(b, at + 8),
+                    first: None,
                     extra: (0..2)
                         .map(|j| Stripe {
                             devid: le_u64(b, at + 16 + 16 * j),

@@ -214,6 +214,13 @@ impl Engine {
                 bytes,
                 uuid: random_fsid(),
             });
+            if sb.is_mapped() {
+                // Room in the logical address space for what it holds.
+                sb.total_bytes += bytes;
+                let total = sb.total_bytes;
+                tx.st.alloc.set_logical_bytes(total);
+                self.shared.dev.set_logical_bytes(total);
+            }
             devices_changed(tx);
             self.shared.dev.add_device(devid, dev.clone());
             Ok(devid)
@@ -315,9 +322,14 @@ pub(super) fn missing_devids(sb: &Superblock, vol: &crate::volume::Volume) -> Ve
 }
 
 fn removable(sb: &Superblock, devid: u64) -> Result<()> {
+    if devid == crate::volume::PRIMARY_DEVID && !sb.is_mapped() {
+        return Err(Error::Invalid(
+            "device 1 holds the first copy of every block group in this layout: it cannot be removed (replace it instead)".into(),
+        ));
+    }
     if devid == crate::volume::PRIMARY_DEVID {
         return Err(Error::Invalid(
-            "device 1 holds the first copy of every block group in this version: it cannot be removed".into(),
+            "device 1 cannot be removed in this version (replace it instead)".into(),
         ));
     }
     if sb.device_bytes(devid).is_none() {

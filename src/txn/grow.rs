@@ -47,7 +47,12 @@ impl Engine {
     pub fn grow(&self, to: GrowTo) -> Result<Grown> {
         let device_bytes = whole_sectors(self.shared.dev.refresh_size()?);
         let grown = self.write(|tx| {
-            let old_bytes = tx.st.sb.total_bytes;
+            // Device 1's share: the whole filesystem in the bound layout.
+            let mapped = tx.st.sb.is_mapped();
+            let old_bytes = match mapped {
+                true => tx.st.sb.device_bytes(1).unwrap_or(0),
+                false => tx.st.sb.total_bytes,
+            };
             let asked = match to {
                 GrowTo::By(n) => old_bytes.saturating_add(n),
                 GrowTo::To(n) => n,
@@ -66,7 +71,14 @@ impl Engine {
             }
             if new_bytes > old_bytes {
                 tx.st.alloc.grow(new_bytes);
-                tx.st.sb.total_bytes = new_bytes;
+                tx.st.sb.total_bytes = match mapped {
+                    true => tx.st.sb.total_bytes + (new_bytes - old_bytes),
+                    false => new_bytes,
+                };
+                if mapped {
+                    tx.st.alloc.set_logical_bytes(tx.st.sb.total_bytes);
+                    self.shared.dev.set_logical_bytes(tx.st.sb.total_bytes);
+                }
                 for d in tx.st.sb.devices.iter_mut().filter(|d| d.devid == 1) {
                     d.bytes = d.bytes.max(new_bytes);
                 }

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::format::items::{BlockGroupItem, RootItem};
 use crate::format::key_type::{BLOCK_GROUP_ITEM, FREE_EXTENT, ROOT_ITEM};
 use crate::format::superblock::{
-    Profile, Superblock, INCOMPAT_DEVICES, INCOMPAT_DUP, INCOMPAT_MIXED_GROUPS,
+    Profile, Superblock, INCOMPAT_DEVICES, INCOMPAT_DUP, INCOMPAT_MAPPED, INCOMPAT_MIXED_GROUPS,
 };
 use crate::format::{self, tree_id, Key, SUPER_OFFSETS, SUPER_SIZE};
 use crate::tree::{BlockRead, Cursor, RootPtr};
@@ -31,6 +31,10 @@ pub struct FormatOptions {
     pub metadata_profile: Option<Profile>,
     /// Profile of data groups.
     pub data_profile: Profile,
+    /// The mapped layout (every group names its first copy, so copies
+    /// lie on any devices); None chooses it for several devices without
+    /// mixed groups (see `volume`).
+    pub mapped: Option<bool>,
 }
 
 /// Devices smaller than this get mixed block groups by default: split
@@ -47,6 +51,7 @@ impl Default for FormatOptions {
             mixed: None,
             metadata_profile: None,
             data_profile: Profile::Single,
+            mapped: None,
         }
     }
 }
@@ -147,6 +152,9 @@ fn new_engine(
         st.alloc.chunk_map(),
     ));
     dev.set_repairs(!opts.read_only || opts.repair_when_read_only);
+    if st.sb.is_mapped() {
+        dev.set_logical_bytes(st.sb.total_bytes);
+    }
     Engine {
         shared: Shared {
             dev,
@@ -183,15 +191,19 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64, mechanisms: Mech
     alloc.set_profiles(sb.metadata_profile, sb.data_profile);
     let others = sb.devices.iter().map(|d| (d.devid, d.bytes)).collect();
     alloc.set_devices(others, sb.has_device_table());
+    if sb.is_mapped() {
+        alloc.set_mapped(sb.total_bytes);
+    }
     // The system groups' copies, so the root tree and the block group
     // tree read from any before the block group items are loaded.
     let map = alloc.chunk_map();
     for c in &sb.system_chunks {
-        map.insert(crate::volume::Chunk {
-            start: c.start,
-            len: c.len,
-            extra: c.extra.clone(),
-        });
+        map.insert(crate::volume::Chunk::new(
+            c.start,
+            c.len,
+            c.first,
+            c.extra.clone(),
+        ));
     }
     State {
         transid,
@@ -269,7 +281,19 @@ impl Engine {
             )));
         }
         let dup = metadata_profile != Profile::Single || opts.data_profile != Profile::Single;
-        let spans = devs.len() > 1 || metadata_profile.min_devices() > 1;
+        let mapped = opts.mapped.unwrap_or(devs.len() > 1 && !mixed);
+        if mapped && mixed {
+            return Err(Error::Invalid(
+                "mixed block groups keep the bound layout (the superblock could not name every group holding the root tree)".into(),
+            ));
+        }
+        let spans = devs.len() > 1 || metadata_profile.min_devices() > 1 || mapped;
+        // The mapped layout's logical addresses are its groups' alone: as
+        // many as the devices hold.
+        let total_bytes = match mapped {
+            true => table.iter().map(|d| d.bytes).sum(),
+            false => size,
+        };
         let sb = Superblock {
             fsid,
             flags: 0,
@@ -284,7 +308,7 @@ impl Engine {
             log_prev_generation: 0,
             log_prev_level: 0,
             log_nonce: 0,
-            total_bytes: size,
+            total_bytes,
             bytes_used: 0,
             nodesize: ns,
             sectorsize: format::SECTORSIZE,
@@ -292,7 +316,8 @@ impl Engine {
             compat_ro: 0,
             incompat: if mixed { INCOMPAT_MIXED_GROUPS } else { 0 }
                 | if dup { INCOMPAT_DUP } else { 0 }
-                | if spans { INCOMPAT_DEVICES } else { 0 },
+                | if spans { INCOMPAT_DEVICES } else { 0 }
+                | if mapped { INCOMPAT_MAPPED } else { 0 },
             label: opts.label.clone(),
             metadata_profile,
             data_profile: opts.data_profile,
@@ -300,8 +325,7 @@ impl Engine {
             devid: 1,
             devices: table,
         };
-        let total = sb.total_bytes;
-        let st = empty_state(sb, 1, total, mechanisms);
+        let st = empty_state(sb, 1, size, mechanisms);
         let devices = devs
             .into_iter()
             .enumerate()
@@ -354,7 +378,12 @@ impl Engine {
             generation: sb.root_generation,
             level: sb.root_level,
         };
-        let st = empty_state(sb.clone(), sb.generation + 1, sb.total_bytes, mechanisms);
+        // Device 1's size: the bound layout's logical address space.
+        let primary = match sb.is_mapped() {
+            true => sb.device_bytes(crate::volume::PRIMARY_DEVID).unwrap_or(0),
+            false => sb.total_bytes,
+        };
+        let st = empty_state(sb.clone(), sb.generation + 1, primary, mechanisms);
         let engine = new_engine(devices, st, fsid, ns, opts);
         *crate::sync::write(&engine.device_names) = names;
         if !opts.read_only {
@@ -532,7 +561,7 @@ fn load_space(st: &mut State, sh: &Shared, space: Option<&SpaceOverride>) -> Res
             None => g.used,
         };
         st.alloc
-            .load_group(k.objectid, k.offset, g.flags, used, g.extra)?;
+            .load_group(k.objectid, k.offset, g.flags, used, g.first, g.extra)?;
     }
     match space {
         Some(s) => {
@@ -551,7 +580,7 @@ fn load_space(st: &mut State, sh: &Shared, space: Option<&SpaceOverride>) -> Res
     }
     // Free space that disagrees with usage would let us overwrite live data.
     for g in st.alloc.groups() {
-        let accounted = g.used + g.free.total() + crate::alloc::super_bytes_in(g.start, g.len);
+        let accounted = g.used + g.free.total() + g.super_bytes();
         if accounted != g.len {
             return Err(Error::corrupt(
                 g.start,

@@ -82,6 +82,7 @@ pub(super) fn write_block_groups(tx: &mut Txn<'_>) -> Result<bool> {
         let item = BlockGroupItem {
             used: g.used,
             flags: g.kind.flags(),
+            first: g.first,
             extra: g.extra.clone(),
         };
         let key = Key::new(g.start, BLOCK_GROUP_ITEM, g.len);

@@ -1,15 +1,17 @@
 //! Volumes: the devices of a filesystem, the copies of each block group,
 //! and a device that writes every copy.
 //!
-//! Addresses above this layer are logical: a block group's start. The
-//! first copy of every group lies on device 1 at the logical address
-//! itself, so an image reads without the map (old images have no map at
-//! all) and only writes and repairs need it. A group of the `single`
-//! profile has that copy only; `dup` has a second range on device 1
-//! (its mirror); `raid1` a second copy on another device; `raid1c3` two
-//! more, on two other devices. Copy 0 on device 1 is this version's
-//! layout rule: device 1 holds every group once, so its size bounds the
-//! filesystem's (docs/architecture.md, "Devices").
+//! Addresses above this layer are logical: a block group's start plus an
+//! offset. Two layouts map them to devices. In the *bound* layout (one
+//! device, and images made before the mapped layout) the first copy of
+//! every group lies on device 1 at the logical address itself, so an
+//! image reads without the map, and only the further copies are mapped:
+//! `dup` a second range on device 1 (its mirror), `raid1` a second copy
+//! on another device, `raid1c3` two more on two other devices. In the
+//! *mapped* layout (several devices; docs/architecture.md, "Devices")
+//! every group names every copy, the first included, so a group's copies
+//! may lie on any devices and the logical address space is the groups'
+//! alone; an address no group holds has no copy at all.
 //!
 //! [`Volume`] is the device the engine uses: a write lands on every copy,
 //! a read comes from the first copy whose device is present, and
@@ -26,8 +28,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-/// The device that holds the first copy of every group (and the one a
-/// single-device filesystem has).
+/// The device that holds the first copy of every group in the bound
+/// layout (and the one a single-device filesystem has).
 pub const PRIMARY_DEVID: u64 = 1;
 
 /// One copy of a group's bytes: `offset` on device `devid`.
@@ -37,37 +39,83 @@ pub struct Stripe {
     pub offset: u64,
 }
 
-/// A group with more than one copy: `[start, start + len)` on device 1,
-/// and the same bytes at each of `extra`.
+/// A mapped group: the logical range `[start, start + len)` lies at
+/// `first` and the same bytes at each of `extra`. In the bound layout
+/// `first` is device 1 at `start`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chunk {
     pub start: u64,
     pub len: u64,
+    pub first: Stripe,
     pub extra: Vec<Stripe>,
 }
 
 impl Chunk {
+    /// A group of the bound layout: its first copy on device 1 at `start`.
+    pub fn bound(start: u64, len: u64, extra: Vec<Stripe>) -> Chunk {
+        Chunk {
+            start,
+            len,
+            first: Stripe {
+                devid: PRIMARY_DEVID,
+                offset: start,
+            },
+            extra,
+        }
+    }
+
+    /// A group whose first copy lies at `first` (the mapped layout) or,
+    /// for None, on device 1 at `start`.
+    pub fn new(start: u64, len: u64, first: Option<Stripe>, extra: Vec<Stripe>) -> Chunk {
+        let mut c = Chunk::bound(start, len, extra);
+        if let Some(first) = first {
+            c.first = first;
+        }
+        c
+    }
+
     fn end(&self) -> u64 {
         self.start + self.len
     }
 
     /// Every copy, the first included.
     pub fn stripes(&self) -> impl Iterator<Item = Stripe> + '_ {
-        std::iter::once(Stripe {
-            devid: PRIMARY_DEVID,
-            offset: self.start,
+        std::iter::once(self.first).chain(self.extra.iter().copied())
+    }
+
+    /// Copy `copy` of the logical `offset` inside the group.
+    fn stripe(&self, offset: u64, copy: usize) -> Option<Stripe> {
+        let s = match copy {
+            0 => self.first,
+            n => *self.extra.get(n - 1)?,
+        };
+        Some(Stripe {
+            devid: s.devid,
+            offset: s.offset + (offset - self.start),
         })
-        .chain(self.extra.iter().copied())
     }
 }
 
-/// The groups that have more than one copy, by start.
+/// The mapped groups by start: in the bound layout those with more than
+/// one copy, in the mapped layout every group.
 #[derive(Default)]
 pub struct ChunkMap {
     chunks: RwLock<BTreeMap<u64, Chunk>>,
+    /// The mapped layout: a range outside every chunk has no copy.
+    mapped: std::sync::atomic::AtomicBool,
 }
 
 impl ChunkMap {
+    /// Chooses the mapped layout (true) or the bound one.
+    pub fn set_mapped(&self, mapped: bool) {
+        self.mapped.store(mapped, Ordering::Relaxed);
+    }
+
+    /// Whether every group names its first copy (see the module's doc).
+    pub fn is_mapped(&self) -> bool {
+        self.mapped.load(Ordering::Relaxed)
+    }
+
     pub fn insert(&self, c: Chunk) {
         crate::sync::write(&self.chunks).insert(c.start, c);
     }
@@ -87,8 +135,8 @@ impl ChunkMap {
         crate::sync::read(&self.chunks).values().cloned().collect()
     }
 
-    /// The groups with more than one copy that overlap
-    /// `[offset, offset + len)`.
+    /// The mapped groups that overlap `[offset, offset + len)`, last
+    /// first.
     fn overlapping(&self, offset: u64, len: u64) -> Vec<Chunk> {
         let end = offset.saturating_add(len);
         let map = crate::sync::read(&self.chunks);
@@ -100,11 +148,13 @@ impl ChunkMap {
     }
 
     /// How many copies `[offset, offset + len)` has: those of the group
-    /// it lies inside, else 1.
+    /// it lies inside, else 1 in the bound layout (device 1's) and 0 in
+    /// the mapped one.
     pub fn copies(&self, offset: u64, len: u64) -> usize {
         let map = crate::sync::read(&self.chunks);
         match Self::containing(&map, offset, len) {
             Some(c) => 1 + c.extra.len(),
+            None if self.is_mapped() => 0,
             None => 1,
         }
     }
@@ -112,19 +162,15 @@ impl ChunkMap {
     /// Where copy `copy` of `[offset, offset + len)` lies: None unless
     /// the range has that copy.
     pub fn stripe_of(&self, offset: u64, len: u64, copy: usize) -> Option<Stripe> {
-        if copy == 0 {
-            return Some(Stripe {
+        let map = crate::sync::read(&self.chunks);
+        match Self::containing(&map, offset, len) {
+            Some(c) => c.stripe(offset, copy),
+            None if copy == 0 && !self.is_mapped() => Some(Stripe {
                 devid: PRIMARY_DEVID,
                 offset,
-            });
+            }),
+            None => None,
         }
-        let map = crate::sync::read(&self.chunks);
-        let c = Self::containing(&map, offset, len)?;
-        let s = c.extra.get(copy - 1)?;
-        Some(Stripe {
-            devid: s.devid,
-            offset: s.offset + (offset - c.start),
-        })
     }
 
     fn containing(map: &BTreeMap<u64, Chunk>, offset: u64, len: u64) -> Option<&Chunk> {
@@ -177,6 +223,9 @@ pub struct Volume {
     /// Device 1's size as the filesystem recorded it, for a degraded
     /// open without it.
     primary_bytes: u64,
+    /// The logical address space's size in the mapped layout (see
+    /// [`Volume::set_logical_bytes`]).
+    logical_bytes: AtomicU64,
     map: Arc<ChunkMap>,
     errors: RwLock<BTreeMap<u64, Arc<ErrorCounts>>>,
     /// Whether bad copies may be rewritten (not on a read-only open).
@@ -213,6 +262,7 @@ impl Volume {
     ) -> Volume {
         Volume {
             primary_bytes: sizes.get(&PRIMARY_DEVID).copied().unwrap_or(0),
+            logical_bytes: AtomicU64::new(0),
             errors: RwLock::new(
                 sizes
                     .keys()
@@ -226,6 +276,12 @@ impl Volume {
             target: RwLock::new(None),
             gate: freeze::Gate::default(),
         }
+    }
+
+    /// Sets the end of the logical address space of the mapped layout
+    /// (the superblock's total bytes: every device's, as they were added).
+    pub fn set_logical_bytes(&self, bytes: u64) {
+        self.logical_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// Starts sending every write to device `source`'s copies to
@@ -405,7 +461,10 @@ impl Volume {
     pub fn stripe(&self, offset: u64, len: u64, copy: usize) -> Result<Stripe> {
         self.map
             .stripe_of(offset, len, copy)
-            .ok_or_else(|| Error::Invalid(format!("logical {offset} has no copy {copy}")))
+            .ok_or_else(|| match self.map.copies(offset, len) {
+                0 => Error::corrupt(offset, "the address lies in no block group"),
+                _ => Error::Invalid(format!("logical {offset} has no copy {copy}")),
+            })
     }
 
     /// Whether copy `copy` of `[offset, offset + len)` lies on a present
@@ -516,19 +575,34 @@ impl Volume {
             };
             self.counted_write(s.devid, r)
         };
-        put(
-            Stripe {
-                devid: PRIMARY_DEVID,
-                offset,
-            },
-            buf,
-        )?;
         let len = buf.len() as u64;
-        for c in self.map.overlapping(offset, len) {
+        let chunks = self.map.overlapping(offset, len);
+        if self.map.is_mapped() {
+            let covered: u64 = chunks
+                .iter()
+                .map(|c| (offset + len).min(c.end()) - offset.max(c.start))
+                .sum();
+            if covered != len {
+                return Err(Error::corrupt(
+                    offset,
+                    format!("a write of {len} bytes reaches past the block groups"),
+                ));
+            }
+        } else {
+            put(
+                Stripe {
+                    devid: PRIMARY_DEVID,
+                    offset,
+                },
+                buf,
+            )?;
+        }
+        for c in chunks {
             let from = offset.max(c.start);
             let to = (offset + len).min(c.end());
             let part = &buf[(from - offset) as usize..(to - offset) as usize];
-            for s in &c.extra {
+            let skip = usize::from(!self.map.is_mapped());
+            for s in c.stripes().skip(skip) {
                 put(
                     Stripe {
                         devid: s.devid,
@@ -558,12 +632,16 @@ fn missing(devid: u64) -> Error {
 
 impl Device for Volume {
     /// Reads the first copy whose device is present (in a degraded open
-    /// without device 1, the second).
+    /// without the first copy's device, the next).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        if self.primary().is_some() {
+        let len = buf.len() as u64;
+        if self.copy_present(offset, len, 0) {
             return self.read_copy(buf, offset, 0);
         }
-        let copies = self.copies(offset, buf.len() as u64);
+        let copies = self.copies(offset, len);
+        if copies == 0 {
+            return self.read_copy(buf, offset, 0);
+        }
         let mut last = None;
         for copy in 1..copies {
             match self.read_copy(buf, offset, copy) {
@@ -571,7 +649,7 @@ impl Device for Volume {
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.unwrap_or_else(|| missing(PRIMARY_DEVID)))
+        Err(last.unwrap_or_else(|| missing(self.devid_of(offset, len, 0))))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -605,11 +683,17 @@ impl Device for Volume {
         Ok(())
     }
 
-    /// Device 1's size: the end of the logical address space.
+    /// The end of the logical address space: device 1's size in the
+    /// bound layout, the filesystem's total in the mapped one.
     fn size(&self) -> u64 {
+        if self.map.is_mapped() {
+            return self.logical_bytes.load(Ordering::Relaxed);
+        }
         self.primary().map_or(self.primary_bytes, |d| d.size())
     }
 
+    /// Device 1's size as the device reports it now (what `filesystem
+    /// resize` may grow to).
     fn refresh_size(&self) -> Result<u64> {
         match self.primary() {
             Some(d) => d.refresh_size(),
@@ -618,8 +702,10 @@ impl Device for Volume {
     }
 
     fn prefetch(&self, offset: u64, len: u64) {
-        if let Some(d) = self.primary() {
-            d.prefetch(offset, len)
+        if let Ok(s) = self.stripe(offset, len, 0) {
+            if let Some(d) = self.device(s.devid) {
+                d.prefetch(s.offset, len)
+            }
         }
     }
 
@@ -627,14 +713,17 @@ impl Device for Volume {
     /// is passed over); true if some device did it.
     fn discard(&self, offset: u64, len: u64) -> Result<bool> {
         let _pass = self.gate.pass();
-        let mut done = match self.primary() {
-            Some(d) => d.discard(offset, len)?,
-            None => false,
-        };
+        let mut done = false;
+        if !self.map.is_mapped() {
+            if let Some(d) = self.primary() {
+                done = d.discard(offset, len)?;
+            }
+        }
+        let skip = usize::from(!self.map.is_mapped());
         for c in self.map.overlapping(offset, len) {
             let from = offset.max(c.start);
             let to = (offset + len).min(c.end());
-            for s in &c.extra {
+            for s in c.stripes().skip(skip) {
                 if let Some(d) = self.device(s.devid) {
                     done |= d.discard(s.offset + (from - c.start), to - from)?;
                 }
@@ -650,11 +739,7 @@ mod tests {
     use crate::dev::MemDevice;
 
     fn chunk(extra: Vec<Stripe>) -> Chunk {
-        Chunk {
-            start: 64 << 10,
-            len: 64 << 10,
-            extra,
-        }
+        Chunk::bound(64 << 10, 64 << 10, extra)
     }
 
     fn volume(devices: usize, extra: Vec<Stripe>) -> (Vec<Arc<MemDevice>>, Volume) {
@@ -793,6 +878,7 @@ mod tests {
             devid: 2,
             offset: 128 << 10,
         }]));
+        assert!(!map.is_mapped());
         let devs: BTreeMap<u64, Arc<dyn Device>> = BTreeMap::from([(2, raw2 as Arc<dyn Device>)]);
         let sizes = BTreeMap::from([(1, 1 << 20), (2, 1 << 20)]);
         let vol = Volume::with_devices(devs, &sizes, map);

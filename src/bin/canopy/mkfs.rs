@@ -58,10 +58,11 @@ pub struct Args {
     #[arg(long, value_name = "UID:GID", value_parser = parse_owner)]
     owner: Option<(u32, u32)>,
     /// Image files, block devices, or rbd:POOL/IMAGE[?conf=PATH&id=CLIENT&keyring=PATH]:
-    /// the filesystem's devices, devid 1, 2, ... in this order. Device 1
-    /// holds the first copy of every block group, so its size bounds the
-    /// filesystem's; the others hold the further copies of raid1 and
-    /// raid1c3 groups.
+    /// the filesystem's devices, devid 1, 2, ... in this order. Copies go
+    /// to the devices with the most unallocated space (as mkfs.btrfs), so
+    /// `-d single` data fills them all and raid1 uses any two; with mixed
+    /// groups (devices under 1 GiB) device 1 holds the first copy of
+    /// every group instead, and its size bounds the filesystem's.
     #[arg(value_parser = crate::image_arg(), required = true, num_args = 1..)]
     images: Vec<Source>,
 }
@@ -162,6 +163,7 @@ fn format_images(a: &Args, created: &[&Source]) -> Result<()> {
             .data
             .or(a.metadata.filter(|_| mixed))
             .unwrap_or(Profile::Single),
+        mapped: None,
     };
     let engine = Arc::new(
         Engine::format_devices(devs.clone(), &opts)
