@@ -540,3 +540,101 @@ fn hostile_block_group_copies_are_refused() {
         assert!(!r.is_clean(), "{what}: check found nothing");
     }
 }
+
+/// Formats `sizes` (MiB each) with `profiles`, in the mapped layout or
+/// the bound one.
+fn format_sized(sizes: &[u64], metadata: Profile, data: Profile, mapped: bool) -> (Vec<Arc<MemDevice>>, Engine) {
+    let devs: Vec<Arc<MemDevice>> = sizes
+        .iter()
+        .map(|&m| Arc::new(MemDevice::new(m * MIB)))
+        .collect();
+    let opts = FormatOptions {
+        mixed: Some(false),
+        metadata_profile: Some(metadata),
+        data_profile: data,
+        mapped: Some(mapped),
+        ..Default::default()
+    };
+    let e = Engine::format_devices(as_devices(&devs), &opts).unwrap();
+    (devs, e)
+}
+
+/// Writes `n` files of 4 MiB of noise under the root, committed.
+fn fill(fs: &Fs, n: usize) {
+    for i in 0..n {
+        write_file(fs, ROOT_DIR, &format!("big{i}"), &common::noise(4 << 20, i as u64));
+    }
+    fs.sync().unwrap();
+}
+
+fn verify_fill(fs: &Fs, n: usize) {
+    for i in 0..n {
+        let a = fs.lookup(ROOT_DIR, format!("big{i}").as_bytes()).unwrap();
+        let got = fs.read(a.ino, 0, 4 << 20).unwrap();
+        assert!(got == common::noise(4 << 20, i as u64), "big{i} reads back different bytes");
+    }
+}
+
+/// In the mapped layout (the default on several devices) copies go to
+/// the devices with the most room: `-d single` data fills a large second
+/// device when device 1 is small, where the bound layout stops at device
+/// 1's size; the image checks clean and reads back after a reopen.
+#[test]
+fn single_data_fills_every_device_not_device_1_alone() {
+    let (_, bound) = format_sized(&[128, 512], Profile::Raid1, Profile::Single, false);
+    let (_, free_bound) = bound.space();
+    assert!(free_bound < 128 * MIB, "the bound layout: {free_bound}");
+    drop(bound);
+
+    let (devs, e) = format_sized(&[128, 512], Profile::Raid1, Profile::Single, true);
+    let (_, free) = e.space();
+    assert!(free > 500 * MIB, "free {free} in the mapped layout");
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    fill(&fs, 80);
+    let show = fs.engine().show();
+    assert!(show.devices[1].allocated > 256 * MIB, "{show:?}");
+    for c in fs.engine().mirrors() {
+        let devids: Vec<u64> = c.stripes().map(|s| s.devid).collect();
+        let mut distinct = devids.clone();
+        distinct.dedup();
+        assert_eq!(devids, distinct, "copies of one group on one device: {c:?}");
+    }
+    drop(fs);
+    check_clean(&devs);
+    let fs = Fs::new(Arc::new(open(as_devices(&devs), false, false).unwrap())).unwrap();
+    verify_fill(&fs, 80);
+}
+
+/// raid1 over three devices pairs any two of them, so a small device 1
+/// does not bound it; with the copies on any one device wiped, every
+/// file still reads back and scrub mends the wiped copies.
+#[test]
+fn raid1_over_three_devices_pairs_any_two() {
+    let (devs, e) = format_sized(&[96, 256, 256], Profile::Raid1, Profile::Raid1, true);
+    let fs = Fs::new(Arc::new(e)).unwrap();
+    fill(&fs, 40);
+    let chunks = fs.engine().mirrors();
+    assert!(
+        chunks.iter().any(|c| c.stripes().all(|s| s.devid != 1)),
+        "some group pairs devices 2 and 3: {chunks:?}"
+    );
+    for c in &chunks {
+        let mut devids: Vec<u64> = c.stripes().map(|s| s.devid).collect();
+        assert_eq!(devids.len(), 2, "{c:?}");
+        devids.dedup();
+        assert_eq!(devids.len(), 2, "{c:?}");
+    }
+    drop(fs);
+    check_clean(&devs);
+    for lost in [1, 3] {
+        wipe_copies_on(&devs, &chunks, lost);
+        let fs = Fs::new(Arc::new(open(as_devices(&devs), false, false).unwrap())).unwrap();
+        verify_fill(&fs, 40);
+        let ctl = canopy::scrub::Control::default();
+        let pace = canopy::scrub::Pace { throttle: false };
+        let r = canopy::scrub::run(fs.engine(), &ctl, pace).unwrap();
+        assert!(r.bad_tree_blocks.is_empty() && r.bad_data_sectors.is_empty());
+        drop(fs);
+        check_clean(&devs);
+    }
+}

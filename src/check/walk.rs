@@ -522,9 +522,12 @@ impl Walker<'_> {
     }
 
     fn visit_leaf(&mut self, tree: u64, bytenr: u64, items: leaf::Iter<'_>, report: &mut Report) {
-        let limits = crate::format::checker::Limits {
-            device_size: self.devs.get(&1).map_or(self.sb.total_bytes, |d| d.size()),
+        // The logical address space: device 1 in the bound layout.
+        let device_size = match self.sb.is_mapped() {
+            true => self.sb.total_bytes,
+            false => self.devs.get(&1).map_or(self.sb.total_bytes, |d| d.size()),
         };
+        let limits = crate::format::checker::Limits { device_size };
         for it in items.clone() {
             if let Err(why) = crate::format::checker::check_item(&it.key, it.data, &limits) {
                 report.problem(
