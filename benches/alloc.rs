@@ -24,7 +24,7 @@ fn shape(name: &str) -> FreeIndex {
 /// One data group at `GROUP` with the free space of `name`.
 fn allocator(name: &str) -> Allocator {
     let mut a = Allocator::new(4 * GROUP, false);
-    a.load_group(GROUP, GROUP, BG_DATA, 0, Vec::new())
+    a.load_group(GROUP, GROUP, BG_DATA, 0, None, Vec::new())
         .expect("group");
     for_each_extent(name, |s, l| a.load_free(GROUP + s, l).expect("free"));
     a

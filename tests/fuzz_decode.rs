@@ -111,7 +111,7 @@ proptest! {
             metadata_profile: canopy::format::superblock::Profile::Dup,
             data_profile: canopy::format::superblock::Profile::Single,
             system_chunks: vec![canopy::format::superblock::SystemChunk {
-                start: 1 << 20, len: 1 << 20, extra: vec![Stripe { devid: 1, offset: 4 << 20 }],
+                start: 1 << 20, len: 1 << 20, first: None, extra: vec![Stripe { devid: 1, offset: 4 << 20 }],
             }],
             devid: 1,
             devices: vec![DeviceItem { devid: 1, bytes: 1 << 30, uuid: [0; 16] }],

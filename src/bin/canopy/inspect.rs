@@ -104,6 +104,9 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
             "data_profile": sb.data_profile.name(),
             "system_chunks": sb.system_chunks.iter().map(|c| serde_json::json!({
                 "start": c.start, "len": c.len,
+                "first": c.first.map(|s| serde_json::json!({
+                    "devid": s.devid, "offset": s.offset,
+                })),
                 "copies": c.extra.iter().map(|s| serde_json::json!({
                     "devid": s.devid, "offset": s.offset,
                 })).collect::<Vec<_>>(),
@@ -135,8 +138,12 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
                 .iter()
                 .map(|s| format!("device {} at {}", s.devid, s.offset))
                 .collect();
+            let first = c
+                .first
+                .map(|s| format!("first copy: device {} at {}, ", s.devid, s.offset))
+                .unwrap_or_default();
             println!(
-                "system group\t{} ({} bytes), other copies: {}",
+                "system group\t{} ({} bytes), {first}other copies: {}",
                 c.start,
                 c.len,
                 copies.join(", ")
