@@ -24,8 +24,19 @@ fn shape(name: &str) -> FreeIndex {
 /// One data group at `GROUP` with the free space of `name`.
 fn allocator(name: &str) -> Allocator {
     let mut a = Allocator::new(4 * GROUP, false);
-    a.load_group(GROUP, GROUP, BG_DATA, 0, None, Vec::new())
-        .expect("group");
+    a.load_group(
+        GROUP,
+        GROUP,
+        0,
+        &canopy::format::items::BlockGroupItem {
+            used: 0,
+            flags: BG_DATA,
+            first: None,
+            extra: Vec::new(),
+            striped: false,
+        },
+    )
+    .expect("group");
     for_each_extent(name, |s, l| a.load_free(GROUP + s, l).expect("free"));
     a
 }

@@ -543,7 +543,12 @@ fn hostile_block_group_copies_are_refused() {
 
 /// Formats `sizes` (MiB each) with `profiles`, in the mapped layout or
 /// the bound one.
-fn format_sized(sizes: &[u64], metadata: Profile, data: Profile, mapped: bool) -> (Vec<Arc<MemDevice>>, Engine) {
+fn format_sized(
+    sizes: &[u64],
+    metadata: Profile,
+    data: Profile,
+    mapped: bool,
+) -> (Vec<Arc<MemDevice>>, Engine) {
     let devs: Vec<Arc<MemDevice>> = sizes
         .iter()
         .map(|&m| Arc::new(MemDevice::new(m * MIB)))
@@ -562,7 +567,12 @@ fn format_sized(sizes: &[u64], metadata: Profile, data: Profile, mapped: bool) -
 /// Writes `n` files of 4 MiB of noise under the root, committed.
 fn fill(fs: &Fs, n: usize) {
     for i in 0..n {
-        write_file(fs, ROOT_DIR, &format!("big{i}"), &common::noise(4 << 20, i as u64));
+        write_file(
+            fs,
+            ROOT_DIR,
+            &format!("big{i}"),
+            &common::noise(4 << 20, i as u64),
+        );
     }
     fs.sync().unwrap();
 }
@@ -571,7 +581,10 @@ fn verify_fill(fs: &Fs, n: usize) {
     for i in 0..n {
         let a = fs.lookup(ROOT_DIR, format!("big{i}").as_bytes()).unwrap();
         let got = fs.read(a.ino, 0, 4 << 20).unwrap();
-        assert!(got == common::noise(4 << 20, i as u64), "big{i} reads back different bytes");
+        assert!(
+            got == common::noise(4 << 20, i as u64),
+            "big{i} reads back different bytes"
+        );
     }
 }
 

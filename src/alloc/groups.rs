@@ -39,6 +39,9 @@ pub struct BlockGroup {
     pub first: Option<Stripe>,
     /// Where the copies beyond the first lie (see `volume`).
     pub extra: Vec<Stripe>,
+    /// RAID10: `first` and `extra` are the devices its units go round
+    /// (see `volume::Chunk`).
+    pub striped: bool,
 }
 
 impl BlockGroup {
@@ -77,11 +80,15 @@ impl BlockGroup {
             free: FreeIndex::default(),
             first: None,
             extra: Vec::new(),
+            striped: false,
         }
     }
 
     /// The profile its copies make.
     pub fn profile(&self) -> Profile {
+        if self.striped {
+            return Profile::Raid10;
+        }
         match self.extra.as_slice() {
             [] => Profile::Single,
             [s] if s.devid == self.first_stripe().devid => Profile::Dup,
@@ -92,9 +99,21 @@ impl BlockGroup {
 
     /// Every device range it takes: (devid, start, end).
     pub fn ranges(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        let len = self.stripe_len();
         std::iter::once(self.first_stripe())
             .chain(self.extra.iter().copied())
-            .map(|s| (s.devid, s.offset, s.offset + self.len))
+            .map(move |s| (s.devid, s.offset, s.offset + len))
+    }
+
+    /// Bytes of each device range: the group's length, or for RAID10
+    /// its share on each pair of devices.
+    pub fn stripe_len(&self) -> u64 {
+        let devices = 1 + self.extra.len() as u64;
+        let pairs = devices / 2;
+        match self.striped {
+            true => self.len / pairs.max(1),
+            false => self.len,
+        }
     }
 
     /// Its entry in the volume's map of copies.
@@ -104,6 +123,7 @@ impl BlockGroup {
             len: self.len,
             first: self.first_stripe(),
             extra: self.extra.clone(),
+            striped: self.striped,
         }
     }
 }

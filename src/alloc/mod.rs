@@ -459,17 +459,18 @@ impl Allocator {
         }
     }
 
-    /// Adds a group loaded from disk, with the copies its item names; its
-    /// free space follows with [`Allocator::load_free`].
+    /// Adds a group loaded from disk (`[start, start + len)`, `used`
+    /// bytes in use), with the kind and copies its item names; its free
+    /// space follows with [`Allocator::load_free`].
     pub fn load_group(
         &mut self,
         start: u64,
         len: u64,
-        flags: u64,
         used: u64,
-        first: Option<Stripe>,
-        extra: Vec<Stripe>,
+        item: &crate::format::items::BlockGroupItem,
     ) -> Result<()> {
+        let (flags, first, striped) = (item.flags, item.first, item.striped);
+        let extra = item.extra.clone();
         let kind = GroupKind::from_flags(flags)
             .ok_or_else(|| Error::corrupt(start, format!("block group flags {flags:#x}")))?;
         if (kind == GroupKind::Mixed) != self.mixed {
@@ -499,9 +500,19 @@ impl Allocator {
         if self.mapped && logical_clash {
             return Err(Error::corrupt(start, "block groups overlap"));
         }
+        let devices = 1 + extra.len() as u64;
+        let pairs = devices / 2;
+        let whole_units = pairs > 0 && len.is_multiple_of(pairs * crate::volume::STRIPE_UNIT);
+        if striped && (first.is_none() || extra.len() % 2 != 1 || !whole_units) {
+            return Err(Error::corrupt(
+                start,
+                "raid10 block group outside the mapped layout, over an odd number of devices, or not in whole units",
+            ));
+        }
         let mut g = BlockGroup::new(start, len, kind, used);
         g.first = first;
         g.extra = extra;
+        g.striped = striped;
         let ranges: Vec<(u64, u64, u64)> = g.ranges().collect();
         for (i, &(devid, s, e)) in ranges.iter().enumerate() {
             self.check_copy_range(start, devid, s, e, i > 0 || self.mapped)?;
@@ -1142,6 +1153,13 @@ impl Allocator {
         {
             return Profile::Single;
         }
+        // The superblock names a system group's copies in three places,
+        // and only the mapped layout stripes.
+        let striped_here = self.mapped && !self.named_in_superblock(kind);
+        let profile = match profile {
+            Profile::Raid10 if !striped_here => Profile::Raid1,
+            p => p,
+        };
         let kept = self.copies_on_primary(profile) + self.copies_elsewhere(profile);
         match kept {
             k if k >= profile.copies() as u64 => profile,
@@ -1192,6 +1210,7 @@ impl Allocator {
         let mut g = BlockGroup::new(start, len, kind, 0);
         g.first = first;
         g.extra = extra;
+        g.striped = profile == Profile::Raid10;
         let free = match first {
             Some(_) => vec![(start, len)],
             None => free_ranges_excluding_supers(start, len),
@@ -1275,7 +1294,11 @@ impl Allocator {
         let mut len = target.max(min).next_multiple_of(sector);
         let min = min.next_multiple_of(sector);
         loop {
-            if let Some(copies) = self.place_mapped_copies(profile, len) {
+            let placed = match profile {
+                Profile::Raid10 => self.place_striped(len),
+                _ => self.place_mapped_copies(profile, len).map(|c| (c, len)),
+            };
+            if let Some((copies, len)) = placed {
                 let start = self.logical_gap(len)?;
                 return Some((start, len, Some(copies[0]), copies[1..].to_vec()));
             }
@@ -1318,6 +1341,29 @@ impl Allocator {
             );
         }
         (copies.len() == want && want > 0).then_some(copies)
+    }
+
+    /// The devices of a new RAID10 group of at least `len` bytes, pair
+    /// by pair, and its length: as many devices as hold a range of its
+    /// share (an even number, two or more; those with the most room
+    /// first), each share a whole number of units.
+    fn place_striped(&self, len: u64) -> Option<(Vec<Stripe>, u64)> {
+        let unit = crate::volume::STRIPE_UNIT;
+        let mut devices = self.spread_devices();
+        devices.sort_by_key(|&d| std::cmp::Reverse(self.unallocated_on(d)));
+        let most = devices.len() / 2 * 2;
+        (2..=most).rev().step_by(2).find_map(|n| {
+            let pairs = n as u64 / 2;
+            let share = len.div_ceil(pairs).next_multiple_of(unit);
+            let stripes: Vec<Stripe> = devices[..n]
+                .iter()
+                .map(|&devid| {
+                    let offset = self.find_clean_gap(devid, share, None)?;
+                    Some(Stripe { devid, offset })
+                })
+                .collect::<Option<_>>()?;
+            Some((stripes, share * pairs))
+        })
     }
 
     /// The first logical address from which `len` bytes lie in no group,
@@ -1503,18 +1549,41 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    fn data_item() -> crate::format::items::BlockGroupItem {
+        crate::format::items::BlockGroupItem {
+            used: 0,
+            flags: BG_DATA,
+            first: None,
+            extra: Vec::new(),
+            striped: false,
+        }
+    }
+
     /// Two empty 4 MiB data groups covering the whole device after the
     /// reserved start, so no new group can be made.
     fn two_groups() -> (Allocator, u64, u64) {
         let (a_start, b_start) = (RESERVED_START, RESERVED_START + 4 * MIB);
         let mut a = Allocator::new(RESERVED_START + 8 * MIB, false);
         for start in [a_start, b_start] {
-            a.load_group(start, 4 * MIB, BG_DATA, 0, None, Vec::new())
+            a.load_group(start, 4 * MIB, 0, &data_item())
                 .expect("group");
             a.load_free(start, 4 * MIB).expect("free");
         }
         assert_eq!(a.unallocated_bytes(), 0);
         (a, a_start, b_start)
+    }
+
+    /// What devices can give to copies on `distinct` different ones: all
+    /// of it for one, and no more than the others can match of the
+    /// largest for two or three.
+    #[test]
+    fn spread_capacity_pairs_the_largest_with_the_rest() {
+        assert_eq!(spread_capacity(&[100, 300], 1), 400);
+        assert_eq!(spread_capacity(&[100, 300], 2), 200);
+        assert_eq!(spread_capacity(&[100, 100, 100], 2), 300);
+        assert_eq!(spread_capacity(&[100, 100, 400], 3), 300);
+        assert_eq!(spread_capacity(&[50, 100, 100], 3), 150);
+        assert_eq!(spread_capacity(&[], 2), 0);
     }
 
     #[test]

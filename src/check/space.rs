@@ -405,6 +405,12 @@ fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
         }
         let skip = usize::from(g.item.first.is_none());
         let copies = g.item.first.iter().chain(&g.item.extra);
+        let devices = 1 + g.item.extra.len() as u64;
+        let pairs = devices / 2;
+        let len = match g.item.striped {
+            true => g.len / pairs.max(1),
+            false => g.len,
+        };
         for (i, st) in copies.enumerate() {
             let (m, devid) = (st.offset, st.devid);
             let loc = format!("copy {} of block group {}", i + skip, g.start);
@@ -415,14 +421,14 @@ fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
                 );
                 continue;
             };
-            if m < RESERVED_START || m.checked_add(g.len).is_none_or(|e| e > size) {
+            if m < RESERVED_START || m.checked_add(len).is_none_or(|e| e > size) {
                 report.problem(&loc, format!("at {m}: outside device {devid}"));
                 continue;
             }
-            if crate::alloc::super_bytes_in(m, g.len) != 0 {
+            if crate::alloc::super_bytes_in(m, len) != 0 {
                 report.problem(&loc, format!("at {m}: holds a superblock copy"));
             }
-            ranges.entry(devid).or_default().push((m, m + g.len, loc));
+            ranges.entry(devid).or_default().push((m, m + len, loc));
         }
         let kind = GroupKind::from_flags(g.item.flags);
         let named = kind == Some(GroupKind::System)

@@ -425,7 +425,8 @@ impl Walker<'_> {
         {
             if let Ok(g) = BlockGroupItem::decode(&it.data) {
                 if g.first.is_some() || !g.extra.is_empty() {
-                    let c = Chunk::new(it.key.objectid, it.key.offset, g.first, g.extra);
+                    let mut c = Chunk::new(it.key.objectid, it.key.offset, g.first, g.extra);
+                    c.striped = g.striped;
                     self.mirrors.insert(c);
                 }
             }

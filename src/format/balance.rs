@@ -81,6 +81,7 @@ fn encode_convert(p: Option<Profile>) -> u8 {
         Some(Profile::Dup) => 2,
         Some(Profile::Raid1) => 3,
         Some(Profile::Raid1c3) => 4,
+        Some(Profile::Raid10) => 5,
     }
 }
 
@@ -91,6 +92,7 @@ fn decode_convert(b: u8) -> std::result::Result<Option<Profile>, String> {
         2 => Ok(Some(Profile::Dup)),
         3 => Ok(Some(Profile::Raid1)),
         4 => Ok(Some(Profile::Raid1c3)),
+        5 => Ok(Some(Profile::Raid10)),
         _ => Err(format!("balance conversion target {b} is not valid")),
     }
 }

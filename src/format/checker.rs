@@ -510,7 +510,7 @@ fn check_block_group(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         ));
     }
     if let Some(first) = bg.first {
-        return check_listed_copies(key, first, &bg.extra);
+        return check_listed_copies(key, first, &bg.extra, bg.striped);
     }
     for s in &bg.extra {
         let what = format!("copy of block group {} on device {}", key.objectid, s.devid);
@@ -537,21 +537,36 @@ fn check_block_group(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
 
 /// The copies of a group of the mapped layout: each sector-aligned past
 /// the reserved start (devices' sizes are the allocator's to check, at
-/// load), none overlapping another on the same device.
-fn check_listed_copies(key: &Key, first: Stripe, extra: &[Stripe]) -> Verdict {
+/// load), none overlapping another on the same device; a striped group's
+/// length a whole number of units on each pair of devices.
+fn check_listed_copies(key: &Key, first: Stripe, extra: &[Stripe], striped: bool) -> Verdict {
     let any_size = Limits {
         device_size: u64::MAX,
     };
     let all: Vec<Stripe> = std::iter::once(first)
         .chain(extra.iter().copied())
         .collect();
+    let pairs = (all.len() / 2) as u64;
+    let unit = crate::volume::STRIPE_UNIT;
+    let len = match striped {
+        true if pairs > 0 && key.offset.is_multiple_of(pairs * unit) => key.offset / pairs,
+        true => {
+            return fail(format!(
+            "raid10 block group {} of {} bytes is not a whole number of units on its {} devices",
+            key.objectid,
+            key.offset,
+            all.len()
+        ))
+        }
+        false => key.offset,
+    };
     for (i, s) in all.iter().enumerate() {
         let what = format!("copy of block group {} on device {}", key.objectid, s.devid);
-        check_device_range(s.offset, key.offset, &any_size, &what)?;
+        check_device_range(s.offset, len, &any_size, &what)?;
         let clash = all[..i].iter().any(|o| {
             o.devid == s.devid
-                && o.offset < s.offset.saturating_add(key.offset)
-                && s.offset < o.offset.saturating_add(key.offset)
+                && o.offset < s.offset.saturating_add(len)
+                && s.offset < o.offset.saturating_add(len)
         });
         if clash {
             return fail(format!(

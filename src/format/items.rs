@@ -238,7 +238,10 @@ pub const BG_DUP: u64 = 32;
 pub const BG_RAID1: u64 = 16;
 /// The group has two more copies, on two other devices (RAID1C3).
 pub const BG_RAID1C3: u64 = 512;
-const BG_PROFILES: u64 = BG_DUP | BG_RAID1 | BG_RAID1C3;
+/// The group keeps two copies striped over pairs of devices (RAID10, the
+/// mapped layout only): its item lists the devices pair by pair.
+pub const BG_RAID10: u64 = 64;
+const BG_PROFILES: u64 = BG_DUP | BG_RAID1 | BG_RAID1C3 | BG_RAID10;
 /// The item names every copy, the first included (the mapped layout, see
 /// `volume`), as (devid, offset) pairs.
 pub const BG_LISTED: u64 = 1 << 48;
@@ -254,7 +257,9 @@ pub use crate::volume::Stripe;
 /// pairs (48 bytes). A group's start is also where its first copy lies on
 /// device 1, so reading needs no mapping; only the other copies do.
 /// With [`BG_LISTED`] (the mapped layout) every copy follows as a
-/// (devid, offset) pair, the first included: 32, 48 or 64 bytes.
+/// (devid, offset) pair, the first included: 32, 48 or 64 bytes; with
+/// [`BG_RAID10`] an even number of pairs, each pair of devices holding
+/// the two copies of every other 64 KiB unit (see `volume`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockGroupItem {
     pub used: u64,
@@ -264,8 +269,12 @@ pub struct BlockGroupItem {
     /// Where the first copy lies, in the mapped layout (None: device 1
     /// at the group's start).
     pub first: Option<Stripe>,
-    /// Where the copies beyond the first lie.
+    /// Where the copies beyond the first lie (for RAID10, the devices
+    /// after the first).
     pub extra: Vec<Stripe>,
+    /// RAID10: `first` and `extra` are the devices the units are striped
+    /// over, mirrors side by side.
+    pub striped: bool,
 }
 
 pub const BLOCK_GROUP_ITEM_SIZE: usize = 16;
@@ -275,6 +284,9 @@ impl BlockGroupItem {
     /// 1, RAID1 for one on another device, RAID1C3 for two.
     fn profile_bit(&self) -> u64 {
         let first_devid = self.first.map_or(1, |f| f.devid);
+        if self.striped {
+            return BG_RAID10;
+        }
         match self.extra.as_slice() {
             [] => 0,
             [s] if s.devid == first_devid => BG_DUP,
@@ -353,6 +365,7 @@ impl BlockGroupItem {
             flags,
             first: None,
             extra,
+            striped: false,
         })
     }
 
@@ -360,10 +373,18 @@ impl BlockGroupItem {
     /// pair, as many as the profile bit says, `dup`'s both on one device
     /// and the others' on distinct devices.
     fn decode_listed(b: &[u8], raw: u64, flags: u64) -> DecodeResult<BlockGroupItem> {
+        let pairs = b.len().saturating_sub(16) / 16;
         let copies = match raw & BG_PROFILES {
             0 => 1,
             BG_DUP | BG_RAID1 => 2,
             BG_RAID1C3 => 3,
+            BG_RAID10 if pairs >= 2 && pairs.is_multiple_of(2) => pairs,
+            BG_RAID10 => {
+                return Err(format!(
+                    "raid10 block group item of {} bytes: an even number of devices, two or more",
+                    b.len()
+                ))
+            }
             _ => return Err(format!("block group flags {raw:#x} invalid")),
         };
         if b.len() != 16 + 16 * copies {
@@ -391,6 +412,7 @@ impl BlockGroupItem {
             flags,
             first: Some(all[0]),
             extra: all[1..].to_vec(),
+            striped: raw & BG_RAID10 != 0,
         })
     }
 }

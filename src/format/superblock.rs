@@ -141,6 +141,9 @@ pub enum Profile {
     Raid1,
     /// Three copies on three devices.
     Raid1c3,
+    /// Two copies, striped in 64 KiB units over pairs of devices (the
+    /// mapped layout only).
+    Raid10,
 }
 
 impl Profile {
@@ -150,6 +153,7 @@ impl Profile {
             Profile::Dup => "dup",
             Profile::Raid1 => "raid1",
             Profile::Raid1c3 => "raid1c3",
+            Profile::Raid10 => "raid10",
         }
     }
 
@@ -159,6 +163,7 @@ impl Profile {
             "dup" => Some(Profile::Dup),
             "raid1" => Some(Profile::Raid1),
             "raid1c3" => Some(Profile::Raid1c3),
+            "raid10" => Some(Profile::Raid10),
             _ => None,
         }
     }
@@ -167,7 +172,7 @@ impl Profile {
     pub fn copies(self) -> usize {
         match self {
             Profile::Single => 1,
-            Profile::Dup | Profile::Raid1 => 2,
+            Profile::Dup | Profile::Raid1 | Profile::Raid10 => 2,
             Profile::Raid1c3 => 3,
         }
     }
@@ -187,15 +192,17 @@ impl Profile {
             Profile::Single | Profile::Dup => 1,
             Profile::Raid1 => 2,
             Profile::Raid1c3 => 3,
+            Profile::Raid10 => 4,
         }
     }
 
     /// Every profile, for messages.
-    pub const ALL: [Profile; 4] = [
+    pub const ALL: [Profile; 5] = [
         Profile::Single,
         Profile::Dup,
         Profile::Raid1,
         Profile::Raid1c3,
+        Profile::Raid10,
     ];
 
     fn code(self) -> u8 {
@@ -204,6 +211,7 @@ impl Profile {
             Profile::Dup => 1,
             Profile::Raid1 => 2,
             Profile::Raid1c3 => 3,
+            Profile::Raid10 => 4,
         }
     }
 
@@ -526,6 +534,10 @@ impl Superblock {
             .any(|p| p.min_devices() > 1);
         if spans && !self.has_device_table() {
             return Err("a profile over several devices without the device table".into());
+        }
+        let striped = [self.metadata_profile, self.data_profile].contains(&Profile::Raid10);
+        if striped && !self.is_mapped() {
+            return Err("raid10 without the mapped layout".into());
         }
         if self.is_mapped() && !self.has_device_table() {
             return Err("the mapped layout without the device table".into());

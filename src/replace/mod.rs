@@ -83,13 +83,19 @@ pub fn run(engine: &Engine, source: u64, ctl: &Control, opts: Options) -> Result
     // and a replace is what a failing device waits on.
     let pace = Pace { throttle: false };
     let walked = walk_extents(engine, ctl, pace, |r, key, item| {
-        let on = Copies::of(r, key.objectid, key.offset, source, avoid_source);
-        if on.source_stripes.is_empty() {
+        // Pieces lie whole on their devices (a RAID10 extent crosses
+        // pairs of devices unit by unit).
+        let pieces: Vec<((u64, u64), Copies)> = r
+            .data_pieces(key.objectid, key.offset)
+            .into_iter()
+            .map(|(o, l)| ((o, l), Copies::of(r, o, l, source, avoid_source)))
+            .collect();
+        if pieces.iter().all(|(_, on)| on.source_stripes.is_empty()) {
             return Ok(key.offset);
         }
         match item.is_tree_block() {
-            true => copy_tree_block(r, key, item, &on, &mut report),
-            false => copy_data(r, key.objectid, key.offset, &on, &mut report),
+            true => copy_tree_block(r, key, item, &pieces[0].1, &mut report),
+            false => copy_data(r, key.objectid, &pieces, &mut report),
         }
     });
     report.errors.extend(walked.errors);
@@ -191,11 +197,12 @@ fn source_bytes(r: &Reader<'_>, bytenr: u64, len: usize, on: &Copies) -> Option<
 /// copies until one matches. An extent without checksums (a `chattr +C`
 /// file's, or preallocated space) is copied once no write in place into
 /// it is under way, each chunk as the first copy that reads holds it.
+/// `pieces` are the extent's parts that lie whole on their devices, with
+/// their copies.
 fn copy_data(
     r: &Reader<'_>,
     bytenr: u64,
-    len: u64,
-    on: &Copies,
+    pieces: &[((u64, u64), Copies)],
     report: &mut Report,
 ) -> Result<u64> {
     let sums = r.get(CSUM, &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr))?;
@@ -203,21 +210,29 @@ fn copy_data(
         r.wait_in_place(Some(bytenr));
     }
     report.data_extents += 1;
-    let mut at = 0;
-    while at < len {
-        let n = (len - at).min(READ_CHUNK) as usize;
-        let mut buf = vec![0u8; n];
-        let read = match &sums {
-            Some(sums) => {
-                copy_chunk(r, bytenr + at, &mut buf, (at, sums), on, report);
-                true
-            }
-            None => copy_unsummed_chunk(r, bytenr + at, &mut buf, on, report),
-        };
-        if read {
-            report.bytes_copied += on.write(r, &buf, at)?;
+    let mut len = 0;
+    for &((start, piece_len), ref on) in pieces {
+        len += piece_len;
+        if on.source_stripes.is_empty() {
+            continue;
         }
-        at += n as u64;
+        let mut done = 0;
+        while done < piece_len {
+            let n = (piece_len - done).min(READ_CHUNK) as usize;
+            let mut buf = vec![0u8; n];
+            let addr = start + done;
+            let read = match &sums {
+                Some(sums) => {
+                    copy_chunk(r, addr, &mut buf, (addr - bytenr, sums), on, report);
+                    true
+                }
+                None => copy_unsummed_chunk(r, addr, &mut buf, on, report),
+            };
+            if read {
+                report.bytes_copied += on.write(r, &buf, done)?;
+            }
+            done += n as u64;
+        }
     }
     Ok(len)
 }

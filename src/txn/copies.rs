@@ -245,6 +245,12 @@ pub(super) fn first_good_copy(
 pub(crate) trait DataCopies {
     fn shared(&self) -> &Shared;
 
+    /// `[bytenr, bytenr + len)` in pieces that each lie whole on their
+    /// devices (cut where RAID10 units end).
+    fn data_pieces(&self, bytenr: u64, len: u64) -> Vec<(u64, u64)> {
+        self.shared().dev.map().pieces(bytenr, len)
+    }
+
     /// How many copies `[bytenr, bytenr + len)` has.
     fn data_copies(&self, bytenr: u64, len: u64) -> usize {
         self.shared().dev.copies(bytenr, len)

@@ -599,6 +599,11 @@ impl<'a> Txn<'a> {
                     p.min_devices()
                 )));
             }
+            if p == Profile::Raid10 && !sb.is_mapped() {
+                return Err(Error::Invalid(
+                    "raid10 stripes groups over devices, which this filesystem's layout (device 1 holds every first copy: one device, mixed groups, or an older image) cannot".into(),
+                ));
+            }
         }
         sb.metadata_profile = metadata.unwrap_or(sb.metadata_profile);
         sb.data_profile = data.unwrap_or(sb.data_profile);

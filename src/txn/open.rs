@@ -273,6 +273,12 @@ impl Engine {
                 )));
             }
         }
+        let striped = [metadata_profile, opts.data_profile].contains(&Profile::Raid10);
+        if striped && !opts.mapped.unwrap_or(devs.len() > 1 && !mixed) {
+            return Err(Error::Invalid(
+                "raid10 stripes groups over devices: it needs several devices without mixed groups (the mapped layout)".into(),
+            ));
+        }
         if mixed && metadata_profile != opts.data_profile {
             return Err(Error::Invalid(format!(
                 "mixed block groups hold data and metadata together: their profiles must match (metadata {}, data {})",
@@ -560,8 +566,7 @@ fn load_space(st: &mut State, sh: &Shared, space: Option<&SpaceOverride>) -> Res
             Some(s) => s.used.get(&k.objectid).copied().unwrap_or(0),
             None => g.used,
         };
-        st.alloc
-            .load_group(k.objectid, k.offset, g.flags, used, g.first, g.extra)?;
+        st.alloc.load_group(k.objectid, k.offset, used, &g)?;
     }
     match space {
         Some(s) => {

@@ -84,6 +84,7 @@ pub(super) fn write_block_groups(tx: &mut Txn<'_>) -> Result<bool> {
             flags: g.kind.flags(),
             first: g.first,
             extra: g.extra.clone(),
+            striped: g.striped,
         };
         let key = Key::new(g.start, BLOCK_GROUP_ITEM, g.len);
         let data = item.encode();

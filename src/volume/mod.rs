@@ -48,7 +48,16 @@ pub struct Chunk {
     pub len: u64,
     pub first: Stripe,
     pub extra: Vec<Stripe>,
+    /// RAID10: the group's units of [`STRIPE_UNIT`] bytes go round the
+    /// pairs of devices (`first` and `extra[0]`, then `extra[1]` and
+    /// `extra[2]`, ...), each pair holding a unit's two copies, so each
+    /// device range holds `len / pairs` bytes.
+    pub striped: bool,
 }
+
+/// The bytes of a RAID10 group that lie together on one pair of devices
+/// before the next pair takes over (as btrfs's stripe length).
+pub const STRIPE_UNIT: u64 = 64 << 10;
 
 impl Chunk {
     /// A group of the bound layout: its first copy on device 1 at `start`.
@@ -61,6 +70,7 @@ impl Chunk {
                 offset: start,
             },
             extra,
+            striped: false,
         }
     }
 
@@ -78,21 +88,76 @@ impl Chunk {
         self.start + self.len
     }
 
-    /// Every copy, the first included.
+    /// Every device range, the first copy's included (for RAID10 every
+    /// device the units go round), each [`Chunk::stripe_len`] long.
     pub fn stripes(&self) -> impl Iterator<Item = Stripe> + '_ {
         std::iter::once(self.first).chain(self.extra.iter().copied())
     }
 
-    /// Copy `copy` of the logical `offset` inside the group.
-    fn stripe(&self, offset: u64, copy: usize) -> Option<Stripe> {
-        let s = match copy {
-            0 => self.first,
-            n => *self.extra.get(n - 1)?,
-        };
+    /// Pairs of devices a RAID10 group's units go round.
+    fn pairs(&self) -> u64 {
+        let devices = 1 + self.extra.len() as u64;
+        devices / 2
+    }
+
+    /// Bytes of each device range.
+    pub fn stripe_len(&self) -> u64 {
+        match self.striped {
+            true => self.len / self.pairs().max(1),
+            false => self.len,
+        }
+    }
+
+    /// Copies of every byte.
+    pub fn copies(&self) -> usize {
+        match self.striped {
+            true => 2,
+            false => 1 + self.extra.len(),
+        }
+    }
+
+    /// Copy `copy` of `[offset, offset + len)` inside the group: None
+    /// when the range crosses a RAID10 unit (its pieces lie apart; see
+    /// [`Chunk::split`]).
+    fn stripe(&self, offset: u64, len: u64, copy: usize) -> Option<Stripe> {
+        let rel = offset - self.start;
+        if !self.striped {
+            let s = match copy {
+                0 => self.first,
+                n => *self.extra.get(n - 1)?,
+            };
+            return Some(Stripe {
+                devid: s.devid,
+                offset: s.offset + rel,
+            });
+        }
+        let unit = rel / STRIPE_UNIT;
+        if copy > 1 || (rel + len.max(1) - 1) / STRIPE_UNIT != unit {
+            return None;
+        }
+        let (pair, row) = (unit % self.pairs(), unit / self.pairs());
+        let s = self.stripes().nth(2 * pair as usize + copy)?;
         Some(Stripe {
             devid: s.devid,
-            offset: s.offset + (offset - self.start),
+            offset: s.offset + row * STRIPE_UNIT + rel % STRIPE_UNIT,
         })
+    }
+
+    /// `[offset, offset + len)` (inside the group) cut where RAID10 units
+    /// end: each piece lies whole on its devices.
+    fn split(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
+        if !self.striped {
+            return vec![(offset, len)];
+        }
+        let mut out = Vec::new();
+        let (mut at, end) = (offset, offset + len);
+        while at < end {
+            let unit_end = self.start + ((at - self.start) / STRIPE_UNIT + 1) * STRIPE_UNIT;
+            let to = unit_end.min(end);
+            out.push((at, to - at));
+            at = to;
+        }
+        out
     }
 }
 
@@ -147,13 +212,23 @@ impl ChunkMap {
             .collect()
     }
 
+    /// `[offset, offset + len)` in pieces that each lie whole on their
+    /// devices: cut at RAID10 unit ends, else the range itself.
+    pub fn pieces(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
+        let map = crate::sync::read(&self.chunks);
+        match Self::containing(&map, offset, len) {
+            Some(c) => c.split(offset, len),
+            None => vec![(offset, len)],
+        }
+    }
+
     /// How many copies `[offset, offset + len)` has: those of the group
     /// it lies inside, else 1 in the bound layout (device 1's) and 0 in
     /// the mapped one.
     pub fn copies(&self, offset: u64, len: u64) -> usize {
         let map = crate::sync::read(&self.chunks);
         match Self::containing(&map, offset, len) {
-            Some(c) => 1 + c.extra.len(),
+            Some(c) => c.copies(),
             None if self.is_mapped() => 0,
             None => 1,
         }
@@ -164,7 +239,7 @@ impl ChunkMap {
     pub fn stripe_of(&self, offset: u64, len: u64, copy: usize) -> Option<Stripe> {
         let map = crate::sync::read(&self.chunks);
         match Self::containing(&map, offset, len) {
-            Some(c) => c.stripe(offset, copy),
+            Some(c) => c.stripe(offset, len, copy),
             None if copy == 0 && !self.is_mapped() => Some(Stripe {
                 devid: PRIMARY_DEVID,
                 offset,
@@ -470,8 +545,10 @@ impl Volume {
     /// Whether copy `copy` of `[offset, offset + len)` lies on a present
     /// device (not on one a degraded open is missing).
     pub fn copy_present(&self, offset: u64, len: u64, copy: usize) -> bool {
-        self.stripe(offset, len, copy)
-            .is_ok_and(|s| self.device(s.devid).is_some())
+        self.map.pieces(offset, len).into_iter().all(|(o, l)| {
+            self.stripe(o, l, copy)
+                .is_ok_and(|s| self.device(s.devid).is_some())
+        })
     }
 
     /// The copy a data read of `[offset, offset + len)` tries first.
@@ -485,6 +562,9 @@ impl Volume {
         if copies <= 1 {
             return 0;
         }
+        // A RAID10 range goes round the devices whichever copy it takes:
+        // its first piece's devices stand for it.
+        let (offset, len) = self.map.pieces(offset, len)[0];
         // raid1c3 has the most copies.
         let mut distinct = [(0usize, 0u64); 3];
         let mut n = 0;
@@ -507,6 +587,7 @@ impl Volume {
     /// The device id of copy `copy` of `offset` (for error counters and
     /// messages); 0 when there is no such copy.
     pub fn devid_of(&self, offset: u64, len: u64, copy: usize) -> u64 {
+        let (offset, len) = self.map.pieces(offset, len)[0];
         self.stripe(offset, len, copy).map_or(0, |s| s.devid)
     }
 
@@ -516,6 +597,14 @@ impl Volume {
 
     /// Reads copy `copy` of `buf.len()` bytes at logical `offset`.
     pub fn read_copy(&self, buf: &mut [u8], offset: u64, copy: usize) -> Result<()> {
+        let pieces = self.map.pieces(offset, buf.len() as u64);
+        if pieces.len() > 1 {
+            for (o, l) in pieces {
+                let at = (o - offset) as usize;
+                self.read_copy(&mut buf[at..at + l as usize], o, copy)?;
+            }
+            return Ok(());
+        }
         let s = self.stripe(offset, buf.len() as u64, copy)?;
         let r = self.present(s).and_then(|d| d.read_at(buf, s.offset));
         if r.is_err() && self.device(s.devid).is_some() {
@@ -527,15 +616,25 @@ impl Volume {
     /// Starts reading copy `copy` of `[offset, offset + len)` ahead of
     /// need (scrub reads every copy).
     pub fn prefetch_copy(&self, offset: u64, len: u64, copy: usize) {
-        if let Ok(s) = self.stripe(offset, len, copy) {
-            if let Some(d) = self.device(s.devid) {
-                d.prefetch(s.offset, len);
+        for (o, l) in self.map.pieces(offset, len) {
+            if let Ok(s) = self.stripe(o, l, copy) {
+                if let Some(d) = self.device(s.devid) {
+                    d.prefetch(s.offset, l);
+                }
             }
         }
     }
 
     /// Writes `buf` over copy `copy` only (a repair).
     pub fn write_copy(&self, buf: &[u8], offset: u64, copy: usize) -> Result<()> {
+        let pieces = self.map.pieces(offset, buf.len() as u64);
+        if pieces.len() > 1 {
+            for (o, l) in pieces {
+                let at = (o - offset) as usize;
+                self.write_copy(&buf[at..at + l as usize], o, copy)?;
+            }
+            return Ok(());
+        }
         let _pass = self.gate.pass();
         let s = self.stripe(offset, buf.len() as u64, copy)?;
         self.mirror_to_target(s.devid, s.offset, buf, false);
@@ -600,6 +699,17 @@ impl Volume {
         for c in chunks {
             let from = offset.max(c.start);
             let to = (offset + len).min(c.end());
+            if c.striped {
+                for (o, l) in c.split(from, to - from) {
+                    let part = &buf[(o - offset) as usize..(o - offset + l) as usize];
+                    for copy in 0..c.copies() {
+                        if let Some(s) = c.stripe(o, l, copy) {
+                            put(s, part)?;
+                        }
+                    }
+                }
+                continue;
+            }
             let part = &buf[(from - offset) as usize..(to - offset) as usize];
             let skip = usize::from(!self.map.is_mapped());
             for s in c.stripes().skip(skip) {
@@ -702,11 +812,7 @@ impl Device for Volume {
     }
 
     fn prefetch(&self, offset: u64, len: u64) {
-        if let Ok(s) = self.stripe(offset, len, 0) {
-            if let Some(d) = self.device(s.devid) {
-                d.prefetch(s.offset, len)
-            }
-        }
+        self.prefetch_copy(offset, len, 0)
     }
 
     /// Every copy of the logical range (a device a degraded open lacks
@@ -723,14 +829,45 @@ impl Device for Volume {
         for c in self.map.overlapping(offset, len) {
             let from = offset.max(c.start);
             let to = (offset + len).min(c.end());
-            for s in c.stripes().skip(skip) {
-                if let Some(d) = self.device(s.devid) {
-                    done |= d.discard(s.offset + (from - c.start), to - from)?;
+            let ranges = match c.striped {
+                true => striped_ranges(&c, from, to - from),
+                false => c
+                    .stripes()
+                    .skip(skip)
+                    .map(|s| (s.devid, s.offset + (from - c.start), to - from))
+                    .collect(),
+            };
+            for (devid, at, n) in ranges {
+                if let Some(d) = self.device(devid) {
+                    done |= d.discard(at, n)?;
                 }
             }
         }
         Ok(done)
     }
+}
+
+/// The device ranges `(devid, offset, len)` that hold `[offset, offset +
+/// len)` of a RAID10 group, both copies, each device's pieces joined
+/// where they touch (units of one pair lie end to end on its devices).
+fn striped_ranges(c: &Chunk, offset: u64, len: u64) -> Vec<(u64, u64, u64)> {
+    let mut all: Vec<(u64, u64, u64)> = c
+        .split(offset, len)
+        .into_iter()
+        .flat_map(|(o, l)| {
+            (0..c.copies())
+                .filter_map(move |copy| c.stripe(o, l, copy).map(|s| (s.devid, s.offset, l)))
+        })
+        .collect();
+    all.sort_unstable();
+    let mut out: Vec<(u64, u64, u64)> = Vec::new();
+    for (devid, at, n) in all {
+        match out.last_mut() {
+            Some(last) if last.0 == devid && last.1 + last.2 == at => last.2 += n,
+            _ => out.push((devid, at, n)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -867,6 +1004,71 @@ mod tests {
             .map(|ino| vol.preferred_copy(at, 4096, ino))
             .collect();
         assert_eq!(chosen, [0, 2, 0, 2]);
+    }
+
+    /// A RAID10 group over four devices: units go round the two pairs,
+    /// each unit's two copies on one pair, rows end to end on each
+    /// device; a write crossing units lands piece by piece and reads
+    /// back whole from either copy.
+    #[test]
+    fn raid10_units_go_round_the_pairs() {
+        let raws: Vec<Arc<MemDevice>> = (0..4).map(|_| Arc::new(MemDevice::new(4 << 20))).collect();
+        let map = Arc::new(ChunkMap::default());
+        map.set_mapped(true);
+        let at = |devid: u64| Stripe {
+            devid,
+            offset: 1 << 20,
+        };
+        let start = 8 << 20;
+        map.insert(Chunk {
+            start,
+            len: 1 << 20,
+            first: at(1),
+            extra: vec![at(2), at(3), at(4)],
+            striped: true,
+        });
+        let devs: BTreeMap<u64, Arc<dyn Device>> = raws
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i as u64 + 1, r.clone() as Arc<dyn Device>))
+            .collect();
+        let sizes = devs.keys().map(|&d| (d, 4 << 20)).collect();
+        let vol = Volume::with_devices(devs, &sizes, map);
+        vol.set_logical_bytes(16 << 20);
+        let unit = STRIPE_UNIT as usize;
+        let data: Vec<u8> = (0..3 * unit).map(|i| (i / unit + 1) as u8).collect();
+        // Units 1, 2 and 3: pair 2, pair 1 (row 1), pair 2 (row 1).
+        vol.write_at(&data, start + STRIPE_UNIT).expect("write");
+        let mut got = vec![0u8; unit];
+        for (dev, row, want) in [
+            (2usize, 0u64, 1u8),
+            (3, 0, 1),
+            (0, 1, 2),
+            (1, 1, 2),
+            (2, 1, 3),
+            (3, 1, 3),
+        ] {
+            raws[dev]
+                .read_at(&mut got, (1 << 20) + row * STRIPE_UNIT)
+                .expect("read");
+            assert!(
+                got.iter().all(|&b| b == want),
+                "device {} row {row}",
+                dev + 1
+            );
+        }
+        for copy in 0..2 {
+            let mut back = vec![0u8; data.len()];
+            vol.read_copy(&mut back, start + STRIPE_UNIT, copy)
+                .expect("read");
+            assert!(back == data, "copy {copy}");
+        }
+        assert_eq!(vol.copies(start, 4096), 2);
+        assert_eq!(vol.map().pieces(start + 4096, STRIPE_UNIT).len(), 2);
+        assert!(
+            vol.read_copy(&mut got, 32 << 20, 0).is_err(),
+            "no group there"
+        );
     }
 
     #[test]

@@ -109,8 +109,8 @@ pub fn wipe_copies_on(devs: &[Arc<MemDevice>], chunks: &[Chunk], devid: u64) {
     for c in chunks {
         for s in c.stripes().filter(|s| s.devid == devid) {
             let mut at = s.offset;
-            while at < s.offset + c.len {
-                let n = (s.offset + c.len - at).min(MIB);
+            while at < s.offset + c.stripe_len() {
+                let n = (s.offset + c.stripe_len() - at).min(MIB);
                 dev.write_at(&garbage[..n as usize], at).unwrap();
                 at += n;
             }

@@ -23,7 +23,7 @@ pub enum Command {
     Start {
         /// Data groups; filters, comma-separated: `usage=N` (only those
         /// used below N percent), `devid=N` (only those with a copy on
-        /// device N), `convert=single|dup|raid1|raid1c3` (give every data
+        /// device N), `convert=single|dup|raid1|raid1c3|raid10` (give every data
         /// group that profile: new groups get it, and the groups of
         /// another profile are emptied into them; `soft` is accepted and
         /// changes nothing: groups already converted are always skipped).
@@ -153,7 +153,9 @@ fn filters(f: &str, flag: &str) -> Result<(Filter, Option<Profile>, Option<u64>)
         } else if let Some(p) = part.strip_prefix("convert=") {
             convert = match Profile::parse(p) {
                 Some(p) => Some(p),
-                None => bail!("{flag}convert={p}: the profiles are single, dup, raid1 and raid1c3"),
+                None => bail!(
+                    "{flag}convert={p}: the profiles are single, dup, raid1, raid1c3 and raid10"
+                ),
             };
         } else if let Some(n) = part.strip_prefix("devid=") {
             devid = match n.parse::<u64>() {

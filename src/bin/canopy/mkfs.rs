@@ -7,7 +7,7 @@ use canopy::{Engine, FormatOptions};
 
 fn parse_profile(s: &str) -> std::result::Result<Profile, String> {
     Profile::parse(s).ok_or_else(|| {
-        format!("unknown profile {s:?}: single or dup (one device), raid1 (two or more), raid1c3 (three or more)")
+        format!("unknown profile {s:?}: single or dup (one device), raid1 (two or more), raid1c3 (three or more), raid10 (four or more)")
     })
 }
 use std::sync::Arc;
@@ -37,13 +37,14 @@ pub struct Args {
     /// Profile of tree blocks: `dup` (two copies on the device, so a bad
     /// sector is repaired from the other; the default with separate
     /// groups on one device, as mkfs.btrfs), `raid1` (two copies on two
-    /// devices; the default with several), `raid1c3` (three on three), or
+    /// devices; the default with several), `raid1c3` (three on three),
+    /// `raid10` (two copies striped in 64 KiB units over four or more), or
     /// `single` (the default with mixed groups, where a second copy would
     /// double the data too).
     #[arg(short = 'm', long = "metadata", value_name = "PROFILE", value_parser = parse_profile)]
     metadata: Option<Profile>,
-    /// Profile of file data: `single` (the default), `dup`, `raid1` or
-    /// `raid1c3`.
+    /// Profile of file data: `single` (the default), `dup`, `raid1`,
+    /// `raid1c3` or `raid10`.
     #[arg(short = 'd', long = "data", value_name = "PROFILE", value_parser = parse_profile)]
     data: Option<Profile>,
     /// Overwrite an existing filesystem.
