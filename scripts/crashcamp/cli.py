@@ -53,8 +53,10 @@ def build_parser():
                     help="canopy binary (default: target/release/canopy, built if missing)")
     ap.add_argument("--mount-opts", default="", help="extra `canopy mount -o` options")
     ap.add_argument("--devices", type=int, default=1,
-                    help="devices per filesystem (image files; more than 1: mkfs -m raid1 "
-                         "-d raid1, the others named with device= and --device)")
+                    help="devices per filesystem (image files; more than 1: mkfs -m PROFILE "
+                         "-d PROFILE, the others named with device= and --device)")
+    ap.add_argument("--profile", default="raid1", choices=["raid1", "raid1c3", "raid10"],
+                    help="profile of data and metadata with --devices over 1 (default raid1)")
     ap.add_argument("--rbd", default=None, metavar="CEPH_CONF",
                     help="put each image on RBD (rbd:rbd/NAME) on the cluster this ceph.conf names")
     ap.add_argument("--workdir", default=None, help="where images go (default: a new dir in /tmp)")
@@ -138,6 +140,9 @@ def parse_args():
         ap.error("--power-cut needs image files (the power-cut device wraps them), not --rbd")
     if not 1 <= args.devices <= 16:
         ap.error("--devices takes 1 to 16")
+    needs = {"raid1": 2, "raid1c3": 3, "raid10": 4}[args.profile]
+    if args.devices > 1 and args.devices < needs:
+        ap.error(f"--profile {args.profile} needs --devices {needs} or more")
     if args.devices > 1 and args.rbd:
         ap.error("--devices puts the other devices in image files, not on --rbd")
     if args.sector < 512 or args.sector & (args.sector - 1):

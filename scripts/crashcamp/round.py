@@ -133,7 +133,8 @@ class Round:
         self.scrub_and_check()
 
     def make_and_mount(self):
-        profiles = ["-m", "raid1", "-d", "raid1"] if self.others else []
+        p = self.args.profile
+        profiles = ["-m", p, "-d", p] if self.others else []
         rc, out = run([self.canopy, "mkfs", "--size", self.size, *profiles, self.img, *self.others],
                       timeout=120)
         if rc != 0:
