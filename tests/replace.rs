@@ -636,3 +636,27 @@ fn verify_big(fs: &Fs) {
         assert!(got == want, "big{i} reads back different bytes");
     }
 }
+
+/// In the mapped layout device 1 is a device like the others: a
+/// degraded open without it writes (new groups on the devices left),
+/// and `replace` rebuilds it on a new device.
+#[test]
+fn a_missing_device_1_is_written_around_and_rebuilt() {
+    let (devs, fs) = populated_raid1();
+    drop(fs);
+    let two = [devs[1].clone()];
+    let fs = Fs::new(Arc::new(open(as_devices(&two), false, true).unwrap())).unwrap();
+    assert_eq!(fs.engine().missing_device(), Some(1));
+    write_more(&fs, 0..10);
+    let target = Arc::new(MemDevice::new(384 * MIB));
+    let st = replace(&fs, 1, &target, false);
+    assert_eq!(st.state, ReplaceState::Finished, "{st:?}");
+    write_more(&fs, 10..20);
+    convert_to_raid1(&fs);
+    drop(fs);
+    let now = [target.clone(), devs[1].clone()];
+    check_clean(&now);
+    let fs = Fs::new(Arc::new(open(vec![target.clone()], true, true).unwrap())).unwrap();
+    verify(&fs);
+    verify_more(&fs, 0..20);
+}

@@ -127,7 +127,7 @@ pub(super) fn assemble(devs: Vec<Arc<dyn Device>>, opts: &OpenOptions) -> Result
         .filter(|d| !devices.contains_key(&d.devid))
         .collect();
     if !missing.is_empty() {
-        refuse_missing(&missing, opts)?;
+        refuse_missing(&missing, opts, newest.is_mapped())?;
     }
     Ok(Assembled {
         sb: newest,
@@ -136,9 +136,10 @@ pub(super) fn assemble(devs: Vec<Arc<dyn Device>>, opts: &OpenOptions) -> Result
     })
 }
 
-/// Names the missing devices, unless the open is degraded (and then
-/// read-only: this version writes no copy to a device that is gone).
-fn refuse_missing(missing: &[&DeviceItem], opts: &OpenOptions) -> Result<()> {
+/// Names the missing devices, unless the open is degraded; in the bound
+/// layout (`mapped` false), where device 1 holds every first copy, a
+/// degraded open without device 1 is read-only.
+fn refuse_missing(missing: &[&DeviceItem], opts: &OpenOptions, mapped: bool) -> Result<()> {
     let names: Vec<String> = missing
         .iter()
         .map(|d| {
@@ -159,7 +160,7 @@ fn refuse_missing(missing: &[&DeviceItem], opts: &OpenOptions) -> Result<()> {
     let primary = missing
         .iter()
         .any(|d| d.devid == crate::volume::PRIMARY_DEVID);
-    if primary && !opts.read_only {
+    if primary && !opts.read_only && !mapped {
         return Err(Error::Invalid(format!(
             "{} missing: device 1 holds the first copy of every group, so without it a degraded open is read-only (-o degraded,ro)",
             names.join(", ")
