@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Readers on raid1, a benchmark (not a test): do two readers of two
+"""Readers on raid1 (or raid10), a benchmark (not a test): do two readers of two
 files read faster than one, because their reads go to different devices?
 
 In one run, on image files on the same disk: a Canopy filesystem over two
@@ -11,6 +11,10 @@ Per round, page caches dropped (and Canopy remounted) first:
 Prints MiB/s of the data read (median of ROUNDS) and, for each
 filesystem, the two readers' rate over the one reader's. CANOPY_OLD=path
 also runs another canopy binary (an A/B of the read path).
+
+PROFILE (raid1, raid1c3 or raid10; default raid1) and DEVICES (default
+2; raid10 needs 4) choose the profile both filesystems get and how many
+images they span.
 
 Two image files on one disk share its queue, so spreading reads cannot
 show there. THROTTLE=MIBS gives each device a bandwidth of its own:
@@ -34,6 +38,9 @@ FILE = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 W = os.environ.get("WORK", "/var/tmp/canopy-raid1-read")
 THROTTLE = int(os.environ.get("THROTTLE", "0"))
+PROFILE = os.environ.get("PROFILE", "raid1")
+DEVICES = int(os.environ.get("DEVICES", "2"))
+NAMES = "abcdefghijklmnop"[:DEVICES]
 CGROUP = "/sys/fs/cgroup/blkio/canopy-raid1-read"
 M = f"{W}/mnt"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,12 +97,14 @@ def fill():
 
 def canopy_rounds(who, binary, size, rates):
     # With THROTTLE, on loop devices whose reads the cgroup limits.
-    paths = [f"{W}/canopy-a.img", f"{W}/canopy-b.img"]
-    with images(paths, size, loop=bool(THROTTLE)) as (a, b):
+    paths = [f"{W}/canopy-{n}.img" for n in NAMES]
+    with images(paths, size, loop=bool(THROTTLE)) as devs:
+        a = devs[0]
         if THROTTLE:
-            throttle([a, b])
-        sh(f"{binary} mkfs -f -q -m raid1 -d raid1 {a} {b}")
-        mount = f"{binary} mount {a} {M} -o device={b}"
+            throttle(devs)
+        sh(f"{binary} mkfs -f -q -m {PROFILE} -d {PROFILE} {' '.join(devs)}")
+        others = ",".join(f"device={d}" for d in devs[1:])
+        mount = f"{binary} mount {a} {M} -o {others}"
         sh(mount)
         fill()
         sh(f"{binary} sync {M}")
@@ -113,8 +122,8 @@ def canopy_rounds(who, binary, size, rates):
 
 
 def btrfs_rounds(size, rates):
-    with images([f"{W}/btrfs-{n}.img" for n in "ab"], size, loop=True) as loops:
-        sh(f"mkfs.btrfs -q -f -m raid1 -d raid1 {loops[0]} {loops[1]} >/dev/null")
+    with images([f"{W}/btrfs-{n}.img" for n in NAMES], size, loop=True) as loops:
+        sh(f"mkfs.btrfs -q -f -m {PROFILE} -d {PROFILE} {' '.join(loops)} >/dev/null")
         sh(f"mount {loops[0]} {M}")
         fill()
         sh(f"sync -f {M}")
@@ -143,7 +152,7 @@ def main():
         canopy_rounds(who, binary, size, rates)
     btrfs_rounds(size, rates)
     limit = f", reads of each device limited to {THROTTLE} MiB/s" if THROTTLE else ""
-    print(f"two files of {FILE} MiB on raid1 over two images{limit}, {ROUNDS} rounds, medians:")
+    print(f"two files of {FILE} MiB on {PROFILE} over {DEVICES} images{limit}, {ROUNDS} rounds, medians:")
     med = {k: statistics.median(v) for k, v in rates.items()}
     for k, v in med.items():
         print(f"  {k:16s} {v:8.1f} MiB/s")

@@ -111,6 +111,9 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     echo "== crash campaign: power cuts on two devices (raid1), each losing its own unflushed writes"
     "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 1G --fill 0 \
         --devices 2 --mount-opts transport=dev --json target/tmp/power-cut-raid1.json
+    echo "== crash campaign: power cuts on four devices (raid10: units striped over pairs), each losing its own unflushed writes"
+    "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 1G --fill 0 \
+        --devices 4 --profile raid10 --mount-opts transport=dev --json target/tmp/power-cut-raid10.json
     echo "== power cut, negative control: with barriers that flush nothing the campaign must fail"
     set +e
     python3 scripts/crash_campaign.py --client sqlite-wal --client postgres --cycles 1 --rounds 1 \
