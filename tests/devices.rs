@@ -473,12 +473,16 @@ fn the_last_mirror_lost_is_converted_away_then_removed() {
 
 /// Block group items that name impossible copies, as a hostile or
 /// damaged image would: a copy past its device's end, one over another
-/// group's space, one on a device the table lacks, and profile bits
-/// whose copy count the item's length does not match. Each is refused at
+/// group's space, one on a device the table lacks, profile bits whose
+/// copy count the item's length does not match, raid10 over an odd
+/// number of devices, two copies overlapping on one device, and an item
+/// of the bound layout in a mapped image. Each is refused at
 /// open with the group named, and check reports it; nothing panics.
 #[test]
 fn hostile_block_group_copies_are_refused() {
-    use canopy::format::items::{BlockGroupItem, BG_DATA, BG_RAID1, BG_RAID1C3};
+    use canopy::format::items::{
+        BlockGroupItem, BG_DATA, BG_LISTED, BG_RAID1, BG_RAID10, BG_RAID1C3,
+    };
     use canopy::format::key_type::BLOCK_GROUP_ITEM;
     use canopy::format::tree_id::BLOCK_GROUP;
     use canopy::format::Key;
@@ -490,23 +494,73 @@ fn hostile_block_group_copies_are_refused() {
         }
         b
     };
+    // The group's own first copy, then `second` (the mapped layout lists
+    // every copy).
+    let listed = move |used: u64, flags: u64, g: &BlockGroupItem, second: &[(u64, u64)]| {
+        let first = g.first.expect("the mapped layout");
+        let all: Vec<(u64, u64)> = std::iter::once((first.devid, first.offset))
+            .chain(second.iter().copied())
+            .collect();
+        raw(used, flags | BG_LISTED, &all)
+    };
+    let second_devid = |g: &BlockGroupItem| g.extra[0].devid;
     type Hostile = Box<dyn Fn(u64, &BlockGroupItem, u64) -> Vec<u8>>;
     let cases: Vec<(&str, Hostile)> = vec![
         (
             "past the device's end",
-            Box::new(move |used, _, _| raw(used, BG_DATA | BG_RAID1, &[(2, 383 * MIB)])),
+            Box::new(move |used, g, _| {
+                listed(used, BG_DATA | BG_RAID1, g, &[(second_devid(g), 383 * MIB)])
+            }),
         ),
         (
             "over another group",
-            Box::new(move |used, _, other| raw(used, BG_DATA | BG_RAID1, &[(2, other)])),
+            Box::new(move |used, g, other| {
+                listed(used, BG_DATA | BG_RAID1, g, &[(second_devid(g), other)])
+            }),
         ),
         (
             "on a device the table lacks",
-            Box::new(move |used, g, _| raw(used, BG_DATA | BG_RAID1, &[(7, g.extra[0].offset)])),
+            Box::new(move |used, g, _| {
+                listed(used, BG_DATA | BG_RAID1, g, &[(7, g.extra[0].offset)])
+            }),
         ),
         (
             "three copies in a two-copy item",
-            Box::new(move |used, g, _| raw(used, BG_DATA | BG_RAID1C3, &[(2, g.extra[0].offset)])),
+            Box::new(move |used, g, _| {
+                listed(
+                    used,
+                    BG_DATA | BG_RAID1C3,
+                    g,
+                    &[(second_devid(g), g.extra[0].offset)],
+                )
+            }),
+        ),
+        (
+            "raid10 over an odd number of devices",
+            Box::new(move |used, g, _| {
+                listed(
+                    used,
+                    BG_DATA | BG_RAID10,
+                    g,
+                    &[(second_devid(g), g.extra[0].offset), (3, MIB)],
+                )
+            }),
+        ),
+        (
+            "both copies on one device, overlapping",
+            Box::new(move |used, g, _| {
+                let first = g.first.unwrap();
+                listed(
+                    used,
+                    BG_DATA | BG_RAID1,
+                    g,
+                    &[(first.devid, first.offset + 4096)],
+                )
+            }),
+        ),
+        (
+            "a bound item in a mapped image",
+            Box::new(move |used, g, _| raw(used, BG_DATA | BG_RAID1, &[(2, g.extra[0].offset)])),
         ),
     ];
     for (what, hostile) in cases {
