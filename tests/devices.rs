@@ -711,3 +711,45 @@ fn raid1_over_three_devices_pairs_any_two() {
         check_clean(&devs);
     }
 }
+
+/// In the mapped layout device 1 is a device like the others: `device
+/// remove` moves every copy off it and takes it out, and the filesystem
+/// then opens from the devices left, none missing; in the bound layout
+/// the removal is refused.
+#[test]
+fn device_1_of_the_mapped_layout_is_removed_like_any_other() {
+    let devs = mem_devices(3, 384 * MIB);
+    let fs = Fs::new(Arc::new(format(&devs, Profile::Raid1, Profile::Raid1))).unwrap();
+    populate(&fs);
+    fs.device_remove_start(1).unwrap();
+    assert_eq!(fs.balance_wait().state, BalanceState::Finished);
+    fs.device_remove_finish(1).unwrap();
+    let show = fs.engine().show();
+    assert_eq!(
+        show.devices.iter().map(|d| d.devid).collect::<Vec<_>>(),
+        [2, 3],
+        "{show:?}"
+    );
+    write_file(&fs, ROOT_DIR, "after", b"written without device 1");
+    fs.sync().unwrap();
+    drop(fs);
+    assert_eq!(canopy::dev::existing_filesystem(devs[0].as_ref()), None);
+    let left = [devs[1].clone(), devs[2].clone()];
+    check_clean(&left);
+    let fs = Fs::new(Arc::new(open(as_devices(&left), false, false).unwrap())).unwrap();
+    verify(&fs);
+    let a = fs.lookup(ROOT_DIR, b"after").unwrap();
+    assert_eq!(fs.read(a.ino, 0, 100).unwrap(), b"written without device 1");
+    drop(fs);
+
+    let bound = mem_devices(3, 384 * MIB);
+    let fs = Fs::new(Arc::new(format_with(
+        &bound,
+        Profile::Raid1,
+        Profile::Raid1,
+        true,
+    )))
+    .unwrap();
+    let err = fs.device_remove_start(1).map(drop).unwrap_err();
+    assert!(err.to_string().contains("device 1"), "{err}");
+}

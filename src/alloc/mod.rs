@@ -216,6 +216,9 @@ pub struct Allocator {
     system_chunks_max: usize,
     /// The superblock has the device table (see [`Allocator::set_devices`]).
     device_table: bool,
+    /// Device 1 is in the table: always in the bound layout; in the
+    /// mapped one until `device remove` takes it out.
+    primary_in_table: bool,
     /// Devices being emptied (`canopy device remove`), or missing from a
     /// degraded open: no new copy goes there, and the groups with a copy
     /// there take no new extents.
@@ -252,6 +255,7 @@ impl Allocator {
             other_devices: BTreeMap::new(),
             system_chunks_max: crate::format::superblock::SYSTEM_CHUNKS_MAX,
             device_table: false,
+            primary_in_table: true,
             leaving: BTreeSet::new(),
             degraded: false,
             groups: BTreeMap::new(),
@@ -335,7 +339,7 @@ impl Allocator {
     pub fn set_devices(&mut self, others: BTreeMap<u64, u64>, device_table: bool) {
         use crate::format::superblock::{SYSTEM_CHUNKS_MAX, SYSTEM_CHUNKS_MAX_DEVICES};
         self.other_devices = others;
-        self.other_devices.remove(&PRIMARY_DEVID);
+        self.primary_in_table = self.other_devices.remove(&PRIMARY_DEVID).is_some();
         self.device_table = device_table;
         self.system_chunks_max = match (self.mapped, device_table) {
             (true, _) => crate::format::superblock::SYSTEM_CHUNKS_MAX_MAPPED,
@@ -383,21 +387,31 @@ impl Allocator {
     /// bound first copy: the others in the bound layout, every staying
     /// device in the mapped one.
     fn spread_devices(&self) -> Vec<u64> {
-        let primary =
-            (self.mapped && !self.leaving.contains(&PRIMARY_DEVID)).then_some(PRIMARY_DEVID);
+        let staying = self.has_primary() && !self.leaving.contains(&PRIMARY_DEVID);
+        let primary = (self.mapped && staying).then_some(PRIMARY_DEVID);
         primary.into_iter().chain(self.staying_others()).collect()
     }
 
     /// Every device's id and usable bytes, device 1 first.
     pub fn devices(&self) -> Vec<(u64, u64)> {
-        std::iter::once((PRIMARY_DEVID, self.device_bytes))
+        let primary = self
+            .has_primary()
+            .then_some((PRIMARY_DEVID, self.device_bytes));
+        primary
+            .into_iter()
             .chain(self.other_devices.iter().map(|(&d, &b)| (d, b)))
             .collect()
     }
 
+    /// Whether device 1 is one of the filesystem's (the mapped layout
+    /// can remove it).
+    fn has_primary(&self) -> bool {
+        !self.mapped || self.primary_in_table
+    }
+
     fn device_size(&self, devid: u64) -> Option<u64> {
         match devid {
-            PRIMARY_DEVID => Some(self.device_bytes),
+            PRIMARY_DEVID => self.has_primary().then_some(self.device_bytes),
             _ => self.other_devices.get(&devid).copied(),
         }
     }

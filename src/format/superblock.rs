@@ -578,9 +578,11 @@ impl Superblock {
         if ids.len() != self.devices.len() || ids.first() == Some(&0) {
             return Err("the device table names a device twice, or device 0".into());
         }
-        // In the bound layout device 1 holds the logical address space.
+        // In the bound layout device 1 holds the logical address space;
+        // the mapped layout may have removed it.
         let small = |b: u64| !self.is_mapped() && b < self.total_bytes;
-        if self.device_bytes(1).is_none_or(small) {
+        let lacks = self.device_bytes(1).is_none() && !self.is_mapped();
+        if lacks || self.device_bytes(1).is_some_and(small) {
             return Err("the device table lacks device 1 or makes it too small".into());
         }
         if self.device_bytes(self.devid).is_none() {

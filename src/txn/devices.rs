@@ -262,8 +262,9 @@ impl Engine {
     }
 
     /// Whether device `devid` can leave the filesystem once no copy lies
-    /// on it: it is one of its devices other than device 1, and the
-    /// profiles new groups get can be kept by the devices left.
+    /// on it: it is one of its devices (not device 1 in the bound
+    /// layout), and the profiles new groups get can be kept by the devices
+    /// left.
     pub fn check_removable(&self, devid: u64) -> Result<()> {
         let st = crate::sync::read(&self.state);
         removable(&st.sb, devid)
@@ -326,11 +327,6 @@ fn removable(sb: &Superblock, devid: u64) -> Result<()> {
     if devid == crate::volume::PRIMARY_DEVID && !sb.is_mapped() {
         return Err(Error::Invalid(
             "device 1 holds the first copy of every block group in this layout: it cannot be removed (replace it instead)".into(),
-        ));
-    }
-    if devid == crate::volume::PRIMARY_DEVID {
-        return Err(Error::Invalid(
-            "device 1 cannot be removed in this version (replace it instead)".into(),
         ));
     }
     if sb.device_bytes(devid).is_none() {

@@ -50,7 +50,11 @@ impl Engine {
             // Device 1's share: the whole filesystem in the bound layout.
             let mapped = tx.st.sb.is_mapped();
             let old_bytes = match mapped {
-                true => tx.st.sb.device_bytes(1).unwrap_or(0),
+                true => tx.st.sb.device_bytes(1).ok_or_else(|| {
+                    Error::Invalid(
+                        "device 1, which resize grows, was removed from the filesystem".into(),
+                    )
+                })?,
                 false => tx.st.sb.total_bytes,
             };
             let asked = match to {

@@ -74,7 +74,8 @@ pub struct OpenOptions {
     /// open is read-only (an offline scrub); a writable open always does.
     pub repair_when_read_only: bool,
     /// Open although devices the filesystem names are missing, reading
-    /// the copies left (`-o degraded`; read-only without device 1).
+    /// the copies left (`-o degraded`; read-only without device 1 in the
+    /// bound layout).
     pub degraded: bool,
     /// What to call the devices given, in the order given (paths, for
     /// messages and `filesystem show`); "device N given" where absent.

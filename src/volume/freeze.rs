@@ -106,8 +106,10 @@ mod tests {
         assert!(gate.freeze(Duration::from_secs(30)));
         assert!(!gate.freeze(Duration::from_secs(30)), "frozen twice");
         let g = gate.clone();
+        // Timed from before the spawn: a thread started late under load
+        // still waits for the thaw, which comes 200 ms after this.
+        let t = Instant::now();
         let writer = std::thread::spawn(move || {
-            let t = Instant::now();
             drop(g.pass());
             t.elapsed()
         });

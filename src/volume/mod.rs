@@ -146,7 +146,7 @@ impl Chunk {
     /// `[offset, offset + len)` (inside the group) cut where RAID10 units
     /// end: each piece lies whole on its devices.
     fn split(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
-        if !self.striped {
+        if !self.striped || len == 0 {
             return vec![(offset, len)];
         }
         let mut out = Vec::new();

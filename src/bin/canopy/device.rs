@@ -42,8 +42,10 @@ pub enum Command {
         path: PathBuf,
     },
     /// Move every copy off a device, then take it out of the filesystem
-    /// (its superblocks are wiped). Refused for device 1, which holds the
-    /// first copy of every group, and while the profiles need the device
+    /// (its superblocks are wiped). Refused for device 1 of a filesystem
+    /// whose device 1 holds the first copy of every group (devices under
+    /// 1 GiB, or images made before the mapped layout), and while the
+    /// profiles need the device
     /// (convert first: `canopy balance start -mconvert=dup MNT`). Waits,
     /// with a progress bar.
     #[command(alias = "delete")]
