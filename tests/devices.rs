@@ -624,30 +624,6 @@ fn format_sized(
     (devs, e)
 }
 
-/// Writes `n` files of 4 MiB of noise under the root, committed.
-fn fill(fs: &Fs, n: usize) {
-    for i in 0..n {
-        write_file(
-            fs,
-            ROOT_DIR,
-            &format!("big{i}"),
-            &common::noise(4 << 20, i as u64),
-        );
-    }
-    fs.sync().unwrap();
-}
-
-fn verify_fill(fs: &Fs, n: usize) {
-    for i in 0..n {
-        let a = fs.lookup(ROOT_DIR, format!("big{i}").as_bytes()).unwrap();
-        let got = fs.read(a.ino, 0, 4 << 20).unwrap();
-        assert!(
-            got == common::noise(4 << 20, i as u64),
-            "big{i} reads back different bytes"
-        );
-    }
-}
-
 /// In the mapped layout (the default on several devices) copies go to
 /// the devices with the most room: `-d single` data fills a large second
 /// device when device 1 is small, where the bound layout stops at device
@@ -663,7 +639,7 @@ fn single_data_fills_every_device_not_device_1_alone() {
     let (_, free) = e.space();
     assert!(free > 500 * MIB, "free {free} in the mapped layout");
     let fs = Fs::new(Arc::new(e)).unwrap();
-    fill(&fs, 80);
+    write_big(&fs, 80);
     let show = fs.engine().show();
     assert!(show.devices[1].allocated > 256 * MIB, "{show:?}");
     for c in fs.engine().mirrors() {
@@ -675,7 +651,7 @@ fn single_data_fills_every_device_not_device_1_alone() {
     drop(fs);
     check_clean(&devs);
     let fs = Fs::new(Arc::new(open(as_devices(&devs), false, false).unwrap())).unwrap();
-    verify_fill(&fs, 80);
+    verify_big(&fs, 80);
 }
 
 /// raid1 over three devices pairs any two of them, so a small device 1
@@ -685,7 +661,7 @@ fn single_data_fills_every_device_not_device_1_alone() {
 fn raid1_over_three_devices_pairs_any_two() {
     let (devs, e) = format_sized(&[96, 256, 256], Profile::Raid1, Profile::Raid1, true);
     let fs = Fs::new(Arc::new(e)).unwrap();
-    fill(&fs, 40);
+    write_big(&fs, 40);
     let chunks = fs.engine().mirrors();
     assert!(
         chunks.iter().any(|c| c.stripes().all(|s| s.devid != 1)),
@@ -702,11 +678,8 @@ fn raid1_over_three_devices_pairs_any_two() {
     for lost in [1, 3] {
         wipe_copies_on(&devs, &chunks, lost);
         let fs = Fs::new(Arc::new(open(as_devices(&devs), false, false).unwrap())).unwrap();
-        verify_fill(&fs, 40);
-        let ctl = canopy::scrub::Control::default();
-        let pace = canopy::scrub::Pace { throttle: false };
-        let r = canopy::scrub::run(fs.engine(), &ctl, pace).unwrap();
-        assert!(r.bad_tree_blocks.is_empty() && r.bad_data_sectors.is_empty());
+        verify_big(&fs, 40);
+        scrub_finds_nothing_lost(&fs);
         drop(fs);
         check_clean(&devs);
     }

@@ -566,10 +566,7 @@ fn raid10_goes_round_every_device_and_a_lost_one_is_rebuilt() {
     populate(&fs);
     write_more(&fs, 0..40);
     // Extents of many units, crossing from pair to pair.
-    for i in 0..6 {
-        write_file(&fs, ROOT_DIR, &format!("big{i}"), &big(i));
-    }
-    fs.sync().unwrap();
+    write_big(&fs, 6);
     let kinds = fs.engine().usage().kinds;
     for k in &kinds {
         let want = if k.kind == "system" {
@@ -593,11 +590,8 @@ fn raid10_goes_round_every_device_and_a_lost_one_is_rebuilt() {
     let fs = Fs::new(Arc::new(open(as_devices(&devs), false, false).unwrap())).unwrap();
     verify(&fs);
     verify_more(&fs, 0..40);
-    verify_big(&fs);
-    let ctl = canopy::scrub::Control::default();
-    let pace = canopy::scrub::Pace { throttle: false };
-    let r = canopy::scrub::run(fs.engine(), &ctl, pace).unwrap();
-    assert!(r.bad_tree_blocks.is_empty() && r.bad_data_sectors.is_empty());
+    verify_big(&fs, 6);
+    scrub_finds_nothing_lost(&fs);
     drop(fs);
     check_clean(&devs);
 
@@ -621,20 +615,7 @@ fn raid10_goes_round_every_device_and_a_lost_one_is_rebuilt() {
     let fs = Fs::new(Arc::new(open(as_devices(&without_4), true, true).unwrap())).unwrap();
     verify(&fs);
     verify_more(&fs, 0..50);
-    verify_big(&fs);
-}
-
-fn big(i: usize) -> Vec<u8> {
-    common::noise((3 << 20) + i * 12345, 77 + i as u64)
-}
-
-fn verify_big(fs: &Fs) {
-    for i in 0..6 {
-        let a = fs.lookup(ROOT_DIR, format!("big{i}").as_bytes()).unwrap();
-        let want = big(i);
-        let got = fs.read(a.ino, 0, want.len() as u32 + 10).unwrap();
-        assert!(got == want, "big{i} reads back different bytes");
-    }
+    verify_big(&fs, 6);
 }
 
 /// In the mapped layout device 1 is a device like the others: a

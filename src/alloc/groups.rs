@@ -108,12 +108,7 @@ impl BlockGroup {
     /// Bytes of each device range: the group's length, or for RAID10
     /// its share on each pair of devices.
     pub fn stripe_len(&self) -> u64 {
-        let devices = 1 + self.extra.len() as u64;
-        let pairs = devices / 2;
-        match self.striped {
-            true => self.len / pairs.max(1),
-            false => self.len,
-        }
+        crate::volume::stripe_len(self.len, 1 + self.extra.len(), self.striped)
     }
 
     /// Its entry in the volume's map of copies.

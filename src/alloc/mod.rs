@@ -1195,8 +1195,8 @@ impl Allocator {
     /// the copies its profile keeps.
     fn add_group(&mut self, kind: GroupKind, want: u64) -> Result<()> {
         let profile = self.new_group_profile(kind);
-        let system_full = self.system_chunks().len() >= self.system_chunks_max;
-        if self.mapped && self.named_in_superblock(kind) && system_full {
+        let named = self.mapped && self.named_in_superblock(kind);
+        if named && self.system_chunks().len() >= self.system_chunks_max {
             // Its first copy could not be found at open.
             tracing::error!(
                 ?kind,
@@ -1271,16 +1271,8 @@ impl Allocator {
             }]);
         }
         let want = profile.copies() - 1;
-        let mut devices: Vec<u64> = self.staying_others().collect();
-        devices.sort_by_key(|&d| std::cmp::Reverse(self.unallocated_on(d)));
-        let extra: Vec<Stripe> = devices
-            .into_iter()
-            .filter_map(|devid| {
-                let offset = self.find_clean_gap(devid, len, None)?;
-                Some(Stripe { devid, offset })
-            })
-            .take(want)
-            .collect();
+        let devices = self.roomiest_first(self.staying_others().collect());
+        let extra = self.copies_on(&devices, len, want);
         if extra.len() < want && self.degraded {
             tracing::warn!(
                 start,
@@ -1326,8 +1318,7 @@ impl Allocator {
     /// The copies of a new mapped group of `len` bytes (see
     /// [`Allocator::place_mapped`]).
     fn place_mapped_copies(&self, profile: Profile, len: u64) -> Option<Vec<Stripe>> {
-        let mut devices = self.spread_devices();
-        devices.sort_by_key(|&d| std::cmp::Reverse(self.unallocated_on(d)));
+        let devices = self.roomiest_first(self.spread_devices());
         if profile == Profile::Dup {
             return devices.into_iter().find_map(|devid| {
                 let a = self.find_clean_gap(devid, len, None)?;
@@ -1339,14 +1330,7 @@ impl Allocator {
             });
         }
         let want = self.copies_elsewhere(profile) as usize;
-        let copies: Vec<Stripe> = devices
-            .into_iter()
-            .filter_map(|devid| {
-                let offset = self.find_clean_gap(devid, len, None)?;
-                Some(Stripe { devid, offset })
-            })
-            .take(want)
-            .collect();
+        let copies = self.copies_on(&devices, len, want);
         if copies.len() < profile.copies() && self.degraded && !copies.is_empty() {
             tracing::warn!(
                 copies = copies.len(),
@@ -1363,21 +1347,33 @@ impl Allocator {
     /// first), each share a whole number of units.
     fn place_striped(&self, len: u64) -> Option<(Vec<Stripe>, u64)> {
         let unit = crate::volume::STRIPE_UNIT;
-        let mut devices = self.spread_devices();
-        devices.sort_by_key(|&d| std::cmp::Reverse(self.unallocated_on(d)));
+        let devices = self.roomiest_first(self.spread_devices());
         let most = devices.len() / 2 * 2;
         (2..=most).rev().step_by(2).find_map(|n| {
             let pairs = n as u64 / 2;
             let share = len.div_ceil(pairs).next_multiple_of(unit);
-            let stripes: Vec<Stripe> = devices[..n]
-                .iter()
-                .map(|&devid| {
-                    let offset = self.find_clean_gap(devid, share, None)?;
-                    Some(Stripe { devid, offset })
-                })
-                .collect::<Option<_>>()?;
-            Some((stripes, share * pairs))
+            let stripes = self.copies_on(&devices[..n], share, n);
+            (stripes.len() == n).then_some((stripes, share * pairs))
         })
+    }
+
+    /// `devices`, those with the most unallocated space first.
+    fn roomiest_first(&self, mut devices: Vec<u64>) -> Vec<u64> {
+        devices.sort_by_key(|&d| std::cmp::Reverse(self.unallocated_on(d)));
+        devices
+    }
+
+    /// Up to `want` copies of `len` bytes, one on each of `devices` (in
+    /// order) that has room for it apart from superblock copies.
+    fn copies_on(&self, devices: &[u64], len: u64, want: usize) -> Vec<Stripe> {
+        devices
+            .iter()
+            .filter_map(|&devid| {
+                let offset = self.find_clean_gap(devid, len, None)?;
+                Some(Stripe { devid, offset })
+            })
+            .take(want)
+            .collect()
     }
 
     /// The first logical address from which `len` bytes lie in no group,

@@ -405,12 +405,7 @@ fn check_mirrors(groups: &[Group], sb: &Superblock, report: &mut Report) {
         }
         let skip = usize::from(g.item.first.is_none());
         let copies = g.item.first.iter().chain(&g.item.extra);
-        let devices = 1 + g.item.extra.len() as u64;
-        let pairs = devices / 2;
-        let len = match g.item.striped {
-            true => g.len / pairs.max(1),
-            false => g.len,
-        };
+        let len = crate::volume::stripe_len(g.len, 1 + g.item.extra.len(), g.item.striped);
         for (i, st) in copies.enumerate() {
             let (m, devid) = (st.offset, st.devid);
             let loc = format!("copy {} of block group {}", i + skip, g.start);

@@ -350,9 +350,7 @@ impl BlockGroupItem {
             return Err(format!("block group item of {} bytes", b.len()));
         }
         if raw & (BG_RAID1 | BG_RAID1C3) != 0 {
-            let mut devids: Vec<u64> = extra.iter().map(|s| s.devid).collect();
-            devids.sort_unstable();
-            devids.dedup();
+            let devids = distinct_devids(&extra);
             if devids.len() != extra.len() || devids.contains(&0) || devids.contains(&1) {
                 return Err(format!(
                     "block group copies on devices {:?}: each must be another device than 1 and than each other",
@@ -394,9 +392,7 @@ impl BlockGroupItem {
             ));
         }
         let all = stripes_at(b, copies);
-        let mut devids: Vec<u64> = all.iter().map(|s| s.devid).collect();
-        devids.sort_unstable();
-        devids.dedup();
+        let devids = distinct_devids(&all);
         let distinct = match raw & BG_DUP {
             0 => copies,
             _ => 1,
@@ -415,6 +411,14 @@ impl BlockGroupItem {
             striped: raw & BG_RAID10 != 0,
         })
     }
+}
+
+/// The devices `stripes` lie on, each once, in order.
+fn distinct_devids(stripes: &[Stripe]) -> Vec<u64> {
+    let mut devids: Vec<u64> = stripes.iter().map(|s| s.devid).collect();
+    devids.sort_unstable();
+    devids.dedup();
+    devids
 }
 
 /// `n` (devid, offset) pairs from byte 16.

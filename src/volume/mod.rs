@@ -59,6 +59,17 @@ pub struct Chunk {
 /// before the next pair takes over (as btrfs's stripe length).
 pub const STRIPE_UNIT: u64 = 64 << 10;
 
+/// Bytes of each device range of a group of `len` bytes over `devices`
+/// device ranges: the group's length, or for RAID10 (`striped`) its
+/// share on each pair of devices.
+pub fn stripe_len(len: u64, devices: usize, striped: bool) -> u64 {
+    let pairs = devices as u64 / 2;
+    match striped {
+        true => len / pairs.max(1),
+        false => len,
+    }
+}
+
 impl Chunk {
     /// A group of the bound layout: its first copy on device 1 at `start`.
     pub fn bound(start: u64, len: u64, extra: Vec<Stripe>) -> Chunk {
@@ -102,10 +113,7 @@ impl Chunk {
 
     /// Bytes of each device range.
     pub fn stripe_len(&self) -> u64 {
-        match self.striped {
-            true => self.len / self.pairs().max(1),
-            false => self.len,
-        }
+        stripe_len(self.len, 1 + self.extra.len(), self.striped)
     }
 
     /// Copies of every byte.
@@ -606,6 +614,12 @@ impl Volume {
             return Ok(());
         }
         let s = self.stripe(offset, buf.len() as u64, copy)?;
+        self.read_stripe(buf, s)
+    }
+
+    /// Reads `buf.len()` bytes at `s`, counting a failure of a present
+    /// device.
+    fn read_stripe(&self, buf: &mut [u8], s: Stripe) -> Result<()> {
         let r = self.present(s).and_then(|d| d.read_at(buf, s.offset));
         if r.is_err() && self.device(s.devid).is_some() {
             self.errors(s.devid).read.fetch_add(1, Ordering::Relaxed);
@@ -743,23 +757,30 @@ fn missing(devid: u64) -> Error {
 impl Device for Volume {
     /// Reads the first copy whose device is present (in a degraded open
     /// without the first copy's device, the next).
+    /// A RAID10 range piece by piece, each from its own first present
+    /// copy.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
-        if self.copy_present(offset, len, 0) {
-            return self.read_copy(buf, offset, 0);
+        let pieces = self.map.pieces(offset, len);
+        if pieces.len() > 1 {
+            for (o, l) in pieces {
+                let at = (o - offset) as usize;
+                self.read_at(&mut buf[at..at + l as usize], o)?;
+            }
+            return Ok(());
         }
-        let copies = self.copies(offset, len);
-        if copies == 0 {
-            return self.read_copy(buf, offset, 0);
+        let first = self.stripe(offset, len, 0)?;
+        if self.device(first.devid).is_some() {
+            return self.read_stripe(buf, first);
         }
         let mut last = None;
-        for copy in 1..copies {
+        for copy in 1..self.copies(offset, len) {
             match self.read_copy(buf, offset, copy) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.unwrap_or_else(|| missing(self.devid_of(offset, len, 0))))
+        Err(last.unwrap_or_else(|| missing(first.devid)))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -880,17 +901,23 @@ mod tests {
     }
 
     fn volume(devices: usize, extra: Vec<Stripe>) -> (Vec<Arc<MemDevice>>, Volume) {
-        let raws: Vec<Arc<MemDevice>> = (0..devices)
-            .map(|_| Arc::new(MemDevice::new(1 << 20)))
-            .collect();
         let map = Arc::new(ChunkMap::default());
         map.insert(chunk(extra));
+        volume_of(devices, 1 << 20, map)
+    }
+
+    /// `devices` in-memory devices of `size` bytes, devids 1, 2, ..., over
+    /// `map`.
+    fn volume_of(devices: usize, size: u64, map: Arc<ChunkMap>) -> (Vec<Arc<MemDevice>>, Volume) {
+        let raws: Vec<Arc<MemDevice>> = (0..devices)
+            .map(|_| Arc::new(MemDevice::new(size)))
+            .collect();
         let devs: BTreeMap<u64, Arc<dyn Device>> = raws
             .iter()
             .enumerate()
             .map(|(i, r)| (i as u64 + 1, r.clone() as Arc<dyn Device>))
             .collect();
-        let sizes = devs.keys().map(|&d| (d, 1 << 20)).collect();
+        let sizes = devs.keys().map(|&d| (d, size)).collect();
         (raws, Volume::with_devices(devs, &sizes, map))
     }
 
@@ -1012,7 +1039,6 @@ mod tests {
     /// back whole from either copy.
     #[test]
     fn raid10_units_go_round_the_pairs() {
-        let raws: Vec<Arc<MemDevice>> = (0..4).map(|_| Arc::new(MemDevice::new(4 << 20))).collect();
         let map = Arc::new(ChunkMap::default());
         map.set_mapped(true);
         let at = |devid: u64| Stripe {
@@ -1027,13 +1053,7 @@ mod tests {
             extra: vec![at(2), at(3), at(4)],
             striped: true,
         });
-        let devs: BTreeMap<u64, Arc<dyn Device>> = raws
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (i as u64 + 1, r.clone() as Arc<dyn Device>))
-            .collect();
-        let sizes = devs.keys().map(|&d| (d, 4 << 20)).collect();
-        let vol = Volume::with_devices(devs, &sizes, map);
+        let (raws, vol) = volume_of(4, 4 << 20, map);
         vol.set_logical_bytes(16 << 20);
         let unit = STRIPE_UNIT as usize;
         let data: Vec<u8> = (0..3 * unit).map(|i| (i / unit + 1) as u8).collect();

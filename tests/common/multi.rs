@@ -140,3 +140,36 @@ pub fn convert_to_raid1(fs: &Fs) {
         assert_eq!(k.profile, "raid1", "{k:?}");
     }
 }
+
+/// Big file `i`: noise a little short of 4 MiB, so its extents span many
+/// raid10 units and end inside one.
+pub fn big(i: usize) -> Vec<u8> {
+    super::noise((4 << 20) - 12345, i as u64)
+}
+
+/// Writes files `big0` .. under the root (see [`big`]), committed.
+pub fn write_big(fs: &Fs, n: usize) {
+    for i in 0..n {
+        write_file(fs, ROOT_DIR, &format!("big{i}"), &big(i));
+    }
+    fs.sync().unwrap();
+}
+
+/// Reads back the files [`write_big`] wrote.
+pub fn verify_big(fs: &Fs, n: usize) {
+    for i in 0..n {
+        let a = fs.lookup(ROOT_DIR, format!("big{i}").as_bytes()).unwrap();
+        let want = big(i);
+        let got = fs.read(a.ino, 0, want.len() as u32 + 10).unwrap();
+        assert!(got == want, "big{i} reads back different bytes");
+    }
+}
+
+/// Runs a scrub of the engine to its end and requires it to find
+/// nothing it could not mend.
+pub fn scrub_finds_nothing_lost(fs: &Fs) {
+    let ctl = canopy::scrub::Control::default();
+    let pace = canopy::scrub::Pace { throttle: false };
+    let r = canopy::scrub::run(fs.engine(), &ctl, pace).unwrap();
+    assert!(r.bad_tree_blocks.is_empty() && r.bad_data_sectors.is_empty());
+}
