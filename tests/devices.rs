@@ -201,22 +201,8 @@ fn a_mount_names_its_devices_and_mounts_degraded_read_only() {
     if !common::mounted::can_mount() || common::mounted::rbd_conf().is_some() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let out = canopy()
-        .args(["mkfs", "-q", "-s", "1G", "-d", "raid1"])
-        .args([&a, &b])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let device_opt = format!("device={}", b.display());
-    let mut m = common::mounted::Mounted::over(dir, a.clone(), mnt.clone(), &device_opt);
+    let (mut m, b) = common::mounted::mounted_pair(&["-s", "1G", "-d", "raid1"]);
+    let (a, mnt) = (m.img.clone(), m.mnt.clone());
     for i in 0..200 {
         std::fs::write(m.p(&format!("f{i}")), content(i)).unwrap();
     }
@@ -234,18 +220,7 @@ fn a_mount_names_its_devices_and_mounts_degraded_read_only() {
         serde_json::from_str(&canopy_ok(&["device", "stats", "--json", "."], &mnt)).unwrap();
     assert_eq!(stats.as_array().unwrap().len(), 2, "{stats}");
     m.unmount();
-    let check = canopy()
-        .arg("check")
-        .arg(&a)
-        .arg("--device")
-        .arg(&b)
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stdout)
-    );
+    common::mounted::check_devices(&a, &[&b]);
     let alone = canopy().arg("check").arg(&a).output().unwrap();
     assert_eq!(
         alone.status.code(),

@@ -20,17 +20,7 @@ const ROOT_DIR: u64 = 256;
 
 fn mkfs(dir: &Path, args: &[&str]) -> PathBuf {
     let img = dir.join("fs.img");
-    let out = canopy()
-        .args(["mkfs", "-s", "1G"])
-        .args(args)
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::mounted::mkfs_ok(&[&["-s", "1G"], args].concat(), &[&img]);
     img
 }
 

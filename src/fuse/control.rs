@@ -148,6 +148,9 @@ pub enum Request {
     /// `canopy filesystem resize`: grow into a larger device.
     Resize {
         to: crate::txn::GrowTo,
+        /// The device to grow (device 1 when absent).
+        #[serde(default)]
+        devid: Option<u64>,
     },
     /// `canopy filesystem trim`: discard free ranges of at least
     /// `min_len` bytes (what FITRIM does).
@@ -1096,7 +1099,10 @@ fn answer(s: UnixStream, scrub: &Mutex<ScrubJob>, d: &Daemon) -> std::io::Result
             },
             Err(e) => Response::of(Err(e)),
         },
-        Ok(Request::Resize { to }) => match fs.engine().grow(to) {
+        Ok(Request::Resize { to, devid }) => match fs
+            .engine()
+            .grow(devid.unwrap_or(crate::volume::PRIMARY_DEVID), to)
+        {
             Ok(g) => Response {
                 grown: Some(g),
                 ..Response::of(Ok(None))

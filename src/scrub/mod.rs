@@ -197,13 +197,32 @@ pub struct Pace {
 pub fn run(engine: &Engine, ctl: &Control, pace: Pace) -> Result<Report> {
     let started = Instant::now();
     ctl.set_total(engine.space().0);
-    let mut report = Report::default();
-    let walked = walk_extents(engine, ctl, pace, |r, key, item| {
-        match item.is_tree_block() {
-            true => scrub_tree_block(r, key, item, &mut report),
-            false => scrub_data(r, key.objectid, key.offset, &mut report),
-        }
-    });
+    let report = std::cell::RefCell::new(Report::default());
+    let pending = std::cell::RefCell::new(Vec::new());
+    let walked = walk_extents_batched(
+        engine,
+        ctl,
+        pace,
+        |r, key, item| {
+            let report = &mut report.borrow_mut();
+            match item.is_tree_block() {
+                true => scrub_tree_block(r, key, item, report),
+                false => gather_data(
+                    r,
+                    key.objectid,
+                    key.offset,
+                    report,
+                    &mut pending.borrow_mut(),
+                ),
+            }
+        },
+        |r| {
+            let extents = std::mem::take(&mut *pending.borrow_mut());
+            scrub_data(r, &extents, &mut report.borrow_mut());
+            Ok(())
+        },
+    );
+    let mut report = report.into_inner();
     report.errors.extend(walked.errors);
     report.cancelled = walked.cancelled;
     if !report.bad_data_sectors.is_empty() {
@@ -242,7 +261,20 @@ pub(crate) fn walk_extents(
     engine: &Engine,
     ctl: &Control,
     pace: Pace,
+    visit: impl FnMut(&Reader<'_>, Key, &ExtentItem) -> Result<u64>,
+) -> Walked {
+    walk_extents_batched(engine, ctl, pace, visit, |_| Ok(()))
+}
+
+/// [`walk_extents`], with `end_batch` called at the end of each batch,
+/// still under the batch's read lock: work gathered by `visit` is done
+/// there, on extents that cannot be freed meanwhile.
+fn walk_extents_batched(
+    engine: &Engine,
+    ctl: &Control,
+    pace: Pace,
     mut visit: impl FnMut(&Reader<'_>, Key, &ExtentItem) -> Result<u64>,
+    mut end_batch: impl FnMut(&Reader<'_>) -> Result<()>,
 ) -> Walked {
     let mut walked = Walked {
         cancelled: false,
@@ -256,7 +288,12 @@ pub(crate) fn walk_extents(
         }
         let t = Instant::now();
         let busy_before = engine.foreground_work();
-        next = match engine.read(|r| walk_batch(r, from, ctl, &mut visit)) {
+        let batch = |r: &Reader<'_>| {
+            let next = walk_batch(r, from, ctl, &mut visit);
+            end_batch(r)?;
+            next
+        };
+        next = match engine.read(batch) {
             Ok(n) => n,
             Err(e) => {
                 walked
@@ -332,94 +369,177 @@ fn scrub_tree_block(
     Ok(key.offset)
 }
 
-/// Reads a data extent and compares every sector with its checksum.
-fn scrub_data(r: &Reader<'_>, bytenr: u64, len: u64, report: &mut Report) -> Result<u64> {
+/// A data extent a batch scrubs once its walk is done.
+struct DataExtent {
+    bytenr: u64,
+    len: u64,
+    /// One crc32c per sector.
+    sums: Vec<u8>,
+}
+
+/// Counts a data extent and queues it for [`scrub_data`]; one without
+/// checksums is counted or reported here instead.
+fn gather_data(
+    r: &Reader<'_>,
+    bytenr: u64,
+    len: u64,
+    report: &mut Report,
+    pending: &mut Vec<DataExtent>,
+) -> Result<u64> {
     report.data_extents += 1;
     report.data_bytes += len;
-    let Some(sums) = r.get(
+    let sums = r.get(
         crate::format::tree_id::CSUM,
         &Key::new(CSUM_OBJECTID, EXTENT_CSUM, bytenr),
-    )?
-    else {
-        if has_no_sums(r, bytenr)? {
-            report.unchecked_extents += 1;
-        } else {
+    )?;
+    match sums {
+        Some(sums) => pending.push(DataExtent { bytenr, len, sums }),
+        None if has_no_sums(r, bytenr)? => report.unchecked_extents += 1,
+        None => {
             tracing::error!(bytenr, "scrub: data extent without checksums");
             report.unsummed_extents.push(bytenr);
         }
-        return Ok(len);
-    };
-    let copies = r.data_copies(bytenr, len);
-    let mut bufs = vec![vec![0u8; len.min(READ_CHUNK) as usize]; copies];
-    let mut at = 0;
-    while at < len {
-        let n = (len - at).min(READ_CHUNK) as usize;
-        // The chunks after this one, on every copy, read while this one
-        // is checked: the devices see more than one request at a time.
-        let ahead = (len - at - n as u64).min(PREFETCH_AHEAD);
-        if ahead > 0 {
-            for copy in 0..copies {
-                r.prefetch_data_copy(bytenr + at + n as u64, ahead, copy);
-            }
-        }
-        let read = read_copies(r, bytenr + at, &mut bufs, n);
-        for i in 0..n.div_ceil(SECTOR as usize) {
-            let index = (at / SECTOR) as usize + i;
-            let want = sums
-                .get(index * 4..index * 4 + 4)
-                .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
-            let span = i * SECTOR as usize..((i + 1) * SECTOR as usize).min(n);
-            let good: Vec<bool> = (0..copies)
-                .map(|c| read[c] && want == Some(crate::format::crc(&bufs[c][span.clone()])))
-                .collect();
-            let addr = bytenr + at + i as u64 * SECTOR;
-            let Some(source) = good.iter().position(|&g| g) else {
-                tracing::error!(bytenr = addr, "scrub: data checksum mismatch");
-                report.bad_data_sectors.push(addr);
-                continue;
-            };
-            for copy in (0..copies).filter(|&c| !good[c]) {
-                let sector = &bufs[source][span.clone()];
-                let repaired = r.repair_data_copy(addr, sector, (copy, source), None);
-                report.bad_copies.push(BadCopy {
-                    bytenr: addr,
-                    copy,
-                    tree: 0,
-                    error: "data checksum mismatch".into(),
-                    repaired,
-                    data: true,
-                });
-            }
-        }
-        at += n as u64;
     }
     Ok(len)
 }
 
-/// Reads `n` bytes at `bytenr` of every copy into `bufs` (one per copy),
-/// the copies at once, each on a thread of its own (they lie on other
-/// devices, or apart on one): a scrub waits for the slowest device, not
-/// the sum of them. Returns which copies read.
-fn read_copies(r: &Reader<'_>, bytenr: u64, bufs: &mut [Vec<u8>], n: usize) -> Vec<bool> {
-    let read = |copy: usize, b: &mut Vec<u8>| r.read_data_copy(bytenr, &mut b[..n], copy).is_ok();
-    if bufs.len() < 2 {
-        return bufs
-            .iter_mut()
-            .enumerate()
-            .map(|(c, b)| read(c, b))
-            .collect();
+/// Verifies every copy of a batch's data extents and rewrites bad
+/// sectors from a good copy. Each copy is read and checked on a thread
+/// of its own (the copies lie on other devices, or apart on one), in
+/// large reads with the next ones read ahead: the devices see several
+/// requests at once and the checksums use both cores. A sector some copy
+/// fails is then read again from each copy before anything is written,
+/// so a repair is decided on what the copies hold now.
+fn scrub_data(r: &Reader<'_>, extents: &[DataExtent], report: &mut Report) {
+    let Some(last) = extents.last() else { return };
+    let ahead_from = last.bytenr + last.len;
+    let copies = extents
+        .iter()
+        .map(|e| r.data_copies(e.bytenr, e.len))
+        .max()
+        .unwrap_or(1);
+    let check = |copy: usize| failed_sectors(r, extents, copy, ahead_from);
+    let failed: Vec<Vec<u64>> = match copies {
+        0 | 1 => vec![check(0)],
+        _ => std::thread::scope(|s| {
+            let threads: Vec<_> = (0..copies).map(|c| s.spawn(move || check(c))).collect();
+            threads
+                .into_iter()
+                .enumerate()
+                .map(|(c, t)| t.join().unwrap_or_else(|_| every_sector_of(extents, c, r)))
+                .collect()
+        }),
+    };
+    let mut suspects: Vec<u64> = failed.into_iter().flatten().collect();
+    suspects.sort_unstable();
+    suspects.dedup();
+    for addr in suspects {
+        if let Some(e) = extents
+            .iter()
+            .find(|e| (e.bytenr..e.bytenr + e.len).contains(&addr))
+        {
+            settle_sector(r, e, addr, report);
+        }
     }
-    std::thread::scope(|s| {
-        let readers: Vec<_> = bufs
-            .iter_mut()
-            .enumerate()
-            .map(|(c, b)| s.spawn(move || read(c, b)))
-            .collect();
-        readers
-            .into_iter()
-            .map(|h| h.join().unwrap_or(false))
-            .collect()
-    })
+}
+
+/// Every sector of the extents copy `copy` holds: what a checking thread
+/// that died would have had to vouch for.
+fn every_sector_of(extents: &[DataExtent], copy: usize, r: &Reader<'_>) -> Vec<u64> {
+    extents
+        .iter()
+        .filter(|e| copy < r.data_copies(e.bytenr, e.len).max(1))
+        .flat_map(|e| (e.bytenr..e.bytenr + e.len).step_by(SECTOR as usize))
+        .collect()
+}
+
+/// The sectors of `extents` whose copy `copy` does not read or does not
+/// match its checksum. Reads go chunk by chunk, with the range up to
+/// `PREFETCH_AHEAD` past the chunk asked for ahead (past the batch's
+/// last extent too, at `ahead_from`: the next batch's data most likely
+/// lies there).
+fn failed_sectors(
+    r: &Reader<'_>,
+    extents: &[DataExtent],
+    copy: usize,
+    ahead_from: u64,
+) -> Vec<u64> {
+    let mut failed = Vec::new();
+    let mut buf = vec![0u8; READ_CHUNK as usize];
+    let mut prefetched = 0u64;
+    let mut prefetch_to = |r: &Reader<'_>, from: u64, to: u64| {
+        let from = from.max(prefetched);
+        if to > from {
+            r.prefetch_data_copy(from, to - from, copy);
+            prefetched = to;
+        }
+    };
+    for (i, e) in extents.iter().enumerate() {
+        // An extent with no copy at all fails on copy 0, and is reported.
+        if copy >= r.data_copies(e.bytenr, e.len).max(1) {
+            continue;
+        }
+        let mut at = 0;
+        while at < e.len {
+            let n = (e.len - at).min(READ_CHUNK) as usize;
+            let want_to = e.bytenr + at + n as u64 + PREFETCH_AHEAD;
+            prefetch_to(r, e.bytenr + at + n as u64, want_to.min(e.bytenr + e.len));
+            for next in &extents[i + 1..] {
+                if next.bytenr >= want_to {
+                    break;
+                }
+                prefetch_to(r, next.bytenr, (next.bytenr + next.len).min(want_to));
+            }
+            if i + 1 == extents.len() {
+                prefetch_to(r, ahead_from, want_to.max(ahead_from + PREFETCH_AHEAD));
+            }
+            let read = r.read_data_copy(e.bytenr + at, &mut buf[..n], copy).is_ok();
+            for (s, sector) in buf[..n].chunks(SECTOR as usize).enumerate() {
+                let index = (at / SECTOR) as usize + s;
+                if !read || !sum_matches(&e.sums, index, sector) {
+                    failed.push(e.bytenr + at + (s as u64) * SECTOR);
+                }
+            }
+            at += n as u64;
+        }
+    }
+    failed
+}
+
+fn sum_matches(sums: &[u8], index: usize, sector: &[u8]) -> bool {
+    sums.get(index * 4..index * 4 + 4)
+        .is_some_and(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]) == crate::format::crc(sector))
+}
+
+/// Reads the sector at `addr` of extent `e` from every copy again and
+/// rewrites the bad copies from a good one; with no good copy the sector
+/// is damaged.
+fn settle_sector(r: &Reader<'_>, e: &DataExtent, addr: u64, report: &mut Report) {
+    let index = ((addr - e.bytenr) / SECTOR) as usize;
+    let n = SECTOR.min(e.bytenr + e.len - addr) as usize;
+    let copies = r.data_copies(addr, n as u64);
+    let mut bufs = vec![vec![0u8; n]; copies];
+    let good: Vec<bool> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(c, b)| r.read_data_copy(addr, b, c).is_ok() && sum_matches(&e.sums, index, b))
+        .collect();
+    let Some(source) = good.iter().position(|&g| g) else {
+        tracing::error!(bytenr = addr, "scrub: data checksum mismatch");
+        report.bad_data_sectors.push(addr);
+        return;
+    };
+    for copy in (0..copies).filter(|&c| !good[c]) {
+        let repaired = r.repair_data_copy(addr, &bufs[source], (copy, source), None);
+        report.bad_copies.push(BadCopy {
+            bytenr: addr,
+            copy,
+            tree: 0,
+            error: "data checksum mismatch".into(),
+            repaired,
+            data: true,
+        });
+    }
 }
 
 /// Whether the data extent at `bytenr` is meant to have no checksums:

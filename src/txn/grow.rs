@@ -1,7 +1,7 @@
 //! Growing a mounted filesystem into a larger device (`canopy filesystem
-//! resize`).
+//! resize [DEVID:]SIZE`).
 //!
-//! Block groups are carved out of the device as it fills, so growing is
+//! Block groups are carved out of the devices as they fill, so growing is
 //! only a new end: the allocator may place groups up to it, and the
 //! superblock records it. Both change in one transaction, committed at
 //! once; until that commit is durable, a crash finds the old size and
@@ -12,7 +12,6 @@
 //! move everything out of the space given up, is not supported yet.
 
 use super::Engine;
-use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::SECTORSIZE;
 
@@ -41,52 +40,49 @@ fn whole_sectors(n: u64) -> u64 {
 }
 
 impl Engine {
-    /// Grows the filesystem as `to` says, looking at the device's size
+    /// Grows device `devid` as `to` says, looking at the device's size
     /// again first (it may have grown since open: `rbd resize`, a longer
     /// image file). Asking for the present size does nothing.
-    pub fn grow(&self, to: GrowTo) -> Result<Grown> {
-        let device_bytes = whole_sectors(self.shared.dev.refresh_size()?);
+    ///
+    /// Device 1 is the filesystem in the bound layout: its size is the
+    /// logical space. Another device of the bound layout only holds
+    /// further copies, so growing it makes room for those. In the mapped
+    /// layout every device's bytes add to the logical space.
+    pub fn grow(&self, devid: u64, to: GrowTo) -> Result<Grown> {
+        let device = self.shared.dev.device(devid).ok_or_else(|| {
+            Error::Invalid(format!(
+                "device {devid} is not one of this filesystem's present devices (see `canopy filesystem show`)"
+            ))
+        })?;
+        let device_bytes = whole_sectors(device.refresh_size()?);
         let grown = self.write(|tx| {
-            // Device 1's share: the whole filesystem in the bound layout.
             let mapped = tx.st.sb.is_mapped();
-            let old_bytes = match mapped {
-                true => tx.st.sb.device_bytes(1).ok_or_else(|| {
-                    Error::Invalid(
-                        "device 1, which resize grows, was removed from the filesystem".into(),
-                    )
+            let old_bytes = match (devid, mapped) {
+                (crate::volume::PRIMARY_DEVID, false) => tx.st.sb.total_bytes,
+                _ => tx.st.sb.device_bytes(devid).ok_or_else(|| {
+                    Error::Invalid(format!("device {devid} is not in the device table"))
                 })?,
-                false => tx.st.sb.total_bytes,
             };
-            let asked = match to {
+            let new_bytes = whole_sectors(match to {
                 GrowTo::By(n) => old_bytes.saturating_add(n),
                 GrowTo::To(n) => n,
                 GrowTo::Max => device_bytes,
-            };
-            let new_bytes = whole_sectors(asked);
+            });
             if new_bytes < old_bytes {
                 return Err(Error::Invalid(format!(
-                    "the filesystem holds {old_bytes} bytes; shrinking it is not supported yet"
+                    "device {devid} holds {old_bytes} bytes of the filesystem; shrinking it is not supported yet"
                 )));
             }
             if new_bytes > device_bytes {
                 return Err(Error::Invalid(format!(
-                    "the device holds only {device_bytes} bytes, {new_bytes} asked; grow the device first (rbd resize, truncate -s, a larger partition)"
+                    "device {devid} holds only {device_bytes} bytes, {new_bytes} asked; grow the device first (rbd resize, truncate -s, a larger partition)"
                 )));
             }
             if new_bytes > old_bytes {
-                tx.st.alloc.grow(new_bytes);
-                tx.st.sb.total_bytes = match mapped {
-                    true => tx.st.sb.total_bytes + (new_bytes - old_bytes),
-                    false => new_bytes,
-                };
+                grow_device(tx, devid, old_bytes, new_bytes);
                 if mapped {
-                    tx.st.alloc.set_logical_bytes(tx.st.sb.total_bytes);
                     self.shared.dev.set_logical_bytes(tx.st.sb.total_bytes);
                 }
-                for d in tx.st.sb.devices.iter_mut().filter(|d| d.devid == 1) {
-                    d.bytes = d.bytes.max(new_bytes);
-                }
-                tx.st.superblock_changed = true;
             }
             Ok(Grown {
                 old_bytes,
@@ -97,11 +93,35 @@ impl Engine {
         if grown.new_bytes > grown.old_bytes {
             self.commit()?;
             tracing::info!(
+                devid,
                 from = grown.old_bytes,
                 to = grown.new_bytes,
-                "filesystem grown"
+                "device grown"
             );
         }
         Ok(grown)
     }
+}
+
+/// Records device `devid`'s new size in the superblock and the
+/// allocator, and the logical space that grows with it.
+fn grow_device(tx: &mut super::Txn<'_>, devid: u64, old_bytes: u64, new_bytes: u64) {
+    let mapped = tx.st.sb.is_mapped();
+    for d in tx.st.sb.devices.iter_mut().filter(|d| d.devid == devid) {
+        d.bytes = d.bytes.max(new_bytes);
+    }
+    if devid == crate::volume::PRIMARY_DEVID {
+        tx.st.alloc.grow(new_bytes);
+    } else {
+        super::devices::devices_changed(tx);
+    }
+    tx.st.sb.total_bytes = match mapped {
+        true => tx.st.sb.total_bytes + (new_bytes - old_bytes),
+        false if devid == crate::volume::PRIMARY_DEVID => new_bytes,
+        false => tx.st.sb.total_bytes,
+    };
+    if mapped {
+        tx.st.alloc.set_logical_bytes(tx.st.sb.total_bytes);
+    }
+    tx.st.superblock_changed = true;
 }

@@ -96,6 +96,48 @@ pub fn canopy_ok(args: &[&str], cwd: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `canopy mkfs -q ARGS DEVICES...`, which must succeed.
+pub fn mkfs_ok(args: &[&str], devices: &[&Path]) {
+    let out = canopy()
+        .args(["mkfs", "-q"])
+        .args(args)
+        .args(devices)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mkfs {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `canopy check FIRST --device OTHER...`, which must find nothing.
+pub fn check_devices(first: &Path, others: &[&Path]) {
+    let mut cmd = canopy();
+    cmd.arg("check").arg(first);
+    for o in others {
+        cmd.arg("--device").arg(o);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "check: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// A filesystem made by `mkfs ARGS A B` over two images in a fresh
+/// directory, mounted from A with `-o device=B`; B's path beside it.
+pub fn mounted_pair(args: &[&str]) -> (Mounted, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    mkfs_ok(args, &[&a, &b]);
+    let opts = format!("device={}", b.display());
+    (Mounted::over(dir, a, mnt, &opts), b)
+}
+
 /// Whether FUSE mount tests can run here (root, /dev/fuse, fusermount3).
 /// When they cannot, the test is recorded as skipped (see
 /// [`super::skip`]), or fails where `CANOPY_REQUIRE_ALL=1` says it must run.

@@ -84,13 +84,16 @@ pub enum Command {
     /// Grow a mounted filesystem into a larger device (after `rbd
     /// resize`, `truncate -s` of an image file, a larger partition), as
     /// `btrfs filesystem resize` does: SIZE is `max` (all of the device),
-    /// `+SIZE` (this much more) or a new total (e.g. 20G). The new space
+    /// `+SIZE` (this much more) or a new size (e.g. 20G) of the device's
+    /// share, prefixed with `DEVID:` for a device other than 1 (as in
+    /// `2:max`; `canopy filesystem show` lists the ids). The new space
     /// shows in `df` at once. Shrinking is not supported yet.
     Resize {
-        /// One JSON object: old_bytes, new_bytes, device_bytes.
+        /// One JSON object: devid, old_bytes, new_bytes, device_bytes.
         #[arg(long)]
         json: bool,
-        /// max, +SIZE or SIZE (K, M, G, T suffixes).
+        /// [DEVID:]max, [DEVID:]+SIZE or [DEVID:]SIZE (K, M, G, T
+        /// suffixes).
         #[arg(allow_hyphen_values = true)]
         size: String,
         /// The mount point (or any path in the filesystem).
@@ -259,24 +262,42 @@ fn grow_to(arg: &str) -> Result<GrowTo> {
     }
 }
 
-fn resize(size: &str, path: &std::path::Path, json: bool) -> Result<()> {
+/// Splits btrfs's `DEVID:` prefix off a resize argument.
+fn devid_and_size(arg: &str) -> Result<(u64, &str)> {
+    match arg.split_once(':') {
+        None => Ok((canopy::volume::PRIMARY_DEVID, arg)),
+        Some((devid, size)) => match devid.parse::<u64>() {
+            Ok(d) if d > 0 => Ok((d, size)),
+            _ => anyhow::bail!("{arg}: the device id before ':' must be a number from 1 up"),
+        },
+    }
+}
+
+fn resize(arg: &str, path: &std::path::Path, json: bool) -> Result<()> {
+    let (devid, size) = devid_and_size(arg)?;
     let to = grow_to(size)?;
     let mnt = crate::sync::mount_point(&path.canonicalize()?)?;
-    let g = ask(&mnt, &Request::Resize { to })?
+    let request = Request::Resize {
+        to,
+        devid: Some(devid),
+    };
+    let g = ask(&mnt, &request)?
         .grown
         .context("the daemon sent no sizes (an older version?)")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&g)?);
+        let mut v = serde_json::to_value(g)?;
+        v["devid"] = devid.into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else if g.new_bytes == g.old_bytes {
         println!(
-            "{}: already {} bytes (the device holds {})",
+            "{}: device {devid} already {} bytes (the device holds {})",
             mnt.display(),
             g.new_bytes,
             g.device_bytes
         );
     } else {
         println!(
-            "Resized {} from {} to {} bytes",
+            "Resized device {devid} of {} from {} to {} bytes",
             mnt.display(),
             g.old_bytes,
             g.new_bytes

@@ -203,7 +203,9 @@ fn format_images(a: &Args, created: &[&Source]) -> Result<()> {
             }
         );
         println!("  uuid:      {}", canopy::format::uuid::shown(&fsid));
-        println!("  size:      {} bytes", dev.size());
+        // Every device's bytes, as mkfs.btrfs's "Filesystem size".
+        let size: u64 = devs.iter().map(|d| d.size()).sum();
+        println!("  size:      {size} bytes");
         if devs.len() > 1 {
             for (i, (d, n)) in devs.iter().zip(&names).enumerate() {
                 println!("  device {}:  {n} ({} bytes)", i + 1, d.size());
