@@ -4,7 +4,8 @@
 In one run, on image files on the same disk: a Canopy filesystem over two
 images (`-m raid1 -d raid1`) and a kernel btrfs over two loop devices of
 the same images' size and profiles, each holding the same data (DATA MiB
-in 64 MiB files of random bytes). Per round, page caches dropped first:
+in 64 MiB files of random bytes), both mounted throughout, their rounds
+alternating. Per round, page caches dropped first:
 - `canopy scrub` of the mount against `btrfs scrub start -B`;
 - `canopy device replace start -B 2 NEW MNT` against `btrfs replace start
   -B 2 /dev/loopN MNT`, each to a fresh image of the same size, then
@@ -14,6 +15,7 @@ Needs root and btrfs-progs.
 
 Usage: python3 bench/replace.py [DATA_MIB] [ROUNDS]   (default 2048 3)
 """
+import contextlib
 import os
 import statistics
 import subprocess
@@ -37,44 +39,47 @@ def timed(cmd):
     return time.monotonic() - t
 
 
-def fill():
+def fill(mnt):
     for i in range(DATA // 64):
-        sh(f"cp {W}/src {M}/f{i}")
+        sh(f"cp {W}/src {mnt}/f{i}")
 
 
-def rounds(who, scrub, replace, spare, inside, rates):
-    """ROUNDS of a scrub, then a replace of device 2 by `spare` (the
-    `replace` command with `{spare}` filled in); each round's replaced
-    device is the next one's spare, so every round replaces the same
+def canopy_setup(stack, size):
+    """A raid1 Canopy filesystem over two images, mounted and filled; the
+    spare image; the scrub and replace commands."""
+    a, b, c = stack.enter_context(images([f"{W}/canopy-{n}.img" for n in "abc"], size))
+    m = f"{M}/canopy"
+    sh(f"{CANOPY} mkfs -f -q -m raid1 -d raid1 {a} {b}")
+    sh(f"{CANOPY} mount {a} {m} -o device={b}")
+    stack.callback(lambda: (sh(f"umount {m}"), wait_daemon(a)))
+    fill(m)
+    sh(f"{CANOPY} sync {m}")
+    replace = f"{CANOPY} device replace start -B 2 {{spare}} {m}"
+    return f"{CANOPY} scrub -q {m}", replace, [c, b]
+
+
+def btrfs_setup(stack, size):
+    """The same on kernel btrfs over loop devices."""
+    loops = stack.enter_context(images([f"{W}/btrfs-{n}.img" for n in "abc"], size, loop=True))
+    m = f"{M}/btrfs"
+    sh(f"mkfs.btrfs -q -f -m raid1 -d raid1 {loops[0]} {loops[1]} >/dev/null")
+    sh(f"mount {loops[0]} {m}")
+    stack.callback(lambda: sh(f"umount {m}"))
+    fill(m)
+    sh(f"sync -f {m}")
+    replace = f"btrfs replace start -B -f 2 {{spare}} {m}"
+    return f"btrfs scrub start -B -q {m}", replace, [loops[2], loops[1]]
+
+
+def one_round(who, setup, rates):
+    """A scrub, then a replace of device 2 by the spare; the replaced
+    device is the next round's spare, so every round replaces the same
     amount."""
-    for _ in range(ROUNDS):
-        rates[f"{who} scrub"].append(DATA / timed(scrub))
-        sh(f"wipefs -a -q {spare}")
-        rates[f"{who} replace"].append(DATA / timed(replace.format(spare=spare)))
-        spare, inside = inside, spare
-
-
-def canopy_rounds(size, rates):
-    with images([f"{W}/canopy-{n}.img" for n in "abc"], size) as (a, b, c):
-        sh(f"{CANOPY} mkfs -f -q -m raid1 -d raid1 {a} {b}")
-        sh(f"{CANOPY} mount {a} {M} -o device={b}")
-        fill()
-        sh(f"{CANOPY} sync {M}")
-        replace = f"{CANOPY} device replace start -B 2 {{spare}} {M}"
-        rounds("canopy", f"{CANOPY} scrub -q {M}", replace, c, b, rates)
-        sh(f"umount {M}")
-        wait_daemon(a)
-
-
-def btrfs_rounds(size, rates):
-    with images([f"{W}/btrfs-{n}.img" for n in "abc"], size, loop=True) as loops:
-        sh(f"mkfs.btrfs -q -f -m raid1 -d raid1 {loops[0]} {loops[1]} >/dev/null")
-        sh(f"mount {loops[0]} {M}")
-        fill()
-        sh(f"sync -f {M}")
-        replace = f"btrfs replace start -B -f 2 {{spare}} {M}"
-        rounds("btrfs", f"btrfs scrub start -B -q {M}", replace, loops[2], loops[1], rates)
-        sh(f"umount {M}")
+    scrub, replace, spares = setup
+    rates[f"{who} scrub"].append(DATA / timed(scrub))
+    sh(f"wipefs -a -q {spares[0]}")
+    rates[f"{who} replace"].append(DATA / timed(replace.format(spare=spares[0])))
+    spares.reverse()
 
 
 def main():
@@ -83,8 +88,16 @@ def main():
     sh(f"head -c 64M /dev/urandom > {W}/src")
     size = DATA * 3 // 2 + 512
     rates = {k: [] for k in ("canopy scrub", "btrfs scrub", "canopy replace", "btrfs replace")}
-    canopy_rounds(size, rates)
-    btrfs_rounds(size, rates)
+    # Both filesystems at once, their rounds alternating: the disk's speed
+    # here drifts by more than the difference measured over minutes.
+    with contextlib.ExitStack() as stack:
+        for d in ("canopy", "btrfs"):
+            os.makedirs(f"{M}/{d}", exist_ok=True)
+        canopy = canopy_setup(stack, size)
+        btrfs = btrfs_setup(stack, size)
+        for _ in range(ROUNDS):
+            one_round("canopy", canopy, rates)
+            one_round("btrfs", btrfs, rates)
     os.remove(f"{W}/src")
     print(f"data {DATA} MiB on two devices of {size} MiB (raid1), {ROUNDS} rounds, medians:")
     med = {k: statistics.median(v) for k, v in rates.items()}

@@ -37,6 +37,10 @@ use std::time::Instant;
 const SECTOR: u64 = SECTORSIZE as u64;
 /// Largest single read of a data extent.
 const READ_CHUNK: u64 = 1 << 20;
+/// How far past the chunk being copied the copy read first is read
+/// ahead (the next extents most likely lie there): reads of the source
+/// then overlap the writes to the target.
+const READ_AHEAD: u64 = 4 << 20;
 
 /// What a replace copied.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -221,6 +225,9 @@ fn copy_data(
             let n = (piece_len - done).min(READ_CHUNK) as usize;
             let mut buf = vec![0u8; n];
             let addr = start + done;
+            if let Some(&first) = on.order.first() {
+                r.prefetch_data_copy(addr + n as u64, READ_AHEAD, first);
+            }
             let read = match &sums {
                 Some(sums) => {
                     copy_chunk(r, addr, &mut buf, (addr - bytenr, sums), on, report);
