@@ -35,8 +35,13 @@ use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 const SECTOR: u64 = SECTORSIZE as u64;
-/// Largest single read of a data extent.
-const READ_CHUNK: u64 = 1 << 20;
+/// Largest single read of a data extent, and write to the target. Under
+/// the file device's smallest direct write (1 MiB), so that the target's
+/// writes go through the host's page cache, which writes them back while
+/// the next chunks are read (a direct write waits for the device); the
+/// commit that swaps the target in barriers it first, as it would direct
+/// writes.
+const READ_CHUNK: u64 = 512 << 10;
 /// How far past the chunk being copied the copy read first is read
 /// ahead (the next extents most likely lie there): reads of the source
 /// then overlap the writes to the target.
