@@ -176,8 +176,14 @@ pub fn crc(data: &[u8]) -> u32 {
 pub fn first_bad_sector(data: &[u8], sums: &[u8]) -> Option<usize> {
     data.chunks(SECTORSIZE as usize)
         .enumerate()
-        .find(|(i, sector)| sums.get(i * 4..i * 4 + 4) != Some(&crc(sector).to_le_bytes()[..]))
+        .find(|&(i, sector)| !sector_matches(sums, i, sector))
         .map(|(i, _)| i)
+}
+
+/// Whether `sector` matches entry `index` of `sums` (4 bytes per sector,
+/// as a checksum item holds them); a sector without an entry does not.
+pub fn sector_matches(sums: &[u8], index: usize, sector: &[u8]) -> bool {
+    sums.get(index * 4..index * 4 + 4) == Some(&crc(sector).to_le_bytes()[..])
 }
 
 /// Little-endian field readers that never panic: callers check lengths first.

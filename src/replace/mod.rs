@@ -287,13 +287,8 @@ fn copy_chunk(
     on: &Copies,
     report: &mut Report,
 ) {
-    let sector_ok = |b: &[u8], i: usize| {
-        let index = (at / SECTOR) as usize + i;
-        let want = sums
-            .get(index * 4..index * 4 + 4)
-            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]));
-        want == Some(crate::format::crc(b))
-    };
+    let sector_ok =
+        |b: &[u8], i: usize| crate::format::sector_matches(sums, (at / SECTOR) as usize + i, b);
     let sectors = buf.len().div_ceil(SECTOR as usize);
     let span = |i: usize, n: usize| i * SECTOR as usize..((i + 1) * SECTOR as usize).min(n);
     let mut good = vec![false; sectors];

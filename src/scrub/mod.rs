@@ -496,7 +496,7 @@ fn failed_sectors(
             let read = r.read_data_copy(e.bytenr + at, &mut buf[..n], copy).is_ok();
             for (s, sector) in buf[..n].chunks(SECTOR as usize).enumerate() {
                 let index = (at / SECTOR) as usize + s;
-                if !read || !sum_matches(&e.sums, index, sector) {
+                if !read || !crate::format::sector_matches(&e.sums, index, sector) {
                     failed.push(e.bytenr + at + (s as u64) * SECTOR);
                 }
             }
@@ -504,11 +504,6 @@ fn failed_sectors(
         }
     }
     failed
-}
-
-fn sum_matches(sums: &[u8], index: usize, sector: &[u8]) -> bool {
-    sums.get(index * 4..index * 4 + 4)
-        .is_some_and(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]) == crate::format::crc(sector))
 }
 
 /// Reads the sector at `addr` of extent `e` from every copy again and
@@ -522,7 +517,9 @@ fn settle_sector(r: &Reader<'_>, e: &DataExtent, addr: u64, report: &mut Report)
     let good: Vec<bool> = bufs
         .iter_mut()
         .enumerate()
-        .map(|(c, b)| r.read_data_copy(addr, b, c).is_ok() && sum_matches(&e.sums, index, b))
+        .map(|(c, b)| {
+            r.read_data_copy(addr, b, c).is_ok() && crate::format::sector_matches(&e.sums, index, b)
+        })
         .collect();
     let Some(source) = good.iter().position(|&g| g) else {
         tracing::error!(bytenr = addr, "scrub: data checksum mismatch");

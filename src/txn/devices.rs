@@ -217,10 +217,7 @@ impl Engine {
             });
             if sb.is_mapped() {
                 // Room in the logical address space for what it holds.
-                sb.total_bytes += bytes;
-                let total = sb.total_bytes;
-                tx.st.alloc.set_logical_bytes(total);
-                self.shared.dev.set_logical_bytes(total);
+                add_logical_space(tx, bytes);
             }
             devices_changed(tx);
             self.shared.dev.add_device(devid, dev.clone());
@@ -303,6 +300,16 @@ impl Engine {
         tracing::info!(devid, "device removed");
         Ok(())
     }
+}
+
+/// The mapped layout's logical address space grows by `bytes` (a device
+/// added or grown): the superblock, the allocator and the volume's map
+/// follow.
+pub(super) fn add_logical_space(tx: &mut Txn<'_>, bytes: u64) {
+    tx.st.sb.total_bytes += bytes;
+    let total = tx.st.sb.total_bytes;
+    tx.st.alloc.set_logical_bytes(total);
+    tx.sh.dev.set_logical_bytes(total);
 }
 
 /// The allocator follows the device table, and the next commit writes it.

@@ -80,9 +80,6 @@ impl Engine {
             }
             if new_bytes > old_bytes {
                 grow_device(tx, devid, old_bytes, new_bytes);
-                if mapped {
-                    self.shared.dev.set_logical_bytes(tx.st.sb.total_bytes);
-                }
             }
             Ok(Grown {
                 old_bytes,
@@ -115,13 +112,10 @@ fn grow_device(tx: &mut super::Txn<'_>, devid: u64, old_bytes: u64, new_bytes: u
     } else {
         super::devices::devices_changed(tx);
     }
-    tx.st.sb.total_bytes = match mapped {
-        true => tx.st.sb.total_bytes + (new_bytes - old_bytes),
-        false if devid == crate::volume::PRIMARY_DEVID => new_bytes,
-        false => tx.st.sb.total_bytes,
-    };
-    if mapped {
-        tx.st.alloc.set_logical_bytes(tx.st.sb.total_bytes);
+    match mapped {
+        true => super::devices::add_logical_space(tx, new_bytes - old_bytes),
+        false if devid == crate::volume::PRIMARY_DEVID => tx.st.sb.total_bytes = new_bytes,
+        false => {}
     }
     tx.st.superblock_changed = true;
 }
