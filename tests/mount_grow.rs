@@ -11,12 +11,19 @@ use common::mounted::{
 };
 use std::path::Path;
 
-fn resize(m: &Mounted, arg: &str) -> std::process::Output {
-    canopy()
-        .args(["filesystem", "resize", "--json", arg])
-        .arg(&m.mnt)
-        .output()
-        .unwrap()
+/// `canopy filesystem resize ARG` of the mount fails for each ARG, with
+/// an error saying what its pair says.
+fn refused(m: &Mounted, cases: &[(&str, &str)]) {
+    for &(arg, says) in cases {
+        let out = canopy()
+            .args(["filesystem", "resize", "--json", arg])
+            .arg(&m.mnt)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "resize {arg} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "resize {arg}: {err}");
+    }
 }
 
 /// `canopy filesystem resize --json ARG` of the mount, which must
@@ -91,17 +98,15 @@ fn a_grown_size_survives_a_crash_and_bad_sizes_are_refused() {
     let mut m = Mounted::with_size("64M");
     set_len(&m.img, 96 << 20);
     grown(&m, "+16M");
-    for (arg, says) in [
-        ("-8M", "not supported"),
-        ("70M", "not supported"),
-        ("+1G", "holds only"),
-        ("lots", ""),
-    ] {
-        let out = resize(&m, arg);
-        assert!(!out.status.success(), "resize {arg} succeeded");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(says), "resize {arg}: {err}");
-    }
+    refused(
+        &m,
+        &[
+            ("-8M", "not supported"),
+            ("70M", "not supported"),
+            ("+1G", "holds only"),
+            ("lots", ""),
+        ],
+    );
     let g = grown(&m, "80M");
     assert_eq!(g["new_bytes"], g["old_bytes"], "already that size");
     m.kill9();
@@ -139,18 +144,16 @@ fn device_2_of_several_grows_by_its_id() {
     let first = fill(&m, "a");
     assert!(first > 1500, "only {first} MiB on two 1 GiB devices");
     set_len(&b, (1 << 30) + (256 << 20));
-    for (arg, says) in [
-        ("3:max", "not one of this filesystem's present devices"),
-        ("0:max", "a number from 1 up"),
-        ("x:max", "a number from 1 up"),
-        ("2:-1M", "not supported"),
-        ("2:+1G", "holds only"),
-    ] {
-        let out = resize(&m, arg);
-        assert!(!out.status.success(), "resize {arg} succeeded");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(says), "resize {arg}: {err}");
-    }
+    refused(
+        &m,
+        &[
+            ("3:max", "not one of this filesystem's present devices"),
+            ("0:max", "a number from 1 up"),
+            ("x:max", "a number from 1 up"),
+            ("2:-1M", "not supported"),
+            ("2:+1G", "holds only"),
+        ],
+    );
     let g = grown(&m, "2:+256M");
     assert_eq!(g["devid"], 2);
     assert_eq!(g["old_bytes"], 1u64 << 30);
