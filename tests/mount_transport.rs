@@ -162,6 +162,55 @@ fn each_transport_serves_what_was_asked_or_refuses_clearly() {
     assert!(canopy().arg("check").arg(&img).status().unwrap().success());
 }
 
+/// CPU time (user and system, clock ticks) the process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis; utime and stime
+    // are the 14th and 15th fields of the line.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// A /dev/fuse reader polls for the next request only briefly after
+/// each (`busy_poll=`): a busy mount serves every request, and a mount
+/// left idle uses no CPU, whichever the setting.
+#[test]
+fn busy_polling_serves_and_stops_when_idle() {
+    if !can_mount() {
+        return;
+    }
+    let (_dir, img, mnt) = fresh_image("256M");
+    for opts in [
+        "transport=dev",
+        "transport=dev,busy_poll=10000",
+        "transport=dev,busy_poll=0",
+    ] {
+        let d = mount(&img, &mnt, opts).expect(opts);
+        let pid = d.id();
+        let dir = mnt.join("many");
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..2_000 {
+            std::fs::write(dir.join(format!("f{i}")), i.to_string()).unwrap();
+        }
+        for i in 0..2_000 {
+            let got = std::fs::read_to_string(dir.join(format!("f{i}"))).unwrap();
+            assert_eq!(got, i.to_string(), "{opts}");
+        }
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2_000, "{opts}");
+        // Past the last request's poll and the commit it starts.
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let before = cpu_ticks(pid);
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        let used = cpu_ticks(pid) - before;
+        // Ticks are 10 ms: a poller that never slept would show ~300.
+        assert!(used <= 10, "{opts}: an idle mount used {used} ticks in 3 s");
+        std::fs::remove_dir_all(&dir).unwrap();
+        use_and_unmount(d, &mnt);
+    }
+    assert!(canopy().arg("check").arg(&img).status().unwrap().success());
+}
+
 /// The transports to try: /dev/fuse always, io_uring when offered.
 fn transports() -> Vec<&'static str> {
     let mut t = vec!["transport=dev"];

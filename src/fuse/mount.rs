@@ -218,6 +218,7 @@ fn start_session(
     let transport = super::session::Config {
         transport: opts.transport,
         threads: opts.threads,
+        busy_poll: Duration::from_micros(opts.busy_poll_us),
         max_background: opts.max_background,
     };
     match super::session::start(Arc::new(fd), handler, &transport) {
@@ -750,6 +751,12 @@ mod tests {
         );
         assert_eq!(MountOptions::default().readahead, DEFAULT_READAHEAD);
         assert!(MountOptions::parse("readahead").is_err());
+        assert_eq!(MountOptions::parse("busy_poll=0").unwrap().busy_poll_us, 0);
+        assert_eq!(
+            MountOptions::default().busy_poll_us,
+            super::super::options::DEFAULT_BUSY_POLL_US
+        );
+        assert!(MountOptions::parse("busy_poll=soon").is_err());
     }
 
     #[test]

@@ -19,6 +19,9 @@ pub struct MountOptions {
     /// Request-serving threads (under io_uring spread over the kernel's
     /// queues, at least one each).
     pub threads: usize,
+    /// How long a /dev/fuse reader keeps asking for the next request
+    /// before it sleeps (`busy_poll=`, microseconds; 0 never polls).
+    pub busy_poll_us: u64,
     /// How requests reach the daemon (`transport=auto|uring|dev`).
     pub transport: super::Transport,
     /// Bytes of written file data buffered before writers flush; None
@@ -101,6 +104,11 @@ pub const DEFAULT_MAX_BACKGROUND: u16 = 16;
 /// KiB, a few seconds of creates in large directories.
 pub const DEFAULT_DIRTY_METADATA: u64 = 32 << 20;
 
+/// Default for the `busy_poll=` option, in microseconds: longer than
+/// the time a process takes between two requests of a metadata walk
+/// (a create is four), short enough that an idle mount costs nothing.
+pub const DEFAULT_BUSY_POLL_US: u64 = 50;
+
 /// Default for the `readahead=` option.
 pub const DEFAULT_READAHEAD: u64 = 4 << 20;
 
@@ -118,6 +126,7 @@ impl Default for MountOptions {
             commit_secs: 5,
             cache_bytes: crate::cache::DEFAULT_BYTES,
             threads: 4,
+            busy_poll_us: DEFAULT_BUSY_POLL_US,
             transport: super::Transport::Auto,
             dirty_limit: None,
             dirty_metadata: DEFAULT_DIRTY_METADATA,
@@ -299,6 +308,7 @@ impl MountOptions {
                 o.cache_bytes = crate::units::parse_size(v).map_err(Error::Invalid)? as usize;
             }
             "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
+            "busy_poll" => o.busy_poll_us = num(value)?.min(10_000),
             "transport" => {
                 o.transport = match value {
                     Some("auto") => super::Transport::Auto,

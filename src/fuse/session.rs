@@ -73,6 +73,9 @@ pub struct Config {
     /// Threads on /dev/fuse; under io_uring, entries (each with its
     /// thread) spread over the kernel's queues.
     pub threads: usize,
+    /// How long the first /dev/fuse thread polls for the next request
+    /// before it sleeps (see `dev`); zero never polls.
+    pub busy_poll: std::time::Duration,
     /// INIT's `max_background` (see `fuse::bdi`).
     pub max_background: u16,
 }
@@ -118,6 +121,7 @@ fn choose(fd: RawFd, offer: &Offer, config: &Config) -> Result<Box<dyn Carrier>>
     let dev = |why: String| -> Box<dyn Carrier> {
         Box::new(super::dev::Threads {
             count: config.threads,
+            busy_poll: config.busy_poll,
             why,
         })
     };

@@ -17,7 +17,9 @@ pub struct Args {
     /// strictatime, nodev, nosuid, noexec, allow_other,
     /// default_permissions, commit=SECONDS, cache_size=SIZE (memory for
     /// decoded tree blocks; default 64M; cache_blocks=N asks for N blocks
-    /// of 16 KiB), threads=N,
+    /// of 16 KiB), threads=N, busy_poll=USECS (on /dev/fuse, how long
+    /// the first thread keeps asking for the next request before it
+    /// sleeps; default 50, 0 never),
     /// transport=auto|uring|dev (how requests reach the daemon: auto, the
     /// default, uses FUSE over io_uring when the kernel offers it, which
     /// root turns on with `echo 1 > /sys/module/fuse/parameters/enable_uring`
