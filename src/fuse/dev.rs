@@ -17,7 +17,7 @@
 //! for. The other threads sleep in read(2) as before, for requests that
 //! arrive while the first is busy.
 
-use super::session::{self, Carrier, Handler, Running};
+use super::session::{self, Carrier, Handler, Read, Running};
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -88,18 +88,24 @@ pub fn start(
 
 /// Serves requests from `fd` until the kernel ends the session.
 fn serve(fd: &OwnedFd, handler: &dyn Handler) {
-    let mut buf = vec![0u8; session::READ_BUFFER];
-    while let Some(n) = session::read_request(fd.as_raw_fd(), &mut buf) {
-        session::serve_one(fd.as_raw_fd(), &buf[..n], handler);
-    }
+    serve_with(fd, handler, session::read_request);
 }
 
 /// Serves requests from the non-blocking `fd`, polling `budget` for
 /// the next one after each, until the kernel ends the session.
 fn serve_polling(fd: &OwnedFd, handler: &dyn Handler, budget: Duration) {
+    serve_with(fd, handler, |fd, buf| poll_request(fd, buf, budget));
+}
+
+/// Serves the requests `next` reads from `fd` until it returns None.
+fn serve_with(
+    fd: &OwnedFd,
+    handler: &dyn Handler,
+    mut next: impl FnMut(RawFd, &mut [u8]) -> Option<usize>,
+) {
     let raw = fd.as_raw_fd();
     let mut buf = vec![0u8; session::READ_BUFFER];
-    while let Some(n) = poll_request(raw, &mut buf, budget) {
+    while let Some(n) = next(raw, &mut buf) {
         session::serve_one(raw, &buf[..n], handler);
     }
 }
@@ -110,24 +116,15 @@ fn serve_polling(fd: &OwnedFd, handler: &dyn Handler, budget: Duration) {
 fn poll_request(fd: RawFd, buf: &mut [u8], budget: Duration) -> Option<usize> {
     let started = Instant::now();
     loop {
-        // SAFETY: buf is valid for writes of its length.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            return Some(n as usize);
-        }
-        match std::io::Error::last_os_error().raw_os_error() {
-            Some(libc::EAGAIN) if started.elapsed() < budget => {
+        match session::read_once(fd, buf) {
+            Read::Request(n) => return Some(n),
+            Read::Empty if started.elapsed() < budget => {
                 // SAFETY: no arguments; lets a runnable task have the CPU.
                 unsafe { libc::sched_yield() };
             }
-            Some(libc::EAGAIN) => wait_readable(fd),
-            // Interrupted, or the request was withdrawn before it was read.
-            Some(libc::EINTR | libc::ENOENT) => {}
-            Some(libc::ENODEV) => return None,
-            e => {
-                tracing::error!(errno = ?e, "reading from /dev/fuse failed; ending the session");
-                return None;
-            }
+            Read::Empty => wait_readable(fd),
+            Read::Again => {}
+            Read::Gone => return None,
         }
     }
 }

@@ -150,23 +150,45 @@ fn choose(fd: RawFd, offer: &Offer, config: &Config) -> Result<Box<dyn Carrier>>
     }
 }
 
+/// What one read(2) of /dev/fuse gave.
+pub enum Read {
+    /// A request of this many bytes is in the buffer.
+    Request(usize),
+    /// No request is queued (a non-blocking descriptor).
+    Empty,
+    /// Interrupted, or the request was withdrawn before it was read:
+    /// read again.
+    Again,
+    /// The connection is gone (unmounted or aborted), or reading failed.
+    Gone,
+}
+
+/// One read(2) of a request from `fd` into `buf`.
+pub fn read_once(fd: RawFd, buf: &mut [u8]) -> Read {
+    // SAFETY: buf is valid for writes of its length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n >= 0 {
+        return Read::Request(n as usize);
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EAGAIN) => Read::Empty,
+        Some(libc::EINTR | libc::ENOENT) => Read::Again,
+        Some(libc::ENODEV) => Read::Gone,
+        e => {
+            tracing::error!(errno = ?e, "reading from /dev/fuse failed; ending the session");
+            Read::Gone
+        }
+    }
+}
+
 /// Reads one request from `fd` into `buf`; None when the connection is
 /// gone (unmounted or aborted).
 pub fn read_request(fd: RawFd, buf: &mut [u8]) -> Option<usize> {
     loop {
-        // SAFETY: buf is valid for writes of its length.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            return Some(n as usize);
-        }
-        match std::io::Error::last_os_error().raw_os_error() {
-            // Interrupted, or the request was withdrawn before it was read.
-            Some(libc::EINTR | libc::EAGAIN | libc::ENOENT) => continue,
-            Some(libc::ENODEV) => return None,
-            e => {
-                tracing::error!(errno = ?e, "reading from /dev/fuse failed; ending the session");
-                return None;
-            }
+        match read_once(fd, buf) {
+            Read::Request(n) => return Some(n),
+            Read::Empty | Read::Again => {}
+            Read::Gone => return None,
         }
     }
 }
