@@ -410,6 +410,19 @@ impl<R: Read> Reader<R> {
     }
 }
 
+impl<R: Read> Reader<std::io::BufReader<R>> {
+    /// Whether the next command lies whole in the input's buffer, so
+    /// reading it cannot wait for the input.
+    pub fn next_is_buffered(&self) -> bool {
+        let b = self.inp.buffer();
+        if b.len() < HEADER {
+            return false;
+        }
+        let len = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        b.len() - HEADER >= len
+    }
+}
+
 fn check_header(head: &[u8; 17]) -> Result<u32> {
     if &head[..13] != MAGIC {
         return Err(bad("not a send stream (no btrfs-stream magic)".into()));
