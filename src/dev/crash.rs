@@ -4,8 +4,11 @@
 //! Between two barriers the device may persist any subset of the writes in
 //! flight, in any order, each 4 KiB page on its own; before a barrier
 //! returns, all of them. [`replay`] builds the disk after a prefix of the
-//! recorded operations: every page written before the prefix's last barrier,
-//! plus the pages written after it that `keep` selects. A discard counts
+//! recorded operations: every page written before the last barrier that
+//! returned inside the prefix began, plus the pages written after that
+//! which `keep` selects. A barrier is recorded when it returns, with
+//! how many operations came before it began: writes sent while it was
+//! out (by other threads) are not covered by it. A discard counts
 //! as a write of [`DISCARDED`] bytes: after one, a range may read back
 //! as anything.
 
@@ -28,7 +31,11 @@ pub enum Op {
         offset: u64,
         len: u64,
     },
-    Barrier,
+    /// A barrier that returned; the first `covers` operations of the
+    /// recording came before it began, so they are durable.
+    Barrier {
+        covers: usize,
+    },
 }
 
 /// What a discarded page reads back as in a replay: not zeros, so that
@@ -49,7 +56,15 @@ impl Op {
                 let junk = vec![DISCARDED; *len as usize];
                 lay(pages, *offset, &junk, n, keep)
             }
-            Op::Barrier => {}
+            Op::Barrier { .. } => {}
+        }
+    }
+
+    /// Where the ops before a barrier end: the ops before it are durable.
+    fn covers(&self) -> Option<usize> {
+        match self {
+            Op::Barrier { covers } => Some(*covers),
+            _ => None,
         }
     }
 }
@@ -57,6 +72,9 @@ impl Op {
 pub struct RecordingDevice {
     inner: MemDevice,
     ops: Mutex<Vec<Op>>,
+    /// How long a barrier takes (0 by default): while one is out, other
+    /// threads' writes are recorded and it does not cover them.
+    barrier_time: std::time::Duration,
 }
 
 impl RecordingDevice {
@@ -64,6 +82,15 @@ impl RecordingDevice {
         RecordingDevice {
             inner: MemDevice::from_bytes(initial),
             ops: Mutex::new(Vec::new()),
+            barrier_time: std::time::Duration::ZERO,
+        }
+    }
+
+    /// A device whose barriers each take `time`, as a real one's do.
+    pub fn with_barrier_time(initial: Vec<u8>, time: std::time::Duration) -> RecordingDevice {
+        RecordingDevice {
+            barrier_time: time,
+            ..RecordingDevice::new(initial)
         }
     }
 
@@ -95,7 +122,11 @@ impl Device for RecordingDevice {
     }
 
     fn barrier(&self) -> Result<()> {
-        crate::sync::lock(&self.ops).push(Op::Barrier);
+        let covers = crate::sync::lock(&self.ops).len();
+        if !self.barrier_time.is_zero() {
+            std::thread::sleep(self.barrier_time);
+        }
+        crate::sync::lock(&self.ops).push(Op::Barrier { covers });
         Ok(())
     }
 
@@ -206,6 +237,34 @@ pub struct Replayer {
 }
 
 impl Replayer {
+    /// How many of the first `prefix` ops are durable: those before the
+    /// start of the last barrier that returned within them.
+    fn durable_end_at(&self, prefix: usize) -> usize {
+        self.ops[..prefix]
+            .iter()
+            .filter_map(Op::covers)
+            .max()
+            .unwrap_or(0)
+            .max(self.durable_end)
+    }
+
+    /// The device offset of each page in flight after the first
+    /// `prefix` ops, in the order `at`'s `keep` counts them.
+    pub fn pages_in_flight(&self, prefix: usize) -> Vec<u64> {
+        let prefix = prefix.min(self.ops.len());
+        let start = self.durable_end_at(prefix);
+        let mut out = Vec::new();
+        for op in &self.ops[start..prefix.max(start)] {
+            let (offset, len) = match op {
+                Op::Write { offset, data } => (*offset, data.len()),
+                Op::Discard { offset, len } => (*offset, *len as usize),
+                Op::Barrier { .. } => continue,
+            };
+            out.extend((0..len.div_ceil(PAGE)).map(|i| offset + (i * PAGE) as u64));
+        }
+        out
+    }
+
     pub fn new(base: Arc<Vec<u8>>, ops: Vec<Op>) -> Replayer {
         Replayer {
             base,
@@ -229,11 +288,7 @@ impl Replayer {
     /// must not decrease from one call to the next.
     pub fn at(&mut self, prefix: usize, keep: &dyn Fn(usize) -> bool) -> OverlayDevice {
         let prefix = prefix.min(self.ops.len());
-        let new_end = self.ops[..prefix]
-            .iter()
-            .rposition(|o| matches!(o, Op::Barrier))
-            .map_or(0, |i| i + 1)
-            .max(self.durable_end);
+        let new_end = self.durable_end_at(prefix);
         let mut n = 0;
         for op in &self.ops[self.durable_end..new_end] {
             op.lay(&mut self.durable, &mut n, &|_| true);

@@ -239,8 +239,13 @@ impl<D: Device> Device for FaultyDevice<D> {
         if fault.is_some() {
             return Err(injected("flushing the device"));
         }
+        // Only what was written before the barrier began: barriers may
+        // run beside writes on other threads.
+        let covered = crate::sync::lock(&self.unflushed).len();
         self.inner.barrier()?;
-        crate::sync::lock(&self.unflushed).clear();
+        let mut unflushed = crate::sync::lock(&self.unflushed);
+        let covered = covered.min(unflushed.len());
+        unflushed.drain(..covered);
         Ok(())
     }
 

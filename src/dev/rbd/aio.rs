@@ -130,9 +130,21 @@ impl Op {
 }
 
 /// Writes in flight, in the order they were issued.
+///
+/// A write stays here until it is complete, even while a thread waits for
+/// it, so a barrier sees every write issued before it: barriers may run
+/// on several threads at once (a log write's barrier is out while the
+/// next one is sent). The first write that failed is kept, so a barrier
+/// reports it whoever saw it complete.
 #[derive(Default)]
 pub struct InFlight {
-    ops: Mutex<VecDeque<Arc<Op>>>,
+    queue: Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    ops: VecDeque<Arc<Op>>,
+    failed: Option<Arc<Op>>,
 }
 
 /// Writes beyond these wait for the oldest: they bound the memory that
@@ -143,33 +155,59 @@ const MAX_WRITE_BYTES: u64 = 64 << 20;
 impl InFlight {
     /// The writes in flight that overlap `[off, off+len)`.
     pub fn overlapping(&self, off: u64, len: u64) -> Vec<Arc<Op>> {
-        let ops = crate::sync::lock(&self.ops);
-        ops.iter()
+        let q = crate::sync::lock(&self.queue);
+        q.ops
+            .iter()
             .filter(|o| o.overlaps(off, len))
             .cloned()
             .collect()
     }
 
     /// Adds `op` and returns the writes the caller must wait for: the
-    /// finished ones (for their result) and the oldest beyond the bounds.
+    /// oldest beyond the bounds.
     pub fn push(&self, op: Arc<Op>) -> Vec<Arc<Op>> {
-        let mut ops = crate::sync::lock(&self.ops);
-        ops.push_back(op);
+        let mut q = crate::sync::lock(&self.queue);
+        q.ops.push_back(op);
+        q.forget_complete();
+        let mut count = q.ops.len();
+        let mut bytes: u64 = q.ops.iter().map(|o| o.len()).sum();
         let mut out = Vec::new();
-        let mut bytes: u64 = ops.iter().map(|o| o.len()).sum();
-        while let Some(front) = ops.front() {
-            if !(front.is_complete() || ops.len() > MAX_WRITES || bytes > MAX_WRITE_BYTES) {
+        for o in &q.ops {
+            if count <= MAX_WRITES && bytes <= MAX_WRITE_BYTES {
                 break;
             }
-            bytes -= front.len();
-            out.extend(ops.pop_front());
+            count -= 1;
+            bytes -= o.len();
+            out.push(o.clone());
         }
         out
     }
 
-    /// Takes every write in flight (a barrier waits for them).
-    pub fn take_all(&self) -> Vec<Arc<Op>> {
-        crate::sync::lock(&self.ops).drain(..).collect()
+    /// Every write in flight (a barrier waits for them).
+    pub fn all(&self) -> Vec<Arc<Op>> {
+        crate::sync::lock(&self.queue).ops.iter().cloned().collect()
+    }
+
+    /// The first write that failed, as an error.
+    pub fn failure(&self) -> Option<Error> {
+        let q = crate::sync::lock(&self.queue);
+        q.failed.as_ref().and_then(|op| check_write(op).err())
+    }
+}
+
+impl Queue {
+    /// Drops the complete writes, keeping the first that failed.
+    fn forget_complete(&mut self) {
+        let failed = &mut self.failed;
+        self.ops.retain(|o| {
+            if !o.is_complete() {
+                return true;
+            }
+            if failed.is_none() && o.wait() < 0 {
+                *failed = Some(o.clone());
+            }
+            false
+        });
     }
 }
 

@@ -101,6 +101,14 @@ impl RbdDevice {
         first
     }
 
+    /// A write that failed since, as whoever finds it complete saw it.
+    fn earlier_failure(&self) -> Result<()> {
+        match self.writes.failure() {
+            Some(e) => Err(self.record(e)),
+            None => Ok(()),
+        }
+    }
+
     fn sticky(&self) -> Result<()> {
         match crate::sync::lock(&self.failed).as_ref() {
             Some(why) => Err(Error::io(
@@ -156,11 +164,13 @@ impl Device for RbdDevice {
                 Ok(self.writes.push(op))
             })
             .map_err(|e| self.record(e))?;
-        self.wait_all(done)
+        self.wait_all(done)?;
+        self.earlier_failure()
     }
 
     fn barrier(&self) -> Result<()> {
-        self.wait_all(self.writes.take_all())?;
+        self.wait_all(self.writes.all())?;
+        self.earlier_failure()?;
         // SAFETY: a live handle.
         let r = unsafe { ffi::rbd_flush(self.handle()) };
         if r < 0 {
