@@ -7,10 +7,14 @@
 //! Usage: power_cut IMAGE JOURNAL all
 //!        power_cut IMAGE JOURNAL sectors SECTOR_BYTES SEED
 //!
+//! IMAGE is an image file or `rbd:POOL/IMAGE?conf=...`; an RBD image's
+//! lock, which the killed daemon's client still holds, is taken over (its
+//! client blocklisted, so nothing it left in flight lands afterwards).
+//!
 //! Prints one JSON line: the journal's records and bytes, and the bytes put back.
 
 use canopy::dev::powercut::{cut_power, read_journal, Loss};
-use canopy::dev::{Access, FileDevice};
+use canopy::dev::{Access, OpenHow, Source};
 use std::path::Path;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -39,9 +43,13 @@ fn run() -> Res<()> {
     };
     let loss = parse_loss(rest)?;
     let undos = read_journal(Path::new(journal))?;
-    let dev = FileDevice::open_as(Path::new(image), Access::Write)?;
-    let changed = cut_power(&dev, &undos, loss)?;
-    canopy::dev::Device::barrier(&dev)?;
+    let source: Source = image.parse()?;
+    let how = OpenHow {
+        takeover: source.path().is_none(),
+    };
+    let dev = source.open(Access::Write, how)?;
+    let changed = cut_power(dev.as_ref(), &undos, loss)?;
+    dev.barrier()?;
     let lost_bytes: usize = undos.iter().map(|u| u.old.len()).sum();
     println!(
         "{}",

@@ -105,8 +105,6 @@ proptest! {
             log_prev_root: 0,
             log_prev_generation: 0,
             log_prev_level: 0,
-            log_older_root: 0,
-            log_older_level: 0,
             log_nonce: 0, total_bytes: 1 << 30,
             bytes_used: 1 << 20, nodesize: 16384, sectorsize: 4096, compat: 0, compat_ro: 0,
             incompat: canopy::format::superblock::INCOMPAT_DUP, label: "x".into(),

@@ -136,8 +136,6 @@ def parse_args():
             parse_size(s)
         except (KeyError, ValueError):
             ap.error(f"bad --size {s!r}")
-    if args.power_cut and args.rbd:
-        ap.error("--power-cut needs image files (the power-cut device wraps them), not --rbd")
     if not 1 <= args.devices <= 16:
         ap.error("--devices takes 1 to 16")
     needs = {"raid1": 2, "raid1c3": 3, "raid10": 4}[args.profile]

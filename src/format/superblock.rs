@@ -20,9 +20,6 @@ const OFF_LOG_ROOT: usize = 96;
 const OFF_LOG_ROOT_GENERATION: usize = 104;
 const OFF_TOTAL_BYTES: usize = 112;
 const OFF_BYTES_USED: usize = 120;
-/// With [`INCOMPAT_LOG_OVERLAPPED`]: a third log root (its generation is
-/// the log root's).
-const OFF_LOG_OLDER_ROOT: usize = 128;
 const OFF_NODESIZE: usize = 136;
 const OFF_SECTORSIZE: usize = 140;
 const OFF_COMPAT: usize = 144;
@@ -40,7 +37,6 @@ const OFF_LOG_PREV_LEVEL: usize = 448;
 const OFF_LOG_NONCE: usize = 456;
 const OFF_METADATA_PROFILE: usize = 464;
 const OFF_DATA_PROFILE: usize = 465;
-const OFF_LOG_OLDER_LEVEL: usize = 466;
 const OFF_SYSTEM_CHUNKS: usize = 468;
 const OFF_SYSTEM_ARRAY: usize = 472;
 /// A system group's entry without [`INCOMPAT_DEVICES`]: start, length,
@@ -116,12 +112,6 @@ pub const INCOMPAT_NODATASUM: u64 = 512;
 /// array names every system group. Older code would read device 1 at
 /// logical addresses. Needs [`INCOMPAT_DEVICES`].
 pub const INCOMPAT_MAPPED: u64 = 1024;
-/// Log writes overlap (`txn::log`): the previous log root may not be
-/// whole either, so the superblock names a third, older one
-/// (`Superblock::log_older_root`) that replay takes when neither newer
-/// root is whole. Older code would stop at the previous root and could
-/// lose an fsync that returned.
-pub const INCOMPAT_LOG_OVERLAPPED: u64 = 2048;
 /// Incompatible features this code understands.
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
     | INCOMPAT_MAPPED
@@ -131,7 +121,6 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
     | INCOMPAT_LOG_TREE
     | INCOMPAT_DROP_QUEUE
     | INCOMPAT_LOG_CHECKED
-    | INCOMPAT_LOG_OVERLAPPED
     | INCOMPAT_COMPRESSION
     | INCOMPAT_SUBVOL_UUIDS
     | INCOMPAT_COMPRESSED_INLINE;
@@ -272,11 +261,6 @@ pub struct Superblock {
     pub log_prev_root: u64,
     pub log_prev_generation: u64,
     pub log_prev_level: u8,
-    /// A log root older than `log_prev_root`, of the same log (so of its
-    /// generation; 0 for none): written while neither newer root was
-    /// known durable, it is where replay goes when neither is whole.
-    pub log_older_root: u64,
-    pub log_older_level: u8,
     /// Stamped in the header flags of every block of the log, so a block
     /// that a crashed run wrote for a log of the same generation is never
     /// taken for one of this log.
@@ -312,10 +296,8 @@ impl Superblock {
         self.log_prev_root = 0;
         self.log_prev_generation = 0;
         self.log_prev_level = 0;
-        self.log_older_root = 0;
-        self.log_older_level = 0;
         self.log_nonce = 0;
-        self.incompat &= !(INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED | INCOMPAT_LOG_OVERLAPPED);
+        self.incompat &= !(INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED);
     }
 
     /// Encodes the copy that lives at `bytenr`.
@@ -343,8 +325,6 @@ impl Superblock {
         put_u64(&mut b, OFF_LOG_PREV_ROOT, self.log_prev_root);
         put_u64(&mut b, OFF_LOG_PREV_GENERATION, self.log_prev_generation);
         b[OFF_LOG_PREV_LEVEL] = self.log_prev_level;
-        put_u64(&mut b, OFF_LOG_OLDER_ROOT, self.log_older_root);
-        b[OFF_LOG_OLDER_LEVEL] = self.log_older_level;
         put_u64(&mut b, OFF_LOG_NONCE, self.log_nonce);
         put_u32(&mut b, OFF_VERSION, FORMAT_VERSION);
         b[OFF_METADATA_PROFILE] = self.metadata_profile.code();
@@ -466,8 +446,6 @@ impl Superblock {
             log_prev_root: le_u64(b, OFF_LOG_PREV_ROOT),
             log_prev_generation: le_u64(b, OFF_LOG_PREV_GENERATION),
             log_prev_level: b[OFF_LOG_PREV_LEVEL],
-            log_older_root: le_u64(b, OFF_LOG_OLDER_ROOT),
-            log_older_level: b[OFF_LOG_OLDER_LEVEL],
             log_nonce: le_u64(b, OFF_LOG_NONCE),
             total_bytes: le_u64(b, OFF_TOTAL_BYTES),
             bytes_used: le_u64(b, OFF_BYTES_USED),
@@ -584,23 +562,6 @@ impl Superblock {
             return Err(format!(
                 "previous log root at bad address {}",
                 self.log_prev_root
-            ));
-        }
-        let overlapped = self.incompat & INCOMPAT_LOG_OVERLAPPED != 0;
-        if overlapped != (self.log_older_root != 0) {
-            return Err("an older log root and its feature bit disagree".into());
-        }
-        if overlapped
-            && (self.log_prev_root == 0
-                || !self
-                    .log_older_root
-                    .is_multiple_of(u64::from(self.sectorsize))
-                || self.log_older_root >= self.total_bytes
-                || self.log_older_level > super::node::MAX_LEVEL)
-        {
-            return Err(format!(
-                "older log root at bad address {}",
-                self.log_older_root
             ));
         }
         Ok(())
@@ -820,8 +781,6 @@ mod tests {
             log_prev_root: 0,
             log_prev_generation: 0,
             log_prev_level: 0,
-            log_older_root: 0,
-            log_older_level: 0,
             log_nonce: 0,
             total_bytes: 1 << 30,
             bytes_used: 0,
@@ -856,13 +815,8 @@ mod tests {
             log_prev_root: 5 << 20,
             log_prev_generation: 9,
             log_prev_level: 1,
-            log_older_root: 3 << 20,
-            log_older_level: 1,
             log_nonce: u64::MAX,
-            incompat: commit.incompat
-                | INCOMPAT_LOG_CHECKED
-                | INCOMPAT_LOG_TREE
-                | INCOMPAT_LOG_OVERLAPPED,
+            incompat: commit.incompat | INCOMPAT_LOG_CHECKED | INCOMPAT_LOG_TREE,
             ..commit.clone()
         };
         let (a, b) = (commit.encode(off), logged.encode(off));

@@ -150,7 +150,12 @@ fn open_device(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<
         let how = OpenHow {
             takeover: opts.takeover,
         };
-        return Ok(Arc::from(image.open(access, how)?));
+        let dev: Arc<dyn Device> = Arc::from(image.open(access, how)?);
+        // The crash campaign's power-cut mode, when its environment asks.
+        return match opts.read_only {
+            true => Ok(dev),
+            false => crate::dev::powercut::from_env(dev),
+        };
     };
     if opts.takeover {
         return Err(Error::Invalid(format!(

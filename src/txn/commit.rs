@@ -140,10 +140,10 @@ impl Engine {
         self.shared.dev.barrier()
     }
 
-    /// Sends a log's tree blocks and the first superblock copy of each
-    /// device, for one barrier after both: the superblock may land before
-    /// the blocks, so only a log, which replay checks, is written this
-    /// way (`log.rs`).
+    /// Writes a log's tree blocks and the first superblock copy of each
+    /// device, then one barrier: the superblock may land before the
+    /// blocks, so only a log, which replay checks, is written this way
+    /// (`log.rs`).
     ///
     /// One copy, not all: every field a log write changes (the log's
     /// roots, level, nonce and the checksum) lies in the copy's first
@@ -152,13 +152,14 @@ impl Engine {
     /// last commit, and the first copy wins a tie of generations at open.
     /// On RBD the second copy is another object: one write fewer per
     /// fsync.
-    pub(super) fn send_blocks_and_superblock(
+    pub(super) fn write_with_one_barrier(
         &self,
         blocks: &[(u64, Vec<u8>)],
         sb: &Superblock,
     ) -> Result<()> {
         self.write_blocks(blocks)?;
-        self.write_superblock_copies(sb, &SUPER_OFFSETS[..1])
+        self.write_superblock_copies(sb, &SUPER_OFFSETS[..1])?;
+        self.shared.dev.barrier()
     }
 
     /// Writes runs of encoded blocks ([`encode_runs`]).

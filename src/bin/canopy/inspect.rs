@@ -95,7 +95,6 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
             "root_level": sb.root_level,
             "log_root": sb.log_root,
             "log_prev_root": sb.log_prev_root,
-            "log_older_root": sb.log_older_root,
             "total_bytes": sb.total_bytes,
             "bytes_used": sb.bytes_used,
             "nodesize": sb.nodesize,
@@ -126,7 +125,6 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
         println!("root\t\t{} (level {})", sb.root, sb.root_level);
         println!("log_root\t{}", sb.log_root);
         println!("log_prev_root\t{}", sb.log_prev_root);
-        println!("log_older_root\t{}", sb.log_older_root);
         println!("total_bytes\t{}", sb.total_bytes);
         println!("bytes_used\t{}", sb.bytes_used);
         println!("nodesize\t{}", sb.nodesize);

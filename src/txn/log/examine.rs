@@ -82,12 +82,9 @@ pub(crate) fn ignore_pending(st: &mut State) {
 }
 
 /// The log root to replay, examined whole ([`examine`]): the last one
-/// written, else the previous one, else the older one, else none: the
-/// filesystem opens at its last commit. The oldest root a superblock
-/// names was durable (its barrier had returned) before that superblock
-/// was sent, and every root that returned to an fsync since is one of
-/// the newer ones (see `Engine::sync_log`). Each root passed over is
-/// named in an ERROR line.
+/// written, else the previous one (which its own barrier made durable
+/// before the last write began), else none: the filesystem opens at its
+/// last commit. Each root passed over is named in an ERROR line.
 fn choose_root(st: &State, sh: &Shared) -> Result<(Option<PendingLog>, LogVerdict)> {
     let sb = &st.sb;
     let last = RootPtr {
@@ -104,18 +101,12 @@ fn choose_root(st: &State, sh: &Shared) -> Result<(Option<PendingLog>, LogVerdic
         generation: sb.log_prev_generation,
         level: sb.log_prev_level,
     });
-    // Named only while the log's writes overlapped (its feature bit).
-    let older = (prev.is_some() && sb.log_older_root != 0).then_some(RootPtr {
-        bytenr: sb.log_older_root,
-        generation: sb.log_root_generation,
-        level: sb.log_older_level,
-    });
     let r = Reader::new(st, sh);
     let mut verdict = LogVerdict {
         last_root: last.bytenr,
         ..LogVerdict::default()
     };
-    for (which, ptr) in [("last", Some(last)), ("previous", prev), ("older", older)] {
+    for (which, ptr) in [("last", Some(last)), ("previous", prev)] {
         let Some(ptr) = ptr else { continue };
         match examine(&r, st, sh, &ptr, nonce)? {
             Ok(log) => {

@@ -13,13 +13,12 @@
 //!   (`Allocator::alloc_transient`), which shows them free at every
 //!   commit, and a block another replaced leaves the cache at once.
 //! - **Written by fsync, not by the commit.** [`Engine::sync_log`] writes
-//!   the log's dirty blocks and the first superblock copy of the *last
-//!   written commit* with the log's roots added, then one barrier, which
-//!   the next log write need not wait for; replay checks the newest root
-//!   whole and otherwise takes an older one the superblock names
-//!   ([`load_pending`], `writes.rs`). A written block is clean from then
-//!   on, so a later edit copies it rather than overwrite what a durable
-//!   superblock reaches.
+//!   the log's dirty blocks and every superblock copy of the *last written
+//!   commit* with the log's root added, then one barrier; replay checks
+//!   that root whole and otherwise takes the previous one
+//!   ([`load_pending`]). A written block is clean from then on, so a later
+//!   edit copies it rather than overwrite what a durable superblock
+//!   reaches.
 //! - **Frees pinned while it is durable.** A commit that follows a durable
 //!   log keeps everything it frees pinned, so no data extent the log names
 //!   is reused before the log is gone from the disk.
@@ -43,16 +42,13 @@
 use super::{Engine, State, Txn};
 use crate::error::{Error, Result};
 use crate::format::node::Node;
-use crate::format::superblock::{
-    Superblock, INCOMPAT_LOG_CHECKED, INCOMPAT_LOG_OVERLAPPED, INCOMPAT_LOG_TREE,
-};
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED, INCOMPAT_LOG_TREE};
 use crate::format::tree_id;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 mod examine;
-mod writes;
 pub(crate) use examine::{ignore_pending, load_pending};
 
 /// The log of the running transaction.
@@ -93,7 +89,7 @@ pub(crate) struct PendingLog {
 pub struct LogVerdict {
     /// The root the superblock names as written last.
     pub last_root: u64,
-    /// `last`, `previous` or `older`; None when no root can be replayed.
+    /// `last` or `previous`; None when no root can be replayed.
     pub chosen: Option<String>,
     pub dropped: Vec<DroppedRoot>,
     /// What the chosen root would replay.
@@ -116,7 +112,7 @@ pub struct SkippedInode {
 /// A log root the open would not replay.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DroppedRoot {
-    /// `last`, `previous` or `older`.
+    /// `last` or `previous`.
     pub which: String,
     pub root: u64,
     pub reason: String,
@@ -131,12 +127,10 @@ pub(crate) struct IoState {
     pub generation: u64,
     /// Its superblock, which a log write repeats with the log's root.
     pub sb: Superblock,
-    /// The log roots sent and made durable (which a superblock names).
-    pub log: writes::LogWrites,
-    /// The highest take of log blocks durable (`State::log_takes`).
+    /// The last log root written: (transaction, root).
+    pub log: Option<(u64, RootPtr)>,
+    /// The highest take of log blocks written (`State::log_takes`).
     pub log_takes_written: u64,
-    /// The highest take of log blocks sent (its barrier may be out).
-    pub log_takes_sent: u64,
 }
 
 /// What a log write takes of the running transaction (`Engine::sync_log`).
@@ -335,19 +329,17 @@ impl Txn<'_> {
 impl Engine {
     /// Makes the running transaction's log durable: its dirty blocks and
     /// the superblock of the last written commit naming the log, then one
-    /// barrier (see [`Engine::send_log`]).
+    /// barrier (see [`Engine::write_log`]).
     ///
-    /// Log writes are sent one at a time, under the commit I/O lock, and
-    /// the writer takes the blocks only once it holds that lock: every
-    /// block logged until then, its own and those of the callers that
-    /// queued behind it. Those find their blocks sent when their turn
-    /// comes and wait for that write's barrier (a group commit). The
-    /// barrier is taken outside the lock, so the next write is sent while
-    /// it is out, up to [`writes::MAX_IN_FLIGHT`] writes (see `writes.rs`
-    /// for why replay still finds every root that returned). Whether a
-    /// caller's blocks were written is counted in takes: every take after
-    /// it logged holds its blocks, so it is done once a later take is
-    /// durable, whatever was logged since.
+    /// Log writes go one at a time, under the commit I/O lock, and the
+    /// writer takes the blocks only once it holds that lock: every block
+    /// logged until then, its own and those of the callers that queued
+    /// behind the write before it. Those find their blocks written when
+    /// their turn comes and return (a group commit): concurrent fsyncs
+    /// share one barrier instead of paying one each, in a line. Whether
+    /// they were written is counted in takes: every take after a caller
+    /// logged holds that caller's blocks, so it is done once the next take
+    /// is written, whatever was logged since.
     pub fn sync_log(&self) -> Result<()> {
         self.check_alive()?;
         let (transid, needed) = {
@@ -364,23 +356,11 @@ impl Engine {
             }
         };
         let mut io = self.wait_turn(transid - 1)?;
-        loop {
-            if io.log_takes_written >= needed {
-                // A take made after this caller logged is durable (and,
-                // if it served a later transaction, the commit of this one).
-                drop(io);
-                return self.check_alive();
-            }
-            let sent = io.log_takes_sent >= needed;
-            if !sent && io.log.in_flight(transid) < writes::MAX_IN_FLIGHT {
-                break;
-            }
-            // Wait for that write's barrier, or for room for another.
-            self.check_alive()?;
-            io = self
-                .commit_turn
-                .wait(io)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if io.log_takes_written >= needed {
+            // A take made after this caller logged is on the disk (and,
+            // if it served a later transaction, the commit of this one).
+            drop(io);
+            return self.check_alive();
         }
         let Some(taken) = self.take_log_blocks(transid)? else {
             // Committed meanwhile, or a new group needs a commit: not
@@ -389,20 +369,18 @@ impl Engine {
             return self.sync_without_log(transid);
         };
         // Every item the blocks hold was logged after its data was
-        // written (a flush inserts items only then), so the barrier after
-        // them makes all the data they name durable with them.
-        let sent = match taken.unchecked_data {
+        // written (a flush inserts items only then), so one barrier now
+        // makes all the data they name durable before the superblock that
+        // names them.
+        let result = match taken.unchecked_data {
             true => self.barrier_for_unchecked_data(),
             false => Ok(()),
         };
-        let sent = sent.and_then(|()| self.send_log(&mut io, transid, &taken));
-        io.log_takes_sent = io.log_takes_sent.max(taken.take);
-        drop(io);
-        let result = match sent {
-            Ok(true) => crate::dev::Device::barrier(&*self.shared.dev),
-            Ok(false) => Ok(()),
-            Err(e) => Err(e),
-        };
+        let result = result
+            .and_then(|()| self.write_log(&mut io, transid, taken.ptr, taken.nonce, &taken.blocks));
+        if result.is_ok() {
+            io.log_takes_written = io.log_takes_written.max(taken.take);
+        }
         {
             let mut inflight = crate::sync::lock(&self.shared.inflight);
             for n in taken.nodes {
@@ -410,17 +388,12 @@ impl Engine {
                 self.shared.cache.insert(n);
             }
         }
-        let mut io = crate::sync::lock(&self.commit_io);
-        match &result {
-            Ok(()) => {
-                io.log.settled(transid, taken.take);
-                io.log_takes_written = io.log_takes_written.max(taken.take);
-            }
-            // Whoever waits for the I/O lock's progress sees the failure.
-            Err(e) => self.fail(e),
-        }
-        self.commit_turn.notify_all();
         drop(io);
+        if let Err(e) = &result {
+            self.fail(e);
+            // Whoever waits for the I/O lock's progress sees the failure.
+            self.commit_turn.notify_all();
+        }
         result
     }
 
@@ -475,45 +448,42 @@ impl Engine {
         self.commit().map(drop)
     }
 
-    /// Sends the log's new blocks and a superblock naming its root; the
-    /// caller then takes one barrier for both, not one after each. The
-    /// superblock may reach the disk before some block (or file data) it
-    /// depends on, so it also names the roots written before it that may
-    /// be needed instead (`writes.rs`), and replay checks each root whole
-    /// before using it ([`load_pending`]). Returns whether anything
-    /// needs the barrier: not when the transaction's commit is written,
-    /// which holds everything.
-    fn send_log(&self, io: &mut IoState, transid: u64, taken: &TakenLog) -> Result<bool> {
+    /// Writes the log's new blocks and a superblock naming its root with
+    /// one barrier for both, not one after each: the superblock may then
+    /// reach the disk before some block (or file data) it depends on, so
+    /// it also names the root the previous write of this log made durable,
+    /// and replay checks the newer root whole before using it
+    /// ([`load_pending`]).
+    fn write_log(
+        &self,
+        io: &mut IoState,
+        transid: u64,
+        ptr: RootPtr,
+        nonce: u64,
+        blocks: &[(u64, Vec<u8>)],
+    ) -> Result<()> {
         if io.generation >= transid {
-            return Ok(false);
+            // The transaction's commit is written: it holds everything.
+            return Ok(());
         }
-        let ptr = taken.ptr;
-        let older = io.log.older_roots(transid, &ptr);
+        let prev = match io.log {
+            Some((t, p)) if t == transid => Some(p),
+            _ => None,
+        };
+        if blocks.is_empty() && prev.is_some_and(|p| p.bytenr == ptr.bytenr) {
+            return Ok(());
+        }
         let mut sb = io.sb.clone();
         name_log(&mut sb, &ptr);
-        let prev = older.first();
+        let prev = prev.filter(|p| p.bytenr != ptr.bytenr && p.generation == ptr.generation);
         sb.log_prev_root = prev.map_or(0, |p| p.bytenr);
         sb.log_prev_generation = prev.map_or(0, |p| p.generation);
         sb.log_prev_level = prev.map_or(0, |p| p.level);
-        let oldest = older.get(1);
-        sb.log_older_root = oldest.map_or(0, |p| p.bytenr);
-        sb.log_older_level = oldest.map_or(0, |p| p.level);
-        if oldest.is_some() {
-            sb.incompat |= INCOMPAT_LOG_OVERLAPPED;
-        }
-        if older.len() > 2 {
-            // `MAX_IN_FLIGHT` keeps this from happening; sending would
-            // leave a root that returned unnamed.
-            return Err(Error::Aborted(format!(
-                "a log write would have to name {} older roots",
-                older.len()
-            )));
-        }
-        sb.log_nonce = taken.nonce;
+        sb.log_nonce = nonce;
         sb.incompat |= INCOMPAT_LOG_CHECKED;
-        self.send_blocks_and_superblock(&taken.blocks, &sb)?;
-        io.log.sent(taken.take, ptr);
-        Ok(true)
+        self.write_with_one_barrier(blocks, &sb)?;
+        io.log = Some((transid, ptr));
+        Ok(())
     }
 
     /// Waits until every commit prepared so far is written.
