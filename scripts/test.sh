@@ -151,11 +151,12 @@ if [ "$(id -u)" = 0 ] && command -v ceph-mon >/dev/null; then
     echo "== RBD: the POSIX subset and the exerciser (kill -9 included) on RBD images"
     CANOPY_TEST_RBD=$ceph_conf CANOPY_TEST_MOUNT_OPTS=transport=dev cargo test --locked \
         --test mount_posix --test exerciser "$@" -- --skip 4_gib
-    echo "== RBD: crash campaign, kill -9 of the daemon under SQLite (WAL) and PostgreSQL on an RBD image"
+    echo "== RBD: crash campaign, power cuts (kill -9, then the writes no barrier covered lost) under SQLite (WAL) and PostgreSQL on an RBD image"
     cargo build --release --locked
+    cargo build --release --locked --example power_cut
     python3 scripts/crash_campaign.py --client sqlite-wal --client postgres --cycles 2 --rounds 1 --size 1G \
-        --fill 0 --rbd "$ceph_conf" --mount-opts transport=dev --keep-dir target/tmp/crash-keep \
-        --json target/tmp/crash-campaign-rbd.json
+        --fill 0 --rbd "$ceph_conf" --power-cut mixed --sector 512 --mount-opts transport=dev \
+        --keep-dir target/tmp/crash-keep --json target/tmp/crash-campaign-rbd.json
     bash scripts/ceph-dev.sh stop "$ceph_dir"
     trap - EXIT
     if pgrep -f "ceph-(mon|mgr|osd) -c $ceph_dir" >/dev/null; then
