@@ -131,11 +131,12 @@ impl Op {
 
 /// Writes in flight, in the order they were issued.
 ///
-/// A write stays here until it is complete, even while a thread waits for
-/// it, so a barrier sees every write issued before it: barriers may run
-/// on several threads at once (a log write's barrier is out while the
-/// next one is sent). The first write that failed is kept, so a barrier
-/// reports it whoever saw it complete.
+/// A write stays here until it is complete, even while a writer past the
+/// bounds waits for it, so a barrier sees every write issued before it
+/// (it once left the queue when a writer took it to wait for, and a
+/// barrier on another thread could flush without it). The first write
+/// that failed is kept, so every barrier reports it, whoever saw it
+/// complete.
 #[derive(Default)]
 pub struct InFlight {
     queue: Mutex<Queue>,
