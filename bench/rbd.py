@@ -11,7 +11,9 @@ For each round, on fresh images:
     conv=fsync, then a cold `dd` read after a remount and drop_caches;
   * 4 KiB random writes with a flush per write: fio's rbd engine (one
     client, iodepth 4, fsync=1) against fio on the Canopy mount (4 jobs,
-    psync, fsync=1); `rbd bench` 4 KiB random writes (no flush) for scale;
+    psync, fsync=1, the files laid out and committed first), each with
+    the OSD write operations it caused per write; `rbd bench` 4 KiB
+    random writes (no flush) for scale;
   * failover: Canopy mounted as one client, SIGSTOPped, then a second
     client's `canopy mount --break-lock` until its first fsynced write;
   * giving space back (issue 57): a 10 GiB image, 8 GiB written, deleted
@@ -107,26 +109,45 @@ class Bench:
         self.remove(name)
         return {"rbd_write": w, "rbd_read": r, "canopy_write": cw, "canopy_read": cr}
 
+    FIO_FSYNC = ["--name=r", "--rw=randwrite", "--bs=4k", "--fsync=1"]
+
+    def osd_write_ops(self):
+        """Client write operations the OSDs have done so far, summed."""
+        total = 0
+        for osd in run(["ceph", "-c", self.conf, "osd", "ls"]).split():
+            d = json.loads(run(["ceph", "-c", self.conf, "tell", f"osd.{osd}", "perf", "dump"]))
+            total += d["osd"]["op_w"] + d["osd"]["op_rw"]
+        return total
+
     def fio_iops(self, args):
-        out = run(["fio", "--output-format=json", "--group_reporting", "--name=r",
-                   "--rw=randwrite", "--bs=4k", "--fsync=1", "--runtime=20",
-                   "--time_based"] + args, env={**os.environ, "CEPH_CONF": self.conf})
-        return json.loads(out)["jobs"][0]["write"]["iops"]
+        """fio's IOPS, and the OSD write operations per write it made."""
+        before = self.osd_write_ops()
+        out = run(["fio", "--output-format=json", "--group_reporting", *self.FIO_FSYNC,
+                   "--runtime=20", "--time_based"] + args,
+                  env={**os.environ, "CEPH_CONF": self.conf})
+        ops = self.osd_write_ops() - before
+        w = json.loads(out)["jobs"][0]["write"]
+        return w["iops"], ops / max(w["total_ios"], 1)
 
     def random_fsync(self):
         name, _ = self.image(size="2G", mkfs=False)
-        base = self.fio_iops(["--ioengine=rbd", "--clientname=admin", "--pool=rbd",
-                              f"--rbdname={name}", "--iodepth=4", "--size=1G"])
+        base, base_ops = self.fio_iops(["--ioengine=rbd", "--clientname=admin", "--pool=rbd",
+                                        f"--rbdname={name}", "--iodepth=4", "--size=1G"])
         bench = self.rbd_bench(name, "write", "4K", "rand", "64M")
         self.remove(name)
         name, spec = self.image()
         self.mount(spec)
-        canopy = self.fio_iops(["--ioengine=psync", "--numjobs=4", "--size=256M",
-                                f"--directory={self.mnt}"])
+        jobs = ["--ioengine=psync", "--numjobs=4", "--size=256M", f"--directory={self.mnt}"]
+        # The files laid out and committed first, so the operations counted
+        # are the fsyncs' alone (fio's rbd engine lays nothing out).
+        run(["fio", *self.FIO_FSYNC, "--create_only=1"] + jobs)
+        run([self.canopy, "sync", self.mnt])
+        canopy, canopy_ops = self.fio_iops(jobs)
         self.umount()
         self.remove(name)
         return {"fio_rbd_fsync_iops": base, "rbd_bench_4k_iops": bench,
-                "canopy_fsync_iops": canopy}
+                "canopy_fsync_iops": canopy, "fio_rbd_osd_ops_per_write": base_ops,
+                "canopy_osd_ops_per_write": canopy_ops}
 
     def failover(self):
         name, spec = self.image(size="1G")
@@ -228,6 +249,10 @@ def write_report(rows, path):
         f"| trim of a 10 GiB image after deleting 8 GiB, s | | {m['trim_s']:.2f} | | < 10 s |",
         f"| discard=async: commit to `rbd du` near use, s | | {m['async_discard_s']:.2f} | | |",
         "", f"`rbd bench` 4 KiB random writes without a flush: {m['rbd_bench_4k_iops']:.0f} IOPS.",
+        "OSD write operations per 4 KiB write with fsync (op_w + op_rw of every OSD over the "
+        f"timed run): fio's rbd engine {m['fio_rbd_osd_ops_per_write']:.2f}, Canopy "
+        f"{m['canopy_osd_ops_per_write']:.2f}; when the cluster's operations are the bound, "
+        "the IOPS ratio is their inverse ratio.",
         f"`rbd du` with 8 GiB written: {m['stored_8g_mib']:.0f} MiB; after deleting it and "
         f"trimming: {m['after_trim_mib']:.0f} MiB.",
         "", "Rounds:", "", "```", *[json.dumps(r) for r in rows], "```", ""]
