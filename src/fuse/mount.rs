@@ -146,32 +146,36 @@ fn open_device(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<
         true => Access::Share,
         false => Access::Write,
     };
-    let Some(path) = image.path() else {
-        let how = OpenHow {
-            takeover: opts.takeover,
-        };
-        let dev: Arc<dyn Device> = Arc::from(image.open(access, how)?);
-        // The crash campaign's power-cut mode, when its environment asks.
-        return match opts.read_only {
-            true => Ok(dev),
-            false => crate::dev::powercut::from_env(dev),
-        };
+    let dev: Arc<dyn Device> = match image.path() {
+        None => {
+            let how = OpenHow {
+                takeover: opts.takeover,
+            };
+            Arc::from(image.open(access, how)?)
+        }
+        Some(path) => {
+            if opts.takeover {
+                return Err(Error::Invalid(format!(
+                    "takeover is for RBD images: {} is held by a process on this host, which must end first",
+                    path.display()
+                )));
+            }
+            let file = FileDevice::open_as(path, access)?;
+            if opts.writeback_cache
+                && !opts.read_only
+                && !io_flusher
+                && !file.write_everything_direct()
+            {
+                tracing::warn!("under writeback_cache with neither CAP_SYS_RESOURCE nor O_DIRECT on the image, writes may crawl at a small vm.dirty_bytes (see fuse::bdi)");
+            }
+            Arc::new(file)
+        }
     };
-    if opts.takeover {
-        return Err(Error::Invalid(format!(
-            "takeover is for RBD images: {} is held by a process on this host, which must end first",
-            path.display()
-        )));
-    }
-    let file = FileDevice::open_as(path, access)?;
-    if opts.writeback_cache && !opts.read_only && !io_flusher && !file.write_everything_direct() {
-        tracing::warn!("under writeback_cache with neither CAP_SYS_RESOURCE nor O_DIRECT on the image, writes may crawl at a small vm.dirty_bytes (see fuse::bdi)");
-    }
     if opts.read_only {
-        return Ok(Arc::new(file));
+        return Ok(dev);
     }
     // The crash campaign's power-cut mode, when its environment asks.
-    crate::dev::powercut::from_env(Arc::new(file))
+    crate::dev::powercut::from_env(dev)
 }
 
 /// Opens the `nth` device a mount names (2: the first `device=`),
