@@ -70,6 +70,9 @@ impl Subvol {
                     Some((from, to)) => file::device_ranges(r, &root, ino, from, to)?,
                     None => Vec::new(),
                 };
+                if let Some(sums) = sums.as_ref() {
+                    file::prefetch_sums(r, sums, &prefetch)?;
+                }
                 Ok((Some(plan), over, prefetch, i))
             },
             |(plan, over, prefetch, i), dev| {

@@ -33,7 +33,9 @@ mod search;
 pub use diff::differing_keys;
 pub use mutate::{delete, delete_sorted, insert, put, update};
 pub use repack::repack_leaves;
-pub use search::{block_addresses, count_blocks, get, get_many_with, get_with, Cursor};
+pub use search::{
+    block_addresses, count_blocks, get, get_many_with, get_with, prefetch_leaves, Cursor,
+};
 
 use crate::error::{Error, Result};
 use crate::format::node::{Body, Node, Ptr, HEADER_SIZE, ITEM_HEADER_SIZE};

@@ -20,7 +20,7 @@ use crate::txn::Txn;
 pub(crate) const SECTOR: u64 = SECTORSIZE as u64;
 
 mod read;
-pub(crate) use read::{device_ranges, plan_read, read, ReadPlan};
+pub(crate) use read::{device_ranges, plan_read, prefetch_sums, read, ReadPlan};
 
 /// Whether a file with inode flags `flags` keeps checksums of its data
 /// (all but `chattr +C` files do).
