@@ -71,7 +71,7 @@ impl Subvol {
                     None => Vec::new(),
                 };
                 if let Some(sums) = sums.as_ref() {
-                    file::prefetch_sums(r, sums, &prefetch)?;
+                    file::prefetch_sums(r, sums, &prefetch);
                 }
                 Ok((Some(plan), over, prefetch, i))
             },

@@ -130,14 +130,23 @@ pub fn prefetch_leaves<B: BlockRead + ?Sized>(
     // Down the path of `first`; the leaves that follow it under the
     // same parent are the ones a walk to `last` reads next.
     while node.level > 1 {
-        let ptrs = node.ptrs();
-        let child = read_child(b, &ptrs[child_slot(ptrs, first)], node.level)?;
-        node = child;
+        let Some(ptr) = node.ptrs().get(child_slot(node.ptrs(), first)) else {
+            return Ok(());
+        };
+        node = read_child(b, ptr, node.level)?;
     }
     let ptrs = node.ptrs();
+    if ptrs.is_empty() {
+        return Ok(());
+    }
     let from = child_slot(ptrs, first);
-    let to = child_slot(ptrs, last).min(from + max.saturating_sub(1));
-    let leaves: Vec<u64> = ptrs[from..=to].iter().map(|p| p.bytenr).collect();
+    // Keys out of order (a damaged node) must not make the range run
+    // backwards.
+    let to = child_slot(ptrs, last).clamp(from, from + max.max(1) - 1);
+    let leaves: Vec<u64> = ptrs[from..=to.min(ptrs.len() - 1)]
+        .iter()
+        .map(|p| p.bytenr)
+        .collect();
     b.prefetch(&leaves);
     Ok(())
 }
@@ -391,6 +400,30 @@ mod tests {
         let (b, root) = two_level();
         prefetch_leaves(&b, &root, &key(150), &key(250), 32).expect("prefetch");
         assert_eq!(*b.prefetched.borrow(), [1001, 1002]);
+    }
+
+    #[test]
+    fn a_damaged_node_neither_panics_nor_reads_backwards() {
+        let ptr = |k: u64, bytenr: u64| Ptr {
+            key: key(k),
+            bytenr,
+            generation: 1,
+        };
+        let parent = internal(10, 1, vec![ptr(500, 1000), ptr(100, 1001), ptr(300, 1002)]);
+        let empty = internal(11, 1, Vec::new());
+        for node in [parent, empty] {
+            let root = RootPtr {
+                bytenr: node.bytenr,
+                generation: 1,
+                level: 1,
+            };
+            let b = Blocks {
+                nodes: [(node.bytenr, node)].into_iter().collect(),
+                prefetched: RefCell::new(Vec::new()),
+            };
+            prefetch_leaves(&b, &root, &key(400), &key(200), 32).expect("prefetch");
+            assert!(b.prefetched.borrow().len() <= 1);
+        }
     }
 
     #[test]
