@@ -141,12 +141,10 @@ pub fn prefetch_leaves<B: BlockRead + ?Sized>(
     }
     let from = child_slot(ptrs, first);
     // Keys out of order (a damaged node) must not make the range run
-    // backwards.
+    // backwards; `child_slot` never passes the last slot, so neither does
+    // `to`.
     let to = child_slot(ptrs, last).clamp(from, from + max.max(1) - 1);
-    let leaves: Vec<u64> = ptrs[from..=to.min(ptrs.len() - 1)]
-        .iter()
-        .map(|p| p.bytenr)
-        .collect();
+    let leaves: Vec<u64> = ptrs[from..=to].iter().map(|p| p.bytenr).collect();
     b.prefetch(&leaves);
     Ok(())
 }
