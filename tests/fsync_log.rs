@@ -141,7 +141,7 @@ fn crash_every_prefix_on(layout: Layout, name: &str, setup: Step, steps: Vec<Ste
     let mut rp = Replayer::new(base, ops);
     let mut images = 0;
     for prefix in 0..=last {
-        // Since a log write has one barrier, its superblock may land
+        // Since a log write has one barrier, its link may land
         // without some of its blocks or data: the patterns below keep
         // every page, none, every other one, and all but the first.
         for keep in [
@@ -828,9 +828,9 @@ fn the_log_leaves_the_free_space_as_it_found_it() {
     );
 }
 
-/// A log write has one barrier for its blocks, its data and its
-/// superblock, so a crash may keep the superblock of the second fsync
-/// without all it depends on. Replay must then find that out and give the
+/// A log write has one barrier for its blocks, its data and its chain
+/// link, so a crash may keep the link of the second fsync without all it
+/// depends on. Replay must then find that out and give the
 /// first fsync's content, never the half-landed second.
 #[test]
 fn a_log_write_that_landed_in_part_falls_back_to_the_one_before() {
@@ -853,13 +853,13 @@ fn a_log_write_that_landed_in_part_falls_back_to_the_one_before() {
     let ops = rec.ops();
     drop(fs);
     // The second fsync's writes are those in flight before the last
-    // barrier: its data first, the superblock last.
-    let only_superblock = |i: usize, f: &InFlight| i + 1 == f.pages;
+    // barrier: its data first, the link last.
+    let only_link = |i: usize, f: &InFlight| i + 1 == f.pages;
     let all_but_data = |i: usize, f: &InFlight| i >= f.first_write;
     for (what, keep) in [
         (
-            "only the superblock",
-            &only_superblock as &dyn Fn(usize, &InFlight) -> bool,
+            "only the link",
+            &only_link as &dyn Fn(usize, &InFlight) -> bool,
         ),
         ("all but the data", &all_but_data),
     ] {
@@ -874,6 +874,22 @@ fn a_log_write_that_landed_in_part_falls_back_to_the_one_before() {
         drop(fs);
         common::assert_posix_clean(dev.as_ref());
     }
+}
+
+/// Where a recording wrote log chain links (`format::loglink`): one-page
+/// writes that begin like one.
+fn link_pages(ops: &[canopy::dev::crash::Op]) -> std::collections::HashSet<u64> {
+    use canopy::format::loglink::{LogLink, LINK_BYTES};
+    ops.iter()
+        .filter_map(|o| match o {
+            canopy::dev::crash::Op::Write { offset, data }
+                if data.len() == LINK_BYTES && LogLink::looks_like_link(data) =>
+            {
+                Some(*offset)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The pages written between the last two barriers of a recording.
@@ -917,11 +933,11 @@ fn before_last_barrier(
 }
 
 /// A run that crashed with its log's blocks on the disk but not the
-/// superblock naming them leaves blocks of the same generation as the
-/// next run's log, at the same addresses. If that run's superblock lands
-/// without its own blocks, replay must not take the old run's blocks for
-/// them: the log's nonce tells them apart, and the committed content is
-/// what remains.
+/// chain link naming them leaves log blocks at the addresses of the next
+/// run's log. If that run's link lands without its own blocks, replay
+/// must not take the old run's blocks for them: each run's open commits,
+/// so its log has a chain, a nonce and a generation of its own, and the
+/// committed content is what remains.
 #[test]
 fn blocks_a_crashed_run_left_are_not_taken_for_the_next_runs_log() {
     let committed = pattern(73, 20_000);
@@ -942,7 +958,7 @@ fn blocks_a_crashed_run_left_are_not_taken_for_the_next_runs_log() {
         drop(fs);
         ops
     };
-    // First run: everything but the superblock (the last page) lands.
+    // First run: everything but the link (the last page) lands.
     let base = base_dev.snapshot();
     let first_ops = run(base.clone(), &pattern(79, 20_000));
     let first_written: Vec<(u64, usize)> = first_ops
@@ -953,16 +969,16 @@ fn blocks_a_crashed_run_left_are_not_taken_for_the_next_runs_log() {
         })
         .collect();
     let after_first = before_last_barrier(base, first_ops, &|i, f| i + 1 < f.pages);
-    // Second run: only its superblock lands.
+    // Second run: only its link lands.
     let second_ops = run(after_first.clone(), &pattern(83, 20_000));
     let disk = before_last_barrier(after_first, second_ops, &|i, f| i + 1 == f.pages);
     let dev = Arc::new(canopy::dev::MemDevice::from_bytes(disk));
-    let sb = canopy::txn::read_best_superblock(dev.as_ref()).expect("superblock");
-    assert_ne!(sb.log_root, 0, "the second run's superblock names its log");
+    let root = common::last_log_root(dev.as_ref());
+    assert_ne!(root, 0, "the second run's chain leads to its log");
     assert!(
         first_written
             .iter()
-            .any(|&(o, n)| o <= sb.log_root && sb.log_root < o + n as u64),
+            .any(|&(o, n)| o <= root && root < o + n as u64),
         "the first run wrote a block where the second run's log root is"
     );
     let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
@@ -1087,20 +1103,24 @@ fn concurrent_fsyncs_each_survive_from_the_moment_they_return() {
 
 /// Barriers that take time (3 ms each here, so four threads' fsyncs meet
 /// while one is out): whatever a crash keeps of the writes no returned
-/// barrier covers (all, none, only the superblocks, all but the newest
-/// superblock, or mixes of pages), each file holds the content of its
+/// barrier covers (all, none, only the chain links and superblocks, all
+/// but the newest of those, or mixes of pages), each file holds the content of its
 /// last fsync that had returned, or of a later one, and checks clean.
 #[test]
 fn fsyncs_behind_slow_barriers_keep_every_one_that_returned() {
     const ROUNDS: u8 = 6;
     let first_super = canopy::format::SUPER_OFFSETS[0];
     let (base, ops, returned) = concurrent_fsyncs(ROUNDS, std::time::Duration::from_millis(3));
+    // What names a log root: a chain link (or a commit's superblock).
+    let links = link_pages(&ops);
+    assert!(!links.is_empty(), "the fsyncs wrote chain links");
+    let names_root = |p: &u64| *p == first_super || links.contains(p);
     let mut rp = Replayer::new(base, ops);
     let mut opened = 0;
     for prefix in 1..=rp.len() {
         let pages = rp.pages_in_flight(prefix);
-        let is_super = |i: usize| pages[i] == first_super;
-        let newest_super = pages.iter().rposition(|&p| p == first_super);
+        let is_super = |i: usize| names_root(&pages[i]);
+        let newest_super = pages.iter().rposition(names_root);
         let mix = |i: usize, seed: usize| {
             !(i.wrapping_mul(2_654_435_761) >> 7)
                 .wrapping_add(seed)
@@ -1109,8 +1129,8 @@ fn fsyncs_behind_slow_barriers_keep_every_one_that_returned() {
         let keeps: [(&str, &dyn Fn(usize) -> bool); 6] = [
             ("everything", &|_| true),
             ("nothing", &|_| false),
-            ("only the superblocks", &is_super),
-            ("all but the newest superblock", &|i| {
+            ("only the links and superblocks", &is_super),
+            ("all but the newest link or superblock", &|i| {
                 Some(i) != newest_super
             }),
             ("a mix", &|i| mix(i, 0)),
@@ -1373,16 +1393,16 @@ fn crashed_with_a_log() -> Arc<canopy::dev::MemDevice> {
 /// tell.
 fn damage_log_leaf(dev: &canopy::dev::MemDevice, change: impl Fn(&mut canopy::format::node::Item)) {
     use canopy::format::node::{Body, Node};
-    let sb = canopy::txn::read_best_superblock(dev).expect("superblock");
-    assert_ne!(sb.log_root, 0, "the crash left a log");
+    let root = common::last_log_root(dev);
+    assert_ne!(root, 0, "the crash left a log");
     let mut buf = vec![0u8; 4096];
-    dev.read_at(&mut buf, sb.log_root).expect("read");
-    let mut node = Node::decode(&buf, sb.log_root, &[0x42; 16]).expect("decode");
+    dev.read_at(&mut buf, root).expect("read");
+    let mut node = Node::decode(&buf, root, &[0x42; 16]).expect("decode");
     let Body::Leaf(leaf) = &mut node.body else {
         panic!("a one-block log is a leaf");
     };
     leaf.edit().iter_mut().for_each(change);
-    dev.write_at(&node.encode(&[0x42; 16], 4096), sb.log_root)
+    dev.write_at(&node.encode(&[0x42; 16], 4096), root)
         .expect("write");
 }
 
@@ -1468,10 +1488,10 @@ fn hostile_log_items_never_lock_the_filesystem_away() {
     use canopy::format::key_type::*;
     use std::collections::BTreeSet;
     let dev = crashed_with_two_logged_files();
-    let sb = canopy::txn::read_best_superblock(dev.as_ref()).expect("superblock");
+    let root = common::last_log_root(dev.as_ref());
     let mut buf = vec![0u8; 4096];
-    dev.read_at(&mut buf, sb.log_root).expect("read");
-    let leaf = canopy::format::node::Node::decode(&buf, sb.log_root, &[0x42; 16]).expect("leaf");
+    dev.read_at(&mut buf, root).expect("read");
+    let leaf = canopy::format::node::Node::decode(&buf, root, &[0x42; 16]).expect("leaf");
     let canopy::format::node::Body::Leaf(items) = &leaf.body else {
         panic!("a small log is one leaf");
     };
@@ -1878,12 +1898,13 @@ fn fsync_after_punching_a_hole_in_steps() {
     );
 }
 
-/// Issue 57, item 1: an fsync's log write puts the log's root in the
-/// first superblock copy only (one write fewer per fsync; the other
-/// copies keep the last commit), and the next commit writes every copy
-/// again; the image opens with what was fsynced.
+/// Issue 57, item 1: an fsync's log write names the log's root in a chain
+/// link, not in the superblock (no superblock copy is written: on RBD
+/// each copy is another object), and the next commit writes every copy;
+/// the image opens with what was fsynced, and a commit's superblock names
+/// where the next log's chain begins.
 #[test]
-fn an_fsync_writes_one_superblock_copy() {
+fn an_fsync_writes_no_superblock_copy() {
     use canopy::dev::crash::Op;
     use canopy::format::SUPER_OFFSETS;
     let (base_dev, e) = common::mem_engine(128 << 20, 4096);
@@ -1904,20 +1925,31 @@ fn an_fsync_writes_one_superblock_copy() {
             })
             .collect()
     };
+    // The open commits once, so that this run's log has a chain of its own.
+    let at_open = copies_written(&rec.ops());
+    assert_eq!(at_open, vec![1, 1], "the open's commit");
+    let sb = canopy::txn::read_best_superblock(&canopy::dev::MemDevice::from_bytes(rec.contents()))
+        .expect("superblock");
+    assert_ne!(sb.log_chain, 0, "a commit names where the next log begins");
     for round in 0..3u8 {
         fs.write(f, 0, &[b'0' + round; 16]).expect("write");
         fs.fsync(f).expect("fsync");
     }
-    assert_eq!(copies_written(&rec.ops()), vec![3, 0], "the log writes");
+    assert_eq!(copies_written(&rec.ops()), at_open, "the log writes");
     let fsynced = rec.contents();
+    assert_eq!(
+        common::log_roots(&canopy::dev::MemDevice::from_bytes(fsynced.clone())).len(),
+        3,
+        "one link per log write"
+    );
     fs.sync().expect("commit");
     assert_eq!(
         copies_written(&rec.ops()),
-        vec![4, 1],
+        vec![2, 2],
         "the commit writes both"
     );
     drop(fs);
-    // A crash after the last fsync: the first copy names the log.
+    // A crash after the last fsync: the chain leads to the log.
     let dev = Arc::new(canopy::dev::MemDevice::from_bytes(fsynced));
     let fs = open_fs(&dev);
     let f = lookup(&fs, "f").expect("f");

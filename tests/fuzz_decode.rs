@@ -105,7 +105,7 @@ proptest! {
             log_prev_root: 0,
             log_prev_generation: 0,
             log_prev_level: 0,
-            log_nonce: 0, total_bytes: 1 << 30,
+            log_nonce: 0, log_chain: 0, total_bytes: 1 << 30,
             bytes_used: 1 << 20, nodesize: 16384, sectorsize: 4096, compat: 0, compat_ro: 0,
             incompat: canopy::format::superblock::INCOMPAT_DUP, label: "x".into(),
             metadata_profile: canopy::format::superblock::Profile::Dup,

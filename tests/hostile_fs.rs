@@ -656,9 +656,10 @@ fn sample_with_log() -> Vec<u8> {
 fn patch_log_item(img: &mut [u8], key: canopy::Key, change: &dyn Fn(&mut Vec<u8>)) {
     let sb = canopy::txn::read_best_superblock(&MemDevice::from_bytes(img.to_vec()))
         .expect("superblock");
-    assert_ne!(sb.log_root, 0, "the image has a pending log");
+    let root = common::last_log_root(&MemDevice::from_bytes(img.to_vec()));
+    assert_ne!(root, 0, "the image has a pending log");
     assert!(
-        patch_leaf(img, sb.log_root as usize, &sb.fsid, key, change),
+        patch_leaf(img, root as usize, &sb.fsid, key, change),
         "the sample's log is one leaf, holding {key}"
     );
 }

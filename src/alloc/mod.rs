@@ -679,6 +679,22 @@ impl Allocator {
         Ok((start, len))
     }
 
+    /// Allocates `len` bytes of `kind` like [`Allocator::alloc_transient`],
+    /// but only in groups that exist already: for a log chain's link,
+    /// which a superblock about to be written names (`txn::log`), so it
+    /// must lie in a group that superblock knows. None when none has room.
+    pub fn alloc_transient_in_existing(
+        &mut self,
+        kind: GroupKind,
+        len: u64,
+        hint: u64,
+    ) -> Option<u64> {
+        let kind = self.group_kind(kind);
+        let (start, len) = self.try_alloc_in_groups(kind, len, len, hint, false)?;
+        self.take(start, len);
+        Some(start)
+    }
+
     /// Allocates exactly `[start, start+len)` if all of it is free.
     pub fn alloc_exact(&mut self, start: u64, len: u64) -> Result<()> {
         let g = self.group_mut_containing(start).ok_or(Error::NoSpace)?;

@@ -11,6 +11,7 @@ pub mod inode;
 pub mod items;
 pub mod key;
 pub mod leaf;
+pub mod loglink;
 pub mod node;
 pub mod qgroup;
 pub mod superblock;

@@ -20,6 +20,7 @@ const OFF_LOG_ROOT: usize = 96;
 const OFF_LOG_ROOT_GENERATION: usize = 104;
 const OFF_TOTAL_BYTES: usize = 112;
 const OFF_BYTES_USED: usize = 120;
+const OFF_LOG_CHAIN: usize = 128;
 const OFF_NODESIZE: usize = 136;
 const OFF_SECTORSIZE: usize = 140;
 const OFF_COMPAT: usize = 144;
@@ -112,8 +113,14 @@ pub const INCOMPAT_NODATASUM: u64 = 512;
 /// array names every system group. Older code would read device 1 at
 /// logical addresses. Needs [`INCOMPAT_DEVICES`].
 pub const INCOMPAT_MAPPED: u64 = 1024;
+/// The superblock names where the fsync log of the transaction after its
+/// commit begins: a chain of link blocks (`format::loglink`) that log
+/// writes add to without rewriting the superblock. Older code would not
+/// look there and lose what was fsynced after the last commit.
+pub const INCOMPAT_LOG_CHAIN: u64 = 2048;
 /// Incompatible features this code understands.
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
+    | INCOMPAT_LOG_CHAIN
     | INCOMPAT_MAPPED
     | INCOMPAT_NODATASUM
     | INCOMPAT_DEVICES
@@ -265,6 +272,10 @@ pub struct Superblock {
     /// that a crashed run wrote for a log of the same generation is never
     /// taken for one of this log.
     pub log_nonce: u64,
+    /// Where the first link of the next transaction's log chain goes
+    /// (0: that transaction's fsyncs commit instead). Its links carry
+    /// `log_nonce`; see [`INCOMPAT_LOG_CHAIN`].
+    pub log_chain: u64,
     pub total_bytes: u64,
     pub bytes_used: u64,
     pub nodesize: u32,
@@ -297,7 +308,17 @@ impl Superblock {
         self.log_prev_generation = 0;
         self.log_prev_level = 0;
         self.log_nonce = 0;
-        self.incompat &= !(INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED);
+        self.log_chain = 0;
+        self.incompat &= !(INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED | INCOMPAT_LOG_CHAIN);
+    }
+
+    /// Names the chain the next transaction's log writes begin at
+    /// `first`, their blocks stamped with `nonce` (and no log tree).
+    pub fn name_log_chain(&mut self, first: u64, nonce: u64) {
+        self.clear_log();
+        self.log_chain = first;
+        self.log_nonce = nonce;
+        self.incompat |= INCOMPAT_LOG_CHAIN;
     }
 
     /// Encodes the copy that lives at `bytenr`.
@@ -326,6 +347,7 @@ impl Superblock {
         put_u64(&mut b, OFF_LOG_PREV_GENERATION, self.log_prev_generation);
         b[OFF_LOG_PREV_LEVEL] = self.log_prev_level;
         put_u64(&mut b, OFF_LOG_NONCE, self.log_nonce);
+        put_u64(&mut b, OFF_LOG_CHAIN, self.log_chain);
         put_u32(&mut b, OFF_VERSION, FORMAT_VERSION);
         b[OFF_METADATA_PROFILE] = self.metadata_profile.code();
         b[OFF_DATA_PROFILE] = self.data_profile.code();
@@ -447,6 +469,7 @@ impl Superblock {
             log_prev_generation: le_u64(b, OFF_LOG_PREV_GENERATION),
             log_prev_level: b[OFF_LOG_PREV_LEVEL],
             log_nonce: le_u64(b, OFF_LOG_NONCE),
+            log_chain: le_u64(b, OFF_LOG_CHAIN),
             total_bytes: le_u64(b, OFF_TOTAL_BYTES),
             bytes_used: le_u64(b, OFF_BYTES_USED),
             nodesize: le_u32(b, OFF_NODESIZE),
@@ -549,6 +572,18 @@ impl Superblock {
         let checked = self.incompat & INCOMPAT_LOG_CHECKED != 0;
         if checked && !has_log {
             return Err("a checked log without a log tree".into());
+        }
+        let chained = self.log_chain != 0;
+        if chained != (self.incompat & INCOMPAT_LOG_CHAIN != 0) {
+            return Err("log chain and its feature bit disagree".into());
+        }
+        if chained
+            && (has_log
+                || self.log_nonce == 0
+                || !self.log_chain.is_multiple_of(u64::from(self.sectorsize))
+                || self.log_chain >= self.total_bytes)
+        {
+            return Err(format!("log chain at bad address {}", self.log_chain));
         }
         if self.log_prev_root != 0
             && (!checked
@@ -782,6 +817,7 @@ mod tests {
             log_prev_generation: 0,
             log_prev_level: 0,
             log_nonce: 0,
+            log_chain: 0,
             total_bytes: 1 << 30,
             bytes_used: 0,
             nodesize: 16384,

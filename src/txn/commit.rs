@@ -68,7 +68,6 @@ impl Engine {
         }
         self.unpin(prepared.pinned);
         io.generation = generation;
-        io.sb = prepared.sb.clone();
         self.commit_turn.notify_all();
         drop(io);
         tracing::debug!(generation, "committed");
@@ -140,25 +139,11 @@ impl Engine {
         self.shared.dev.barrier()
     }
 
-    /// Writes a log's tree blocks and the first superblock copy of each
-    /// device, then one barrier: the superblock may land before the
-    /// blocks, so only a log, which replay checks, is written this way
-    /// (`log.rs`).
-    ///
-    /// One copy, not all: every field a log write changes (the log's
-    /// roots, level, nonce and the checksum) lies in the copy's first
-    /// 512-byte sector, which storage writes whole or not at all, so the
-    /// copy reads back as before or as written; the other copies keep the
-    /// last commit, and the first copy wins a tie of generations at open.
-    /// On RBD the second copy is another object: one write fewer per
-    /// fsync.
-    pub(super) fn write_with_one_barrier(
-        &self,
-        blocks: &[(u64, Vec<u8>)],
-        sb: &Superblock,
-    ) -> Result<()> {
+    /// Writes a log's tree blocks and its chain link, then one barrier:
+    /// the link may land before the blocks, so only a log, which replay
+    /// checks, is written this way (`log.rs`).
+    pub(super) fn write_blocks_with_one_barrier(&self, blocks: &[(u64, Vec<u8>)]) -> Result<()> {
         self.write_blocks(blocks)?;
-        self.write_superblock_copies(sb, &SUPER_OFFSETS[..1])?;
         self.shared.dev.barrier()
     }
 
@@ -256,8 +241,11 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     for m in st.mechanisms {
         m.sealed(&mut st.slots, &mut sb);
     }
-    st.sb = sb.clone();
     st.transid += 1;
+    // After the space counts above: the link's block is the next
+    // transaction's, and free in this commit.
+    st.start_log_chain(sh, &mut sb);
+    st.sb = sb.clone();
     st.alloc.groups_committed();
     let pinned = st.alloc.take_pinned();
     let retired = std::mem::take(&mut st.retired);

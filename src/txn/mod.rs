@@ -48,7 +48,7 @@ pub use ctx::{Reader, Txn};
 pub use discard::{DiscardMode, DiscardPass};
 pub use flight::{DataDevice, Flight, Flusher};
 pub use grow::{GrowTo, Grown};
-pub use log::{DroppedRoot, LogVerdict, SkippedInode};
+pub use log::{chain_roots, DroppedRoot, LogVerdict, SkippedInode};
 pub use mechanism::{Mechanism, Slots};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
@@ -121,6 +121,11 @@ pub(crate) struct State {
     /// Takes of the log's blocks by log writes so far (`Engine::sync_log`):
     /// a caller that logged before take N is durable once N is written.
     pub log_takes: u64,
+    /// Where the running transaction's next log write puts its link
+    /// (see `format::loglink`): set by the commit before it, whose
+    /// superblock names the first. None (after an open, or a commit that
+    /// found no free block) makes fsync commit instead.
+    pub log_chain: Option<log::ChainCursor>,
     /// Tree roots as the last prepared commit has them: what a crash
     /// would find, before the log is replayed.
     pub committed: BTreeMap<u64, RootPtr>,

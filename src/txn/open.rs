@@ -169,7 +169,6 @@ fn new_engine(
         },
         commit_io: Mutex::new(super::log::IoState {
             generation: st.transid - 1,
-            sb: st.sb.clone(),
             log: None,
             log_takes_written: 0,
         }),
@@ -227,6 +226,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64, mechanisms: Mech
         log_durable: false,
         log_replayed: false,
         log_takes: 0,
+        log_chain: None,
         superblock_changed: false,
         retired: Vec::new(),
         committed: BTreeMap::new(),
@@ -315,6 +315,7 @@ impl Engine {
             log_prev_generation: 0,
             log_prev_level: 0,
             log_nonce: 0,
+            log_chain: 0,
             total_bytes,
             bytes_used: 0,
             nodesize: ns,
@@ -408,10 +409,29 @@ impl Engine {
             st.remember_committed_roots();
             match opts.replay_log {
                 true => super::log::load_pending(&mut st, &engine.shared)?,
-                false => super::log::ignore_pending(&mut st),
+                false => super::log::ignore_pending(&mut st, &engine.shared),
             }
         }
+        if !opts.read_only {
+            engine.start_own_log_chain()?;
+        }
         Ok(engine)
+    }
+
+    /// Commits at a writable open, so that this run's fsyncs have a log
+    /// chain of their own: the superblock found names the chain of a run
+    /// that may have crashed, whose nonce this run must not reuse (its
+    /// blocks may lie where this run's would). A log found at open waits
+    /// for its replay, whose commit starts the chain instead.
+    fn start_own_log_chain(&self) -> Result<()> {
+        {
+            let mut st = crate::sync::write(&self.state);
+            if st.pending_log.is_some() {
+                return Ok(());
+            }
+            st.superblock_changed = true;
+        }
+        self.commit().map(drop)
     }
 
     /// Drops the engine without the final commit, as a crash would.

@@ -341,10 +341,9 @@ pub fn live_blocks(img: &[u8]) -> Vec<Block> {
     let mut seen = HashSet::new();
     let mut queue = vec![(sb.root, tree_id::ROOT, None)];
     // The log's last root, and the one before it (replay's fallback).
-    for log in [sb.log_prev_root, sb.log_root] {
-        if log != 0 {
-            queue.push((log, tree_id::LOG, None));
-        }
+    let logs = super::log_roots(&MemDevice::from_bytes(img.to_vec()));
+    for &log in logs.iter().rev().take(2) {
+        queue.push((log, tree_id::LOG, None));
     }
     while let Some((addr, tree, parent)) = queue.pop() {
         let at = addr as usize;

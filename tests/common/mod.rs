@@ -149,3 +149,28 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
     out.truncate(len);
     out
 }
+
+/// The roots of the fsync log a crashed image's superblock leads to,
+/// newest last: through its chain, or named in it directly (older
+/// images, and a log commits carry on until replay).
+#[allow(dead_code)]
+pub fn log_roots(dev: &dyn Device) -> Vec<u64> {
+    let sb = canopy::txn::read_best_superblock(dev).expect("superblock");
+    if sb.log_root != 0 {
+        return [sb.log_prev_root, sb.log_root]
+            .into_iter()
+            .filter(|&r| r != 0)
+            .collect();
+    }
+    canopy::txn::chain_roots(dev, &sb)
+        .iter()
+        .map(|r| r.bytenr)
+        .collect()
+}
+
+/// The newest root of the fsync log a crashed image leads to (see
+/// [`log_roots`]); 0 for none.
+#[allow(dead_code)]
+pub fn last_log_root(dev: &dyn Device) -> u64 {
+    log_roots(dev).last().copied().unwrap_or(0)
+}

@@ -95,6 +95,9 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
             "root_level": sb.root_level,
             "log_root": sb.log_root,
             "log_prev_root": sb.log_prev_root,
+            "log_chain": sb.log_chain,
+            "log_chain_roots": canopy::txn::chain_roots(dev.as_ref(), &sb)
+                .iter().map(|r| r.bytenr).collect::<Vec<_>>(),
             "total_bytes": sb.total_bytes,
             "bytes_used": sb.bytes_used,
             "nodesize": sb.nodesize,
@@ -125,6 +128,10 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
         println!("root\t\t{} (level {})", sb.root, sb.root_level);
         println!("log_root\t{}", sb.log_root);
         println!("log_prev_root\t{}", sb.log_prev_root);
+        println!("log_chain\t{}", sb.log_chain);
+        let roots = canopy::txn::chain_roots(dev.as_ref(), &sb);
+        let shown: Vec<String> = roots.iter().map(|r| r.bytenr.to_string()).collect();
+        println!("log_chain_roots\t{}", shown.join(" "));
         println!("total_bytes\t{}", sb.total_bytes);
         println!("bytes_used\t{}", sb.bytes_used);
         println!("nodesize\t{}", sb.nodesize);

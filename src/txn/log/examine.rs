@@ -9,20 +9,127 @@ use super::{name_log, DroppedRoot, LogVerdict, PendingLog, SkippedInode};
 use crate::dev::Device;
 use crate::error::{Error, Result};
 use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, LOG_INODE};
+use crate::format::loglink::{walk_chain, ChainStart, LogLink, LINK_BYTES};
 use crate::format::node::Body;
-use crate::format::superblock::INCOMPAT_LOG_CHECKED;
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED};
 use crate::format::{tree_id, Key, CSUM_OBJECTID};
 use crate::tree::RootPtr;
 use crate::txn::{Reader, Shared, State};
 use std::collections::{BTreeMap, HashSet};
 
+/// The log roots a superblock leads to: the last one written, and the
+/// one before it, which replay falls back to.
+struct FoundRoots {
+    last: RootPtr,
+    prev: Option<RootPtr>,
+    /// In the header flags of each of its blocks (None: a log written
+    /// before the nonce existed).
+    nonce: Option<u64>,
+    /// Its chain links' blocks, kept out of the allocator with the log's
+    /// until the replay commits: the durable superblock reaches the log
+    /// through them.
+    links: Vec<u64>,
+}
+
+/// The log the superblock names: through its chain (`format::loglink`),
+/// or named in it directly (images of older code, and a log found at
+/// open that commits carry on until replay). None when there is none:
+/// no chain link was written since the last commit.
+fn found_roots(st: &State, sh: &Shared) -> Option<FoundRoots> {
+    let sb = &st.sb;
+    if sb.log_chain != 0 {
+        let links = chain_links(sh, sb);
+        let root = |l: &LogLink| RootPtr {
+            bytenr: l.root,
+            generation: l.root_generation,
+            level: l.root_level,
+        };
+        let last = links.last()?;
+        let prev = links.len().checked_sub(2).map(|i| root(&links[i]));
+        return Some(FoundRoots {
+            last: root(last),
+            prev,
+            nonce: Some(sb.log_nonce),
+            links: links.iter().map(|l| l.bytenr).collect(),
+        });
+    }
+    if sb.log_root == 0 {
+        return None;
+    }
+    // Logs written before the nonce and the previous root existed carry
+    // neither (no feature bit).
+    let checked = sb.incompat & INCOMPAT_LOG_CHECKED != 0;
+    Some(FoundRoots {
+        last: RootPtr {
+            bytenr: sb.log_root,
+            generation: sb.log_root_generation,
+            level: sb.log_root_level,
+        },
+        prev: (checked && sb.log_prev_root != 0).then_some(RootPtr {
+            bytenr: sb.log_prev_root,
+            generation: sb.log_prev_generation,
+            level: sb.log_prev_level,
+        }),
+        nonce: checked.then_some(sb.log_nonce),
+        links: Vec::new(),
+    })
+}
+
+/// The links of the chain the superblock names, each read from the first
+/// copy that holds it whole. The block after the last link holds anything
+/// at all (it was never written), so a block that is not a link is the
+/// chain's end, not damage, and says nothing.
+fn chain_links(sh: &Shared, sb: &Superblock) -> Vec<LogLink> {
+    let start = ChainStart {
+        first: sb.log_chain,
+        nonce: sb.log_nonce,
+        generation: sb.generation.saturating_add(1),
+        total_bytes: sb.total_bytes,
+    };
+    let len = LINK_BYTES as u64;
+    let mut buf = vec![0u8; LINK_BYTES];
+    walk_chain(&start, |at| {
+        (0..sh.dev.copies(at, len))
+            .filter(|&copy| sh.dev.copy_present(at, len, copy))
+            .find_map(|copy| {
+                sh.dev.read_copy(&mut buf, at, copy).ok()?;
+                LogLink::decode(&buf, at, &sh.fsid)
+            })
+    })
+}
+
+/// The roots of the log chain `sb` names, newest last, read from `dev`
+/// at their logical addresses (an image of one device and one copy):
+/// for tests and tools that look at a crashed image's log.
+pub fn chain_roots(dev: &dyn Device, sb: &Superblock) -> Vec<RootPtr> {
+    let start = ChainStart {
+        first: sb.log_chain,
+        nonce: sb.log_nonce,
+        generation: sb.generation.saturating_add(1),
+        total_bytes: sb.total_bytes,
+    };
+    let mut buf = vec![0u8; LINK_BYTES];
+    let links = walk_chain(&start, |at| {
+        dev.read_at(&mut buf, at).ok()?;
+        LogLink::decode(&buf, at, &sb.fsid)
+    });
+    links
+        .iter()
+        .map(|l| RootPtr {
+            bytenr: l.root,
+            generation: l.root_generation,
+            level: l.root_level,
+        })
+        .collect()
+}
+
 /// Reads the log a superblock names and keeps its blocks, and the new data
 /// extents it names, out of the allocator (see [`PendingLog`]).
 pub(crate) fn load_pending(st: &mut State, sh: &Shared) -> Result<()> {
-    if st.sb.log_root == 0 {
+    let Some(found) = found_roots(st, sh) else {
         return Ok(());
-    }
-    let (chosen, mut verdict) = choose_root(st, sh)?;
+    };
+    let (chosen, mut verdict) = choose_root(st, sh, &found)?;
     // What is chosen is whole: commits carry it on as it is.
     st.sb.clear_log();
     let Some(log) = chosen else {
@@ -69,12 +176,12 @@ pub(crate) fn load_pending(st: &mut State, sh: &Shared) -> Result<()> {
 
 /// Opens at the last commit as if the superblock named no log; the next
 /// commit (if the engine writes) drops it for good.
-pub(crate) fn ignore_pending(st: &mut State) {
-    if st.sb.log_root == 0 {
+pub(crate) fn ignore_pending(st: &mut State, sh: &Shared) {
+    let Some(found) = found_roots(st, sh) else {
         return;
-    }
+    };
     tracing::warn!(
-        root = st.sb.log_root,
+        root = found.last.bytenr,
         "not replaying the fsync log: what was fsynced after the last commit is not shown"
     );
     st.sb.clear_log();
@@ -85,30 +192,19 @@ pub(crate) fn ignore_pending(st: &mut State) {
 /// written, else the previous one (which its own barrier made durable
 /// before the last write began), else none: the filesystem opens at its
 /// last commit. Each root passed over is named in an ERROR line.
-fn choose_root(st: &State, sh: &Shared) -> Result<(Option<PendingLog>, LogVerdict)> {
-    let sb = &st.sb;
-    let last = RootPtr {
-        bytenr: sb.log_root,
-        generation: sb.log_root_generation,
-        level: sb.log_root_level,
-    };
-    // Logs written before the nonce and the previous root existed carry
-    // neither (no feature bit).
-    let checked = sb.incompat & INCOMPAT_LOG_CHECKED != 0;
-    let nonce = checked.then_some(sb.log_nonce);
-    let prev = (checked && sb.log_prev_root != 0).then_some(RootPtr {
-        bytenr: sb.log_prev_root,
-        generation: sb.log_prev_generation,
-        level: sb.log_prev_level,
-    });
+fn choose_root(
+    st: &State,
+    sh: &Shared,
+    found: &FoundRoots,
+) -> Result<(Option<PendingLog>, LogVerdict)> {
     let r = Reader::new(st, sh);
     let mut verdict = LogVerdict {
-        last_root: last.bytenr,
+        last_root: found.last.bytenr,
         ..LogVerdict::default()
     };
-    for (which, ptr) in [("last", Some(last)), ("previous", prev)] {
+    for (which, ptr) in [("last", Some(found.last)), ("previous", found.prev)] {
         let Some(ptr) = ptr else { continue };
-        match examine(&r, st, sh, &ptr, nonce)? {
+        match examine(&r, st, sh, &ptr, found.nonce, &found.links)? {
             Ok(log) => {
                 verdict.chosen = Some(which.into());
                 return Ok((Some(log), verdict));
@@ -130,7 +226,7 @@ fn choose_root(st: &State, sh: &Shared) -> Result<(Option<PendingLog>, LogVerdic
         }
     }
     tracing::error!(
-        generation = sb.generation,
+        generation = st.sb.generation,
         "no root of the fsync log can be replayed: opening at the last commit; \
          what was fsynced after it is lost"
     );
@@ -185,6 +281,7 @@ fn examine(
     sh: &Shared,
     ptr: &RootPtr,
     nonce: Option<u64>,
+    links: &[u64],
 ) -> Result<std::result::Result<PendingLog, Rejection>> {
     let mut seen = Vec::new();
     let walked = walk_log(r, sh, ptr, nonce, &mut seen);
@@ -205,6 +302,7 @@ fn examine(
     };
     let ns = sh.nodesize as u64;
     let mut claimed = Claimed::default();
+    seen.extend_from_slice(links);
     let blocks: Vec<(u64, u64)> = seen.iter().map(|&b| (b, ns)).collect();
     if let Err(why) = claimed.add(st, &blocks) {
         return Ok(Err(Rejection::invalid(why)));

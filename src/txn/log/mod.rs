@@ -41,14 +41,16 @@
 
 use super::{Engine, State, Txn};
 use crate::error::{Error, Result};
+use crate::format::loglink::LogLink;
 use crate::format::node::Node;
-use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED, INCOMPAT_LOG_TREE};
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_TREE};
 use crate::format::tree_id;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 mod examine;
+pub use examine::chain_roots;
 pub(crate) use examine::{ignore_pending, load_pending};
 
 /// The log of the running transaction.
@@ -65,6 +67,17 @@ pub(crate) struct LogTree {
     pub nonce: u64,
     /// It names data without checksums (`Txn::note_log_unchecked_data`).
     pub unchecked_data: bool,
+}
+
+/// Where the running transaction's next log link goes
+/// (`format::loglink`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChainCursor {
+    /// Allocated (transient) for the link; freed with the log's blocks.
+    pub at: u64,
+    pub nonce: u64,
+    /// Its place in the chain.
+    pub seq: u64,
 }
 
 /// A log found at open and not replayed yet.
@@ -125,8 +138,6 @@ pub struct DroppedRoot {
 pub(crate) struct IoState {
     /// Generation whose I/O finished last.
     pub generation: u64,
-    /// Its superblock, which a log write repeats with the log's root.
-    pub sb: Superblock,
     /// The last log root written: (transaction, root).
     pub log: Option<(u64, RootPtr)>,
     /// The highest take of log blocks written (`State::log_takes`).
@@ -138,11 +149,12 @@ struct TakenLog {
     /// Its number among the takes (`State::log_takes`).
     take: u64,
     ptr: RootPtr,
-    nonce: u64,
     blocks: Vec<(u64, Vec<u8>)>,
     nodes: Vec<Arc<Node>>,
     /// The log names data without checksums.
     unchecked_data: bool,
+    /// Nothing new since the last log write: no write at all.
+    nothing_new: bool,
 }
 
 impl State {
@@ -151,6 +163,26 @@ impl State {
     pub(crate) fn remember_committed_roots(&mut self) {
         self.committed = self.roots.iter().map(|(&id, r)| (id, r.ptr)).collect();
         self.moved.clear();
+    }
+
+    /// Names in `sb`, the superblock of the commit being prepared, where
+    /// the next transaction's log chain begins, and keeps that block for
+    /// it; or no chain when no existing group has a free block (that
+    /// transaction's fsyncs then commit). A log found at open and not
+    /// replayed is named as it is until its replay commits.
+    pub(crate) fn start_log_chain(&mut self, sh: &super::Shared, sb: &mut Superblock) {
+        if self.pending_log.is_some() || sb.log_root != 0 {
+            return;
+        }
+        let ns = sh.nodesize as u64;
+        let kind = crate::alloc::Allocator::kind_for_tree(tree_id::LOG);
+        let Some(at) = self.alloc.alloc_transient_in_existing(kind, ns, sb.root) else {
+            sb.clear_log();
+            return;
+        };
+        let nonce = new_nonce(self.transid);
+        sb.name_log_chain(at, nonce);
+        self.log_chain = Some(ChainCursor { at, nonce, seq: 0 });
     }
 
     /// Whether `bytenr` is a block of the running transaction's log.
@@ -164,10 +196,14 @@ impl State {
     /// are forgotten, and every block's space is freed pinned. Frees stay
     /// pinned for the rest of the commit (`log_durable`).
     pub(crate) fn drop_log(&mut self, sh: &super::Shared) -> Result<()> {
+        let ns = sh.nodesize as u64;
+        // The next link's block: written links are among the log's blocks.
+        if let Some(c) = self.log_chain.take() {
+            self.alloc.free_transient(c.at, ns)?;
+        }
         let Some(log) = self.log.take() else {
             return Ok(());
         };
-        let ns = sh.nodesize as u64;
         for b in log.blocks {
             self.dirty.remove(&b);
             sh.cache.remove(b);
@@ -196,7 +232,11 @@ impl Txn<'_> {
             },
             blocks: HashSet::new(),
             unwritten: Vec::new(),
-            nonce: new_nonce(self.st.transid),
+            // Replay knows this log's blocks by the chain's nonce.
+            nonce: self
+                .st
+                .log_chain
+                .map_or_else(|| new_nonce(self.st.transid), |c| c.nonce),
             unchecked_data: false,
         });
         let hint = self.st.sb.root;
@@ -362,7 +402,7 @@ impl Engine {
             drop(io);
             return self.check_alive();
         }
-        let Some(taken) = self.take_log_blocks(transid)? else {
+        let Some(taken) = self.take_log_blocks(&io, transid)? else {
             // Committed meanwhile, or a new group needs a commit: not
             // under the I/O lock, which the commit takes.
             drop(io);
@@ -372,12 +412,17 @@ impl Engine {
         // written (a flush inserts items only then), so one barrier now
         // makes all the data they name durable before the superblock that
         // names them.
-        let result = match taken.unchecked_data {
-            true => self.barrier_for_unchecked_data(),
-            false => Ok(()),
+        let result = match (taken.nothing_new, taken.unchecked_data) {
+            (true, _) => Ok(()),
+            (false, true) => self.barrier_for_unchecked_data(),
+            (false, false) => Ok(()),
         };
-        let result = result
-            .and_then(|()| self.write_log(&mut io, transid, taken.ptr, taken.nonce, &taken.blocks));
+        let result = match taken.nothing_new {
+            true => result,
+            false => {
+                result.and_then(|()| self.write_log(&mut io, transid, taken.ptr, &taken.blocks))
+            }
+        };
         if result.is_ok() {
             io.log_takes_written = io.log_takes_written.max(taken.take);
         }
@@ -398,18 +443,57 @@ impl Engine {
     }
 
     /// The log's blocks not yet written, taken out of the dirty set and
-    /// encoded; None when transaction `transid` has no log any more (its
-    /// commit was prepared) or a block group is new in it.
-    fn take_log_blocks(&self, transid: u64) -> Result<Option<TakenLog>> {
+    /// encoded, with the link that names the log's root after them (see
+    /// `format::loglink`); None when transaction `transid` has no log any
+    /// more (its commit was prepared), no chain to add to, a block group
+    /// new in it, or no free block for the next link.
+    fn take_log_blocks(&self, io: &IoState, transid: u64) -> Result<Option<TakenLog>> {
         let mut st = crate::sync::write(&self.state);
         self.check_alive()?;
         if st.transid != transid || st.alloc.added_groups_since_commit() {
             return Ok(None);
         }
+        let (Some(log), Some(cursor)) = (st.log.as_ref(), st.log_chain) else {
+            return Ok(None);
+        };
+        let (ptr, unchecked_data) = (log.ptr, log.unchecked_data);
+        let written = io.log == Some((transid, ptr));
+        if written && log.unwritten.is_empty() {
+            st.log_takes += 1;
+            return Ok(Some(TakenLog {
+                take: st.log_takes,
+                ptr,
+                blocks: Vec::new(),
+                nodes: Vec::new(),
+                unchecked_data,
+                nothing_new: true,
+            }));
+        }
+        let ns = self.shared.nodesize as u64;
+        let kind = crate::alloc::Allocator::kind_for_tree(tree_id::LOG);
+        let Some(next) = st.alloc.alloc_transient_in_existing(kind, ns, cursor.at) else {
+            return Ok(None);
+        };
+        let link = LogLink {
+            bytenr: cursor.at,
+            generation: transid,
+            nonce: cursor.nonce,
+            seq: cursor.seq,
+            root: ptr.bytenr,
+            root_generation: ptr.generation,
+            root_level: ptr.level,
+            next,
+        };
+        st.log_chain = Some(ChainCursor {
+            at: next,
+            seq: cursor.seq + 1,
+            ..cursor
+        });
         let Some(log) = st.log.as_mut() else {
             return Ok(None);
         };
-        let (ptr, nonce, unchecked_data) = (log.ptr, log.nonce, log.unchecked_data);
+        // Freed with the log's blocks at the commit.
+        log.blocks.insert(cursor.at);
         let mine = std::mem::take(&mut log.unwritten);
         let mut nodes = Vec::with_capacity(mine.len());
         for b in mine {
@@ -421,16 +505,17 @@ impl Engine {
         st.log_durable = true;
         st.log_takes += 1;
         let take = st.log_takes;
-        let blocks = encode(&self.shared, &nodes);
+        let mut blocks = encode(&self.shared, &nodes);
+        blocks.push((link.bytenr, link.encode(&self.shared.fsid)));
         crate::sync::lock(&self.shared.inflight)
             .extend(nodes.iter().map(|n| (n.bytenr, n.clone())));
         Ok(Some(TakenLog {
             take,
             ptr,
-            nonce,
             blocks,
             nodes,
             unchecked_data,
+            nothing_new: false,
         }))
     }
 
@@ -448,40 +533,25 @@ impl Engine {
         self.commit().map(drop)
     }
 
-    /// Writes the log's new blocks and a superblock naming its root with
-    /// one barrier for both, not one after each: the superblock may then
-    /// reach the disk before some block (or file data) it depends on, so
-    /// it also names the root the previous write of this log made durable,
-    /// and replay checks the newer root whole before using it
+    /// Writes the log's new blocks and the link naming its root with one
+    /// barrier for all, not one after each: the link may then reach the
+    /// disk before some block (or file data) it depends on, so replay
+    /// checks the root of the last link whole before using it, and
+    /// otherwise takes the root of the link before, which the previous
+    /// log write's barrier made durable before this write began
     /// ([`load_pending`]).
     fn write_log(
         &self,
         io: &mut IoState,
         transid: u64,
         ptr: RootPtr,
-        nonce: u64,
         blocks: &[(u64, Vec<u8>)],
     ) -> Result<()> {
         if io.generation >= transid {
             // The transaction's commit is written: it holds everything.
             return Ok(());
         }
-        let prev = match io.log {
-            Some((t, p)) if t == transid => Some(p),
-            _ => None,
-        };
-        if blocks.is_empty() && prev.is_some_and(|p| p.bytenr == ptr.bytenr) {
-            return Ok(());
-        }
-        let mut sb = io.sb.clone();
-        name_log(&mut sb, &ptr);
-        let prev = prev.filter(|p| p.bytenr != ptr.bytenr && p.generation == ptr.generation);
-        sb.log_prev_root = prev.map_or(0, |p| p.bytenr);
-        sb.log_prev_generation = prev.map_or(0, |p| p.generation);
-        sb.log_prev_level = prev.map_or(0, |p| p.level);
-        sb.log_nonce = nonce;
-        sb.incompat |= INCOMPAT_LOG_CHECKED;
-        self.write_with_one_barrier(blocks, &sb)?;
+        self.write_blocks_with_one_barrier(blocks)?;
         io.log = Some((transid, ptr));
         Ok(())
     }
