@@ -114,14 +114,16 @@ pub struct ChainStart {
     pub generation: u64,
     /// Addresses beyond this are not the filesystem's.
     pub total_bytes: u64,
+    /// Every link starts a block of this size (the nodesize).
+    pub align: u64,
 }
 
 /// The links of the chain from `start`, in order, up to the first block
 /// that is not its next link. `read` gives the link at an address if any
 /// copy of it decodes ([`LogLink::decode`]). Each link must carry the
 /// chain's nonce and transaction and the next place in it, and name a
-/// next address inside the filesystem that no link before it took: a
-/// hostile image cannot make the walk run in circles.
+/// next address inside the filesystem, at a block's start, that no link
+/// before it took: a hostile image cannot make the walk run in circles.
 pub fn walk_chain(
     start: &ChainStart,
     mut read: impl FnMut(u64) -> Option<LogLink>,
@@ -129,7 +131,8 @@ pub fn walk_chain(
     let mut links: Vec<LogLink> = Vec::new();
     let mut at = start.first;
     let mut seen = std::collections::HashSet::new();
-    while at != 0 && at < start.total_bytes && seen.insert(at) {
+    let aligned = |at: u64| start.align != 0 && at.is_multiple_of(start.align);
+    while at != 0 && at < start.total_bytes && aligned(at) && seen.insert(at) {
         let Some(link) = read(at) else { break };
         let expected = links.len() as u64;
         if link.nonce != start.nonce || link.generation != start.generation || link.seq != expected
@@ -168,6 +171,7 @@ mod tests {
             nonce: 77,
             generation: 9,
             total_bytes: 1 << 30,
+            align: 4096,
         }
     }
 
@@ -241,6 +245,10 @@ mod tests {
         assert_eq!(walk(&disk(&[a, b]), a.bytenr), vec![0, 1]);
         let far = link(1 << 20, 0, 1 << 40);
         assert_eq!(walk(&disk(&[far]), far.bytenr), vec![0]);
+        // Inside a block, not at its start.
+        let a = link(1 << 20, 0, (2 << 20) + 512);
+        let b = link((2 << 20) + 512, 1, 0);
+        assert_eq!(walk(&disk(&[a, b]), a.bytenr), vec![0]);
         assert_eq!(walk(&disk(&[]), 1 << 40), Vec::<u64>::new());
     }
 }

@@ -48,7 +48,7 @@ pub use ctx::{Reader, Txn};
 pub use discard::{DiscardMode, DiscardPass};
 pub use flight::{DataDevice, Flight, Flusher};
 pub use grow::{GrowTo, Grown};
-pub use log::{chain_roots, DroppedRoot, LogVerdict, SkippedInode};
+pub use log::{read_chain, DroppedRoot, LogVerdict, SkippedInode};
 pub use mechanism::{Mechanism, Slots};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,

@@ -162,9 +162,9 @@ pub fn log_roots(dev: &dyn Device) -> Vec<u64> {
             .filter(|&r| r != 0)
             .collect();
     }
-    canopy::txn::chain_roots(dev, &sb)
+    canopy::txn::read_chain(dev, &sb)
         .iter()
-        .map(|r| r.bytenr)
+        .map(|l| l.root)
         .collect()
 }
 

@@ -96,8 +96,8 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
             "log_root": sb.log_root,
             "log_prev_root": sb.log_prev_root,
             "log_chain": sb.log_chain,
-            "log_chain_roots": canopy::txn::chain_roots(dev.as_ref(), &sb)
-                .iter().map(|r| r.bytenr).collect::<Vec<_>>(),
+            "log_chain_roots": canopy::txn::read_chain(dev.as_ref(), &sb)
+                .iter().map(|l| l.root).collect::<Vec<_>>(),
             "total_bytes": sb.total_bytes,
             "bytes_used": sb.bytes_used,
             "nodesize": sb.nodesize,
@@ -129,8 +129,8 @@ fn show_super(image: &Source, json: bool) -> Result<()> {
         println!("log_root\t{}", sb.log_root);
         println!("log_prev_root\t{}", sb.log_prev_root);
         println!("log_chain\t{}", sb.log_chain);
-        let roots = canopy::txn::chain_roots(dev.as_ref(), &sb);
-        let shown: Vec<String> = roots.iter().map(|r| r.bytenr.to_string()).collect();
+        let links = canopy::txn::read_chain(dev.as_ref(), &sb);
+        let shown: Vec<String> = links.iter().map(|l| l.root.to_string()).collect();
         println!("log_chain_roots\t{}", shown.join(" "));
         println!("total_bytes\t{}", sb.total_bytes);
         println!("bytes_used\t{}", sb.bytes_used);

@@ -85,6 +85,7 @@ fn chain_links(sh: &Shared, sb: &Superblock) -> Vec<LogLink> {
         nonce: sb.log_nonce,
         generation: sb.generation.saturating_add(1),
         total_bytes: sb.total_bytes,
+        align: u64::from(sb.nodesize),
     };
     let len = LINK_BYTES as u64;
     let mut buf = vec![0u8; LINK_BYTES];
@@ -98,29 +99,22 @@ fn chain_links(sh: &Shared, sb: &Superblock) -> Vec<LogLink> {
     })
 }
 
-/// The roots of the log chain `sb` names, newest last, read from `dev`
-/// at their logical addresses (an image of one device and one copy):
-/// for tests and tools that look at a crashed image's log.
-pub fn chain_roots(dev: &dyn Device, sb: &Superblock) -> Vec<RootPtr> {
+/// The links of the log chain `sb` names, in order, read from `dev` at
+/// their logical addresses (an image of one device and one copy): for
+/// tests and tools that look at a crashed image's log.
+pub fn read_chain(dev: &dyn Device, sb: &Superblock) -> Vec<LogLink> {
     let start = ChainStart {
         first: sb.log_chain,
         nonce: sb.log_nonce,
         generation: sb.generation.saturating_add(1),
         total_bytes: sb.total_bytes,
+        align: u64::from(sb.nodesize),
     };
     let mut buf = vec![0u8; LINK_BYTES];
-    let links = walk_chain(&start, |at| {
+    walk_chain(&start, |at| {
         dev.read_at(&mut buf, at).ok()?;
         LogLink::decode(&buf, at, &sb.fsid)
-    });
-    links
-        .iter()
-        .map(|l| RootPtr {
-            bytenr: l.root,
-            generation: l.root_generation,
-            level: l.root_level,
-        })
-        .collect()
+    })
 }
 
 /// Reads the log a superblock names and keeps its blocks, and the new data

@@ -7,18 +7,19 @@
 //! - **No references.** Its blocks get no extent items and its leaves hold
 //!   no data references; every block allocated for the log of a
 //!   transaction is listed, and the commit that ends the transaction frees
-//!   them all at once (pinned: the durable superblock still names the log
-//!   until the commit's own superblock replaces it). They are taken and
+//!   them all at once (pinned: the durable superblock still leads to the
+//!   log until the commit's own superblock replaces it). They are taken and
 //!   given back without a word to the free-space tree
 //!   (`Allocator::alloc_transient`), which shows them free at every
 //!   commit, and a block another replaced leaves the cache at once.
 //! - **Written by fsync, not by the commit.** [`Engine::sync_log`] writes
-//!   the log's dirty blocks and every superblock copy of the *last written
-//!   commit* with the log's root added, then one barrier; replay checks
-//!   that root whole and otherwise takes the previous one
-//!   ([`load_pending`]). A written block is clean from then on, so a later
-//!   edit copies it rather than overwrite what a durable superblock
-//!   reaches.
+//!   the log's dirty blocks and a chain link naming the log's root
+//!   (`format::loglink`), then one barrier, and no superblock: the last
+//!   commit's superblock names where the chain begins, and each link
+//!   where the next goes. Replay walks the chain, checks the last link's
+//!   root whole and otherwise takes the one before ([`load_pending`]). A
+//!   written block is clean from then on, so a later edit copies it
+//!   rather than overwrite what a durable link reaches.
 //! - **Frees pinned while it is durable.** A commit that follows a durable
 //!   log keeps everything it frees pinned, so no data extent the log names
 //!   is reused before the log is gone from the disk.
@@ -32,11 +33,12 @@
 //! dropped with an ERROR line for the one before it, or for the last
 //! commit, rather than refusing to mount.
 //!
-//! Each log belongs to one transaction: its superblock carries the root of
-//! the commit before it, and the commit of that transaction drops it. A
-//! log found at open stays *pending* until the fs layer replays it
-//! (`fs::log::replay`); until then its blocks and the new data extents it
-//! names are kept out of the allocator, and commits carry it on. What
+//! Each log belongs to one transaction: the superblock of the commit
+//! before it starts its chain, and the commit of that transaction drops
+//! it. A log found at open stays *pending* until the fs layer replays it
+//! (`fs::log::replay`); until then its blocks, its links and the new data
+//! extents it names are kept out of the allocator, and commits carry it
+//! on, naming its root in the superblock directly. What
 //! the open examines, and what it keeps, is in `examine.rs`.
 
 use super::{Engine, State, Txn};
@@ -50,7 +52,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 mod examine;
-pub use examine::chain_roots;
+pub use examine::read_chain;
 pub(crate) use examine::{ignore_pending, load_pending};
 
 /// The log of the running transaction.
@@ -100,7 +102,7 @@ pub(crate) struct PendingLog {
 /// what the chosen one would replay.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct LogVerdict {
-    /// The root the superblock names as written last.
+    /// The root the superblock leads to as written last.
     pub last_root: u64,
     /// `last` or `previous`; None when no root can be replayed.
     pub chosen: Option<String>,
@@ -368,8 +370,8 @@ impl Txn<'_> {
 
 impl Engine {
     /// Makes the running transaction's log durable: its dirty blocks and
-    /// the superblock of the last written commit naming the log, then one
-    /// barrier (see [`Engine::write_log`]).
+    /// a chain link naming its root, then one barrier (see
+    /// [`Engine::write_log`]).
     ///
     /// Log writes go one at a time, under the commit I/O lock, and the
     /// writer takes the blocks only once it holds that lock: every block
@@ -410,7 +412,7 @@ impl Engine {
         };
         // Every item the blocks hold was logged after its data was
         // written (a flush inserts items only then), so one barrier now
-        // makes all the data they name durable before the superblock that
+        // makes all the data they name durable before the link that
         // names them.
         let result = match (taken.nothing_new, taken.unchecked_data) {
             (true, _) => Ok(()),
