@@ -75,18 +75,24 @@ fn found_roots(st: &State, sh: &Shared) -> Option<FoundRoots> {
     })
 }
 
+/// Where the chain `sb` names begins and what its links must carry.
+fn chain_start(sb: &Superblock) -> ChainStart {
+    ChainStart {
+        first: sb.log_chain,
+        nonce: sb.log_nonce,
+        // The log of the transaction after this commit.
+        generation: sb.generation.saturating_add(1),
+        total_bytes: sb.total_bytes,
+        align: u64::from(sb.nodesize),
+    }
+}
+
 /// The links of the chain the superblock names, each read from the first
 /// copy that holds it whole. The block after the last link holds anything
 /// at all (it was never written), so a block that is not a link is the
 /// chain's end, not damage, and says nothing.
 fn chain_links(sh: &Shared, sb: &Superblock) -> Vec<LogLink> {
-    let start = ChainStart {
-        first: sb.log_chain,
-        nonce: sb.log_nonce,
-        generation: sb.generation.saturating_add(1),
-        total_bytes: sb.total_bytes,
-        align: u64::from(sb.nodesize),
-    };
+    let start = chain_start(sb);
     let len = LINK_BYTES as u64;
     let mut buf = vec![0u8; LINK_BYTES];
     walk_chain(&start, |at| {
@@ -103,13 +109,7 @@ fn chain_links(sh: &Shared, sb: &Superblock) -> Vec<LogLink> {
 /// their logical addresses (an image of one device and one copy): for
 /// tests and tools that look at a crashed image's log.
 pub fn read_chain(dev: &dyn Device, sb: &Superblock) -> Vec<LogLink> {
-    let start = ChainStart {
-        first: sb.log_chain,
-        nonce: sb.log_nonce,
-        generation: sb.generation.saturating_add(1),
-        total_bytes: sb.total_bytes,
-        align: u64::from(sb.nodesize),
-    };
+    let start = chain_start(sb);
     let mut buf = vec![0u8; LINK_BYTES];
     walk_chain(&start, |at| {
         dev.read_at(&mut buf, at).ok()?;

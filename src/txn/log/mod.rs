@@ -508,7 +508,7 @@ impl Engine {
         st.log_takes += 1;
         let take = st.log_takes;
         let mut blocks = encode(&self.shared, &nodes);
-        blocks.push((link.bytenr, link.encode(&self.shared.fsid)));
+        attach_link(&mut blocks, &link, &self.shared.fsid, ns as usize);
         crate::sync::lock(&self.shared.inflight)
             .extend(nodes.iter().map(|n| (n.bytenr, n.clone())));
         Ok(Some(TakenLog {
@@ -590,6 +590,28 @@ impl Engine {
 
 fn encode(sh: &super::Shared, nodes: &[Arc<Node>]) -> Vec<(u64, Vec<u8>)> {
     super::commit::encode_runs(nodes.iter().map(|n| &**n).collect(), sh)
+}
+
+/// Adds `link` to the runs of encoded log blocks, joined to a run it
+/// touches: the next link's block is taken right after a write's blocks,
+/// and the next write's blocks come right after it, so the link and the
+/// blocks usually go out as one write (on RBD, one operation).
+fn attach_link(runs: &mut Vec<(u64, Vec<u8>)>, link: &LogLink, fsid: &[u8; 16], ns: usize) {
+    let mut bytes = link.encode(fsid);
+    bytes.resize(ns, 0);
+    let at = link.bytenr;
+    if let Some((_, run)) = runs
+        .iter_mut()
+        .find(|(start, run)| start + run.len() as u64 == at)
+    {
+        run.extend_from_slice(&bytes);
+    } else if let Some((start, run)) = runs.iter_mut().find(|(start, _)| *start == at + ns as u64) {
+        bytes.append(run);
+        *run = bytes;
+        *start = at;
+    } else {
+        runs.push((at, bytes));
+    }
 }
 
 /// Makes `sb` name the log at `ptr` (replay's feature bit included).
