@@ -5,7 +5,7 @@ mod common;
 
 use canopy::dev::{Device, MemDevice};
 use canopy::format::tree_id::FS;
-use canopy::{Engine, FormatOptions, Key};
+use canopy::{Engine, FormatOptions, Key, OpenOptions};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -200,7 +200,11 @@ fn concurrent_commits_write_in_generation_order() {
     }
     let last = e.committed_generation();
     drop(e);
-    let reopened = Engine::open(dev.clone() as Arc<dyn Device>, &Default::default()).unwrap();
+    let ro = OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let reopened = Engine::open(dev.clone() as Arc<dyn Device>, &ro).unwrap();
     assert_eq!(reopened.committed_generation(), last);
     drop(reopened);
     common::assert_clean(dev.as_ref());

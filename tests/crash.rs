@@ -97,6 +97,14 @@ fn verify(dev: &dyn Device, e: &Engine, want: &Trees) {
     }
 }
 
+/// The commits a recording begins with: the image's last, and the one
+/// the writable open makes at once (a log chain of its own), which
+/// changes nothing else; each with the ops recorded when it was durable.
+fn opened_ends(fs: &canopy::fs::Fs, rec: &RecordingDevice) -> Vec<(u64, usize)> {
+    let g = fs.engine().committed_generation();
+    vec![(g - 1, 0), (g, rec.op_count())]
+}
+
 /// The disk a crash after `prefix` recorded ops could leave (`keep` picks
 /// the writes in flight that reached it), opened read-only; its generation
 /// must be the last completed commit or the one in flight.
@@ -137,9 +145,11 @@ fn run_crash_workload(seed: u64, transactions: usize, nodesize: u32) {
     model.insert(FS, BTreeMap::new());
     let first_gen = e.committed_generation();
     let mut models: BTreeMap<u64, Trees> = BTreeMap::new();
+    // The open commits once (a log chain of its own), changing nothing.
+    models.insert(first_gen - 1, model.clone());
     models.insert(first_gen, model.clone());
     // (generation, number of ops once its commit returned)
-    let mut ends = vec![(first_gen, 0usize)];
+    let mut ends = vec![(first_gen - 1, 0usize), (first_gen, rec.op_count())];
     let mut rng = Rng(seed | 1);
     let mut next_tree = FIRST_FREE;
     for _ in 0..transactions {
@@ -217,8 +227,10 @@ fn every_prefix_of_a_fill_to_enospc_keeps_the_committed_files() {
         .unwrap();
     let mut files = Files::new();
     let mut models: BTreeMap<u64, Files> = BTreeMap::new();
-    let mut ends = vec![(fs.engine().committed_generation(), 0usize)];
-    models.insert(ends[0].0, files.clone());
+    let mut ends = opened_ends(&fs, &rec);
+    for &(g, _) in &ends {
+        models.insert(g, files.clone());
+    }
     let mut rng = Rng(0x51ed_2701_a3c4_6b8f);
     let mut commit = |fs: &Fs, files: &Files| {
         fs.sync().unwrap();
@@ -323,8 +335,10 @@ fn every_prefix_of_a_compressed_workload_keeps_the_committed_files() {
     });
     let mut files = Files::new();
     let mut models: BTreeMap<u64, Files> = BTreeMap::new();
-    let mut ends = vec![(fs.engine().committed_generation(), 0usize)];
-    models.insert(ends[0].0, files.clone());
+    let mut ends = opened_ends(&fs, &rec);
+    for &(g, _) in &ends {
+        models.insert(g, files.clone());
+    }
     let mut rng = Rng(0xc0de_5eed_7a11_0003);
     let me = Owner { uid: 0, gid: 0 };
     // `-o discard=async` with no delay, run between every two steps, so
@@ -467,8 +481,10 @@ fn every_prefix_of_defragmenting_keeps_the_committed_files() {
     let me = Owner { uid: 0, gid: 0 };
     let mut files = Files::new();
     let mut models: BTreeMap<u64, Files> = BTreeMap::new();
-    let mut ends = vec![(fs.engine().committed_generation(), 0usize)];
-    models.insert(ends[0].0, files.clone());
+    let mut ends = opened_ends(&fs, &rec);
+    for &(g, _) in &ends {
+        models.insert(g, files.clone());
+    }
     let commit = |fs: &Fs, files: &Files, models: &mut BTreeMap<u64, Files>, ends: &mut Vec<_>| {
         fs.sync().unwrap();
         let g = fs.engine().committed_generation();
@@ -636,7 +652,7 @@ fn every_prefix_of_in_place_writes_keeps_what_was_committed() {
     let mut nocow_data = vec![0u8; len as usize];
     let mut snap: Option<(Vec<u8>, Vec<u8>)> = None;
     let mut models: BTreeMap<u64, InPlaceModel> = BTreeMap::new();
-    let mut ends = vec![(fs.engine().committed_generation(), 0usize)];
+    let mut ends = opened_ends(&fs, &rec);
     let model = |cow: &[u8], snap: &Option<(Vec<u8>, Vec<u8>)>| InPlaceModel {
         cow: Some(cow.to_vec()),
         nocow_size: len,
@@ -647,7 +663,9 @@ fn every_prefix_of_in_place_writes_keeps_what_was_committed() {
         nocow_size: 0,
         snap: None,
     };
-    models.insert(ends[0].0, before);
+    for &(g, _) in &ends {
+        models.insert(g, before.clone());
+    }
     let commit = |fs: &Fs, m: InPlaceModel, models: &mut BTreeMap<_, _>, ends: &mut Vec<_>| {
         fs.sync().unwrap();
         let g = fs.engine().committed_generation();

@@ -357,11 +357,20 @@ fn a_rescan_counts_in_batches_beside_other_work_and_survives_reopen() {
     // Stop half-way: the next open carries on from the recorded cursor.
     let at = cursor(&fs);
     drop(fs);
-    let e = Engine::open(dev as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    // Read-only first: a writable open commits, which counts a batch.
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &ro).expect("open read-only");
     let fs = Fs::new(Arc::new(e)).expect("fs");
     let again = cursor(&fs);
     assert!(at.running, "three batches at least: {at:?}");
     assert_eq!(again, at);
+    partial(&fs);
+    drop(fs);
+    let e = Engine::open(dev as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
     partial(&fs);
     fs.quota_rescan_wait().expect("wait");
     assert!(!cursor(&fs).running);

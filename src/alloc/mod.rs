@@ -763,6 +763,12 @@ impl Allocator {
         self.give_back(start, len, false)
     }
 
+    /// Frees space taken by [`Allocator::alloc_transient`] that nothing
+    /// was ever written to: reusable at once.
+    pub fn free_transient_unused(&mut self, start: u64, len: u64) -> Result<()> {
+        self.give_back(start, len, true)
+    }
+
     fn give_back(&mut self, start: u64, len: u64, never_committed: bool) -> Result<()> {
         let g = self
             .group_mut_containing(start)

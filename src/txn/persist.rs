@@ -141,6 +141,10 @@ pub(super) fn apply_free_journal(tx: &mut Txn<'_>) -> Result<bool> {
 /// edits make join the journal afresh and reach the rewritten trees at
 /// the commit. Returns how many free ranges were written.
 pub(super) fn rewrite_free_trees(tx: &mut Txn<'_>) -> Result<u64> {
+    // The next log link's block is free on the disk: written from the
+    // allocator, the trees must show it so (this transaction's fsyncs
+    // then commit).
+    tx.st.release_log_chain(tx.sh.nodesize as u64);
     drop(tx.allocator().take_journal());
     let free: Vec<(u64, u64)> = tx
         .allocator()

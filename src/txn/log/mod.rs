@@ -187,6 +187,19 @@ impl State {
         self.log_chain = Some(ChainCursor { at, nonce, seq: 0 });
     }
 
+    /// Gives back the block kept for the next log link when no link was
+    /// written yet: it is free in the last commit, and only a link ever
+    /// written there makes it matter, so it is reusable at once. The
+    /// transaction's fsyncs then commit.
+    pub(crate) fn release_log_chain(&mut self, ns: u64) {
+        let Some(c) = self.log_chain.take_if(|c| c.seq == 0) else {
+            return;
+        };
+        if let Err(e) = self.alloc.free_transient_unused(c.at, ns) {
+            tracing::warn!(at = c.at, "giving back the log link's block: {e}");
+        }
+    }
+
     /// Whether `bytenr` is a block of the running transaction's log.
     pub(crate) fn is_log_block(&self, bytenr: u64) -> bool {
         self.log
