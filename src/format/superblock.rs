@@ -835,32 +835,49 @@ mod tests {
         let off = super::super::SUPER_OFFSETS[0];
         dev.write_at(&sb.encode(off), off).expect("write");
         assert_eq!(crate::dev::existing_filesystem(&dev), Some("Canopy"));
-        log_writes_change_the_first_sector_only(sb);
+        a_log_chain_round_trips_and_validates(sb);
     }
 
-    /// A log write repeats the last commit's superblock with the log's
-    /// fields set and writes one copy (`txn::commit`): that is safe only
-    /// while everything it changes lies in the first 512-byte sector,
-    /// which storage writes whole.
-    fn log_writes_change_the_first_sector_only(commit: Superblock) {
+    /// A commit names where the next log chain begins (issue 57: log
+    /// writes no longer write the superblock): the field survives the
+    /// round trip, and a chain beside a directly named log, without its
+    /// bit, without a nonce or inside a sector is refused.
+    fn a_log_chain_round_trips_and_validates(commit: Superblock) {
         let off = super::super::SUPER_OFFSETS[0];
-        let logged = Superblock {
-            log_root: 7 << 20,
-            log_root_generation: 9,
-            log_root_level: 2,
-            log_prev_root: 5 << 20,
-            log_prev_generation: 9,
-            log_prev_level: 1,
-            log_nonce: u64::MAX,
-            incompat: commit.incompat | INCOMPAT_LOG_CHECKED | INCOMPAT_LOG_TREE,
-            ..commit.clone()
-        };
-        let (a, b) = (commit.encode(off), logged.encode(off));
-        assert_ne!(a[..512], b[..512]);
+        let mut chained = commit.clone();
+        chained.name_log_chain(3 << 20, 77);
+        let back = Superblock::decode(&chained.encode(off), off).expect("decode");
         assert_eq!(
-            a[512..],
-            b[512..],
-            "a log write changes bytes past the first sector"
+            (back.log_chain, back.log_nonce, back.incompat),
+            (chained.log_chain, chained.log_nonce, chained.incompat)
         );
+        assert_eq!(back.validate(), Ok(()));
+        let chained = back;
+        let bad = [
+            Superblock {
+                log_root: 5 << 20,
+                log_root_generation: 1,
+                incompat: chained.incompat | INCOMPAT_LOG_TREE,
+                ..chained.clone()
+            },
+            Superblock {
+                incompat: chained.incompat & !INCOMPAT_LOG_CHAIN,
+                ..chained.clone()
+            },
+            Superblock {
+                log_nonce: 0,
+                ..chained.clone()
+            },
+            Superblock {
+                log_chain: (3 << 20) + 100,
+                ..chained.clone()
+            },
+        ];
+        for sb in bad {
+            assert!(sb.validate().is_err(), "{sb:?}");
+        }
+        let mut cleared = chained;
+        cleared.clear_log();
+        assert_eq!(cleared.validate(), Ok(()));
     }
 }
