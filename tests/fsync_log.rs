@@ -1009,6 +1009,16 @@ fn concurrent_fsyncs(
     rounds: u8,
     barrier_time: std::time::Duration,
 ) -> (Arc<Vec<u8>>, Vec<canopy::dev::crash::Op>, Vec<Returned>) {
+    concurrent_fsyncs_and_commits(rounds, barrier_time, 0)
+}
+
+/// [`concurrent_fsyncs`] with a thread beside them that commits
+/// `commits` times, as the mount's periodic commit does.
+fn concurrent_fsyncs_and_commits(
+    rounds: u8,
+    barrier_time: std::time::Duration,
+    commits: usize,
+) -> (Arc<Vec<u8>>, Vec<canopy::dev::crash::Op>, Vec<Returned>) {
     let (base_dev, e) = common::mem_engine(64 << 20, 4096);
     let fs = Fs::new(Arc::new(e)).expect("fs");
     for t in 0..FSYNC_THREADS {
@@ -1025,6 +1035,13 @@ fn concurrent_fsyncs(
     let fs = Arc::new(Fs::new(Arc::new(e)).expect("fs"));
     let returned = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {
+        let committer = &fs;
+        s.spawn(move || {
+            for _ in 0..commits {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                committer.sync().expect("commit");
+            }
+        });
         for t in 0..FSYNC_THREADS {
             let (fs, rec, returned) = (&fs, &rec, &returned);
             s.spawn(move || {
@@ -1992,5 +2009,32 @@ fn a_damaged_chain_link_ends_the_chain_there() {
             .unwrap_or_else(|why| panic!("link {damaged} damaged: {why}"));
         drop(fs);
         common::assert_posix_clean(dev.as_ref());
+    }
+}
+
+/// Concurrent fsyncs with commits beside them (the mount commits every
+/// few seconds): at every barrier, and with each mix of the writes in
+/// flight, every fsync that had returned is there. A commit ends the
+/// log's chain and its superblock starts the next, so a crash between
+/// any two of their writes must still find the log.
+#[test]
+fn concurrent_fsyncs_beside_commits_each_survive() {
+    const ROUNDS: u8 = 8;
+    for seed in 0..3usize {
+        let (base, ops, returned) =
+            concurrent_fsyncs_and_commits(ROUNDS, std::time::Duration::from_millis(1), 6);
+        let mut rp = Replayer::new(base, ops);
+        for prefix in 1..=rp.len() {
+            let keeps: [(&str, &dyn Fn(usize) -> bool); 3] = [
+                ("everything", &|_| true),
+                ("nothing", &|_| false),
+                ("a mix", &|i| (i + seed) % 3 != 0),
+            ];
+            for (how, keep) in keeps {
+                let dev = Arc::new(rp.at(prefix, keep));
+                let what = format!("run {seed}, prefix {prefix}, {how} kept");
+                assert_returned_fsyncs_kept(dev, &what, prefix, ROUNDS, &returned);
+            }
+        }
     }
 }

@@ -297,6 +297,11 @@ class Round:
     def remount_and_verify(self, cycle, acked):
         """Remounts (which replays the fsync log) and verifies the database;
         returns the ids found, or None."""
+        if os.environ.get("CANOPY_CAMPAIGN_KEEP_CRASHED") and not self.args.rbd:
+            # For debugging a failure: the image as the crash left it,
+            # before the remount replays its log.
+            subprocess.run(["cp", "--sparse=always", self.img,
+                            self.p(f"crashed-{cycle}.img")], check=False)
         err = self.mount(f"daemon-{cycle + 1}.log")
         if err:
             self.r["mount_error"] = err

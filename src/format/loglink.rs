@@ -114,7 +114,8 @@ pub struct ChainStart {
     pub generation: u64,
     /// Addresses beyond this are not the filesystem's.
     pub total_bytes: u64,
-    /// Every link starts a block of this size (the nodesize).
+    /// Every link starts at a multiple of this (the sectorsize, where
+    /// tree blocks start).
     pub align: u64,
 }
 

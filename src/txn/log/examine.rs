@@ -83,7 +83,8 @@ fn chain_start(sb: &Superblock) -> ChainStart {
         // The log of the transaction after this commit.
         generation: sb.generation.saturating_add(1),
         total_bytes: sb.total_bytes,
-        align: u64::from(sb.nodesize),
+        // Tree blocks start at sector boundaries, not nodesize ones.
+        align: u64::from(sb.sectorsize),
     }
 }
 
