@@ -2023,6 +2023,17 @@ fn concurrent_fsyncs_beside_commits_each_survive() {
     for seed in 0..3usize {
         let (base, ops, returned) =
             concurrent_fsyncs_and_commits(ROUNDS, std::time::Duration::from_millis(1), 6);
+        // The commits happened while the fsyncs went on: superblocks were
+        // written between the first fsync's return and the last one's.
+        let first_super = canopy::format::SUPER_OFFSETS[0];
+        let (first, last) = returned
+            .iter()
+            .fold((usize::MAX, 0), |(lo, hi), r| (lo.min(r.2), hi.max(r.2)));
+        let commits_among = ops[first..last]
+            .iter()
+            .filter(|o| matches!(o, canopy::dev::crash::Op::Write { offset, .. } if *offset == first_super))
+            .count();
+        assert!(commits_among > 0, "run {seed}: no commit among the fsyncs");
         let mut rp = Replayer::new(base, ops);
         for prefix in 1..=rp.len() {
             let keeps: [(&str, &dyn Fn(usize) -> bool); 3] = [
