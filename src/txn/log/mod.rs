@@ -427,16 +427,13 @@ impl Engine {
         // written (a flush inserts items only then), so one barrier now
         // makes all the data they name durable before the link that
         // names them.
-        let result = match (taken.nothing_new, taken.unchecked_data) {
-            (true, _) => Ok(()),
-            (false, true) => self.barrier_for_unchecked_data(),
-            (false, false) => Ok(()),
-        };
         let result = match taken.nothing_new {
-            true => result,
-            false => {
-                result.and_then(|()| self.write_log(&mut io, transid, taken.ptr, &taken.blocks))
+            true => Ok(()),
+            false => match taken.unchecked_data {
+                true => self.barrier_for_unchecked_data(),
+                false => Ok(()),
             }
+            .and_then(|()| self.write_log(&mut io, transid, taken.ptr, &taken.blocks)),
         };
         if result.is_ok() {
             io.log_takes_written = io.log_takes_written.max(taken.take);
@@ -463,12 +460,14 @@ impl Engine {
     /// more (its commit was prepared), no chain to add to, a block group
     /// new in it, or no free block for the next link.
     fn take_log_blocks(&self, io: &IoState, transid: u64) -> Result<Option<TakenLog>> {
-        let mut st = crate::sync::write(&self.state);
+        let mut guard = crate::sync::write(&self.state);
         self.check_alive()?;
+        // Disjoint borrows of the state's fields from here on.
+        let st = &mut *guard;
         if st.transid != transid || st.alloc.added_groups_since_commit() {
             return Ok(None);
         }
-        let (Some(log), Some(cursor)) = (st.log.as_ref(), st.log_chain) else {
+        let (Some(log), Some(cursor)) = (st.log.as_mut(), st.log_chain) else {
             return Ok(None);
         };
         let (ptr, unchecked_data) = (log.ptr, log.unchecked_data);
@@ -504,9 +503,6 @@ impl Engine {
             seq: cursor.seq + 1,
             ..cursor
         });
-        let Some(log) = st.log.as_mut() else {
-            return Ok(None);
-        };
         // Freed with the log's blocks at the commit.
         log.blocks.insert(cursor.at);
         let mine = std::mem::take(&mut log.unwritten);
