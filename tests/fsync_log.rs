@@ -876,18 +876,22 @@ fn a_log_write_that_landed_in_part_falls_back_to_the_one_before() {
     }
 }
 
-/// Where a recording wrote log chain links (`format::loglink`): one-page
-/// writes that begin like one.
+/// Where a recording wrote log chain links (`format::loglink`): pages
+/// of its writes that begin like one (alone, or joined to the run of log
+/// blocks they were sent with).
 fn link_pages(ops: &[canopy::dev::crash::Op]) -> std::collections::HashSet<u64> {
+    use canopy::dev::crash::PAGE;
     use canopy::format::loglink::{LogLink, LINK_BYTES};
     ops.iter()
         .filter_map(|o| match o {
-            canopy::dev::crash::Op::Write { offset, data }
-                if data.len() == LINK_BYTES && LogLink::looks_like_link(data) =>
-            {
-                Some(*offset)
-            }
+            canopy::dev::crash::Op::Write { offset, data } => Some((*offset, data)),
             _ => None,
+        })
+        .flat_map(|(offset, data)| {
+            data.chunks_exact(PAGE)
+                .enumerate()
+                .filter(|(_, page)| LogLink::looks_like_link(&page[..LINK_BYTES]))
+                .map(move |(i, _)| offset + (i * PAGE) as u64)
         })
         .collect()
 }
@@ -1064,15 +1068,18 @@ fn concurrent_fsyncs_and_commits(
 /// Opens the crashed disk `dev` (`what` says how it was made) and checks
 /// that each thread's file holds the content of its last fsync that had
 /// returned within the first `prefix` ops, or of a later one.
+/// Returns which log root the open replayed (`last`, `previous`,
+/// `older`), if any.
 fn assert_returned_fsyncs_kept(
     dev: Arc<dyn Device>,
     what: &str,
     prefix: usize,
     rounds: u8,
     returned: &[Returned],
-) {
+) -> Option<String> {
     let e = Engine::open(dev, &OpenOptions::default())
         .unwrap_or_else(|err| panic!("{what}: open failed: {err}"));
+    let chosen = e.log_found().and_then(|v| v.chosen);
     let fs = Fs::new(Arc::new(e)).unwrap_or_else(|err| panic!("{what}: replay failed: {err}"));
     for t in 0..FSYNC_THREADS {
         let done = returned
@@ -1092,6 +1099,7 @@ fn assert_returned_fsyncs_kept(
             "{what}: f{t} lost its fsync of round {done:?}"
         );
     }
+    chosen
 }
 
 /// Four threads write and fsync their own file, five times each, at once:
@@ -1113,16 +1121,19 @@ fn concurrent_fsyncs_each_survive_from_the_moment_they_return() {
     for prefix in barriers {
         let dev = Arc::new(rp.at(prefix, &|_| true));
         let what = format!("prefix {prefix}");
-        assert_returned_fsyncs_kept(dev.clone(), &what, prefix, ROUNDS, &returned);
+        let _ = assert_returned_fsyncs_kept(dev.clone(), &what, prefix, ROUNDS, &returned);
         common::assert_posix_clean(dev.as_ref());
     }
 }
 
 /// Barriers that take time (3 ms each here, so four threads' fsyncs meet
-/// while one is out): whatever a crash keeps of the writes no returned
-/// barrier covers (all, none, only the chain links and superblocks, all
-/// but the newest of those, or mixes of pages), each file holds the content of its
-/// last fsync that had returned, or of a later one, and checks clean.
+/// while one is out, and log writes overlap): whatever a crash keeps of
+/// the writes no returned barrier covers (all, none, only the chain links
+/// and superblocks, all but the newest of those, or mixes of pages), each
+/// file holds the content of its last fsync that had returned, or of a
+/// later one, and checks clean. Some crashes keep links whose writes
+/// before them had not landed, so replay must reach past the previous
+/// root.
 #[test]
 fn fsyncs_behind_slow_barriers_keep_every_one_that_returned() {
     const ROUNDS: u8 = 6;
@@ -1131,6 +1142,11 @@ fn fsyncs_behind_slow_barriers_keep_every_one_that_returned() {
     // What names a log root: a chain link (or a commit's superblock).
     let links = link_pages(&ops);
     assert!(!links.is_empty(), "the fsyncs wrote chain links");
+    assert!(
+        links_sent_beside_a_barrier(&ops, &links) > 0,
+        "no log write was sent while another's barrier was out"
+    );
+    let mut chosen_older = 0;
     let names_root = |p: &u64| *p == first_super || links.contains(p);
     let mut rp = Replayer::new(base, ops);
     let mut opened = 0;
@@ -1156,7 +1172,8 @@ fn fsyncs_behind_slow_barriers_keep_every_one_that_returned() {
         for (how, keep) in keeps {
             let dev = Arc::new(rp.at(prefix, keep));
             let what = format!("prefix {prefix}, {how} kept");
-            assert_returned_fsyncs_kept(dev.clone(), &what, prefix, ROUNDS, &returned);
+            let chosen = assert_returned_fsyncs_kept(dev.clone(), &what, prefix, ROUNDS, &returned);
+            chosen_older += usize::from(chosen.as_deref() == Some("older"));
             // Checking every image would take minutes: every seventh.
             opened += 1;
             if opened % 7 == 0 {
@@ -1164,6 +1181,37 @@ fn fsyncs_behind_slow_barriers_keep_every_one_that_returned() {
             }
         }
     }
+    assert!(
+        chosen_older > 0,
+        "no crash needed a root older than the previous one"
+    );
+}
+
+/// How many chain links of `ops` were sent while a barrier that does not
+/// cover them was out (log writes that overlapped).
+fn links_sent_beside_a_barrier(
+    ops: &[canopy::dev::crash::Op],
+    links: &std::collections::HashSet<u64>,
+) -> usize {
+    use canopy::dev::crash::Op;
+    ops.iter()
+        .enumerate()
+        .filter_map(|(i, o)| match o {
+            Op::Barrier { covers } => Some(&ops[*covers..i]),
+            _ => None,
+        })
+        .map(|between| {
+            between
+                .iter()
+                .filter(|o| match o {
+                    Op::Write { offset, data } => (0..data.len() as u64)
+                        .step_by(canopy::dev::crash::PAGE)
+                        .any(|at| links.contains(&(offset + at))),
+                    _ => false,
+                })
+                .count()
+        })
+        .sum()
 }
 
 /// Split groups, scaled down: data groups of 25 MiB, metadata groups of
@@ -2044,7 +2092,7 @@ fn concurrent_fsyncs_beside_commits_each_survive() {
             for (how, keep) in keeps {
                 let dev = Arc::new(rp.at(prefix, keep));
                 let what = format!("run {seed}, prefix {prefix}, {how} kept");
-                assert_returned_fsyncs_kept(dev, &what, prefix, ROUNDS, &returned);
+                let _ = assert_returned_fsyncs_kept(dev, &what, prefix, ROUNDS, &returned);
             }
         }
     }

@@ -118,9 +118,19 @@ pub const INCOMPAT_MAPPED: u64 = 1024;
 /// writes add to without rewriting the superblock. Older code would not
 /// look there and lose what was fsynced after the last commit.
 pub const INCOMPAT_LOG_CHAIN: u64 = 2048;
+/// Log writes on the chain overlap: one may be sent while the barriers of
+/// up to [`LOG_WRITES_IN_FLIGHT`]` - 1` before it are out, so the last
+/// links may have landed without the blocks of those writes, and replay
+/// must try the newest `LOG_WRITES_IN_FLIGHT + 1` roots of the chain.
+/// Older code tries two and could drop an fsync that returned. Needs
+/// [`INCOMPAT_LOG_CHAIN`].
+pub const INCOMPAT_LOG_OVERLAP: u64 = 4096;
+/// How many log writes may be out at once (see [`INCOMPAT_LOG_OVERLAP`]).
+pub const LOG_WRITES_IN_FLIGHT: usize = 2;
 /// Incompatible features this code understands.
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
     | INCOMPAT_LOG_CHAIN
+    | INCOMPAT_LOG_OVERLAP
     | INCOMPAT_MAPPED
     | INCOMPAT_NODATASUM
     | INCOMPAT_DEVICES
@@ -309,7 +319,8 @@ impl Superblock {
         self.log_prev_level = 0;
         self.log_nonce = 0;
         self.log_chain = 0;
-        self.incompat &= !(INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED | INCOMPAT_LOG_CHAIN);
+        self.incompat &=
+            !(INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED | INCOMPAT_LOG_CHAIN | INCOMPAT_LOG_OVERLAP);
     }
 
     /// Names the chain the next transaction's log writes begin at
@@ -318,7 +329,7 @@ impl Superblock {
         self.clear_log();
         self.log_chain = first;
         self.log_nonce = nonce;
-        self.incompat |= INCOMPAT_LOG_CHAIN;
+        self.incompat |= INCOMPAT_LOG_CHAIN | INCOMPAT_LOG_OVERLAP;
     }
 
     /// Encodes the copy that lives at `bytenr`.
@@ -576,6 +587,9 @@ impl Superblock {
         let chained = self.log_chain != 0;
         if chained != (self.incompat & INCOMPAT_LOG_CHAIN != 0) {
             return Err("log chain and its feature bit disagree".into());
+        }
+        if self.incompat & INCOMPAT_LOG_OVERLAP != 0 && !chained {
+            return Err("overlapped log writes without a log chain".into());
         }
         if chained
             && (has_log
@@ -861,6 +875,11 @@ mod tests {
                 ..chained.clone()
             },
             Superblock {
+                incompat: chained.incompat & !INCOMPAT_LOG_CHAIN,
+                ..chained.clone()
+            },
+            Superblock {
+                log_chain: 0,
                 incompat: chained.incompat & !INCOMPAT_LOG_CHAIN,
                 ..chained.clone()
             },

@@ -139,16 +139,9 @@ impl Engine {
         self.shared.dev.barrier()
     }
 
-    /// Writes a log's tree blocks and its chain link, then one barrier:
-    /// the link may land before the blocks, so only a log, which replay
-    /// checks, is written this way (`log.rs`).
-    pub(super) fn write_blocks_with_one_barrier(&self, blocks: &[(u64, Vec<u8>)]) -> Result<()> {
-        self.write_blocks(blocks)?;
-        self.shared.dev.barrier()
-    }
-
-    /// Writes runs of encoded blocks ([`encode_runs`]).
-    fn write_blocks(&self, runs: &[(u64, Vec<u8>)]) -> Result<()> {
+    /// Writes runs of encoded blocks ([`encode_runs`]); not durable until
+    /// a barrier (a log write takes its own outside the I/O lock).
+    pub(super) fn write_blocks(&self, runs: &[(u64, Vec<u8>)]) -> Result<()> {
         for (offset, bytes) in runs {
             self.shared.dev.write_at(bytes, *offset)?;
         }

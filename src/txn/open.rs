@@ -171,6 +171,8 @@ fn new_engine(
             generation: st.transid - 1,
             log: None,
             log_takes_written: 0,
+            log_takes_sent: 0,
+            log_writes_in_flight: 0,
         }),
         commit_turn: Condvar::new(),
         state: RwLock::new(st),

@@ -11,17 +11,16 @@ use crate::error::{Error, Result};
 use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, LOG_INODE};
 use crate::format::loglink::{walk_chain, ChainStart, LogLink, LINK_BYTES};
 use crate::format::node::Body;
-use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED};
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED, LOG_WRITES_IN_FLIGHT};
 use crate::format::{tree_id, Key, CSUM_OBJECTID};
 use crate::tree::RootPtr;
 use crate::txn::{Reader, Shared, State};
 use std::collections::{BTreeMap, HashSet};
 
-/// The log roots a superblock leads to: the last one written, and the
-/// one before it, which replay falls back to.
+/// The log roots a superblock leads to, newest first: the last one
+/// written, then those before it that replay falls back to.
 struct FoundRoots {
-    last: RootPtr,
-    prev: Option<RootPtr>,
+    roots: Vec<RootPtr>,
     /// In the header flags of each of its blocks (None: a log written
     /// before the nonce existed).
     nonce: Option<u64>,
@@ -30,6 +29,13 @@ struct FoundRoots {
     /// through them.
     links: Vec<u64>,
 }
+
+/// How many roots of a chain replay tries, newest first: a log write may
+/// be sent while the barriers of [`LOG_WRITES_IN_FLIGHT`] - 1 writes
+/// before it are out, so the newest root whose barrier surely returned
+/// before the last link was sent is that many back, and the roots
+/// between may lack blocks of the writes still out.
+const CHAIN_ROOTS_TRIED: usize = LOG_WRITES_IN_FLIGHT + 1;
 
 /// The log the superblock names: through its chain (`format::loglink`),
 /// or named in it directly (images of older code, and a log found at
@@ -44,11 +50,16 @@ fn found_roots(st: &State, sh: &Shared) -> Option<FoundRoots> {
             generation: l.root_generation,
             level: l.root_level,
         };
-        let last = links.last()?;
-        let prev = links.len().checked_sub(2).map(|i| root(&links[i]));
+        if links.is_empty() {
+            return None;
+        }
         return Some(FoundRoots {
-            last: root(last),
-            prev,
+            roots: links
+                .iter()
+                .rev()
+                .take(CHAIN_ROOTS_TRIED)
+                .map(root)
+                .collect(),
             nonce: Some(sb.log_nonce),
             links: links.iter().map(|l| l.bytenr).collect(),
         });
@@ -59,17 +70,18 @@ fn found_roots(st: &State, sh: &Shared) -> Option<FoundRoots> {
     // Logs written before the nonce and the previous root existed carry
     // neither (no feature bit).
     let checked = sb.incompat & INCOMPAT_LOG_CHECKED != 0;
+    let last = RootPtr {
+        bytenr: sb.log_root,
+        generation: sb.log_root_generation,
+        level: sb.log_root_level,
+    };
+    let prev = (checked && sb.log_prev_root != 0).then_some(RootPtr {
+        bytenr: sb.log_prev_root,
+        generation: sb.log_prev_generation,
+        level: sb.log_prev_level,
+    });
     Some(FoundRoots {
-        last: RootPtr {
-            bytenr: sb.log_root,
-            generation: sb.log_root_generation,
-            level: sb.log_root_level,
-        },
-        prev: (checked && sb.log_prev_root != 0).then_some(RootPtr {
-            bytenr: sb.log_prev_root,
-            generation: sb.log_prev_generation,
-            level: sb.log_prev_level,
-        }),
+        roots: std::iter::once(last).chain(prev).collect(),
         nonce: checked.then_some(sb.log_nonce),
         links: Vec::new(),
     })
@@ -176,17 +188,18 @@ pub(crate) fn ignore_pending(st: &mut State, sh: &Shared) {
         return;
     };
     tracing::warn!(
-        root = found.last.bytenr,
+        root = found.roots.first().map_or(0, |r| r.bytenr),
         "not replaying the fsync log: what was fsynced after the last commit is not shown"
     );
     st.sb.clear_log();
     st.log_replayed = true;
 }
 
-/// The log root to replay, examined whole ([`examine`]): the last one
-/// written, else the previous one (which its own barrier made durable
-/// before the last write began), else none: the filesystem opens at its
-/// last commit. Each root passed over is named in an ERROR line.
+/// The log root to replay, examined whole ([`examine`]): the newest one
+/// written that is whole, back to one whose barrier returned before the
+/// last write was sent ([`CHAIN_ROOTS_TRIED`]), else none: the
+/// filesystem opens at its last commit. Each root passed over is named in
+/// an ERROR line.
 fn choose_root(
     st: &State,
     sh: &Shared,
@@ -194,12 +207,16 @@ fn choose_root(
 ) -> Result<(Option<PendingLog>, LogVerdict)> {
     let r = Reader::new(st, sh);
     let mut verdict = LogVerdict {
-        last_root: found.last.bytenr,
+        last_root: found.roots.first().map_or(0, |p| p.bytenr),
         ..LogVerdict::default()
     };
-    for (which, ptr) in [("last", Some(found.last)), ("previous", found.prev)] {
-        let Some(ptr) = ptr else { continue };
-        match examine(&r, st, sh, &ptr, found.nonce, &found.links)? {
+    for (i, ptr) in found.roots.iter().enumerate() {
+        let which = match i {
+            0 => "last",
+            1 => "previous",
+            _ => "older",
+        };
+        match examine(&r, st, sh, ptr, found.nonce, &found.links)? {
             Ok(log) => {
                 verdict.chosen = Some(which.into());
                 return Ok((Some(log), verdict));

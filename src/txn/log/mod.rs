@@ -45,7 +45,7 @@ use super::{Engine, State, Txn};
 use crate::error::{Error, Result};
 use crate::format::loglink::LogLink;
 use crate::format::node::Node;
-use crate::format::superblock::{Superblock, INCOMPAT_LOG_TREE};
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_TREE, LOG_WRITES_IN_FLIGHT};
 use crate::format::tree_id;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashSet};
@@ -104,7 +104,7 @@ pub(crate) struct PendingLog {
 pub struct LogVerdict {
     /// The root the superblock leads to as written last.
     pub last_root: u64,
-    /// `last` or `previous`; None when no root can be replayed.
+    /// `last`, `previous` or `older`; None when no root can be replayed.
     pub chosen: Option<String>,
     pub dropped: Vec<DroppedRoot>,
     /// What the chosen root would replay.
@@ -127,7 +127,7 @@ pub struct SkippedInode {
 /// A log root the open would not replay.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DroppedRoot {
-    /// `last` or `previous`.
+    /// `last`, `previous` or `older`.
     pub which: String,
     pub root: u64,
     pub reason: String,
@@ -140,10 +140,14 @@ pub struct DroppedRoot {
 pub(crate) struct IoState {
     /// Generation whose I/O finished last.
     pub generation: u64,
-    /// The last log root written: (transaction, root).
+    /// The last log root sent: (transaction, root).
     pub log: Option<(u64, RootPtr)>,
-    /// The highest take of log blocks written (`State::log_takes`).
+    /// The highest take of log blocks durable (`State::log_takes`).
     pub log_takes_written: u64,
+    /// The highest take of log blocks sent (its barrier may be out).
+    pub log_takes_sent: u64,
+    /// Log writes sent whose barrier has not returned.
+    pub log_writes_in_flight: usize,
 }
 
 /// What a log write takes of the running transaction (`Engine::sync_log`).
@@ -384,17 +388,20 @@ impl Txn<'_> {
 impl Engine {
     /// Makes the running transaction's log durable: its dirty blocks and
     /// a chain link naming its root, then one barrier (see
-    /// [`Engine::write_log`]).
+    /// [`Engine::send_log`]).
     ///
-    /// Log writes go one at a time, under the commit I/O lock, and the
-    /// writer takes the blocks only once it holds that lock: every block
-    /// logged until then, its own and those of the callers that queued
-    /// behind the write before it. Those find their blocks written when
-    /// their turn comes and return (a group commit): concurrent fsyncs
-    /// share one barrier instead of paying one each, in a line. Whether
-    /// they were written is counted in takes: every take after a caller
-    /// logged holds that caller's blocks, so it is done once the next take
-    /// is written, whatever was logged since.
+    /// Log writes are sent one at a time, under the commit I/O lock, and
+    /// the writer takes the blocks only once it holds that lock: every
+    /// block logged until then, its own and those of the callers that
+    /// queued behind it. Those find their blocks sent when their turn
+    /// comes and wait for that write's barrier (a group commit). The
+    /// barrier is taken outside the lock, so the next write is sent while
+    /// it is out, up to [`LOG_WRITES_IN_FLIGHT`] writes: replay tries the
+    /// newest roots of the chain back to one whose barrier returned
+    /// ([`load_pending`]). Whether a caller's blocks are durable is
+    /// counted in takes: every take after it logged holds its blocks, and
+    /// a barrier covers every write sent before it, so the caller is done
+    /// once any later take's barrier has returned.
     pub fn sync_log(&self) -> Result<()> {
         self.check_alive()?;
         let (transid, needed) = {
@@ -411,11 +418,23 @@ impl Engine {
             }
         };
         let mut io = self.wait_turn(transid - 1)?;
-        if io.log_takes_written >= needed {
-            // A take made after this caller logged is on the disk (and,
-            // if it served a later transaction, the commit of this one).
-            drop(io);
-            return self.check_alive();
+        loop {
+            if io.log_takes_written >= needed {
+                // A take made after this caller logged is durable (and,
+                // if it served a later transaction, the commit of this one).
+                drop(io);
+                return self.check_alive();
+            }
+            let sent = io.log_takes_sent >= needed;
+            if !sent && io.log_writes_in_flight < LOG_WRITES_IN_FLIGHT {
+                break;
+            }
+            // Wait for that write's barrier, or for room for another.
+            self.check_alive()?;
+            io = self
+                .commit_turn
+                .wait(io)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
         let Some(taken) = self.take_log_blocks(&io, transid)? else {
             // Committed meanwhile, or a new group needs a commit: not
@@ -424,20 +443,24 @@ impl Engine {
             return self.sync_without_log(transid);
         };
         // Every item the blocks hold was logged after its data was
-        // written (a flush inserts items only then), so one barrier now
-        // makes all the data they name durable before the link that
-        // names them.
-        let result = match taken.nothing_new {
-            true => Ok(()),
-            false => match taken.unchecked_data {
-                true => self.barrier_for_unchecked_data(),
-                false => Ok(()),
-            }
-            .and_then(|()| self.write_log(&mut io, transid, taken.ptr, &taken.blocks)),
-        };
-        if result.is_ok() {
-            io.log_takes_written = io.log_takes_written.max(taken.take);
+        // written (a flush inserts items only then), so the barrier after
+        // them makes all the data they name durable with the link.
+        let sent = match taken.unchecked_data && !taken.nothing_new {
+            true => self.barrier_for_unchecked_data(),
+            false => Ok(()),
         }
+        .and_then(|()| self.send_log(&mut io, transid, &taken));
+        io.log_takes_sent = io.log_takes_sent.max(taken.take);
+        let needs_barrier = matches!(sent, Ok(true));
+        if needs_barrier {
+            io.log_writes_in_flight += 1;
+        }
+        drop(io);
+        let result = match sent {
+            Ok(true) => crate::dev::Device::barrier(&*self.shared.dev),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        };
         {
             let mut inflight = crate::sync::lock(&self.shared.inflight);
             for n in taken.nodes {
@@ -445,12 +468,18 @@ impl Engine {
                 self.shared.cache.insert(n);
             }
         }
-        drop(io);
-        if let Err(e) = &result {
-            self.fail(e);
-            // Whoever waits for the I/O lock's progress sees the failure.
-            self.commit_turn.notify_all();
+        let mut io = crate::sync::lock(&self.commit_io);
+        if needs_barrier {
+            io.log_writes_in_flight -= 1;
         }
+        match &result {
+            Ok(()) => io.log_takes_written = io.log_takes_written.max(taken.take),
+            Err(e) => self.fail(e),
+        }
+        // Whoever waits for this barrier, for room for another write, or
+        // for the I/O lock's progress (a failure included) looks again.
+        self.commit_turn.notify_all();
+        drop(io);
         result
     }
 
@@ -544,27 +573,23 @@ impl Engine {
         self.commit().map(drop)
     }
 
-    /// Writes the log's new blocks and the link naming its root with one
-    /// barrier for all, not one after each: the link may then reach the
-    /// disk before some block (or file data) it depends on, so replay
-    /// checks the root of the last link whole before using it, and
-    /// otherwise takes the root of the link before, which the previous
-    /// log write's barrier made durable before this write began
-    /// ([`load_pending`]).
-    fn write_log(
-        &self,
-        io: &mut IoState,
-        transid: u64,
-        ptr: RootPtr,
-        blocks: &[(u64, Vec<u8>)],
-    ) -> Result<()> {
+    /// Sends the log's new blocks and the link naming its root; the
+    /// caller then takes one barrier for all, not one after each. The
+    /// link may reach the disk before some block (or file data) it
+    /// depends on, or before the blocks of a write still out before it,
+    /// so replay checks each root whole before using it and otherwise
+    /// takes an older one, back to one whose barrier returned before this
+    /// write was sent ([`load_pending`]). Returns whether anything needs
+    /// the barrier: not when the transaction's commit is written (it
+    /// holds everything). A take with nothing new sends nothing but still
+    /// needs a barrier: the write that sent its root may be out.
+    fn send_log(&self, io: &mut IoState, transid: u64, taken: &TakenLog) -> Result<bool> {
         if io.generation >= transid {
-            // The transaction's commit is written: it holds everything.
-            return Ok(());
+            return Ok(false);
         }
-        self.write_blocks_with_one_barrier(blocks)?;
-        io.log = Some((transid, ptr));
-        Ok(())
+        self.write_blocks(&taken.blocks)?;
+        io.log = Some((transid, taken.ptr));
+        Ok(true)
     }
 
     /// Waits until every commit prepared so far is written.
