@@ -2097,3 +2097,104 @@ fn concurrent_fsyncs_beside_commits_each_survive() {
         }
     }
 }
+
+/// Issue 57, item 1: on storage that keeps copies of its own (a
+/// replicated Ceph pool), a log write writes one copy of the log's blocks
+/// and link even where tree blocks have two (`dup`); elsewhere both. At
+/// every barrier, and with the writes in flight kept or lost, the image
+/// opens with every fsync that had returned and checks clean: replay
+/// reads the first copy, and the stale second one is never taken.
+#[test]
+fn on_replicated_storage_a_log_write_writes_one_copy() {
+    use canopy::dev::crash::Op;
+    use canopy::format::loglink::{LogLink, LINK_BYTES};
+    const ROUNDS: u8 = 12;
+    let dev = Arc::new(canopy::dev::MemDevice::new(256 << 20));
+    let opts = canopy::FormatOptions {
+        nodesize: 4096,
+        mixed: Some(false),
+        metadata_profile: Some(canopy::format::superblock::Profile::Dup),
+        ..Default::default()
+    };
+    let e = Engine::format(dev.clone() as Arc<dyn Device>, &opts).expect("format");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    file(&fs, ROOT, "f", &pattern(5, 6000));
+    fs.sync().expect("commit");
+    drop(fs);
+    let base = Arc::new(dev.snapshot());
+    // Link pages written, and how many distinct links they hold.
+    let link_copies = |ops: &[Op]| {
+        let mut pages = 0;
+        let mut links = std::collections::HashSet::new();
+        for o in ops {
+            let Op::Write { data, .. } = o else { continue };
+            for page in data.chunks_exact(canopy::dev::crash::PAGE) {
+                if LogLink::looks_like_link(&page[..LINK_BYTES]) {
+                    pages += 1;
+                    links.insert(page[..64].to_vec());
+                }
+            }
+        }
+        (pages, links.len())
+    };
+    let mut ops_of = Vec::new();
+    for replicated in [false, true] {
+        let rec = RecordingDevice::new(base.as_ref().clone());
+        let rec = Arc::new(match replicated {
+            true => rec.replicating(),
+            false => rec,
+        });
+        let e =
+            Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+        let fs = Fs::new(Arc::new(e)).expect("fs");
+        let f = lookup(&fs, "f").expect("f");
+        let mut returned = Vec::new();
+        for r in 0..ROUNDS {
+            fs.write(f, 0, &version(0, r)).expect("write");
+            fs.fsync(f).expect("fsync");
+            returned.push((0u8, r, rec.op_count()));
+        }
+        drop(fs);
+        let ops = rec.ops();
+        let (pages, links) = link_copies(&ops);
+        assert!(links >= usize::from(ROUNDS), "one link per fsync: {links}");
+        let copies = match replicated {
+            true => 1,
+            false => 2,
+        };
+        assert_eq!(pages, links * copies, "replicated: {replicated}");
+        ops_of.push((ops, returned));
+    }
+    let (ops, returned) = ops_of.pop().expect("the replicated run");
+    let barriers: Vec<usize> = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| matches!(o, Op::Barrier { .. }))
+        .map(|(i, _)| i + 1)
+        .collect();
+    let mut rp = Replayer::new(base, ops);
+    for prefix in barriers {
+        let keeps: [(&str, &dyn Fn(usize) -> bool); 2] =
+            [("everything", &|_| true), ("nothing", &|_| false)];
+        for (how, keep) in keeps {
+            let dev = Arc::new(rp.at(prefix, keep));
+            let what = format!("prefix {prefix}, {how} kept");
+            let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default())
+                .unwrap_or_else(|err| panic!("{what}: open failed: {err}"));
+            let fs = Fs::new(Arc::new(e)).unwrap_or_else(|err| panic!("{what}: {err}"));
+            let done = returned
+                .iter()
+                .filter(|&&(_, _, at)| at <= prefix)
+                .map(|&(_, r, _)| r)
+                .max();
+            let got = content(&fs, "f").expect("f");
+            let ok = match done {
+                Some(r) => (r..ROUNDS).any(|r| got == version(0, r)),
+                None => true,
+            };
+            assert!(ok, "{what}: lost the fsync of round {done:?}");
+            drop(fs);
+            common::assert_posix_clean(dev.as_ref());
+        }
+    }
+}

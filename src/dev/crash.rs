@@ -75,6 +75,8 @@ pub struct RecordingDevice {
     /// How long a barrier takes (0 by default): while one is out, other
     /// threads' writes are recorded and it does not cover them.
     barrier_time: std::time::Duration,
+    /// What [`Device::replicates`] says (false by default).
+    replicates: bool,
 }
 
 impl RecordingDevice {
@@ -83,6 +85,16 @@ impl RecordingDevice {
             inner: MemDevice::from_bytes(initial),
             ops: Mutex::new(Vec::new()),
             barrier_time: std::time::Duration::ZERO,
+            replicates: false,
+        }
+    }
+
+    /// The same device, saying it keeps copies of its own (as a
+    /// replicated Ceph pool does): the fsync log then writes one copy.
+    pub fn replicating(self) -> RecordingDevice {
+        RecordingDevice {
+            replicates: true,
+            ..self
         }
     }
 
@@ -132,6 +144,10 @@ impl Device for RecordingDevice {
 
     fn size(&self) -> u64 {
         self.inner.size()
+    }
+
+    fn replicates(&self) -> bool {
+        self.replicates
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<bool> {

@@ -252,6 +252,10 @@ impl<D: Device> Device for FaultyDevice<D> {
     fn size(&self) -> u64 {
         self.inner.size()
     }
+
+    fn replicates(&self) -> bool {
+        self.inner.replicates()
+    }
 }
 
 #[cfg(test)]

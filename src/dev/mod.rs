@@ -71,4 +71,10 @@ pub trait Device: Send + Sync {
     fn discard(&self, _offset: u64, _len: u64) -> Result<bool> {
         Ok(false)
     }
+    /// Whether the storage keeps copies of every write itself (a Ceph
+    /// pool of size 2 or more), so that a second copy of short-lived
+    /// metadata (the fsync log) would only cost another write.
+    fn replicates(&self) -> bool {
+        false
+    }
 }

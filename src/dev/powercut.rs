@@ -284,6 +284,10 @@ impl Device for PowerCutDevice {
         self.inner.size()
     }
 
+    fn replicates(&self) -> bool {
+        self.inner.replicates()
+    }
+
     fn refresh_size(&self) -> Result<u64> {
         self.inner.refresh_size()
     }

@@ -787,6 +787,12 @@ impl Device for Volume {
         self.write_all(buf, offset, false)
     }
 
+    /// Every device keeps copies of its own.
+    fn replicates(&self) -> bool {
+        let devices = self.devices();
+        !devices.is_empty() && devices.iter().all(|(_, d)| d.replicates())
+    }
+
     fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.write_all(buf, offset, true)
     }

@@ -159,6 +159,57 @@ impl Pool {
         Ok(())
     }
 
+    /// How many copies of each object the pool `name` keeps (its `size`),
+    /// asked of the monitors; None when they do not say (a client whose
+    /// caps do not allow `osd pool get`, or an old cluster).
+    pub fn replicas(&self, name: &str) -> Option<u64> {
+        let cmd = serde_json::json!({
+            "prefix": "osd pool get",
+            "pool": name,
+            "var": "size",
+            "format": "json",
+        })
+        .to_string();
+        let cmd = cstr(&cmd).ok()?;
+        let mut cmds = [cmd.as_ptr()];
+        let (mut out, mut out_len) = (ptr::null_mut(), 0);
+        let (mut status, mut status_len) = (ptr::null_mut(), 0);
+        // SAFETY: a connected handle, one valid C string, out-pointers to
+        // locals; librados allocates both outputs, released below with
+        // rados_buffer_free.
+        let (r, reply) = unsafe {
+            let r = ffi::rados_mon_command(
+                self.cluster,
+                cmds.as_mut_ptr(),
+                1,
+                ptr::null(),
+                0,
+                &mut out,
+                &mut out_len,
+                &mut status,
+                &mut status_len,
+            );
+            let reply = match out.is_null() {
+                true => Vec::new(),
+                false => std::slice::from_raw_parts(out.cast::<u8>(), out_len).to_vec(),
+            };
+            if !out.is_null() {
+                ffi::rados_buffer_free(out);
+            }
+            if !status.is_null() {
+                ffi::rados_buffer_free(status);
+            }
+            (r, reply)
+        };
+        if r < 0 {
+            return None;
+        }
+        serde_json::from_slice::<serde_json::Value>(&reply)
+            .ok()?
+            .get("size")?
+            .as_u64()
+    }
+
     /// This client's address, as `ceph osd blocklist` and lock owners
     /// show it.
     pub fn addrs(&self) -> String {

@@ -24,6 +24,18 @@ extern "C" {
     pub fn rados_ioctx_create(cluster: RadosT, pool: *const c_char, io: *mut IoctxT) -> c_int;
     pub fn rados_ioctx_destroy(io: IoctxT);
     pub fn rados_getaddrs(cluster: RadosT, addrs: *mut *mut c_char) -> c_int;
+    pub fn rados_mon_command(
+        cluster: RadosT,
+        cmd: *mut *const c_char,
+        cmdlen: size_t,
+        inbuf: *const c_char,
+        inbuflen: size_t,
+        outbuf: *mut *mut c_char,
+        outbuflen: *mut size_t,
+        outs: *mut *mut c_char,
+        outslen: *mut size_t,
+    ) -> c_int;
+    pub fn rados_buffer_free(buf: *mut c_char);
 
     pub fn rbd_create(io: IoctxT, name: *const c_char, size: u64, order: *mut c_int) -> c_int;
     pub fn rbd_remove(io: IoctxT, name: *const c_char) -> c_int;

@@ -37,6 +37,8 @@ pub struct RbdDevice {
     failed: Mutex<Option<String>>,
     /// Whether the fencing message was logged.
     fenced: AtomicBool,
+    /// The pool keeps two or more copies of each object.
+    replicated: bool,
 }
 
 impl RbdDevice {
@@ -60,7 +62,10 @@ impl RbdDevice {
             lock::acquire(&image, spec, how.takeover)?;
         }
         let size = image.size()?;
+        let replicas = image.pool.replicas(&spec.pool);
+        tracing::info!(pool = %spec.pool, ?replicas, "copies the pool keeps of each object");
         Ok(RbdDevice {
+            replicated: replicas.is_some_and(|n| n >= 2),
             image,
             spec: spec.clone(),
             size: AtomicU64::new(size),
@@ -177,6 +182,10 @@ impl Device for RbdDevice {
             return Err(self.record(cluster::errno(r.into(), format!("flushing {}", self.spec))));
         }
         self.sticky()
+    }
+
+    fn replicates(&self) -> bool {
+        self.replicated
     }
 
     fn size(&self) -> u64 {

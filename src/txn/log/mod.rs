@@ -587,9 +587,27 @@ impl Engine {
         if io.generation >= transid {
             return Ok(false);
         }
-        self.write_blocks(&taken.blocks)?;
+        match crate::dev::Device::replicates(&*self.shared.dev) {
+            true => self.write_first_copies(&taken.blocks)?,
+            false => self.write_blocks(&taken.blocks)?,
+        }
         io.log = Some((transid, taken.ptr));
         Ok(true)
+    }
+
+    /// Writes only the first copy of each run of log blocks, on storage
+    /// that keeps copies of its own (a replicated Ceph pool): a `dup`
+    /// group's second copy there would be one more write per fsync for
+    /// nothing the pool does not give already. The second copy keeps
+    /// what an older transaction left there, which fails the nonce and
+    /// generation checks, so no read takes it for the log's block; a log
+    /// block is read from its first copy first (`copies.rs`), and the log
+    /// is gone at the next commit.
+    fn write_first_copies(&self, runs: &[(u64, Vec<u8>)]) -> Result<()> {
+        for (offset, bytes) in runs {
+            self.shared.dev.write_copy(bytes, *offset, 0)?;
+        }
+        Ok(())
     }
 
     /// Waits until every commit prepared so far is written.
