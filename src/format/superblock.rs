@@ -118,15 +118,17 @@ pub const INCOMPAT_MAPPED: u64 = 1024;
 /// writes add to without rewriting the superblock. Older code would not
 /// look there and lose what was fsynced after the last commit.
 pub const INCOMPAT_LOG_CHAIN: u64 = 2048;
-/// Log writes on the chain overlap: one may be sent while the barriers of
-/// up to [`LOG_WRITES_IN_FLIGHT`]` - 1` before it are out, so the last
-/// links may have landed without the blocks of those writes, and replay
-/// must try the newest `LOG_WRITES_IN_FLIGHT + 1` roots of the chain.
-/// Older code tries two and could drop an fsync that returned. Needs
-/// [`INCOMPAT_LOG_CHAIN`].
+/// Log writes on the chain may overlap: one may be sent while the
+/// barriers of up to [`LOG_WRITES_IN_FLIGHT_MAX`]` - 1` before it are
+/// out (`-o log_writes=2`), so the last links may have landed without the
+/// blocks of those writes, and replay must try the newest
+/// `LOG_WRITES_IN_FLIGHT_MAX + 1` roots of the chain. Older code tries two
+/// and could drop an fsync that returned. Set with
+/// [`INCOMPAT_LOG_CHAIN`], whatever the mount's setting, and needs it.
 pub const INCOMPAT_LOG_OVERLAP: u64 = 4096;
-/// How many log writes may be out at once (see [`INCOMPAT_LOG_OVERLAP`]).
-pub const LOG_WRITES_IN_FLIGHT: usize = 2;
+/// The most log writes that may be out at once (see
+/// [`INCOMPAT_LOG_OVERLAP`]).
+pub const LOG_WRITES_IN_FLIGHT_MAX: usize = 2;
 /// Incompatible features this code understands.
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
     | INCOMPAT_LOG_CHAIN

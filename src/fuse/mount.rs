@@ -117,6 +117,7 @@ fn open_fs(image: &Source, opts: &MountOptions, io_flusher: bool) -> Result<Arc<
             cache_bytes: opts.cache_bytes,
             replay_log: opts.log_replay,
             degraded: opts.degraded,
+            log_writes_in_flight: opts.log_writes_in_flight,
             device_names: std::iter::once(image)
                 .chain(&opts.devices)
                 .map(|s| s.to_string())
@@ -766,6 +767,17 @@ mod tests {
             super::super::options::DEFAULT_BUSY_POLL_US
         );
         assert!(MountOptions::parse("busy_poll=soon").is_err());
+    }
+
+    #[test]
+    fn log_writes_in_flight_is_one_unless_told_otherwise() {
+        let n = |o: &str| MountOptions::parse(o).map(|o| o.log_writes_in_flight);
+        assert_eq!(n("").unwrap(), 1);
+        assert_eq!(n("log_writes=2").unwrap(), 2);
+        assert_eq!(n("log_writes=1").unwrap(), 1);
+        for bad in ["log_writes=0", "log_writes=3", "log_writes", "log_writes=x"] {
+            assert!(n(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub struct MountOptions {
     pub kernel: Vec<String>,
     /// Seconds between automatic commits.
     pub commit_secs: u64,
+    /// Log writes (fsyncs) in flight at once (`log_writes=N`; see
+    /// `OpenOptions::log_writes_in_flight`).
+    pub log_writes_in_flight: usize,
     /// Memory the clean block cache may hold, in bytes (`cache_size`;
     /// `cache_blocks=N` asks for N blocks of 16 KiB).
     pub cache_bytes: usize,
@@ -124,6 +127,7 @@ impl Default for MountOptions {
             default_permissions: true,
             kernel: Vec::new(),
             commit_secs: 5,
+            log_writes_in_flight: 1,
             cache_bytes: crate::cache::DEFAULT_BYTES,
             threads: 4,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
@@ -302,6 +306,16 @@ impl MountOptions {
             }
             "subvolid" => o.subvolume = crate::fs::Shown::Id(num(value)?),
             "commit" => o.commit_secs = num(value)?.max(1),
+            "log_writes" => {
+                let most = crate::format::superblock::LOG_WRITES_IN_FLIGHT_MAX as u64;
+                let n = num(value)?;
+                if !(1..=most).contains(&n) {
+                    return Err(Error::Invalid(format!(
+                        "'{opt}': log_writes is 1 to {most} (log writes in flight at once)"
+                    )));
+                }
+                o.log_writes_in_flight = n as usize;
+            }
             "cache_blocks" => o.cache_bytes = (num(value)? as usize).saturating_mul(16 << 10),
             "cache_size" => {
                 let v = value.ok_or_else(|| Error::Invalid("cache_size needs a size".into()))?;

@@ -252,6 +252,8 @@ pub struct Engine {
     commit_turn: Condvar,
     failed: Failure,
     read_only: bool,
+    /// Log writes that may be out at once (`OpenOptions`).
+    log_writes_in_flight: usize,
     /// See [`OpenOptions::settle_early_at`].
     settle_early_at: usize,
     /// One cleaner step at a time (`extent::drop`): a step reads the

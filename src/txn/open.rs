@@ -84,6 +84,13 @@ pub struct OpenOptions {
     /// image records (`canopy check --repair`, which counted them from
     /// the extent tree and the drop queue).
     pub space: Option<SpaceOverride>,
+    /// How many log writes may be out at once (`-o log_writes=N`, 1 to
+    /// `LOG_WRITES_IN_FLIGHT_MAX`): with 2, an fsync's log write is sent
+    /// while the barrier of the one before is out. That shortens the wait
+    /// where the barrier is long, but concurrent fsyncs then share fewer
+    /// writes, so it costs the device more of them (docs/benchmarks.md:
+    /// no faster on a one-node Ceph cluster).
+    pub log_writes_in_flight: usize,
 }
 
 /// Usage per block group (by start; a group not named holds nothing) and
@@ -100,6 +107,7 @@ impl Default for OpenOptions {
             read_only: false,
             cache_bytes: crate::cache::DEFAULT_BYTES,
             settle_early_at: super::SETTLE_EARLY_AT,
+            log_writes_in_flight: 1,
             replay_log: true,
             repair_when_read_only: false,
             degraded: false,
@@ -181,6 +189,9 @@ fn new_engine(
         commit_wanted: Default::default(),
         read_only: opts.read_only,
         settle_early_at: opts.settle_early_at.max(1),
+        log_writes_in_flight: opts
+            .log_writes_in_flight
+            .clamp(1, crate::format::superblock::LOG_WRITES_IN_FLIGHT_MAX),
         device_names: RwLock::new(BTreeMap::new()),
         foreground: Default::default(),
         discards: Default::default(),

@@ -29,6 +29,7 @@ pub struct Args {
     /// transaction gathers before it is committed early; default 32M),
     /// readahead=SIZE (how far the kernel reads ahead of a
     /// sequential reader; default 4M, 0 keeps the kernel's 128K),
+    /// log_writes=1|2 (fsync log writes in flight at once; default 1),
     /// writeback_cache (the kernel buffers writes; ENOSPC then shows at
     /// fsync or close, see README), compress=zstd[:LEVEL]|lz4|no (compress
     /// file data as it is written; zstd levels 1 to 15, default 3; data

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::format::key_type::{EXTENT_CSUM, EXTENT_DATA, EXTENT_ITEM, LOG_INODE};
 use crate::format::loglink::{walk_chain, ChainStart, LogLink, LINK_BYTES};
 use crate::format::node::Body;
-use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED, LOG_WRITES_IN_FLIGHT};
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_CHECKED, LOG_WRITES_IN_FLIGHT_MAX};
 use crate::format::{tree_id, Key, CSUM_OBJECTID};
 use crate::tree::RootPtr;
 use crate::txn::{Reader, Shared, State};
@@ -31,11 +31,11 @@ struct FoundRoots {
 }
 
 /// How many roots of a chain replay tries, newest first: a log write may
-/// be sent while the barriers of [`LOG_WRITES_IN_FLIGHT`] - 1 writes
+/// be sent while the barriers of [`LOG_WRITES_IN_FLIGHT_MAX`] - 1 writes
 /// before it are out, so the newest root whose barrier surely returned
 /// before the last link was sent is that many back, and the roots
 /// between may lack blocks of the writes still out.
-const CHAIN_ROOTS_TRIED: usize = LOG_WRITES_IN_FLIGHT + 1;
+const CHAIN_ROOTS_TRIED: usize = LOG_WRITES_IN_FLIGHT_MAX + 1;
 
 /// The log the superblock names: through its chain (`format::loglink`),
 /// or named in it directly (images of older code, and a log found at

@@ -45,7 +45,7 @@ use super::{Engine, State, Txn};
 use crate::error::{Error, Result};
 use crate::format::loglink::LogLink;
 use crate::format::node::Node;
-use crate::format::superblock::{Superblock, INCOMPAT_LOG_TREE, LOG_WRITES_IN_FLIGHT};
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_TREE};
 use crate::format::tree_id;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashSet};
@@ -396,7 +396,8 @@ impl Engine {
     /// queued behind it. Those find their blocks sent when their turn
     /// comes and wait for that write's barrier (a group commit). The
     /// barrier is taken outside the lock, so the next write is sent while
-    /// it is out, up to [`LOG_WRITES_IN_FLIGHT`] writes: replay tries the
+    /// it is out, up to the open's `log_writes_in_flight` (1 by default:
+    /// no overlap; at most `LOG_WRITES_IN_FLIGHT_MAX`): replay tries the
     /// newest roots of the chain back to one whose barrier returned
     /// ([`load_pending`]). Whether a caller's blocks are durable is
     /// counted in takes: every take after it logged holds its blocks, and
@@ -426,7 +427,7 @@ impl Engine {
                 return self.check_alive();
             }
             let sent = io.log_takes_sent >= needed;
-            if !sent && io.log_writes_in_flight < LOG_WRITES_IN_FLIGHT {
+            if !sent && io.log_writes_in_flight < self.log_writes_in_flight {
                 break;
             }
             // Wait for that write's barrier, or for room for another.
