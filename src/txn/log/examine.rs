@@ -1,7 +1,7 @@
 //! A log found at open, examined whole before anything trusts it: its
 //! blocks as their parents name them, every item through the checker, the
 //! space it names free in the last commit, the data under its checksums.
-//! A root that fails is passed over for the one before it, or for the
+//! A root that fails is passed over for an older one, or for the
 //! last commit; an inode whose items fail is left out while the rest
 //! replays. `canopy check` reads the verdict (`Engine::log_found`).
 

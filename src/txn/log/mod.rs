@@ -17,7 +17,9 @@
 //!   (`format::loglink`), then one barrier, and no superblock: the last
 //!   commit's superblock names where the chain begins, and each link
 //!   where the next goes. Replay walks the chain, checks the last link's
-//!   root whole and otherwise takes the one before ([`load_pending`]). A
+//!   root whole and otherwise takes an older one, up to the third from
+//!   the last (two writes may be out at once: `-o log_writes=2`;
+//!   [`load_pending`]). A
 //!   written block is clean from then on, so a later edit copies it
 //!   rather than overwrite what a durable link reaches.
 //! - **Frees pinned while it is durable.** A commit that follows a durable
@@ -582,10 +584,12 @@ impl Engine {
     /// takes an older one, back to one whose barrier returned before this
     /// write was sent ([`load_pending`]). Returns whether anything needs
     /// the barrier: not when the transaction's commit is written (it
-    /// holds everything). A take with nothing new sends nothing but still
-    /// needs a barrier: the write that sent its root may be out.
+    /// holds everything), nor for a take with nothing new while no write
+    /// is out (every root sent is durable). A take with nothing new beside
+    /// a write still out sends nothing but needs a barrier: that write may
+    /// be the one that sent its root.
     fn send_log(&self, io: &mut IoState, transid: u64, taken: &TakenLog) -> Result<bool> {
-        if io.generation >= transid {
+        if io.generation >= transid || (taken.nothing_new && io.log_writes_in_flight == 0) {
             return Ok(false);
         }
         match crate::dev::Device::replicates(&*self.shared.dev) {
