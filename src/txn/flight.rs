@@ -362,7 +362,7 @@ impl Engine {
     /// Makes the data flights wrote durable, with a barrier, if any was
     /// written since the last call. fsync of a file that keeps no
     /// checksums (`chattr +C`) needs it before its log: the log's single
-    /// barrier lets its superblock reach the disk before the data (see
+    /// barrier lets its chain link reach the disk before the data (see
     /// `sync_log`), which replay finds out through the checksums of
     /// other files' data, and cannot for this one's.
     pub fn barrier_for_unchecked_data(&self) -> Result<()> {
