@@ -789,8 +789,9 @@ impl Device for Volume {
 
     /// Every device keeps copies of its own.
     fn replicates(&self) -> bool {
-        let devices = self.devices();
-        !devices.is_empty() && devices.iter().all(|(_, d)| d.replicates())
+        // Asked by every log write: no copy of the device list.
+        let devices = crate::sync::read(&self.devices);
+        !devices.is_empty() && devices.values().all(|d| d.replicates())
     }
 
     fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {

@@ -37,7 +37,8 @@ pub struct RbdDevice {
     failed: Mutex<Option<String>>,
     /// Whether the fencing message was logged.
     fenced: AtomicBool,
-    /// The pool keeps two or more copies of each object.
+    /// The pool keeps two or more copies of each object (asked only by a
+    /// writer: nothing else writes a log).
     replicated: bool,
 }
 
@@ -62,7 +63,12 @@ impl RbdDevice {
             lock::acquire(&image, spec, how.takeover)?;
         }
         let size = image.size()?;
-        let replicas = image.pool.replicas(&spec.pool);
+        // Only a writer writes a log, so only a writer asks (one more
+        // round trip to the monitors at open).
+        let replicas = match access {
+            Access::Write => image.pool.replicas(&spec.pool),
+            _ => None,
+        };
         tracing::info!(pool = %spec.pool, ?replicas, "copies the pool keeps of each object");
         Ok(RbdDevice {
             replicated: replicas.is_some_and(|n| n >= 2),
