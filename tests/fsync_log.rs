@@ -964,7 +964,9 @@ fn blocks_a_crashed_run_left_are_not_taken_for_the_next_runs_log() {
     };
     // First run: everything but the link (the last page) lands.
     let base = base_dev.snapshot();
-    let first_ops = run(base.clone(), &pattern(79, 20_000));
+    // More than an fsync puts in the log: the data goes first, to an
+    // extent, and the log write follows it.
+    let first_ops = run(base.clone(), &pattern(79, 80_000));
     let first_written: Vec<(u64, usize)> = first_ops
         .iter()
         .filter_map(|o| match o {
@@ -974,7 +976,7 @@ fn blocks_a_crashed_run_left_are_not_taken_for_the_next_runs_log() {
         .collect();
     let after_first = before_last_barrier(base, first_ops, &|i, f| i + 1 < f.pages);
     // Second run: only its link lands.
-    let second_ops = run(after_first.clone(), &pattern(83, 20_000));
+    let second_ops = run(after_first.clone(), &pattern(83, 80_000));
     let disk = before_last_barrier(after_first, second_ops, &|i, f| i + 1 == f.pages);
     let dev = Arc::new(canopy::dev::MemDevice::from_bytes(disk));
     let root = common::last_log_root(dev.as_ref());
@@ -1523,8 +1525,14 @@ fn a_damaged_log_is_reported_by_check_and_skipped_by_the_mount() {
     common::assert_posix_clean(dev.as_ref());
 }
 
+/// What `g` holds in [`crashed_with_two_logged_files`].
+fn g_content() -> Vec<u8> {
+    pattern(61, 70_000)
+}
+
 /// The crashed disk of a run that committed `f`, then gave it an xattr
-/// and new data, created `g`, and fsynced both: one log leaf holds every
+/// and new data (fsynced twice: the second time its bytes go in the
+/// log), created `g`, and fsynced both: one log leaf holds every
 /// kind of item the log has, for two inodes.
 fn crashed_with_two_logged_files() -> Arc<canopy::dev::MemDevice> {
     let (dev, fs) = format_fs(SMALL_MIXED);
@@ -1532,8 +1540,14 @@ fn crashed_with_two_logged_files() -> Arc<canopy::dev::MemDevice> {
     fs.sync().expect("commit");
     fs.setxattr(f, b"user.k", b"value", 0).expect("setxattr");
     fs.write(f, 0, &pattern(60, 5000)).expect("write f");
+    // Inline until now: flushed to an extent, which the log names.
     fs.fsync(f).expect("fsync f");
-    let g = file(&fs, ROOT, "g", &pattern(61, 6000));
+    // A small write to a file with extents: its bytes go in the log.
+    fs.write(f, 6000, &pattern(62, 1000))
+        .expect("write f again");
+    fs.fsync(f).expect("fsync f again");
+    // More than an fsync logs: flushed, and named by extent.
+    let g = file(&fs, ROOT, "g", &g_content());
     fs.fsync(g).expect("fsync g");
     let out = crashed(&dev);
     drop(fs);
@@ -1624,9 +1638,9 @@ fn hostile_log_items_never_lock_the_filesystem_away() {
             }
             let g = content(&fs, "g");
             match is_csum {
-                false => assert_eq!(g, Some(pattern(61, 6000)), "{what}: g's fsync lost"),
+                false => assert_eq!(g, Some(g_content()), "{what}: g's fsync lost"),
                 true => assert!(
-                    [None, Some(pattern(61, 6000))].contains(&g),
+                    [None, Some(g_content())].contains(&g),
                     "{what}: g has {:?} bytes",
                     g.map(|g| g.len())
                 ),
@@ -1650,6 +1664,7 @@ fn hostile_log_items_never_lock_the_filesystem_away() {
         LOG_RANGE,
         EXTENT_DATA,
         EXTENT_CSUM,
+        LOG_DATA,
     ] {
         assert!(
             kinds.contains(&kind),
@@ -2224,4 +2239,229 @@ fn on_replicated_storage_a_log_write_writes_one_copy() {
             common::assert_posix_clean(dev.as_ref());
         }
     }
+}
+
+/// The model of [`small_writes_fsynced_in_the_log_survive_every_crash`]:
+/// the file after its first `steps` steps.
+fn logged_bytes_model(steps: usize) -> Vec<u8> {
+    let mut f = pattern(90, 40_000);
+    let put = |f: &mut Vec<u8>, at: usize, d: &[u8]| {
+        if f.len() < at + d.len() {
+            f.resize(at + d.len(), 0);
+        }
+        f[at..at + d.len()].copy_from_slice(d);
+    };
+    for step in 0..steps {
+        match step {
+            0 => put(&mut f, 5000, &pattern(91, 100)),
+            1 => {
+                put(&mut f, 8192, &pattern(92, 4096));
+                put(&mut f, 40_000, &pattern(93, 3000));
+            }
+            2 => {
+                put(&mut f, 5000, &pattern(94, 50));
+                f.truncate(30_000);
+                put(&mut f, 29_900, &pattern(95, 500));
+            }
+            3 => put(&mut f, 0, &pattern(96, 70_000)),
+            _ => put(&mut f, 100, &pattern(97, 10)),
+        }
+    }
+    f
+}
+
+/// Small writes to a file with extents are fsynced with their bytes in
+/// the log (`LOG_DATA`), not written to extents first: rewrites, an
+/// append, a truncate under logged bytes, a write too large for the log
+/// (flushed to extents, which the log then names) and a small one after
+/// it. At every crash point the file is as one of its fsyncs left it.
+#[test]
+fn small_writes_fsynced_in_the_log_survive_every_crash() {
+    let steps: Vec<Step> = (0..5)
+        .map(|step| -> Step {
+            Box::new(move |fs: &Fs| {
+                let f = lookup(fs, "f").expect("f");
+                match step {
+                    0 => drop(fs.write(f, 5000, &pattern(91, 100)).expect("write")),
+                    1 => {
+                        fs.write(f, 8192, &pattern(92, 4096)).expect("write");
+                        fs.write(f, 40_000, &pattern(93, 3000)).expect("append");
+                    }
+                    2 => {
+                        fs.write(f, 5000, &pattern(94, 50)).expect("write");
+                        let s = SetAttr {
+                            size: Some(30_000),
+                            ..Default::default()
+                        };
+                        fs.setattr(f, &s).expect("truncate");
+                        fs.write(f, 29_900, &pattern(95, 500)).expect("write");
+                    }
+                    3 => drop(fs.write(f, 0, &pattern(96, 70_000)).expect("write")),
+                    _ => drop(fs.write(f, 100, &pattern(97, 10)).expect("write")),
+                }
+                fs.fsync(f).expect("fsync");
+            })
+        })
+        .collect();
+    crash_every_prefix(
+        "logged bytes",
+        Box::new(|fs| {
+            file(fs, ROOT, "f", &logged_bytes_model(0));
+            fs.sync().expect("commit the file's extents");
+        }),
+        steps,
+        Box::new(|fs, done| expect_content(fs, "f", Some(&logged_bytes_model(done)))),
+    );
+}
+
+/// The crashed disk of a run that committed `f` with extents, then wrote
+/// a few bytes into it and fsynced: the bytes are only in the log.
+fn crashed_with_logged_bytes() -> (Arc<canopy::dev::MemDevice>, Vec<u8>) {
+    let (dev, fs) = format_fs(SMALL_MIXED);
+    let mut want = pattern(100, 20_000);
+    let f = file(&fs, ROOT, "f", &want);
+    fs.sync().expect("commit");
+    fs.write(f, 6000, &pattern(101, 700)).expect("write");
+    want[6000..6700].copy_from_slice(&pattern(101, 700));
+    fs.fsync(f).expect("fsync");
+    let out = crashed(&dev);
+    drop(fs);
+    (out, want)
+}
+
+/// The kinds of item in the log the crash left on `dev`.
+fn log_item_kinds(dev: &dyn Device) -> std::collections::BTreeSet<u8> {
+    use canopy::format::node::{Body, Node};
+    let root = common::last_log_root(dev);
+    assert_ne!(root, 0, "the crash left a log");
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut todo = vec![root];
+    while let Some(at) = todo.pop() {
+        let mut buf = vec![0u8; 4096];
+        dev.read_at(&mut buf, at).expect("read");
+        match Node::decode(&buf, at, &[0x42; 16]).expect("decode").body {
+            Body::Leaf(items) => kinds.extend(items.iter().map(|i| i.key.ty)),
+            Body::Internal(ptrs) => todo.extend(ptrs.iter().map(|p| p.bytenr)),
+        }
+    }
+    kinds
+}
+
+/// An fsync of a small write writes only log pages (blocks and the chain
+/// link, the bytes inside the blocks) before its one barrier: nothing goes
+/// to the file's extents until the commit. Once the chain runs (after the
+/// transaction's first log write), blocks and link go out as one write.
+#[test]
+fn a_small_fsynced_write_reaches_the_disk_in_the_log_write_alone() {
+    use canopy::dev::crash::{Op, PAGE};
+    use canopy::format::key_type::{EXTENT_DATA, LOG_DATA, LOG_RANGE};
+    use canopy::format::loglink::{LogLink, LINK_BYTES};
+    use canopy::format::node::Node;
+    let (dev, fs) = format_fs(SMALL_MIXED);
+    let f = file(&fs, ROOT, "f", &pattern(102, 20_000));
+    fs.sync().expect("commit");
+    drop(fs);
+    let base = dev.snapshot();
+    let rec = Arc::new(RecordingDevice::new(base.clone()));
+    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    fs.write(f, 100, &pattern(103, 10)).expect("write");
+    fs.fsync(f).expect("the transaction's first fsync");
+    let before = rec.ops().len();
+    fs.write(f, 4096, &pattern(103, 4096)).expect("write");
+    fs.fsync(f).expect("fsync");
+    let ops = rec.ops()[before..].to_vec();
+    let writes: Vec<(u64, &Vec<u8>)> = ops
+        .iter()
+        .filter_map(|o| match o {
+            Op::Write { offset, data } => Some((*offset, data)),
+            _ => None,
+        })
+        .collect();
+    let barriers = ops
+        .iter()
+        .filter(|o| matches!(o, Op::Barrier { .. }))
+        .count();
+    let shape: Vec<(u64, usize)> = writes.iter().map(|(o, d)| (*o, d.len())).collect();
+    assert_eq!(barriers, 1, "one barrier: {shape:?}");
+    assert_eq!(writes.len(), 1, "one write, blocks and link: {shape:?}");
+    for (offset, data) in &writes {
+        for (i, page) in data.chunks_exact(PAGE).enumerate() {
+            let at = offset + (i * PAGE) as u64;
+            let log_block = Node::decode(page, at, &[0x42; 16])
+                .is_ok_and(|n| n.owner == canopy::format::tree_id::LOG);
+            assert!(
+                log_block || LogLink::looks_like_link(&page[..LINK_BYTES]),
+                "page {at} of the fsync's write is not the log's: {shape:?}"
+            );
+        }
+    }
+    let all = rec.ops();
+    let mut replayer = Replayer::new(Arc::new(base), all.clone());
+    let disk = replayer.at(all.len(), &|_| true);
+    let kinds = log_item_kinds(&disk);
+    assert!(
+        kinds.contains(&LOG_DATA),
+        "the bytes are in the log: {kinds:?}"
+    );
+    assert!(
+        !kinds.contains(&EXTENT_DATA) && !kinds.contains(&LOG_RANGE),
+        "no extent was written for them: {kinds:?}"
+    );
+    drop(fs);
+}
+
+/// A commit drops the log, so the bytes it holds must be in the trees by
+/// then, whoever commits: here the engine directly, with no flush of the
+/// file before it. A crash after that commit keeps them.
+#[test]
+fn a_commit_writes_the_bytes_the_log_holds_before_dropping_it() {
+    let (dev, fs) = format_fs(SMALL_MIXED);
+    let mut want = pattern(104, 20_000);
+    let f = file(&fs, ROOT, "f", &want);
+    fs.sync().expect("commit");
+    fs.write(f, 9000, &pattern(105, 300)).expect("write");
+    want[9000..9300].copy_from_slice(&pattern(105, 300));
+    fs.fsync(f).expect("fsync");
+    fs.engine()
+        .commit()
+        .expect("a commit from below the fs layer");
+    let disk = crashed(&dev);
+    drop(fs);
+    assert_eq!(
+        common::last_log_root(disk.as_ref()),
+        0,
+        "the commit dropped the log"
+    );
+    let fs = open_fs(&disk);
+    expect_content(&fs, "f", Some(&want)).expect("the fsynced bytes");
+    drop(fs);
+    common::assert_posix_clean(disk.as_ref());
+}
+
+/// Bytes in the log replay on a writable mount (the replay's commit
+/// writes them to extents), show on a read-only one (from memory), and
+/// check calls the image clean.
+#[test]
+fn logged_bytes_replay_on_writable_and_read_only_mounts() {
+    use canopy::format::key_type::LOG_DATA;
+    let (dev, want) = crashed_with_logged_bytes();
+    assert!(log_item_kinds(dev.as_ref()).contains(&LOG_DATA));
+    let report = canopy::check::check_all(crashed(&dev), &|_, _| {}).expect("check ran");
+    assert!(report.is_clean(), "{:#?}", report.problems);
+    let ro = OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let e = Engine::open(crashed(&dev) as Arc<dyn Device>, &ro).expect("open read-only");
+    let fs = Fs::new(Arc::new(e)).expect("replay in memory");
+    expect_content(&fs, "f", Some(&want)).expect("read-only replay");
+    drop(fs);
+    let fs = open_fs(&dev);
+    expect_content(&fs, "f", Some(&want)).expect("writable replay");
+    drop(fs);
+    assert_eq!(common::last_log_root(dev.as_ref()), 0, "replay committed");
+    common::assert_clean(dev.as_ref());
+    let fs = open_fs(&dev);
+    expect_content(&fs, "f", Some(&want)).expect("after the replay's commit");
 }

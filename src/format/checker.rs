@@ -91,6 +91,7 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
             Ok(end) if end > key.offset => check_ino(key.objectid, "logged range's inode"),
             _ => fail("logged range that does not end after its start"),
         },
+        LOG_DATA => check_ino(key.objectid, "logged data's inode").and(check_log_data(key, data)),
         BALANCE_ITEM if key.objectid == super::BALANCE_OBJECTID && key.offset == 0 => {
             super::balance::BalanceArgs::decode(data).map(drop)
         }
@@ -114,6 +115,24 @@ pub fn check_item(key: &Key, data: &[u8], limits: &Limits) -> Verdict {
         // checked by the code that will read them.
         _ => Ok(()),
     }
+}
+
+/// Logged file bytes: some, within one chunk of the file (which also
+/// keeps them below the largest file size).
+fn check_log_data(key: &Key, data: &[u8]) -> Verdict {
+    let chunk = super::LOG_DATA_CHUNK;
+    let room = chunk - key.offset % chunk;
+    if data.is_empty() || data.len() as u64 > room {
+        return fail(format!(
+            "logged data of {} bytes at offset {} (1 to {room} fit its chunk)",
+            data.len(),
+            key.offset
+        ));
+    }
+    if key.offset.saturating_add(data.len() as u64) > MAX_FILE_SIZE {
+        return fail("logged data past the largest file size");
+    }
+    Ok(())
 }
 
 /// `(tree id, ROOT_ITEM, 0)`: the format writes no other offset, and a

@@ -35,6 +35,10 @@ pub const MIN_NODESIZE: u32 = 4096;
 pub const MAX_NODESIZE: u32 = 65536;
 pub const DEFAULT_NODESIZE: u32 = 16384;
 pub const SECTORSIZE: u32 = 4096;
+/// Most bytes one `LOG_DATA` item holds: the file's bytes from its
+/// offset to the end of that chunk of the file at most. Half a sector,
+/// so that an item fits a leaf of the smallest node size (4 KiB).
+pub const LOG_DATA_CHUNK: u64 = SECTORSIZE as u64 / 2;
 
 /// Well-known tree ids (objectids of ROOT_ITEMs in the root tree).
 pub mod tree_id {
@@ -125,6 +129,10 @@ pub mod key_type {
     /// Log tree only: a file range whose extent items the log holds in
     /// full (value: the range's end, u64).
     pub const LOG_RANGE: u8 = 221;
+    /// Log tree only: bytes of a file an fsync logged instead of writing
+    /// them to an extent (at most [`super::LOG_DATA_CHUNK`] of them, from the key's
+    /// offset, within one chunk; `fs::log`).
+    pub const LOG_DATA: u8 = 222;
     /// `(DEFAULT_DIR, DEFAULT_SUBVOL, 0)` in the root tree: the subvolume
     /// a mount shows when none is asked for (u64; absent: tree 5).
     pub const DEFAULT_SUBVOL: u8 = 230;

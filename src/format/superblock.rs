@@ -126,6 +126,11 @@ pub const INCOMPAT_LOG_CHAIN: u64 = 2048;
 /// and could drop an fsync that returned. Set with
 /// [`INCOMPAT_LOG_CHAIN`], whatever the mount's setting, and needs it.
 pub const INCOMPAT_LOG_OVERLAP: u64 = 4096;
+/// The log may carry file data (`LOG_DATA` items): an fsync of a few
+/// small writes logs their bytes rather than writing them to extents, and
+/// replay writes them. Older code would drop those bytes. Set with
+/// [`INCOMPAT_LOG_CHAIN`], like [`INCOMPAT_LOG_OVERLAP`].
+pub const INCOMPAT_LOG_DATA: u64 = 8192;
 /// The most log writes that may be out at once (see
 /// [`INCOMPAT_LOG_OVERLAP`]).
 pub const LOG_WRITES_IN_FLIGHT_MAX: usize = 2;
@@ -133,6 +138,7 @@ pub const LOG_WRITES_IN_FLIGHT_MAX: usize = 2;
 pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_DUP
     | INCOMPAT_LOG_CHAIN
     | INCOMPAT_LOG_OVERLAP
+    | INCOMPAT_LOG_DATA
     | INCOMPAT_MAPPED
     | INCOMPAT_NODATASUM
     | INCOMPAT_DEVICES
@@ -321,8 +327,11 @@ impl Superblock {
         self.log_prev_level = 0;
         self.log_nonce = 0;
         self.log_chain = 0;
-        self.incompat &=
-            !(INCOMPAT_LOG_TREE | INCOMPAT_LOG_CHECKED | INCOMPAT_LOG_CHAIN | INCOMPAT_LOG_OVERLAP);
+        self.incompat &= !(INCOMPAT_LOG_TREE
+            | INCOMPAT_LOG_CHECKED
+            | INCOMPAT_LOG_CHAIN
+            | INCOMPAT_LOG_OVERLAP
+            | INCOMPAT_LOG_DATA);
     }
 
     /// Names the chain the next transaction's log writes begin at
@@ -331,7 +340,7 @@ impl Superblock {
         self.clear_log();
         self.log_chain = first;
         self.log_nonce = nonce;
-        self.incompat |= INCOMPAT_LOG_CHAIN | INCOMPAT_LOG_OVERLAP;
+        self.incompat |= INCOMPAT_LOG_CHAIN | INCOMPAT_LOG_OVERLAP | INCOMPAT_LOG_DATA;
     }
 
     /// Encodes the copy that lives at `bytenr`.
@@ -592,6 +601,9 @@ impl Superblock {
         }
         if self.incompat & INCOMPAT_LOG_OVERLAP != 0 && !chained {
             return Err("overlapped log writes without a log chain".into());
+        }
+        if self.incompat & INCOMPAT_LOG_DATA != 0 && !chained && !has_log {
+            return Err("logged file data without a log".into());
         }
         if chained
             && (has_log

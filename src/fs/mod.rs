@@ -184,7 +184,7 @@ impl Fs {
         }
         // Before anything reads a tree: the log may hold fsynced changes
         // the last commit lacks.
-        log::replay(&engine)?;
+        let logged_bytes = log::replay(&engine)?;
         let core = Arc::new(Core {
             engine,
             atime_policy: std::sync::atomic::AtomicU8::new(1),
@@ -204,6 +204,9 @@ impl Fs {
             replace_thread: daemon::Worker::default(),
             replace_job: Default::default(),
         });
+        core.engine
+            .set_logged_bytes(Arc::new(log::BytesHook(Arc::downgrade(&core))));
+        core.restore_logged_bytes(logged_bytes)?;
         let top = core.subvol(FS)?;
         if top.is_empty_tree()? {
             top.make_root_dir()?;
@@ -533,10 +536,17 @@ impl Drop for Fs {
         self.core.rescan_thread.stop();
         // A replace not finished is given up (nothing of it is on disk).
         self.core.stop_replace();
-        if self.core.budget.buffered() > 0 {
-            if let Err(e) = self.core.flush_all() {
-                tracing::error!(error = %e, "flushing buffered data failed");
-            }
+        let flushed = match self.core.budget.buffered() {
+            0 => Ok(()),
+            _ => self.core.flush_all(),
+        };
+        match flushed {
+            // Nothing is buffered now, so whatever bytes the log holds are
+            // in the trees: the final commit may drop it.
+            Ok(()) => self.core.engine.forget_logged_bytes(),
+            // The final commit keeps the log (it would drop the only copy
+            // of fsynced bytes), and the next mount replays it.
+            Err(e) => tracing::error!(error = %e, "flushing buffered data failed"),
         }
         // Each subvolume holds the core: let them go.
         crate::sync::write(&self.core.subvols).clear();

@@ -29,6 +29,37 @@ impl RangeSet {
         self.0.insert(start, end);
     }
 
+    /// Takes `[start, end)` out of the set.
+    pub(crate) fn remove(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let hit: Vec<(u64, u64)> = self
+            .0
+            .range(..end)
+            .rev()
+            .take_while(|&(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in hit {
+            self.0.remove(&s);
+            if s < start {
+                self.0.insert(s, start);
+            }
+            if e > end {
+                self.0.insert(end, e);
+            }
+        }
+    }
+
+    /// Whether some range of the set overlaps `[start, end)`.
+    pub(crate) fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.0
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &e)| e > start)
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -67,6 +98,34 @@ mod tests {
                 covered[s as usize..e as usize].fill(true);
             }
             proptest::prop_assert_eq!(covered, model);
+        }
+
+        /// Removes take exactly their ranges out, and `overlaps` agrees
+        /// with the bytes left.
+        #[test]
+        fn removes_and_overlaps_follow_the_model(
+            ops in proptest::collection::vec((proptest::bool::ANY, 0u64..200, 0u64..40), 0..80),
+            probes in proptest::collection::vec((0u64..200, 1u64..40), 0..20)
+        ) {
+            let mut set = super::RangeSet::default();
+            let mut model = [false; 240];
+            for &(add, s, len) in &ops {
+                match add {
+                    true => set.insert(s, s + len),
+                    false => set.remove(s, s + len),
+                }
+                model[s as usize..(s + len) as usize].fill(add);
+            }
+            let mut covered = [false; 240];
+            for &(s, e) in &set.to_vec() {
+                proptest::prop_assert!(s < e);
+                covered[s as usize..e as usize].fill(true);
+            }
+            proptest::prop_assert_eq!(covered, model);
+            for &(s, len) in &probes {
+                let any = model[s as usize..(s + len) as usize].iter().any(|&b| b);
+                proptest::prop_assert_eq!(set.overlaps(s, s + len), any);
+            }
         }
     }
 }

@@ -25,6 +25,21 @@ struct Prepared {
     retired: Vec<u64>,
 }
 
+/// What phase 1 of a commit found.
+enum Prepare {
+    Ready(Box<Prepared>),
+    /// Nothing changed since the last commit, of this generation.
+    Nothing(u64),
+    /// The log holds bytes still only in a file's buffer
+    /// (`log::LoggedBytes`): flush and try again.
+    LoggedBytesBuffered,
+}
+
+/// Rounds of flushing a commit makes for the bytes the log holds. Fsyncs
+/// log no more bytes once it starts, so one round is enough unless a
+/// flush failed and gave its bytes back to the buffer.
+const LOGGED_BYTES_TRIES: u32 = 3;
+
 impl Engine {
     /// Commits the running transaction and returns its generation. Returns
     /// at once with the last generation when nothing changed.
@@ -33,11 +48,26 @@ impl Engine {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let prepared = match self.prepare_under_lock()? {
-            Ok(p) => p,
-            // Nothing new, but the last prepared commit may still be
-            // writing: durable means its I/O has finished.
-            Err(last) => return self.wait_written(last),
+        let mut tries = 0;
+        let prepared = loop {
+            self.flush_logged_bytes()?;
+            match self.prepare_under_lock()? {
+                Prepare::Ready(p) => break p,
+                // Nothing new, but the last prepared commit may still be
+                // writing: durable means its I/O has finished.
+                Prepare::Nothing(last) => return self.wait_written(last),
+                // A flush of a file whose bytes the log holds failed or
+                // was undone meanwhile: once more, then give up rather
+                // than drop the only durable copy of fsynced bytes.
+                Prepare::LoggedBytesBuffered if tries < LOGGED_BYTES_TRIES => tries += 1,
+                Prepare::LoggedBytesBuffered => {
+                    return Err(Error::Invalid(
+                        "bytes an fsync logged could not be flushed to extents; \
+                         the commit keeps the log instead of dropping them"
+                            .into(),
+                    ))
+                }
+            }
         };
         let generation = prepared.sb.generation;
         // Encoded (checksummed) without any lock: the nodes are frozen now.
@@ -76,12 +106,16 @@ impl Engine {
     }
 
     /// Phase 1 under the state lock, taken once no flight is open (their
-    /// extents are not referenced yet): the commit to write, or (Err) the
-    /// last generation when nothing changed. A failure shuts the engine
+    /// extents are not referenced yet): the commit to write, the last
+    /// generation when nothing changed, or word that bytes the log holds
+    /// are still buffered. A failure shuts the engine
     /// down.
-    fn prepare_under_lock(&self) -> Result<std::result::Result<Prepared, u64>> {
+    fn prepare_under_lock(&self) -> Result<Prepare> {
         let mut st = self.lock_without_flights();
         self.check_alive()?;
+        if !self.logged_bytes_landed(&st) {
+            return Ok(Prepare::LoggedBytesBuffered);
+        }
         let started = std::time::Instant::now();
         let prepared = prepare(&mut st, &self.shared);
         // How long every other operation waited: what latency benchmarks
@@ -91,8 +125,8 @@ impl Engine {
             "commit prepared under the state lock"
         );
         match prepared {
-            Ok(Some(p)) => Ok(Ok(p)),
-            Ok(None) => Ok(Err(st.sb.generation)),
+            Ok(Some(p)) => Ok(Prepare::Ready(Box::new(p))),
+            Ok(None) => Ok(Prepare::Nothing(st.sb.generation)),
             Err(e) => {
                 let e = match e {
                     // The reservations promise this cannot happen.
@@ -188,6 +222,7 @@ fn prepare(st: &mut State, sh: &super::Shared) -> Result<Option<Prepared>> {
     }
     // The log ends with the transaction it served.
     st.drop_log(sh)?;
+    st.log_bytes_closed = false;
     // No flight is open (`lock_without_flights`): one dropped without
     // ending left its extents unreferenced, and this fold frees them.
     st.refs.release_all();

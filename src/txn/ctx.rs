@@ -717,7 +717,11 @@ impl BlockWrite for Txn<'_> {
         let mut flags = 0;
         let bytenr = if owner == tree_id::LOG {
             // No extent item and no free-space change: the commit frees
-            // the log's blocks as a set (`State::drop_log`).
+            // the log's blocks as a set (`State::drop_log`). Placed right
+            // after the block kept for the next chain link, so that the
+            // log write sends link and blocks as one run (and the link
+            // after them is taken from where they end).
+            let hint = self.st.log_chain.map_or(hint, |c| c.at + ns);
             let (bytenr, _) = self.st.alloc.alloc_transient(kind, ns, ns, hint)?;
             if let Some(l) = self.st.log.as_mut() {
                 l.blocks.insert(bytenr);

@@ -48,7 +48,7 @@ pub use ctx::{Reader, Txn};
 pub use discard::{DiscardMode, DiscardPass};
 pub use flight::{DataDevice, Flight, Flusher};
 pub use grow::{GrowTo, Grown};
-pub use log::{read_chain, DroppedRoot, LogVerdict, SkippedInode};
+pub use log::{read_chain, DroppedRoot, LogVerdict, LoggedBytes, SkippedInode};
 pub use mechanism::{Mechanism, Slots};
 pub use open::{
     random_fsid, read_best_superblock, read_super_copies, FormatOptions, OpenOptions,
@@ -118,6 +118,10 @@ pub(crate) struct State {
     /// A log of this transaction reached the disk: frees stay pinned
     /// until the commit is durable.
     pub log_durable: bool,
+    /// A commit is flushing the files whose bytes the log holds
+    /// (`log::LoggedBytes`): fsyncs flush rather than log more bytes until
+    /// it has prepared, so it cannot be kept waiting.
+    pub log_bytes_closed: bool,
     /// Takes of the log's blocks by log writes so far (`Engine::sync_log`):
     /// a caller that logged before take N is durable once N is written.
     pub log_takes: u64,
@@ -272,6 +276,9 @@ pub struct Engine {
     foreground: AtomicU64,
     /// How freed space reaches the storage, and the ranges waiting.
     discards: discard::Discards,
+    /// The layer above that buffers the file bytes an fsync logged
+    /// (`log::LoggedBytes`), once it has said so.
+    logged_bytes: Mutex<Option<Arc<dyn log::LoggedBytes>>>,
 }
 
 impl Engine {

@@ -195,6 +195,7 @@ fn new_engine(
         device_names: RwLock::new(BTreeMap::new()),
         foreground: Default::default(),
         discards: Default::default(),
+        logged_bytes: Mutex::new(None),
     }
 }
 
@@ -238,6 +239,7 @@ fn empty_state(sb: Superblock, transid: u64, device_bytes: u64, mechanisms: Mech
         log_found: None,
         log_durable: false,
         log_replayed: false,
+        log_bytes_closed: false,
         log_takes: 0,
         log_chain: None,
         superblock_changed: false,

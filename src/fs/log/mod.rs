@@ -42,15 +42,16 @@ use super::{dir, file, load_inode_tx, Subvol};
 use crate::error::{Error, Result};
 use crate::format::inode::{DirEntry, InodeItem, ROOT_DIR_INO};
 use crate::format::key_type::{
-    EXTENT_CSUM, EXTENT_DATA, INODE_EXTREF, INODE_ITEM, INODE_REF, LOG_INODE, LOG_RANGE, XATTR_ITEM,
+    EXTENT_CSUM, EXTENT_DATA, INODE_EXTREF, INODE_ITEM, INODE_REF, LOG_DATA, LOG_INODE, LOG_RANGE,
+    XATTR_ITEM,
 };
 use crate::format::tree_id::{CSUM, LOG};
-use crate::format::{Key, CSUM_OBJECTID};
+use crate::format::{Key, CSUM_OBJECTID, LOG_DATA_CHUNK};
 use crate::txn::{Need, Txn};
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-pub(crate) use replay::replay;
+pub(crate) use replay::{replay, LoggedBytes};
 
 /// What an fsync's step in the log found to do.
 enum LogStep {
@@ -63,6 +64,47 @@ enum LogStep {
     /// disagree with them; or the log found at open is not replayed
     /// yet): commit instead.
     NeedsCommit,
+    /// Its buffered data cannot go into the log: flush it to extents,
+    /// then log.
+    Flush,
+}
+
+/// Most buffered bytes of one file an fsync puts into the log instead of
+/// writing them to extents first. A few small writes (a database page,
+/// a journal's append) then reach the device in the log write itself:
+/// one write per fsync, not a data write and a log write (on a
+/// replicated pool, one operation rather than two). More is flushed:
+/// every fsync of the file until the next commit writes the leaves that
+/// hold its bytes again, and the commit writes them once more to
+/// extents.
+pub(crate) const LOG_DATA_MAX: u64 = 64 << 10;
+
+/// A file's buffer as an fsync logs it.
+struct Buffered {
+    /// (file offset, bytes), each within one [`LOG_DATA_CHUNK`] of the
+    /// file.
+    chunks: Vec<(u64, Vec<u8>)>,
+    /// Size and times the buffered writes set (the logged inode item
+    /// carries them).
+    pending: Option<super::inodes::PendingAttrs>,
+}
+
+/// `ranges` cut at every multiple of [`LOG_DATA_CHUNK`]: an append that
+/// grows the last chunk then changes one item, not all of them.
+fn log_chunks(ranges: &super::writeback::Ranges) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (&at, data) in ranges {
+        let mut off = at;
+        let mut rest = &data[..];
+        while !rest.is_empty() {
+            let room = (LOG_DATA_CHUNK - off % LOG_DATA_CHUNK) as usize;
+            let (head, tail) = rest.split_at(room.min(rest.len()));
+            out.push((off, head.to_vec()));
+            off += head.len() as u64;
+            rest = tail;
+        }
+    }
+    out
 }
 
 /// `LOG_INODE` values.
@@ -86,13 +128,26 @@ pub(crate) struct Changes {
     ranges: RangeSet,
     /// Children whose names in this directory changed.
     children: HashSet<u64>,
+    /// Ranges of the buffer whose bytes the log holds (`LOG_DATA`) and no
+    /// flush has written to extents yet: the commit that drops the log
+    /// must wait for them ([`crate::txn::LoggedBytes`]).
+    logged_bytes: RangeSet,
 }
 
 impl Changes {
+    /// A flush wrote `[start, end)` of the file to extents in the running
+    /// transaction: the log's bytes there are in the trees now.
+    pub(crate) fn landed(&mut self, start: u64, end: u64) {
+        self.logged_bytes.remove(start, end);
+    }
+
     /// Whether it holds nothing about transaction `transid`.
     pub(crate) fn is_empty_for(&self, transid: u64) -> bool {
         self.transid < transid
-            || (!self.logged && self.ranges.is_empty() && self.children.is_empty())
+            || (!self.logged
+                && self.ranges.is_empty()
+                && self.children.is_empty()
+                && self.logged_bytes.is_empty())
     }
 }
 
@@ -257,30 +312,89 @@ fn copy_items(tx: &Txn<'_>, tree: u64, start: Key, end: Key) -> Result<Vec<(Key,
 
 impl Subvol {
     /// fsync(2) and fdatasync(2) of `ino`: its data and the log entries
-    /// that make it (and the names that reach it) survive a crash.
+    /// that make it (and the names that reach it) survive a crash. A
+    /// regular file with a few small buffered writes logs their bytes
+    /// (see [`LOG_DATA_MAX`]); otherwise its buffer is flushed to extents
+    /// first and the log names those.
     pub fn fsync(&self, ino: u64) -> Result<()> {
         if !self.core.log_enabled() {
             return self.core.sync();
         }
-        self.flush_file_for_fsync(ino)?;
-        self.flush_symlinks_in(ino)?;
-        let step = self.core.engine.write(|tx| {
-            if tx.has_pending_log() || self.core.tracking.is_stale(tx.transid()) {
-                return Ok(LogStep::NeedsCommit);
-            }
-            Ok(match self.log_inode(tx, ino)? {
-                true => LogStep::Logged,
-                false => LogStep::Unchanged,
-            })
-        });
+        let mut step = self.core.engine.write(|tx| self.log_step(tx, ino, true));
+        if matches!(step, Ok(LogStep::Flush)) {
+            self.flush_file_for_fsync(ino)?;
+            self.flush_symlinks_in(ino)?;
+            step = self.core.engine.write(|tx| self.log_step(tx, ino, false));
+        }
         match step {
             Ok(LogStep::Logged) => self.core.engine.sync_log(),
             // Unchanged since the last commit: durable once it is written.
             Ok(LogStep::Unchanged) | Err(Error::NotFound) => self.core.engine.wait_prepared(),
             // No room for the log: a commit does it all.
-            Ok(LogStep::NeedsCommit) | Err(Error::NoSpace) => self.core.sync(),
+            Ok(LogStep::NeedsCommit | LogStep::Flush) | Err(Error::NoSpace) => self.core.sync(),
             Err(e) => Err(e),
         }
+    }
+
+    /// The log's part of an fsync of `ino`, in one transaction; with
+    /// `bytes`, the file's buffered bytes go into the log if they may
+    /// ([`Subvol::loggable_bytes`]), else it asks for a flush first.
+    fn log_step(&self, tx: &mut Txn<'_>, ino: u64, bytes: bool) -> Result<LogStep> {
+        if tx.has_pending_log() || self.core.tracking.is_stale(tx.transid()) {
+            return Ok(LogStep::NeedsCommit);
+        }
+        let buffered = match bytes {
+            true => match self.loggable_bytes(tx, ino)? {
+                Some(b) => Some(b),
+                None => return Ok(LogStep::Flush),
+            },
+            false => None,
+        };
+        Ok(match self.log_inode(tx, ino, buffered)? {
+            true => LogStep::Logged,
+            false => LogStep::Unchanged,
+        })
+    }
+
+    /// What of `ino`'s buffer an fsync may put in the log rather than
+    /// flush, read with the engine's state lock held (no flush of it can
+    /// move on meanwhile): every buffered byte, if `ino` is a regular file
+    /// with extents, at most [`LOG_DATA_MAX`] bytes are buffered and no
+    /// flush holds any in flight (those are in neither the buffer nor the
+    /// tree yet). An inline file is flushed: its data goes into the tree
+    /// with no device write anyway.
+    fn loggable_bytes(&self, tx: &Txn<'_>, ino: u64) -> Result<Option<Buffered>> {
+        let Some(inode) = self.inodes.get(ino) else {
+            return Ok(None);
+        };
+        if !tx.may_log_bytes() {
+            return Ok(None);
+        }
+        let mut item = load_inode_tx(tx, self.tree, ino)?;
+        if item.mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(None);
+        }
+        let taken = {
+            let s = crate::sync::lock(&inode.state);
+            let bytes: u64 = s.buffered.values().map(|d| d.len() as u64).sum();
+            if !s.in_flight.is_empty() || bytes > LOG_DATA_MAX {
+                return Ok(None);
+            }
+            Buffered {
+                chunks: log_chunks(&s.buffered),
+                pending: s.pending,
+            }
+        };
+        if let Some(p) = taken.pending {
+            p.lay_over(&mut item);
+        }
+        let root = tx.root_of(self.tree)?;
+        if item.size <= file::INLINE_MAX.max(file::INLINE_FILE_MAX)
+            || file::is_inline(tx, &root, ino)?
+        {
+            return Ok(None);
+        }
+        Ok(Some(taken))
     }
 
     /// A directory's changed children go into the log with it, and a
@@ -311,16 +425,29 @@ impl Subvol {
             .try_for_each(|l| self.flush_file_for_fsync(l))
     }
 
-    /// Logs `ino` in full; false when it did not change in this
+    /// Logs `ino` in full, with `buffered` (its buffer, not flushed) as
+    /// its data's newest bytes; false when it did not change in this
     /// transaction (nothing to log).
-    fn log_inode(&self, tx: &mut Txn<'_>, ino: u64) -> Result<bool> {
+    fn log_inode(&self, tx: &mut Txn<'_>, ino: u64, buffered: Option<Buffered>) -> Result<bool> {
         let transid = tx.transid();
-        let inode = load_inode_tx(tx, self.tree, ino)?;
-        if inode.transid < transid {
+        let mut inode = load_inode_tx(tx, self.tree, ino)?;
+        let (chunks, pending) = buffered.map_or((Vec::new(), None), |b| (b.chunks, b.pending));
+        if inode.transid < transid && chunks.is_empty() && pending.is_none() {
             return Ok(false);
+        }
+        if let Some(p) = pending {
+            p.lay_over(&mut inode);
         }
         let mut batch = Batch::default();
         self.plan_full(tx, ino, &inode, &mut batch)?;
+        let regular = inode.mode & libc::S_IFMT == libc::S_IFREG;
+        let mut logged_bytes = RangeSet::default();
+        for (off, d) in &chunks {
+            logged_bytes.insert(*off, off + d.len() as u64);
+        }
+        if regular {
+            plan_bytes(tx, self.tree, ino, chunks, &mut batch)?;
+        }
         let mut visited = HashSet::from([ino]);
         let mut extra = Vec::new();
         self.plan_related(tx, ino, &mut visited, &mut extra)?;
@@ -351,6 +478,11 @@ impl Subvol {
         // Only now: a failure above leaves the ranges noted for the next
         // fsync and marks nothing logged that is not.
         self.mark_logged(transid, Some(ino), &others);
+        if regular {
+            tx.note_log_bytes(super::node_id(self.tree, ino), !logged_bytes.is_empty());
+            self.inodes
+                .changes(transid, ino, |c| c.logged_bytes = logged_bytes);
+        }
         Ok(true)
     }
 
@@ -558,6 +690,112 @@ impl Subvol {
         self.inodes.changes(tx.transid(), dir, |c| {
             c.children.insert(child);
         });
+    }
+}
+
+/// The log's `LOG_DATA` items of `ino` become `chunks`: items the log
+/// holds already as they are stay (their leaves are not written again),
+/// others go. Every logged byte not in the buffer now was flushed since
+/// (its extents are in the log's ranges) or cut off, so the log keeps
+/// only what the buffer holds, and replay lays those bytes over the
+/// logged extents, newest over oldest.
+fn plan_bytes(
+    tx: &Txn<'_>,
+    tree: u64,
+    ino: u64,
+    chunks: Vec<(u64, Vec<u8>)>,
+    batch: &mut Batch,
+) -> Result<()> {
+    let mut want: std::collections::BTreeMap<u64, Vec<u8>> = chunks.into_iter().collect();
+    if tx.has_log() {
+        let (s, e) = keys_of(ino, LOG_DATA);
+        for (k, d) in tx.range(LOG, &log_key(tree, s), &log_key(tree, e))? {
+            if want.get(&k.offset) == Some(&d) {
+                want.remove(&k.offset);
+            } else {
+                let at = Key::new(ino, LOG_DATA, k.offset);
+                batch
+                    .clear
+                    .push((at, Key::new(ino, LOG_DATA, k.offset.saturating_add(1))));
+            }
+        }
+    }
+    batch.puts.extend(
+        want.into_iter()
+            .map(|(off, d)| (Key::new(ino, LOG_DATA, off), d)),
+    );
+    Ok(())
+}
+
+/// The fs layer as the engine's commit sees it when the log holds file
+/// bytes ([`crate::txn::LoggedBytes`]). It holds the core weakly: the
+/// engine outlives it, and an engine whose core is gone commits only
+/// once nothing the log holds is buffered ([`Fs`]'s drop flushes all).
+pub(crate) struct BytesHook(pub std::sync::Weak<super::Core>);
+
+impl crate::txn::LoggedBytes for BytesHook {
+    fn flush(&self, nodes: &[u64]) -> Result<()> {
+        let Some(core) = self.0.upgrade() else {
+            return Err(Error::Invalid(
+                "the fsync log holds file bytes of a filesystem no longer open".into(),
+            ));
+        };
+        for &node in nodes {
+            let (tree, ino) = super::split_node(node);
+            match core.subvol(tree) {
+                Ok(sv) => sv.flush_file_for_fsync(ino)?,
+                // A subvolume deleted meanwhile buffers nothing.
+                Err(Error::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn unflushed(&self, node: u64, transid: u64) -> bool {
+        let Some(core) = self.0.upgrade() else {
+            return true;
+        };
+        let (tree, ino) = super::split_node(node);
+        // Only subvolumes open already: opening one reads trees, which
+        // needs the state lock the caller holds.
+        let Some(sv) = crate::sync::read(&core.subvols).get(&tree).cloned() else {
+            return false;
+        };
+        sv.inodes
+            .peek(ino, |s| {
+                s.changes.transid == transid
+                    && s.buffered
+                        .iter()
+                        .any(|(&at, d)| s.changes.logged_bytes.overlaps(at, at + d.len() as u64))
+            })
+            .unwrap_or(false)
+    }
+}
+
+impl super::Core {
+    /// Puts the bytes replay found in the log into their files' buffers,
+    /// then, on a writable engine, commits: the commit writes them to
+    /// extents in the transaction that drops the log, so the disk always
+    /// holds them one way or the other. A file the replay deleted (no
+    /// names left) has nothing to take them.
+    pub(crate) fn restore_logged_bytes(self: &Arc<Self>, bytes: Vec<LoggedBytes>) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        for b in bytes {
+            let live = self
+                .engine
+                .read(|r| Ok(super::load_inode_r(r, b.tree, b.ino).is_ok()))?;
+            if live {
+                let sv = self.subvol(b.tree)?;
+                sv.restore_logged_bytes(b.ino, b.offset, b.bytes)?;
+            }
+        }
+        if !self.engine.is_read_only() {
+            self.sync()?;
+        }
+        Ok(())
     }
 }
 

@@ -9,13 +9,20 @@
 //! 3. inodes logged as gone lose their names;
 //! 4. link counts of every inode touched are recounted from its names;
 //!    a file left with none is deleted, as an unlinked file is.
+//!
+//! Bytes an fsync logged rather than flushed (`LOG_DATA`) are not written
+//! here: replay hands them back, and the fs layer puts them in their
+//! files' buffers before anything else runs, so the commit that ends the
+//! replay writes them to extents (and a read-only mount reads them from
+//! memory).
 
 use super::{name_set, MODE_FULL, MODE_GONE, MODE_NAMES};
 use crate::error::{Error, Result};
 use crate::format::inode::{DirEntry, InodeItem, ROOT_DIR_INO};
 use crate::format::items::FileExtentItem;
 use crate::format::key_type::{
-    EXTENT_CSUM, EXTENT_DATA, INODE_EXTREF, INODE_ITEM, INODE_REF, LOG_INODE, LOG_RANGE, XATTR_ITEM,
+    EXTENT_CSUM, EXTENT_DATA, INODE_EXTREF, INODE_ITEM, INODE_REF, LOG_DATA, LOG_INODE, LOG_RANGE,
+    XATTR_ITEM,
 };
 use crate::format::tree_id::{CSUM, LOG};
 use crate::format::{Key, CSUM_OBJECTID};
@@ -33,20 +40,37 @@ struct Logged {
     xattrs: Vec<(Key, Vec<u8>)>,
     ranges: Vec<(u64, u64)>,
     extents: Vec<(Key, FileExtentItem)>,
+    /// Logged bytes: (file offset, bytes).
+    bytes: Vec<(u64, Vec<u8>)>,
 }
 
-/// Replays the log the engine found at open, if any, and commits. The
-/// log's inode numbers are node ids: each names its subvolume.
-pub(crate) fn replay(engine: &Engine) -> Result<()> {
+/// Bytes of a file the log held (`LOG_DATA`), cut to its logged size:
+/// the caller buffers them in the file once the replay's transaction
+/// has run, and the commit that follows writes them.
+pub(crate) struct LoggedBytes {
+    pub tree: u64,
+    pub ino: u64,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// Replays the log the engine found at open, if any, and commits unless
+/// it held file bytes, which it returns: those need the fs layer's
+/// buffers, and the caller commits once they are there (no commit may
+/// come between, or the log would be gone with the bytes still in it).
+/// The log's inode numbers are node ids: each names its subvolume.
+pub(crate) fn replay(engine: &Engine) -> Result<Vec<LoggedBytes>> {
     if !engine.has_pending_log() {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    engine.replay_write(|tx| {
+    let bytes = engine.replay_write(|tx| {
         let (logged, csums) = read_log(tx)?;
         let count = logged.len();
         let mut by_tree: BTreeMap<u64, BTreeMap<u64, Logged>> = BTreeMap::new();
+        let mut bytes = Vec::new();
         for (node, mut l) in logged {
             let (tree, ino) = crate::fs::split_node(node);
+            take_bytes(tree, ino, &mut l, &mut bytes);
             // Items go back under the inode's own number in its tree.
             for (k, _) in &mut l.xattrs {
                 k.objectid = ino;
@@ -64,13 +88,37 @@ pub(crate) fn replay(engine: &Engine) -> Result<()> {
             apply(tx, tree, logged, &csums)?;
         }
         tx.finish_replay();
-        tracing::info!(inodes = count, "replayed the log tree");
-        Ok(())
+        tracing::info!(
+            inodes = count,
+            byte_ranges = bytes.len(),
+            "replayed the log tree"
+        );
+        Ok(bytes)
     })?;
-    if !engine.is_read_only() {
+    if bytes.is_empty() && !engine.is_read_only() {
         engine.commit()?;
     }
-    Ok(())
+    Ok(bytes)
+}
+
+/// Moves the logged bytes of `l` (an inode of subvolume `tree`) to `out`,
+/// cut to the logged inode's size: a truncate after the bytes were
+/// buffered leaves them past the end until the next fsync drops them.
+fn take_bytes(tree: u64, ino: u64, l: &mut Logged, out: &mut Vec<LoggedBytes>) {
+    let size = l.inode.as_ref().map_or(0, |i| i.size);
+    for (offset, mut bytes) in std::mem::take(&mut l.bytes) {
+        let keep = size.saturating_sub(offset).min(bytes.len() as u64) as usize;
+        if keep == 0 {
+            continue;
+        }
+        bytes.truncate(keep);
+        out.push(LoggedBytes {
+            tree,
+            ino,
+            offset,
+            bytes,
+        });
+    }
 }
 
 /// The log's checksum items: data extent address → its sector sums.
@@ -141,6 +189,7 @@ fn add_item(l: &mut Logged, k: &Key, d: &[u8]) -> Result<()> {
             let fe = FileExtentItem::decode(d).map_err(|e| bad(k, e))?;
             l.extents.push((*k, fe));
         }
+        LOG_DATA => l.bytes.push((k.offset, d.to_vec())),
         _ => return Err(bad(k, "item of a kind the log does not hold")),
     }
     Ok(())
@@ -175,11 +224,19 @@ fn unsummed_extent(l: &Logged, new: &HashSet<(u64, u64)>, csums: &Csums) -> Opti
 /// at most; every name carries the inode's file type (the directory
 /// entry replay writes takes it, and link counts follow it).
 fn is_complete(node: u64, l: &Logged) -> std::result::Result<(), &'static str> {
+    let full_file = l.mode == Some(MODE_FULL)
+        && l.inode
+            .as_ref()
+            .is_some_and(|i| i.mode & libc::S_IFMT == libc::S_IFREG);
+    if !l.bytes.is_empty() && !full_file {
+        return Err("logged bytes of an inode not logged in full as a regular file");
+    }
     let item = match (l.mode, &l.inode) {
         (Some(MODE_GONE), _) => return Ok(()),
         (Some(MODE_FULL | MODE_NAMES), Some(item)) => item,
         _ => return Err("logged inode without its mode or inode item"),
     };
+
     let (_, ino) = crate::fs::split_node(node);
     if ino != ROOT_DIR_INO && item.nlink > 0 && l.refs.is_empty() {
         return Err("logged inode with links but no names");

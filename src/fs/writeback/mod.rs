@@ -193,6 +193,32 @@ impl super::Subvol {
         self.inodes.mark_dirty(ino);
     }
 
+    /// Puts bytes replay found in the fsync log back into `ino`'s buffer,
+    /// as the fsync that logged them left them, with no change to its
+    /// attributes (the logged inode item has them): the commit that ends
+    /// the replay writes them to extents. A read-only engine holds no
+    /// space for them; its reads find them over the file's extents.
+    pub(crate) fn restore_logged_bytes(&self, ino: u64, offset: u64, data: Vec<u8>) -> Result<()> {
+        let need = span(offset, data.len() as u64);
+        let credit = match self.core.engine.is_read_only() {
+            true => 0,
+            false => self.core.engine.write(|tx| {
+                tx.reserve(&Need::items(self.tree, 1).buffer(need))?;
+                tx.hold_data(self.tree, need);
+                Ok(need)
+            })?,
+        };
+        self.inodes.with(ino, |s| {
+            s.credit += credit;
+            let merged = insert_owned(&mut s.buffered, offset, data);
+            s.credit = (s.credit + merged.span_before).saturating_sub(merged.span_after);
+            s.held_bytes += merged.grown;
+            self.inodes.add_buffered(merged.grown as i64);
+        });
+        self.inodes.mark_dirty(ino);
+        Ok(())
+    }
+
     /// Gives `ino`'s unused credit back to the engine.
     fn release_credit(&self, tx: &mut Txn<'_>, s: &mut InodeState) {
         let credit = std::mem::take(&mut s.credit);

@@ -47,7 +47,7 @@ use super::{Engine, State, Txn};
 use crate::error::{Error, Result};
 use crate::format::loglink::LogLink;
 use crate::format::node::Node;
-use crate::format::superblock::{Superblock, INCOMPAT_LOG_TREE};
+use crate::format::superblock::{Superblock, INCOMPAT_LOG_DATA, INCOMPAT_LOG_TREE};
 use crate::format::tree_id;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashSet};
@@ -71,6 +71,23 @@ pub(crate) struct LogTree {
     pub nonce: u64,
     /// It names data without checksums (`Txn::note_log_unchecked_data`).
     pub unchecked_data: bool,
+    /// Inodes (node ids) whose buffered bytes it holds (`LOG_DATA`), which
+    /// the commit that drops it must find in the trees ([`LoggedBytes`]).
+    pub byte_nodes: HashSet<u64>,
+}
+
+/// The layer that buffers file data (`fs`), as a commit needs it when an
+/// fsync logged a file's buffered bytes (`LOG_DATA` items) instead of
+/// writing them to extents: the log is then the only durable copy, and
+/// the commit drops the log, so the bytes must be in the trees it
+/// writes. The commit flushes those files first, and checks under the
+/// state lock that nothing the log holds is still only buffered.
+pub trait LoggedBytes: Send + Sync {
+    /// Flushes the buffered data of `nodes` (node ids) to extents.
+    fn flush(&self, nodes: &[u64]) -> Result<()>;
+    /// Whether bytes of `node` the log of transaction `transid` holds are
+    /// still only in the buffer. Called with the state lock held.
+    fn unflushed(&self, node: u64, transid: u64) -> bool;
 }
 
 /// Where the running transaction's next log link goes
@@ -259,6 +276,7 @@ impl Txn<'_> {
                 .log_chain
                 .map_or_else(|| new_nonce(self.st.transid), |c| c.nonce),
             unchecked_data: false,
+            byte_nodes: HashSet::new(),
         });
         let hint = self.st.sb.root;
         let ptr = crate::tree::create(self, tree_id::LOG, hint);
@@ -297,6 +315,24 @@ impl Txn<'_> {
         if let Some(l) = self.st.log.as_mut() {
             l.unchecked_data = true;
         }
+    }
+
+    /// Notes whether the log now holds buffered bytes of `node`
+    /// (`LOG_DATA` items), for the commit that drops it
+    /// ([`LoggedBytes`]).
+    pub fn note_log_bytes(&mut self, node: u64, holds: bool) {
+        if let Some(l) = self.st.log.as_mut() {
+            match holds {
+                true => l.byte_nodes.insert(node),
+                false => l.byte_nodes.remove(&node),
+            };
+        }
+    }
+
+    /// Whether an fsync may log buffered bytes now: not while a commit
+    /// flushes the files whose bytes the log holds.
+    pub fn may_log_bytes(&self) -> bool {
+        !self.st.log_bytes_closed
     }
 
     /// Whether the running transaction has a log.
@@ -388,6 +424,63 @@ impl Txn<'_> {
 }
 
 impl Engine {
+    /// Tells the engine who buffers the file bytes an fsync logs (see
+    /// [`LoggedBytes`]); the fs layer does at open.
+    pub fn set_logged_bytes(&self, hook: Arc<dyn LoggedBytes>) {
+        *crate::sync::lock(&self.logged_bytes) = Some(hook);
+    }
+
+    /// Before a commit prepares: flushes the files whose buffered bytes
+    /// the running transaction's log holds, and stops fsyncs from logging
+    /// more until the commit has prepared (they flush instead).
+    pub(super) fn flush_logged_bytes(&self) -> Result<()> {
+        let nodes: Vec<u64> = {
+            let mut st = crate::sync::write(&self.state);
+            let Some(log) = st.log.as_ref() else {
+                return Ok(());
+            };
+            if log.byte_nodes.is_empty() {
+                return Ok(());
+            }
+            let nodes = log.byte_nodes.iter().copied().collect();
+            st.log_bytes_closed = true;
+            nodes
+        };
+        let hook = crate::sync::lock(&self.logged_bytes).clone();
+        match hook {
+            Some(h) => h.flush(&nodes),
+            None => Err(Error::Invalid(
+                "the fsync log holds file bytes and nothing can flush them".into(),
+            )),
+        }
+    }
+
+    /// Told by the fs layer as it closes, once nothing is buffered: the
+    /// log's bytes are all in the trees, and no flush is needed (or
+    /// possible) before the final commit.
+    pub fn forget_logged_bytes(&self) {
+        if let Some(log) = crate::sync::write(&self.state).log.as_mut() {
+            log.byte_nodes.clear();
+        }
+    }
+
+    /// Whether every byte the running transaction's log holds is in the
+    /// trees (so the commit may drop the log). Under the state lock.
+    pub(super) fn logged_bytes_landed(&self, st: &State) -> bool {
+        let Some(log) = st.log.as_ref() else {
+            return true;
+        };
+        if log.byte_nodes.is_empty() {
+            return true;
+        }
+        let Some(hook) = crate::sync::lock(&self.logged_bytes).clone() else {
+            return false;
+        };
+        log.byte_nodes
+            .iter()
+            .all(|&n| !hook.unflushed(n, st.transid))
+    }
+
     /// Makes the running transaction's log durable: its dirty blocks and
     /// a chain link naming its root, then one barrier (see
     /// [`Engine::send_log`]).
@@ -676,7 +769,8 @@ fn name_log(sb: &mut Superblock, ptr: &RootPtr) {
     sb.log_root = ptr.bytenr;
     sb.log_root_generation = ptr.generation;
     sb.log_root_level = ptr.level;
-    sb.incompat |= INCOMPAT_LOG_TREE;
+    // A log found at open may hold file data (`LOG_DATA` items).
+    sb.incompat |= INCOMPAT_LOG_TREE | INCOMPAT_LOG_DATA;
 }
 
 /// A log root different from every other: a crash may leave blocks of a

@@ -605,6 +605,7 @@ fn landed(budget: &Budget, s: &mut InodeState, ranges: &[(u64, Arc<Vec<u8>>)]) {
     for (at, _) in ranges {
         if let Some(d) = s.in_flight.remove(at) {
             bytes += d.len() as u64;
+            s.changes.landed(*at, at + d.len() as u64);
         }
     }
     debug_assert!(bytes <= s.held_bytes, "landed more bytes than were held");
