@@ -536,7 +536,10 @@ impl Drop for Fs {
         self.core.rescan_thread.stop();
         // A replace not finished is given up (nothing of it is on disk).
         self.core.stop_replace();
+        // A read-only mount's buffers hold only bytes replayed from the
+        // log, which it cannot write.
         let flushed = match self.core.budget.buffered() {
+            _ if self.core.engine.is_read_only() => Ok(()),
             0 => Ok(()),
             _ => self.core.flush_all(),
         };

@@ -370,6 +370,14 @@ impl Subvol {
         if !tx.may_log_bytes() {
             return Ok(None);
         }
+        // Nobody holds its flush lock (a truncate, a flush): such a holder
+        // may commit before it lets go, and that commit could not flush
+        // bytes logged meanwhile. One that takes it after this returns
+        // waits for the state lock this transaction holds, and its flush
+        // then writes what the log holds.
+        let Some(_held) = self.inodes.try_lock_flush(ino) else {
+            return Ok(None);
+        };
         let mut item = load_inode_tx(tx, self.tree, ino)?;
         if item.mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(None);
@@ -734,13 +742,20 @@ fn plan_bytes(
 pub(crate) struct BytesHook(pub std::sync::Weak<super::Core>);
 
 impl crate::txn::LoggedBytes for BytesHook {
-    fn flush(&self, nodes: &[u64]) -> Result<()> {
+    /// Only the files that still buffer logged bytes: one whose flush
+    /// lock the committing thread may hold (a truncate that commits to
+    /// free space) flushed when it took the lock, and no fsync logs bytes
+    /// of a file while its flush lock is held (`loggable_bytes`).
+    fn flush(&self, nodes: &[u64], transid: u64) -> Result<()> {
         let Some(core) = self.0.upgrade() else {
             return Err(Error::Invalid(
                 "the fsync log holds file bytes of a filesystem no longer open".into(),
             ));
         };
         for &node in nodes {
+            if !self.unflushed(node, transid) {
+                continue;
+            }
             let (tree, ino) = super::split_node(node);
             match core.subvol(tree) {
                 Ok(sv) => sv.flush_file_for_fsync(ino)?,

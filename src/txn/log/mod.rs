@@ -83,8 +83,9 @@ pub(crate) struct LogTree {
 /// writes. The commit flushes those files first, and checks under the
 /// state lock that nothing the log holds is still only buffered.
 pub trait LoggedBytes: Send + Sync {
-    /// Flushes the buffered data of `nodes` (node ids) to extents.
-    fn flush(&self, nodes: &[u64]) -> Result<()>;
+    /// Flushes to extents the buffered data of those of `nodes` (node
+    /// ids) that hold bytes the log of transaction `transid` holds.
+    fn flush(&self, nodes: &[u64], transid: u64) -> Result<()>;
     /// Whether bytes of `node` the log of transaction `transid` holds are
     /// still only in the buffer. Called with the state lock held.
     fn unflushed(&self, node: u64, transid: u64) -> bool;
@@ -434,7 +435,7 @@ impl Engine {
     /// the running transaction's log holds, and stops fsyncs from logging
     /// more until the commit has prepared (they flush instead).
     pub(super) fn flush_logged_bytes(&self) -> Result<()> {
-        let nodes: Vec<u64> = {
+        let (nodes, transid) = {
             let mut st = crate::sync::write(&self.state);
             let Some(log) = st.log.as_ref() else {
                 return Ok(());
@@ -442,13 +443,13 @@ impl Engine {
             if log.byte_nodes.is_empty() {
                 return Ok(());
             }
-            let nodes = log.byte_nodes.iter().copied().collect();
+            let nodes: Vec<u64> = log.byte_nodes.iter().copied().collect();
             st.log_bytes_closed = true;
-            nodes
+            (nodes, st.transid)
         };
         let hook = crate::sync::lock(&self.logged_bytes).clone();
         match hook {
-            Some(h) => h.flush(&nodes),
+            Some(h) => h.flush(&nodes, transid),
             None => Err(Error::Invalid(
                 "the fsync log holds file bytes and nothing can flush them".into(),
             )),
