@@ -426,7 +426,11 @@ impl Subvol {
                 let i = load_inode_r(r, e.ino, ROOT_DIR_INO)?;
                 return Ok(attr_of(super::node_id(e.ino, ROOT_DIR_INO), &i));
             }
-            Ok(attr_of(self.node(e.ino)?, &self.inode_r(r, e.ino)?))
+            // st_blocks counts buffered data here too: a file an fsync
+            // logged keeps its bytes buffered until the commit, and a
+            // stat after the kernel forgot the inode comes as a lookup.
+            self.node(e.ino)?;
+            self.full_attr(r, e.ino, &self.inode_r(r, e.ino)?)
         })
     }
 
