@@ -2314,16 +2314,29 @@ fn small_writes_fsynced_in_the_log_survive_every_crash() {
     );
 }
 
+/// A fresh filesystem holding `f`, 20,000 bytes of `pattern(seed)`
+/// committed to extents, then `len` bytes of `pattern(seed + 1)` written
+/// at `at` and fsynced (their bytes go in the log); and what `f` holds.
+fn small_write_fsynced_into_a_committed_file(
+    seed: u8,
+    at: usize,
+    len: usize,
+) -> (Arc<canopy::dev::MemDevice>, Fs, Vec<u8>) {
+    let (dev, fs) = format_fs(SMALL_MIXED);
+    let mut want = pattern(seed, 20_000);
+    let f = file(&fs, ROOT, "f", &want);
+    fs.sync().expect("commit");
+    fs.write(f, at as u64, &pattern(seed + 1, len))
+        .expect("write");
+    want[at..at + len].copy_from_slice(&pattern(seed + 1, len));
+    fs.fsync(f).expect("fsync");
+    (dev, fs, want)
+}
+
 /// The crashed disk of a run that committed `f` with extents, then wrote
 /// a few bytes into it and fsynced: the bytes are only in the log.
 fn crashed_with_logged_bytes() -> (Arc<canopy::dev::MemDevice>, Vec<u8>) {
-    let (dev, fs) = format_fs(SMALL_MIXED);
-    let mut want = pattern(100, 20_000);
-    let f = file(&fs, ROOT, "f", &want);
-    fs.sync().expect("commit");
-    fs.write(f, 6000, &pattern(101, 700)).expect("write");
-    want[6000..6700].copy_from_slice(&pattern(101, 700));
-    fs.fsync(f).expect("fsync");
+    let (dev, fs, want) = small_write_fsynced_into_a_committed_file(100, 6000, 700);
     let out = crashed(&dev);
     drop(fs);
     (out, want)
@@ -2416,13 +2429,7 @@ fn a_small_fsynced_write_reaches_the_disk_in_the_log_write_alone() {
 /// file before it. A crash after that commit keeps them.
 #[test]
 fn a_commit_writes_the_bytes_the_log_holds_before_dropping_it() {
-    let (dev, fs) = format_fs(SMALL_MIXED);
-    let mut want = pattern(104, 20_000);
-    let f = file(&fs, ROOT, "f", &want);
-    fs.sync().expect("commit");
-    fs.write(f, 9000, &pattern(105, 300)).expect("write");
-    want[9000..9300].copy_from_slice(&pattern(105, 300));
-    fs.fsync(f).expect("fsync");
+    let (dev, fs, want) = small_write_fsynced_into_a_committed_file(104, 9000, 300);
     fs.engine()
         .commit()
         .expect("a commit from below the fs layer");

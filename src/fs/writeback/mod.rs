@@ -199,14 +199,13 @@ impl super::Subvol {
     /// the replay writes them to extents. A read-only engine holds no
     /// space for them; its reads find them over the file's extents.
     pub(crate) fn restore_logged_bytes(&self, ino: u64, offset: u64, data: Vec<u8>) -> Result<()> {
-        let need = span(offset, data.len() as u64);
+        let len = data.len() as u64;
         let credit = match self.core.engine.is_read_only() {
             true => 0,
-            false => self.core.engine.write(|tx| {
-                tx.reserve(&Need::items(self.tree, 1).buffer(need))?;
-                tx.hold_data(self.tree, need);
-                Ok(need)
-            })?,
+            false => self
+                .core
+                .engine
+                .write(|tx| self.reserve_credit(tx, ino, offset, len))?,
         };
         self.inodes.with(ino, |s| {
             s.credit += credit;

@@ -435,15 +435,21 @@ impl Engine {
     /// the running transaction's log holds, and stops fsyncs from logging
     /// more until the commit has prepared (they flush instead).
     pub(super) fn flush_logged_bytes(&self) -> Result<()> {
+        let holds_bytes = |st: &State| st.log.as_ref().is_some_and(|l| !l.byte_nodes.is_empty());
+        // Most commits find none: the state lock read, not written.
+        if !holds_bytes(&crate::sync::read(&self.state)) {
+            return Ok(());
+        }
         let (nodes, transid) = {
             let mut st = crate::sync::write(&self.state);
-            let Some(log) = st.log.as_ref() else {
-                return Ok(());
-            };
-            if log.byte_nodes.is_empty() {
+            let nodes: Vec<u64> = st
+                .log
+                .as_ref()
+                .map(|l| l.byte_nodes.iter().copied().collect())
+                .unwrap_or_default();
+            if nodes.is_empty() {
                 return Ok(());
             }
-            let nodes: Vec<u64> = log.byte_nodes.iter().copied().collect();
             st.log_bytes_closed = true;
             (nodes, st.transid)
         };
