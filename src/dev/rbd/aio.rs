@@ -14,7 +14,9 @@ use super::ffi;
 use crate::error::{Error, Result};
 use std::collections::{BTreeMap, VecDeque};
 use std::ptr::{self, NonNull};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// One asynchronous request and the buffer librbd reads from or into.
 pub struct Op {
@@ -23,7 +25,47 @@ pub struct Op {
     pub off: u64,
     /// The buffer goes back to [`SPARE_BUFFERS`] when the request ends.
     spare: bool,
+    /// What the request does, for its errors.
+    kind: Kind,
+    /// Set by librbd's completion callback, so that a waiter can wait
+    /// with a timeout (librbd's own wait has none).
+    done: Arc<Done>,
+    /// librbd took the request (false: it refused it at once and will
+    /// never complete it).
+    sent: bool,
+    /// A waiter gave up on the request (see [`Op::wait_unless`]): if it
+    /// is still incomplete when dropped, its completion and buffer are
+    /// left to librbd rather than waited for.
+    abandoned: AtomicBool,
 }
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Read,
+    Write,
+    Discard { len: u64 },
+    Flush,
+}
+
+/// Whether a request completed, and a condition to wait for it on.
+#[derive(Default)]
+struct Done {
+    complete: Mutex<bool>,
+    cv: Condvar,
+}
+
+/// librbd's completion callback: `arg` is the [`Done`] reference
+/// [`Op::new`] gave it, taken back here once.
+unsafe extern "C" fn completed(_c: ffi::CompletionT, arg: *mut libc::c_void) {
+    // SAFETY: `arg` came from Arc::into_raw in Op::new, and librbd calls
+    // the callback once per completion.
+    let done = unsafe { Arc::from_raw(arg as *const Done) };
+    *crate::sync::lock(&done.complete) = true;
+    done.cv.notify_all();
+}
+
+/// How often a waiter for a write asks whether to give up on it.
+const GIVE_UP_TICK: Duration = Duration::from_millis(500);
 
 /// Buffers of read-ahead requests ([`AHEAD_CHUNK`] bytes) kept for the
 /// next ones. A fresh buffer costs librbd a page fault and the kernel a
@@ -43,6 +85,11 @@ struct Spare(NonNull<[u8]>);
 
 // SAFETY: nothing else holds the buffer; it moves between threads whole.
 unsafe impl Send for Spare {}
+
+/// The buffer of a request that moves no data (discard, flush).
+fn empty_buffer() -> NonNull<[u8]> {
+    NonNull::from(Box::leak(Box::<[u8]>::default()))
+}
 
 /// A buffer of `len` bytes for librbd to read into, from `Box::into_raw`,
 /// and whether it is read-ahead's size (kept when the request ends): a
@@ -70,10 +117,19 @@ unsafe impl Sync for Op {}
 
 impl Drop for Op {
     fn drop(&mut self) {
-        // SAFETY: a live completion, waited for before it is released, so
-        // librbd is done with the buffer before it is kept or freed.
+        if self.sent && self.abandoned.load(Ordering::Relaxed) && !self.is_complete() {
+            // librbd holds a request that may never end (one queued
+            // behind an exclusive lock this client lost): its completion
+            // and buffer stay allocated for whatever librbd does later.
+            return;
+        }
+        // SAFETY: a live completion, waited for (if librbd took it)
+        // before it is released, so librbd is done with the buffer
+        // before it is kept or freed.
         unsafe {
-            ffi::rbd_aio_wait_for_complete(self.c);
+            if self.sent {
+                ffi::rbd_aio_wait_for_complete(self.c);
+            }
             ffi::rbd_aio_release(self.c);
         }
         if self.spare {
@@ -89,16 +145,51 @@ impl Drop for Op {
 }
 
 impl Op {
-    fn new(buf: NonNull<[u8]>, off: u64, spare: bool) -> Result<Op> {
+    fn new(kind: Kind, buf: NonNull<[u8]>, off: u64, spare: bool) -> Result<Op> {
+        let done = Arc::new(Done::default());
+        let arg = Arc::into_raw(done.clone()) as *mut libc::c_void;
         let mut c = ptr::null_mut();
-        // SAFETY: an out-pointer; no callback.
-        let r = unsafe { ffi::rbd_aio_create_completion(ptr::null_mut(), None, &mut c) };
+        // SAFETY: an out-pointer; the callback takes `arg` back once.
+        let r = unsafe { ffi::rbd_aio_create_completion(arg, Some(completed), &mut c) };
         if r < 0 {
-            // SAFETY: the buffer came from Box::into_raw and is not shared.
-            drop(unsafe { Box::from_raw(buf.as_ptr()) });
+            // SAFETY: the buffer came from Box::into_raw and is not
+            // shared; `arg` went to no completion.
+            unsafe {
+                drop(Box::from_raw(buf.as_ptr()));
+                drop(Arc::from_raw(arg as *const Done));
+            }
             return Err(errno(r.into(), "creating an RBD completion"));
         }
-        Ok(Op { c, buf, off, spare })
+        Ok(Op {
+            c,
+            buf,
+            off,
+            spare,
+            kind,
+            done,
+            sent: true,
+            abandoned: AtomicBool::new(false),
+        })
+    }
+
+    /// Notes librbd's answer to the call that sent the request: one it
+    /// refused at once never completes (and its callback never runs).
+    fn sent(mut self, r: libc::c_int) -> Result<Arc<Op>> {
+        if r < 0 {
+            self.sent = false;
+            return Err(errno(r.into(), self.what()));
+        }
+        Ok(Arc::new(self))
+    }
+
+    /// What the request does, as its errors say.
+    fn what(&self) -> String {
+        match self.kind {
+            Kind::Read => format!("reading {} bytes at {}", self.len(), self.off),
+            Kind::Write => format!("writing {} bytes at {}", self.len(), self.off),
+            Kind::Discard { len } => format!("discarding {len} bytes at {}", self.off),
+            Kind::Flush => "flushing".to_string(),
+        }
     }
 
     pub fn len(&self) -> u64 {
@@ -116,6 +207,7 @@ impl Op {
     /// Sends a copy of `data` to be written at `off`.
     pub fn write(image: ffi::ImageT, data: &[u8], off: u64) -> Result<Arc<Op>> {
         let op = Op::new(
+            Kind::Write,
             NonNull::from(Box::leak(Box::<[u8]>::from(data))),
             off,
             false,
@@ -130,27 +222,34 @@ impl Op {
                 op.c,
             )
         };
-        if r < 0 {
-            return Err(errno(
-                r.into(),
-                format!("writing {} bytes at {off}", data.len()),
-            ));
-        }
-        Ok(Arc::new(op))
+        op.sent(r)
+    }
+
+    /// Sends a discard of `len` bytes at `off`.
+    pub fn discard(image: ffi::ImageT, off: u64, len: u64) -> Result<Arc<Op>> {
+        let op = Op::new(Kind::Discard { len }, empty_buffer(), off, false)?;
+        // SAFETY: a live handle and completion.
+        let r = unsafe { ffi::rbd_aio_discard(image, off, len, op.c) };
+        op.sent(r)
+    }
+
+    /// Sends a flush of every write librbd completed.
+    pub fn flush(image: ffi::ImageT) -> Result<Arc<Op>> {
+        let op = Op::new(Kind::Flush, empty_buffer(), 0, false)?;
+        // SAFETY: a live handle and completion.
+        let r = unsafe { ffi::rbd_aio_flush(image, op.c) };
+        op.sent(r)
     }
 
     /// Starts reading `len` bytes at `off`.
     pub fn read(image: ffi::ImageT, len: usize, off: u64) -> Result<Arc<Op>> {
         let (buf, spare) = read_buffer(len);
-        let op = Op::new(buf, off, spare)?;
+        let op = Op::new(Kind::Read, buf, off, spare)?;
         // SAFETY: as for write; nothing reads the buffer before completion.
         let r = unsafe {
             ffi::rbd_aio_read(image, off, len, op.buf.as_ptr() as *mut libc::c_char, op.c)
         };
-        if r < 0 {
-            return Err(errno(r.into(), format!("reading {len} bytes at {off}")));
-        }
-        Ok(Arc::new(op))
+        op.sent(r)
     }
 
     pub fn is_complete(&self) -> bool {
@@ -164,6 +263,31 @@ impl Op {
         unsafe {
             ffi::rbd_aio_wait_for_complete(self.c);
             ffi::rbd_aio_get_return_value(self.c) as i64
+        }
+    }
+
+    /// Waits for the request like [`Op::wait`], but asks `give_up` every
+    /// [`GIVE_UP_TICK`] while it is incomplete, and gives up on it (None)
+    /// when that says so. librbd queues a write behind the exclusive lock
+    /// and never ends it once another host took the lock over: without
+    /// this, the fenced writer's fsync (and its unmount) hung forever.
+    pub fn wait_unless(&self, give_up: impl Fn() -> bool) -> Option<i64> {
+        loop {
+            let complete = crate::sync::lock(&self.done.complete);
+            if *complete {
+                drop(complete);
+                return Some(self.wait());
+            }
+            let (complete, _) = self
+                .done
+                .cv
+                .wait_timeout(complete, GIVE_UP_TICK)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let complete = *complete;
+            if !complete && give_up() {
+                self.abandoned.store(true, Ordering::Relaxed);
+                return None;
+            }
         }
     }
 
@@ -436,19 +560,43 @@ impl ReadAhead {
 
 /// The error of a finished write, if it failed.
 pub fn check_write(op: &Op) -> Result<()> {
-    let r = op.wait();
-    if r < 0 {
-        return Err(errno(
-            r,
-            format!("writing {} bytes at {}", op.len(), op.off),
-        ));
+    answer(op, op.wait())
+}
+
+/// The error of a write (or discard or flush), if it failed; once it
+/// ends or `give_up` says this client can no longer expect it to (then
+/// the error is ESHUTDOWN, as the cluster's own for a fenced client).
+pub fn check_write_unless(op: &Op, give_up: impl Fn() -> bool) -> Result<()> {
+    match op.wait_unless(give_up) {
+        Some(r) => answer(op, r),
+        None => Err(errno(
+            -i64::from(libc::ESHUTDOWN),
+            format!(
+                "{}: this client lost the image's exclusive lock, and librbd holds the request",
+                op.what()
+            ),
+        )),
     }
-    Ok(())
+}
+
+fn answer(op: &Op, r: i64) -> Result<()> {
+    match r {
+        r if r < 0 => Err(errno(r, op.what())),
+        _ => Ok(()),
+    }
 }
 
 /// Whether `e` is the cluster refusing a client it blocklisted.
 pub fn is_blocklisted(e: &Error) -> bool {
-    matches!(e, Error::Io { cause, .. } if cause.raw_os_error() == Some(libc::ESHUTDOWN))
+    errno_of(e) == Some(libc::ESHUTDOWN)
+}
+
+/// The errno an I/O error carries.
+pub fn errno_of(e: &Error) -> Option<i32> {
+    match e {
+        Error::Io { cause, .. } => cause.raw_os_error(),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use crate::dev::source::RbdSpec;
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How long a client waits for a monitor before it gives up: a mount of a
 /// cluster that is down fails with a clear error instead of hanging
@@ -17,6 +18,8 @@ pub const MOUNT_TIMEOUT_SECS: u32 = 20;
 pub struct Pool {
     cluster: ffi::RadosT,
     pub(super) io: ffi::IoctxT,
+    /// Left open at drop (see [`Image::leave_open`]).
+    leave_open: AtomicBool,
 }
 
 // SAFETY: librados handles may be used from any thread; librados locks
@@ -26,6 +29,9 @@ unsafe impl Sync for Pool {}
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        if self.leave_open.load(Ordering::Relaxed) {
+            return;
+        }
         // SAFETY: both handles came from librados and are released once.
         unsafe {
             if !self.io.is_null() {
@@ -67,6 +73,7 @@ impl Pool {
         let mut pool = Pool {
             cluster,
             io: ptr::null_mut(),
+            leave_open: AtomicBool::new(false),
         };
         pool.configure(spec)?;
         pool.connect_and_open(spec)?;
@@ -240,6 +247,9 @@ unsafe impl Sync for Image {}
 
 impl Drop for Image {
     fn drop(&mut self) {
+        if self.pool.leave_open.load(Ordering::Relaxed) {
+            return;
+        }
         // SAFETY: a handle from rbd_open, closed once; it releases a lock
         // the image holds.
         unsafe { ffi::rbd_close(self.handle) };
@@ -281,6 +291,22 @@ impl Image {
             return Err(errno(r.into(), why));
         }
         Ok(Image { handle, pool })
+    }
+
+    /// Keeps the image and its client open when dropped: librbd holds a
+    /// request that will never end (this client lost the exclusive lock
+    /// it was queued behind), and closing either waits for it. The
+    /// process that leaves them is shutting its filesystem down.
+    pub fn leave_open(&self) {
+        self.pool.leave_open.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether librbd says this client holds the exclusive lock.
+    pub fn holds_lock(&self) -> bool {
+        let mut owner = 0;
+        // SAFETY: a live handle and an out-pointer.
+        let r = unsafe { ffi::rbd_is_exclusive_lock_owner(self.handle, &mut owner) };
+        r >= 0 && owner != 0
     }
 
     pub fn size(&self) -> Result<u64> {

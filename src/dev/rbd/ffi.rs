@@ -55,8 +55,6 @@ extern "C" {
     pub fn rbd_get_size(image: ImageT, size: *mut u64) -> c_int;
     pub fn rbd_get_features(image: ImageT, features: *mut u64) -> c_int;
     pub fn rbd_read(image: ImageT, ofs: u64, len: size_t, buf: *mut c_char) -> ssize_t;
-    pub fn rbd_flush(image: ImageT) -> c_int;
-    pub fn rbd_discard(image: ImageT, ofs: u64, len: u64) -> c_int;
 
     pub fn rbd_aio_create_completion(arg: *mut c_void, cb: Callback, c: *mut CompletionT) -> c_int;
     pub fn rbd_aio_write(
@@ -73,6 +71,8 @@ extern "C" {
         buf: *mut c_char,
         c: CompletionT,
     ) -> c_int;
+    pub fn rbd_aio_discard(image: ImageT, off: u64, len: u64, c: CompletionT) -> c_int;
+    pub fn rbd_aio_flush(image: ImageT, c: CompletionT) -> c_int;
     pub fn rbd_aio_is_complete(c: CompletionT) -> c_int;
     pub fn rbd_aio_wait_for_complete(c: CompletionT) -> c_int;
     pub fn rbd_aio_get_return_value(c: CompletionT) -> ssize_t;

@@ -98,10 +98,7 @@ pub fn acquire(image: &Image, spec: &RbdSpec, takeover: bool) -> Result<()> {
 
 /// Checks the lock is ours after an acquire said so.
 fn confirm(image: &Image, spec: &RbdSpec) -> Result<()> {
-    let mut owner = 0;
-    // SAFETY: a live handle and an out-pointer.
-    let r = unsafe { ffi::rbd_is_exclusive_lock_owner(image.handle, &mut owner) };
-    if r < 0 || owner == 0 {
+    if !image.holds_lock() {
         return Err(Error::Invalid(format!(
             "{spec}: the exclusive lock was granted and then lost; another writer took it"
         )));

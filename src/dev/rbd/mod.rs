@@ -37,6 +37,8 @@ pub struct RbdDevice {
     failed: Mutex<Option<String>>,
     /// Whether the fencing message was logged.
     fenced: AtomicBool,
+    /// Opened for writing: this client took the image's exclusive lock.
+    writer: bool,
     /// The pool keeps two or more copies of each object (asked only by a
     /// writer: nothing else writes a log).
     replicated: bool,
@@ -79,6 +81,7 @@ impl RbdDevice {
             ahead: aio::ReadAhead::default(),
             failed: Mutex::new(None),
             fenced: AtomicBool::new(false),
+            writer: access == Access::Write,
         })
     }
 
@@ -102,7 +105,7 @@ impl RbdDevice {
     fn wait_all(&self, ops: Vec<std::sync::Arc<aio::Op>>) -> Result<()> {
         let mut first = Ok(());
         for op in ops {
-            if let Err(e) = aio::check_write(&op) {
+            if let Err(e) = self.wait_for(&op) {
                 let e = self.record(e);
                 if first.is_ok() {
                     first = Err(e);
@@ -110,6 +113,46 @@ impl RbdDevice {
             }
         }
         first
+    }
+
+    /// Waits for a write, discard or flush: until it ends, or until this
+    /// writer lost the image's exclusive lock (another host took it
+    /// over), when librbd may hold it forever. Then the image's handles
+    /// are left open at drop: closing them waits for that request too.
+    fn wait_for(&self, op: &aio::Op) -> Result<()> {
+        // Two looks in a row, so that a moment between librbd's lock
+        // states gives nothing up; the cluster's word gives up at once.
+        let lost_before = std::cell::Cell::new(false);
+        let give_up = || {
+            let lost = self.lost_lock();
+            let twice = lost && lost_before.replace(lost);
+            lost_before.set(lost);
+            twice || (self.writer && self.fenced.load(Ordering::Relaxed))
+        };
+        let r = aio::check_write_unless(op, give_up);
+        if r.as_ref().is_err_and(aio::is_blocklisted) && !op.is_complete() {
+            tracing::error!(image = %self.spec, "gave up on a request librbd holds behind the exclusive lock this client lost; the image stays open until the daemon exits");
+            self.image.leave_open();
+        }
+        r
+    }
+
+    /// Whether this writer no longer holds the exclusive lock it took at
+    /// open (a device opened only to read holds none and loses none).
+    fn lost_lock(&self) -> bool {
+        self.writer && !self.image.holds_lock()
+    }
+
+    /// `e` with the image named (a request's own error knows only
+    /// offsets).
+    fn naming_image(&self, e: Error) -> Error {
+        match e {
+            Error::Io { context, cause } => Error::Io {
+                context: format!("{context} of {}", self.spec),
+                cause,
+            },
+            e => e,
+        }
     }
 
     /// A write that failed since, as whoever finds it complete saw it.
@@ -182,11 +225,8 @@ impl Device for RbdDevice {
     fn barrier(&self) -> Result<()> {
         self.wait_all(self.writes.all())?;
         self.earlier_failure()?;
-        // SAFETY: a live handle.
-        let r = unsafe { ffi::rbd_flush(self.handle()) };
-        if r < 0 {
-            return Err(self.record(cluster::errno(r.into(), format!("flushing {}", self.spec))));
-        }
+        let flushed = aio::Op::flush(self.handle()).and_then(|op| self.wait_for(&op));
+        flushed.map_err(|e| self.record(self.naming_image(e)))?;
         self.sticky()
     }
 
@@ -218,24 +258,21 @@ impl Device for RbdDevice {
         self.wait_all(self.writes.overlapping(offset, len))?;
         // rbd_discard answers with the bytes discarded as an int: a range
         // of 2 GiB or more is EINVAL, so it goes in pieces.
-        let mut r = 0;
+        let mut r = Ok(());
         let mut at = offset;
-        while at < offset + len && r >= 0 {
+        while at < offset + len && r.is_ok() {
             let piece = (offset + len - at).min(DISCARD_PIECE);
-            // SAFETY: a live handle.
-            r = self.ahead.while_writing(at, piece, || unsafe {
-                ffi::rbd_discard(self.handle(), at, piece)
-            });
+            r = self
+                .ahead
+                .while_writing(at, piece, || aio::Op::discard(self.handle(), at, piece))
+                .and_then(|op| self.wait_for(&op));
             at += piece;
         }
         match r {
-            r if r >= 0 => Ok(true),
-            r if -r == libc::EOPNOTSUPP => Ok(false),
-            r => {
-                let e = cluster::errno(
-                    r.into(),
-                    format!("discarding {len} bytes at {offset} of {}", self.spec),
-                );
+            Ok(()) => Ok(true),
+            Err(e) if aio::errno_of(&e) == Some(libc::EOPNOTSUPP) => Ok(false),
+            Err(e) => {
+                let e = self.naming_image(e);
                 // A failed discard loses nothing, unless it says this
                 // client was fenced.
                 match aio::is_blocklisted(&e) {
