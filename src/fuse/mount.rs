@@ -336,9 +336,11 @@ impl Helpers {
 fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &MountOptions) {
     let mut last_commit = Instant::now();
     let mut last_look = Instant::now();
+    // A commit that came due while frozen, made at the thaw.
+    let mut deferred = false;
     fs.set_dirty_metadata_limit(opts.dirty_metadata);
     while !STOP.load(Ordering::SeqCst) && !session.running.finished() {
-        let wanted = fs.wait_commit_wanted(Duration::from_millis(100));
+        let wanted = fs.wait_commit_wanted(Duration::from_millis(100)) || deferred;
         if !opts.read_only && last_look.elapsed() >= Duration::from_secs(1) {
             follow_remount(fs, mount_path);
             if opts.dirty_limit.is_none() {
@@ -348,7 +350,13 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
         }
         let writable = !opts.read_only && !fs.is_remounted_read_only();
         let due = wanted || last_commit.elapsed() >= Duration::from_secs(opts.commit_secs);
-        if writable && due {
+        // While frozen nothing reaches the storage: a commit would wait
+        // here for the thaw, and an unmount meanwhile (the kernel sends
+        // no DESTROY to a plain FUSE mount) would go unseen until the
+        // freeze timed out.
+        let frozen = fs.engine().frozen_for().is_some();
+        deferred = due && frozen;
+        if writable && due && !frozen {
             match fs.sync() {
                 // The shutdown was logged once, with its cause.
                 Ok(()) | Err(Error::Aborted(_)) => {}
@@ -357,7 +365,7 @@ fn run_until_unmounted(fs: &Fs, session: &Mounted, mount_path: &Path, opts: &Mou
             last_commit = Instant::now();
             release_free_memory();
         }
-        if writable && fs.engine().frozen_for().is_none() {
+        if writable && !frozen {
             discard_freed(fs);
         }
     }
