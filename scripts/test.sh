@@ -79,7 +79,10 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     else
         echo "crash_campaign postgres (PostgreSQL is not installed)" >> "$skipped"
     fi
-    cargo build --release --locked
+    # The daemon and the power-cut device in one build: built apart, the
+    # example's dev-dependencies change the library's features and it
+    # compiles twice (two minutes here).
+    cargo build --release --locked --bins --example power_cut
     # Four rounds per client: 4 GiB (split groups) and 512 MiB (mixed),
     # each fresh and 85% full.
     rounds=${CANOPY_CRASH_ROUNDS:-1}
@@ -100,7 +103,6 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     # The daemon runs over the power-cut device (src/dev/powercut.rs); each
     # cut comes at a random moment or exactly at a barrier, and loses all
     # unflushed writes or a random version of each 512-byte sector.
-    cargo build --release --locked --example power_cut
     "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 4G --fill 0 --defragment \
         --mount-opts "transport=$big_transport" --json target/tmp/power-cut-4g.json
     "${campaign[@]}" --power-cut mixed --sector 512 --rounds "$rounds" --size 512M --fill 0.85 \
@@ -152,8 +154,7 @@ if [ "$(id -u)" = 0 ] && command -v ceph-mon >/dev/null; then
     CANOPY_TEST_RBD=$ceph_conf CANOPY_TEST_MOUNT_OPTS=transport=dev cargo test --locked \
         --test mount_posix --test exerciser "$@" -- --skip 4_gib
     echo "== RBD: crash campaign, power cuts (kill -9, then the writes no barrier covered lost) under SQLite (WAL) and PostgreSQL on an RBD image"
-    cargo build --release --locked
-    cargo build --release --locked --example power_cut
+    cargo build --release --locked --bins --example power_cut
     python3 scripts/crash_campaign.py --client sqlite-wal --client postgres --cycles 2 --rounds 1 --size 1G \
         --fill 0 --rbd "$ceph_conf" --power-cut mixed --sector 512 --mount-opts transport=dev \
         --keep-dir target/tmp/crash-keep --json target/tmp/crash-campaign-rbd.json
