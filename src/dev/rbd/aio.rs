@@ -278,12 +278,14 @@ impl Op {
                 drop(complete);
                 return Some(self.wait());
             }
-            let (complete, _) = self
+            let (guard, _) = self
                 .done
                 .cv
                 .wait_timeout(complete, GIVE_UP_TICK)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let complete = *complete;
+            let complete = *guard;
+            // Unlocked before asking librbd: its callback takes this lock.
+            drop(guard);
             if !complete && give_up() {
                 self.abandoned.store(true, Ordering::Relaxed);
                 return None;

@@ -174,6 +174,15 @@ impl RbdDevice {
     }
 }
 
+impl Drop for RbdDevice {
+    /// Waits here, with [`RbdDevice::wait_for`]'s bound, for the writes
+    /// no barrier waited for: dropped with the queue, a request librbd
+    /// holds behind a lost lock would be waited for without one.
+    fn drop(&mut self) {
+        let _ = self.wait_all(self.writes.all());
+    }
+}
+
 impl Device for RbdDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
