@@ -2276,12 +2276,17 @@ fn freeze_holds_writes_until_the_thaw_and_a_copy_meanwhile_is_clean() {
     assert!(waited >= Duration::from_millis(1500), "{waited:?}");
     assert!(waited < Duration::from_secs(20), "{waited:?}");
 
-    // Unmounted while frozen: the held writes land.
+    // Unmounted while frozen: the held writes land, and the daemon ends
+    // then, not when the freeze would have timed out (it once waited out
+    // all 300 s in a commit held at the freeze).
     canopy_ok(&["filesystem", "freeze", "--timeout", "300", "."], &mnt);
     let (path, data) = (m.p("held"), common::noise(1 << 20, 72));
     let held = std::thread::spawn(move || fs::write(&path, &data));
     std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
     m.unmount();
+    let ended = t.elapsed();
+    assert!(ended < Duration::from_secs(120), "{ended:?}");
     held.join().unwrap().unwrap();
     m.check();
     m.mount("");
