@@ -271,10 +271,11 @@ impl Device for RbdDevice {
         let mut at = offset;
         while at < offset + len && r.is_ok() {
             let piece = (offset + len - at).min(DISCARD_PIECE);
-            r = self
-                .ahead
-                .while_writing(at, piece, || aio::Op::discard(self.handle(), at, piece))
-                .and_then(|op| self.wait_for(&op));
+            // Waited for inside: no read-ahead of the range starts
+            // before the discard ends (it might read what was there).
+            r = self.ahead.while_writing(at, piece, || {
+                aio::Op::discard(self.handle(), at, piece).and_then(|op| self.wait_for(&op))
+            });
             at += piece;
         }
         match r {
