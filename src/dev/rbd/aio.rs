@@ -561,7 +561,7 @@ impl ReadAhead {
 }
 
 /// The error of a finished write, if it failed.
-pub fn check_write(op: &Op) -> Result<()> {
+fn check_write(op: &Op) -> Result<()> {
     answer(op, op.wait())
 }
 

@@ -125,8 +125,7 @@ impl RbdDevice {
         let lost_before = std::cell::Cell::new(false);
         let give_up = || {
             let lost = self.lost_lock();
-            let twice = lost && lost_before.replace(lost);
-            lost_before.set(lost);
+            let twice = lost_before.replace(lost) && lost;
             twice || (self.writer && self.fenced.load(Ordering::Relaxed))
         };
         let r = aio::check_write_unless(op, give_up);
