@@ -37,6 +37,7 @@ pub use signature::existing_filesystem;
 pub use source::{OpenHow, RbdSpec, Source};
 
 use crate::error::Result;
+use bytes::Bytes;
 
 pub trait Device: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset`.
@@ -50,6 +51,12 @@ pub trait Device: Send + Sync {
     /// until [`Device::barrier`].
     fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.write_at(buf, offset)
+    }
+    /// [`Device::write_data_at`] for a caller that gives its bytes away: a
+    /// device that keeps a write in flight after returning (RBD) takes
+    /// them as they are instead of copying them.
+    fn write_data_owned(&self, buf: Bytes, offset: u64) -> Result<()> {
+        self.write_data_at(&buf, offset)
     }
     /// Returns once every write issued before it is durable.
     fn barrier(&self) -> Result<()>;

@@ -29,6 +29,7 @@
 use super::{Engine, Shared, State, Txn};
 use crate::dev::Device;
 use crate::error::{Error, Result};
+use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -391,13 +392,33 @@ impl Engine {
     /// writes its barrier, since its items are inserted only afterwards.
     /// A failed write shuts the engine down, as any failed write does.
     pub fn write_flight(&self, flight: &Flight, bytenr: u64, data: &[u8]) -> Result<()> {
+        self.flight_write(flight, bytenr, data.len(), |dev| {
+            dev.write_data_at(data, bytenr)
+        })
+    }
+
+    /// [`Engine::write_flight`] with the bytes given away: a device that
+    /// keeps writes in flight (RBD) holds them without a copy.
+    pub fn write_flight_owned(&self, flight: &Flight, bytenr: u64, data: Bytes) -> Result<()> {
+        self.flight_write(flight, bytenr, data.len(), |dev| {
+            dev.write_data_owned(data, bytenr)
+        })
+    }
+
+    fn flight_write(
+        &self,
+        flight: &Flight,
+        bytenr: u64,
+        len: usize,
+        write: impl FnOnce(&dyn Device) -> Result<()>,
+    ) -> Result<()> {
         self.check_alive()?;
-        if !flight.covers(bytenr, bytenr + data.len() as u64) {
+        if !flight.covers(bytenr, bytenr + len as u64) {
             return Err(Error::Invalid(format!(
                 "data write at {bytenr} outside the flight's extents"
             )));
         }
-        let r = self.shared.dev.write_data_at(data, bytenr);
+        let r = write(&*self.shared.dev);
         self.shared
             .flights
             .unflushed_data

@@ -24,6 +24,7 @@ mod freeze;
 
 use crate::dev::Device;
 use crate::error::{Error, Result};
+use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -671,20 +672,21 @@ impl Volume {
 
     /// Writes `buf` (at logical `offset`) to copy 0 and, for the parts
     /// that lie in groups with more copies, to each of them.
-    fn write_all(&self, buf: &[u8], offset: u64, data: bool) -> Result<()> {
+    fn write_all(&self, buf: Payload<'_>, offset: u64, data: bool) -> Result<()> {
         let _pass = self.gate.pass();
-        let put = |s: Stripe, part: &[u8]| {
+        let put = |s: Stripe, part: Payload<'_>| {
             // A device a degraded open lacks misses the write; its copy
             // is stale should it come back, and reads find it so (by
             // generation or checksum) and heal it. A device being
             // replaced passes its writes on to the target, missing or not.
-            self.mirror_to_target(s.devid, s.offset, part, data);
+            self.mirror_to_target(s.devid, s.offset, part.as_slice(), data);
             let Some(d) = self.device(s.devid) else {
                 return Ok(());
             };
-            let r = match data {
-                true => d.write_data_at(part, s.offset),
-                false => d.write_at(part, s.offset),
+            let r = match (data, part) {
+                (true, Payload::Owned(b)) => d.write_data_owned(b, s.offset),
+                (true, Payload::Borrowed(p)) => d.write_data_at(p, s.offset),
+                (false, p) => d.write_at(p.as_slice(), s.offset),
             };
             self.counted_write(s.devid, r)
         };
@@ -707,7 +709,7 @@ impl Volume {
                     devid: PRIMARY_DEVID,
                     offset,
                 },
-                buf,
+                buf.part(0..buf.len()),
             )?;
         }
         for c in chunks {
@@ -715,16 +717,16 @@ impl Volume {
             let to = (offset + len).min(c.end());
             if c.striped {
                 for (o, l) in c.split(from, to - from) {
-                    let part = &buf[(o - offset) as usize..(o - offset + l) as usize];
+                    let range = (o - offset) as usize..(o - offset + l) as usize;
                     for copy in 0..c.copies() {
                         if let Some(s) = c.stripe(o, l, copy) {
-                            put(s, part)?;
+                            put(s, buf.part(range.clone()))?;
                         }
                     }
                 }
                 continue;
             }
-            let part = &buf[(from - offset) as usize..(to - offset) as usize];
+            let range = (from - offset) as usize..(to - offset) as usize;
             let skip = usize::from(!self.map.is_mapped());
             for s in c.stripes().skip(skip) {
                 put(
@@ -732,7 +734,7 @@ impl Volume {
                         devid: s.devid,
                         offset: s.offset + (from - c.start),
                     },
-                    part,
+                    buf.part(range.clone()),
                 )?;
             }
         }
@@ -741,6 +743,35 @@ impl Volume {
 
     fn primary(&self) -> Option<Arc<dyn Device>> {
         self.device(PRIMARY_DEVID)
+    }
+}
+
+/// A write's bytes as [`Volume::write_all`] passes them on: borrowed from
+/// the caller, or given away ([`Device::write_data_owned`]), when every
+/// device and copy takes a share of them.
+enum Payload<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Bytes),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Payload::Borrowed(b) => b,
+            Payload::Owned(b) => b,
+        }
+    }
+
+    /// The bytes in `range`, shared rather than copied.
+    fn part(&self, range: std::ops::Range<usize>) -> Payload<'_> {
+        match self {
+            Payload::Borrowed(b) => Payload::Borrowed(&b[range]),
+            Payload::Owned(b) => Payload::Owned(b.slice(range)),
+        }
     }
 }
 
@@ -784,7 +815,7 @@ impl Device for Volume {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.write_all(buf, offset, false)
+        self.write_all(Payload::Borrowed(buf), offset, false)
     }
 
     /// Every device keeps copies of its own.
@@ -795,7 +826,12 @@ impl Device for Volume {
     }
 
     fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.write_all(buf, offset, true)
+        self.write_all(Payload::Borrowed(buf), offset, true)
+    }
+
+    /// Each device (and each copy) gets a share of `buf`, not a copy.
+    fn write_data_owned(&self, buf: Bytes, offset: u64) -> Result<()> {
+        self.write_all(Payload::Owned(buf), offset, true)
     }
 
     /// Every present device's barrier: a commit's blocks lie on all of

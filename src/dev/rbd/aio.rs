@@ -12,6 +12,7 @@
 use super::cluster::errno;
 use super::ffi;
 use crate::error::{Error, Result};
+use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +22,12 @@ use std::time::Duration;
 /// One asynchronous request and the buffer librbd reads from or into.
 pub struct Op {
     c: ffi::CompletionT,
+    /// Where librbd reads a write's bytes from or puts a read's: in
+    /// `shared` for a write, else from `Box::into_raw`.
     buf: NonNull<[u8]>,
+    /// A write's bytes, held until the request ends: librbd reads them
+    /// in place (`rbd_disable_zero_copy_writes` is off).
+    shared: Option<Bytes>,
     pub off: u64,
     /// The buffer goes back to [`SPARE_BUFFERS`] when the request ends.
     spare: bool,
@@ -121,6 +127,7 @@ impl Drop for Op {
             // librbd holds a request that may never end (one queued
             // behind an exclusive lock this client lost): its completion
             // and buffer stay allocated for whatever librbd does later.
+            std::mem::forget(self.shared.take());
             return;
         }
         // SAFETY: a live completion, waited for (if librbd took it)
@@ -131,6 +138,9 @@ impl Drop for Op {
                 ffi::rbd_aio_wait_for_complete(self.c);
             }
             ffi::rbd_aio_release(self.c);
+        }
+        if self.shared.is_some() {
+            return;
         }
         if self.spare {
             let mut spares = crate::sync::lock(&SPARE_BUFFERS);
@@ -146,16 +156,30 @@ impl Drop for Op {
 
 impl Op {
     fn new(kind: Kind, buf: NonNull<[u8]>, off: u64, spare: bool) -> Result<Op> {
+        Op::with_buffer(kind, buf, None, off, spare)
+    }
+
+    /// A request on `buf`, which is `shared`'s bytes when that is given
+    /// (else from `Box::into_raw`, released with the request).
+    fn with_buffer(
+        kind: Kind,
+        buf: NonNull<[u8]>,
+        shared: Option<Bytes>,
+        off: u64,
+        spare: bool,
+    ) -> Result<Op> {
         let done = Arc::new(Done::default());
         let arg = Arc::into_raw(done.clone()) as *mut libc::c_void;
         let mut c = ptr::null_mut();
         // SAFETY: an out-pointer; the callback takes `arg` back once.
         let r = unsafe { ffi::rbd_aio_create_completion(arg, Some(completed), &mut c) };
         if r < 0 {
-            // SAFETY: the buffer came from Box::into_raw and is not
-            // shared; `arg` went to no completion.
+            // SAFETY: without `shared` the buffer came from
+            // Box::into_raw and is not shared; `arg` went to no completion.
             unsafe {
-                drop(Box::from_raw(buf.as_ptr()));
+                if shared.is_none() {
+                    drop(Box::from_raw(buf.as_ptr()));
+                }
                 drop(Arc::from_raw(arg as *const Done));
             }
             return Err(errno(r.into(), "creating an RBD completion"));
@@ -163,6 +187,7 @@ impl Op {
         Ok(Op {
             c,
             buf,
+            shared,
             off,
             spare,
             kind,
@@ -204,20 +229,20 @@ impl Op {
         self.off < off + len && off < self.end()
     }
 
-    /// Sends a copy of `data` to be written at `off`.
-    pub fn write(image: ffi::ImageT, data: &[u8], off: u64) -> Result<Arc<Op>> {
-        let op = Op::new(
-            Kind::Write,
-            NonNull::from(Box::leak(Box::<[u8]>::from(data))),
-            off,
-            false,
-        )?;
-        // SAFETY: the buffer lives until the completion is released (Drop).
+    /// Sends `data` to be written at `off`; librbd reads it in place, so
+    /// the request holds it until it ends (a write once copied it into a
+    /// fresh buffer: a fifth of the daemon's time in a sequential write,
+    /// most of it faulting those pages in).
+    pub fn write(image: ffi::ImageT, data: Bytes, off: u64) -> Result<Arc<Op>> {
+        let buf = NonNull::from(&*data);
+        let op = Op::with_buffer(Kind::Write, buf, Some(data), off, false)?;
+        // SAFETY: the bytes live until the completion is released (Drop)
+        // and nothing changes them (`Bytes` is immutable).
         let r = unsafe {
             ffi::rbd_aio_write(
                 image,
                 off,
-                data.len(),
+                buf.len(),
                 op.buf.as_ptr() as *const libc::c_char,
                 op.c,
             )

@@ -21,6 +21,7 @@ use super::exclusive::Access;
 use super::source::{OpenHow, RbdSpec};
 use super::Device;
 use crate::error::{Error, Result};
+use bytes::Bytes;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -154,6 +155,23 @@ impl RbdDevice {
         }
     }
 
+    /// Sends `buf` to be written at `offset`, in flight until a barrier
+    /// (or until the bound on writes in flight makes this one wait).
+    fn write_owned(&self, buf: Bytes, offset: u64) -> Result<()> {
+        self.sticky()?;
+        let len = buf.len() as u64;
+        self.wait_all(self.writes.overlapping(offset, len))?;
+        let done = self
+            .ahead
+            .while_writing(offset, len, || {
+                let op = aio::Op::write(self.handle(), buf, offset)?;
+                Ok(self.writes.push(op))
+            })
+            .map_err(|e| self.record(e))?;
+        self.wait_all(done)?;
+        self.earlier_failure()
+    }
+
     /// A write that failed since, as whoever finds it complete saw it.
     fn earlier_failure(&self) -> Result<()> {
         match self.writes.failure() {
@@ -215,19 +233,14 @@ impl Device for RbdDevice {
         }
     }
 
+    /// A copy of `buf` goes out: the write stays in flight after this
+    /// returns, so it needs bytes of its own.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.sticky()?;
-        let len = buf.len() as u64;
-        self.wait_all(self.writes.overlapping(offset, len))?;
-        let done = self
-            .ahead
-            .while_writing(offset, len, || {
-                let op = aio::Op::write(self.handle(), buf, offset)?;
-                Ok(self.writes.push(op))
-            })
-            .map_err(|e| self.record(e))?;
-        self.wait_all(done)?;
-        self.earlier_failure()
+        self.write_owned(Bytes::copy_from_slice(buf), offset)
+    }
+
+    fn write_data_owned(&self, buf: Bytes, offset: u64) -> Result<()> {
+        self.write_owned(buf, offset)
     }
 
     fn barrier(&self) -> Result<()> {

@@ -213,7 +213,9 @@ impl crate::fs::Subvol {
                 for (_, _, data) in &pieces[i..j] {
                     buf.extend_from_slice(data);
                 }
-                self.core.engine.write_flight(flight, start, &buf)?;
+                self.core
+                    .engine
+                    .write_flight_owned(flight, start, buf.into())?;
             }
             i = j;
         }

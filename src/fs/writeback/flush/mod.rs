@@ -9,6 +9,7 @@ mod compressed;
 mod in_place;
 
 use crate::format::inode::INODE_NODATACOW;
+use bytes::Bytes;
 use in_place::Place;
 
 /// Most bytes one flush takes at a time: the data a commit may wait for.
@@ -389,7 +390,7 @@ impl super::super::Subvol {
         let contents = job
             .segments
             .iter()
-            .map(|seg| self.segment_content(job, seg))
+            .map(|seg| self.segment_content(job, seg).map(Bytes::from))
             .collect::<Result<Vec<_>>>()?;
         let mut all = Vec::with_capacity(job.segments.len());
         let mut run = Run::default();
@@ -422,6 +423,9 @@ impl super::super::Subvol {
     /// The sectors of `seg`: the old bytes it keeps, the taken ranges
     /// laid over them.
     fn segment_content(&self, job: &FlushJob, seg: &Segment) -> Result<Vec<u8>> {
+        if seg.old.is_empty() {
+            return Ok(laid_end_to_end(&job.ranges, seg.first, seg.last));
+        }
         let mut content = vec![0u8; (seg.last - seg.first) as usize];
         for (at, plan) in &seg.old {
             // The file's flush lock keeps these extents in place.
@@ -442,20 +446,22 @@ impl super::super::Subvol {
 
     /// Writes `run` with one device write: straight from its segment's
     /// bytes when it is one slice of them, else gathered into one buffer.
-    fn write_run(&self, job: &FlushJob, contents: &[Vec<u8>], run: &Run) -> Result<()> {
+    fn write_run(&self, job: &FlushJob, contents: &[Bytes], run: &Run) -> Result<()> {
         match run.parts.as_slice() {
             [] => Ok(()),
-            [(index, from, to)] => {
-                self.core
-                    .engine
-                    .write_flight(&job.flight, run.start, &contents[*index][*from..*to])
-            }
+            [(index, from, to)] => self.core.engine.write_flight_owned(
+                &job.flight,
+                run.start,
+                contents[*index].slice(*from..*to),
+            ),
             parts => {
                 let mut buf = Vec::with_capacity(run.len as usize);
                 for &(index, from, to) in parts {
                     buf.extend_from_slice(&contents[index][from..to]);
                 }
-                self.core.engine.write_flight(&job.flight, run.start, &buf)
+                self.core
+                    .engine
+                    .write_flight_owned(&job.flight, run.start, buf.into())
             }
         }
     }
@@ -662,6 +668,22 @@ fn overlapping_vec(
         .map(|(s, d)| (*s, d.as_slice()))
 }
 
+/// The bytes of `[first, last)`: the taken ranges' where they lie, zeros
+/// between. Appended in order (the ranges are sorted and disjoint), not
+/// zeroed first and overwritten: in a sequential write on RBD, zeroing
+/// the segments took a fifth of the daemon's time.
+fn laid_end_to_end(taken: &[(u64, Arc<Vec<u8>>)], first: u64, last: u64) -> Vec<u8> {
+    let mut content = Vec::with_capacity((last - first) as usize);
+    for (s, d) in overlapping_vec(taken, first, last) {
+        let lo = s.max(first);
+        let hi = (s + d.len() as u64).min(last);
+        content.resize((lo - first) as usize, 0);
+        content.extend_from_slice(&d[(lo - s) as usize..(hi - s) as usize]);
+    }
+    content.resize((last - first) as usize, 0);
+    content
+}
+
 /// Allocates each segment's extents (those written in place get their
 /// place): the first laid after the file's data
 /// before it, each next one after the one before. So the segments of one
@@ -769,6 +791,37 @@ mod tests {
             segment_spans(&[r(9000, 10)], true),
             vec![(0, 4096), (8192, 12288)]
         );
+    }
+
+    proptest::proptest! {
+        /// A segment built in order holds what zeroed bytes overwritten by
+        /// each range would: the ranges' bytes where they lie, zeros
+        /// between, cut to the window.
+        #[test]
+        fn segment_bytes_are_the_ranges_over_zeros(
+            gaps_and_lens in proptest::collection::vec((0u64..50, 1usize..40), 0..12),
+            first in 0u64..300,
+            width in 0u64..300,
+        ) {
+            let mut taken = Vec::new();
+            let mut at = 0u64;
+            for (i, (gap, len)) in gaps_and_lens.into_iter().enumerate() {
+                at += gap;
+                taken.push((at, Arc::new(vec![i as u8 + 1; len])));
+                at += len as u64;
+            }
+            let last = first + width;
+            let mut model = vec![0u8; width as usize];
+            for (s, d) in &taken {
+                for (k, b) in d.iter().enumerate() {
+                    let p = s + k as u64;
+                    if p >= first && p < last {
+                        model[(p - first) as usize] = *b;
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(laid_end_to_end(&taken, first, last), model);
+        }
     }
 
     /// A run grows only by a part written where it ends, and merges parts
