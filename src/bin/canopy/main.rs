@@ -40,23 +40,32 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// 0.1.49 builds; the Rust crate names no constant for it.
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// Returns freed memory to the system after 1 ms instead of mimalloc's
-/// 10 ms. In runs of 16 rounds of the test `daemon_memory_stays_bounded`
-/// (1.3 GiB written in 1 MiB writes) the daemon's resident size ended at
-/// 91-105 MiB with 1 ms and at 109-193 MiB with the default, for the
-/// same random-write speed. The environment variable
-/// `MIMALLOC_PURGE_DELAY` still wins.
+/// How long freed memory stays with the allocator (see [`tune_allocator`]).
+const PURGE_DELAY_MS: libc::c_long = 1000;
+
+/// Returns freed memory to the system after a second, not at once: a
+/// buffer freed by a flush is taken again by the next writes within
+/// milliseconds, and memory the system took back is faulted in and
+/// cleared a page at a time. With 1 ms, faults took 42% of the daemon's
+/// CPU in a 1 GiB sequential write on RBD (the writes' buffers and the
+/// flushes' segments); with 1 s, 14%, and the write ran 5-20% faster
+/// (three interleaved pairs).
+/// What the daemon holds at rest is still bounded by the forced collect
+/// after each commit ([`collect_free_pages`]): after the traffic of the
+/// test `daemon_memory_stays_bounded` it held 54 MiB at its peak, against
+/// 39 MiB with 1 ms. The environment variable `MIMALLOC_PURGE_DELAY`
+/// still wins.
 ///
 /// Transparent huge pages are off for the process (unless
-/// `MIMALLOC_ALLOW_THP=1`): with them, memory returned that quickly comes
-/// back as a fresh 2 MiB page to fault in and zero. After a cold `find`
+/// `MIMALLOC_ALLOW_THP=1`): with them, memory returned comes back as a
+/// fresh 2 MiB page to fault in and zero. After a cold `find`
 /// and `tar` over a copy of /usr/share (3 runs each way, interleaved)
 /// the daemon held 95-96 MiB instead of 113-122 MiB, for the same
 /// times (find 0.32-0.33 s both; tar 2.62-2.67 against 2.69-2.83 s).
 fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets a plain integer option of the allocator.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1) };
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
     }
     canopy::fuse::mount::set_free_memory_release(collect_free_pages);
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none_or(|v| v != "1") {
