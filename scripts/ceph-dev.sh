@@ -52,6 +52,9 @@ osd crush chooseleaf type = 0
 mon allow pool size one = true
 mon warn on pool no redundancy = false
 mon data avail warn = 5
+# The host's disk is shared with everything else: at the default 5% a
+# monitor on a large, busy disk exits (status 28) with gigabytes free.
+mon data avail crit = 1
 mon allow pool delete = true
 osd memory target = 1073741824
 bluestore block create = true
@@ -83,14 +86,25 @@ start_mon() {
     monmaptool --create --clobber --fsid "$fsid" \
         --addv a '[v2:127.0.0.1:3300,v1:127.0.0.1:6789]' "$dir/monmap" >/dev/null
     ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" --keyring "$dir/mon-mkfs.keyring"
-    ceph-mon -c "$conf" -i a --pid-file "$dir/run/mon.a.pid" 2>>"$dir/log/mon.a.stderr"
+    ceph-mon -c "$conf" -i a --pid-file "$dir/run/mon.a.pid" 2>>"$dir/log/mon.a.stderr" ||
+        daemon_failed "ceph-mon" "$dir/log/mon.a.stderr"
+}
+
+# A daemon that refuses to start says why only in its log: show it, since
+# its exit status alone (28, say, for a monitor short of disk) names nothing.
+daemon_failed() {
+    local status=$? name=$1 log=$2
+    echo "ceph-dev: $name exited with status $status; the end of $log:" >&2
+    tail -n 5 "$log" >&2 || true
+    exit 1
 }
 
 start_mgr() {
     mkdir -p "$dir/mgr/x"
     ceph_ auth get-or-create mgr.x mon 'allow profile mgr' osd 'allow *' mds 'allow *' \
         -o "$dir/keyring/mgr.x.keyring"
-    ceph-mgr -c "$conf" -i x --pid-file "$dir/run/mgr.x.pid" 2>>"$dir/log/mgr.x.stderr"
+    ceph-mgr -c "$conf" -i x --pid-file "$dir/run/mgr.x.pid" 2>>"$dir/log/mgr.x.stderr" ||
+        daemon_failed "ceph-mgr" "$dir/log/mgr.x.stderr"
 }
 
 start_osd() {
@@ -102,8 +116,10 @@ start_osd() {
     mkdir -p "$dir/osd/$id"
     ceph-authtool --create-keyring "$dir/keyring/osd.$id.keyring" --name "osd.$id" \
         --add-key "$secret" >/dev/null
-    ceph-osd -c "$conf" -i "$id" --mkfs --osd-uuid "$uuid" >/dev/null 2>&1
-    ceph-osd -c "$conf" -i "$id" --pid-file "$dir/run/osd.$id.pid" 2>>"$dir/log/osd.$id.stderr"
+    ceph-osd -c "$conf" -i "$id" --mkfs --osd-uuid "$uuid" >>"$dir/log/osd.$id.stderr" 2>&1 ||
+        daemon_failed "ceph-osd --mkfs (osd.$id)" "$dir/log/osd.$id.stderr"
+    ceph-osd -c "$conf" -i "$id" --pid-file "$dir/run/osd.$id.pid" 2>>"$dir/log/osd.$id.stderr" ||
+        daemon_failed "ceph-osd (osd.$id)" "$dir/log/osd.$id.stderr"
 }
 
 wait_for() {
@@ -114,6 +130,17 @@ wait_for() {
     done
     echo "ceph-dev: $what did not happen within ${limit}s (logs in $dir/log)" >&2
     return 1
+}
+
+# The OSDs' block files are sparse and grow with what is written (up to
+# $osds x 10 GiB); the tests write a few GiB. Say so up front when the disk
+# is short, rather than leave a stalled or dying cluster to explain it.
+warn_if_short_of_room() {
+    local free_gib
+    free_gib=$(df --output=avail -BG "$dir" | tail -1 | tr -dc 0-9)
+    if [ "$free_gib" -lt 4 ]; then
+        echo "ceph-dev: warning: only ${free_gib} GiB free under $dir; the OSDs' block files grow with every write" >&2
+    fi
 }
 
 start() {
@@ -129,6 +156,7 @@ start() {
     fi
     rm -rf "$dir"
     mkdir -p "$dir"/{keyring,run,log,mon/a,osd}
+    warn_if_short_of_room
     local fsid
     fsid=$(uuidgen)
     write_config "$fsid"
