@@ -39,6 +39,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1 << 30
+# The most a round keeps in the pool at once (the give-back step's 8 GiB
+# written on a 10 GiB image), with a margin.
+NEEDED_ROOM = 10 * GIB
 
 
 def run(cmd, **kw):
@@ -56,6 +59,21 @@ class Bench:
             with open(self.data, "wb") as f:
                 for _ in range(1024):
                     f.write(os.urandom(1 << 20))
+
+    def check_room(self):
+        """Stops before the first round when the pool cannot hold the
+        give-back step's 8 GiB: a full cluster holds every write without a
+        word (librbd waits for room), which looks like a hung benchmark.
+        Images left by an aborted run are the usual cause, so it names them."""
+        df = json.loads(run(["ceph", "-c", self.conf, "df", "-f", "json"]))
+        pool = next((p for p in df.get("pools", []) if p.get("name") == "rbd"), None)
+        avail = pool["stats"]["max_avail"] if pool else 0
+        if avail >= NEEDED_ROOM:
+            return
+        images = run(["rbd", "-c", self.conf, "ls", "rbd"]).split()
+        sys.exit(f"rbd.py: pool rbd has {avail / GIB:.1f} GiB free, a round needs "
+                 f"{NEEDED_ROOM / GIB:.0f} GiB; images in it: {' '.join(images) or 'none'} "
+                 f"(`rbd -c {self.conf} rm rbd/NAME` removes one)")
 
     def image(self, size="4G", mkfs=True):
         self.n += 1
@@ -278,6 +296,7 @@ def main():
         conf = os.path.join(cluster, "ceph.conf")
     try:
         b = Bench(conf, args.canopy, work)
+        b.check_room()
         rows = []
         for i in range(args.rounds):
             row = {**b.sequential(), **b.random_fsync(), **b.failover(), **b.give_back()}

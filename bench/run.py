@@ -85,6 +85,24 @@ def machine():
     }
 
 
+def cpu_ticks():
+    """The machine's CPU time so far, in ticks: (all, stolen). Stolen is
+    time the host ran other guests while this one wanted the CPU."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is
+    # already inside user and nice).
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
+def stolen_share(before, after):
+    """The percentage of the CPU time between two cpu_ticks() that the
+    host took: rounds that lost much are slow for reasons of the host,
+    and ratios between them mean little."""
+    total, stolen = after[0] - before[0], after[1] - before[1]
+    return 100.0 * stolen / total if total > 0 else 0.0
+
+
 def report_only(argv):
     """`run.py report`: rewrites the current summary at the top of
     docs/benchmarks.md from the results already in bench/results, so the
@@ -171,6 +189,7 @@ def main():
                 f = fslib.DRIVERS[name](name, a.work, size)
                 live.append(f)
                 print(f"[{w}] round {r + 1}/{a.rounds}: {name}", file=sys.stderr, flush=True)
+                ticks = cpu_ticks()
                 try:
                     got = workloads.WORKLOADS[w](f, a.scale)
                 except Exception:  # a broken run is reported, the others go on
@@ -180,6 +199,9 @@ def main():
                     f.destroy()
                     live.remove(f)
                     workloads.restore_dirty_settings(saved)
+                if got:
+                    got.append(("CPU stolen by the host (%)",
+                                round(stolen_share(ticks, cpu_ticks()), 1), "%", "info"))
                 for metric, value, unit, better in got:
                     s = {"workload": w, "fs": name, "round": r, "metric": metric,
                          "value": value, "unit": unit, "better": better, "scale": a.scale}

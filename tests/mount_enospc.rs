@@ -319,7 +319,9 @@ fn torture(size: &str, how: Fill) {
 }
 
 // Full disks of every size and pattern, in four tests the harness runs
-// side by side (one test ran 200 s alone, on each transport's pass).
+// side by side (one test ran 200 s alone). The io_uring pass of
+// scripts/test.sh runs only the small data disks of these: the sizes and
+// patterns test the allocator, which no transport touches.
 
 #[test]
 fn full_small_disks_of_data() {

@@ -123,7 +123,11 @@ def write_report(path, plots_dir, summary, filesystems, meta):
     parts += ["", "Each filesystem ran on its own sparse image file of the same size on the",
               "same disk (kernel filesystems loop-mounted), alternately, "
               f"{meta['rounds']} round(s); medians with min–max. Ratios: more than 1x",
-              "means Canopy is better (faster, or more throughput)."]
+              "means Canopy is better (faster, or more throughput).",
+              "'CPU stolen by the host' is the share of the machine's CPU time during",
+              "each round that the hypervisor gave to other guests: on a shared host it",
+              "swings from 0 to a third, and a round that lost much is slow for the",
+              "host's reasons, not the filesystem's."]
     if any(f in CEILINGS for f in filesystems):
         parts += ["'canopy time vs passthrough_hp' is the other way round: Canopy's time",
                   "(for a rate, the time of the same work; for MiB, its memory) as a",
