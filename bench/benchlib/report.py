@@ -126,7 +126,7 @@ def write_report(path, plots_dir, summary, filesystems, meta):
               "means Canopy is better (faster, or more throughput).",
               "'CPU stolen by the host' is the share of the machine's CPU time during",
               "each round that the hypervisor gave to other guests: on a shared host it",
-              "swings from 0 to a third, and a round that lost much is slow for the",
+              "swings from none to two fifths, and a round that lost much is slow for the",
               "host's reasons, not the filesystem's."]
     if any(f in CEILINGS for f in filesystems):
         parts += ["'canopy time vs passthrough_hp' is the other way round: Canopy's time",
