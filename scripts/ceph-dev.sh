@@ -118,8 +118,14 @@ start_osd() {
         --add-key "$secret" >/dev/null
     ceph-osd -c "$conf" -i "$id" --mkfs --osd-uuid "$uuid" >>"$dir/log/osd.$id.stderr" 2>&1 ||
         daemon_failed "ceph-osd --mkfs (osd.$id)" "$dir/log/osd.$id.stderr"
-    ceph-osd -c "$conf" -i "$id" --pid-file "$dir/run/osd.$id.pid" 2>>"$dir/log/osd.$id.stderr" ||
-        daemon_failed "ceph-osd (osd.$id)" "$dir/log/osd.$id.stderr"
+    run_osd "$id"
+}
+
+# Starts the daemon of osd.$1 on its data (at start, and again after
+# kill-osd).
+run_osd() {
+    ceph-osd -c "$conf" -i "$1" --pid-file "$dir/run/osd.$1.pid" 2>>"$dir/log/osd.$1.stderr" ||
+        daemon_failed "ceph-osd (osd.$1)" "$dir/log/osd.$1.stderr"
 }
 
 wait_for() {
@@ -204,7 +210,7 @@ kill_osd() {
 # placement group to be active+clean.
 restart_osd() {
     local id=${1:?OSD id}
-    ceph-osd -c "$conf" -i "$id" --pid-file "$dir/run/osd.$id.pid" 2>>"$dir/log/osd.$id.stderr"
+    run_osd "$id"
     wait_for "osd.$id up" "ceph_ osd stat -f json | grep -q '\"num_up_osds\":$osds'"
     wait_for "every placement group active+clean" \
         "ceph_ pg stat | grep -Eq '^([0-9]+) pgs: \\1 active\\+clean;'" 120
