@@ -315,7 +315,7 @@ impl Replay {
                 "prefix {prefix}: files of generation {g} differ"
             );
             drop(fs);
-            common::assert_posix_clean(dev.as_ref());
+            common::assert_posix_clean_in_place(dev.clone());
             images += 1;
         }
         eprintln!("{what} crash workload: {len} ops, {images} images");
@@ -736,7 +736,7 @@ fn every_prefix_of_in_place_writes_keeps_what_was_committed() {
                 "prefix {prefix}: cow too early"
             );
             drop(fs);
-            common::assert_posix_clean(dev.as_ref());
+            common::assert_posix_clean_in_place(dev.clone());
             continue;
         };
         assert!(read(256, b"cow") == *cow, "prefix {prefix}: cow differs");
@@ -770,7 +770,7 @@ fn every_prefix_of_in_place_writes_keeps_what_was_committed() {
             );
         }
         drop(fs);
-        common::assert_posix_clean(dev.as_ref());
+        common::assert_posix_clean_in_place(dev.clone());
         images += 1;
     }
     eprintln!("in-place crash workload: {total} ops, {images} images");

@@ -167,7 +167,7 @@ fn crash_every_prefix_on(layout: Layout, name: &str, setup: Step, steps: Vec<Ste
             }
             assert_scrub_clean(name, prefix, &fs);
             drop(fs);
-            common::assert_posix_clean(dev.as_ref());
+            common::assert_posix_clean_in_place(dev.clone());
             images += 1;
         }
     }
@@ -812,7 +812,7 @@ fn the_log_leaves_the_free_space_as_it_found_it() {
     fs.sync().expect("commit after the fsyncs");
     fs.sync().expect("a second commit unpins the log's blocks");
     drop(fs);
-    common::assert_posix_clean(dev.as_ref());
+    common::assert_posix_clean_in_place(dev.clone());
     let fs = open(&dev);
     for (path, data) in &files {
         assert_eq!(content(&fs, path).as_ref(), Some(data), "{path}");
@@ -872,7 +872,7 @@ fn a_log_write_that_landed_in_part_falls_back_to_the_one_before() {
             panic!("{what}: {why}");
         }
         drop(fs);
-        common::assert_posix_clean(dev.as_ref());
+        common::assert_posix_clean_in_place(dev.clone());
     }
 }
 
@@ -993,7 +993,7 @@ fn blocks_a_crashed_run_left_are_not_taken_for_the_next_runs_log() {
         panic!("{why}");
     }
     drop(fs);
-    common::assert_posix_clean(dev.as_ref());
+    common::assert_posix_clean_in_place(dev.clone());
 }
 
 /// When an fsync returned: (thread, round, ops recorded by then).
@@ -1130,7 +1130,7 @@ fn concurrent_fsyncs_each_survive_from_the_moment_they_return() {
         let dev = Arc::new(rp.at(prefix, &|_| true));
         let what = format!("prefix {prefix}");
         let _ = assert_returned_fsyncs_kept(dev.clone(), &what, prefix, ROUNDS, &returned);
-        common::assert_posix_clean(dev.as_ref());
+        common::assert_posix_clean_in_place(dev.clone());
     }
 }
 
@@ -1198,7 +1198,7 @@ fn fsyncs_behind_slow_barriers(in_flight: usize) {
             // Checking every image would take minutes: every seventh.
             opened += 1;
             if opened % 7 == 0 {
-                common::assert_posix_clean(dev.as_ref());
+                common::assert_posix_clean_in_place(dev.clone());
             }
         }
     }
@@ -1457,7 +1457,7 @@ fn checksums_of_extents_freed_before_the_crash_do_not_outlive_the_replay() {
         expect_content(&fs3, &format!("c{round}"), Some(&c_now)).expect("c");
         assert_scrub_clean("stale checksums", round as usize, &fs3);
         drop(fs3);
-        common::assert_posix_clean(dev3.as_ref());
+        common::assert_posix_clean_in_place(dev3.clone());
         dev = dev3;
         fs = open_fs(&dev);
     }
@@ -1479,7 +1479,7 @@ fn crashed_with_a_log() -> Arc<canopy::dev::MemDevice> {
 /// Rewrites the log's root leaf with `change` applied to its items and a
 /// valid checksum, so only the item checker and replay's examination can
 /// tell.
-fn damage_log_leaf(dev: &canopy::dev::MemDevice, change: impl Fn(&mut canopy::format::node::Item)) {
+fn damage_log_leaf(dev: &dyn Device, change: impl Fn(&mut canopy::format::node::Item)) {
     use canopy::format::node::{Body, Node};
     let root = common::last_log_root(dev);
     assert_ne!(root, 0, "the crash left a log");
@@ -1501,7 +1501,7 @@ fn damage_log_leaf(dev: &canopy::dev::MemDevice, change: impl Fn(&mut canopy::fo
 #[test]
 fn a_damaged_log_is_reported_by_check_and_skipped_by_the_mount() {
     let dev = crashed_with_a_log();
-    damage_log_leaf(&dev, |it| {
+    damage_log_leaf(dev.as_ref(), |it| {
         if it.key.ty == canopy::format::key_type::INODE_ITEM {
             let mut inode = canopy::format::inode::InodeItem::decode(&it.data).expect("inode");
             inode.mode = libc::S_IFLNK | 0o777;
@@ -1522,7 +1522,7 @@ fn a_damaged_log_is_reported_by_check_and_skipped_by_the_mount() {
     let fs = open_fs(&dev);
     expect_content(&fs, "f", Some(b"first")).expect("the last commit's file");
     drop(fs);
-    common::assert_posix_clean(dev.as_ref());
+    common::assert_posix_clean_in_place(dev.clone());
 }
 
 /// What `g` holds in [`crashed_with_two_logged_files`].
@@ -1604,6 +1604,8 @@ fn hostile_log_items_never_lock_the_filesystem_away() {
         .expect("logged inodes");
     let mut kinds = BTreeSet::new();
     let mut cases = 0;
+    // Each case damages and replays its own copy-on-write view of it.
+    let crashed_image = Arc::new(dev.snapshot());
     for (index, item) in items.iter().enumerate() {
         let is_csum = item.key.objectid == csum;
         if item.key.objectid != f_node && !is_csum {
@@ -1613,15 +1615,17 @@ fn hostile_log_items_never_lock_the_filesystem_away() {
         for (how, data) in item_damage(item.data) {
             cases += 1;
             let what = format!("item {} {how}", item.key);
-            let img = crashed(&dev);
+            let img = Arc::new(canopy::dev::crash::OverlayDevice::new(
+                crashed_image.clone(),
+            ));
             let n = std::cell::Cell::new(0);
-            damage_log_leaf(&img, |it| {
+            damage_log_leaf(img.as_ref(), |it| {
                 if n.get() == index {
                     it.data = data.clone();
                 }
                 n.set(n.get() + 1);
             });
-            let report = canopy::check::check_all(crashed(&img), &|_, _| {})
+            let report = canopy::check::check_all(common::read_only(img.clone()), &|_, _| {})
                 .unwrap_or_else(|e| panic!("{what}: check failed: {e}"));
             let e = Engine::open(img.clone() as Arc<dyn Device>, &OpenOptions::default())
                 .unwrap_or_else(|e| panic!("{what}: open failed: {e}"));
@@ -2056,7 +2060,7 @@ fn an_fsync_writes_no_superblock_copy() {
     let f = lookup(&fs, "f").expect("f");
     assert_eq!(fs.read(f, 0, 16).expect("read"), vec![b'2'; 16]);
     drop(fs);
-    common::assert_posix_clean(dev.as_ref());
+    common::assert_posix_clean_in_place(dev.clone());
 }
 
 /// A chain link damaged after it was written ends the chain there, like
@@ -2092,7 +2096,7 @@ fn a_damaged_chain_link_ends_the_chain_there() {
         expect_content(&fs, "f", Some(want))
             .unwrap_or_else(|why| panic!("link {damaged} damaged: {why}"));
         drop(fs);
-        common::assert_posix_clean(dev.as_ref());
+        common::assert_posix_clean_in_place(dev.clone());
     }
 }
 
@@ -2236,7 +2240,7 @@ fn on_replicated_storage_a_log_write_writes_one_copy() {
             };
             assert!(ok, "{what}: lost the fsync of round {done:?}");
             drop(fs);
-            common::assert_posix_clean(dev.as_ref());
+            common::assert_posix_clean_in_place(dev.clone());
         }
     }
 }
@@ -2443,7 +2447,7 @@ fn a_commit_writes_the_bytes_the_log_holds_before_dropping_it() {
     let fs = open_fs(&disk);
     expect_content(&fs, "f", Some(&want)).expect("the fsynced bytes");
     drop(fs);
-    common::assert_posix_clean(disk.as_ref());
+    common::assert_posix_clean_in_place(disk.clone());
 }
 
 /// Bytes in the log replay on a writable mount (the replay's commit

@@ -79,7 +79,7 @@ fn mounts_and_reads(dev: &Arc<MemDevice>) {
     write_file(&fs, ROOT_DIR, "after", &content(77));
     fs.sync().unwrap();
     drop(fs);
-    common::assert_posix_clean(dev.as_ref());
+    common::assert_posix_clean_in_place(dev.clone());
 }
 
 #[test]
@@ -353,7 +353,7 @@ fn a_data_extents_lost_item_is_put_back() {
     fs.sync().unwrap();
     verify(&fs);
     drop(fs);
-    common::assert_posix_clean(dev.as_ref());
+    common::assert_posix_clean_in_place(dev.clone());
 }
 
 /// Bytes the image's counters say are used.

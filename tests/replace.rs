@@ -163,7 +163,7 @@ fn device_1_of_a_single_device_filesystem_is_replaced_by_a_larger_one() {
     write_more(&fs, 0..20);
     drop(fs);
     assert_eq!(canopy::dev::existing_filesystem(devs[0].as_ref()), None);
-    common::assert_posix_clean(target.as_ref());
+    common::assert_posix_clean_in_place(target.clone());
     let fs = Fs::new(Arc::new(open(vec![target.clone()], false, false).unwrap())).unwrap();
     verify(&fs);
     verify_more(&fs, 0..20);
