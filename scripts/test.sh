@@ -79,6 +79,7 @@ else
 fi
 section "mount tests and send/receive again, compressing every chunk (compress-force=zstd)"
 CANOPY_TEST_MOUNT_OPTS=transport=dev,compress-force=zstd cargo test --locked --test mount --test exerciser --test send_receive "$@"
+campaign_bins=(--canopy target/debug/canopy --power-cut-bin target/debug/examples/power_cut)
 section "crash campaign: kill -9 of the daemon under PostgreSQL and SQLite, replay, every acknowledged commit there"
 # Each client: 4 GiB (split groups) fresh and 85% full, 512 MiB (mixed)
 # fresh, two crashes per image. 512 MiB at 85% full runs in the soak
@@ -94,15 +95,16 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
     else
         echo "crash_campaign postgres (PostgreSQL is not installed)" >> "$skipped"
     fi
-    # The daemon and the power-cut device in one build: built apart, the
-    # example's dev-dependencies change the library's features and it
-    # compiles twice (two minutes here).
-    cargo build --release --locked --bins --example power_cut
+    # The campaigns run the test profile's daemon and power-cut device
+    # (optimized, with debug assertions and overflow checks), which the
+    # tests above built already: linking them takes seconds, a release
+    # build 4.5 minutes of CI's 45, and a round takes as long on either.
+    cargo build --profile test --locked --bins --example power_cut
     # Four rounds per client: 4 GiB (split groups) and 512 MiB (mixed),
     # each fresh and 85% full.
     rounds=${CANOPY_CRASH_ROUNDS:-1}
     campaign=(python3 scripts/crash_campaign.py "${clients[@]}" --cycles 2
-        --keep-dir target/tmp/crash-keep)
+        "${campaign_bins[@]}" --keep-dir target/tmp/crash-keep)
     # 4 GiB on io_uring when the kernel offers it, 512 MiB on /dev/fuse
     # with compression (zstd).
     big_transport=dev
@@ -133,8 +135,8 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; 
         --devices 4 --profile raid10 --mount-opts transport=dev --json target/tmp/power-cut-raid10.json
     section "power cut, negative control: with barriers that flush nothing the campaign must fail"
     set +e
-    python3 scripts/crash_campaign.py --client sqlite-wal --client postgres --cycles 1 --rounds 1 \
-        --size 512M --power-cut all --barriers ignored --keep-dir target/tmp/crash-keep-control \
+    python3 scripts/crash_campaign.py "${campaign_bins[@]}" --client sqlite-wal --client postgres \
+        --cycles 1 --rounds 1 --size 512M --power-cut all --barriers ignored --keep-dir target/tmp/crash-keep-control \
         --json target/tmp/power-cut-control.json > target/tmp/power-cut-control.log 2>&1
     control=$?
     set -e
@@ -172,8 +174,9 @@ if [ "$(id -u)" = 0 ] && command -v ceph-mon >/dev/null; then
     CANOPY_TEST_RBD=$ceph_conf CANOPY_TEST_MOUNT_OPTS=transport=dev CANOPY_EXERCISER_OPS=1500 \
         cargo test --locked --test mount_posix --test exerciser "$@" -- --skip 4_gib
     section "RBD: crash campaign, power cuts (kill -9, then the writes no barrier covered lost) under SQLite (WAL) and PostgreSQL on an RBD image"
-    cargo build --release --locked --bins --example power_cut
-    python3 scripts/crash_campaign.py --client sqlite-wal --client postgres --cycles 2 --rounds 1 --size 1G \
+    cargo build --profile test --locked --bins --example power_cut
+    python3 scripts/crash_campaign.py "${campaign_bins[@]}" --client sqlite-wal --client postgres \
+        --cycles 2 --rounds 1 --size 1G \
         --fill 0 --rbd "$ceph_conf" --power-cut mixed --sector 512 --mount-opts transport=dev \
         --keep-dir target/tmp/crash-keep --json target/tmp/crash-campaign-rbd.json
     bash scripts/ceph-dev.sh stop "$ceph_dir"
