@@ -617,6 +617,14 @@ fn shown_mode(f: &std::path::Path) -> u32 {
     u32::from_str_radix(shown.trim(), 8).unwrap_or(u32::MAX)
 }
 
+/// A fresh mount whose root the user nobody may write in (and reach).
+fn mounted_for_nobody() -> Mounted {
+    let m = Mounted::new();
+    fs::set_permissions(m._dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o777)).unwrap();
+    m
+}
+
 /// Set-user-ID and set-group-ID bits are cleared as on a local kernel
 /// filesystem (the daemon does it: FUSE's HANDLE_KILLPRIV_V2), and the
 /// mode the kernel shows right after is the new one. The expected modes
@@ -626,9 +634,7 @@ fn set_id_bits_are_cleared_as_the_kernel_clears_them() {
     if !can_mount() {
         return;
     }
-    let mut m = Mounted::new();
-    fs::set_permissions(m._dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o777)).unwrap();
+    let mut m = mounted_for_nobody();
     let f = m.p("f");
     let path = f.display().to_string();
     // (mode before, command, run as nobody, mode after)
@@ -665,6 +671,70 @@ fn set_id_bits_are_cleared_as_the_kernel_clears_them() {
             "{before:o} then `{cmd}` (as nobody: {nobody}): got {mode:o}, want {after:o}"
         );
     }
+    m.unmount();
+    m.check();
+}
+
+/// A file held open for writing while its owner sets set-id bits: the
+/// next write through the open handle by a caller without CAP_FSETID
+/// clears them (the daemon remembers per open file whether its mode has
+/// set-id bits, so the chmod must reach that note), twice over.
+#[test]
+fn set_id_bits_set_while_a_writer_holds_the_file_open_are_cleared() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = mounted_for_nobody();
+    let f = m.p("f");
+    fs::write(&f, b"").unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o666)).unwrap();
+    let go = |n: u32| m._dir.path().join(format!("go{n}"));
+    // Writes a line, then one more each time the test says go.
+    let script = format!(
+        "exec 3>>{f}; echo a >&3; \
+         for n in 1 2; do while [ ! -e {dir}/go$n ]; do sleep 0.02; done; echo b >&3; done",
+        f = f.display(),
+        dir = m._dir.path().display()
+    );
+    /// The writer, killed if the test fails before it ends (it would
+    /// wait for its go files for ever, holding the test's output open).
+    struct Writer(std::process::Child);
+    impl Drop for Writer {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    use std::os::unix::process::CommandExt;
+    let mut writer = Writer(
+        Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .uid(65534)
+            .gid(65534)
+            .spawn()
+            .unwrap(),
+    );
+    let wait_for_size = |len: u64| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while fs::metadata(&f).unwrap().len() < len {
+            assert!(Instant::now() < deadline, "the writer did not write");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for_size(2);
+    for n in 1..=2 {
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o6777)).unwrap();
+        assert_eq!(shown_mode(&f), 0o6777);
+        fs::write(go(n), b"").unwrap();
+        wait_for_size(2 + 2 * n as u64);
+        let mode = shown_mode(&f);
+        assert_eq!(
+            mode, 0o777,
+            "after write {n} through the open file: {mode:o}"
+        );
+    }
+    assert!(writer.0.wait().unwrap().success());
     m.unmount();
     m.check();
 }

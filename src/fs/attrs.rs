@@ -202,13 +202,18 @@ pub(super) fn no_atime(flags: u64) -> bool {
 impl Subvol {
     /// [`super::Fs::open_for_writing`] in this subvolume.
     pub fn open_for_writing(&self, ino: u64, flags: i32) -> Result<()> {
-        let i = self.core.engine.read(|r| self.inode_r(r, ino))?;
-        refuse_open(&i, flags)?;
-        self.inodes.with(ino, |s| {
-            s.open += 1;
-            s.attr_flags = i.flags;
-        });
-        Ok(())
+        self.core.engine.read(|r| {
+            let i = self.inode_r(r, ino)?;
+            refuse_open(&i, flags)?;
+            // Under the engine's lock, so that no chmod saved meanwhile
+            // can leave the entry's set-id note stale.
+            self.inodes.with(ino, |s| {
+                s.open += 1;
+                s.attr_flags = i.flags;
+                s.set_id = Some(super::setid::has_set_id(i.mode));
+            });
+            Ok(())
+        })
     }
 
     /// `FS_IOC_GETFLAGS` of `ino`.

@@ -19,6 +19,7 @@
 
 use super::log::Changes;
 use super::readahead::Stream;
+use super::setid::has_set_id;
 use super::writeback::{Ranges, DEFAULT_DIRTY_LIMIT};
 use crate::cache::{BlockMap as InodeMap, BlockSet as InodeSet};
 use crate::format::inode::{InodeItem, Timespec};
@@ -64,6 +65,13 @@ pub(crate) struct InodeState {
     /// beyond its buffers' footprint: a write it covers needs no state
     /// lock (see `writeback`).
     pub credit: u64,
+    /// Whether the file's mode has a set-user-ID or set-group-ID bit, as
+    /// read under the engine's lock or saved since (None: not known). The
+    /// kernel asks every write by a caller without CAP_FSETID to clear
+    /// those bits (see `setid`); knowing there are none, a write leaves
+    /// the engine's lock alone. Every save of the inode item sets it
+    /// ([`InodeTable::note_saved`]), so it cannot go stale.
+    pub set_id: Option<bool>,
 }
 
 /// What buffered writes changed in an inode's attributes. Each only ever
@@ -328,17 +336,28 @@ impl InodeTable {
         })
     }
 
-    /// Drops `ino`'s pending attributes if the item `stored` in the tree
-    /// says everything they do.
-    pub fn settle_pending(&self, ino: u64, stored: &InodeItem) {
+    /// `ino`'s item `stored` was saved in the running transaction: drops
+    /// its pending attributes if the item says everything they do, and
+    /// notes whether its mode has set-id bits.
+    pub fn note_saved(&self, ino: u64, stored: &InodeItem) {
         if let Some(inode) = self.get(ino) {
             let mut s = crate::sync::lock(&inode.state);
             if s.pending.is_some_and(|p| p.within(stored)) {
                 s.pending = None;
             }
+            s.set_id = Some(has_set_id(stored.mode));
             drop(s);
             drop(inode);
             self.tidy(ino);
+        }
+    }
+
+    /// Notes whether `ino`'s mode, read by a caller holding the engine's
+    /// lock (so no save can come between the read and the note), has
+    /// set-id bits; only for an inode with an entry.
+    pub fn note_set_id(&self, ino: u64, mode: u32) {
+        if let Some(inode) = self.get(ino) {
+            crate::sync::lock(&inode.state).set_id = Some(has_set_id(mode));
         }
     }
 

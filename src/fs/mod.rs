@@ -441,7 +441,7 @@ impl Subvol {
     /// that it includes are then settled: the tree has them.
     pub(crate) fn save_inode(&self, tx: &mut Txn<'_>, ino: u64, i: InodeItem) -> Result<()> {
         store_inode(tx, self.tree, ino, i.clone())?;
-        self.inodes.settle_pending(ino, &i);
+        self.inodes.note_saved(ino, &i);
         Ok(())
     }
 

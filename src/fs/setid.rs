@@ -14,6 +14,11 @@ use crate::error::Result;
 use crate::format::inode::Timespec;
 use crate::txn::Need;
 
+/// Whether `mode` has a set-user-ID or set-group-ID bit.
+pub(crate) fn has_set_id(mode: u32) -> bool {
+    mode & (libc::S_ISUID | libc::S_ISGID) != 0
+}
+
 /// The set-id bits of a file with `mode` that a change by a caller
 /// clears: set-user-ID always, set-group-ID when the file is
 /// group-executable or `in_group` (the caller's membership in the file's
@@ -35,13 +40,23 @@ impl Subvol {
     /// sockets and device nodes too, as Linux does. True when it cleared
     /// something.
     pub fn clear_set_id(&self, ino: u64, drop: impl FnOnce(u32, u32) -> u32) -> Result<bool> {
+        // What an open file's entry knows spares each write of a database
+        // the engine's lock, which a log step or a commit may hold.
+        if self.inodes.peek(ino, |s| s.set_id) == Some(Some(false)) {
+            return Ok(false);
+        }
         let set_id = libc::S_ISUID | libc::S_ISGID;
-        let (mode, gid) = match self.getattr(ino) {
-            Ok(a) => (a.mode, a.gid),
+        let read = self.core.engine.read(|r| {
+            let i = self.inode_r(r, ino)?;
+            self.inodes.note_set_id(ino, i.mode);
+            Ok((i.mode, i.gid))
+        });
+        let (mode, gid) = match read {
+            Ok(found) => found,
             Err(crate::Error::NotFound) => return Ok(false),
             Err(e) => return Err(e),
         };
-        if mode & set_id == 0 || mode & libc::S_IFMT == libc::S_IFDIR {
+        if !has_set_id(mode) || mode & libc::S_IFMT == libc::S_IFDIR {
             return Ok(false);
         }
         let bits = drop(mode, gid) & set_id;
