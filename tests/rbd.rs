@@ -30,7 +30,16 @@ fn ceph_conf() -> Option<String> {
 
 /// `rbd -c CONF ARGS`, required to succeed; its output.
 fn rbd(conf: &str, args: &[&str]) -> Vec<u8> {
-    let out = Command::new("rbd")
+    cluster_tool("rbd", conf, args)
+}
+
+/// `ceph -c CONF ARGS`, required to succeed; its output.
+fn ceph(conf: &str, args: &[&str]) -> String {
+    String::from_utf8_lossy(&cluster_tool("ceph", conf, args)).into_owned()
+}
+
+fn cluster_tool(program: &str, conf: &str, args: &[&str]) -> Vec<u8> {
+    let out = Command::new(program)
         .arg("-c")
         .arg(conf)
         .args(args)
@@ -38,7 +47,7 @@ fn rbd(conf: &str, args: &[&str]) -> Vec<u8> {
         .unwrap();
     assert!(
         out.status.success(),
-        "rbd {args:?}: {}",
+        "{program} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
@@ -163,6 +172,95 @@ fn an_rbd_image_is_made_mounted_checked_and_read_back() {
     assert!(std::fs::read(mnt.join("big")).unwrap() == big);
     assert_eq!(std::fs::read(mnt.join("small")).unwrap(), b"hello");
     assert!(mnt.join("d").is_dir());
+    d.unmount();
+}
+
+/// A quota on pool `rbd`, lifted when dropped (also when the test fails:
+/// the other tests share the pool).
+struct PoolQuota<'a>(&'a str);
+
+impl PoolQuota<'_> {
+    fn set_bytes<'a>(conf: &'a str, bytes: u64) -> PoolQuota<'a> {
+        ceph(
+            conf,
+            &[
+                "osd",
+                "pool",
+                "set-quota",
+                "rbd",
+                "max_bytes",
+                &bytes.to_string(),
+            ],
+        );
+        PoolQuota(conf)
+    }
+}
+
+impl Drop for PoolQuota<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("ceph")
+            .args([
+                "-c",
+                self.0,
+                "osd",
+                "pool",
+                "set-quota",
+                "rbd",
+                "max_bytes",
+                "0",
+            ])
+            .output();
+    }
+}
+
+/// A full pool holds every write until space is freed (librbd waits, as
+/// the kernel's rbd does, rather than fail): the daemon says so in its
+/// log after 30 s instead of leaving the waiting fsync silent, and once
+/// the quota is lifted the write and its fsync finish, nothing lost.
+#[test]
+fn a_full_pool_holds_an_fsync_and_the_daemon_says_why() {
+    let Some(conf) = ceph_conf() else { return };
+    let (dir, img, mnt) = fresh(&conf, "256M");
+    let log = dir.0.path().join("log");
+    let d = Daemon::mount(&img, &mnt, "", &log).unwrap();
+    write_synced(&mnt.join("before"), b"committed").unwrap();
+    // Anything in the pool passes a quota of one byte.
+    let quota = PoolQuota::set_bytes(&conf, 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ceph(&conf, &["health", "detail"]).contains("POOL_FULL") {
+        assert!(Instant::now() < deadline, "the pool was not marked full");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let data = common::noise(4 << 20, 11);
+    let path = mnt.join("held");
+    let writer = {
+        let (path, data) = (path.clone(), data.clone());
+        std::thread::spawn(move || write_synced(&path, &data))
+    };
+    let said = "the Ceph cluster has not answered a request yet";
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains(said)
+    {
+        assert!(!writer.is_finished(), "the write finished on a full pool");
+        assert!(
+            Instant::now() < deadline,
+            "the daemon said nothing of the wait"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(!writer.is_finished(), "the write finished on a full pool");
+    drop(quota);
+    writer
+        .join()
+        .unwrap()
+        .expect("the held write once the pool has room");
+    d.unmount();
+    check_clean(&img);
+    let d = Daemon::mount(&img, &mnt, "ro", &log).unwrap();
+    assert!(std::fs::read(&path).unwrap() == data);
+    assert_eq!(std::fs::read(mnt.join("before")).unwrap(), b"committed");
     d.unmount();
 }
 
