@@ -2364,6 +2364,20 @@ fn log_item_kinds(dev: &dyn Device) -> std::collections::BTreeSet<u8> {
     kinds
 }
 
+/// A file `name` holding `data`, committed; then the image opened again
+/// on a recording device. Returns the committed image, the recorder, the
+/// filesystem on it and the file.
+fn committed_then_recorded(name: &str, data: &[u8]) -> (Vec<u8>, Arc<RecordingDevice>, Fs, u64) {
+    let (dev, fs) = format_fs(SMALL_MIXED);
+    let f = file(&fs, ROOT, name, data);
+    fs.sync().expect("commit");
+    drop(fs);
+    let base = dev.snapshot();
+    let rec = Arc::new(RecordingDevice::new(base.clone()));
+    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    (base, rec, Fs::new(Arc::new(e)).expect("fs"), f)
+}
+
 /// An fsync of a small write writes only log pages (blocks and the chain
 /// link, the bytes inside the blocks) before its one barrier: nothing goes
 /// to the file's extents until the commit. Once the chain runs (after the
@@ -2374,14 +2388,7 @@ fn a_small_fsynced_write_reaches_the_disk_in_the_log_write_alone() {
     use canopy::format::key_type::{EXTENT_DATA, LOG_DATA, LOG_RANGE};
     use canopy::format::loglink::{LogLink, LINK_BYTES};
     use canopy::format::node::Node;
-    let (dev, fs) = format_fs(SMALL_MIXED);
-    let f = file(&fs, ROOT, "f", &pattern(102, 20_000));
-    fs.sync().expect("commit");
-    drop(fs);
-    let base = dev.snapshot();
-    let rec = Arc::new(RecordingDevice::new(base.clone()));
-    let e = Engine::open(rec.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
-    let fs = Fs::new(Arc::new(e)).expect("fs");
+    let (base, rec, fs, f) = committed_then_recorded("f", &pattern(102, 20_000));
     fs.write(f, 100, &pattern(103, 10)).expect("write");
     fs.fsync(f).expect("the transaction's first fsync");
     let before = rec.ops().len();
@@ -2475,4 +2482,129 @@ fn logged_bytes_replay_on_writable_and_read_only_mounts() {
     common::assert_clean(dev.as_ref());
     let fs = open_fs(&dev);
     expect_content(&fs, "f", Some(&want)).expect("after the replay's commit");
+}
+
+/// A WAL-like file: 8 KiB appended into a committed file and fsynced,
+/// round after round, so the bytes the log holds pass `LOG_DATA_MAX` and
+/// a flush empties the leaves that held them. Every log block a log
+/// write sends is its link's root or a child of a block sent with it:
+/// a leaf the tree no longer reaches (emptied) is never written.
+#[test]
+fn a_log_write_sends_only_blocks_its_root_reaches() {
+    use canopy::dev::crash::{Op, PAGE};
+    use canopy::format::loglink::LogLink;
+    use canopy::format::node::{Body, Node};
+    const FSID: [u8; 16] = [0x42; 16];
+    let (base, rec, fs, f) = committed_then_recorded("wal", &pattern(7, 512 << 10));
+    let mut want = pattern(7, 512 << 10);
+    for round in 0..40usize {
+        let at = round * 8192;
+        let page = pattern(round as u8, 8192);
+        fs.write(f, at as u64, &page).expect("write");
+        want[at..at + 8192].copy_from_slice(&page);
+        fs.fdatasync(f).expect("fdatasync");
+    }
+    let ops = rec.ops();
+    let (mut sent, mut reached, mut checked) = (Vec::new(), Vec::new(), 0);
+    for op in &ops {
+        match op {
+            Op::Write { offset, data } => {
+                for (i, page) in data.chunks_exact(PAGE).enumerate() {
+                    let at = offset + (i * PAGE) as u64;
+                    if let Some(link) = LogLink::decode(page, at, &FSID) {
+                        reached.push(link.root);
+                    } else if let Ok(n) = Node::decode(page, at, &FSID) {
+                        if n.owner != canopy::format::tree_id::LOG {
+                            continue;
+                        }
+                        if let Body::Internal(ptrs) = &n.body {
+                            reached.extend(ptrs.iter().map(|p| p.bytenr));
+                        }
+                        sent.push((at, n.nritems()));
+                    }
+                }
+            }
+            Op::Barrier { .. } => {
+                for (at, items) in sent.drain(..) {
+                    assert!(
+                        reached.contains(&at),
+                        "log block {at} ({items} items) was sent, but neither the link's \
+                         root nor a block sent with it points to it"
+                    );
+                    checked += 1;
+                }
+                reached.clear();
+            }
+            _ => {}
+        }
+    }
+    assert!(checked >= 40, "log blocks sent: {checked}");
+    let disk = {
+        let mut replayer = Replayer::new(Arc::new(base), ops.clone());
+        Arc::new(replayer.at(ops.len(), &|_| true))
+    };
+    drop(fs);
+    let e = Engine::open(disk.clone() as Arc<dyn Device>, &OpenOptions::default())
+        .expect("open the recorded image");
+    let fs = Fs::new(Arc::new(e)).expect("replay");
+    expect_content(&fs, "wal", Some(&want)).expect("every fdatasynced page");
+    drop(fs);
+    common::assert_posix_clean_in_place(disk);
+}
+
+/// fdatasync need not make a new mtime durable, and keeps the log's copy
+/// of the inode item when only its times changed (its leaf is not
+/// written again); a size change is logged all the same, and fsync
+/// logs the times.
+#[test]
+fn fdatasync_logs_the_size_and_fsync_the_times() {
+    let (dev, fs) = format_fs(SMALL_MIXED);
+    let f = file(&fs, ROOT, "f", &pattern(3, 64 << 10));
+    fs.sync().expect("commit");
+    let mtime = |fs: &Fs| {
+        fs.getattr(lookup(fs, "f").expect("f"))
+            .expect("getattr")
+            .mtime
+    };
+    let mut want = pattern(3, 64 << 10);
+    // Logged in full once (times and all), then overwritten in place.
+    fs.write(f, 0, &pattern(4, 4096)).expect("write");
+    want[..4096].copy_from_slice(&pattern(4, 4096));
+    fs.fsync(f).expect("fsync");
+    let logged_mtime = mtime(&fs);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs.write(f, 8192, &pattern(5, 4096)).expect("write");
+    want[8192..12288].copy_from_slice(&pattern(5, 4096));
+    fs.fdatasync(f).expect("fdatasync of an overwrite");
+    let disk = crashed(&dev);
+    let replayed = open_fs(&disk);
+    expect_content(&replayed, "f", Some(&want)).expect("the overwrite");
+    assert_eq!(
+        mtime(&replayed),
+        logged_mtime,
+        "the overwrite's fdatasync kept the logged inode item"
+    );
+    drop(replayed);
+    common::assert_posix_clean_in_place(disk);
+    // An append changes the size: fdatasync logs it.
+    fs.write(f, 64 << 10, &pattern(6, 3000)).expect("append");
+    want.extend_from_slice(&pattern(6, 3000));
+    fs.fdatasync(f).expect("fdatasync of an append");
+    let disk = crashed(&dev);
+    let replayed = open_fs(&disk);
+    expect_content(&replayed, "f", Some(&want)).expect("the append and its size");
+    drop(replayed);
+    // fsync makes the times durable too.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs.write(f, 0, &pattern(7, 100)).expect("write");
+    want[..100].copy_from_slice(&pattern(7, 100));
+    fs.fsync(f).expect("fsync");
+    let now = mtime(&fs);
+    let disk = crashed(&dev);
+    drop(fs);
+    let replayed = open_fs(&disk);
+    expect_content(&replayed, "f", Some(&want)).expect("the last write");
+    assert_eq!(mtime(&replayed), now, "fsync logged the new mtime");
+    drop(replayed);
+    common::assert_posix_clean_in_place(disk);
 }

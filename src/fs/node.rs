@@ -306,10 +306,16 @@ impl Fs {
         sv.is_inline(ino)
     }
 
-    /// fsync(2) and fdatasync(2) of `node` (see `log`).
+    /// fsync(2) of `node` (see `log`).
     pub fn fsync(&self, node: u64) -> Result<()> {
         let (sv, ino) = self.at(node)?;
         sv.fsync(ino)
+    }
+
+    /// fdatasync(2) of `node`: its timestamps alone need not be durable.
+    pub fn fdatasync(&self, node: u64) -> Result<()> {
+        let (sv, ino) = self.at(node)?;
+        sv.fdatasync(ino)
     }
 
     /// Clears the bits `drop(mode, gid)` names from regular file `node`,

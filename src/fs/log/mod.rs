@@ -48,10 +48,20 @@ use crate::format::key_type::{
 use crate::format::tree_id::{CSUM, LOG};
 use crate::format::{Key, CSUM_OBJECTID, LOG_DATA_CHUNK};
 use crate::txn::{Need, Txn};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 pub(crate) use replay::{replay, LoggedBytes};
+
+/// What an fsync must make durable besides the file's data and names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Durable {
+    /// Everything (fsync(2)).
+    All,
+    /// What reading the data back needs (fdatasync(2)): not the
+    /// timestamps alone.
+    Data,
+}
 
 /// What an fsync's step in the log found to do.
 enum LogStep {
@@ -264,19 +274,32 @@ impl Batch {
     }
 
     /// Makes the edits, with the keys of subvolume `tree`'s inodes turned
-    /// into the log's (see [`log_key`]).
+    /// into the log's (see [`log_key`]). An item a clear would delete and
+    /// a put would write back as it is stays untouched: a leaf whose items
+    /// an fsync only restates is not copied, so the next log write does
+    /// not send it again. (Extent items are never kept that way: a punch
+    /// may cut them between the clear and the puts.)
     fn apply(self, tx: &mut Txn<'_>, tree: u64) -> Result<()> {
+        let mut puts: BTreeMap<Key, Vec<u8>> = self
+            .puts
+            .into_iter()
+            .map(|(k, d)| (log_key(tree, k), d))
+            .collect();
         for (start, end) in self.clear {
             let (start, end) = (log_key(tree, start), log_key(tree, end));
-            for (k, _) in tx.range(LOG, &start, &end)? {
-                tx.delete(LOG, &k)?;
+            for (k, d) in tx.range(LOG, &start, &end)? {
+                if k.ty != EXTENT_DATA && puts.get(&k) == Some(&d) {
+                    puts.remove(&k);
+                } else {
+                    tx.delete(LOG, &k)?;
+                }
             }
         }
         for (ino, s, e) in self.punch {
             file::punch(tx, LOG, super::node_id(tree, ino), s, e)?;
         }
-        for (k, d) in self.puts {
-            tx.put(LOG, log_key(tree, k), d)?;
+        for (k, d) in puts {
+            tx.put(LOG, k, d)?;
         }
         Ok(())
     }
@@ -317,14 +340,30 @@ impl Subvol {
     /// (see [`LOG_DATA_MAX`]); otherwise its buffer is flushed to extents
     /// first and the log names those.
     pub fn fsync(&self, ino: u64) -> Result<()> {
+        self.sync_file(ino, Durable::All)
+    }
+
+    /// fdatasync(2): as [`Subvol::fsync`], but timestamps need not be
+    /// durable ([`Durable::Data`]).
+    pub fn fdatasync(&self, ino: u64) -> Result<()> {
+        self.sync_file(ino, Durable::Data)
+    }
+
+    fn sync_file(&self, ino: u64, durable: Durable) -> Result<()> {
         if !self.core.log_enabled() {
             return self.core.sync();
         }
-        let mut step = self.core.engine.write(|tx| self.log_step(tx, ino, true));
+        let mut step = self
+            .core
+            .engine
+            .write(|tx| self.log_step(tx, ino, true, durable));
         if matches!(step, Ok(LogStep::Flush)) {
             self.flush_file_for_fsync(ino)?;
             self.flush_symlinks_in(ino)?;
-            step = self.core.engine.write(|tx| self.log_step(tx, ino, false));
+            step = self
+                .core
+                .engine
+                .write(|tx| self.log_step(tx, ino, false, durable));
         }
         match step {
             Ok(LogStep::Logged) => self.core.engine.sync_log(),
@@ -339,7 +378,13 @@ impl Subvol {
     /// The log's part of an fsync of `ino`, in one transaction; with
     /// `bytes`, the file's buffered bytes go into the log if they may
     /// ([`Subvol::loggable_bytes`]), else it asks for a flush first.
-    fn log_step(&self, tx: &mut Txn<'_>, ino: u64, bytes: bool) -> Result<LogStep> {
+    fn log_step(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        bytes: bool,
+        durable: Durable,
+    ) -> Result<LogStep> {
         if tx.has_pending_log() || self.core.tracking.is_stale(tx.transid()) {
             return Ok(LogStep::NeedsCommit);
         }
@@ -350,7 +395,7 @@ impl Subvol {
             },
             false => None,
         };
-        Ok(match self.log_inode(tx, ino, buffered)? {
+        Ok(match self.log_inode(tx, ino, buffered, durable)? {
             true => LogStep::Logged,
             false => LogStep::Unchanged,
         })
@@ -436,7 +481,13 @@ impl Subvol {
     /// Logs `ino` in full, with `buffered` (its buffer, not flushed) as
     /// its data's newest bytes; false when it did not change in this
     /// transaction (nothing to log).
-    fn log_inode(&self, tx: &mut Txn<'_>, ino: u64, buffered: Option<Buffered>) -> Result<bool> {
+    fn log_inode(
+        &self,
+        tx: &mut Txn<'_>,
+        ino: u64,
+        buffered: Option<Buffered>,
+        durable: Durable,
+    ) -> Result<bool> {
         let transid = tx.transid();
         let mut inode = load_inode_tx(tx, self.tree, ino)?;
         let (chunks, pending) = buffered.map_or((Vec::new(), None), |b| (b.chunks, b.pending));
@@ -447,7 +498,11 @@ impl Subvol {
             p.lay_over(&mut inode);
         }
         let mut batch = Batch::default();
-        self.plan_full(tx, ino, &inode, &mut batch)?;
+        let item = match durable {
+            Durable::Data => self.logged_item_but_times(tx, ino, &inode)?,
+            Durable::All => None,
+        };
+        self.plan_full(tx, ino, &inode, item, &mut batch)?;
         let regular = inode.mode & libc::S_IFMT == libc::S_IFREG;
         let mut logged_bytes = RangeSet::default();
         for (off, d) in &chunks {
@@ -529,12 +584,43 @@ impl Subvol {
         Ok(())
     }
 
-    /// The full record of `ino` (see the module doc).
+    /// The inode item the log holds for `ino`'s full record, if it
+    /// differs from `inode` only in timestamps: an fdatasync keeps it, so
+    /// the leaf that holds it is not written again for a new mtime (a
+    /// database's log overwritten in place and fdatasynced: one leaf less
+    /// per commit). Its size, owner, mode, flags and block count are
+    /// `inode`'s, which is all data retrieval needs.
+    fn logged_item_but_times(
+        &self,
+        tx: &Txn<'_>,
+        ino: u64,
+        inode: &InodeItem,
+    ) -> Result<Option<Vec<u8>>> {
+        let full = log_get(tx, self.tree, &Key::new(ino, LOG_INODE, 0))?;
+        if full.as_deref() != Some(&[MODE_FULL][..]) {
+            return Ok(None);
+        }
+        let Some(bytes) = log_get(tx, self.tree, &super::inode_key(ino))? else {
+            return Ok(None);
+        };
+        let Ok(mut logged) = InodeItem::decode(&bytes) else {
+            return Ok(None);
+        };
+        logged.atime = inode.atime;
+        logged.mtime = inode.mtime;
+        logged.ctime = inode.ctime;
+        logged.transid = inode.transid;
+        Ok((logged.encode() == inode.encode()).then_some(bytes))
+    }
+
+    /// The full record of `ino` (see the module doc), with `item` as its
+    /// inode item if given (else `inode`'s).
     fn plan_full(
         &self,
         tx: &Txn<'_>,
         ino: u64,
         inode: &InodeItem,
+        item: Option<Vec<u8>>,
         batch: &mut Batch,
     ) -> Result<()> {
         let tree = self.tree;
@@ -544,7 +630,8 @@ impl Subvol {
         batch
             .puts
             .push((Key::new(ino, LOG_INODE, 0), vec![MODE_FULL]));
-        batch.puts.push((super::inode_key(ino), inode.encode()));
+        let item = item.unwrap_or_else(|| inode.encode());
+        batch.puts.push((super::inode_key(ino), item));
         for ty in [INODE_REF, INODE_EXTREF, XATTR_ITEM] {
             let (s, e) = keys_of(ino, ty);
             batch.puts.extend(copy_items(tx, tree, s, e)?);
@@ -617,7 +704,7 @@ impl Subvol {
         let kind = inode.mode & libc::S_IFMT;
         if kind != libc::S_IFREG && kind != libc::S_IFDIR {
             // Symlinks and special files are tiny: log them whole.
-            return self.plan_full(tx, ino, inode, batch);
+            return self.plan_full(tx, ino, inode, None, batch);
         }
         let logged = log_get(tx, self.tree, &Key::new(ino, LOG_INODE, 0))?;
         for ty in [INODE_REF, INODE_EXTREF] {

@@ -638,11 +638,18 @@ impl Engine {
         // Freed with the log's blocks at the commit.
         log.blocks.insert(cursor.at);
         let mine = std::mem::take(&mut log.unwritten);
+        let reached = reached_dirty(&st.dirty, ptr.bytenr);
         let mut nodes = Vec::with_capacity(mine.len());
         for b in mine {
-            // Blocks freed since (a merge) are no longer dirty.
+            // A block the tree no longer reaches (a leaf that deletions
+            // emptied, as a flush does to the file bytes the log held) is
+            // dropped unwritten: the log keeps no references that would
+            // free it, and its space goes back with the log's at the
+            // commit.
             if let Some(n) = st.dirty.remove(&b) {
-                nodes.push(n);
+                if reached.contains(&b) {
+                    nodes.push(n);
+                }
             }
         }
         st.log_durable = true;
@@ -743,6 +750,28 @@ impl Engine {
         }
         r
     }
+}
+
+/// The dirty blocks of the tree rooted at `root` that it reaches: under
+/// copy-on-write a changed block's parent is dirty too, so a walk down
+/// through dirty blocks finds every one.
+fn reached_dirty(dirty: &super::BlockMap<Arc<Node>>, root: u64) -> HashSet<u64> {
+    let mut reached = HashSet::new();
+    let mut todo = vec![root];
+    while let Some(b) = todo.pop() {
+        let Some(n) = dirty.get(&b) else { continue };
+        if !reached.insert(b) {
+            continue;
+        }
+        if let crate::format::node::Body::Internal(ptrs) = &n.body {
+            todo.extend(
+                ptrs.iter()
+                    .map(|p| p.bytenr)
+                    .filter(|c| dirty.contains_key(c)),
+            );
+        }
+    }
+    reached
 }
 
 fn encode(sh: &super::Shared, nodes: &[Arc<Node>]) -> Vec<(u64, Vec<u8>)> {
