@@ -177,10 +177,10 @@ fn an_rbd_image_is_made_mounted_checked_and_read_back() {
 
 /// A quota on pool `rbd`, lifted when dropped (also when the test fails:
 /// the other tests share the pool).
-struct PoolQuota<'a>(&'a str);
+struct PoolQuota(String);
 
-impl PoolQuota<'_> {
-    fn set_bytes<'a>(conf: &'a str, bytes: u64) -> PoolQuota<'a> {
+impl PoolQuota {
+    fn set_bytes(conf: &str, bytes: u64) -> PoolQuota {
         ceph(
             conf,
             &[
@@ -192,16 +192,16 @@ impl PoolQuota<'_> {
                 &bytes.to_string(),
             ],
         );
-        PoolQuota(conf)
+        PoolQuota(conf.to_string())
     }
 }
 
-impl Drop for PoolQuota<'_> {
+impl Drop for PoolQuota {
     fn drop(&mut self) {
         let _ = Command::new("ceph")
             .args([
                 "-c",
-                self.0,
+                &self.0,
                 "osd",
                 "pool",
                 "set-quota",
@@ -219,49 +219,108 @@ impl Drop for PoolQuota<'_> {
 /// the quota is lifted the write and its fsync finish, nothing lost.
 #[test]
 fn a_full_pool_holds_an_fsync_and_the_daemon_says_why() {
+    a_held_fsync_is_named_and_then_finishes(|conf| {
+        // Anything in the pool passes a quota of one byte.
+        let quota = PoolQuota::set_bytes(conf, 1);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ceph(conf, &["health", "detail"]).contains("POOL_FULL") {
+            assert!(Instant::now() < deadline, "the pool was not marked full");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        quota
+    });
+}
+
+/// A mounted image with a committed file; `hold` makes the cluster hold
+/// requests until the guard it returns drops. An fsync then waits, the
+/// daemon's log names the held request, and once the guard drops the
+/// fsync finishes: both files read back, check clean.
+fn a_held_fsync_is_named_and_then_finishes<G>(hold: impl FnOnce(&str) -> G) {
     let Some(conf) = ceph_conf() else { return };
     let (dir, img, mnt) = fresh(&conf, "256M");
     let log = dir.0.path().join("log");
     let d = Daemon::mount(&img, &mnt, "", &log).unwrap();
     write_synced(&mnt.join("before"), b"committed").unwrap();
-    // Anything in the pool passes a quota of one byte.
-    let quota = PoolQuota::set_bytes(&conf, 1);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !ceph(&conf, &["health", "detail"]).contains("POOL_FULL") {
-        assert!(Instant::now() < deadline, "the pool was not marked full");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    let data = common::noise(4 << 20, 11);
+    let held = hold(&conf);
     let path = mnt.join("held");
-    let writer = {
-        let (path, data) = (path.clone(), data.clone());
-        std::thread::spawn(move || write_synced(&path, &data))
-    };
-    let said = "the Ceph cluster has not answered a request yet";
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains(said)
-    {
-        assert!(!writer.is_finished(), "the write finished on a full pool");
-        assert!(
-            Instant::now() < deadline,
-            "the daemon said nothing of the wait"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    assert!(!writer.is_finished(), "the write finished on a full pool");
-    drop(quota);
+    let (writer, data) = a_held_write_named_in(&log, &path);
+    drop(held);
     writer
         .join()
         .unwrap()
-        .expect("the held write once the pool has room");
+        .expect("the held write once the cluster takes it");
     d.unmount();
     check_clean(&img);
     let d = Daemon::mount(&img, &mnt, "ro", &log).unwrap();
     assert!(std::fs::read(&path).unwrap() == data);
     assert_eq!(std::fs::read(mnt.join("before")).unwrap(), b"committed");
     d.unmount();
+}
+
+/// Starts writing 4 MiB to `path` and fsyncing it on a thread the cluster
+/// will hold, waits until the daemon's `log` names the held request (at
+/// most 90 s), and asserts the write is still held. Returns the writer
+/// and what it writes.
+fn a_held_write_named_in(
+    log: &Path,
+    path: &Path,
+) -> (std::thread::JoinHandle<std::io::Result<()>>, Vec<u8>) {
+    let data = common::noise(4 << 20, 11);
+    let writer = {
+        let (path, data) = (path.to_path_buf(), data.clone());
+        std::thread::spawn(move || write_synced(&path, &data))
+    };
+    let said = "the Ceph cluster has not answered a request yet";
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains(said)
+    {
+        assert!(
+            !writer.is_finished(),
+            "the write finished on a held cluster"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the daemon said nothing of the wait"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        !writer.is_finished(),
+        "the write finished on a held cluster"
+    );
+    (writer, data)
+}
+
+/// `ceph osd pause` holds every request, and librbd's own calls with them
+/// (the writer's look at its exclusive lock too): the daemon's watchdog
+/// thread still names the held request after 30 s, and once the cluster
+/// is unpaused the write and its fsync finish, nothing lost.
+#[test]
+fn a_paused_cluster_holds_an_fsync_and_the_daemon_says_why() {
+    a_held_fsync_is_named_and_then_finishes(OsdsPaused::pause);
+}
+
+/// The cluster's OSDs paused (`ceph osd pause`) until this drops, also
+/// when a test fails.
+struct OsdsPaused(String);
+
+impl OsdsPaused {
+    fn pause(conf: &str) -> OsdsPaused {
+        ceph(conf, &["osd", "pause"]);
+        OsdsPaused(conf.to_string())
+    }
+}
+
+impl Drop for OsdsPaused {
+    fn drop(&mut self) {
+        // Not the asserting helper: a panic inside a drop during a
+        // failing test would abort the run.
+        let _ = Command::new("ceph")
+            .args(["-c", &self.0, "osd", "unpause"])
+            .status();
+    }
 }
 
 #[test]

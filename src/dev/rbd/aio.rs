@@ -73,10 +73,6 @@ unsafe extern "C" fn completed(_c: ffi::CompletionT, arg: *mut libc::c_void) {
 /// How often a waiter for a write asks whether to give up on it.
 const GIVE_UP_TICK: Duration = Duration::from_millis(500);
 
-/// How long a write may wait for the cluster before the daemon says so
-/// (an OSD's own "slow request" warning comes at 30 s).
-const SLOW_REQUEST: Duration = Duration::from_secs(30);
-
 /// Buffers of read-ahead requests ([`AHEAD_CHUNK`] bytes) kept for the
 /// next ones. A fresh buffer costs librbd a page fault and the kernel a
 /// page cleared for every 4 KiB it fills: a sequential reader on RBD spent
@@ -287,7 +283,10 @@ impl Op {
     }
 
     /// Waits for the request; its return value (bytes, or a negative errno).
+    /// A wait that has to wait is watched (`watchdog`): one the cluster
+    /// holds is named in the log.
     pub fn wait(&self) -> i64 {
+        let _watched = (!self.is_complete()).then(|| super::watchdog::watch(self.what()));
         // SAFETY: a live completion; several threads may wait on one.
         unsafe {
             ffi::rbd_aio_wait_for_complete(self.c);
@@ -301,8 +300,7 @@ impl Op {
     /// and never ends it once another host took the lock over: without
     /// this, the fenced writer's fsync (and its unmount) hung forever.
     pub fn wait_unless(&self, give_up: impl Fn() -> bool) -> Option<i64> {
-        let started = std::time::Instant::now();
-        let mut said = false;
+        let _watched = super::watchdog::watch(self.what());
         loop {
             let complete = crate::sync::lock(&self.done.complete);
             if *complete {
@@ -321,25 +319,7 @@ impl Op {
                 self.abandoned.store(true, Ordering::Relaxed);
                 return None;
             }
-            if !complete && !said && started.elapsed() >= SLOW_REQUEST {
-                said = true;
-                self.say_slow(started.elapsed());
-            }
         }
-    }
-
-    /// A request the cluster has held for [`SLOW_REQUEST`]: librbd waits
-    /// for as long as the cluster does (a full pool or cluster pauses
-    /// every write until space is freed), so the writers and fsyncs behind
-    /// it wait too, and this says why rather than leave them silent.
-    fn say_slow(&self, waited: Duration) {
-        tracing::warn!(
-            request = %self.what(),
-            waited_secs = waited.as_secs(),
-            "the Ceph cluster has not answered a request yet: writes and fsyncs wait for it \
-             (a full pool or cluster holds writes until space is freed; `ceph health detail` \
-             says which)"
-        );
     }
 
     /// The bytes read, once [`Op::wait`] returned their full length.

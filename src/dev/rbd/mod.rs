@@ -16,6 +16,7 @@ mod aio;
 mod cluster;
 mod ffi;
 mod lock;
+mod watchdog;
 
 use super::exclusive::Access;
 use super::source::{OpenHow, RbdSpec};
