@@ -198,19 +198,17 @@ impl PoolQuota {
 
 impl Drop for PoolQuota {
     fn drop(&mut self) {
-        let _ = Command::new("ceph")
-            .args([
-                "-c",
-                &self.0,
-                "osd",
-                "pool",
-                "set-quota",
-                "rbd",
-                "max_bytes",
-                "0",
-            ])
-            .output();
+        ceph_unchecked(
+            &self.0,
+            &["osd", "pool", "set-quota", "rbd", "max_bytes", "0"],
+        );
     }
+}
+
+/// `ceph -c CONF ARGS` for a guard's drop: not the asserting [`ceph`], as a
+/// panic inside a drop during a failing test would abort the run.
+fn ceph_unchecked(conf: &str, args: &[&str]) {
+    let _ = Command::new("ceph").arg("-c").arg(conf).args(args).output();
 }
 
 /// A full pool holds every write until space is freed (librbd waits, as
@@ -315,11 +313,7 @@ impl OsdsPaused {
 
 impl Drop for OsdsPaused {
     fn drop(&mut self) {
-        // Not the asserting helper: a panic inside a drop during a
-        // failing test would abort the run.
-        let _ = Command::new("ceph")
-            .args(["-c", &self.0, "osd", "unpause"])
-            .status();
+        ceph_unchecked(&self.0, &["osd", "unpause"]);
     }
 }
 

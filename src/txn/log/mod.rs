@@ -764,11 +764,7 @@ fn reached_dirty(dirty: &super::BlockMap<Arc<Node>>, root: u64) -> HashSet<u64> 
             continue;
         }
         if let crate::format::node::Body::Internal(ptrs) = &n.body {
-            todo.extend(
-                ptrs.iter()
-                    .map(|p| p.bytenr)
-                    .filter(|c| dirty.contains_key(c)),
-            );
+            todo.extend(ptrs.iter().map(|p| p.bytenr));
         }
     }
     reached
