@@ -89,11 +89,18 @@ enum LogStep {
 /// extents.
 pub(crate) const LOG_DATA_MAX: u64 = 64 << 10;
 
-/// A file's buffer as an fsync logs it.
+/// A file's buffer as an fsync logs it: only what differs from the
+/// log's `LOG_DATA` items is copied (a database rewriting its last page
+/// changes a few chunks of the up to [`LOG_DATA_MAX`] bytes it buffers).
 struct Buffered {
-    /// (file offset, bytes), each within one [`LOG_DATA_CHUNK`] of the
-    /// file.
-    chunks: Vec<(u64, Vec<u8>)>,
+    /// Chunks the log lacks or holds with other bytes: (file offset,
+    /// bytes), each within one [`LOG_DATA_CHUNK`] of the file.
+    changed: Vec<(u64, Vec<u8>)>,
+    /// Offsets of the log's chunks that the buffer no longer holds.
+    stale: Vec<u64>,
+    /// Every buffered range: what the log holds of the file once the
+    /// fsync is done.
+    ranges: RangeSet,
     /// Size and times the buffered writes set (the logged inode item
     /// carries them).
     pending: Option<super::inodes::PendingAttrs>,
@@ -101,19 +108,91 @@ struct Buffered {
 
 /// `ranges` cut at every multiple of [`LOG_DATA_CHUNK`]: an append that
 /// grows the last chunk then changes one item, not all of them.
-fn log_chunks(ranges: &super::writeback::Ranges) -> Vec<(u64, Vec<u8>)> {
-    let mut out = Vec::new();
-    for (&at, data) in ranges {
+fn log_chunks(ranges: &super::writeback::Ranges) -> impl Iterator<Item = (u64, &[u8])> {
+    ranges.iter().flat_map(|(&at, data)| {
         let mut off = at;
         let mut rest = &data[..];
-        while !rest.is_empty() {
+        std::iter::from_fn(move || {
+            if rest.is_empty() {
+                return None;
+            }
             let room = (LOG_DATA_CHUNK - off % LOG_DATA_CHUNK) as usize;
             let (head, tail) = rest.split_at(room.min(rest.len()));
-            out.push((off, head.to_vec()));
+            let chunk = (off, head);
             off += head.len() as u64;
             rest = tail;
+            Some(chunk)
+        })
+    })
+}
+
+/// A `LOG_DATA` item of the log: its file offset, and the leaf and slot
+/// that hold its bytes (held, not copied).
+struct LoggedChunk {
+    offset: u64,
+    leaf: Arc<crate::format::node::Node>,
+    slot: usize,
+}
+
+impl LoggedChunk {
+    fn bytes(&self) -> &[u8] {
+        self.leaf.items().data(self.slot)
+    }
+}
+
+/// The running log's `LOG_DATA` items of `ino`, in offset order.
+fn logged_chunks(tx: &Txn<'_>, tree: u64, ino: u64) -> Result<Vec<LoggedChunk>> {
+    let mut out = Vec::new();
+    if !tx.has_log() {
+        return Ok(out);
+    }
+    let (s, e) = keys_of(ino, LOG_DATA);
+    let end = log_key(tree, e);
+    let mut cursor = tx.cursor(LOG, &log_key(tree, s))?;
+    while let Some((leaf, slot)) = cursor.leaf() {
+        if slot >= leaf.nritems() {
+            break;
+        }
+        let key = leaf.items().key(slot);
+        if key >= end {
+            break;
+        }
+        out.push(LoggedChunk {
+            offset: key.offset,
+            leaf: leaf.clone(),
+            slot,
+        });
+        cursor.next(tx)?;
+    }
+    Ok(out)
+}
+
+/// Compares the buffer with what the log holds, chunk by chunk, both in
+/// offset order: equal chunks stay, others are copied or dropped.
+fn buffered_against_log(
+    buffered: &super::writeback::Ranges,
+    logged: &[LoggedChunk],
+    pending: Option<super::inodes::PendingAttrs>,
+) -> Buffered {
+    let mut out = Buffered {
+        changed: Vec::new(),
+        stale: Vec::new(),
+        ranges: RangeSet::default(),
+        pending,
+    };
+    let mut logged = logged.iter().peekable();
+    for (off, bytes) in log_chunks(buffered) {
+        out.ranges.insert(off, off + bytes.len() as u64);
+        while let Some(old) = logged.next_if(|c| c.offset < off) {
+            out.stale.push(old.offset);
+        }
+        match logged.next_if(|c| c.offset == off) {
+            Some(old) if old.bytes() == bytes => {}
+            // A put replaces an item at the same offset.
+            _ => out.changed.push((off, bytes.to_vec())),
         }
     }
+    out.stale.extend(logged.map(|c| c.offset));
     out
 }
 
@@ -427,16 +506,16 @@ impl Subvol {
         if item.mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(None);
         }
+        // Found before the entry's lock is taken: reading a log block may
+        // need the device.
+        let logged = logged_chunks(tx, self.tree, ino)?;
         let taken = {
             let s = crate::sync::lock(&inode.state);
             let bytes: u64 = s.buffered.values().map(|d| d.len() as u64).sum();
             if !s.in_flight.is_empty() || bytes > LOG_DATA_MAX {
                 return Ok(None);
             }
-            Buffered {
-                chunks: log_chunks(&s.buffered),
-                pending: s.pending,
-            }
+            buffered_against_log(&s.buffered, &logged, s.pending)
         };
         if let Some(p) = taken.pending {
             p.lay_over(&mut item);
@@ -490,8 +569,11 @@ impl Subvol {
     ) -> Result<bool> {
         let transid = tx.transid();
         let mut inode = load_inode_tx(tx, self.tree, ino)?;
-        let (chunks, pending) = buffered.map_or((Vec::new(), None), |b| (b.chunks, b.pending));
-        if inode.transid < transid && chunks.is_empty() && pending.is_none() {
+        let pending = buffered.as_ref().and_then(|b| b.pending);
+        let nothing_new = buffered
+            .as_ref()
+            .is_none_or(|b| b.ranges.is_empty() && b.stale.is_empty());
+        if inode.transid < transid && nothing_new && pending.is_none() {
             return Ok(false);
         }
         if let Some(p) = pending {
@@ -504,13 +586,11 @@ impl Subvol {
         };
         self.plan_full(tx, ino, &inode, item, &mut batch)?;
         let regular = inode.mode & libc::S_IFMT == libc::S_IFREG;
-        let mut logged_bytes = RangeSet::default();
-        for (off, d) in &chunks {
-            logged_bytes.insert(*off, off + d.len() as u64);
-        }
-        if regular {
-            plan_bytes(tx, self.tree, ino, chunks, &mut batch)?;
-        }
+        let logged_bytes = match buffered {
+            Some(b) if regular => plan_bytes(ino, b, &mut batch),
+            None if regular => plan_no_bytes(tx, self.tree, ino, &mut batch)?,
+            _ => RangeSet::default(),
+        };
         let mut visited = HashSet::from([ino]);
         let mut extra = Vec::new();
         self.plan_related(tx, ino, &mut visited, &mut extra)?;
@@ -788,38 +868,42 @@ impl Subvol {
     }
 }
 
-/// The log's `LOG_DATA` items of `ino` become `chunks`: items the log
-/// holds already as they are stay (their leaves are not written again),
-/// others go. Every logged byte not in the buffer now was flushed since
-/// (its extents are in the log's ranges) or cut off, so the log keeps
-/// only what the buffer holds, and replay lays those bytes over the
-/// logged extents, newest over oldest.
-fn plan_bytes(
-    tx: &Txn<'_>,
-    tree: u64,
-    ino: u64,
-    chunks: Vec<(u64, Vec<u8>)>,
-    batch: &mut Batch,
-) -> Result<()> {
-    let mut want: std::collections::BTreeMap<u64, Vec<u8>> = chunks.into_iter().collect();
-    if tx.has_log() {
-        let (s, e) = keys_of(ino, LOG_DATA);
-        for (k, d) in tx.range(LOG, &log_key(tree, s), &log_key(tree, e))? {
-            if want.get(&k.offset) == Some(&d) {
-                want.remove(&k.offset);
-            } else {
-                let at = Key::new(ino, LOG_DATA, k.offset);
-                batch
-                    .clear
-                    .push((at, Key::new(ino, LOG_DATA, k.offset.saturating_add(1))));
-            }
-        }
+/// The log's `LOG_DATA` items of `ino` become what the buffer holds:
+/// items equal to a buffered chunk stay (their leaves are not written
+/// again), changed chunks replace theirs, and the others go. Every logged
+/// byte not in the buffer now was flushed since (its extents are in the
+/// log's ranges) or cut off, so the log keeps only what the buffer holds,
+/// and replay lays those bytes over the logged extents, newest over
+/// oldest. Returns the ranges the log then holds.
+fn plan_bytes(ino: u64, buffered: Buffered, batch: &mut Batch) -> RangeSet {
+    for off in buffered.stale {
+        batch.clear.push((
+            Key::new(ino, LOG_DATA, off),
+            Key::new(ino, LOG_DATA, off.saturating_add(1)),
+        ));
     }
     batch.puts.extend(
-        want.into_iter()
+        buffered
+            .changed
+            .into_iter()
             .map(|(off, d)| (Key::new(ino, LOG_DATA, off), d)),
     );
-    Ok(())
+    buffered.ranges
+}
+
+/// An fsync that flushed `ino`'s buffer: the log keeps none of its
+/// bytes (see [`plan_bytes`]).
+fn plan_no_bytes(tx: &Txn<'_>, tree: u64, ino: u64, batch: &mut Batch) -> Result<RangeSet> {
+    let none = Buffered {
+        changed: Vec::new(),
+        stale: logged_chunks(tx, tree, ino)?
+            .into_iter()
+            .map(|c| c.offset)
+            .collect(),
+        ranges: RangeSet::default(),
+        pending: None,
+    };
+    Ok(plan_bytes(ino, none, batch))
 }
 
 /// The fs layer as the engine's commit sees it when the log holds file
