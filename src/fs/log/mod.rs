@@ -126,6 +126,14 @@ fn log_chunks(ranges: &super::writeback::Ranges) -> impl Iterator<Item = (u64, &
     })
 }
 
+/// Whether a file's buffer may go into the log as it is: no flush holds
+/// any of it in flight (those bytes are in neither the buffer nor the
+/// tree yet), and at most [`LOG_DATA_MAX`] bytes.
+fn fits_the_log(s: &super::inodes::InodeState) -> bool {
+    let bytes: u64 = s.buffered.values().map(|d| d.len() as u64).sum();
+    s.in_flight.is_empty() && bytes <= LOG_DATA_MAX
+}
+
 /// A `LOG_DATA` item of the log: its file offset, and the leaf and slot
 /// that hold its bytes (held, not copied).
 struct LoggedChunk {
@@ -506,13 +514,19 @@ impl Subvol {
         if item.mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(None);
         }
+        // Asked before the log is read, so a file whose buffer will be
+        // flushed costs no walk; asked again under the lock the comparison
+        // holds (writes go on meanwhile, and only ever add bytes: what
+        // removes them needs the flush lock held here).
+        if !fits_the_log(&crate::sync::lock(&inode.state)) {
+            return Ok(None);
+        }
         // Found before the entry's lock is taken: reading a log block may
         // need the device.
         let logged = logged_chunks(tx, self.tree, ino)?;
         let taken = {
             let s = crate::sync::lock(&inode.state);
-            let bytes: u64 = s.buffered.values().map(|d| d.len() as u64).sum();
-            if !s.in_flight.is_empty() || bytes > LOG_DATA_MAX {
+            if !fits_the_log(&s) {
                 return Ok(None);
             }
             buffered_against_log(&s.buffered, &logged, s.pending)
