@@ -828,6 +828,83 @@ fn the_log_leaves_the_free_space_as_it_found_it() {
     );
 }
 
+/// `discard=async` holds the space the log freed while fsyncs keep
+/// coming (the next transaction's log takes it again, and on a thin
+/// image a write to discarded space makes the host allocate inside the
+/// fsync), and discards it once the log has been idle; what it holds
+/// back is the log's alone, and what it discards leaves the image clean.
+#[test]
+fn the_log_space_is_discarded_once_fsyncs_stop() {
+    use canopy::txn::{DiscardMode, DiscardPass};
+    use std::time::Duration;
+    let (dev, fs) = format_fs(Layout {
+        bytes: 256 << 20,
+        ..SMALL_MIXED
+    });
+    fs.engine()
+        .set_discard(DiscardMode::Async)
+        .expect("discard");
+    let ino = file(&fs, ROOT, "wal", &pattern(1, 64 << 10));
+    fs.sync().expect("commit");
+    let commits = fs.engine().committed_generation();
+    // Database pages appended and fsynced: each fsync copies the log's
+    // leaves, and the copies stay the log's until the commit.
+    for i in 0..400u64 {
+        let page = pattern(i as u8, 8192);
+        fs.write(ino, (64 << 10) + i * 8192, &page).expect("write");
+        fs.fsync(ino).expect("fsync");
+    }
+    assert_eq!(
+        fs.engine().committed_generation(),
+        commits,
+        "fsync committed"
+    );
+    fs.sync().expect("commit drops the log");
+    fs.sync().expect("second commit");
+    // Every free piece, however short: on this small mixed image the
+    // log's blocks lie between the trees'.
+    let pass = |log_idle| DiscardPass {
+        delay: Duration::ZERO,
+        batches: usize::MAX,
+        log_idle,
+        min_len: 1,
+        window: 1,
+    };
+    // The log was written just now: its space stays.
+    let while_busy = fs
+        .engine()
+        .discard_freed(pass(Some(Duration::from_secs(3600))))
+        .expect("discard")
+        .bytes;
+    let once_idle = fs
+        .engine()
+        .discard_freed(pass(Some(Duration::ZERO)))
+        .expect("discard")
+        .bytes;
+    assert!(
+        once_idle >= 2 << 20,
+        "the log's space held back: {once_idle} bytes discarded once idle, \
+         {while_busy} before"
+    );
+    let expect: Vec<u8> = [pattern(1, 64 << 10)]
+        .into_iter()
+        .chain((0..400u64).map(|i| pattern(i as u8, 8192)))
+        .flatten()
+        .collect();
+    assert!(
+        content(&fs, "wal") == Some(expect.clone()),
+        "content after discards"
+    );
+    drop(fs);
+    common::assert_posix_clean_in_place(dev.clone());
+    let e = Engine::open(dev.clone() as Arc<dyn Device>, &OpenOptions::default()).expect("open");
+    let fs = Fs::new(Arc::new(e)).expect("fs");
+    assert!(
+        content(&fs, "wal") == Some(expect),
+        "content after reopening"
+    );
+}
+
 /// A log write has one barrier for its blocks, its data and its chain
 /// link, so a crash may keep the link of the second fsync without all it
 /// depends on. Replay must then find that out and give the

@@ -47,7 +47,7 @@ use crate::format::superblock::{Profile, SystemChunk};
 use crate::format::{RESERVED_START, SUPER_OFFSETS, SUPER_SIZE};
 use crate::volume::{ChunkMap, PRIMARY_DEVID};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 /// The order `SpaceUsage` lists kinds in, as btrfs does.
@@ -229,6 +229,9 @@ pub struct Allocator {
     /// Space that became reusable since the discard worker last looked
     /// (`txn::discard`); kept only while a mount discards.
     untrimmed: Option<Untrimmed>,
+    /// Starts of the pinned ranges the log freed (while `untrimmed` is
+    /// kept): noted apart when they become reusable ([`Untrimmed::log`]).
+    log_pinned: HashSet<u64>,
     /// The mapped layout (see `volume`): every group names its first
     /// copy, placed on any device, at a logical address below
     /// `logical_bytes`.
@@ -244,6 +247,10 @@ pub struct Untrimmed {
     /// Device ranges `(devid, offset, len)` of groups given back to the
     /// unallocated pool.
     pub device: Vec<(u64, u64, u64)>,
+    /// Logical ranges the fsync log used and freed: likely its next
+    /// transaction's again, so `discard=async` holds them while fsyncs
+    /// keep coming (`txn::discard`).
+    pub log: Vec<(u64, u64)>,
 }
 
 impl Allocator {
@@ -269,6 +276,7 @@ impl Allocator {
             pending: BTreeSet::new(),
             added_since_commit: BTreeSet::new(),
             untrimmed: None,
+            log_pinned: HashSet::new(),
             mapped: false,
             logical_bytes: device_bytes,
         }
@@ -301,7 +309,10 @@ impl Allocator {
             true => {
                 self.untrimmed.get_or_insert_with(Untrimmed::default);
             }
-            false => self.untrimmed = None,
+            false => {
+                self.untrimmed = None;
+                self.log_pinned.clear();
+            }
         }
     }
 
@@ -315,7 +326,10 @@ impl Allocator {
 
     fn note_reusable(&mut self, start: u64, len: u64) {
         if let Some(u) = &mut self.untrimmed {
-            u.logical.push((start, len));
+            match self.log_pinned.remove(&start) {
+                true => u.log.push((start, len)),
+                false => u.logical.push((start, len)),
+            }
         }
     }
 
@@ -760,7 +774,11 @@ impl Allocator {
     /// Frees space taken by [`Allocator::alloc_transient`]: pinned until
     /// the commit is durable, and not told to the free-space tree either.
     pub fn free_transient(&mut self, start: u64, len: u64) -> Result<()> {
-        self.give_back(start, len, false)
+        self.give_back(start, len, false)?;
+        if self.untrimmed.is_some() {
+            self.log_pinned.insert(start);
+        }
+        Ok(())
     }
 
     /// Frees space taken by [`Allocator::alloc_transient`] that nothing

@@ -16,7 +16,14 @@
 //!   btrfs's async discard skips small extents: tree blocks and small
 //!   extents freed between live ones cost nothing. A piece discarded
 //!   takes the free space around it to 4 MiB boundaries (see
-//!   [`DiscardPass::ASYNC`]).
+//!   [`DiscardPass::ASYNC`]). Space the fsync log freed is held back
+//!   while fsyncs keep coming: each transaction's log takes as much again
+//!   (hundreds of MiB a commit interval under a database), mostly where
+//!   the last one lay, and on a thin image every write to space
+//!   discarded makes the host allocate again inside the fsync (a
+//!   metadata write of the host's before its barrier returns). It is
+//!   discarded like the rest once no log write has come for
+//!   [`LOG_IDLE`], and at unmount.
 //! - `discard=sync` (`discard`): everything a commit made reusable is
 //!   discarded right after that commit, before it returns.
 //!
@@ -79,6 +86,10 @@ pub struct DiscardPass {
     pub window: u64,
     /// Most batches (each one turn at the state lock) this call does.
     pub batches: usize,
+    /// Space the log freed waits until no log write has come for this
+    /// long ([`LOG_IDLE`] for `discard=async`; None: it goes like the
+    /// rest).
+    pub log_idle: Option<Duration>,
 }
 
 impl DiscardPass {
@@ -97,6 +108,15 @@ impl DiscardPass {
         min_len: 1 << 20,
         window: 4 << 20,
         batches: 4,
+        log_idle: Some(LOG_IDLE),
+    };
+
+    /// `discard=async` at unmount: what waits, at once, log space too.
+    pub const AT_CLOSE: DiscardPass = DiscardPass {
+        delay: Duration::ZERO,
+        batches: usize::MAX,
+        log_idle: None,
+        ..DiscardPass::ASYNC
     };
 
     /// Every noted range still free (`discard=sync`).
@@ -105,6 +125,7 @@ impl DiscardPass {
         min_len: 1,
         window: 1,
         batches: usize::MAX,
+        log_idle: None,
     };
 }
 
@@ -115,6 +136,12 @@ const BATCH_BYTES: u64 = 256 << 20;
 
 /// Ranges waiting past which they are joined (their clocks restart).
 const WAITING_MAX: usize = 1 << 16;
+
+/// How long no log write must have come before `discard=async` discards
+/// the space the log freed: a few commit intervals, so that a database
+/// that pauses between bursts keeps its log's space, and one that stopped
+/// gives it back within a minute.
+pub const LOG_IDLE: Duration = Duration::from_secs(30);
 
 /// Where a noted range lies.
 #[derive(Clone, Copy, Debug)]
@@ -130,6 +157,23 @@ enum Place {
 pub(crate) struct Discards {
     mode: AtomicU8,
     waiting: Mutex<VecDeque<(Instant, Place)>>,
+    /// Space the log freed, held while the log is written
+    /// ([`DiscardPass::log_idle`]).
+    log_space: Mutex<Vec<(u64, u64)>>,
+    /// When a log write was last sent.
+    last_log_write: Mutex<Option<Instant>>,
+}
+
+impl Discards {
+    /// Told by each log write that goes out (`txn::log`).
+    pub(crate) fn note_log_write(&self) {
+        *crate::sync::lock(&self.last_log_write) = Some(Instant::now());
+    }
+
+    /// Whether no log write has come for `idle` (or ever).
+    fn log_idle_for(&self, idle: Duration, now: Instant) -> bool {
+        crate::sync::lock(&self.last_log_write).is_none_or(|at| now.duration_since(at) >= idle)
+    }
 }
 
 impl Engine {
@@ -143,6 +187,7 @@ impl Engine {
         st.alloc.track_untrimmed(mode != DiscardMode::Off);
         if mode == DiscardMode::Off {
             crate::sync::lock(&self.discards.waiting).clear();
+            crate::sync::lock(&self.discards.log_space).clear();
         }
         Ok(())
     }
@@ -164,7 +209,7 @@ impl Engine {
             self.check_alive()?;
             let mut st = crate::sync::write(&self.state);
             let noted = st.alloc.take_untrimmed();
-            let batch = self.due_batch(noted, pass.delay);
+            let batch = self.due_batch(noted, &pass);
             if batch.is_empty() {
                 break;
             }
@@ -173,6 +218,18 @@ impl Engine {
             }
         }
         Ok(done)
+    }
+
+    /// `discard=async`'s last turn, after the final commit: what waits
+    /// (the log's held space included) would otherwise stay on the
+    /// storage until a trim.
+    pub(super) fn discard_at_close(&self) {
+        if self.discard_mode() != DiscardMode::Async {
+            return;
+        }
+        if let Err(e) = self.discard_freed(DiscardPass::AT_CLOSE) {
+            tracing::warn!(error = %e, "discarding freed space at unmount failed");
+        }
     }
 
     /// `discard=sync`'s step after a commit: everything reusable now.
@@ -187,7 +244,7 @@ impl Engine {
 
     /// Queues what the allocator noted and takes the due ranges of one
     /// batch, merged where they touch.
-    fn due_batch(&self, noted: Untrimmed, delay: Duration) -> Vec<Place> {
+    fn due_batch(&self, noted: Untrimmed, pass: &DiscardPass) -> Vec<Place> {
         let now = Instant::now();
         let mut waiting = crate::sync::lock(&self.discards.waiting);
         let logical = noted.logical.into_iter().map(|(s, l)| Place::Logical(s, l));
@@ -196,6 +253,12 @@ impl Engine {
             .into_iter()
             .map(|(d, o, l)| Place::Device(d, o, l));
         waiting.extend(logical.chain(device).map(|p| (now, p)));
+        let log_space = self.log_space_due(noted.log, pass, now);
+        waiting.extend(
+            log_space
+                .into_iter()
+                .map(|(s, l)| (now, Place::Logical(s, l))),
+        );
         if waiting.len() > WAITING_MAX {
             // Nobody has taken any for long: keep the ranges, joined.
             let all: Vec<Place> = waiting.drain(..).map(|w| w.1).collect();
@@ -204,7 +267,9 @@ impl Engine {
         let mut batch = Vec::new();
         let mut bytes = 0u64;
         while let Some(&(at, place)) = waiting.front() {
-            if now.duration_since(at) < delay || batch.len() >= BATCH_RANGES || bytes >= BATCH_BYTES
+            if now.duration_since(at) < pass.delay
+                || batch.len() >= BATCH_RANGES
+                || bytes >= BATCH_BYTES
             {
                 break;
             }
@@ -215,6 +280,30 @@ impl Engine {
             batch.push(place);
         }
         merge(batch)
+    }
+
+    /// Adds `freed`, space the log freed, to what is held, and returns
+    /// what is held once the pass lets it go: once the log has been idle
+    /// as long as the pass asks.
+    fn log_space_due(
+        &self,
+        freed: Vec<(u64, u64)>,
+        pass: &DiscardPass,
+        now: Instant,
+    ) -> Vec<(u64, u64)> {
+        let mut held = crate::sync::lock(&self.discards.log_space);
+        held.extend(freed);
+        let idle = pass
+            .log_idle
+            .is_none_or(|idle| self.discards.log_idle_for(idle, now));
+        if !idle {
+            if held.len() > WAITING_MAX {
+                // The log keeps freeing the same blocks: one range each.
+                *held = join(std::mem::take(&mut *held));
+            }
+            return Vec::new();
+        }
+        join(std::mem::take(&mut *held))
     }
 
     /// Discards the part of `place` still free (in its group, or in

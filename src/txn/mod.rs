@@ -653,6 +653,8 @@ impl Drop for Engine {
         }
         if let Err(e) = self.commit() {
             tracing::error!(error = %e, "final commit failed");
+            return;
         }
+        self.discard_at_close();
     }
 }

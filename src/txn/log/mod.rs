@@ -557,6 +557,7 @@ impl Engine {
         let needs_barrier = matches!(sent, Ok(true));
         if needs_barrier {
             io.log_writes_in_flight += 1;
+            self.discards.note_log_write();
         }
         drop(io);
         let result = match sent {
