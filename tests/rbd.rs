@@ -266,7 +266,7 @@ type Writer = std::thread::JoinHandle<std::io::Result<()>>;
 ///
 /// The monitors report a full pool a moment before the OSDs and the
 /// client act on the map that says so, and a write sent meanwhile goes
-/// through (3 runs of 18 here, at 644367d too: each write finished
+/// through (3 runs of 11 here, one at 644367d: each write finished
 /// within a second of the report). A write that finishes within 5 s of
 /// the hold is therefore followed by another, up to three.
 fn a_held_write_named_in(log: &Path, mnt: &Path) -> (Writer, Vec<(PathBuf, Vec<u8>)>) {
