@@ -831,8 +831,8 @@ fn the_log_leaves_the_free_space_as_it_found_it() {
 /// `discard=async` holds the space the log freed while fsyncs keep
 /// coming (the next transaction's log takes it again, and on a thin
 /// image a write to discarded space makes the host allocate inside the
-/// fsync), and discards it once the log has been idle; what it holds
-/// back is the log's alone, and what it discards leaves the image clean.
+/// fsync), and discards it once the log has been idle; what it discards
+/// leaves the file's content and the image clean.
 #[test]
 fn the_log_space_is_discarded_once_fsyncs_stop() {
     use canopy::txn::{DiscardMode, DiscardPass};
