@@ -174,7 +174,8 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 /// A /dev/fuse reader polls for the next request only briefly after
 /// each (`busy_poll=`): a busy mount serves every request, and a mount
-/// left idle uses no CPU, whichever the setting.
+/// left idle uses no CPU, whichever the setting, also after requests
+/// spaced a millisecond apart have grown the poll to its longest.
 #[test]
 fn busy_polling_serves_and_stops_when_idle() {
     if !can_mount() {
@@ -198,6 +199,15 @@ fn busy_polling_serves_and_stops_when_idle() {
             assert_eq!(got, i.to_string(), "{opts}");
         }
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2_000, "{opts}");
+        // A write reaches the daemon every time (no writeback cache).
+        let mut f = std::fs::File::create(dir.join("spaced")).unwrap();
+        for i in 0..500u32 {
+            use std::io::Write;
+            f.write_all(&i.to_le_bytes()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(f);
+        assert_eq!(std::fs::metadata(dir.join("spaced")).unwrap().len(), 2_000);
         // Past the last request's poll and the commit it starts.
         std::thread::sleep(std::time::Duration::from_secs(1));
         let before = cpu_ticks(pid);

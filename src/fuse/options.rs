@@ -22,7 +22,7 @@ pub struct MountOptions {
     /// Request-serving threads (under io_uring spread over the kernel's
     /// queues, at least one each).
     pub threads: usize,
-    /// How long a /dev/fuse reader keeps asking for the next request
+    /// The longest a /dev/fuse reader keeps asking for the next request
     /// before it sleeps (`busy_poll=`, microseconds; 0 never polls).
     pub busy_poll_us: u64,
     /// How requests reach the daemon (`transport=auto|uring|dev`).
@@ -107,10 +107,13 @@ pub const DEFAULT_MAX_BACKGROUND: u16 = 16;
 /// KiB, a few seconds of creates in large directories.
 pub const DEFAULT_DIRTY_METADATA: u64 = 32 << 20;
 
-/// Default for the `busy_poll=` option, in microseconds: longer than
-/// the time a process takes between two requests of a metadata walk
-/// (a create is four), short enough that an idle mount costs nothing.
-pub const DEFAULT_BUSY_POLL_US: u64 = 50;
+/// Default for the `busy_poll=` option, in microseconds: the longest the
+/// polling reader's window may grow (`dev::Window`, which starts at 50
+/// µs). PostgreSQL's requests under pgbench come a few hundred
+/// microseconds to a few milliseconds apart; polling up to 2 ms caught
+/// them (docs/benchmarks.md), and a mount receiving fewer than about 500
+/// requests a second never keeps its poller spinning.
+pub const DEFAULT_BUSY_POLL_US: u64 = 2_000;
 
 /// Default for the `readahead=` option.
 pub const DEFAULT_READAHEAD: u64 = 4 << 20;
