@@ -174,8 +174,8 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 /// A /dev/fuse reader polls for the next request only briefly after
 /// each (`busy_poll=`): a busy mount serves every request, and a mount
-/// left idle uses no CPU, whichever the setting, also after requests
-/// spaced a millisecond apart have grown the poll to its longest.
+/// left idle uses no CPU, whichever the setting, also after writes
+/// spaced a millisecond apart have grown the poll past a millisecond.
 #[test]
 fn busy_polling_serves_and_stops_when_idle() {
     if !can_mount() {
