@@ -111,8 +111,8 @@ pub const DEFAULT_DIRTY_METADATA: u64 = 32 << 20;
 /// polling reader's window may grow (`dev::Window`, which starts at 50
 /// µs). PostgreSQL's requests under pgbench come a few hundred
 /// microseconds to a few milliseconds apart; polling up to 2 ms caught
-/// them (docs/benchmarks.md), and a mount receiving fewer than about 500
-/// requests a second never keeps its poller spinning.
+/// them (docs/benchmarks.md), and requests more than 2 ms apart shrink
+/// the window back towards 50 µs.
 pub const DEFAULT_BUSY_POLL_US: u64 = 2_000;
 
 /// Default for the `readahead=` option.
