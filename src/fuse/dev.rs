@@ -130,37 +130,28 @@ fn serve_with(
 
 /// Reads the next request from the non-blocking `fd`: asks again,
 /// yielding the CPU between tries, for the `window`, then sleeps until
-/// one is queued and tells the window how long that took. None when the
-/// connection is gone.
+/// one is queued and tells the window how long that took. The request
+/// that woke the poller may have gone to a sleeping reader meanwhile:
+/// then it sleeps again, and the window is told only of the first wait.
+/// None when the connection is gone.
 fn poll_request(fd: RawFd, buf: &mut [u8], window: &mut Window) -> Option<usize> {
     let started = Instant::now();
     let budget = window.length();
+    let mut slept = false;
     loop {
         match session::read_once(fd, buf) {
             Read::Request(n) => return Some(n),
-            Read::Empty if started.elapsed() < budget => {
+            Read::Empty if !slept && started.elapsed() < budget => {
                 // SAFETY: no arguments; lets a runnable task have the CPU.
                 unsafe { libc::sched_yield() };
             }
             Read::Empty => {
                 wait_readable(fd);
-                window.missed(started.elapsed());
-                return read_after_wait(fd, buf);
+                if !slept {
+                    window.missed(started.elapsed());
+                    slept = true;
+                }
             }
-            Read::Again => {}
-            Read::Gone => return None,
-        }
-    }
-}
-
-/// The first read after a sleep: the request that woke the poller may
-/// have gone to a sleeping reader meanwhile, so an empty queue sends the
-/// poller back to sleep (not to a poll the window did not ask for).
-fn read_after_wait(fd: RawFd, buf: &mut [u8]) -> Option<usize> {
-    loop {
-        match session::read_once(fd, buf) {
-            Read::Request(n) => return Some(n),
-            Read::Empty => wait_readable(fd),
             Read::Again => {}
             Read::Gone => return None,
         }
