@@ -318,6 +318,13 @@ impl Fs {
         sv.fdatasync(ino)
     }
 
+    /// fsync(2) or fdatasync(2) of `node` as thread `caller` asked it
+    /// (the FUSE request's pid; see `Subvol::fsync_as`).
+    pub fn fsync_as(&self, node: u64, datasync: bool, caller: u32) -> Result<()> {
+        let (sv, ino) = self.at(node)?;
+        sv.fsync_as(ino, datasync, caller)
+    }
+
     /// Clears the bits `drop(mode, gid)` names from regular file `node`,
     /// if it has set-id bits at all (see `setid`).
     pub fn clear_set_id(&self, node: u64, drop: impl FnOnce(u32, u32) -> u32) -> Result<bool> {

@@ -327,8 +327,8 @@ impl FuseFs {
             // (a round trip saved on every close; under the writeback
             // cache it still writes dirty pages back first).
             Op::Flush => Reply::Error(libc::ENOSYS),
-            Op::Fsync { datasync: true } => reply_empty(self.fs.fdatasync(ino)),
-            Op::Fsync { datasync: false } | Op::Fsyncdir => reply_empty(self.fs.fsync(ino)),
+            Op::Fsync { datasync } => reply_empty(self.fs.fsync_as(ino, datasync, h.pid)),
+            Op::Fsyncdir => reply_empty(self.fs.fsync_as(ino, false, h.pid)),
             // Nothing is kept per open directory (see `dircookie`):
             // ENOSYS tells the kernel so, and it opens and releases
             // directories without asking again.

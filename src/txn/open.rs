@@ -181,6 +181,7 @@ fn new_engine(
             log_takes_written: 0,
             log_takes_sent: 0,
             log_writes_in_flight: 0,
+            gather: Default::default(),
         }),
         commit_turn: Condvar::new(),
         state: RwLock::new(st),

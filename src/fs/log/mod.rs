@@ -427,16 +427,27 @@ impl Subvol {
     /// (see [`LOG_DATA_MAX`]); otherwise its buffer is flushed to extents
     /// first and the log names those.
     pub fn fsync(&self, ino: u64) -> Result<()> {
-        self.sync_file(ino, Durable::All)
+        self.sync_file(ino, Durable::All, 0)
     }
 
     /// fdatasync(2): as [`Subvol::fsync`], but timestamps need not be
     /// durable ([`Durable::Data`]).
     pub fn fdatasync(&self, ino: u64) -> Result<()> {
-        self.sync_file(ino, Durable::Data)
+        self.sync_file(ino, Durable::Data, 0)
     }
 
-    fn sync_file(&self, ino: u64, durable: Durable) -> Result<()> {
+    /// fsync(2) (or with `datasync`, fdatasync(2)) asked by thread
+    /// `caller`, whom a log write may wait for while it is due back
+    /// (see `txn::log::gather`).
+    pub fn fsync_as(&self, ino: u64, datasync: bool, caller: u32) -> Result<()> {
+        let durable = match datasync {
+            true => Durable::Data,
+            false => Durable::All,
+        };
+        self.sync_file(ino, durable, caller.into())
+    }
+
+    fn sync_file(&self, ino: u64, durable: Durable, caller: u64) -> Result<()> {
         if !self.core.log_enabled() {
             return self.core.sync();
         }
@@ -453,7 +464,7 @@ impl Subvol {
                 .write(|tx| self.log_step(tx, ino, false, durable));
         }
         match step {
-            Ok(LogStep::Logged) => self.core.engine.sync_log(),
+            Ok(LogStep::Logged) => self.core.engine.sync_log(caller),
             // Unchanged since the last commit: durable once it is written.
             Ok(LogStep::Unchanged) | Err(Error::NotFound) => self.core.engine.wait_prepared(),
             // No room for the log: a commit does it all.

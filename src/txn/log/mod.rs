@@ -52,8 +52,10 @@ use crate::format::tree_id;
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 mod examine;
+mod gather;
 pub use examine::read_chain;
 pub(crate) use examine::{ignore_pending, load_pending};
 
@@ -168,6 +170,8 @@ pub(crate) struct IoState {
     pub log_takes_sent: u64,
     /// Log writes sent whose barrier has not returned.
     pub log_writes_in_flight: usize,
+    /// Who waits for a log write, and whom the next one waits for.
+    pub gather: gather::Gather,
 }
 
 /// What a log write takes of the running transaction (`Engine::sync_log`).
@@ -505,7 +509,11 @@ impl Engine {
     /// counted in takes: every take after it logged holds its blocks, and
     /// a barrier covers every write sent before it, so the caller is done
     /// once any later take's barrier has returned.
-    pub fn sync_log(&self) -> Result<()> {
+    ///
+    /// A caller about to send the next write may first wait for the
+    /// callers the last one served to come back (`gather`): `caller` names
+    /// the thread that asked, 0 for none.
+    pub fn sync_log(&self, caller: u64) -> Result<()> {
         self.check_alive()?;
         let (transid, needed) = {
             let st = crate::sync::read(&self.state);
@@ -521,6 +529,24 @@ impl Engine {
             }
         };
         let mut io = self.wait_turn(transid - 1)?;
+        let (ticket, was_due) = io.gather.arrive(caller, needed, Instant::now());
+        if was_due {
+            // A caller holding the next write for this one looks again.
+            self.commit_turn.notify_all();
+        }
+        let result = self.sync_log_in_turn(io, transid, needed);
+        crate::sync::lock(&self.commit_io).gather.leave(ticket);
+        result
+    }
+
+    /// [`Engine::sync_log`] once the commits before transaction `transid`
+    /// are written: waits for a write holding take `needed`, or sends it.
+    fn sync_log_in_turn(
+        &self,
+        mut io: std::sync::MutexGuard<'_, IoState>,
+        transid: u64,
+        needed: u64,
+    ) -> Result<()> {
         loop {
             if io.log_takes_written >= needed {
                 // A take made after this caller logged is durable (and,
@@ -530,7 +556,19 @@ impl Engine {
             }
             let sent = io.log_takes_sent >= needed;
             if !sent && io.log_writes_in_flight < self.log_writes_in_flight {
-                break;
+                let Some(until) = io.gather.hold_until(Instant::now(), io.log_takes_sent) else {
+                    break;
+                };
+                // Callers the last write served are due back: wait for
+                // them (or for the hold to end) and look again.
+                self.check_alive()?;
+                let wait = until.saturating_duration_since(Instant::now());
+                io = self
+                    .commit_turn
+                    .wait_timeout(io, wait)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .0;
+                continue;
             }
             // Wait for that write's barrier, or for room for another.
             self.check_alive()?;
@@ -548,6 +586,7 @@ impl Engine {
         // Every item the blocks hold was logged after its data was
         // written (a flush inserts items only then), so the barrier after
         // them makes all the data they name durable with the link.
+        let started = Instant::now();
         let sent = match taken.unchecked_data && !taken.nothing_new {
             true => self.barrier_for_unchecked_data(),
             false => Ok(()),
@@ -577,7 +616,11 @@ impl Engine {
             io.log_writes_in_flight -= 1;
         }
         match &result {
-            Ok(()) => io.log_takes_written = io.log_takes_written.max(taken.take),
+            Ok(()) => {
+                io.log_takes_written = io.log_takes_written.max(taken.take);
+                let took = needs_barrier.then(|| started.elapsed());
+                io.gather.written(taken.take, took, Instant::now());
+            }
             Err(e) => self.fail(e),
         }
         // Whoever waits for this barrier, for room for another write, or
