@@ -221,6 +221,50 @@ fn busy_polling_serves_and_stops_when_idle() {
     assert!(canopy().arg("check").arg(&img).status().unwrap().success());
 }
 
+/// A reader thread reads file data into the same reply buffer request
+/// after request: a read of holes after one of data must still see
+/// zeros, and a short file only its own bytes.
+#[test]
+fn reads_into_a_reused_buffer_see_no_earlier_bytes() {
+    if !can_mount() {
+        return;
+    }
+    let (_dir, img, mnt) = fresh_image("256M");
+    let full = vec![0xabu8; 8 << 20];
+    let marks: Vec<u64> = (0..8).map(|i| (i << 20) + 4097).collect();
+    for opts in transports() {
+        let d = mount(&img, &mnt, opts).expect(opts);
+        std::fs::write(mnt.join("full"), &full).unwrap();
+        let sparse = std::fs::File::create(mnt.join("sparse")).unwrap();
+        sparse.set_len(full.len() as u64).unwrap();
+        for &at in &marks {
+            use std::os::unix::fs::FileExt;
+            sparse.write_all_at(b"x", at).unwrap();
+        }
+        drop(sparse);
+        std::fs::write(mnt.join("short"), b"short").unwrap();
+        use_and_unmount(d, &mnt);
+        // Remounted, so every read below reaches the daemon.
+        let d = mount(&img, &mnt, opts).expect(opts);
+        assert!(std::fs::read(mnt.join("full")).unwrap() == full, "{opts}");
+        let got = std::fs::read(mnt.join("sparse")).unwrap();
+        let mut want = vec![0u8; full.len()];
+        for &at in &marks {
+            want[at as usize] = b'x';
+        }
+        assert!(got == want, "{opts}: a hole read back other bytes");
+        assert_eq!(
+            std::fs::read(mnt.join("short")).unwrap(),
+            b"short",
+            "{opts}"
+        );
+        for f in ["full", "sparse", "short"] {
+            std::fs::remove_file(mnt.join(f)).unwrap();
+        }
+        use_and_unmount(d, &mnt);
+    }
+}
+
 /// The transports to try: /dev/fuse always, io_uring when offered.
 fn transports() -> Vec<&'static str> {
     let mut t = vec!["transport=dev"];

@@ -123,8 +123,9 @@ fn serve_with(
 ) {
     let raw = fd.as_raw_fd();
     let mut buf = vec![0u8; session::READ_BUFFER];
+    let mut out = vec![0u8; crate::fuse::MAX_WRITE as usize];
     while let Some(n) = next(raw, &mut buf) {
-        session::serve_one(raw, &buf[..n], handler);
+        session::serve_one(raw, &buf[..n], &mut out, handler);
     }
 }
 
