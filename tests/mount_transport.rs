@@ -265,6 +265,61 @@ fn reads_into_a_reused_buffer_see_no_earlier_bytes() {
     }
 }
 
+/// Readers that all wait (fsyncs held by a freeze) do not stop the
+/// mount: more start, up to `max_threads`, and a listing from another
+/// program is answered meanwhile.
+#[test]
+fn more_readers_start_while_every_one_waits() {
+    if !can_mount() {
+        return;
+    }
+    let (_dir, img, mnt) = fresh_image("256M");
+    let opts = "transport=dev,threads=2,max_threads=8,busy_poll=0";
+    let d = mount(&img, &mnt, opts).expect(opts);
+    let frozen = canopy()
+        .args(["filesystem", "freeze", "--timeout", "60"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(frozen.success());
+    let writers: Vec<_> = (0..4)
+        .map(|i| {
+            let path = mnt.join(format!("f{i}"));
+            std::thread::spawn(move || common::mounted::write_synced(&path, b"held"))
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        writers.iter().all(|w| !w.is_finished()),
+        "an fsync went through a freeze"
+    );
+    let mut ls = std::process::Command::new("ls")
+        .arg(&mnt)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let listed = ends_within(&mut ls, 10, "a listing while every reader waits");
+    let started = threads(d.id())
+        .iter()
+        .filter(|n| n.starts_with("fuse-dev-"))
+        .count();
+    let thawed = canopy()
+        .args(["filesystem", "thaw"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    for w in writers {
+        w.join().unwrap().unwrap();
+    }
+    assert!(thawed.success());
+    assert!(listed.success());
+    assert!((5..=8).contains(&started), "{started} readers");
+    for i in 0..4 {
+        assert_eq!(std::fs::read(mnt.join(format!("f{i}"))).unwrap(), b"held");
+    }
+    use_and_unmount(d, &mnt);
+}
+
 /// The transports to try: /dev/fuse always, io_uring when offered.
 fn transports() -> Vec<&'static str> {
     let mut t = vec!["transport=dev"];

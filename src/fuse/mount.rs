@@ -228,6 +228,7 @@ fn start_session(
     let transport = super::session::Config {
         transport: opts.transport,
         threads: opts.threads,
+        max_threads: opts.max_threads,
         busy_poll: Duration::from_micros(opts.busy_poll_us),
         max_background: opts.max_background,
     };

@@ -22,6 +22,9 @@ pub struct MountOptions {
     /// Request-serving threads (under io_uring spread over the kernel's
     /// queues, at least one each).
     pub threads: usize,
+    /// The most /dev/fuse threads: more start while every one is busy
+    /// (`max_threads=N`; see `dev::Pool`).
+    pub max_threads: usize,
     /// The longest a /dev/fuse reader keeps asking for the next request
     /// before it sleeps (`busy_poll=`, microseconds; 0 never polls).
     pub busy_poll_us: u64,
@@ -115,6 +118,11 @@ pub const DEFAULT_DIRTY_METADATA: u64 = 32 << 20;
 /// the window back towards 50 µs.
 pub const DEFAULT_BUSY_POLL_US: u64 = 2_000;
 
+/// How many /dev/fuse threads may serve at once by default: enough for
+/// sixteen programs each waiting on an fsync with requests of others
+/// still served; each costs its stack and buffers only once started.
+pub const DEFAULT_MAX_THREADS: usize = 32;
+
 /// Default for the `readahead=` option.
 pub const DEFAULT_READAHEAD: u64 = 4 << 20;
 
@@ -133,6 +141,7 @@ impl Default for MountOptions {
             log_writes_in_flight: 1,
             cache_bytes: crate::cache::DEFAULT_BYTES,
             threads: 4,
+            max_threads: DEFAULT_MAX_THREADS,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             transport: super::Transport::Auto,
             dirty_limit: None,
@@ -325,6 +334,7 @@ impl MountOptions {
                 o.cache_bytes = crate::units::parse_size(v).map_err(Error::Invalid)? as usize;
             }
             "threads" => o.threads = num(value)?.clamp(1, 64) as usize,
+            "max_threads" => o.max_threads = num(value)?.clamp(1, 256) as usize,
             "busy_poll" => o.busy_poll_us = num(value)?.min(10_000),
             "transport" => {
                 o.transport = match value {

@@ -73,6 +73,8 @@ pub struct Config {
     /// Threads on /dev/fuse; under io_uring, entries (each with its
     /// thread) spread over the kernel's queues.
     pub threads: usize,
+    /// The most /dev/fuse threads started while all the others are busy.
+    pub max_threads: usize,
     /// How long the first /dev/fuse thread polls for the next request
     /// before it sleeps (see `dev`); zero never polls.
     pub busy_poll: std::time::Duration,
@@ -121,6 +123,7 @@ fn choose(fd: RawFd, offer: &Offer, config: &Config) -> Result<Box<dyn Carrier>>
     let dev = |why: String| -> Box<dyn Carrier> {
         Box::new(super::dev::Threads {
             count: config.threads,
+            most: config.max_threads,
             busy_poll: config.busy_poll,
             why,
         })
@@ -363,6 +366,9 @@ pub fn clone_fd(fd: RawFd) -> Result<OwnedFd> {
 /// The threads serving a session; `finished` once the kernel ended it.
 pub struct Running {
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Threads serving threads started once the session ran (more
+    /// /dev/fuse readers while all were busy).
+    late: Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>,
     /// Kept open so notifications can be written until the end.
     pub fd: Arc<OwnedFd>,
     /// Which transport serves the session, and why (for the log).
@@ -373,6 +379,7 @@ impl Running {
     pub fn new(fd: Arc<OwnedFd>) -> Running {
         Running {
             threads: Vec::new(),
+            late: Arc::default(),
             fd,
             transport: String::new(),
         }
@@ -392,14 +399,32 @@ impl Running {
         Ok(())
     }
 
+    /// Where serving threads started later are kept, to be joined.
+    pub fn late_threads(&self) -> Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>> {
+        self.late.clone()
+    }
+
     /// Whether every serving thread has ended (the session is over).
     pub fn finished(&self) -> bool {
         self.threads.iter().all(|t| t.is_finished())
+            && crate::sync::lock(&self.late)
+                .iter()
+                .all(|t| t.is_finished())
     }
 
     pub fn join(self) {
         for t in self.threads {
             let _ = t.join();
+        }
+        // A thread still serving may start one more until it ends.
+        loop {
+            let late = std::mem::take(&mut *crate::sync::lock(&self.late));
+            if late.is_empty() {
+                break;
+            }
+            for t in late {
+                let _ = t.join();
+            }
         }
     }
 }

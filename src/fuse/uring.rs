@@ -314,7 +314,7 @@ impl Carrier for Rings {
 
     /// One /dev/fuse thread for FORGET and INTERRUPT, then the rings.
     fn carry(self: Box<Self>, running: &mut Running, handler: Arc<dyn Handler>) -> Result<()> {
-        super::dev::start(running, handler.clone(), 1, std::time::Duration::ZERO)?;
+        super::dev::start(running, handler.clone(), (1, 1), std::time::Duration::ZERO)?;
         self.start(running, handler)
     }
 

@@ -17,9 +17,10 @@ pub struct Args {
     /// strictatime, nodev, nosuid, noexec, allow_other,
     /// default_permissions, commit=SECONDS, cache_size=SIZE (memory for
     /// decoded tree blocks; default 64M; cache_blocks=N asks for N blocks
-    /// of 16 KiB), threads=N, busy_poll=USECS (on /dev/fuse, how long
-    /// the first thread keeps asking for the next request before it
-    /// sleeps; default 50, 0 never),
+    /// of 16 KiB), threads=N, max_threads=N (on /dev/fuse, more threads
+    /// start while all are busy, up to N; default 32), busy_poll=USECS
+    /// (on /dev/fuse, the longest the first thread keeps asking for the
+    /// next request before it sleeps; default 2000, 0 never),
     /// transport=auto|uring|dev (how requests reach the daemon: auto, the
     /// default, uses FUSE over io_uring when the kernel offers it, which
     /// root turns on with `echo 1 > /sys/module/fuse/parameters/enable_uring`
