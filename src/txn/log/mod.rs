@@ -736,11 +736,17 @@ impl Engine {
     /// write was sent ([`load_pending`]). Returns whether anything needs
     /// the barrier: not when the transaction's commit is written (it
     /// holds everything), nor for a take with nothing new while no write
-    /// is out (every root sent is durable). A take with nothing new beside
-    /// a write still out sends nothing but needs a barrier: that write may
-    /// be the one that sent its root.
+    /// is out (every root sent is durable) and the log names no data
+    /// without checksums. A take with nothing new beside a write still
+    /// out sends nothing but needs a barrier: that write may be the one
+    /// that sent its root. So does one whose log names data without
+    /// checksums: an fdatasync of a `chattr +C` file overwritten in place
+    /// logs nothing new (its extents, and its inode item but the times,
+    /// are as logged), but the bytes its flush wrote in place are durable
+    /// only after a barrier.
     fn send_log(&self, io: &mut IoState, transid: u64, taken: &TakenLog) -> Result<bool> {
-        if io.generation >= transid || (taken.nothing_new && io.log_writes_in_flight == 0) {
+        let all_durable = taken.nothing_new && io.log_writes_in_flight == 0;
+        if io.generation >= transid || (all_durable && !taken.unchecked_data) {
             return Ok(false);
         }
         match crate::dev::Device::replicates(&*self.shared.dev) {
