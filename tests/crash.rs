@@ -694,7 +694,7 @@ fn in_place_writes_keep_what_was_synced(
     commit(&fs, model(&cow_data, &None), &mut models, &mut ends);
     let mut rng = Rng(0x0c0f_fee0_0000_0043);
     for step in 0..240u64 {
-        // One to three pieces: a write may span written and
+        // One to `most` pieces: a write may span written and
         // preallocated space, or shared and unshared extents.
         let n = 1 + rng.below(most) as usize;
         let p = rng.below(PIECES - n as u64 + 1) as usize;
