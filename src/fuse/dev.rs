@@ -139,7 +139,7 @@ struct Pool {
     fd: Arc<OwnedFd>,
     handler: Arc<dyn Handler>,
     /// Where the session finds the readers started late, to join them.
-    late: Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>,
+    late: session::LateThreads,
 }
 
 impl Pool {

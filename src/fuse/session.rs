@@ -363,12 +363,14 @@ pub fn clone_fd(fd: RawFd) -> Result<OwnedFd> {
     Ok(dev.into())
 }
 
+/// Serving threads started once the session runs (more /dev/fuse
+/// readers while all are busy), kept where the session joins them.
+pub type LateThreads = Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>;
+
 /// The threads serving a session; `finished` once the kernel ended it.
 pub struct Running {
     threads: Vec<std::thread::JoinHandle<()>>,
-    /// Threads serving threads started once the session ran (more
-    /// /dev/fuse readers while all were busy).
-    late: Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>,
+    late: LateThreads,
     /// Kept open so notifications can be written until the end.
     pub fd: Arc<OwnedFd>,
     /// Which transport serves the session, and why (for the log).
@@ -400,7 +402,7 @@ impl Running {
     }
 
     /// Where serving threads started later are kept, to be joined.
-    pub fn late_threads(&self) -> Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>> {
+    pub fn late_threads(&self) -> LateThreads {
         self.late.clone()
     }
 
