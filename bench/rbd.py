@@ -9,6 +9,11 @@ For each round, on fresh images:
   * sequential 1 GiB: `rbd bench` write and read (4 MiB I/O, its default 16
     threads) against Canopy on RBD: `dd` of 1 GiB of random bytes with
     conv=fsync, then a cold `dd` read after a remount and drop_caches;
+    the same dd runs through libfuse's passthrough_hp (--nosplice) over
+    tmpfs, FUSE with no storage behind it; each run's CPU per GiB by
+    process (the OSDs, the client, dd) and the machine's busy time, and
+    from them the most a client costing what FUSE alone costs could reach
+    on these cores;
   * 4 KiB random writes with a flush per write: fio's rbd engine (one
     client, iodepth 4, fsync=1) against fio on the Canopy mount (4 jobs,
     psync, fsync=1, the files laid out and committed first), each with
@@ -37,6 +42,11 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from benchlib import cpu  # noqa: E402
+from benchlib import fs as fslib  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1 << 30
 # The most a round keeps in the pool at once (the give-back step's 8 GiB
@@ -49,8 +59,9 @@ def run(cmd, **kw):
 
 
 class Bench:
-    def __init__(self, conf, canopy, work):
+    def __init__(self, conf, canopy, work, passthrough=None):
         self.conf, self.canopy, self.work = conf, canopy, work
+        self.passthrough = passthrough
         self.n = 0
         self.mnt = os.path.join(work, "mnt")
         os.makedirs(self.mnt, exist_ok=True)
@@ -110,22 +121,69 @@ class Bench:
         secs = float(re.search(r"copied, ([\d.]+) s", out).group(1))
         return GIB / secs / (1 << 20)
 
+    def metered(self, fn):
+        """`fn()` and the CPU it cost (benchlib.cpu.Meter)."""
+        m = cpu.Meter().start()
+        value = fn()
+        return value, m.stop()
+
     def sequential(self):
         name, _ = self.image(mkfs=False)
-        w = self.rbd_bench(name, "write", "4M") * 4
-        r = self.rbd_bench(name, "read", "4M") * 4
+        w, w_cpu = self.metered(lambda: self.rbd_bench(name, "write", "4M") * 4)
+        r, r_cpu = self.metered(lambda: self.rbd_bench(name, "read", "4M") * 4)
         self.remove(name)
         name, spec = self.image()
         self.mount(spec)
-        cw = self.dd_mbs([f"if={self.data}", f"of={self.mnt}/seq", "bs=4M", "conv=fsync"])
+        cw, cw_cpu = self.metered(lambda: self.dd_write(self.mnt))
         self.umount()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+        drop_caches()
         self.mount(spec)
-        cr = self.dd_mbs([f"if={self.mnt}/seq", "of=/dev/null", "bs=4M"])
+        cr, cr_cpu = self.metered(lambda: self.dd_read(self.mnt))
         self.umount()
         self.remove(name)
-        return {"rbd_write": w, "rbd_read": r, "canopy_write": cw, "canopy_read": cr}
+        daemon = os.path.basename(self.canopy)
+        return {"rbd_write": w, "rbd_read": r, "canopy_write": cw, "canopy_read": cr,
+                **cpu_fields("rbd_write", w_cpu, None), **cpu_fields("rbd_read", r_cpu, None),
+                **cpu_fields("canopy_write", cw_cpu, daemon),
+                **cpu_fields("canopy_read", cr_cpu, daemon)}
+
+    def dd_write(self, mnt):
+        return self.dd_mbs([f"if={self.data}", f"of={mnt}/seq", "bs=4M", "conv=fsync"])
+
+    def dd_read(self, mnt):
+        return self.dd_mbs([f"if={mnt}/seq", "of=/dev/null", "bs=4M"])
+
+    def fuse_ceiling(self):
+        """The same dd write and cold read through libfuse's passthrough_hp
+        over tmpfs: FUSE with no storage behind it. `--nosplice`, because
+        a daemon that checksums (or hands bytes to librbd) needs them in
+        its memory, as Canopy does."""
+        if not self.passthrough:
+            return {}
+        src = tempfile.mkdtemp(prefix="canopy-rbd-bench-", dir="/dev/shm")
+        try:
+            self.mount_passthrough(src)
+            w, w_cpu = self.metered(lambda: self.dd_write(self.mnt))
+            self.umount()
+            drop_caches()
+            self.mount_passthrough(src)
+            r, r_cpu = self.metered(lambda: self.dd_read(self.mnt))
+            self.umount()
+        finally:
+            if os.path.ismount(self.mnt):
+                subprocess.run(["umount", "-l", self.mnt])
+            subprocess.run(["rm", "-rf", src])
+        return {"fuse_write": w, "fuse_read": r,
+                **cpu_fields("fuse_write", w_cpu, "passthrough_hp"),
+                **cpu_fields("fuse_read", r_cpu, "passthrough_hp")}
+
+    def mount_passthrough(self, src):
+        run([self.passthrough, "--nosplice", src, self.mnt])
+        for _ in range(200):
+            if os.path.ismount(self.mnt):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("passthrough_hp did not mount in 10 s")
 
     FIO_FSYNC = ["--name=r", "--rw=randwrite", "--bs=4k", "--fsync=1"]
 
@@ -245,6 +303,22 @@ class Bench:
                 "after_trim_mib": after_trim / (1 << 20), "async_discard_s": discarded}
 
 
+def drop_caches():
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def cpu_fields(case, usage, daemon):
+    """The CPU seconds of one 1 GiB run (so per GiB): the OSDs, the client
+    (`daemon`'s process, or else the child this script ran: `rbd bench`),
+    dd (the child, when a daemon is the client) and every core's busy
+    time."""
+    client = cpu.named(usage, daemon) if daemon else usage["children_s"]
+    return {f"{case}_osd_s": cpu.named(usage, "ceph-osd"), f"{case}_client_s": client,
+            f"{case}_dd_s": usage["children_s"] if daemon else 0.0,
+            f"{case}_busy_s": usage["busy_s"], f"{case}_idle": usage["idle"]}
+
+
 def median(rows, key):
     return statistics.median(r[key] for r in rows)
 
@@ -273,10 +347,53 @@ def write_report(rows, path):
         "and concurrent fsyncs share one; docs/benchmarks.md, issue 57).",
         f"`rbd du` with 8 GiB written: {m['stored_8g_mib']:.0f} MiB; after deleting it and "
         f"trimming: {m['after_trim_mib']:.0f} MiB.",
-        "", "Rounds:", "", "```", *[json.dumps(r) for r in rows], "```", ""]
+        "", *cpu_report(m), "Rounds:", "", "```", *[json.dumps(r) for r in rows], "```", ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
+
+
+def cpu_report(m):
+    """Where the sequential runs' CPU went, per GiB, and how fast a client
+    costing what FUSE alone costs could go when the cores are the bound."""
+    cases = [("rbd_write", "rbd bench write"), ("canopy_write", "Canopy write"),
+             ("fuse_write", "passthrough_hp --nosplice on tmpfs, write"),
+             ("rbd_read", "rbd bench read"), ("canopy_read", "Canopy cold read"),
+             ("fuse_read", "passthrough_hp --nosplice on tmpfs, cold read")]
+    lines = ["CPU seconds per GiB (medians; busy is every core's, interrupts included):", "",
+             "| run | MiB/s | OSDs | client daemon or rbd | dd | machine busy | idle |",
+             "|---|---|---|---|---|---|---|"]
+    for case, label in cases:
+        if f"{case}_busy_s" not in m:
+            continue
+        lines.append(f"| {label} | {m[case]:.0f} | {m[case + '_osd_s']:.2f} | "
+                     f"{m[case + '_client_s']:.2f} | {m[case + '_dd_s']:.2f} | "
+                     f"{m[case + '_busy_s']:.2f} | {100 * m[case + '_idle']:.0f}% |")
+    lines.append("")
+    cores = os.cpu_count() or 1
+    for kind in ("write", "read"):
+        if f"fuse_{kind}_busy_s" not in m:
+            continue
+        # The cluster's cost as rbd bench meets it, plus FUSE's own with
+        # nothing behind it: on cores that are all busy, the most a
+        # filesystem that cost no more than FUSE itself could reach.
+        per_gib = m[f"rbd_{kind}_busy_s"] + m[f"fuse_{kind}_busy_s"]
+        most = cores / per_gib * 1024
+        lines.append(f"{kind}: the cluster ({m[f'rbd_{kind}_busy_s']:.2f} s/GiB under rbd bench) "
+                     f"and FUSE alone ({m[f'fuse_{kind}_busy_s']:.2f} s/GiB) on {cores} cores: "
+                     f"at most {most:.0f} MiB/s, {most / m[f'rbd_{kind}']:.2f}x of rbd bench; "
+                     f"Canopy {m[f'canopy_{kind}'] / m[f'rbd_{kind}']:.2f}x.")
+    return lines + [""]
+
+
+def passthrough_binary(work, src):
+    """libfuse's passthrough_hp built for the installed libfuse3, or None
+    (with the reason) when it cannot be built here."""
+    try:
+        return fslib.build_passthrough_hp(work, src)
+    except Exception as e:  # noqa: BLE001 - any failure only drops a row
+        print(f"rbd.py: no FUSE ceiling rows: {e}", file=sys.stderr)
+        return None
 
 
 def main():
@@ -284,6 +401,9 @@ def main():
     ap.add_argument("--conf", help="ceph.conf of a running cluster (default: start one)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--canopy", default=os.path.join(ROOT, "target/release/canopy"))
+    ap.add_argument("--passthrough-hp-src", default=None,
+                    help="libfuse git clone, source tree or tarball to build passthrough_hp "
+                         "from (the FUSE ceiling rows; default: $PASSTHROUGH_HP_SRC or GitHub)")
     ap.add_argument("--out", default=os.path.join(
         ROOT, "bench/results", f"{datetime.date.today()}-rbd.md"))
     args = ap.parse_args()
@@ -295,11 +415,11 @@ def main():
                        check=True)
         conf = os.path.join(cluster, "ceph.conf")
     try:
-        b = Bench(conf, args.canopy, work)
+        b = Bench(conf, args.canopy, work, passthrough_binary(work, args.passthrough_hp_src))
         b.check_room()
         rows = []
         for i in range(args.rounds):
-            row = {**b.sequential(), **b.random_fsync(), **b.failover(), **b.give_back()}
+            row = {**b.sequential(), **b.fuse_ceiling(), **b.random_fsync(), **b.failover(), **b.give_back()}
             print(f"round {i + 1}: {json.dumps(row)}", file=sys.stderr)
             rows.append(row)
         write_report(rows, args.out)
