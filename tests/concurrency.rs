@@ -252,3 +252,103 @@ fn a_transaction_past_its_metadata_bound_asks_for_a_commit() {
         "a small transaction asked"
     );
 }
+
+/// A device whose discards wait until the test opens a gate, as an RBD
+/// discard waits for its round trips (or for room on a full cluster).
+struct SlowDiscardDevice {
+    inner: MemDevice,
+    gate: Mutex<bool>,
+    cv: Condvar,
+    entered: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+impl Device for SlowDiscardDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> canopy::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> canopy::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn barrier(&self) -> canopy::Result<()> {
+        self.inner.barrier()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn discard(&self, offset: u64, len: u64) -> canopy::Result<bool> {
+        if let Some(tx) = self.entered.lock().unwrap().take() {
+            tx.send(()).unwrap();
+        }
+        let mut open = self.gate.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+        drop(open);
+        self.inner.discard(offset, len)
+    }
+}
+
+/// While a discard of freed space waits for the storage, other
+/// operations go on: a listing, a write with its commit, a read. What
+/// they allocate never lands in the range being discarded (the discard,
+/// which zeroes, would wipe it), and the filesystem checks clean after.
+#[test]
+fn a_discard_in_flight_blocks_no_other_operation() {
+    use canopy::fs::{Fs, Owner};
+    use canopy::txn::{DiscardMode, DiscardPass};
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let dev = Arc::new(SlowDiscardDevice {
+        inner: MemDevice::new(256 << 20),
+        gate: Mutex::new(false),
+        cv: Condvar::new(),
+        entered: Mutex::new(Some(entered_tx)),
+    });
+    let e = Engine::format(dev.clone() as Arc<dyn Device>, &FormatOptions::default()).unwrap();
+    let fs = Arc::new(Fs::new(Arc::new(e)).unwrap());
+    let me = Owner { uid: 0, gid: 0 };
+    let file = move |fs: &Fs, name: &[u8]| {
+        fs.create(256, name, libc::S_IFREG | 0o644, 0, me, None)
+            .unwrap()
+            .ino
+    };
+    let old = file(&fs, b"old");
+    fs.write(old, 0, &vec![7u8; 32 << 20]).unwrap();
+    fs.sync().unwrap();
+    fs.engine().set_discard(DiscardMode::Async).unwrap();
+    fs.remove(256, b"old", false).unwrap();
+    fs.sync().unwrap();
+    let discarding = {
+        let fs = fs.clone();
+        thread::spawn(move || fs.engine().discard_freed(DiscardPass::ALL))
+    };
+    entered_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the discard reached the device");
+    let (done_tx, done_rx) = mpsc::channel();
+    {
+        let fs = fs.clone();
+        thread::spawn(move || {
+            let new = file(&fs, b"new");
+            let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+            fs.write(new, 0, &data).unwrap();
+            fs.sync().unwrap();
+            let listed = fs.readdir(256, 2, 100).unwrap().len();
+            done_tx.send((new, data, listed)).unwrap();
+        });
+    }
+    let got = done_rx.recv_timeout(Duration::from_secs(20));
+    *dev.gate.lock().unwrap() = true;
+    dev.cv.notify_all();
+    let (new, data, listed) = got.expect("a write, commit and listing during the discard");
+    assert_eq!(listed, 1);
+    let discarded = discarding.join().unwrap().unwrap();
+    assert!(
+        discarded.bytes >= 16 << 20,
+        "discarded {} bytes",
+        discarded.bytes
+    );
+    assert!(fs.read(new, 0, data.len() as u32).unwrap() == data);
+    fs.sync().unwrap();
+    drop(Arc::try_unwrap(fs).ok().expect("one owner left"));
+    common::assert_posix_clean(&dev.inner);
+}

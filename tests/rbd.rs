@@ -215,9 +215,14 @@ fn ceph_unchecked(conf: &str, args: &[&str]) {
 /// the kernel's rbd does, rather than fail): the daemon says so in its
 /// log after 30 s instead of leaving the waiting fsync silent, and once
 /// the quota is lifted the write and its fsync finish, nothing lost.
+/// Meanwhile the filesystem still answers what needs no write (a listing,
+/// a read), with a discard of space freed just before likely under way.
+/// (Engine-level, `a_discard_in_flight_blocks_no_other_operation` holds a
+/// discard for certain: a pool over its quota here did not always hold
+/// one.)
 #[test]
 fn a_full_pool_holds_an_fsync_and_the_daemon_says_why() {
-    a_held_fsync_is_named_and_then_finishes(|conf| {
+    a_held_fsync_is_named_and_then_finishes(true, |conf| {
         // Anything in the pool passes a quota of one byte.
         let quota = PoolQuota::set_bytes(conf, 1);
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -232,15 +237,25 @@ fn a_full_pool_holds_an_fsync_and_the_daemon_says_why() {
 /// A mounted image with a committed file; `hold` makes the cluster hold
 /// requests until the guard it returns drops. An fsync then waits, the
 /// daemon's log names the held request, and once the guard drops the
-/// fsync finishes: every file written reads back, check clean.
-fn a_held_fsync_is_named_and_then_finishes<G>(hold: impl FnOnce(&str) -> G) {
+/// fsync finishes: every file written reads back, check clean. With
+/// `answers`, a listing and a read answer while the write is held.
+fn a_held_fsync_is_named_and_then_finishes<G>(answers: bool, hold: impl FnOnce(&str) -> G) {
     let Some(conf) = ceph_conf() else { return };
     let (dir, img, mnt) = fresh(&conf, "256M");
     let log = dir.0.path().join("log");
     let d = Daemon::mount(&img, &mnt, "", &log).unwrap();
     write_synced(&mnt.join("before"), b"committed").unwrap();
+    // Freed, committed and due for discard 2 s later, about when the
+    // cluster starts holding requests.
+    std::fs::write(mnt.join("freed"), common::noise(32 << 20, 7)).unwrap();
+    canopy_ok(&["sync", mnt.to_str().unwrap()], dir.0.path());
+    std::fs::remove_file(mnt.join("freed")).unwrap();
+    canopy_ok(&["sync", mnt.to_str().unwrap()], dir.0.path());
     let held = hold(&conf);
     let (writer, written) = a_held_write_named_in(&log, &mnt);
+    if answers {
+        assert_answers_while_held(&mnt);
+    }
     drop(held);
     writer
         .join()
@@ -254,6 +269,23 @@ fn a_held_fsync_is_named_and_then_finishes<G>(hold: impl FnOnce(&str) -> G) {
     }
     assert_eq!(std::fs::read(mnt.join("before")).unwrap(), b"committed");
     d.unmount();
+}
+
+/// A listing and a read of `mnt` answer within 20 s while the cluster
+/// holds a write: nothing that needs no write waits for one.
+fn assert_answers_while_held(mnt: &Path) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mnt = mnt.to_path_buf();
+    std::thread::spawn(move || {
+        let listed = std::fs::read_dir(&mnt).map(|d| d.count());
+        let before = std::fs::read(mnt.join("before"));
+        let _ = tx.send((listed, before));
+    });
+    let (listed, before) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a listing and a read while the cluster holds a write");
+    assert!(listed.unwrap() >= 2);
+    assert_eq!(before.unwrap(), b"committed");
 }
 
 /// A thread writing and fsyncing a file.
@@ -318,7 +350,8 @@ fn a_held_write_named_in(log: &Path, mnt: &Path) -> (Writer, Vec<(PathBuf, Vec<u
 /// is unpaused the write and its fsync finish, nothing lost.
 #[test]
 fn a_paused_cluster_holds_an_fsync_and_the_daemon_says_why() {
-    a_held_fsync_is_named_and_then_finishes(OsdsPaused::pause);
+    // Reads wait on a paused cluster too: not asked for.
+    a_held_fsync_is_named_and_then_finishes(false, OsdsPaused::pause);
 }
 
 /// The cluster's OSDs paused (`ceph osd pause`) until this drops, also

@@ -824,6 +824,47 @@ impl Allocator {
         Ok(())
     }
 
+    /// Keeps free ranges out of allocations while a discard of them runs
+    /// outside the state lock, recording nothing: on disk they stay free.
+    /// A group holding one is not empty, so no commit removes it
+    /// meanwhile. Only when what has been promised, plus twice the bytes
+    /// taken, can still be met without them: a discard must never be why
+    /// an operation finds no space. False, with nothing taken, otherwise
+    /// (or when a range is not free in one group). `pieces` must not
+    /// overlap. [`Allocator::end_discard`] gives them back.
+    pub fn begin_discard(&mut self, pieces: &[(u64, u64)]) -> bool {
+        let mut taken = Vec::with_capacity(pieces.len());
+        for &(start, len) in pieces {
+            let Some(g) = self.group_mut_containing(start) else {
+                break;
+            };
+            if !g.free.remove(start, len) {
+                break;
+            }
+            taken.push((start, len));
+        }
+        let bytes: u64 = taken.iter().map(|p| p.1).sum();
+        let margin = Claims {
+            data: self.claims.data.saturating_add(bytes.saturating_mul(2)),
+            ..self.claims
+        };
+        if taken.len() == pieces.len() && self.can_meet(&margin) {
+            return true;
+        }
+        self.end_discard(&taken);
+        false
+    }
+
+    /// Gives back the ranges [`Allocator::begin_discard`] took, as free
+    /// as they were (not noted for discarding again).
+    pub fn end_discard(&mut self, pieces: &[(u64, u64)]) {
+        for &(start, len) in pieces {
+            if let Some(g) = self.group_mut_containing(start) {
+                g.free.insert(start, len);
+            }
+        }
+    }
+
     /// Makes an excluded range free again at once.
     pub fn include(&mut self, start: u64, len: u64) {
         if let Some(g) = self.group_mut_containing(start) {
@@ -1650,6 +1691,38 @@ mod tests {
             .expect("fill");
         let (y, _) = a.alloc(GroupKind::Data, MIB, MIB, other).expect("alloc");
         assert_eq!(a.group_containing(y).map(|g| g.start), Some(pending));
+    }
+
+    /// Space being discarded takes no extents and keeps its group from
+    /// being removed; it comes back whole, and is refused when what was
+    /// promised could not be met without it.
+    #[test]
+    fn space_being_discarded_is_kept_from_allocations_until_given_back() {
+        let (mut a, first, second) = two_groups();
+        a.track_untrimmed(true);
+        let piece = [(first, MIB)];
+        assert!(a.begin_discard(&piece));
+        assert_eq!(a.empty_groups(), vec![second]);
+        let (x, _) = a.alloc(GroupKind::Data, MIB, MIB, first).expect("alloc");
+        assert!(x >= first + MIB, "allocated {x}, inside the discard");
+        // Not free twice over.
+        assert!(!a.begin_discard(&piece));
+        a.end_discard(&piece);
+        assert_eq!(a.free_in(GroupKind::Data), 7 * MIB);
+        assert!(a.take_untrimmed().logical.is_empty());
+        // A range that is not free is refused, and nothing is taken.
+        assert!(!a.begin_discard(&[(first, MIB), (x, MIB)]));
+        assert_eq!(a.free_in(GroupKind::Data), 7 * MIB);
+        // With 5 MiB promised, 1 MiB of the 7 free cannot be spared (what
+        // is left must hold the promise and twice the discard).
+        a.set_claims(Claims {
+            data: 5 * MIB,
+            ..Claims::default()
+        });
+        assert!(!a.begin_discard(&piece));
+        assert_eq!(a.free_in(GroupKind::Data), 7 * MIB);
+        a.set_claims(Claims::default());
+        assert!(a.begin_discard(&piece));
     }
 
     #[test]

@@ -27,10 +27,17 @@
 //! - `discard=sync` (`discard`): everything a commit made reusable is
 //!   discarded right after that commit, before it returns.
 //!
-//! Each batch runs under the state lock, so no allocation takes a range
-//! between the look at the free space and the discard. A device that
-//! cannot discard turns discarding off for the mount, once, with a log
-//! line.
+//! Each batch's ranges are taken out of allocations at the state lock
+//! ([`Allocator::begin_discard`]: in memory only, on disk they stay
+//! free), discarded without it, and given back; so no allocation takes a
+//! range between the look at the free space and the discard, and no
+//! other operation waits for the storage meanwhile (a discard on RBD is
+//! a round trip per object, and a full cluster holds it until it has
+//! room). When the space cannot be spared (a nearly full filesystem), a
+//! batch is discarded under the lock instead. Space of a group given
+//! back to unallocated space is always discarded under the lock: a new
+//! group could take it otherwise. A device that cannot discard turns
+//! discarding off for the mount, once, with a log line.
 
 use super::trim::Trimmed;
 use super::Engine;
@@ -84,7 +91,8 @@ pub struct DiscardPass {
     /// objects (RBD's 4 MiB) gets whole objects back where extents meet
     /// in the middle of one.
     pub window: u64,
-    /// Most batches (each one turn at the state lock) this call does.
+    /// Most batches (each two short turns at the state lock) this call
+    /// does.
     pub batches: usize,
     /// Space the log freed waits until no log write has come for this
     /// long ([`LOG_IDLE`] for `discard=async`; None: it goes like the
@@ -129,8 +137,9 @@ impl DiscardPass {
     };
 }
 
-/// Most ranges and bytes one batch discards under the state lock (a
-/// discard of an RBD object that holds live blocks is a round trip).
+/// Most ranges and bytes one batch discards (a discard of an RBD object
+/// that holds live blocks is a round trip): what a batch keeps from
+/// allocations while its discards run.
 const BATCH_RANGES: usize = 64;
 const BATCH_BYTES: u64 = 256 << 20;
 
@@ -213,8 +222,27 @@ impl Engine {
             if batch.is_empty() {
                 break;
             }
+            let mut logical = Vec::new();
             for place in batch {
-                self.discard_place(&st.alloc, place, &pass, &mut done)?;
+                match place {
+                    Place::Logical(start, len) => logical.push((start, len)),
+                    device @ Place::Device(..) => {
+                        self.discard_device_place(&st.alloc, device, &pass, &mut done)?
+                    }
+                }
+            }
+            let pieces = free_pieces(&st.alloc, &logical, &pass);
+            if st.alloc.begin_discard(&pieces) {
+                // The ranges are out of every allocation: the lock can go,
+                // so a slow discard (a round trip per RBD object, or a
+                // full cluster that holds it) stalls no other operation.
+                drop(st);
+                let sent = self.discard_ranges(&join(pieces.clone()), &mut done);
+                crate::sync::write(&self.state).alloc.end_discard(&pieces);
+                sent?;
+            } else {
+                // Too little space to spare: done under the lock.
+                self.discard_ranges(&join(pieces), &mut done)?;
             }
         }
         Ok(done)
@@ -306,9 +334,19 @@ impl Engine {
         join(std::mem::take(&mut *held))
     }
 
-    /// Discards the part of `place` still free (in its group, or in
-    /// unallocated space) in pieces of at least `min_len`.
-    fn discard_place(
+    /// Discards logical ranges, counting what the storage took.
+    fn discard_ranges(&self, ranges: &[(u64, u64)], done: &mut Trimmed) -> Result<()> {
+        for &(s, l) in ranges {
+            let ok = self.shared.dev.discard(s, l)?;
+            self.note_support(ok, l, done);
+        }
+        Ok(())
+    }
+
+    /// Discards the part of a group given back to unallocated space that
+    /// is still unallocated, in pieces of at least the pass's `min_len`.
+    /// Under the state lock: no new group may take the space meanwhile.
+    fn discard_device_place(
         &self,
         alloc: &Allocator,
         place: Place,
@@ -316,33 +354,18 @@ impl Engine {
         done: &mut Trimmed,
     ) -> Result<()> {
         let min_len = pass.min_len.max(1);
-        match place {
-            Place::Logical(start, len) => {
-                let pieces = alloc
-                    .free_within(start, len)
-                    .into_iter()
-                    .filter(|p| p.1 >= min_len)
-                    .flat_map(|(s, l)| {
-                        let (from, to) = widen(s, l, pass.window);
-                        alloc.free_within(from, to - from)
-                    });
-                for (s, l) in join(pieces.collect()) {
-                    let ok = self.shared.dev.discard(s, l)?;
-                    self.note_support(ok, l, done);
-                }
-            }
-            Place::Device(devid, offset, len) => {
-                let Some(dev) = self.shared.dev.device(devid) else {
-                    return Ok(());
-                };
-                let _pass = self.shared.dev.pass();
-                for (s, l) in alloc.unallocated_ranges(devid) {
-                    let (a, b) = (s.max(offset), (s + l).min(offset + len));
-                    if b > a && b - a >= min_len {
-                        let ok = dev.discard(a, b - a)?;
-                        self.note_support(ok, b - a, done);
-                    }
-                }
+        let Place::Device(devid, offset, len) = place else {
+            return Ok(());
+        };
+        let Some(dev) = self.shared.dev.device(devid) else {
+            return Ok(());
+        };
+        let _pass = self.shared.dev.pass();
+        for (s, l) in alloc.unallocated_ranges(devid) {
+            let (a, b) = (s.max(offset), (s + l).min(offset + len));
+            if b > a && b - a >= min_len {
+                let ok = dev.discard(a, b - a)?;
+                self.note_support(ok, b - a, done);
             }
         }
         Ok(())
@@ -361,6 +384,28 @@ impl Engine {
             crate::sync::lock(&self.discards.waiting).clear();
         }
     }
+}
+
+/// The free pieces of the logical `ranges` to discard: each free piece of
+/// at least `pass.min_len`, with the free space around it to the pass's
+/// window boundaries. Disjoint, each inside one group (as
+/// [`Allocator::begin_discard`] takes them): the windows are joined before
+/// their free space is looked up.
+fn free_pieces(alloc: &Allocator, ranges: &[(u64, u64)], pass: &DiscardPass) -> Vec<(u64, u64)> {
+    let min_len = pass.min_len.max(1);
+    let windows: Vec<(u64, u64)> = ranges
+        .iter()
+        .flat_map(|&(start, len)| alloc.free_within(start, len))
+        .filter(|p| p.1 >= min_len)
+        .map(|(s, l)| {
+            let (from, to) = widen(s, l, pass.window);
+            (from, to - from)
+        })
+        .collect();
+    join(windows)
+        .into_iter()
+        .flat_map(|(s, l)| alloc.free_within(s, l))
+        .collect()
 }
 
 /// `[s, s+l)` grown to the `window`-aligned range around it.

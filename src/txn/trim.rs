@@ -8,9 +8,12 @@
 //! there only once the commit that freed it is durable (a freed extent
 //! stays pinned until then), so the last commit's trees never point into
 //! a discarded range, and a crash at any moment finds everything they
-//! name. Each group is done in one turn at the engine's write lock, so
-//! no allocation takes part of a range between the look and the discard;
-//! other operations get the lock between groups.
+//! name. A group's free ranges are taken out of allocations at the
+//! engine's write lock ([`crate::alloc::Allocator::begin_discard`]) and
+//! discarded without it, so other operations go on meanwhile, then given
+//! back; when the space cannot be spared (a nearly full filesystem) they
+//! are discarded under the lock instead. Unallocated space is discarded
+//! under the lock: a new group could take it otherwise.
 
 use super::Engine;
 use crate::dev::Device;
@@ -52,16 +55,21 @@ impl Engine {
         let groups: Vec<u64> =
             self.write(|tx| Ok(tx.allocator().groups().map(|g| g.start).collect()))?;
         for start in groups {
-            self.write(|tx| {
-                let Some(g) = tx.allocator().group_containing(start) else {
-                    return Ok(());
-                };
-                let free: Vec<(u64, u64)> = g.free.iter().filter(|r| r.1 >= min_len).collect();
-                for (s, l) in free {
-                    done.add(l, tx.sh.dev.discard(s, l)?);
-                }
-                Ok(())
-            })?;
+            self.check_alive()?;
+            let mut st = crate::sync::write(&self.state);
+            let Some(g) = st.alloc.group_containing(start) else {
+                continue;
+            };
+            let free: Vec<(u64, u64)> = g.free.iter().filter(|r| r.1 >= min_len).collect();
+            if st.alloc.begin_discard(&free) {
+                drop(st);
+                let sent = self.discard_counted(&free, &mut done);
+                crate::sync::write(&self.state).alloc.end_discard(&free);
+                sent?;
+            } else {
+                // Too little space to spare: done under the lock.
+                self.discard_counted(&free, &mut done)?;
+            }
         }
         self.write(|tx| {
             for (devid, _) in tx.allocator().devices() {
@@ -78,5 +86,13 @@ impl Engine {
             Ok(())
         })?;
         Ok(done)
+    }
+
+    /// Discards logical ranges, counting what the storage took.
+    fn discard_counted(&self, ranges: &[(u64, u64)], done: &mut Trimmed) -> Result<()> {
+        for &(s, l) in ranges {
+            done.add(l, self.shared.dev.discard(s, l)?);
+        }
+        Ok(())
     }
 }
