@@ -190,6 +190,9 @@ pub struct Allocator {
     pinned: Vec<(u64, u64)>,
     dirty_groups: BTreeSet<u64>,
     claims: Claims,
+    /// Bytes [`Allocator::begin_discard`] keeps out of the groups' free
+    /// space: free all the same for what statfs reports.
+    discarding: u64,
     /// The group balance is emptying: nothing new goes there, and its
     /// free space counts for nobody.
     readonly: BTreeSet<u64>,
@@ -272,6 +275,7 @@ impl Allocator {
             pinned: Vec::new(),
             dirty_groups: BTreeSet::new(),
             claims: Claims::default(),
+            discarding: 0,
             readonly: BTreeSet::new(),
             pending: BTreeSet::new(),
             added_since_commit: BTreeSet::new(),
@@ -849,9 +853,14 @@ impl Allocator {
             ..self.claims
         };
         if taken.len() == pieces.len() && self.can_meet(&margin) {
+            self.discarding += bytes;
             return true;
         }
-        self.end_discard(&taken);
+        for &(start, len) in &taken {
+            if let Some(g) = self.group_mut_containing(start) {
+                g.free.insert(start, len);
+            }
+        }
         false
     }
 
@@ -862,6 +871,7 @@ impl Allocator {
             if let Some(g) = self.group_mut_containing(start) {
                 g.free.insert(start, len);
             }
+            self.discarding = self.discarding.saturating_sub(len);
         }
     }
 
@@ -955,9 +965,11 @@ impl Allocator {
         self.groups.values().map(|g| g.used).sum()
     }
 
-    /// Free bytes: in groups, plus device space not yet in any group.
+    /// Free bytes: in groups (space being discarded too), plus device
+    /// space not yet in any group.
     pub fn bytes_free(&self) -> u64 {
-        let in_groups: u64 = self.groups.values().map(|g| g.free.total()).sum();
+        let in_groups: u64 =
+            self.groups.values().map(|g| g.free.total()).sum::<u64>() + self.discarding;
         in_groups + self.room_for(self.new_group_profile(GroupKind::Data), Need::default())
     }
 
@@ -1701,7 +1713,9 @@ mod tests {
         let (mut a, first, second) = two_groups();
         a.track_untrimmed(true);
         let piece = [(first, MIB)];
+        let free = a.bytes_free();
         assert!(a.begin_discard(&piece));
+        assert_eq!(a.bytes_free(), free, "still free, for statfs");
         assert_eq!(a.empty_groups(), vec![second]);
         let (x, _) = a.alloc(GroupKind::Data, MIB, MIB, first).expect("alloc");
         assert!(x >= first + MIB, "allocated {x}, inside the discard");
