@@ -133,25 +133,28 @@ class Bench:
         r, r_cpu = self.metered(lambda: self.rbd_bench(name, "read", "4M") * 4)
         self.remove(name)
         name, spec = self.image()
-        self.mount(spec)
-        cw, cw_cpu = self.metered(lambda: self.dd_write(self.mnt))
+        canopy = self.write_then_cold_read("canopy", lambda: self.mount(spec),
+                                           os.path.basename(self.canopy))
+        self.remove(name)
+        return {"rbd_write": w, "rbd_read": r, **canopy,
+                **cpu_fields("rbd_write", w_cpu, None), **cpu_fields("rbd_read", r_cpu, None)}
+
+    def write_then_cold_read(self, case, mount, daemon):
+        """dd of 1 GiB onto what `mount` mounts (conv=fsync), then a cold
+        dd read of it after a remount and drop_caches; each with its CPU
+        (`daemon`: the serving process's command name)."""
+        mount()
+        w, w_cpu = self.metered(lambda: self.dd_mbs(
+            [f"if={self.data}", f"of={self.mnt}/seq", "bs=4M", "conv=fsync"]))
         self.umount()
         drop_caches()
-        self.mount(spec)
-        cr, cr_cpu = self.metered(lambda: self.dd_read(self.mnt))
+        mount()
+        r, r_cpu = self.metered(lambda: self.dd_mbs(
+            [f"if={self.mnt}/seq", "of=/dev/null", "bs=4M"]))
         self.umount()
-        self.remove(name)
-        daemon = os.path.basename(self.canopy)
-        return {"rbd_write": w, "rbd_read": r, "canopy_write": cw, "canopy_read": cr,
-                **cpu_fields("rbd_write", w_cpu, None), **cpu_fields("rbd_read", r_cpu, None),
-                **cpu_fields("canopy_write", cw_cpu, daemon),
-                **cpu_fields("canopy_read", cr_cpu, daemon)}
-
-    def dd_write(self, mnt):
-        return self.dd_mbs([f"if={self.data}", f"of={mnt}/seq", "bs=4M", "conv=fsync"])
-
-    def dd_read(self, mnt):
-        return self.dd_mbs([f"if={mnt}/seq", "of=/dev/null", "bs=4M"])
+        return {f"{case}_write": w, f"{case}_read": r,
+                **cpu_fields(f"{case}_write", w_cpu, daemon),
+                **cpu_fields(f"{case}_read", r_cpu, daemon)}
 
     def fuse_ceiling(self):
         """The same dd write and cold read through libfuse's passthrough_hp
@@ -162,20 +165,12 @@ class Bench:
             return {}
         src = tempfile.mkdtemp(prefix="canopy-rbd-bench-", dir="/dev/shm")
         try:
-            self.mount_passthrough(src)
-            w, w_cpu = self.metered(lambda: self.dd_write(self.mnt))
-            self.umount()
-            drop_caches()
-            self.mount_passthrough(src)
-            r, r_cpu = self.metered(lambda: self.dd_read(self.mnt))
-            self.umount()
+            return self.write_then_cold_read("fuse", lambda: self.mount_passthrough(src),
+                                             "passthrough_hp")
         finally:
             if os.path.ismount(self.mnt):
                 subprocess.run(["umount", "-l", self.mnt])
             subprocess.run(["rm", "-rf", src])
-        return {"fuse_write": w, "fuse_read": r,
-                **cpu_fields("fuse_write", w_cpu, "passthrough_hp"),
-                **cpu_fields("fuse_read", r_cpu, "passthrough_hp")}
 
     def mount_passthrough(self, src):
         run([self.passthrough, "--nosplice", src, self.mnt])

@@ -848,19 +848,15 @@ impl Allocator {
             taken.push((start, len));
         }
         let bytes: u64 = taken.iter().map(|p| p.1).sum();
+        self.discarding += bytes;
         let margin = Claims {
             data: self.claims.data.saturating_add(bytes.saturating_mul(2)),
             ..self.claims
         };
         if taken.len() == pieces.len() && self.can_meet(&margin) {
-            self.discarding += bytes;
             return true;
         }
-        for &(start, len) in &taken {
-            if let Some(g) = self.group_mut_containing(start) {
-                g.free.insert(start, len);
-            }
-        }
+        self.end_discard(&taken);
         false
     }
 

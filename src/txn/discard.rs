@@ -226,26 +226,42 @@ impl Engine {
             for place in batch {
                 match place {
                     Place::Logical(start, len) => logical.push((start, len)),
-                    device @ Place::Device(..) => {
-                        self.discard_device_place(&st.alloc, device, &pass, &mut done)?
+                    Place::Device(devid, offset, len) => {
+                        self.discard_unallocated(&st.alloc, (devid, offset, len), &pass, &mut done)?
                     }
                 }
             }
             let pieces = free_pieces(&st.alloc, &logical, &pass);
-            if st.alloc.begin_discard(&pieces) {
-                // The ranges are out of every allocation: the lock can go,
-                // so a slow discard (a round trip per RBD object, or a
-                // full cluster that holds it) stalls no other operation.
-                drop(st);
-                let sent = self.discard_ranges(&join(pieces.clone()), &mut done);
-                crate::sync::write(&self.state).alloc.end_discard(&pieces);
-                sent?;
-            } else {
-                // Too little space to spare: done under the lock.
-                self.discard_ranges(&join(pieces), &mut done)?;
-            }
+            self.discard_sparing_lock(st, &pieces, |pieces| {
+                for (s, l) in join(pieces.to_vec()) {
+                    let ok = self.shared.dev.discard(s, l)?;
+                    self.note_support(ok, l, &mut done);
+                }
+                Ok(())
+            })?;
         }
         Ok(done)
+    }
+
+    /// Runs `send`, which discards the free `pieces`, outside the state
+    /// lock `st` when the allocator can keep them from allocations
+    /// meanwhile ([`Allocator::begin_discard`]), so a slow discard (a
+    /// round trip per RBD object, or a full cluster that holds it)
+    /// stalls no other operation; under it when the space cannot be
+    /// spared.
+    pub(super) fn discard_sparing_lock(
+        &self,
+        mut st: std::sync::RwLockWriteGuard<'_, super::State>,
+        pieces: &[(u64, u64)],
+        send: impl FnOnce(&[(u64, u64)]) -> Result<()>,
+    ) -> Result<()> {
+        if !st.alloc.begin_discard(pieces) {
+            return send(pieces);
+        }
+        drop(st);
+        let sent = send(pieces);
+        crate::sync::write(&self.state).alloc.end_discard(pieces);
+        sent
     }
 
     /// `discard=async`'s last turn, after the final commit: what waits
@@ -334,29 +350,17 @@ impl Engine {
         join(std::mem::take(&mut *held))
     }
 
-    /// Discards logical ranges, counting what the storage took.
-    fn discard_ranges(&self, ranges: &[(u64, u64)], done: &mut Trimmed) -> Result<()> {
-        for &(s, l) in ranges {
-            let ok = self.shared.dev.discard(s, l)?;
-            self.note_support(ok, l, done);
-        }
-        Ok(())
-    }
-
     /// Discards the part of a group given back to unallocated space that
     /// is still unallocated, in pieces of at least the pass's `min_len`.
     /// Under the state lock: no new group may take the space meanwhile.
-    fn discard_device_place(
+    fn discard_unallocated(
         &self,
         alloc: &Allocator,
-        place: Place,
+        (devid, offset, len): (u64, u64, u64),
         pass: &DiscardPass,
         done: &mut Trimmed,
     ) -> Result<()> {
         let min_len = pass.min_len.max(1);
-        let Place::Device(devid, offset, len) = place else {
-            return Ok(());
-        };
         let Some(dev) = self.shared.dev.device(devid) else {
             return Ok(());
         };

@@ -56,20 +56,17 @@ impl Engine {
             self.write(|tx| Ok(tx.allocator().groups().map(|g| g.start).collect()))?;
         for start in groups {
             self.check_alive()?;
-            let mut st = crate::sync::write(&self.state);
+            let st = crate::sync::write(&self.state);
             let Some(g) = st.alloc.group_containing(start) else {
                 continue;
             };
             let free: Vec<(u64, u64)> = g.free.iter().filter(|r| r.1 >= min_len).collect();
-            if st.alloc.begin_discard(&free) {
-                drop(st);
-                let sent = self.discard_counted(&free, &mut done);
-                crate::sync::write(&self.state).alloc.end_discard(&free);
-                sent?;
-            } else {
-                // Too little space to spare: done under the lock.
-                self.discard_counted(&free, &mut done)?;
-            }
+            self.discard_sparing_lock(st, &free, |pieces| {
+                for &(s, l) in pieces {
+                    done.add(l, self.shared.dev.discard(s, l)?);
+                }
+                Ok(())
+            })?;
         }
         self.write(|tx| {
             for (devid, _) in tx.allocator().devices() {
@@ -86,13 +83,5 @@ impl Engine {
             Ok(())
         })?;
         Ok(done)
-    }
-
-    /// Discards logical ranges, counting what the storage took.
-    fn discard_counted(&self, ranges: &[(u64, u64)], done: &mut Trimmed) -> Result<()> {
-        for &(s, l) in ranges {
-            done.add(l, self.shared.dev.discard(s, l)?);
-        }
-        Ok(())
     }
 }
