@@ -724,6 +724,81 @@ impl Allocator {
         Ok(())
     }
 
+    /// Allocates `len` bytes of `kind` near `hint` whose start lies on a
+    /// multiple of `unit` on the device (the storage's unit of writing,
+    /// see `Device::write_unit`), in free space that holds `room` bytes
+    /// from there on, so that a run of extents allocated after it, each
+    /// at the end of the one before, stays on whole units. A new group is
+    /// made when none has such room; None when none can be (the caller
+    /// then allocates as usual) or the group is striped (RAID10: no one
+    /// device offset to align).
+    ///
+    /// The bytes between `hint` and the aligned start stay free, as XFS
+    /// leaves them before a stripe-aligned allocation; shorter extents
+    /// fill them later.
+    pub fn alloc_aligned(
+        &mut self,
+        kind: GroupKind,
+        (len, room): (u64, u64),
+        hint: u64,
+        unit: u64,
+    ) -> Option<(u64, u64)> {
+        let sector = crate::format::SECTORSIZE as u64;
+        if unit < sector || !unit.is_power_of_two() || len == 0 || room < len {
+            return None;
+        }
+        let kind = self.group_kind(kind);
+        let start = match self.aligned_room_at(kind, hint, room, unit) {
+            true => hint,
+            false => {
+                let want = room.checked_add(unit - sector)?;
+                let (found, _) = self
+                    .try_alloc_in_groups(kind, want, want, hint, false)
+                    .or_else(|| {
+                        self.add_group(kind, want).ok()?;
+                        self.try_alloc_in_groups(kind, want, want, hint, false)
+                    })?;
+                let start = self.aligned_on_device(found, unit)?;
+                debug_assert!(start + room <= found + want, "aligned start past the room");
+                start
+            }
+        };
+        self.take(start, len);
+        self.journal.push(FreeOp::Remove(start, len));
+        Some((start, len))
+    }
+
+    /// Whether `at` lies on a unit boundary with `room` free bytes from
+    /// there in a writable group of `kind` (a sequential writer's next
+    /// extent, whose previous one ended on a boundary).
+    fn aligned_room_at(&self, kind: GroupKind, at: u64, room: u64, unit: u64) -> bool {
+        let Some(g) = self
+            .writable_groups(kind)
+            .find(|g| at >= g.start && at < g.start + g.len)
+        else {
+            return false;
+        };
+        !self.pending.contains(&g.start)
+            && g.profile() == self.new_group_profile(kind)
+            && self.aligned_on_device(at, unit) == Some(at)
+            && g.free.contains(at, room)
+    }
+
+    /// The first address at or after `logical` (in its group) whose place
+    /// on the device is a multiple of `unit` (a power of two, a multiple
+    /// of the sector size); None in a striped group.
+    fn aligned_on_device(&self, logical: u64, unit: u64) -> Option<u64> {
+        let (_, g) = self.groups.range(..=logical).next_back()?;
+        if g.striped || logical >= g.start + g.len {
+            return None;
+        }
+        let physical = match &g.first {
+            Some(stripe) => stripe.offset + (logical - g.start),
+            None => logical,
+        };
+        Some(logical + (physical.next_multiple_of(unit) - physical))
+    }
+
     fn try_alloc_in_groups(
         &self,
         kind: GroupKind,
@@ -1733,6 +1808,61 @@ mod tests {
         assert_eq!(a.free_in(GroupKind::Data), 7 * MIB);
         a.set_claims(Claims::default());
         assert!(a.begin_discard(&piece));
+    }
+
+    #[test]
+    fn aligned_allocations_start_on_a_unit_of_the_device() {
+        const UNIT: u64 = 4 * MIB;
+        // One group from 1 MiB: its start is not on a unit.
+        let start = RESERVED_START;
+        let mut a = Allocator::new(start + 32 * MIB, false);
+        a.load_group(start, 32 * MIB, 0, &data_item())
+            .expect("group");
+        a.load_free(start, 32 * MIB).expect("free");
+        let room = (2 * MIB, 8 * MIB);
+        let got = a.alloc_aligned(GroupKind::Data, room, start, UNIT);
+        assert_eq!(got, Some((UNIT, 2 * MIB)));
+        assert_eq!(
+            a.free_within(start, UNIT - start),
+            vec![(start, UNIT - start)]
+        );
+        // A hint on a boundary with the room after it is taken as it is.
+        let got = a.alloc_aligned(GroupKind::Data, room, 12 * MIB, UNIT);
+        assert_eq!(got, Some((12 * MIB, 2 * MIB)));
+        // Off a boundary, the next one with the room after it.
+        let got = a.alloc_aligned(GroupKind::Data, room, 14 * MIB, UNIT);
+        assert_eq!(got, Some((16 * MIB, 2 * MIB)));
+        // No room that long on a boundary: nothing is taken.
+        let free = a.free_in(GroupKind::Data);
+        assert_eq!(
+            a.alloc_aligned(GroupKind::Data, (MIB, 20 * MIB), 0, UNIT),
+            None
+        );
+        assert_eq!(a.free_in(GroupKind::Data), free);
+        assert_eq!(
+            a.alloc_aligned(GroupKind::Data, (MIB, MIB), 0, 3 * MIB),
+            None
+        );
+    }
+
+    #[test]
+    fn aligned_allocations_align_the_place_on_the_device_in_the_mapped_layout() {
+        const UNIT: u64 = 4 * MIB;
+        let mut a = Allocator::new(64 * MIB, false);
+        a.set_mapped(1 << 40);
+        // Logical 1 GiB (on a boundary) lies at 5 MiB of device 1 (not).
+        let logical = 1 << 30;
+        let item = crate::format::items::BlockGroupItem {
+            first: Some(Stripe {
+                devid: PRIMARY_DEVID,
+                offset: 5 * MIB,
+            }),
+            ..data_item()
+        };
+        a.load_group(logical, 16 * MIB, 0, &item).expect("group");
+        a.load_free(logical, 16 * MIB).expect("free");
+        let got = a.alloc_aligned(GroupKind::Data, (MIB, 4 * MIB), logical, UNIT);
+        assert_eq!(got, Some((logical + 3 * MIB, MIB)));
     }
 
     #[test]

@@ -77,6 +77,8 @@ pub struct RecordingDevice {
     barrier_time: std::time::Duration,
     /// What [`Device::replicates`] says (false by default).
     replicates: bool,
+    /// What [`Device::write_unit`] says (0 by default).
+    write_unit: u64,
 }
 
 impl RecordingDevice {
@@ -86,6 +88,7 @@ impl RecordingDevice {
             ops: Mutex::new(Vec::new()),
             barrier_time: std::time::Duration::ZERO,
             replicates: false,
+            write_unit: 0,
         }
     }
 
@@ -94,6 +97,15 @@ impl RecordingDevice {
     pub fn replicating(self) -> RecordingDevice {
         RecordingDevice {
             replicates: true,
+            ..self
+        }
+    }
+
+    /// The same device, saying it writes in units of `bytes` (as an RBD
+    /// image does in objects): long data extents then start on one.
+    pub fn with_write_unit(self, bytes: u64) -> RecordingDevice {
+        RecordingDevice {
+            write_unit: bytes,
             ..self
         }
     }
@@ -148,6 +160,10 @@ impl Device for RecordingDevice {
 
     fn replicates(&self) -> bool {
         self.replicates
+    }
+
+    fn write_unit(&self) -> u64 {
+        self.write_unit
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<bool> {

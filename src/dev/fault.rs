@@ -256,6 +256,10 @@ impl<D: Device> Device for FaultyDevice<D> {
     fn replicates(&self) -> bool {
         self.inner.replicates()
     }
+
+    fn write_unit(&self) -> u64 {
+        self.inner.write_unit()
+    }
 }
 
 #[cfg(test)]

@@ -78,6 +78,13 @@ pub trait Device: Send + Sync {
     fn discard(&self, _offset: u64, _len: u64) -> Result<bool> {
         Ok(false)
     }
+    /// The storage's own unit of writing, where a write that covers whole
+    /// units aligned to their size costs it less than one that cuts into
+    /// them (an RBD image's objects); 0 where it has none worth aligning
+    /// to. Long data extents start on such a boundary.
+    fn write_unit(&self) -> u64 {
+        0
+    }
     /// Whether the storage keeps copies of every write itself (a Ceph
     /// pool of size 2 or more), so that a second copy of short-lived
     /// metadata (the fsync log) would only cost another write.

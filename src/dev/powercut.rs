@@ -288,6 +288,10 @@ impl Device for PowerCutDevice {
         self.inner.replicates()
     }
 
+    fn write_unit(&self) -> u64 {
+        self.inner.write_unit()
+    }
+
     fn refresh_size(&self) -> Result<u64> {
         self.inner.refresh_size()
     }

@@ -319,6 +319,35 @@ impl Txn<'_> {
         Ok(got)
     }
 
+    /// Allocates a data extent of exactly `len` bytes for `flight`, at
+    /// the start of `room` free bytes that begins on a multiple of the
+    /// device's unit of writing (see `Allocator::alloc_aligned`). None
+    /// when the device has no unit, or no free space is so placed: the
+    /// caller allocates with [`Txn::alloc_flight_data`] then.
+    pub fn alloc_flight_data_aligned(
+        &mut self,
+        flight: &mut Flight,
+        (len, room): (u64, u64),
+        hint: u64,
+    ) -> Option<(u64, u64)> {
+        let unit = crate::dev::Device::write_unit(&*self.sh.dev);
+        if unit == 0 || room < unit || !len.is_multiple_of(u64::from(crate::format::SECTORSIZE)) {
+            return None;
+        }
+        let got =
+            self.st
+                .alloc
+                .alloc_aligned(crate::alloc::GroupKind::Data, (len, room), hint, unit)?;
+        self.st.changes += 1;
+        self.st
+            .refs
+            .new_extent(got.0, got.1, super::refs::ExtentKind::Data);
+        flight.add_extent(got.0, got.1);
+        flight.starts.push(got.0);
+        self.st.refs.hold(got.0, got.1);
+        Some(got)
+    }
+
     /// Ends `flight`, giving back the items it held. Its extents are in
     /// the tree by now, or are freed by the commit.
     pub fn end_flight(&mut self, flight: Flight) -> Result<()> {

@@ -825,6 +825,13 @@ impl Device for Volume {
         !devices.is_empty() && devices.values().all(|d| d.replicates())
     }
 
+    /// The largest of the devices' units (they are powers of two: an
+    /// extent aligned to it is aligned to each of them).
+    fn write_unit(&self) -> u64 {
+        let devices = crate::sync::read(&self.devices);
+        devices.values().map(|d| d.write_unit()).max().unwrap_or(0)
+    }
+
     fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.write_all(Payload::Borrowed(buf), offset, true)
     }

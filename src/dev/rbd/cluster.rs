@@ -319,6 +319,23 @@ impl Image {
         Ok(size)
     }
 
+    /// The bytes one whole object takes, where the image keeps its bytes
+    /// in order, object after object (no fancy striping); 0 otherwise.
+    pub fn object_bytes(&self) -> Result<u64> {
+        let (mut unit, mut count) = (0u64, 0u64);
+        // SAFETY: a live handle and out-pointers.
+        let r = unsafe { ffi::rbd_get_stripe_unit(self.handle, &mut unit) };
+        if r < 0 {
+            return Err(errno(r.into(), "asking the image's stripe unit"));
+        }
+        // SAFETY: as above.
+        let r = unsafe { ffi::rbd_get_stripe_count(self.handle, &mut count) };
+        if r < 0 {
+            return Err(errno(r.into(), "asking the image's stripe count"));
+        }
+        Ok(if count == 1 { unit } else { 0 })
+    }
+
     pub fn features(&self) -> Result<u64> {
         let mut f = 0u64;
         // SAFETY: a live handle and an out-pointer.

@@ -54,6 +54,8 @@ extern "C" {
     pub fn rbd_close(image: ImageT) -> c_int;
     pub fn rbd_get_size(image: ImageT, size: *mut u64) -> c_int;
     pub fn rbd_get_features(image: ImageT, features: *mut u64) -> c_int;
+    pub fn rbd_get_stripe_unit(image: ImageT, stripe_unit: *mut u64) -> c_int;
+    pub fn rbd_get_stripe_count(image: ImageT, stripe_count: *mut u64) -> c_int;
     pub fn rbd_read(image: ImageT, ofs: u64, len: size_t, buf: *mut c_char) -> ssize_t;
 
     pub fn rbd_aio_create_completion(arg: *mut c_void, cb: Callback, c: *mut CompletionT) -> c_int;

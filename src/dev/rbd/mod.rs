@@ -44,6 +44,8 @@ pub struct RbdDevice {
     /// The pool keeps two or more copies of each object (asked only by a
     /// writer: nothing else writes a log).
     replicated: bool,
+    /// The image's object size (see [`Device::write_unit`]).
+    object_bytes: u64,
 }
 
 impl RbdDevice {
@@ -67,6 +69,7 @@ impl RbdDevice {
             lock::acquire(&image, spec, how.takeover)?;
         }
         let size = image.size()?;
+        let object_bytes = image.object_bytes()?;
         // Only a writer writes a log, so only a writer asks (one more
         // round trip to the monitors at open).
         let replicas = match access {
@@ -84,6 +87,7 @@ impl RbdDevice {
             failed: Mutex::new(None),
             fenced: AtomicBool::new(false),
             writer: access == Access::Write,
+            object_bytes,
         })
     }
 
@@ -254,6 +258,13 @@ impl Device for RbdDevice {
 
     fn replicates(&self) -> bool {
         self.replicated
+    }
+
+    /// A write of whole objects is one operation per object on the OSDs;
+    /// one that starts or ends inside an object costs a further one
+    /// there, at about the price of a whole object's (see `flush`).
+    fn write_unit(&self) -> u64 {
+        self.object_bytes
     }
 
     fn size(&self) -> u64 {

@@ -690,6 +690,14 @@ fn laid_end_to_end(taken: &[(u64, Arc<Vec<u8>>)], first: u64, last: u64) -> Vec<
 /// flush lie end to end on the device whatever their offsets in the file
 /// (random writes become one sequential write, as on a log-structured
 /// device), and a sequential writer's extents still follow each other.
+///
+/// On a device that writes in units (RBD objects, `Device::write_unit`),
+/// a segment of a unit or more starts on a unit boundary, leaving free
+/// the few bytes before it: a write that ends inside an object and the
+/// next one that starts there cost the OSDs an operation each for that
+/// object, about what a whole object's write costs. A sequential
+/// writer's flushes, each a multiple of the unit, then touch whole
+/// objects only.
 fn allocate(
     tx: &mut Txn<'_>,
     tree: u64,
@@ -711,10 +719,20 @@ fn allocate(
         }
         let mut at = 0;
         while at < total {
-            // Any length down to a sector: fragmented free space still
-            // takes the write.
             let max = (total - at).min(file::EXTENT_MAX);
-            let (bytenr, len) = tx.alloc_flight_data(flight, SECTOR, max, hint)?;
+            // A segment of a whole unit of the device's writing or more
+            // starts on one (the rest follow it end to end), so that its
+            // write covers whole RBD objects.
+            let aligned = match at {
+                0 => tx.alloc_flight_data_aligned(flight, (max, total), hint),
+                _ => None,
+            };
+            // Else any length down to a sector: fragmented free space
+            // still takes the write.
+            let (bytenr, len) = match aligned {
+                Some(got) => got,
+                None => tx.alloc_flight_data(flight, SECTOR, max, hint)?,
+            };
             seg.pieces.push(file::Piece::plain(bytenr, len));
             hint = bytenr + len;
             at += len;
