@@ -77,9 +77,17 @@ const CREDIT_SHARE: u64 = 512;
 /// Length past which appends start a new range.
 const RANGE_MAX: u64 = 4 << 20;
 
+/// Length up to which a sequential writer's writes, each starting on a
+/// sector where the range before it ends, grow that range in place (see
+/// [`append_in_place`]): as long as a flush takes at a time, so that a
+/// flush of a sequential writer's data is one range, written to the
+/// device as it is, with no copy into a segment.
+const APPEND_MAX: u64 = 8 << 20;
+
 /// Non-overlapping buffered ranges of one file: start → bytes. A range
-/// stops growing by appends at [`RANGE_MAX`] (the next append starts a new,
-/// adjacent range), so a flush can take whole ranges without splitting.
+/// stops growing by appends at [`RANGE_MAX`] (at [`APPEND_MAX`] for a
+/// sequential writer's), and the next append starts a new, adjacent range,
+/// so a flush can take whole ranges without splitting.
 pub(crate) type Ranges = BTreeMap<u64, Vec<u8>>;
 
 /// Bytes of the sectors `[start, start+len)` touches.
@@ -137,7 +145,11 @@ impl super::Subvol {
         if s.credit < span(offset, data.len() as u64) {
             return false;
         }
-        let grown = buffer_in(&mut s, offset, data.to_vec());
+        let end = offset + data.len() as u64;
+        let grown = match append_in_place(&mut s.buffered, offset, data) {
+            Some(merged) => note_buffered(&mut s, merged, end),
+            None => buffer_in(&mut s, offset, data.to_vec()),
+        };
         // Counted under the entry's lock, so a flush that takes the bytes
         // at once cannot subtract them first.
         self.inodes.add_buffered(grown as i64);
@@ -458,6 +470,41 @@ fn insert_owned(ranges: &mut Ranges, offset: u64, data: Vec<u8>) -> Merged {
     }
 }
 
+/// Appends `data` to the range that ends exactly at `offset`, in place,
+/// when `offset` starts a sector, no range lies in the sectors `data`
+/// covers, and the range stays within [`APPEND_MAX`]; None otherwise
+/// (nothing changed). A range that grows so gets room for all of
+/// [`APPEND_MAX`] at once, so its bytes are copied once more at most
+/// (pages of it never written are never touched).
+fn append_in_place(ranges: &mut Ranges, offset: u64, data: &[u8]) -> Option<Merged> {
+    let n = data.len() as u64;
+    let end = offset.checked_add(n)?;
+    if n == 0 || !offset.is_multiple_of(SECTOR) {
+        return None;
+    }
+    if ranges
+        .range(offset..)
+        .next()
+        .is_some_and(|(&s, _)| s < end.div_ceil(SECTOR) * SECTOR)
+    {
+        return None;
+    }
+    let (&start, range) = ranges.range_mut(..offset).next_back()?;
+    let len = range.len() as u64;
+    if start + len != offset || len + n > APPEND_MAX {
+        return None;
+    }
+    if range.capacity() < (len + n) as usize {
+        range.reserve_exact((APPEND_MAX - len) as usize);
+    }
+    range.extend_from_slice(data);
+    Some(Merged {
+        grown: n,
+        span_before: span(start, len),
+        span_after: span(start, len + n),
+    })
+}
+
 /// What merging a write into the ranges changed.
 struct Merged {
     /// Bytes the ranges grew by.
@@ -531,7 +578,17 @@ fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) -> Merged {
 /// it sets. Returns the bytes the buffer grew by.
 fn buffer_in(s: &mut InodeState, offset: u64, data: Vec<u8>) -> u64 {
     let end = offset + data.len() as u64;
-    let merged = insert_owned(&mut s.buffered, offset, data);
+    let merged = match append_in_place(&mut s.buffered, offset, &data) {
+        Some(merged) => merged,
+        None => insert_owned(&mut s.buffered, offset, data),
+    };
+    note_buffered(s, merged, end)
+}
+
+/// Pays a write merged into `s`'s buffer (ending at `end`) from its
+/// credit, and notes the size and times it sets. Returns the bytes the
+/// buffer grew by.
+fn note_buffered(s: &mut InodeState, merged: Merged, end: u64) -> u64 {
     debug_assert!(merged.span_after <= s.credit + merged.span_before);
     s.credit = (s.credit + merged.span_before).saturating_sub(merged.span_after);
     s.held_bytes += merged.grown;
@@ -569,13 +626,20 @@ mod tests {
             let mut model = vec![None::<u8>; 40960];
             let mut reserved = 0i64;
             for step in 0..30u8 {
-                let off = rnd(40000);
+                // Every third write starts where a range ends (a
+                // sequential writer's next write).
+                let ends: Vec<u64> = ranges.iter().map(|(&s, d)| s + d.len() as u64).collect();
+                let off = match (step % 3, ends.is_empty()) {
+                    (2, false) => ends[rnd(ends.len() as u64) as usize].min(40000),
+                    _ => rnd(40000),
+                };
                 let len = 1 + rnd(5000.min(40960 - off));
                 let data: Vec<u8> = (0..len).map(|i| step.wrapping_add(i as u8)).collect();
-                let m = if step % 2 == 0 {
-                    insert_range(&mut ranges, off, &data)
-                } else {
-                    insert_owned(&mut ranges, off, data.clone())
+                let m = match step % 3 {
+                    0 => insert_range(&mut ranges, off, &data),
+                    1 => insert_owned(&mut ranges, off, data.clone()),
+                    _ => append_in_place(&mut ranges, off, &data)
+                        .unwrap_or_else(|| insert_owned(&mut ranges, off, data.clone())),
                 };
                 reserved += m.span_after as i64 - m.span_before as i64;
                 for (i, b) in data.iter().enumerate() {
@@ -620,5 +684,37 @@ mod tests {
             let buffered = model.iter().filter(|b| b.is_some()).count() as u64;
             assert_eq!(ranges_len(&ranges), buffered);
         }
+    }
+
+    /// A sequential writer's writes grow one range in place up to
+    /// [`APPEND_MAX`], each paying exactly its own sectors, and the next
+    /// starts a new range; a write off a sector, or into the sectors of a
+    /// range after it, is left to the merging paths.
+    #[test]
+    fn appends_grow_one_range_up_to_the_limit() {
+        const MIB: u64 = 1 << 20;
+        let mut ranges = Ranges::new();
+        let write = vec![7u8; MIB as usize];
+        let m = insert_owned(&mut ranges, 0, write.clone());
+        assert_eq!(m.span_after, MIB);
+        for i in 1..APPEND_MAX / MIB {
+            let m = append_in_place(&mut ranges, i * MIB, &write).expect("appended");
+            assert_eq!((m.grown, m.span_after - m.span_before), (MIB, MIB));
+        }
+        assert_eq!(ranges.len(), 1);
+        assert_eq!(ranges[&0].len() as u64, APPEND_MAX);
+        assert!(append_in_place(&mut ranges, APPEND_MAX, &write).is_none());
+        insert_owned(&mut ranges, APPEND_MAX, write.clone());
+        assert_eq!(ranges.len(), 2);
+        // Off a sector: not in place.
+        let end = APPEND_MAX + MIB;
+        assert!(append_in_place(&mut ranges, end, &[1; 100]).is_some());
+        assert!(append_in_place(&mut ranges, end + 100, &[1; 100]).is_none());
+        // Into a later range's sector: not in place.
+        let mut ranges = Ranges::new();
+        insert_owned(&mut ranges, 0, vec![1; 4096]);
+        insert_owned(&mut ranges, 3 * 4096 + 10, vec![2; 10]);
+        assert!(append_in_place(&mut ranges, 4096, &[3; 2 * 4096 + 1]).is_none());
+        assert!(append_in_place(&mut ranges, 4096, &[3; 2 * 4096]).is_some());
     }
 }

@@ -258,7 +258,7 @@ fn compress_threads() -> usize {
     })
 }
 
-fn compress_chunks(codec: Codec, force: bool, contents: &[Vec<u8>], chunks: &mut [Chunk]) {
+fn compress_chunks(codec: Codec, force: bool, contents: &[Bytes], chunks: &mut [Chunk]) {
     let work = |c: &mut Chunk| {
         let data = &contents[c.seg][c.from..c.to];
         if data.len() <= SECTOR as usize {

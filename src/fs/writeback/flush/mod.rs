@@ -390,7 +390,7 @@ impl super::super::Subvol {
         let contents = job
             .segments
             .iter()
-            .map(|seg| self.segment_content(job, seg).map(Bytes::from))
+            .map(|seg| self.segment_content(job, seg))
             .collect::<Result<Vec<_>>>()?;
         let mut all = Vec::with_capacity(job.segments.len());
         let mut run = Run::default();
@@ -421,10 +421,14 @@ impl super::super::Subvol {
     }
 
     /// The sectors of `seg`: the old bytes it keeps, the taken ranges
-    /// laid over them.
-    fn segment_content(&self, job: &FlushJob, seg: &Segment) -> Result<Vec<u8>> {
+    /// laid over them. A segment that is exactly one range (a sequential
+    /// writer's, see `append_in_place`) is that range's bytes, not a copy.
+    fn segment_content(&self, job: &FlushJob, seg: &Segment) -> Result<Bytes> {
         if seg.old.is_empty() {
-            return Ok(laid_end_to_end(&job.ranges, seg.first, seg.last));
+            if let Some(range) = sole_range(&job.ranges, seg.first, seg.last) {
+                return Ok(Bytes::from_owner(SharedRange(range.clone())));
+            }
+            return Ok(laid_end_to_end(&job.ranges, seg.first, seg.last).into());
         }
         let mut content = vec![0u8; (seg.last - seg.first) as usize];
         for (at, plan) in &seg.old {
@@ -441,7 +445,7 @@ impl super::super::Subvol {
             content[(lo - seg.first) as usize..(hi - seg.first) as usize]
                 .copy_from_slice(&d[(lo - s) as usize..(hi - s) as usize]);
         }
-        Ok(content)
+        Ok(content.into())
     }
 
     /// Writes `run` with one device write: straight from its segment's
@@ -564,7 +568,7 @@ fn first_ending_past(ranges: &Ranges, at: u64) -> Option<u64> {
         .map(|(&s, _)| s)
 }
 
-/// Takes whole ranges, in order from where `sweep` stands, until about
+/// Takes whole ranges, in order from where `sweep` stands, up to
 /// `budget` bytes (at least one range), into the in-flight set, and gives
 /// back their space reservation for the flush that allocates them.
 fn take(
@@ -586,6 +590,16 @@ fn take(
         let Some(at) = first_ending_past(&s.buffered, sweep.from).filter(|&at| at < until) else {
             break;
         };
+        // Whole ranges, and no more than `budget` unless the first is
+        // longer: a sequential writer's flushes are its ranges, each
+        // written as it is (see `segment_content`).
+        if taken > 0
+            && s.buffered
+                .get(&at)
+                .is_some_and(|d| taken + d.len() as u64 > budget)
+        {
+            break;
+        }
         let Some(data) = s.buffered.remove(&at) else {
             break;
         };
@@ -682,6 +696,23 @@ fn laid_end_to_end(taken: &[(u64, Arc<Vec<u8>>)], first: u64, last: u64) -> Vec<
     }
     content.resize((last - first) as usize, 0);
     content
+}
+
+/// The taken range that is all of `[first, last)`, if one is.
+fn sole_range(taken: &[(u64, Arc<Vec<u8>>)], first: u64, last: u64) -> Option<&Arc<Vec<u8>>> {
+    let at = taken.partition_point(|(s, _)| *s < first);
+    let (s, d) = taken.get(at)?;
+    (*s == first && s + d.len() as u64 == last).then_some(d)
+}
+
+/// A taken range's bytes as the device write's buffer: the write keeps
+/// them alive until it is done (RBD writes from them in flight).
+struct SharedRange(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for SharedRange {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 /// Allocates each segment's extents (those written in place get their
@@ -840,6 +871,28 @@ mod tests {
             }
             proptest::prop_assert_eq!(laid_end_to_end(&taken, first, last), model);
         }
+    }
+
+    /// A segment that is exactly one taken range is written from that
+    /// range's own bytes; any other is laid out anew.
+    #[test]
+    fn a_segment_of_one_whole_range_is_that_range() {
+        let range = Arc::new(vec![3u8; 2 * SECTOR as usize]);
+        let taken = vec![
+            (0, Arc::new(vec![1u8; 100])),
+            (SECTOR, range.clone()),
+            (3 * SECTOR, Arc::new(vec![2u8; 10])),
+        ];
+        let sole = sole_range(&taken, SECTOR, 3 * SECTOR).expect("one range");
+        assert!(Arc::ptr_eq(sole, &range));
+        let bytes = Bytes::from_owner(SharedRange(sole.clone()));
+        assert_eq!(bytes.as_ptr(), range.as_ptr());
+        assert!(
+            sole_range(&taken, 0, SECTOR).is_none(),
+            "range shorter than its sector"
+        );
+        assert!(sole_range(&taken, SECTOR, 4 * SECTOR).is_none());
+        assert!(sole_range(&taken, 2 * SECTOR, 3 * SECTOR).is_none());
     }
 
     /// A run grows only by a part written where it ends, and merges parts
