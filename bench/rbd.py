@@ -35,6 +35,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -402,6 +403,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(
         ROOT, "bench/results", f"{datetime.date.today()}-rbd.md"))
     args = ap.parse_args()
+    # Asked first: a tool missing halfway through a round loses the round.
+    missing = [t for t in ("fio", "rbd", "dd", "g++", "pkg-config") if not shutil.which(t)]
+    if missing:
+        sys.exit(f"rbd.py: needs {', '.join(missing)} (apt-get install fio ceph-common g++ "
+                 "pkg-config libfuse3-dev; fio with its rbd engine)")
     work = tempfile.mkdtemp(prefix="canopy-rbd-bench-", dir="/var/tmp")
     conf, cluster = args.conf, None
     if not conf:
