@@ -84,6 +84,10 @@ const RANGE_MAX: u64 = 4 << 20;
 /// device as it is, with no copy into a segment.
 const APPEND_MAX: u64 = 8 << 20;
 
+/// Length from which a range an append grows gets room for all of
+/// [`APPEND_MAX`] (see [`append_in_place`]).
+const APPEND_RESERVE_FROM: u64 = 1 << 20;
+
 /// Non-overlapping buffered ranges of one file: start → bytes. A range
 /// stops growing by appends at [`RANGE_MAX`] (at [`APPEND_MAX`] for a
 /// sequential writer's), and the next append starts a new, adjacent range,
@@ -473,9 +477,11 @@ fn insert_owned(ranges: &mut Ranges, offset: u64, data: Vec<u8>) -> Merged {
 /// Appends `data` to the range that ends exactly at `offset`, in place,
 /// when `offset` starts a sector, no range lies in the sectors `data`
 /// covers, and the range stays within [`APPEND_MAX`]; None otherwise
-/// (nothing changed). A range that grows so gets room for all of
-/// [`APPEND_MAX`] at once, so its bytes are copied once more at most
-/// (pages of it never written are never touched).
+/// (nothing changed). A range of [`APPEND_RESERVE_FROM`] or more that
+/// grows so gets room for all of [`APPEND_MAX`] at once, so its bytes
+/// are copied once more at most (pages of it never written are never
+/// touched); a shorter one doubles its room, so the many small files a
+/// copy writes, each in a few appends, take no 8 MiB allocation each.
 fn append_in_place(ranges: &mut Ranges, offset: u64, data: &[u8]) -> Option<Merged> {
     let n = data.len() as u64;
     let end = offset.checked_add(n)?;
@@ -495,7 +501,11 @@ fn append_in_place(ranges: &mut Ranges, offset: u64, data: &[u8]) -> Option<Merg
         return None;
     }
     if range.capacity() < (len + n) as usize {
-        range.reserve_exact((APPEND_MAX - len) as usize);
+        match len >= APPEND_RESERVE_FROM {
+            true => range.reserve_exact((APPEND_MAX - len) as usize),
+            // A small file's few appends: room doubles as usual.
+            false => range.reserve(n as usize),
+        }
     }
     range.extend_from_slice(data);
     Some(Merged {
@@ -703,6 +713,7 @@ mod tests {
         }
         assert_eq!(ranges.len(), 1);
         assert_eq!(ranges[&0].len() as u64, APPEND_MAX);
+        assert_eq!(ranges[&0].capacity() as u64, APPEND_MAX, "room taken once");
         assert!(append_in_place(&mut ranges, APPEND_MAX, &write).is_none());
         insert_owned(&mut ranges, APPEND_MAX, write.clone());
         assert_eq!(ranges.len(), 2);
@@ -710,6 +721,11 @@ mod tests {
         let end = APPEND_MAX + MIB;
         assert!(append_in_place(&mut ranges, end, &[1; 100]).is_some());
         assert!(append_in_place(&mut ranges, end + 100, &[1; 100]).is_none());
+        // A small file's appends take room as they need it.
+        let mut ranges = Ranges::new();
+        insert_owned(&mut ranges, 0, vec![1; 64 << 10]);
+        append_in_place(&mut ranges, 64 << 10, &[2; 64 << 10]).expect("appended");
+        assert!(ranges[&0].capacity() < (1 << 20));
         // Into a later range's sector: not in place.
         let mut ranges = Ranges::new();
         insert_owned(&mut ranges, 0, vec![1; 4096]);
