@@ -41,23 +41,24 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// How long freed memory stays with the allocator (see [`tune_allocator`]).
-const PURGE_DELAY_MS: libc::c_long = 10_000;
+const PURGE_DELAY_MS: libc::c_long = 1000;
 
-/// Returns freed memory to the system at the forced collect after each
-/// commit (every 5 s by default, [`collect_free_pages`]), not at once: a
+/// Returns freed memory to the system after a second, not at once: a
 /// buffer freed by a flush is taken again by the next writes within
 /// milliseconds, and memory the system took back is faulted in and
 /// cleared a page at a time. With 1 ms, faults took 42% of the daemon's
 /// CPU in a 1 GiB sequential write on RBD (the writes' buffers and the
 /// flushes' segments); with 1 s, 14%, and the write ran 5-20% faster
-/// (three interleaved pairs). With 10 s, a 1 GiB write faulted 44,000
-/// pages instead of 66,000-78,000 (the rest is the first touch of its
-/// working set), and the daemon spent 0.76-0.78 CPU-s on it against
-/// 0.82-0.87. What the daemon holds at rest is still bounded by that
-/// forced collect: after the traffic of the test
-/// `daemon_memory_stays_bounded` it held 54 MiB at its peak with 1 s,
-/// against 39 MiB with 1 ms. The environment variable
-/// `MIMALLOC_PURGE_DELAY` still wins.
+/// (three interleaved pairs).
+/// What the daemon holds at rest is still bounded by the forced collect
+/// after each commit ([`collect_free_pages`]): after the traffic of the
+/// test `daemon_memory_stays_bounded` it held 54 MiB at its peak, against
+/// 39 MiB with 1 ms. With 10 s, a 1 GiB write on RBD faulted 44,000
+/// pages instead of 66,000-78,000 and the daemon spent 0.76-0.78 CPU-s
+/// on it instead of 0.82-0.87, for no throughput beyond the noise, but
+/// `cp -a` of /usr/share peaked 40 MB higher (329-334 MB against
+/// 287-292): 1 s stays. The environment variable `MIMALLOC_PURGE_DELAY`
+/// still wins.
 ///
 /// Transparent huge pages are off for the process (unless
 /// `MIMALLOC_ALLOW_THP=1`): with them, memory returned comes back as a
