@@ -84,8 +84,8 @@ const RANGE_MAX: u64 = 4 << 20;
 /// device as it is, with no copy into a segment.
 const APPEND_MAX: u64 = 8 << 20;
 
-/// Length from which a range an append grows gets room for all of
-/// [`APPEND_MAX`] (see [`append_in_place`]).
+/// Length from which a range an append grows gets room for all it may
+/// grow to (see [`append_in_place`]).
 const APPEND_RESERVE_FROM: u64 = 1 << 20;
 
 /// Non-overlapping buffered ranges of one file: start → bytes. A range
@@ -150,9 +150,10 @@ impl super::Subvol {
             return false;
         }
         let end = offset + data.len() as u64;
-        let grown = match append_in_place(&mut s.buffered, offset, data) {
+        let most = self.append_max();
+        let grown = match append_in_place(&mut s.buffered, offset, data, most) {
             Some(merged) => note_buffered(&mut s, merged, end),
-            None => buffer_in(&mut s, offset, data.to_vec()),
+            None => buffer_in(&mut s, offset, data.to_vec(), most),
         };
         // Counted under the entry's lock, so a flush that takes the bytes
         // at once cannot subtract them first.
@@ -160,6 +161,14 @@ impl super::Subvol {
         drop(s);
         self.inodes.mark_dirty(ino);
         true
+    }
+
+    /// The longest a sequential writer's range grows by appends in place:
+    /// [`APPEND_MAX`], or the dirty limit where that is lower (a flush
+    /// takes the range before it would grow past it, and room reserved
+    /// beyond would only be held).
+    fn append_max(&self) -> u64 {
+        APPEND_MAX.min(self.core.budget.limit()).max(SECTOR)
     }
 
     /// Reserves data space for a write of `len` bytes at `offset` of
@@ -203,7 +212,7 @@ impl super::Subvol {
     pub(crate) fn buffer_with_credit(&self, ino: u64, offset: u64, data: Vec<u8>, credit: u64) {
         self.inodes.with(ino, |s| {
             s.credit += credit;
-            let grown = buffer_in(s, offset, data);
+            let grown = buffer_in(s, offset, data, self.append_max());
             self.inodes.add_buffered(grown as i64);
         });
         self.inodes.mark_dirty(ino);
@@ -476,13 +485,14 @@ fn insert_owned(ranges: &mut Ranges, offset: u64, data: Vec<u8>) -> Merged {
 
 /// Appends `data` to the range that ends exactly at `offset`, in place,
 /// when `offset` starts a sector, no range lies in the sectors `data`
-/// covers, and the range stays within [`APPEND_MAX`]; None otherwise
-/// (nothing changed). A range of [`APPEND_RESERVE_FROM`] or more that
-/// grows so gets room for all of [`APPEND_MAX`] at once, so its bytes
+/// covers, and the range stays within `most` bytes (see
+/// [`Subvol::append_max`]); None otherwise (nothing changed). A range of
+/// [`APPEND_RESERVE_FROM`] or more that grows so gets room for all of
+/// `most` at once, so its bytes
 /// are copied once more at most (pages of it never written are never
 /// touched); a shorter one doubles its room, so the many small files a
 /// copy writes, each in a few appends, take no 8 MiB allocation each.
-fn append_in_place(ranges: &mut Ranges, offset: u64, data: &[u8]) -> Option<Merged> {
+fn append_in_place(ranges: &mut Ranges, offset: u64, data: &[u8], most: u64) -> Option<Merged> {
     let n = data.len() as u64;
     let end = offset.checked_add(n)?;
     if n == 0 || !offset.is_multiple_of(SECTOR) {
@@ -497,12 +507,12 @@ fn append_in_place(ranges: &mut Ranges, offset: u64, data: &[u8]) -> Option<Merg
     }
     let (&start, range) = ranges.range_mut(..offset).next_back()?;
     let len = range.len() as u64;
-    if start + len != offset || len + n > APPEND_MAX {
+    if start + len != offset || len + n > most {
         return None;
     }
     if range.capacity() < (len + n) as usize {
         match len >= APPEND_RESERVE_FROM {
-            true => range.reserve_exact((APPEND_MAX - len) as usize),
+            true => range.reserve_exact((most - len) as usize),
             // A small file's few appends: room doubles as usual.
             false => range.reserve(n as usize),
         }
@@ -586,9 +596,9 @@ fn insert_range(ranges: &mut Ranges, offset: u64, data: &[u8]) -> Merged {
 /// Merges a write into `s`'s buffer, paid from its credit (which the
 /// caller made cover the write's [`span`]), and notes the size and times
 /// it sets. Returns the bytes the buffer grew by.
-fn buffer_in(s: &mut InodeState, offset: u64, data: Vec<u8>) -> u64 {
+fn buffer_in(s: &mut InodeState, offset: u64, data: Vec<u8>, most: u64) -> u64 {
     let end = offset + data.len() as u64;
-    let merged = match append_in_place(&mut s.buffered, offset, &data) {
+    let merged = match append_in_place(&mut s.buffered, offset, &data, most) {
         Some(merged) => merged,
         None => insert_owned(&mut s.buffered, offset, data),
     };
@@ -648,7 +658,7 @@ mod tests {
                 let m = match step % 3 {
                     0 => insert_range(&mut ranges, off, &data),
                     1 => insert_owned(&mut ranges, off, data.clone()),
-                    _ => append_in_place(&mut ranges, off, &data)
+                    _ => append_in_place(&mut ranges, off, &data, APPEND_MAX)
                         .unwrap_or_else(|| insert_owned(&mut ranges, off, data.clone())),
                 };
                 reserved += m.span_after as i64 - m.span_before as i64;
@@ -708,29 +718,29 @@ mod tests {
         let m = insert_owned(&mut ranges, 0, write.clone());
         assert_eq!(m.span_after, MIB);
         for i in 1..APPEND_MAX / MIB {
-            let m = append_in_place(&mut ranges, i * MIB, &write).expect("appended");
+            let m = append_in_place(&mut ranges, i * MIB, &write, APPEND_MAX).expect("appended");
             assert_eq!((m.grown, m.span_after - m.span_before), (MIB, MIB));
         }
         assert_eq!(ranges.len(), 1);
         assert_eq!(ranges[&0].len() as u64, APPEND_MAX);
         assert_eq!(ranges[&0].capacity() as u64, APPEND_MAX, "room taken once");
-        assert!(append_in_place(&mut ranges, APPEND_MAX, &write).is_none());
+        assert!(append_in_place(&mut ranges, APPEND_MAX, &write, APPEND_MAX).is_none());
         insert_owned(&mut ranges, APPEND_MAX, write.clone());
         assert_eq!(ranges.len(), 2);
         // Off a sector: not in place.
         let end = APPEND_MAX + MIB;
-        assert!(append_in_place(&mut ranges, end, &[1; 100]).is_some());
-        assert!(append_in_place(&mut ranges, end + 100, &[1; 100]).is_none());
+        assert!(append_in_place(&mut ranges, end, &[1; 100], APPEND_MAX).is_some());
+        assert!(append_in_place(&mut ranges, end + 100, &[1; 100], APPEND_MAX).is_none());
         // A small file's appends take room as they need it.
         let mut ranges = Ranges::new();
         insert_owned(&mut ranges, 0, vec![1; 64 << 10]);
-        append_in_place(&mut ranges, 64 << 10, &[2; 64 << 10]).expect("appended");
+        append_in_place(&mut ranges, 64 << 10, &[2; 64 << 10], APPEND_MAX).expect("appended");
         assert!(ranges[&0].capacity() < (1 << 20));
         // Into a later range's sector: not in place.
         let mut ranges = Ranges::new();
         insert_owned(&mut ranges, 0, vec![1; 4096]);
         insert_owned(&mut ranges, 3 * 4096 + 10, vec![2; 10]);
-        assert!(append_in_place(&mut ranges, 4096, &[3; 2 * 4096 + 1]).is_none());
-        assert!(append_in_place(&mut ranges, 4096, &[3; 2 * 4096]).is_some());
+        assert!(append_in_place(&mut ranges, 4096, &[3; 2 * 4096 + 1], APPEND_MAX).is_none());
+        assert!(append_in_place(&mut ranges, 4096, &[3; 2 * 4096], APPEND_MAX).is_some());
     }
 }
