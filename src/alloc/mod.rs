@@ -778,8 +778,7 @@ impl Allocator {
         else {
             return false;
         };
-        !self.pending.contains(&g.start)
-            && g.profile() == self.new_group_profile(kind)
+        !self.is_last_resort(g, self.new_group_profile(kind))
             && self.aligned_on_device(at, unit) == Some(at)
             && g.free.contains(at, room)
     }
@@ -799,6 +798,13 @@ impl Allocator {
         Some(logical + (physical.next_multiple_of(unit) - physical))
     }
 
+    /// Whether `g` takes new extents only when no other group can: a
+    /// balance will empty it, or it has another profile than `profile`,
+    /// the one new groups of its kind get (a conversion left it).
+    fn is_last_resort(&self, g: &BlockGroup, profile: Profile) -> bool {
+        self.pending.contains(&g.start) || g.profile() != profile
+    }
+
     fn try_alloc_in_groups(
         &self,
         kind: GroupKind,
@@ -812,11 +818,9 @@ impl Allocator {
         // conversion left them, or will empty them) come last, as those
         // a balance will empty.
         let profile = self.new_group_profile(kind);
-        let last_resort =
-            |g: &BlockGroup| self.pending.contains(&g.start) || g.profile() != profile;
         let mut order: Vec<&BlockGroup> = self
             .writable_groups(kind)
-            .filter(|g| last_resort(g) == pending)
+            .filter(|g| self.is_last_resort(g, profile) == pending)
             .collect();
         order.sort_by_key(|g| {
             if hint >= g.start && hint < g.start + g.len {

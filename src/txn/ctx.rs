@@ -507,9 +507,15 @@ impl<'a> Txn<'a> {
             return Err(Error::Invalid(format!("data extent of {min}..{max} bytes")));
         }
         let (start, len) = self.st.alloc.alloc(GroupKind::Data, min, max, hint)?;
+        self.note_new_data(start, len);
+        Ok((start, len))
+    }
+
+    /// Records a data extent just allocated: a change of the transaction,
+    /// and an extent its references follow.
+    pub(in crate::txn) fn note_new_data(&mut self, start: u64, len: u64) {
         self.st.changes += 1;
         self.st.refs.new_extent(start, len, ExtentKind::Data);
-        Ok((start, len))
     }
 
     /// Checks that `need` fits beside everything already promised (see

@@ -313,39 +313,46 @@ impl Txn<'_> {
         hint: u64,
     ) -> Result<(u64, u64)> {
         let got = self.alloc_data_range(min, max, hint)?;
-        flight.add_extent(got.0, got.1);
-        flight.starts.push(got.0);
-        self.st.refs.hold(got.0, got.1);
+        self.hold_for_flight(flight, got);
         Ok(got)
     }
 
+    /// The device's unit of writing (`Device::write_unit`; 0: none), for
+    /// [`Txn::alloc_flight_data_aligned`].
+    pub fn data_write_unit(&self) -> u64 {
+        crate::dev::Device::write_unit(&*self.sh.dev)
+    }
+
     /// Allocates a data extent of exactly `len` bytes for `flight`, at
-    /// the start of `room` free bytes that begins on a multiple of the
-    /// device's unit of writing (see `Allocator::alloc_aligned`). None
-    /// when the device has no unit, or no free space is so placed: the
-    /// caller allocates with [`Txn::alloc_flight_data`] then.
+    /// the start of `room` free bytes that begins on a multiple of `unit`,
+    /// the device's unit of writing ([`Txn::data_write_unit`]; see
+    /// `Allocator::alloc_aligned`). None when no free space is so placed:
+    /// the caller allocates with [`Txn::alloc_flight_data`] then.
     pub fn alloc_flight_data_aligned(
         &mut self,
         flight: &mut Flight,
         (len, room): (u64, u64),
         hint: u64,
+        unit: u64,
     ) -> Option<(u64, u64)> {
-        let unit = crate::dev::Device::write_unit(&*self.sh.dev);
-        if unit == 0 || room < unit || !len.is_multiple_of(u64::from(crate::format::SECTORSIZE)) {
+        if !len.is_multiple_of(u64::from(crate::format::SECTORSIZE)) {
             return None;
         }
         let got =
             self.st
                 .alloc
                 .alloc_aligned(crate::alloc::GroupKind::Data, (len, room), hint, unit)?;
-        self.st.changes += 1;
-        self.st
-            .refs
-            .new_extent(got.0, got.1, super::refs::ExtentKind::Data);
-        flight.add_extent(got.0, got.1);
-        flight.starts.push(got.0);
-        self.st.refs.hold(got.0, got.1);
+        self.note_new_data(got.0, got.1);
+        self.hold_for_flight(flight, got);
         Some(got)
+    }
+
+    /// Makes a new data extent `flight`'s: the commit waits for it, and
+    /// its references are held until the flight ends.
+    fn hold_for_flight(&mut self, flight: &mut Flight, (start, len): (u64, u64)) {
+        flight.add_extent(start, len);
+        flight.starts.push(start);
+        self.st.refs.hold(start, len);
     }
 
     /// Ends `flight`, giving back the items it held. Its extents are in

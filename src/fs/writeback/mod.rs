@@ -150,11 +150,12 @@ impl super::Subvol {
             return false;
         }
         let end = offset + data.len() as u64;
-        let most = self.append_max();
-        let grown = match append_in_place(&mut s.buffered, offset, data, most) {
-            Some(merged) => note_buffered(&mut s, merged, end),
-            None => buffer_in(&mut s, offset, data.to_vec(), most),
+        // Appended in place with no copy first; else copied and merged.
+        let merged = match append_in_place(&mut s.buffered, offset, data, self.append_max()) {
+            Some(merged) => merged,
+            None => insert_owned(&mut s.buffered, offset, data.to_vec()),
         };
+        let grown = note_buffered(&mut s, merged, end);
         // Counted under the entry's lock, so a flush that takes the bytes
         // at once cannot subtract them first.
         self.inodes.add_buffered(grown as i64);

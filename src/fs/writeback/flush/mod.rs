@@ -737,6 +737,7 @@ fn allocate(
     flight: &mut Flight,
 ) -> Result<()> {
     let root = tx.root_of(tree)?;
+    let unit = tx.data_write_unit();
     let mut hint = match segments.first() {
         Some(seg) => file::hint_before(tx, &root, ino, seg.first)?,
         None => return Ok(()),
@@ -754,9 +755,9 @@ fn allocate(
             // A segment of a whole unit of the device's writing or more
             // starts on one (the rest follow it end to end), so that its
             // write covers whole RBD objects.
-            let aligned = match at {
-                0 => tx.alloc_flight_data_aligned(flight, (max, total), hint),
-                _ => None,
+            let aligned = match at == 0 && unit > 0 && total >= unit {
+                true => tx.alloc_flight_data_aligned(flight, (max, total), hint, unit),
+                false => None,
             };
             // Else any length down to a sector: fragmented free space
             // still takes the write.
